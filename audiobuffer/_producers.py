@@ -1,0 +1,225 @@
+"""The producer thread pool: N named threads that decode work items into a :class:`Buffer`.
+
+NOTE [ Producer shutdown protocol ]
+===================================
+Parties: one consumer (the thread iterating the pool), N producer threads, one Buffer per epoch.
+
+Normal end. Each producer takes sequence numbers from the feed until it is empty, then leaves. The
+producers count themselves out under the feed lock and the last one out closes the buffer, so the
+consumer drains what is left and then sees ``BufferClosed``: the epoch is over. There is no sentinel
+item, so any object (``None`` included) can be a sample.
+
+Failures. An exception from the decoder (or the user's transform) is caught per item and travels
+through the buffer as a :class:`Failure` in the item's place, so the consumer applies its error policy
+in order and every item is counted as yielded or failed. Anything else that escapes a producer (a bug
+of ours, a ``BaseException``) aborts the buffer with an error that names the producer: the consumer
+raises it. A producer never dies silently.
+
+Early end. The consumer leaving its loop, raising, being garbage-collected, or someone calling
+``close()`` from any thread all come to :meth:`ProducerPool.close`: it sets the stop flag under the
+feed lock and wakes producers waiting for their turn (ordered mode), aborts the buffer (dropping its
+items and waking producers blocked in ``put`` with ``BufferClosed``), then joins every thread against
+one deadline of ``JOIN_TIMEOUT`` seconds. A producer checks the flag before taking each item, so it
+finishes at most the item in hand. Threads are daemons: a decoder stuck in a system call cannot keep
+the interpreter alive, and ``close()`` logs a warning naming any thread that outlived the join.
+``close()`` is idempotent and safe to call from any thread but a producer's own.
+
+Ordered mode. A producer may take sequence number ``s`` only while ``s < released + window``, where
+``released`` counts the items the consumer has handed on in order and ``window`` is the buffer's
+capacity. Items out of turn wait in the consumer's reorder dict, so the buffer never fills while the
+next item in order is still being decoded (no deadlock on a slow file), and no more than ``window``
+items are decoded, buffered or waiting at any time (memory bounded by the buffer size).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+from .buffer import Buffer
+from .errors import AudioBufferError, BufferClosed
+from .sources import WorkItem
+
+__all__ = ["Failure", "JOIN_TIMEOUT", "ProducerPool"]
+
+logger = logging.getLogger(__name__)
+
+#: Seconds :meth:`ProducerPool.close` waits, in all, for the producer threads to finish.
+JOIN_TIMEOUT = 10.0
+
+
+class Failure:
+    """An item a producer could not decode: stands in the buffer in the item's place."""
+
+    __slots__ = ("item", "exc", "producer")
+
+    def __init__(self, item: WorkItem, exc: Exception, producer: str) -> None:
+        self.item = item
+        self.exc = exc
+        self.producer = producer
+
+
+class ProducerPool:
+    """Decode ``count`` work items with ``num_producers`` threads into ``buffer``; iterate the results.
+
+    Iterating the pool yields each decoded sample, or a :class:`Failure`, once: in sequence order
+    with ``ordered=True``, else as they come. See NOTE [ Producer shutdown protocol ].
+
+    Args:
+        make_item: builds the work item with sequence number ``seq`` (0 .. count-1).
+        count: how many items this epoch has.
+        decode: turns a work item into a sample; runs in the producer threads.
+        buffer: where finished samples wait for the consumer (a fresh one per pool).
+        num_producers: how many threads decode.
+        ordered: yield in sequence order.
+        name: the threads' name prefix (``{name}-{i}``).
+    """
+
+    def __init__(self, make_item: Callable[[int], WorkItem], count: int,
+                 decode: Callable[[WorkItem], Any], buffer: Buffer, *, num_producers: int,
+                 ordered: bool = False, name: str = "audiobuffer-producer") -> None:
+        self._make_item = make_item
+        self._count = count
+        self._decode = decode
+        self._buffer = buffer
+        self._ordered = ordered
+        self._window = buffer.capacity
+        # Feed state, guarded by _feed_lock.
+        self._feed_lock = threading.Lock()
+        self._turn = threading.Condition(self._feed_lock)  # ordered mode: a producer's turn came
+        self._next_seq = 0
+        self._released = 0
+        self._finished = 0
+        self._stopping = False
+        self._busy = [0.0] * num_producers  # decode seconds, one slot per producer
+        self._decoded = [0] * num_producers
+        self._threads = [
+            threading.Thread(target=self._run, args=(i,), name=f"{name}-{i}", daemon=True)
+            for i in range(num_producers)
+        ]
+        self._started = False
+        self._closed = False
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the producer threads (every attribute they read is set by now)."""
+        if self._started:
+            raise RuntimeError("a ProducerPool is started once")
+        self._started = True
+        for thread in self._threads:
+            thread.start()
+
+    def close(self, timeout: float = JOIN_TIMEOUT) -> None:
+        """Stop and join the producers; see NOTE [ Producer shutdown protocol ]. Idempotent."""
+        with self._feed_lock:
+            self._stopping = True
+            self._turn.notify_all()
+        if not self._closed:
+            self._closed = True
+            if not self._buffer.closed or len(self._buffer):
+                self._buffer.abort(BufferClosed("the producer pool was closed"))
+        deadline = time.monotonic() + timeout
+        current = threading.current_thread()
+        for thread in self._threads:
+            if thread is not current and thread.ident is not None:
+                thread.join(max(0.0, deadline - time.monotonic()))
+        alive = [t.name for t in self._threads if t.is_alive() and t is not current]
+        if alive:
+            logger.warning("producer threads still running %.1f s after close(), stuck in a decoder: %s",
+                           timeout, ", ".join(alive))
+
+    @property
+    def count(self) -> int:
+        """How many items this pool decodes."""
+        return self._count
+
+    @property
+    def stopped(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._stopping
+
+    @property
+    def threads(self) -> list[threading.Thread]:
+        """The producer threads."""
+        return list(self._threads)
+
+    @property
+    def decode_seconds(self) -> float:
+        """Seconds the producers spent in the decoder so far, summed over producers."""
+        return sum(self._busy)
+
+    @property
+    def decoded(self) -> int:
+        """Items the producers have finished (decoded or failed) so far."""
+        return sum(self._decoded)
+
+    # -- producer side -------------------------------------------------------------------------
+
+    def _take(self) -> int | None:
+        """The next sequence number to decode, or ``None`` when there is none or the pool stops."""
+        with self._feed_lock:
+            if self._stopping or self._next_seq >= self._count:
+                return None
+            seq = self._next_seq
+            self._next_seq += 1
+            if self._ordered:
+                while seq >= self._released + self._window and not self._stopping:
+                    self._turn.wait()
+                if self._stopping:
+                    return None
+            return seq
+
+    def _run(self, slot: int) -> None:
+        name = self._threads[slot].name
+        buffer = self._buffer
+        ordered = self._ordered
+        try:
+            while True:
+                seq = self._take()
+                if seq is None:
+                    break
+                item = self._make_item(seq)
+                start = time.perf_counter()
+                try:
+                    out: Any = self._decode(item)
+                except Exception as exc:  # reported to the consumer, which applies on_error
+                    out = Failure(item, exc, name)
+                self._busy[slot] += time.perf_counter() - start
+                self._decoded[slot] += 1
+                buffer.put((seq, out) if ordered else out)
+        except BufferClosed:
+            pass  # the pool was closed: the consumer has gone
+        except BaseException as exc:
+            err = AudioBufferError(f"producer {name} crashed: {type(exc).__name__}: {exc}")
+            err.__cause__ = exc
+            buffer.abort(err)
+        finally:
+            with self._feed_lock:
+                self._finished += 1
+                last = self._finished == len(self._threads)
+            if last:
+                buffer.close()
+
+    # -- consumer side -------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Any]:
+        """Yield each sample or :class:`Failure` once; ends when the producers are done or the pool closes."""
+        if not self._ordered:
+            yield from self._buffer
+            return
+        pending: dict[int, Any] = {}
+        for expected in range(self._count):
+            while expected not in pending:
+                try:
+                    seq, out = self._buffer.get()
+                except BufferClosed:
+                    return
+                pending[seq] = out
+            out = pending.pop(expected)
+            with self._feed_lock:
+                self._released = expected + 1
+                self._turn.notify_all()
+            yield out

@@ -1,0 +1,298 @@
+"""A bounded, thread-safe buffer between producer threads and a consumer.
+
+The design follows CPython's ``Lib/queue.py``: one lock shared by two conditions, ``has_data`` (a
+consumer may proceed) and ``has_pos`` (a producer may proceed); every wait is a
+``while not predicate: cond.wait(remaining)`` loop with a deadline from ``time.monotonic()``; every
+change of state notifies. Nothing polls and nothing sleeps.
+
+The buffer knows nothing of torch or audio: with ``max_bytes`` it counts the bytes of whatever has an
+``nbytes`` attribute (numpy arrays, torch tensors, memoryviews), ``bytes``, and dicts, lists and tuples
+of those.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Generic, Iterator, TypeVar
+
+from .errors import BufferClosed
+
+__all__ = ["Buffer", "BufferClosed", "BufferStats", "payload_nbytes"]
+
+T = TypeVar("T")
+
+
+def payload_nbytes(item: Any) -> int:
+    """Bytes held by the array payloads of ``item``, walking dicts, lists and tuples.
+
+    Objects with an ``nbytes`` attribute (numpy arrays, torch tensors, memoryviews) count that;
+    ``bytes`` and ``bytearray`` their length; anything else counts as 0.
+    """
+    if isinstance(item, (bytes, bytearray)):
+        return len(item)
+    nbytes = getattr(item, "nbytes", None)
+    if isinstance(nbytes, int):
+        return nbytes
+    if isinstance(item, dict):
+        return sum(payload_nbytes(value) for value in item.values())
+    if isinstance(item, (list, tuple)):
+        return sum(payload_nbytes(value) for value in item)
+    return 0
+
+
+@dataclass(frozen=True)
+class BufferStats:
+    """A snapshot of a :class:`Buffer`'s counters.
+
+    Attributes:
+        capacity: the item bound.
+        max_bytes: the byte bound, or ``None``.
+        puts: items put so far.
+        gets: items taken so far.
+        put_wait_s: total seconds producers spent waiting for room (the consumer was the bottleneck).
+        get_wait_s: total seconds consumers spent waiting for data (the producers were the bottleneck).
+        mean_fill: mean number of items in the buffer as each ``get`` found it.
+        peak_fill: the most items the buffer ever held.
+        peak_bytes: the most payload bytes it ever held (counted only with ``max_bytes``).
+    """
+
+    capacity: int
+    max_bytes: int | None
+    puts: int
+    gets: int
+    put_wait_s: float
+    get_wait_s: float
+    mean_fill: float
+    peak_fill: int
+    peak_bytes: int
+
+    def as_dict(self) -> dict[str, Any]:
+        """The snapshot as a plain dict."""
+        return asdict(self)
+
+
+class Buffer(Generic[T]):
+    """A bounded FIFO buffer with blocking, timed ``put`` and ``get``, ``close`` and ``abort``.
+
+    Bounded by ``capacity`` items and, optionally, by ``max_bytes`` of payload. An item larger than
+    ``max_bytes`` on its own is admitted when the buffer is empty, so that it cannot block forever.
+
+    Thread safety: every method may be called from any thread.
+
+    Example:
+        >>> buf = Buffer(2)
+        >>> buf.put("a"); buf.put("b"); buf.close()
+        >>> list(buf)
+        ['a', 'b']
+
+    Args:
+        capacity: the most items held at once (>= 1).
+        max_bytes: the most payload bytes held at once, or ``None`` for no byte bound.
+    """
+
+    def __init__(self, capacity: int, *, max_bytes: int | None = None) -> None:
+        if isinstance(capacity, bool) or not isinstance(capacity, int):
+            raise TypeError(f"capacity must be an integer >= 1, got {capacity!r}")
+        if capacity < 1:
+            raise ValueError(f"capacity must be an integer >= 1, got {capacity!r}")
+        if max_bytes is not None:
+            if isinstance(max_bytes, bool) or not isinstance(max_bytes, int):
+                raise TypeError(f"max_bytes must be None or an integer >= 1, got {max_bytes!r}")
+            if max_bytes < 1:
+                raise ValueError(f"max_bytes must be None or an integer >= 1, got {max_bytes!r}")
+        self._capacity = capacity
+        self._max_bytes = max_bytes
+        self._items: deque[T] = deque()
+        self._sizes: deque[int] = deque()  # payload bytes of each item, kept only with max_bytes
+        self._nbytes = 0
+        self._closed = False
+        self._abort_exc: BaseException | None = None
+        self._lock = threading.Lock()
+        self._has_data = threading.Condition(self._lock)
+        self._has_pos = threading.Condition(self._lock)
+        # Counters, all guarded by the lock.
+        self._puts = 0
+        self._gets = 0
+        self._put_wait = 0.0
+        self._get_wait = 0.0
+        self._fill_sum = 0
+        self._peak_fill = 0
+        self._peak_bytes = 0
+
+    # -- state ---------------------------------------------------------------------------------
+
+    @property
+    def capacity(self) -> int:
+        """The item bound."""
+        return self._capacity
+
+    @property
+    def max_bytes(self) -> int | None:
+        """The byte bound, or ``None``."""
+        return self._max_bytes
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` or :meth:`abort` was called."""
+        return self._closed
+
+    @property
+    def nbytes(self) -> int:
+        """Payload bytes held now (counted only with ``max_bytes``)."""
+        return self._nbytes
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @property
+    def stats(self) -> BufferStats:
+        """A consistent snapshot of the counters."""
+        with self._lock:
+            return BufferStats(
+                capacity=self._capacity,
+                max_bytes=self._max_bytes,
+                puts=self._puts,
+                gets=self._gets,
+                put_wait_s=self._put_wait,
+                get_wait_s=self._get_wait,
+                mean_fill=self._fill_sum / self._gets if self._gets else 0.0,
+                peak_fill=self._peak_fill,
+                peak_bytes=self._peak_bytes,
+            )
+
+    # -- producer side -------------------------------------------------------------------------
+
+    def put(self, item: T, timeout: float | None = None) -> None:
+        """Append ``item``, waiting for room.
+
+        Args:
+            item: any object, ``None`` included.
+            timeout: seconds to wait for room; ``None`` waits as long as it takes.
+
+        Raises:
+            BufferClosed: the buffer is closed or aborted (also when that happens during the wait).
+            TimeoutError: no room came within ``timeout``.
+        """
+        size = payload_nbytes(item) if self._max_bytes is not None else 0
+        with self._lock:
+            if not self._put_ready(size):
+                self._wait(self._has_pos, lambda: self._put_ready(size), timeout, "put")
+            if self._closed:
+                raise BufferClosed("put() on a closed buffer") from self._abort_exc
+            self._items.append(item)
+            n = len(self._items)
+            if n > self._peak_fill:
+                self._peak_fill = n
+            if self._max_bytes is not None:
+                self._sizes.append(size)
+                self._nbytes += size
+                if self._nbytes > self._peak_bytes:
+                    self._peak_bytes = self._nbytes
+            self._puts += 1
+            self._has_data.notify()
+
+    def _put_ready(self, size: int) -> bool:
+        if self._closed:
+            return True
+        n = len(self._items)
+        if n >= self._capacity:
+            return False
+        return self._max_bytes is None or n == 0 or self._nbytes + size <= self._max_bytes
+
+    def close(self) -> None:
+        """Refuse further puts; consumers drain what is left, then get :class:`BufferClosed`.
+
+        Wakes every waiter. Idempotent.
+        """
+        with self._lock:
+            self._closed = True
+            self._has_data.notify_all()
+            self._has_pos.notify_all()
+
+    def abort(self, exc: BaseException) -> None:
+        """Fail the buffer: drop what it holds and make every ``get`` raise ``exc``.
+
+        Wakes every waiter: blocked consumers raise ``exc``, blocked producers raise
+        :class:`BufferClosed` chained to ``exc``. Only the first abort's exception is kept.
+        """
+        if not isinstance(exc, BaseException):
+            raise TypeError(f"abort() needs an exception instance, got {exc!r}")
+        with self._lock:
+            if self._abort_exc is None:
+                self._abort_exc = exc
+            self._closed = True
+            self._items.clear()
+            self._sizes.clear()
+            self._nbytes = 0
+            self._has_data.notify_all()
+            self._has_pos.notify_all()
+
+    # -- consumer side -------------------------------------------------------------------------
+
+    def get(self, timeout: float | None = None) -> T:
+        """Remove and return the oldest item, waiting for one.
+
+        Args:
+            timeout: seconds to wait for an item; ``None`` waits as long as it takes.
+
+        Raises:
+            BufferClosed: the buffer is closed and drained.
+            TimeoutError: no item came within ``timeout``.
+            BaseException: the exception given to :meth:`abort`.
+        """
+        with self._lock:
+            if not (self._items or self._closed):
+                self._wait(self._has_data, self._get_ready, timeout, "get")
+            if self._abort_exc is not None:
+                raise self._abort_exc
+            if not self._items:
+                raise BufferClosed("get() on a closed, drained buffer")
+            self._fill_sum += len(self._items)
+            item = self._items.popleft()
+            if self._max_bytes is not None:
+                self._nbytes -= self._sizes.popleft()
+                self._has_pos.notify_all()  # the freed bytes may fit any waiting producer
+            else:
+                self._has_pos.notify()
+            self._gets += 1
+            return item
+
+    def _get_ready(self) -> bool:
+        return bool(self._items) or self._closed
+
+    def __iter__(self) -> Iterator[T]:
+        """Yield items until the buffer is closed and drained."""
+        while True:
+            try:
+                yield self.get()
+            except BufferClosed:
+                return
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _wait(self, cond: threading.Condition, ready: Callable[[], bool], timeout: float | None,
+              side: str) -> None:
+        """Wait on ``cond`` (lock held) until ``ready()``, adding the time waited to ``side``'s total."""
+        start = time.monotonic()
+        try:
+            if timeout is None:
+                while not ready():
+                    cond.wait()
+                return
+            if timeout < 0:
+                raise ValueError(f"timeout must be None or >= 0, got {timeout!r}")
+            deadline = start + timeout
+            while not ready():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    what = "room in the buffer" if side == "put" else "item in the buffer"
+                    raise TimeoutError(f"{side}() found no {what} within {timeout} s")
+                cond.wait(remaining)
+        finally:
+            if side == "put":
+                self._put_wait += time.monotonic() - start
+            else:
+                self._get_wait += time.monotonic() - start

@@ -1,0 +1,364 @@
+"""``BufferedDataset``: an ``IterableDataset`` fed by producer threads through a bounded Buffer."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterator, Literal, Optional, Sequence
+
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from ._producers import Failure, ProducerPool
+from .buffer import Buffer, BufferStats
+from .errors import DecodeError, SampleError
+from .sources import AUDIO_PATTERNS, LabelSpec, Source, SourceSpec, WorkItem, epoch_order, shard
+
+__all__ = ["BufferedDataset", "DatasetStats", "ErrorPolicy"]
+
+logger = logging.getLogger(__name__)
+
+ErrorPolicy = Literal["raise", "warn", "skip"]
+_POLICIES = ("raise", "warn", "skip")
+#: How many failed items :class:`DatasetStats` lists by name (all are counted).
+MAX_LISTED_FAILURES = 100
+
+
+def _default_producers() -> int:
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(8, cores))
+
+
+@dataclass
+class DatasetStats:
+    """What one epoch of a :class:`BufferedDataset` did (one rank, one DataLoader worker).
+
+    Attributes:
+        epoch: the epoch number.
+        rank: this process's rank; world_size: how many ranks share the epoch.
+        worker: the DataLoader worker id (0 without workers); num_workers: how many workers share it.
+        items: this shard's items in the epoch.
+        yielded: samples handed to the consumer.
+        failed: items whose decoder or transform raised (skipped with "warn" or "skip").
+        failures: ``(index, path, message)`` of the first 100 failed items.
+        decode_s: seconds the producers spent decoding, summed over producers.
+        wall_s: seconds from the epoch's start to its end (or to now, while it runs).
+        done: whether the epoch ran to its end.
+        buffer: the buffer's counters (waits on both sides, fill).
+    """
+
+    epoch: int
+    rank: int
+    world_size: int
+    worker: int
+    num_workers: int
+    items: int
+    num_producers: int
+    yielded: int = 0
+    failed: int = 0
+    failures: list[tuple[int, str, str]] = field(default_factory=list)
+    decode_s: float = 0.0
+    wall_s: float = 0.0
+    done: bool = False
+    buffer: Optional[BufferStats] = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The stats as plain builtins."""
+        return asdict(self)
+
+
+class _Epoch:
+    """One running (or finished) epoch: its pool and buffer, and the consumer's counts."""
+
+    def __init__(self, number: int, rank: int, world_size: int, worker: int, num_workers: int,
+                 pool: ProducerPool, buffer: Buffer[Any]) -> None:
+        self.number = number
+        self.rank = rank
+        self.world_size = world_size
+        self.worker = worker
+        self.num_workers = num_workers
+        self.pool = pool
+        self.buffer = buffer
+        self.items = pool.count
+        self.yielded = 0
+        self.failed = 0
+        self.failures: list[tuple[int, str, str]] = []
+        self.done = False
+        self.start = time.perf_counter()
+        self.end: Optional[float] = None
+
+    def snapshot(self) -> DatasetStats:
+        end = self.end if self.end is not None else time.perf_counter()
+        return DatasetStats(
+            epoch=self.number, rank=self.rank, world_size=self.world_size, worker=self.worker,
+            num_workers=self.num_workers, items=self.items, num_producers=len(self.pool.threads),
+            yielded=self.yielded, failed=self.failed, failures=list(self.failures),
+            decode_s=self.pool.decode_seconds, wall_s=end - self.start, done=self.done,
+            buffer=self.buffer.stats)
+
+
+class _Compose:
+    """``transform(decoder(item))``, picklable when both are."""
+
+    def __init__(self, decoder: Callable[[WorkItem], Any], transform: Callable[[Any], Any]) -> None:
+        self.decoder = decoder
+        self.transform = transform
+
+    def __call__(self, item: WorkItem) -> Any:
+        return self.transform(self.decoder(item))
+
+
+class BufferedDataset(IterableDataset):
+    """An ``IterableDataset`` whose samples are decoded ahead of time by a pool of producer threads.
+
+    Each ``iter()`` is one epoch: it starts ``num_producers`` threads that decode this shard's work
+    items into a bounded :class:`~audiobuffer.Buffer` while the consumer (a ``DataLoader`` with
+    ``num_workers=0``, usually) takes samples out. Leaving the loop early, an exception in the
+    training loop, garbage collection of the iterator or :meth:`close` stop the threads (see
+    NOTE [ Producer shutdown protocol ] in ``audiobuffer/_producers.py``).
+
+    Sharding: items are split by ``rank``/``world_size`` (given, or read from ``torch.distributed``
+    when it is initialised) and again by DataLoader worker when ``num_workers > 0``, so each item is
+    yielded exactly once per epoch across all shards. Every shard shuffles with the same seed
+    (``seed + epoch``) before taking its part.
+
+    Thread safety: :meth:`close`, :meth:`stats` and :meth:`set_epoch` may be called from any thread;
+    one thread iterates a given epoch.
+
+    Example:
+        >>> from torch.utils.data import DataLoader
+        >>> ds = BufferedDataset("data/fsdd/recordings", AudioDecoder(sample_rate=8000),
+        ...                      shuffle=True, labels=r"^(\\d+)_")  # doctest: +SKIP
+        >>> loader = DataLoader(ds, batch_size=32, collate_fn=pad_collate)  # doctest: +SKIP
+        >>> for epoch in range(3):  # doctest: +SKIP
+        ...     ds.set_epoch(epoch)
+        ...     for batch in loader:
+        ...         ...
+
+    Args:
+        source: a directory, a CSV/TSV/JSONL manifest with a path column, or a list of paths.
+        decoder: a callable from :class:`~audiobuffer.WorkItem` to sample (``AudioDecoder``,
+            ``ImageDecoder`` or your own); it runs in the producer threads.
+        num_producers: decoding threads per epoch; default: the usable cores, at most 8.
+        buffer_size: the most samples decoded ahead (the buffer's capacity).
+        max_bytes: also bound the buffer by payload bytes (``None``: no byte bound).
+        shuffle: shuffle the items each epoch (seeded by ``seed + epoch``).
+        seed: the base seed for shuffling and random crops.
+        ordered: yield in the epoch's order (after shuffling) rather than as decoded.
+        on_error: what a failed item does: ``"raise"`` (a :class:`~audiobuffer.SampleError` in the
+            consumer, chained to the cause), ``"warn"`` (a logged warning, then skip) or ``"skip"``
+            (counted in :meth:`stats`, then skip).
+        transform: a callable applied to each sample in the producer thread.
+        labels: where labels come from (see :class:`~audiobuffer.Source`).
+        patterns: glob patterns for a directory source.
+        path_column: the path column of a manifest.
+        rank: this process's rank; with ``world_size``, overrides ``torch.distributed``.
+        world_size: the number of ranks.
+    """
+
+    def __init__(self, source: SourceSpec | Source, decoder: Callable[[WorkItem], Any], *,
+                 num_producers: Optional[int] = None, buffer_size: int = 64,
+                 max_bytes: Optional[int] = None, shuffle: bool = False, seed: int = 0,
+                 ordered: bool = False, on_error: ErrorPolicy = "raise",
+                 transform: Optional[Callable[[Any], Any]] = None, labels: LabelSpec = None,
+                 patterns: Sequence[str] = AUDIO_PATTERNS, path_column: str = "path",
+                 rank: Optional[int] = None, world_size: Optional[int] = None) -> None:
+        super().__init__()
+        if not callable(decoder):
+            raise TypeError(f"decoder must be callable (WorkItem -> sample), got {decoder!r}")
+        if transform is not None and not callable(transform):
+            raise TypeError(f"transform must be None or callable, got {transform!r}")
+        if num_producers is None:
+            num_producers = _default_producers()
+        _check_int("num_producers", num_producers, 1)
+        _check_int("buffer_size", buffer_size, 1)
+        _check_int("seed", seed, None)
+        if max_bytes is not None:
+            _check_int("max_bytes", max_bytes, 1)
+        if on_error not in _POLICIES:
+            raise ValueError(f"on_error must be one of {_POLICIES}, got {on_error!r}")
+        if (rank is None) != (world_size is None):
+            raise ValueError(f"give rank and world_size together, got rank={rank!r}, world_size={world_size!r}")
+        if world_size is not None:
+            _check_int("world_size", world_size, 1)
+            _check_int("rank", rank, 0)
+            if rank >= world_size:  # type: ignore[operator]
+                raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank!r}")
+        self.source = source if isinstance(source, Source) else Source(
+            source, patterns=patterns, labels=labels, path_column=path_column)
+        self.decoder = decoder
+        self.transform = transform
+        self.num_producers = num_producers
+        self.buffer_size = buffer_size
+        self.max_bytes = max_bytes
+        self.shuffle = bool(shuffle)
+        self.seed = seed
+        self.ordered = bool(ordered)
+        self.on_error: ErrorPolicy = on_error
+        self._rank = rank
+        self._world_size = world_size
+        self._epoch = 0
+        self._init_runtime()
+
+    def _init_runtime(self) -> None:
+        self._lock = threading.Lock()
+        self._running: set[_Epoch] = set()
+        self._last: Optional[_Epoch] = None
+        self._closed = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        # DataLoader workers get a copy without threads, locks or the parent's stats.
+        state = self.__dict__.copy()
+        for key in ("_lock", "_running", "_last", "_closed"):
+            state.pop(key)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_runtime()
+
+    # -- epoch setup ---------------------------------------------------------------------------
+
+    @property
+    def classes(self) -> list[str]:
+        """The sorted label names; a sample's ``label`` indexes this list."""
+        return self.source.classes
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next ``iter()`` runs."""
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Set the epoch of the next ``iter()``: it seeds the shuffle and random crops.
+
+        Call it at the start of every epoch, as with ``DistributedSampler``. With
+        ``persistent_workers=True`` DataLoader workers keep the epoch they started with.
+        """
+        _check_int("epoch", epoch, 0)
+        self._epoch = epoch
+
+    def shard_info(self) -> tuple[int, int]:
+        """This process's ``(rank, world_size)``: as given, else from ``torch.distributed``, else (0, 1)."""
+        if self._world_size is not None:
+            return self._rank, self._world_size  # type: ignore[return-value]
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            return torch.distributed.get_rank(), torch.distributed.get_world_size()
+        return 0, 1
+
+    def __len__(self) -> int:
+        """Items this rank yields per epoch (all its DataLoader workers together), failures included."""
+        rank, world_size = self.shard_info()
+        return len(range(rank, len(self.source), world_size))
+
+    # -- iteration -----------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Any]:
+        # A generator: its finally runs on exhaustion, on an exception, on close() and when the
+        # generator is garbage-collected. NOTE [ Producer shutdown protocol ] in _producers.py.
+        epoch = self._start_epoch()
+        epoch.pool.start()
+        try:
+            for out in epoch.pool:
+                if out.__class__ is Failure:
+                    self._on_failure(out, epoch)
+                    continue
+                epoch.yielded += 1
+                yield out
+            epoch.done = not epoch.pool.stopped
+        finally:
+            epoch.pool.close()
+            epoch.end = time.perf_counter()
+            with self._lock:
+                self._running.discard(epoch)
+
+    def _start_epoch(self) -> "_Epoch":
+        rank, world_size = self.shard_info()
+        info = get_worker_info()
+        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        number, source, seed = self._epoch, self.source, self.seed
+        order = epoch_order(len(source), shuffle=self.shuffle, seed=seed, epoch=number)
+        indices = shard(order, rank * num_workers + worker, world_size * num_workers)
+
+        def make_item(seq: int) -> WorkItem:
+            return source.item(int(indices[seq]), epoch=number, seed=seed, seq=seq)
+
+        decode = self.decoder if self.transform is None else _Compose(self.decoder, self.transform)
+        buffer: Buffer[Any] = Buffer(self.buffer_size, max_bytes=self.max_bytes)
+        pool = ProducerPool(make_item, len(indices), decode, buffer,
+                            num_producers=min(self.num_producers, max(1, len(indices))),
+                            ordered=self.ordered)
+        epoch = _Epoch(number, rank, world_size, worker, num_workers, pool, buffer)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("iter() on a closed BufferedDataset")
+            self._running.add(epoch)
+            self._last = epoch
+        return epoch
+
+    def _on_failure(self, failure: Failure, epoch: "_Epoch") -> None:
+        item, exc = failure.item, failure.exc
+        message = (f"item {item.index} ({item.path!r}) failed in {failure.producer}: "
+                   f"{type(exc).__name__}: {exc}")
+        if self.on_error == "raise":
+            cls = DecodeError if isinstance(exc, DecodeError) else SampleError
+            raise cls(message, path=item.path, index=item.index, producer=failure.producer) from exc
+        epoch.failed += 1
+        if len(epoch.failures) < MAX_LISTED_FAILURES:
+            epoch.failures.append((item.index, item.path, f"{type(exc).__name__}: {exc}"))
+        if self.on_error == "warn":
+            logger.warning("skipping %s", message)
+
+    # -- inspection and shutdown ---------------------------------------------------------------
+
+    def stats(self) -> Optional[DatasetStats]:
+        """The current or last epoch's stats in this process, or ``None`` before the first epoch.
+
+        With DataLoader workers the epochs run in the worker processes, whose stats stay there.
+        """
+        with self._lock:
+            epoch = self._last
+        return None if epoch is None else epoch.snapshot()
+
+    def close(self) -> None:
+        """Stop every running epoch's producers and refuse new epochs. Idempotent, any thread.
+
+        A consumer blocked waiting for a sample wakes up and its loop ends.
+        """
+        with self._lock:
+            self._closed = True
+            running = list(self._running)
+        for epoch in running:
+            epoch.pool.close()
+
+    def __enter__(self) -> "BufferedDataset":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # A safety net only: epochs stop when their iterator goes away, and users call close().
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        return (f"BufferedDataset({self.source.description}, {self.decoder!r}, items={len(self.source)}, "
+                f"num_producers={self.num_producers}, buffer_size={self.buffer_size}, "
+                f"shuffle={self.shuffle}, ordered={self.ordered}, on_error={self.on_error!r})")
+
+
+def _check_int(name: str, value: Any, minimum: Optional[int]) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an integer{f' >= {minimum}' if minimum is not None else ''}, "
+                        f"got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")

@@ -1,0 +1,30 @@
+"""What every decoder shares: accepting a path or a work item, and the fields every sample carries."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Union
+
+from ..sources import WorkItem
+
+ItemLike = Union[WorkItem, str, "os.PathLike[str]"]
+
+
+def as_item(item: ItemLike) -> WorkItem:
+    """``item`` as a :class:`WorkItem` (a bare path becomes item 0 with no label)."""
+    if isinstance(item, WorkItem):
+        return item
+    if isinstance(item, (str, os.PathLike)):
+        return WorkItem(index=0, path=os.fspath(item))
+    raise TypeError(f"a decoder takes a WorkItem or a path, got {item!r}")
+
+
+def sample_fields(item: WorkItem) -> dict[str, Any]:
+    """The fields of a sample that come from its work item: manifest fields, path, index, label."""
+    sample: dict[str, Any] = dict(item.fields)
+    sample["path"] = item.path
+    sample["index"] = item.index
+    if item.label is not None:
+        sample["label"] = item.label
+        sample["label_name"] = item.label_name
+    return sample

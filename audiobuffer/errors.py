@@ -1,0 +1,64 @@
+"""The exceptions audiobuffer raises.
+
+Every error is rooted at :class:`AudioBufferError`, so ``except AudioBufferError`` catches all of them.
+Errors about a bad argument also derive from the builtin a caller would expect (``ValueError``),
+following python-soundfile's ``SoundFileRuntimeError`` pattern::
+
+    AudioBufferError
+    ├── BufferClosed                  put() on a closed Buffer, get() on a closed and drained one
+    ├── SourceError (+ ValueError)    a source that cannot be listed: missing path, bad manifest, no files
+    ├── ConfigError (+ ValueError)    a pipeline configuration that does not validate
+    └── SampleError                   one work item could not be turned into a sample
+        └── DecodeError               ... because its file could not be decoded
+
+A :class:`SampleError` raised in a producer thread reaches the consumer chained (``raise ... from``)
+to the original exception, and names the file, its index and the producer that failed.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AudioBufferError",
+    "BufferClosed",
+    "ConfigError",
+    "DecodeError",
+    "SampleError",
+    "SourceError",
+]
+
+
+class AudioBufferError(Exception):
+    """Base class of every audiobuffer error."""
+
+
+class BufferClosed(AudioBufferError):
+    """The :class:`~audiobuffer.Buffer` is closed: nothing more can be put, or nothing is left to get."""
+
+
+class SourceError(AudioBufferError, ValueError):
+    """A source (directory, file list or manifest) cannot be read or holds no usable item."""
+
+
+class ConfigError(AudioBufferError, ValueError):
+    """A pipeline configuration is invalid; the message names the key path, the value and what is allowed."""
+
+
+class SampleError(AudioBufferError):
+    """A work item could not be turned into a sample (a decoder or transform raised).
+
+    Attributes:
+        path: the file of the work item.
+        index: the item's index in the source.
+        producer: the name of the producer thread that failed, or ``None``.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, index: int | None = None,
+                 producer: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.index = index
+        self.producer = producer
+
+
+class DecodeError(SampleError):
+    """A file could not be decoded (unreadable, malformed, or in a format no backend can open)."""

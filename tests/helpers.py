@@ -1,0 +1,85 @@
+"""Shared test helpers: corpus makers, fault-injecting decoders, thread checks."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+import soundfile as sf
+import torch
+
+from audiobuffer import DecodeError, WorkItem
+
+#: Seconds a test waits for threads to finish before it calls them leaked.
+JOIN_TIMEOUT = 10.0
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("AUDIOBUFFER_SHARED", REPO.parent / "shared"))
+FSDD = SHARED / "data" / "fsdd" / "recordings"
+AUDIO_FORMATS = SHARED / "data" / "audio_formats"
+
+
+def audiobuffer_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("audiobuffer-")]
+
+
+def wait_no_threads(timeout: float = JOIN_TIMEOUT) -> list[str]:
+    """Wait up to ``timeout`` for every audiobuffer thread to end; return the names still alive."""
+    deadline = time.monotonic() + timeout
+    for thread in audiobuffer_threads():
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return [t.name for t in audiobuffer_threads()]
+
+
+def write_tone(path: Path, *, seconds: float = 0.5, sample_rate: int = 16000, channels: int = 1,
+               freq: float = 440.0, subtype: str | None = None) -> Path:
+    """Write a sine tone (channel c at freq * (c + 1)) and return its path."""
+    t = np.arange(round(seconds * sample_rate)) / sample_rate
+    data = np.stack([0.5 * np.sin(2 * np.pi * freq * (c + 1) * t) for c in range(channels)], axis=1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sf.write(path, data.astype(np.float32), sample_rate, subtype=subtype)
+    return path
+
+
+def make_corpus(root: Path, n: int, *, fmt: str = "wav", classes: int = 3, seconds: float = 0.1,
+                sample_rate: int = 8000) -> list[Path]:
+    """``n`` short tones named ``{label}_{i}.{fmt}`` in class folders ``class{label}/``."""
+    paths = []
+    for i in range(n):
+        label = i % classes
+        paths.append(write_tone(root / f"class{label}" / f"{label}_{i:04d}.{fmt}", seconds=seconds,
+                                sample_rate=sample_rate, freq=200.0 + 50 * label))
+    return paths
+
+
+class IndexDecoder:
+    """A fast decoder whose sample is just the item's index and path (no file is read).
+
+    Args:
+        fail: indices whose decode raises ``exc_type``.
+        delays: index -> seconds the decode of that item takes (simulated decode time).
+        exc_type: the exception raised for failing items.
+    """
+
+    def __init__(self, fail: Iterable[int] = (), delays: Mapping[int, float] | None = None,
+                 exc_type: type[Exception] = DecodeError) -> None:
+        self.fail = set(fail)
+        self.delays = dict(delays or {})
+        self.exc_type = exc_type
+
+    def __call__(self, item: WorkItem) -> dict[str, Any]:
+        delay = self.delays.get(item.index)
+        if delay:
+            time.sleep(delay)  # stands for the decode time of a slow file
+        if item.index in self.fail:
+            raise self.exc_type(f"injected failure on item {item.index}")
+        return {"index": item.index, "path": item.path, "seq": item.seq,
+                "audio": torch.full((4,), float(item.index))}
+
+
+def fake_paths(n: int) -> list[str]:
+    return [f"/nonexistent/item_{i:05d}.wav" for i in range(n)]

@@ -1,0 +1,253 @@
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from audiobuffer import Buffer, BufferClosed, payload_nbytes
+from helpers import JOIN_TIMEOUT
+
+
+def run_thread(target, *args):
+    """Start ``target`` in a thread; return (thread, result dict with 'value' or 'error')."""
+    result = {}
+
+    def body():
+        try:
+            result["value"] = target(*args)
+        except BaseException as exc:  # recorded for the test to check
+            result["error"] = exc
+
+    thread = threading.Thread(target=body, name="test-helper")
+    thread.start()
+    return thread, result
+
+
+def wait_until_blocked(buf, side, n=1):
+    """Wait until ``n`` threads are waiting on ``buf``'s ``side`` condition (no sleeps)."""
+    cond = buf._has_data if side == "get" else buf._has_pos
+    deadline = time.monotonic() + JOIN_TIMEOUT
+    while len(cond._waiters) < n:
+        assert time.monotonic() < deadline, f"no thread blocked in {side}()"
+        time.sleep(0.001)
+
+
+def finish(thread):
+    thread.join(JOIN_TIMEOUT)
+    assert not thread.is_alive()
+
+
+def test_fifo_and_none_items():
+    buf = Buffer(4)
+    for item in [1, None, "x", None]:
+        buf.put(item)
+    assert len(buf) == 4
+    assert [buf.get() for _ in range(4)] == [1, None, "x", None]
+
+
+def test_get_blocks_until_put():
+    buf = Buffer(1)
+    thread, result = run_thread(buf.get)
+    wait_until_blocked(buf, "get")
+    assert "value" not in result
+    buf.put("item")
+    finish(thread)
+    assert result == {"value": "item"}
+    assert buf.stats.get_wait_s > 0
+
+
+def test_put_blocks_until_get():
+    buf = Buffer(1)
+    buf.put("a")
+    thread, result = run_thread(buf.put, "b")
+    wait_until_blocked(buf, "put")
+    assert len(buf) == 1
+    assert buf.get() == "a"
+    finish(thread)
+    assert "error" not in result
+    assert buf.get() == "b"
+    assert buf.stats.put_wait_s > 0
+
+
+@pytest.mark.parametrize("timeout", [0, 0.05])
+def test_get_timeout(timeout):
+    buf = Buffer(1)
+    with pytest.raises(TimeoutError):
+        buf.get(timeout=timeout)
+    assert buf.stats.get_wait_s >= timeout
+
+
+def test_put_timeout():
+    buf = Buffer(1)
+    buf.put(1)
+    with pytest.raises(TimeoutError):
+        buf.put(2, timeout=0.05)
+    assert buf.stats.put_wait_s >= 0.05
+    assert list(buf._items) == [1]
+
+
+def test_negative_timeout_rejected():
+    buf = Buffer(1)
+    with pytest.raises(ValueError, match="timeout"):
+        buf.get(timeout=-1)
+
+
+def test_close_drains_then_raises():
+    buf = Buffer(3)
+    buf.put(1)
+    buf.put(2)
+    buf.close()
+    buf.close()  # idempotent
+    with pytest.raises(BufferClosed):
+        buf.put(3)
+    assert buf.get() == 1
+    assert list(buf) == [2]
+    with pytest.raises(BufferClosed):
+        buf.get()
+
+
+def test_close_wakes_blocked_consumers_and_producers():
+    empty = Buffer(1)
+    getters = [run_thread(empty.get) for _ in range(3)]
+    wait_until_blocked(empty, "get", 3)
+    full = Buffer(1)
+    full.put(0)
+    putters = [run_thread(full.put, i) for i in range(3)]
+    wait_until_blocked(full, "put", 3)
+    empty.close()
+    full.close()
+    for thread, result in getters + putters:
+        finish(thread)
+        assert isinstance(result["error"], BufferClosed)
+
+
+def test_abort_wakes_everyone_and_drops_items():
+    buf = Buffer(1)
+    buf.put("kept?")
+    putter, put_result = run_thread(buf.put, "blocked")
+    wait_until_blocked(buf, "put")
+    empty = Buffer(1)
+    getter, get_result = run_thread(empty.get)
+    wait_until_blocked(empty, "get")
+    error = RuntimeError("producer failed")
+    buf.abort(error)
+    empty.abort(error)
+    finish(putter)
+    finish(getter)
+    assert isinstance(put_result["error"], BufferClosed)
+    assert put_result["error"].__cause__ is error
+    assert get_result["error"] is error
+    assert len(buf) == 0
+    with pytest.raises(RuntimeError, match="producer failed"):
+        buf.get()  # the dropped item is not handed out
+    buf.abort(ValueError("second"))
+    with pytest.raises(RuntimeError, match="producer failed"):
+        buf.get()  # the first abort's error is kept
+
+
+def test_abort_needs_an_exception():
+    with pytest.raises(TypeError):
+        Buffer(1).abort("oops")
+
+
+def test_byte_bound_blocks_and_admits_oversized_item_when_empty():
+    buf = Buffer(10, max_bytes=100)
+    buf.put(np.zeros(12, dtype=np.float32))  # 48 bytes
+    buf.put(np.zeros(12, dtype=np.float32))  # 96 bytes
+    with pytest.raises(TimeoutError):
+        buf.put(np.zeros(2, dtype=np.float32), timeout=0.02)  # 104 > 100
+    assert buf.nbytes == 96
+    buf.get()
+    buf.put(np.zeros(2, dtype=np.float32))
+    assert buf.nbytes == 56
+    buf.get()
+    buf.get()
+    big = np.zeros(1000, dtype=np.uint8)
+    buf.put(big)  # alone it may exceed the bound, or it would wait forever
+    with pytest.raises(TimeoutError):
+        buf.put(np.zeros(1, dtype=np.uint8), timeout=0.02)
+    assert buf.get() is big
+    assert buf.stats.peak_bytes == 1000
+
+
+def test_byte_bound_wakes_the_producer_whose_item_fits():
+    # A get that frees bytes must wake every producer: notify() alone could wake one whose item
+    # still does not fit and leave the one that fits asleep.
+    buf = Buffer(10, max_bytes=100)
+    buf.put(np.zeros(100, dtype=np.uint8))
+    big_thread, big = run_thread(buf.put, np.zeros(100, dtype=np.uint8))
+    wait_until_blocked(buf, "put", 1)
+    small_thread, small = run_thread(buf.put, np.zeros(10, dtype=np.uint8))
+    wait_until_blocked(buf, "put", 2)
+    buf.get()
+    finish(big_thread)  # the first in line fits once the buffer is empty
+    assert "error" not in big
+    buf.get()
+    finish(small_thread)
+    assert "error" not in small
+
+
+def test_payload_nbytes_counts_numpy_torch_and_containers():
+    sample = {"audio": torch.zeros(10, dtype=torch.float32), "spec": np.zeros((2, 3), dtype=np.float64),
+              "raw": b"abcd", "meta": ["x", 3, (np.zeros(1, dtype=np.int16),)]}
+    assert payload_nbytes(sample) == 40 + 48 + 4 + 2
+
+
+def test_stats():
+    buf = Buffer(4)
+    for i in range(3):
+        buf.put(i)
+    buf.get()  # sees 3 items
+    buf.get()  # sees 2
+    stats = buf.stats
+    assert (stats.capacity, stats.puts, stats.gets, stats.peak_fill) == (4, 3, 2, 3)
+    assert stats.mean_fill == pytest.approx(2.5)
+    assert stats.as_dict()["puts"] == 3
+
+
+@pytest.mark.parametrize("capacity, error", [(0, ValueError), (-1, ValueError), ("8", TypeError),
+                                             (True, TypeError), (2.0, TypeError)])
+def test_capacity_validation(capacity, error):
+    with pytest.raises(error, match="capacity must be an integer >= 1"):
+        Buffer(capacity)
+
+
+@pytest.mark.parametrize("max_bytes, error", [(0, ValueError), ("1MB", TypeError)])
+def test_max_bytes_validation(max_bytes, error):
+    with pytest.raises(error, match="max_bytes"):
+        Buffer(1, max_bytes=max_bytes)
+
+
+@settings(deadline=None, max_examples=30)
+@given(producers=st.integers(1, 4), consumers=st.integers(1, 3), capacity=st.integers(1, 8),
+       items=st.integers(0, 300))
+def test_many_producers_and_consumers_move_each_item_once(producers, consumers, capacity, items):
+    buf = Buffer(capacity)
+    received = [[] for _ in range(consumers)]
+    peak = []
+
+    def produce(p):
+        for i in range(p, items, producers):
+            buf.put(i)
+            peak.append(len(buf))
+
+    def consume(c):
+        for item in buf:
+            received[c].append(item)
+
+    workers = [threading.Thread(target=produce, args=(p,)) for p in range(producers)]
+    readers = [threading.Thread(target=consume, args=(c,)) for c in range(consumers)]
+    for t in workers + readers:
+        t.start()
+    for t in workers:
+        finish(t)
+    buf.close()
+    for t in readers:
+        finish(t)
+    got = sorted(x for r in received for x in r)
+    assert got == list(range(items))
+    assert buf.stats.peak_fill <= capacity
+    assert max(peak, default=0) <= capacity

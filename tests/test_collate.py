@@ -1,0 +1,69 @@
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from audiobuffer import pad_collate
+
+
+def test_pads_to_longest_with_lengths():
+    batch = pad_collate([{"audio": torch.ones(3)}, {"audio": torch.full((5,), 2.0)}])
+    assert batch["audio"].tolist() == [[1, 1, 1, 0, 0], [2, 2, 2, 2, 2]]
+    assert batch["lengths"].dtype == torch.int64 and batch["lengths"].tolist() == [3, 5]
+
+
+def test_lengths_come_from_num_frames_when_present():
+    samples = [{"audio": torch.ones(4), "num_frames": 2}, {"audio": torch.ones(4), "num_frames": 4}]
+    assert pad_collate(samples)["lengths"].tolist() == [2, 4]
+
+
+def test_channels_and_numpy_inputs_and_pad_value():
+    batch = pad_collate([{"audio": np.ones((2, 3), np.float32)}, {"audio": torch.ones(2, 1)}], pad_value=-1.0)
+    assert batch["audio"].shape == (2, 2, 3)
+    assert batch["audio"][1].tolist() == [[1, -1, -1], [1, -1, -1]]
+
+
+def test_other_fields():
+    samples = [{"audio": torch.ones(2), "label": 1, "path": "a.wav", "w": 0.5, "emb": torch.zeros(3),
+                "ragged": torch.zeros(i + 1)} for i in range(2)]
+    batch = pad_collate(samples)
+    assert batch["label"].tolist() == [1, 1] and batch["label"].dtype == torch.int64
+    assert batch["path"] == ["a.wav", "a.wav"]
+    assert batch["w"].tolist() == [0.5, 0.5]
+    assert batch["emb"].shape == (2, 3)
+    assert isinstance(batch["ragged"], list) and len(batch["ragged"]) == 2
+
+
+def test_custom_key():
+    batch = pad_collate([{"wave": torch.ones(1)}, {"wave": torch.ones(2)}], key="wave")
+    assert batch["wave"].shape == (2, 2)
+
+
+@pytest.mark.parametrize("samples, error, match", [
+    ([], TypeError, "at least one"),
+    ([torch.ones(3)], TypeError, "sample dicts"),
+    ([{"x": torch.ones(1)}], KeyError, "no 'audio'"),
+    ([{"audio": torch.ones(1), "a": 1}, {"audio": torch.ones(1)}], KeyError, "lacks"),
+    ([{"audio": torch.ones(2, 3)}, {"audio": torch.ones(3, 3)}], ValueError, "only in their last axis"),
+    ([{"audio": "abc"}], TypeError, "CPU tensors or numpy"),
+])
+def test_errors(samples, error, match):
+    with pytest.raises(error, match=match):
+        pad_collate(samples)
+
+
+def test_result_is_not_a_view_of_the_samples():
+    audio = torch.ones(3)
+    batch = pad_collate([{"audio": audio}])
+    batch["audio"][0, 0] = 5
+    assert audio[0] == 1
+
+
+def test_works_with_pin_memory():
+    data = [{"audio": torch.ones(i + 1), "label": i, "path": f"{i}.wav"} for i in range(6)]
+    loader = DataLoader(data, batch_size=3, collate_fn=pad_collate, pin_memory=True)
+    batches = list(loader)
+    assert [b["audio"].shape for b in batches] == [(3, 3), (3, 6)]
+    assert batches[1]["path"] == ["3.wav", "4.wav", "5.wav"]
+    if torch.cuda.is_available():
+        assert batches[0]["audio"].is_pinned()

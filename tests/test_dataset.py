@@ -1,0 +1,295 @@
+import gc
+import logging
+import pickle
+import threading
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils.data import DataLoader
+
+from audiobuffer import AudioDecoder, BufferedDataset, DecodeError, SampleError, pad_collate
+from audiobuffer.sources import epoch_order
+from helpers import JOIN_TIMEOUT, IndexDecoder, audiobuffer_threads, fake_paths, make_corpus, wait_no_threads
+
+
+def indices(samples):
+    return [s["index"] for s in samples]
+
+
+@settings(deadline=None, max_examples=20)
+@given(n=st.integers(1, 80), producers=st.sampled_from([1, 2, 8]), ordered=st.booleans(),
+       shuffle=st.booleans(), seed=st.integers(0, 2**31),
+       slow=st.dictionaries(st.integers(0, 79), st.sampled_from([0.001, 0.004]), max_size=10))
+def test_each_item_once_per_epoch(n, producers, ordered, shuffle, seed, slow):
+    ds = BufferedDataset(fake_paths(n), IndexDecoder(delays=slow), num_producers=producers,
+                         buffer_size=4, ordered=ordered, shuffle=shuffle, seed=seed)
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        got = indices(ds)
+        if ordered:
+            assert got == epoch_order(n, shuffle=shuffle, seed=seed, epoch=epoch).tolist()
+        else:
+            assert sorted(got) == list(range(n))
+        stats = ds.stats()
+        assert (stats.items, stats.yielded, stats.failed, stats.done) == (n, n, 0, True)
+    assert not wait_no_threads()
+
+
+def test_shuffle_changes_with_epoch_and_is_reproducible():
+    ds = BufferedDataset(fake_paths(50), IndexDecoder(), shuffle=True, seed=3, ordered=True)
+    first = indices(ds)
+    again = indices(ds)
+    ds.set_epoch(1)
+    other = indices(ds)
+    assert first == again != other
+    assert first != list(range(50)) and sorted(other) == list(range(50))
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+@pytest.mark.parametrize("ordered", [False, True])
+def test_rank_shards_are_disjoint_and_cover(world_size, ordered):
+    n = 31
+    seen = []
+    for rank in range(world_size):
+        ds = BufferedDataset(fake_paths(n), IndexDecoder(), shuffle=True, seed=5, ordered=ordered,
+                             rank=rank, world_size=world_size, num_producers=3)
+        got = indices(ds)
+        assert len(got) == len(ds)
+        seen.extend(got)
+    assert sorted(seen) == list(range(n))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_dataloader_workers_shard_exactly_once(world_size):
+    n = 45
+    seen = []
+    for rank in range(world_size):
+        ds = BufferedDataset(fake_paths(n), IndexDecoder(), shuffle=True, rank=rank, world_size=world_size,
+                             num_producers=2)
+        loader = DataLoader(ds, batch_size=4, num_workers=2, collate_fn=pad_collate)
+        for batch in loader:
+            seen.extend(batch["index"].tolist())
+    assert sorted(seen) == list(range(n))
+
+
+def test_torch_distributed_gives_the_shard(tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        ds = BufferedDataset(fake_paths(5), IndexDecoder())
+        assert ds.shard_info() == (0, 1)
+        assert sorted(indices(ds)) == list(range(5))
+        assert BufferedDataset(fake_paths(5), IndexDecoder(), rank=1, world_size=2).shard_info() == (1, 2)
+    finally:
+        dist.destroy_process_group()
+
+
+# -- faults -------------------------------------------------------------------------------------------
+
+FAIL = {3, 17, 18}
+
+
+def test_raise_policy_names_file_and_chains_cause():
+    ds = BufferedDataset(fake_paths(30), IndexDecoder(fail=FAIL), on_error="raise", ordered=True)
+    with pytest.raises(DecodeError) as info:
+        list(ds)
+    err = info.value
+    assert err.path == fake_paths(30)[3] and err.index == 3
+    assert "item_00003.wav" in str(err) and "audiobuffer-producer-" in str(err)
+    assert isinstance(err.__cause__, DecodeError) and "injected failure on item 3" in str(err.__cause__)
+
+
+def test_bug_in_user_decoder_surfaces_as_sample_error():
+    ds = BufferedDataset(fake_paths(10), IndexDecoder(fail={4}, exc_type=ZeroDivisionError))
+    with pytest.raises(SampleError, match=r"item 4 .*ZeroDivisionError") as info:
+        list(ds)
+    assert not isinstance(info.value, DecodeError)
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+
+
+def test_bug_in_transform_surfaces_as_sample_error():
+    def transform(sample):
+        if sample["index"] == 2:
+            raise KeyError("missing field")
+        sample["doubled"] = sample["index"] * 2
+        return sample
+
+    ds = BufferedDataset(fake_paths(5), IndexDecoder(), transform=transform, on_error="skip", ordered=True)
+    got = list(ds)
+    assert [s["doubled"] for s in got] == [0, 2, 6, 8]
+    assert ds.stats().failures[0][:2] == (2, fake_paths(5)[2])
+    assert "KeyError" in ds.stats().failures[0][2]
+
+
+@pytest.mark.parametrize("policy", ["warn", "skip"])
+@pytest.mark.parametrize("ordered", [False, True])
+def test_warn_and_skip_count_every_item(policy, ordered, caplog):
+    n = 40
+    ds = BufferedDataset(fake_paths(n), IndexDecoder(fail=FAIL), on_error=policy, ordered=ordered,
+                         num_producers=4, buffer_size=3)
+    with caplog.at_level(logging.WARNING, logger="audiobuffer"):
+        got = indices(ds)
+    assert sorted(got) == sorted(set(range(n)) - FAIL)
+    stats = ds.stats()
+    assert stats.yielded + stats.failed == stats.items == n
+    assert sorted(f[0] for f in stats.failures) == sorted(FAIL)
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    if policy == "warn":
+        assert len(warnings) == len(FAIL)
+        assert all("injected failure" in r.getMessage() and "item_000" in r.getMessage() for r in warnings)
+    else:
+        assert not warnings
+
+
+def test_slow_item_in_ordered_mode():
+    ds = BufferedDataset(fake_paths(20), IndexDecoder(delays={0: 0.3, 7: 0.1}), ordered=True,
+                         num_producers=4, buffer_size=2)
+    assert indices(ds) == list(range(20))
+
+
+# -- leaving early -----------------------------------------------------------------------------------
+
+def slow_dataset(n=500, **kwargs):
+    return BufferedDataset(fake_paths(n), IndexDecoder(), buffer_size=4, num_producers=4, **kwargs)
+
+
+def test_break_stops_producers():
+    ds = slow_dataset()
+    loader = DataLoader(ds, batch_size=2, collate_fn=pad_collate)
+    for i, _ in enumerate(loader):
+        if i == 3:
+            break
+    assert audiobuffer_threads() == [] or not wait_no_threads()
+    stats = ds.stats()
+    assert not stats.done and stats.yielded < 500
+
+
+def test_exception_in_training_loop_stops_producers():
+    ds = slow_dataset()
+
+    def train():
+        for batch in DataLoader(ds, batch_size=2, collate_fn=pad_collate):
+            raise RuntimeError("loss is nan")
+
+    with pytest.raises(RuntimeError, match="loss is nan"):
+        train()
+    assert not wait_no_threads()
+
+
+def test_garbage_collection_without_close_stops_producers():
+    ds = slow_dataset()
+    it = iter(ds)
+    next(it)
+    assert len(audiobuffer_threads()) == 4
+    del it
+    gc.collect()
+    assert not wait_no_threads()
+
+
+def test_close_from_another_thread_ends_the_loop():
+    gate = threading.Event()
+
+    def decode(item):
+        gate.wait(JOIN_TIMEOUT)  # nothing arrives until the test opens the gate
+        return {"index": item.index}
+
+    def close_then_open_gate():
+        threading.Timer(0.05, gate.set).start()  # the stuck decoders finish soon after close()
+        ds.close()
+
+    ds = BufferedDataset(fake_paths(10), decode, num_producers=2)
+    closer = threading.Timer(0.05, close_then_open_gate)
+    closer.start()
+    got = list(ds)  # blocked in get() until close() wakes it
+    closer.join(JOIN_TIMEOUT)
+    assert got == [] and ds.stats().done is False
+    with pytest.raises(RuntimeError, match="closed"):
+        list(ds)
+
+
+def test_context_manager_closes_running_epochs():
+    with slow_dataset() as ds:
+        it = iter(ds)
+        next(it)
+    assert not wait_no_threads()
+    assert list(it) == []  # the running epoch ended with the dataset
+    assert ds.stats().done is False
+
+
+def test_two_epochs_at_once():
+    ds = BufferedDataset(fake_paths(30), IndexDecoder(), shuffle=True)
+    a, b = iter(ds), iter(ds)
+    got_a, got_b = [], []
+    for x, y in zip(a, b):
+        got_a.append(x["index"])
+        got_b.append(y["index"])
+    got_a += indices(a)
+    got_b += indices(b)
+    assert sorted(got_a) == sorted(got_b) == list(range(30))
+
+
+# -- real decoding through a DataLoader --------------------------------------------------------------
+
+def test_audio_corpus_through_dataloader_with_pin_memory(tmp_path):
+    paths = make_corpus(tmp_path, 24, classes=4, seconds=0.1)
+    ds = BufferedDataset(tmp_path, AudioDecoder(sample_rate=16000), labels=r"^(\d+)_", shuffle=True,
+                         num_producers=3)
+    loader = DataLoader(ds, batch_size=5, collate_fn=pad_collate, pin_memory=True)
+    seen = {}
+    for batch in loader:
+        assert batch["audio"].dtype == torch.float32 and batch["audio"].shape[1] == 1600
+        for path, label, name in zip(batch["path"], batch["label"].tolist(), batch["label_name"]):
+            seen[path] = (label, name)
+    assert sorted(seen) == sorted(str(p) for p in paths)
+    for path, (label, name) in seen.items():
+        assert name == path.rsplit("/", 1)[1].split("_")[0] and ds.classes[label] == name
+
+
+@pytest.mark.timeout(120)
+def test_audio_corpus_through_dataloader_workers(tmp_path):
+    paths = make_corpus(tmp_path, 20, seconds=0.05)
+    ds = BufferedDataset(tmp_path, AudioDecoder(), num_producers=2)
+    loader = DataLoader(ds, batch_size=3, num_workers=2, collate_fn=pad_collate)
+    got = [p for batch in loader for p in batch["path"]]
+    assert sorted(got) == sorted(str(p) for p in paths)
+
+
+def test_pickles_without_runtime_state(tmp_path):
+    make_corpus(tmp_path, 4)
+    ds = BufferedDataset(tmp_path, AudioDecoder(sample_rate=8000), labels="parent")
+    list(ds)
+    copy = pickle.loads(pickle.dumps(ds))
+    assert copy.stats() is None and len(copy) == 4
+    assert sorted(s["path"] for s in copy) == sorted(s["path"] for s in ds)
+
+
+# -- validation -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"num_producers": 0}, ValueError, "num_producers must be an integer >= 1, got 0"),
+    ({"num_producers": "eight"}, TypeError, "num_producers must be an integer >= 1, got 'eight'"),
+    ({"buffer_size": 0}, ValueError, "buffer_size"),
+    ({"max_bytes": -5}, ValueError, "max_bytes"),
+    ({"on_error": "ignore"}, ValueError, "on_error must be one of"),
+    ({"rank": 0}, ValueError, "give rank and world_size together"),
+    ({"rank": 2, "world_size": 2}, ValueError, r"rank must be in \[0, world_size=2\)"),
+    ({"transform": 3}, TypeError, "transform"),
+])
+def test_validation(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        BufferedDataset(fake_paths(3), IndexDecoder(), **kwargs)
+
+
+def test_decoder_must_be_callable():
+    with pytest.raises(TypeError, match="decoder must be callable"):
+        BufferedDataset(fake_paths(3), "AudioDecoder")
+
+
+def test_set_epoch_validation():
+    ds = BufferedDataset(fake_paths(3), IndexDecoder())
+    with pytest.raises(ValueError, match="epoch"):
+        ds.set_epoch(-1)

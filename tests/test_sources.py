@@ -1,0 +1,143 @@
+import json
+import re
+
+import numpy as np
+import pytest
+
+from audiobuffer import Source, SourceError
+from audiobuffer.sources import epoch_order, shard
+from helpers import make_corpus
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    paths = make_corpus(tmp_path / "data", 6, classes=3)
+    (tmp_path / "data" / "notes.txt").write_text("not audio")
+    return tmp_path / "data", paths
+
+
+def test_directory_lists_audio_recursively_and_sorted(corpus):
+    root, paths = corpus
+    source = Source(root)
+    assert source.paths == sorted(str(p) for p in paths)
+    assert len(source) == 6
+
+
+def test_directory_patterns(corpus, tmp_path):
+    root, _ = corpus
+    assert len(Source(root, patterns=["class1/*.wav"])) == 2
+    assert len(Source(root, patterns="**/*.wav")) == 6
+
+
+@pytest.mark.parametrize("labels, expected", [
+    ("parent", ["class0", "class1", "class2"]),
+    (r"^(\d+)_", ["0", "1", "2"]),
+    (re.compile(r"^\d+"), ["0", "1", "2"]),
+    (lambda p: p.endswith("0.wav"), ["False", "True"]),
+])
+def test_labels(corpus, labels, expected):
+    root, _ = corpus
+    source = Source(root, labels=labels)
+    assert source.classes == expected
+    for i in range(len(source)):
+        item = source.item(i)
+        assert source.classes[item.label] == item.label_name
+
+
+def test_no_labels(corpus):
+    source = Source(corpus[0])
+    item = source.item(0)
+    assert item.label is None and item.label_name is None and source.classes == []
+
+
+def test_numeric_classes_sort_numerically(tmp_path):
+    paths = [str(tmp_path / f"{d}_x.wav") for d in (10, 9, 2)]
+    assert Source(paths, labels=r"^(\d+)_").classes == ["2", "9", "10"]
+
+
+def test_label_regex_errors(corpus):
+    root, _ = corpus
+    with pytest.raises(SourceError, match=r"does not match the label expression '\^x'"):
+        Source(root, labels="^x")
+    with pytest.raises(ValueError, match="not a valid regular expression"):
+        Source(root, labels="(unclosed")
+    with pytest.raises(TypeError, match="labels"):
+        Source(root, labels=3)
+
+
+def test_csv_manifest_with_fields_and_relative_paths(corpus, tmp_path):
+    root, paths = corpus
+    manifest = root / "train.csv"
+    lines = ["path,speaker,digit"] + [f"{p.relative_to(root)},spk{i % 2},{i % 3}" for i, p in enumerate(paths)]
+    manifest.write_text("\n".join(lines) + "\n")
+    source = Source(manifest, labels="digit")
+    assert source.paths == [str(p) for p in paths]
+    item = source.item(4)
+    assert item.fields == {"speaker": "spk0", "digit": "1"}
+    assert item.label_name == "1" and source.classes == ["0", "1", "2"]
+
+
+def test_tsv_and_jsonl_manifests(corpus):
+    root, paths = corpus
+    (root / "m.tsv").write_text("file\tx\n" + "".join(f"{p}\t{i}\n" for i, p in enumerate(paths)))
+    assert Source(root / "m.tsv", path_column="file").item(2).fields == {"x": "2"}
+    rows = [json.dumps({"path": str(p), "duration": 0.1, "tags": ["a"]}) for p in paths]
+    (root / "m.jsonl").write_text("\n".join(rows) + "\n\n")
+    item = Source(root / "m.jsonl").item(1)
+    assert item.fields == {"duration": 0.1, "tags": ["a"]}
+
+
+def test_manifest_errors(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("file,label\na.wav,1\n")
+    with pytest.raises(SourceError, match=r"has no path column 'path'; its columns are \['file', 'label'\]"):
+        Source(bad)
+    empty = tmp_path / "empty.csv"
+    empty.write_text("path\n")
+    with pytest.raises(SourceError, match="no files in manifest"):
+        Source(empty)
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"path": "a.wav"}\n{oops\n')
+    with pytest.raises(SourceError, match="line 2: invalid JSON"):
+        Source(broken)
+    with pytest.raises(SourceError, match="does not exist"):
+        Source(tmp_path / "missing.csv")
+
+
+def test_source_errors(tmp_path):
+    with pytest.raises(SourceError, match="does not exist"):
+        Source(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SourceError, match="no files in"):
+        Source(tmp_path / "empty")
+    (tmp_path / "a.wav").write_bytes(b"")
+    with pytest.raises(SourceError, match="neither a directory nor a manifest"):
+        Source(tmp_path / "a.wav")
+    with pytest.raises(TypeError, match="source must be"):
+        Source(42)
+    with pytest.raises(TypeError, match="must hold file paths"):
+        Source(["a.wav", 3])
+
+
+def test_work_item_rng_is_reproducible_and_distinct(corpus):
+    source = Source(corpus[0])
+    a = source.item(0, epoch=1, seed=7).rng().integers(1 << 30)
+    assert a == source.item(0, epoch=1, seed=7).rng().integers(1 << 30)
+    assert a != source.item(0, epoch=2, seed=7).rng().integers(1 << 30)
+
+
+def test_epoch_order():
+    assert epoch_order(5, shuffle=False, seed=0, epoch=3).tolist() == [0, 1, 2, 3, 4]
+    a = epoch_order(100, shuffle=True, seed=1, epoch=0)
+    assert sorted(a.tolist()) == list(range(100))
+    assert np.array_equal(a, epoch_order(100, shuffle=True, seed=1, epoch=0))
+    assert not np.array_equal(a, epoch_order(100, shuffle=True, seed=1, epoch=1))
+
+
+@pytest.mark.parametrize("n, count", [(10, 3), (2, 4), (0, 2), (7, 1)])
+def test_shards_cover_each_item_once(n, count):
+    order = epoch_order(n, shuffle=True, seed=0, epoch=0)
+    parts = [shard(order, i, count).tolist() for i in range(count)]
+    assert sorted(sum(parts, [])) == list(range(n))
+    with pytest.raises(ValueError):
+        shard(order, count, count)
