@@ -48,6 +48,8 @@ logger = logging.getLogger(__name__)
 
 #: Seconds :meth:`ProducerPool.close` waits, in all, for the producer threads to finish.
 JOIN_TIMEOUT = 10.0
+#: The least seconds between two "waiting for data" warnings of one pool.
+WARN_INTERVAL = 30.0
 
 
 class Failure:
@@ -74,18 +76,23 @@ class ProducerPool:
         buffer: where finished samples wait for the consumer (a fresh one per pool).
         num_producers: how many threads decode.
         ordered: yield in sequence order.
+        warn_after: log a "waiting for data" warning when the consumer has waited this many
+            seconds for the next sample (at most one every ``WARN_INTERVAL`` seconds).
         name: the threads' name prefix (``{name}-{i}``).
     """
 
     def __init__(self, make_item: Callable[[int], WorkItem], count: int,
                  decode: Callable[[WorkItem], Any], buffer: Buffer, *, num_producers: int,
-                 ordered: bool = False, name: str = "audiobuffer-producer") -> None:
+                 ordered: bool = False, warn_after: float | None = None,
+                 name: str = "audiobuffer-producer") -> None:
         self._make_item = make_item
         self._count = count
         self._decode = decode
         self._buffer = buffer
         self._ordered = ordered
         self._window = buffer.capacity
+        self._warn_after = warn_after
+        self._last_warning = -float("inf")
         # Feed state, guarded by _feed_lock.
         self._feed_lock = threading.Lock()
         self._turn = threading.Condition(self._feed_lock)  # ordered mode: a producer's turn came
@@ -208,13 +215,19 @@ class ProducerPool:
     def __iter__(self) -> Iterator[Any]:
         """Yield each sample or :class:`Failure` once; ends when the producers are done or the pool closes."""
         if not self._ordered:
-            yield from self._buffer
-            return
+            if self._warn_after is None:
+                yield from self._buffer
+                return
+            while True:
+                try:
+                    yield self._get()
+                except BufferClosed:
+                    return
         pending: dict[int, Any] = {}
         for expected in range(self._count):
             while expected not in pending:
                 try:
-                    seq, out = self._buffer.get()
+                    seq, out = self._get()
                 except BufferClosed:
                     return
                 pending[seq] = out
@@ -223,3 +236,21 @@ class ProducerPool:
                 self._released = expected + 1
                 self._turn.notify_all()
             yield out
+
+    def _get(self) -> Any:
+        """``buffer.get()``, logging "waiting for data" when the wait passes ``warn_after`` seconds."""
+        if self._warn_after is None:
+            return self._buffer.get()
+        waited = 0.0
+        while True:
+            try:
+                return self._buffer.get(timeout=self._warn_after)
+            except TimeoutError:
+                waited += self._warn_after
+                now = time.monotonic()
+                if now - self._last_warning >= WARN_INTERVAL:
+                    self._last_warning = now
+                    logger.warning(
+                        "waiting for data: the consumer has waited %.1f s for a sample (%d of %d items "
+                        "decoded, %d producers); add producers or make decoding cheaper",
+                        waited, self.decoded, self._count, len(self._threads))

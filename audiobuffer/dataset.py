@@ -160,6 +160,8 @@ class BufferedDataset(IterableDataset):
         path_column: the path column of a manifest.
         rank: this process's rank; with ``world_size``, overrides ``torch.distributed``.
         world_size: the number of ranks.
+        warn_after: log a "waiting for data" warning (logger ``audiobuffer``) when the consumer has
+            waited this many seconds for a sample; at most one every 30 s. ``None``: never.
     """
 
     def __init__(self, source: SourceSpec | Source, decoder: Callable[[WorkItem], Any], *,
@@ -168,7 +170,8 @@ class BufferedDataset(IterableDataset):
                  ordered: bool = False, on_error: ErrorPolicy = "raise",
                  transform: Optional[Callable[[Any], Any]] = None, labels: LabelSpec = None,
                  patterns: Sequence[str] = AUDIO_PATTERNS, path_column: str = "path",
-                 rank: Optional[int] = None, world_size: Optional[int] = None) -> None:
+                 rank: Optional[int] = None, world_size: Optional[int] = None,
+                 warn_after: Optional[float] = None) -> None:
         super().__init__()
         if not callable(decoder):
             raise TypeError(f"decoder must be callable (WorkItem -> sample), got {decoder!r}")
@@ -183,6 +186,9 @@ class BufferedDataset(IterableDataset):
             _check_int("max_bytes", max_bytes, 1)
         if on_error not in _POLICIES:
             raise ValueError(f"on_error must be one of {_POLICIES}, got {on_error!r}")
+        if warn_after is not None:
+            if isinstance(warn_after, bool) or not isinstance(warn_after, (int, float)) or not warn_after > 0:
+                raise ValueError(f"warn_after must be None or a number of seconds > 0, got {warn_after!r}")
         if (rank is None) != (world_size is None):
             raise ValueError(f"give rank and world_size together, got rank={rank!r}, world_size={world_size!r}")
         if world_size is not None:
@@ -201,6 +207,7 @@ class BufferedDataset(IterableDataset):
         self.seed = seed
         self.ordered = bool(ordered)
         self.on_error: ErrorPolicy = on_error
+        self.warn_after = warn_after
         self._rank = rank
         self._world_size = world_size
         self._epoch = 0
@@ -293,7 +300,7 @@ class BufferedDataset(IterableDataset):
         buffer: Buffer[Any] = Buffer(self.buffer_size, max_bytes=self.max_bytes)
         pool = ProducerPool(make_item, len(indices), decode, buffer,
                             num_producers=min(self.num_producers, max(1, len(indices))),
-                            ordered=self.ordered)
+                            ordered=self.ordered, warn_after=self.warn_after)
         epoch = _Epoch(number, rank, world_size, worker, num_workers, pool, buffer)
         with self._lock:
             if self._closed:

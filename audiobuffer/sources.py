@@ -141,6 +141,22 @@ class Source:
     def __len__(self) -> int:
         return len(self.paths)
 
+    def subset(self, indices: Sequence[int]) -> "Source":
+        """A source of the files at ``indices``, keeping this source's classes (so label indices agree).
+
+        Use it to split one source into train and test sets.
+        """
+        part = object.__new__(Source)
+        part.description = f"{len(indices)} files of {self.description}"
+        part.paths = [self.paths[i] for i in indices]
+        part.fields = None if self.fields is None else [self.fields[i] for i in indices]
+        part.label_names = None if self.label_names is None else [self.label_names[i] for i in indices]
+        part.classes = list(self.classes)
+        part.class_to_idx = dict(self.class_to_idx)
+        if not part.paths:
+            raise SourceError(f"an empty subset of {self.description}")
+        return part
+
     def item(self, index: int, *, epoch: int = 0, seed: int = 0, seq: int = 0) -> WorkItem:
         """The work item for the source's ``index``-th file."""
         name = self.label_names[index] if self.label_names else None

@@ -231,7 +231,7 @@ def test_many_threads_open_good_and_bad_files_at_once(audio_formats):
                 with lock:
                     wrong.append((row["path"], "decoded" if ok else "failed"))
 
-    threads = [threading.Thread(target=run, args=(work[i::8],)) for i in range(8)]
+    threads = [threading.Thread(target=run, args=(work[i::8],), daemon=True) for i in range(8)]
     for t in threads:
         t.start()
     for t in threads:

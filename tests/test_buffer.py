@@ -21,7 +21,7 @@ def run_thread(target, *args):
         except BaseException as exc:  # recorded for the test to check
             result["error"] = exc
 
-    thread = threading.Thread(target=body, name="test-helper")
+    thread = threading.Thread(target=body, name="test-helper", daemon=True)  # a failed test must not hang exit
     thread.start()
     return thread, result
 
@@ -173,21 +173,20 @@ def test_byte_bound_blocks_and_admits_oversized_item_when_empty():
     assert buf.stats.peak_bytes == 1000
 
 
-def test_byte_bound_wakes_the_producer_whose_item_fits():
-    # A get that frees bytes must wake every producer: notify() alone could wake one whose item
-    # still does not fit and leave the one that fits asleep.
+def test_byte_bound_get_wakes_every_producer_that_now_fits():
+    # One get frees room for both waiting items (60 + 30 <= 100): both puts must complete. With
+    # notify() instead of notify_all(), one producer would stay asleep although its item fits.
     buf = Buffer(10, max_bytes=100)
     buf.put(np.zeros(100, dtype=np.uint8))
-    big_thread, big = run_thread(buf.put, np.zeros(100, dtype=np.uint8))
+    first, first_result = run_thread(buf.put, np.zeros(60, dtype=np.uint8))
     wait_until_blocked(buf, "put", 1)
-    small_thread, small = run_thread(buf.put, np.zeros(10, dtype=np.uint8))
+    second, second_result = run_thread(buf.put, np.zeros(30, dtype=np.uint8))
     wait_until_blocked(buf, "put", 2)
     buf.get()
-    finish(big_thread)  # the first in line fits once the buffer is empty
-    assert "error" not in big
-    buf.get()
-    finish(small_thread)
-    assert "error" not in small
+    finish(first)
+    finish(second)
+    assert "error" not in first_result and "error" not in second_result
+    assert buf.nbytes == 90 and len(buf) == 2
 
 
 def test_payload_nbytes_counts_numpy_torch_and_containers():
@@ -238,8 +237,8 @@ def test_many_producers_and_consumers_move_each_item_once(producers, consumers, 
         for item in buf:
             received[c].append(item)
 
-    workers = [threading.Thread(target=produce, args=(p,)) for p in range(producers)]
-    readers = [threading.Thread(target=consume, args=(c,)) for c in range(consumers)]
+    workers = [threading.Thread(target=produce, args=(p,), daemon=True) for p in range(producers)]
+    readers = [threading.Thread(target=consume, args=(c,), daemon=True) for c in range(consumers)]
     for t in workers + readers:
         t.start()
     for t in workers:

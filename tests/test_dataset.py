@@ -293,3 +293,18 @@ def test_set_epoch_validation():
     ds = BufferedDataset(fake_paths(3), IndexDecoder())
     with pytest.raises(ValueError, match="epoch"):
         ds.set_epoch(-1)
+
+
+def test_waiting_for_data_warning_is_logged_and_rate_limited(caplog):
+    ds = BufferedDataset(fake_paths(3), IndexDecoder(delays={0: 0.3, 1: 0.3, 2: 0.3}), num_producers=1,
+                         warn_after=0.05, ordered=True)
+    with caplog.at_level(logging.WARNING, logger="audiobuffer"):
+        assert indices(ds) == [0, 1, 2]
+    waits = [r.getMessage() for r in caplog.records if "waiting for data" in r.getMessage()]
+    assert len(waits) == 1  # three long waits, one warning within the 30 s interval
+    assert "items decoded, 1 producers" in waits[0]
+
+
+def test_warn_after_validation():
+    with pytest.raises(ValueError, match="warn_after"):
+        BufferedDataset(fake_paths(3), IndexDecoder(), warn_after=0)

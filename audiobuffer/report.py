@@ -1,0 +1,139 @@
+"""Where the time went: the summary ``audiobuffer run`` and ``audiobuffer demo`` print, and its verdict."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+from .dataset import DatasetStats
+
+__all__ = ["RunSummary", "Timer"]
+
+#: The share of the run the consumer may wait for data before the run counts as input-bound.
+INPUT_BOUND_SHARE = 0.10
+#: How many failures the summary lists by name.
+LISTED_FAILURES = 20
+
+
+class Timer:
+    """Accumulates the seconds spent inside ``with timer:`` blocks."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._start = 0.0
+
+    def __enter__(self) -> "Timer":
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.seconds += time.perf_counter() - self._start
+
+
+@dataclass
+class RunSummary:
+    """Totals of a run over its epochs, and what they say.
+
+    Attributes:
+        consumer_wait_s: seconds the consumer waited for samples (the buffer was empty).
+        producer_wait_s: seconds the producers waited for room, summed over producers (it was full).
+        step_s: seconds the loop spent on its own work (the train step, device copies).
+    """
+
+    epochs: int = 0
+    samples: int = 0
+    batches: int = 0
+    failed: int = 0
+    failures: list = field(default_factory=list)
+    wall_s: float = 0.0
+    audio_s: float = 0.0
+    decode_s: float = 0.0
+    consumer_wait_s: float = 0.0
+    producer_wait_s: float = 0.0
+    step_s: float = 0.0
+    producers: int = 0
+    verdict: str = ""
+    advice: str = ""
+
+    def add_epoch(self, stats: Optional[DatasetStats]) -> None:
+        """Add one epoch's dataset stats."""
+        self.epochs += 1
+        if stats is None:
+            return
+        self.failed += stats.failed
+        room = LISTED_FAILURES - len(self.failures)
+        self.failures.extend([{"index": i, "path": p, "error": e} for i, p, e in stats.failures[:max(0, room)]])
+        self.decode_s += stats.decode_s
+        self.producers = stats.num_producers
+        if stats.buffer is not None:
+            self.consumer_wait_s += stats.buffer.get_wait_s
+            self.producer_wait_s += stats.buffer.put_wait_s
+
+    def add_batch(self, batch: Any) -> None:
+        """Count a batch's samples and seconds of audio (from ``lengths`` and ``sample_rate``)."""
+        self.batches += 1
+        if isinstance(batch, dict):
+            paths = batch.get("path")
+            self.samples += len(paths) if isinstance(paths, list) else 0
+            lengths, rates = batch.get("lengths"), batch.get("sample_rate")
+            if lengths is not None and rates is not None:
+                self.audio_s += float((lengths.double().cpu() / rates.double().cpu()).sum())
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def audio_s_per_s(self) -> float:
+        return self.audio_s / self.wall_s if self.wall_s else 0.0
+
+    def judge(self, *, producers_key: str = "buffer.producers") -> None:
+        """Set ``verdict`` and ``advice`` from the waits on both sides of the buffer."""
+        wall = self.wall_s or 1e-9
+        waited = self.consumer_wait_s / wall
+        full = self.producer_wait_s / (wall * max(1, self.producers))
+        cores = _cores()
+        if waited >= INPUT_BOUND_SHARE:
+            self.verdict = "input-bound"
+            if self.producers < cores:
+                self.advice = (f"the loop waited for data {waited:.0%} of the time: raise {producers_key} "
+                               f"(now {self.producers}, {cores} cores here) or make decoding cheaper "
+                               f"(shorter crops, a lower sample rate)")
+            else:
+                self.advice = (f"the loop waited for data {waited:.0%} of the time and the {self.producers} "
+                               f"producers already cover the {cores} cores: make decoding cheaper "
+                               f"(shorter crops, a lower sample rate, fewer channels)")
+        else:
+            self.verdict = "compute-bound"
+            self.advice = (f"loading keeps up: the loop waited for data {waited:.0%} of the time and the "
+                           f"producers waited for room {full:.0%} of theirs; the loop's own work sets the pace")
+
+    def as_dict(self) -> dict:
+        """The summary as plain builtins, rates included."""
+        data = asdict(self)
+        data["samples_per_s"] = self.samples_per_s
+        data["audio_s_per_s"] = self.audio_s_per_s
+        return data
+
+    def lines(self) -> list[str]:
+        """The summary for people."""
+        out = [
+            f"samples       {self.samples} in {self.epochs} epoch(s), {self.batches} batches, {self.wall_s:.2f} s",
+            f"throughput    {self.samples_per_s:.1f} samples/s, {self.audio_s_per_s:.1f} s of audio/s",
+            f"time split    loop waited for data {self.consumer_wait_s:.2f} s | producers waited for room "
+            f"{self.producer_wait_s:.2f} s ({self.producers} producers) | decoding {self.decode_s:.2f} s "
+            f"(summed over producers) | loop's own work {self.step_s:.2f} s",
+            f"verdict       {self.verdict}: {self.advice}",
+            f"skipped files {self.failed}",
+        ]
+        out.extend(f"  {f['path']}: {f['error']}" for f in self.failures)
+        return out
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
