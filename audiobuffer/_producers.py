@@ -42,7 +42,7 @@ from .buffer import Buffer
 from .errors import AudioBufferError, BufferClosed
 from .sources import WorkItem
 
-__all__ = ["Failure", "JOIN_TIMEOUT", "ProducerPool"]
+__all__ = ["Failure", "JOIN_TIMEOUT", "NO_OUTPUT", "ProducerPool"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +50,11 @@ logger = logging.getLogger(__name__)
 JOIN_TIMEOUT = 10.0
 #: The least seconds between two "waiting for data" warnings of one pool.
 WARN_INTERVAL = 30.0
+
+
+#: A decode result that puts nothing into the buffer (unordered pools only): the decoder has
+#: delivered its sample some other way (into a batch slot, say).
+NO_OUTPUT = object()
 
 
 class Failure:
@@ -196,7 +201,10 @@ class ProducerPool:
                     out = Failure(item, exc, name)
                 self._busy[slot] += time.perf_counter() - start
                 self._decoded[slot] += 1
-                buffer.put((seq, out) if ordered else out)
+                if ordered:
+                    buffer.put((seq, out))
+                elif out is not NO_OUTPUT:
+                    buffer.put(out)
         except BufferClosed:
             pass  # the pool was closed: the consumer has gone
         except BaseException as exc:

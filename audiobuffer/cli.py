@@ -79,7 +79,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from .config import build_dataset, build_loader, load_config
-    from .device import resolve_device, to_device
+    from .device import DevicePrefetcher, resolve_device
     from .report import RunSummary, Timer
 
     config = load_config(args.config, args.overrides)
@@ -99,12 +99,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         for epoch in range(config.epochs):
             dataset.set_epoch(epoch)
             total = math.ceil(len(dataset) / config.loader.batch_size)
-            bar = tqdm(loader, total=total, desc=f"epoch {epoch + 1}/{config.epochs}", unit="batch",
+            bar = tqdm(DevicePrefetcher(loader, device), total=total, desc=f"epoch {epoch + 1}/{config.epochs}", unit="batch",
                        disable=True if args.no_progress or args.quiet else None, leave=False)
-            for batch in bar:
+            for batch in bar:  # already on the device: DevicePrefetcher copied it ahead
                 with own_work:
-                    batch = to_device(batch, device)
-                summary.add_batch(batch)
+                    summary.add_batch(batch)
             summary.add_epoch(dataset.stats())
     summary.wall_s = time.perf_counter() - start
     summary.step_s = own_work.seconds

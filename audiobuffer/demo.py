@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader
 from .collate import pad_collate
 from .dataset import BufferedDataset
 from .decoders import AudioDecoder
-from .device import resolve_device, to_device
+from .device import DevicePrefetcher, resolve_device
 from .features import LogMel
 from .report import RunSummary, Timer
 
@@ -155,9 +155,9 @@ def run_demo(*, epochs: int = 12, per_class: int = 50, producers: int = 2, batch
         train.set_epoch(epoch)
         model.train()
         total_loss, seen = 0.0, 0
-        for batch in _progress(train_loader, progress, f"epoch {epoch + 1}/{epochs}"):
+        batches = DevicePrefetcher(train_loader, dev)  # copies the next batches while this one trains
+        for batch in _progress(batches, progress, f"epoch {epoch + 1}/{epochs}"):
             with steps:
-                batch = to_device(batch, dev)
                 loss = nn.functional.cross_entropy(model(batch["audio"]), batch["label"])
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -187,8 +187,7 @@ def evaluate(model: nn.Module, loader: DataLoader, device: torch.device) -> floa
     """Accuracy of ``model`` over ``loader``."""
     model.eval()
     correct = total = 0
-    for batch in loader:
-        batch = to_device(batch, device)
+    for batch in DevicePrefetcher(loader, device):
         correct += int((model(batch["audio"]).argmax(dim=1) == batch["label"]).sum())
         total += len(batch["label"])
     return correct / max(1, total)

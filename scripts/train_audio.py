@@ -29,7 +29,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from audiobuffer.config import build_dataset, build_loader, build_source, load_config
-from audiobuffer.device import resolve_device, to_device
+from audiobuffer.device import DevicePrefetcher, resolve_device
 from audiobuffer.errors import AudioBufferError
 from audiobuffer.features import LogMel
 
@@ -125,11 +125,10 @@ def train() -> int:
         model.train()
         seen: list[str] = []
         loss_sum = torch.zeros(2, dtype=torch.float64)
-        for step, batch in enumerate(train_loader):
+        for step, batch in enumerate(DevicePrefetcher(train_loader, device)):  # batches arrive on the device
             if step >= steps:
                 break  # leaving the loop stops this epoch's producers
             seen.extend(batch["path"])
-            batch = to_device(batch, device)
             loss = nn.functional.cross_entropy(model(batch["audio"]), batch["label"])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -162,8 +161,7 @@ def evaluate(model: nn.Module, loader, device: torch.device, distributed: bool) 
     """Accuracy over the test set, summed across ranks."""
     model.eval()
     counts = torch.zeros(2, dtype=torch.float64)
-    for batch in loader:
-        batch = to_device(batch, device)
+    for batch in DevicePrefetcher(loader, device):
         predicted = model(batch["audio"]).argmax(dim=1)
         counts += torch.tensor([float((predicted == batch["label"]).sum()), len(batch["label"])], dtype=torch.float64)
     counts = _sum(counts, distributed)
