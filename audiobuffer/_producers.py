@@ -224,8 +224,16 @@ class ProducerPool:
         """Yield each sample or :class:`Failure` once; ends when the producers are done or the pool closes."""
         if not self._ordered:
             if self._warn_after is None:
-                yield from self._buffer
-                return
+                get_many = self._buffer.get_many  # one lock acquisition for all that is ready
+                while True:
+                    try:
+                        chunk = get_many()
+                    except BufferClosed:
+                        return
+                    for out in chunk:
+                        if self._stopping:  # close() ends the loop, not the chunk in hand
+                            return
+                        yield out
             while True:
                 try:
                     yield self._get()

@@ -54,7 +54,7 @@ class BufferStats:
         gets: items taken so far.
         put_wait_s: total seconds producers spent waiting for room (the consumer was the bottleneck).
         get_wait_s: total seconds consumers spent waiting for data (the producers were the bottleneck).
-        mean_fill: mean number of items in the buffer as each ``get`` found it.
+        mean_fill: mean number of items in the buffer as each ``get`` / ``get_many`` call found it.
         peak_fill: the most items the buffer ever held.
         peak_bytes: the most payload bytes it ever held (counted only with ``max_bytes``).
     """
@@ -119,6 +119,7 @@ class Buffer(Generic[T]):
         self._put_wait = 0.0
         self._get_wait = 0.0
         self._fill_sum = 0
+        self._takes = 0  # get and get_many calls that took something
         self._peak_fill = 0
         self._peak_bytes = 0
 
@@ -158,7 +159,7 @@ class Buffer(Generic[T]):
                 gets=self._gets,
                 put_wait_s=self._put_wait,
                 get_wait_s=self._get_wait,
-                mean_fill=self._fill_sum / self._gets if self._gets else 0.0,
+                mean_fill=self._fill_sum / self._takes if self._takes else 0.0,
                 peak_fill=self._peak_fill,
                 peak_bytes=self._peak_bytes,
             )
@@ -176,23 +177,43 @@ class Buffer(Generic[T]):
             BufferClosed: the buffer is closed or aborted (also when that happens during the wait).
             TimeoutError: no room came within ``timeout``.
         """
-        size = payload_nbytes(item) if self._max_bytes is not None else 0
+        if self._max_bytes is not None:
+            self._put_bounded(item, timeout)
+            return
+        with self._lock:
+            items = self._items
+            if len(items) >= self._capacity and not self._closed:
+                self._wait(self._has_pos, self._has_room, timeout, "put")
+            if self._closed:
+                raise BufferClosed("put() on a closed buffer") from self._abort_exc
+            items.append(item)
+            self._puts += 1
+            if len(items) > self._peak_fill:
+                self._peak_fill = len(items)
+            # Condition.notify() costs an ownership check and a walk of its waiters even when there
+            # are none, the common case while data flows. Waiters register under this same lock,
+            # so the check below sees every one of them.
+            if self._has_data._waiters:  # type: ignore[attr-defined]
+                self._has_data.notify()
+
+    def _put_bounded(self, item: T, timeout: float | None) -> None:
+        """``put`` with a byte bound: the item's payload is counted and must fit."""
+        size = payload_nbytes(item)
         with self._lock:
             if not self._put_ready(size):
                 self._wait(self._has_pos, lambda: self._put_ready(size), timeout, "put")
             if self._closed:
                 raise BufferClosed("put() on a closed buffer") from self._abort_exc
             self._items.append(item)
-            n = len(self._items)
-            if n > self._peak_fill:
-                self._peak_fill = n
-            if self._max_bytes is not None:
-                self._sizes.append(size)
-                self._nbytes += size
-                if self._nbytes > self._peak_bytes:
-                    self._peak_bytes = self._nbytes
+            self._sizes.append(size)
+            self._nbytes += size
             self._puts += 1
+            self._peak_fill = max(self._peak_fill, len(self._items))
+            self._peak_bytes = max(self._peak_bytes, self._nbytes)
             self._has_data.notify()
+
+    def _has_room(self) -> bool:
+        return self._closed or len(self._items) < self._capacity
 
     def _put_ready(self, size: int) -> bool:
         if self._closed:
@@ -244,21 +265,61 @@ class Buffer(Generic[T]):
             BaseException: the exception given to :meth:`abort`.
         """
         with self._lock:
-            if not (self._items or self._closed):
+            items = self._items
+            if not items and not self._closed:
                 self._wait(self._has_data, self._get_ready, timeout, "get")
             if self._abort_exc is not None:
                 raise self._abort_exc
-            if not self._items:
+            if not items:
                 raise BufferClosed("get() on a closed, drained buffer")
-            self._fill_sum += len(self._items)
-            item = self._items.popleft()
+            self._fill_sum += len(items)
+            self._takes += 1
+            item = items.popleft()
+            self._gets += 1
             if self._max_bytes is not None:
                 self._nbytes -= self._sizes.popleft()
                 self._has_pos.notify_all()  # the freed bytes may fit any waiting producer
-            else:
+            elif self._has_pos._waiters:  # type: ignore[attr-defined]  # see put()
                 self._has_pos.notify()
-            self._gets += 1
             return item
+
+    def get_many(self, max_items: int | None = None, timeout: float | None = None) -> list[T]:
+        """Remove and return every item there is (up to ``max_items``), waiting for at least one.
+
+        One lock acquisition for the lot: a consumer that drains the buffer this way pays the
+        locking once per call rather than once per item.
+
+        Raises:
+            BufferClosed: the buffer is closed and drained.
+            TimeoutError: no item came within ``timeout``.
+            BaseException: the exception given to :meth:`abort`.
+        """
+        if max_items is not None and (isinstance(max_items, bool) or not isinstance(max_items, int) or max_items < 1):
+            raise ValueError(f"max_items must be None or an integer >= 1, got {max_items!r}")
+        with self._lock:
+            items = self._items
+            if not items and not self._closed:
+                self._wait(self._has_data, self._get_ready, timeout, "get")
+            if self._abort_exc is not None:
+                raise self._abort_exc
+            if not items:
+                raise BufferClosed("get_many() on a closed, drained buffer")
+            n = len(items) if max_items is None else min(max_items, len(items))
+            self._fill_sum += len(items)
+            self._takes += 1
+            self._gets += n
+            if n == len(items):
+                out = list(items)
+                items.clear()
+            else:
+                out = [items.popleft() for _ in range(n)]
+            if self._max_bytes is not None:
+                for _ in range(n):
+                    self._nbytes -= self._sizes.popleft()
+                self._has_pos.notify_all()
+            elif self._has_pos._waiters:  # type: ignore[attr-defined]  # see put()
+                self._has_pos.notify(n)
+            return out
 
     def _get_ready(self) -> bool:
         return bool(self._items) or self._closed

@@ -1,4 +1,4 @@
-"""The ``audiobuffer`` command line: ``run`` a YAML pipeline, the ``demo``.
+"""The ``audiobuffer`` command line: ``run`` a YAML pipeline, the ``demo``, ``bench`` and ``stress``.
 
 Exit status: 0 on success, 1 when the pipeline fails (a file under ``on_error: raise``), 2 for a bad
 command line or config. Errors go to stderr as one message, without a traceback (``-v`` adds the
@@ -56,6 +56,11 @@ def _parser() -> argparse.ArgumentParser:
                       help="where the corpus is made (default $AUDIOBUFFER_CACHE or ~/.cache/audiobuffer)")
     demo.add_argument("--seed", type=int, default=0)
     common(demo)
+
+    sub.add_parser("bench", help="time an epoch of decoding through each loader (see 'audiobuffer bench -h')",
+                   add_help=False)
+    sub.add_parser("stress", help="many producers and consumers through Buffer, against queue.Queue "
+                                  "(see 'audiobuffer stress -h')", add_help=False)
     return parser
 
 
@@ -146,6 +151,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the command line; return the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("bench", "stress"):  # these own their arguments
+        if argv[0] == "bench":
+            from .bench import main as sub_main
+        else:
+            from .stress import main as sub_main
+        return sub_main(argv[1:])
     parser = _parser()
     args = parser.parse_args(argv)
     _setup_logging(args)

@@ -250,3 +250,47 @@ def test_many_producers_and_consumers_move_each_item_once(producers, consumers, 
     assert got == list(range(items))
     assert buf.stats.peak_fill <= capacity
     assert max(peak, default=0) <= capacity
+
+
+def test_get_many_takes_everything_ready_in_order():
+    buf = Buffer(8)
+    for i in range(5):
+        buf.put(i)
+    assert buf.get_many(max_items=2) == [0, 1]
+    assert buf.get_many() == [2, 3, 4]
+    buf.put(None)
+    buf.close()
+    assert buf.get_many() == [None]
+    with pytest.raises(BufferClosed):
+        buf.get_many()
+    stats = buf.stats
+    assert (stats.gets, stats.puts) == (6, 6)
+
+
+def test_get_many_waits_and_wakes_every_producer_it_made_room_for():
+    buf = Buffer(2)
+    buf.put("a")
+    buf.put("b")
+    putters = [run_thread(buf.put, x) for x in "cd"]
+    wait_until_blocked(buf, "put", 2)
+    assert buf.get_many() == ["a", "b"]
+    for thread, result in putters:
+        finish(thread)
+        assert "error" not in result
+    assert sorted(buf.get_many()) == ["c", "d"]
+    with pytest.raises(TimeoutError):
+        buf.get_many(timeout=0.01)
+    getter, result = run_thread(buf.get_many)
+    wait_until_blocked(buf, "get")
+    buf.abort(RuntimeError("stop"))
+    finish(getter)
+    assert isinstance(result["error"], RuntimeError)
+
+
+def test_get_many_with_byte_bound():
+    buf = Buffer(4, max_bytes=100)
+    buf.put(np.zeros(60, dtype=np.uint8))
+    buf.put(np.zeros(40, dtype=np.uint8))
+    assert len(buf.get_many()) == 2 and buf.nbytes == 0
+    with pytest.raises(ValueError, match="max_items"):
+        buf.get_many(max_items=0)
