@@ -17,8 +17,10 @@ from .errors import (
     BufferClosed,
     ConfigError,
     DecodeError,
+    ResumeError,
     SampleError,
     SourceError,
+    StallError,
 )
 from .slots import BatchSlotLoader, SlotStats
 from .sources import AUDIO_PATTERNS, Source, WorkItem
@@ -40,10 +42,12 @@ __all__ = [
     "DevicePrefetcher",
     "DeviceTensorLoader",
     "ImageDecoder",
+    "ResumeError",
     "SampleError",
     "SlotStats",
     "Source",
     "SourceError",
+    "StallError",
     "WorkItem",
     "pad_collate",
     "payload_nbytes",

@@ -39,7 +39,7 @@ import time
 from typing import Any, Callable, Iterator
 
 from .buffer import Buffer
-from .errors import AudioBufferError, BufferClosed
+from .errors import AudioBufferError, BufferClosed, StallError
 from .sources import WorkItem
 
 __all__ = ["Failure", "JOIN_TIMEOUT", "NO_OUTPUT", "ProducerPool"]
@@ -71,8 +71,9 @@ class Failure:
 class ProducerPool:
     """Decode ``count`` work items with ``num_producers`` threads into ``buffer``; iterate the results.
 
-    Iterating the pool yields each decoded sample, or a :class:`Failure`, once: in sequence order
-    with ``ordered=True``, else as they come. See NOTE [ Producer shutdown protocol ].
+    Iterating the pool yields ``(seq, sample)`` pairs, the sample being a :class:`Failure` for an item
+    that failed, once each: in sequence order with ``ordered=True``, else as they come. See
+    NOTE [ Producer shutdown protocol ].
 
     Args:
         make_item: builds the work item with sequence number ``seq`` (0 .. count-1).
@@ -83,12 +84,14 @@ class ProducerPool:
         ordered: yield in sequence order.
         warn_after: log a "waiting for data" warning when the consumer has waited this many
             seconds for the next sample (at most one every ``WARN_INTERVAL`` seconds).
+        timeout: raise :class:`StallError` when the consumer has waited this many seconds for the
+            next sample, naming what each producer is stuck on.
         name: the threads' name prefix (``{name}-{i}``).
     """
 
     def __init__(self, make_item: Callable[[int], WorkItem], count: int,
                  decode: Callable[[WorkItem], Any], buffer: Buffer, *, num_producers: int,
-                 ordered: bool = False, warn_after: float | None = None,
+                 ordered: bool = False, warn_after: float | None = None, timeout: float | None = None,
                  name: str = "audiobuffer-producer") -> None:
         self._make_item = make_item
         self._count = count
@@ -97,7 +100,9 @@ class ProducerPool:
         self._ordered = ordered
         self._window = buffer.capacity
         self._warn_after = warn_after
+        self._timeout = timeout
         self._last_warning = -float("inf")
+        self._current: list[tuple[str, float] | None] = [None] * num_producers  # (path, since) per producer
         # Feed state, guarded by _feed_lock.
         self._feed_lock = threading.Lock()
         self._turn = threading.Condition(self._feed_lock)  # ordered mode: a producer's turn came
@@ -195,16 +200,16 @@ class ProducerPool:
                     break
                 item = self._make_item(seq)
                 start = time.perf_counter()
+                self._current[slot] = (item.path, start)
                 try:
                     out: Any = self._decode(item)
                 except Exception as exc:  # reported to the consumer, which applies on_error
                     out = Failure(item, exc, name)
+                self._current[slot] = None
                 self._busy[slot] += time.perf_counter() - start
                 self._decoded[slot] += 1
-                if ordered:
+                if ordered or out is not NO_OUTPUT:
                     buffer.put((seq, out))
-                elif out is not NO_OUTPUT:
-                    buffer.put(out)
         except BufferClosed:
             pass  # the pool was closed: the consumer has gone
         except BaseException as exc:
@@ -220,20 +225,20 @@ class ProducerPool:
 
     # -- consumer side -------------------------------------------------------------------------
 
-    def __iter__(self) -> Iterator[Any]:
-        """Yield each sample or :class:`Failure` once; ends when the producers are done or the pool closes."""
+    def __iter__(self) -> Iterator[tuple[int, Any]]:
+        """Yield each ``(seq, sample or Failure)`` once; ends when the producers are done or the pool closes."""
         if not self._ordered:
-            if self._warn_after is None:
+            if self._warn_after is None and self._timeout is None:
                 get_many = self._buffer.get_many  # one lock acquisition for all that is ready
                 while True:
                     try:
                         chunk = get_many()
                     except BufferClosed:
                         return
-                    for out in chunk:
+                    for pair in chunk:
                         if self._stopping:  # close() ends the loop, not the chunk in hand
                             return
-                        yield out
+                        yield pair
             while True:
                 try:
                     yield self._get()
@@ -251,22 +256,36 @@ class ProducerPool:
             with self._feed_lock:
                 self._released = expected + 1
                 self._turn.notify_all()
-            yield out
+            yield expected, out
 
     def _get(self) -> Any:
-        """``buffer.get()``, logging "waiting for data" when the wait passes ``warn_after`` seconds."""
-        if self._warn_after is None:
+        """``buffer.get()``, with the "waiting for data" warning and the stall timeout."""
+        if self._warn_after is None and self._timeout is None:
             return self._buffer.get()
-        waited = 0.0
+        start = time.monotonic()
+        deadline = start + self._timeout if self._timeout is not None else float("inf")
         while True:
+            now = time.monotonic()
+            wait = deadline - now
+            if self._warn_after is not None:
+                wait = min(wait, self._warn_after)
             try:
-                return self._buffer.get(timeout=self._warn_after)
+                return self._buffer.get(timeout=max(0.0, wait))
             except TimeoutError:
-                waited += self._warn_after
                 now = time.monotonic()
+                if now >= deadline:
+                    raise StallError(
+                        f"no sample for {self._timeout} s (timeout); {self.decoded} of {self._count} items decoded; "
+                        f"{self._describe_producers(now)}") from None
                 if now - self._last_warning >= WARN_INTERVAL:
                     self._last_warning = now
                     logger.warning(
                         "waiting for data: the consumer has waited %.1f s for a sample (%d of %d items "
                         "decoded, %d producers); add producers or make decoding cheaper",
-                        waited, self.decoded, self._count, len(self._threads))
+                        now - start, self.decoded, self._count, len(self._threads))
+
+    def _describe_producers(self, now: float) -> str:
+        perf_now = time.perf_counter()
+        busy = [f"{t.name} on {cur[0]!r} for {perf_now - cur[1]:.1f} s"
+                for t, cur in zip(self._threads, list(self._current)) if cur is not None]
+        return ("stuck in the decoder: " + ", ".join(busy)) if busy else "no producer is decoding"

@@ -101,6 +101,8 @@ class BufferConfig(_Section):
     ordered: bool = False
     on_error: Literal["raise", "warn", "skip"] = "raise"
     warn_after: Optional[float] = Field(default=5.0, gt=0, allow_inf_nan=False)
+    timeout: Optional[float] = Field(default=None, gt=0, allow_inf_nan=False)
+    even_shards: Optional[Literal["pad", "drop"]] = "pad"
 
 
 class LoaderConfig(_Section):
@@ -313,7 +315,8 @@ def build_dataset(config: PipelineConfig, *, source: Any = None, shuffle: Option
                            num_producers=buf.producers, buffer_size=buf.capacity, max_bytes=buf.max_bytes,
                            shuffle=config.loader.shuffle if shuffle is None else shuffle, seed=config.seed,
                            ordered=buf.ordered if ordered is None else ordered, on_error=buf.on_error,
-                           warn_after=buf.warn_after, rank=rank, world_size=world_size)
+                           warn_after=buf.warn_after, timeout=buf.timeout, even_shards=buf.even_shards,
+                           rank=rank, world_size=world_size)
 
 
 def build_loader(config: PipelineConfig, dataset: Any) -> Any:

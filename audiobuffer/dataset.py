@@ -9,19 +9,21 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator, Literal, Optional, Sequence
 
+import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ._producers import Failure, ProducerPool
 from .buffer import Buffer, BufferStats
-from .errors import DecodeError, SampleError
-from .sources import AUDIO_PATTERNS, LabelSpec, Source, SourceSpec, WorkItem, epoch_order, shard
+from .errors import DecodeError, ResumeError, SampleError
+from .sources import AUDIO_PATTERNS, LabelSpec, Source, SourceSpec, WorkItem, epoch_order, even_out, shard
 
 __all__ = ["BufferedDataset", "DatasetStats", "ErrorPolicy"]
 
 logger = logging.getLogger(__name__)
 
 ErrorPolicy = Literal["raise", "warn", "skip"]
+EvenShards = Optional[Literal["pad", "drop"]]
 _POLICIES = ("raise", "warn", "skip")
 #: How many failed items :class:`DatasetStats` lists by name (all are counted).
 MAX_LISTED_FAILURES = 100
@@ -43,7 +45,8 @@ class DatasetStats:
         epoch: the epoch number.
         rank: this process's rank; world_size: how many ranks share the epoch.
         worker: the DataLoader worker id (0 without workers); num_workers: how many workers share it.
-        items: this shard's items in the epoch.
+        items: this shard's items in the epoch (those left to do, in a resumed epoch).
+        resumed: items already consumed before a resume (0 in a fresh epoch).
         yielded: samples handed to the consumer.
         failed: items whose decoder or transform raised (skipped with "warn" or "skip").
         failures: ``(index, path, message)`` of the first 100 failed items.
@@ -60,6 +63,7 @@ class DatasetStats:
     num_workers: int
     items: int
     num_producers: int
+    resumed: int = 0
     yielded: int = 0
     failed: int = 0
     failures: list[tuple[int, str, str]] = field(default_factory=list)
@@ -77,8 +81,13 @@ class _Epoch:
     """One running (or finished) epoch: its pool and buffer, and the consumer's counts."""
 
     def __init__(self, number: int, rank: int, world_size: int, worker: int, num_workers: int,
-                 pool: ProducerPool, buffer: Buffer[Any]) -> None:
+                 pool: ProducerPool, buffer: Buffer[Any], consumed: bytearray,
+                 positions: Optional[np.ndarray]) -> None:
         self.number = number
+        #: One byte per position of this shard's epoch order: 1 once yielded or failed.
+        self.consumed = consumed
+        #: The shard positions the pool's sequence numbers stand for (a resumed epoch skips some).
+        self.positions = positions
         self.rank = rank
         self.world_size = world_size
         self.worker = worker
@@ -86,6 +95,7 @@ class _Epoch:
         self.pool = pool
         self.buffer = buffer
         self.items = pool.count
+        self.resumed = len(consumed) - pool.count  # consumed before a load_state_dict
         self.yielded = 0
         self.failed = 0
         self.failures: list[tuple[int, str, str]] = []
@@ -97,7 +107,7 @@ class _Epoch:
         end = self.end if self.end is not None else time.perf_counter()
         return DatasetStats(
             epoch=self.number, rank=self.rank, world_size=self.world_size, worker=self.worker,
-            num_workers=self.num_workers, items=self.items, num_producers=len(self.pool.threads),
+            num_workers=self.num_workers, items=self.items, resumed=self.resumed, num_producers=len(self.pool.threads),
             yielded=self.yielded, failed=self.failed, failures=list(self.failures),
             decode_s=self.pool.decode_seconds, wall_s=end - self.start, done=self.done,
             buffer=self.buffer.stats)
@@ -160,9 +170,29 @@ class BufferedDataset(IterableDataset):
         path_column: the path column of a manifest.
         rank: this process's rank; with ``world_size``, overrides ``torch.distributed``.
         world_size: the number of ranks.
+        even_shards: with ``world_size > 1``, give every rank the same number of items per epoch:
+            ``"pad"`` repeats items from the start of the epoch's order (as ``DistributedSampler``
+            does), ``"drop"`` leaves out the remainder, ``None`` lets ranks differ by one. Unequal
+            ranks make the last collective of an epoch wait forever.
         warn_after: log a "waiting for data" warning (logger ``audiobuffer``) when the consumer has
             waited this many seconds for a sample; at most one every 30 s. ``None``: never.
+        timeout: raise :class:`~audiobuffer.StallError` when no sample arrives for this many seconds
+            (a decoder stuck on a file); the error names each producer's file and how long it has
+            been at it. ``None``: wait as long as it takes.
     """
+
+    #: Keys of :meth:`state_dict`.
+    STATE_VERSION = "version"
+    STATE_EPOCH = "epoch"
+    STATE_SEED = "seed"
+    STATE_SHUFFLE = "shuffle"
+    STATE_RANK = "rank"
+    STATE_WORLD_SIZE = "world_size"
+    STATE_EVEN_SHARDS = "even_shards"
+    STATE_SOURCE = "source_fingerprint"
+    STATE_ITEMS = "items"
+    STATE_CONSUMED = "consumed"
+    _FORMAT = 1
 
     def __init__(self, source: SourceSpec | Source, decoder: Callable[[WorkItem], Any], *,
                  num_producers: Optional[int] = None, buffer_size: int = 64,
@@ -171,7 +201,8 @@ class BufferedDataset(IterableDataset):
                  transform: Optional[Callable[[Any], Any]] = None, labels: LabelSpec = None,
                  patterns: Sequence[str] = AUDIO_PATTERNS, path_column: str = "path",
                  rank: Optional[int] = None, world_size: Optional[int] = None,
-                 warn_after: Optional[float] = None) -> None:
+                 even_shards: EvenShards = "pad", warn_after: Optional[float] = None,
+                 timeout: Optional[float] = None) -> None:
         super().__init__()
         if not callable(decoder):
             raise TypeError(f"decoder must be callable (WorkItem -> sample), got {decoder!r}")
@@ -186,9 +217,11 @@ class BufferedDataset(IterableDataset):
             _check_int("max_bytes", max_bytes, 1)
         if on_error not in _POLICIES:
             raise ValueError(f"on_error must be one of {_POLICIES}, got {on_error!r}")
-        if warn_after is not None:
-            if isinstance(warn_after, bool) or not isinstance(warn_after, (int, float)) or not warn_after > 0:
-                raise ValueError(f"warn_after must be None or a number of seconds > 0, got {warn_after!r}")
+        for name, value in (("warn_after", warn_after), ("timeout", timeout)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+                raise ValueError(f"{name} must be None or a number of seconds > 0, got {value!r}")
+        if even_shards not in ("pad", "drop", None):
+            raise ValueError(f"even_shards must be 'pad', 'drop' or None, got {even_shards!r}")
         if (rank is None) != (world_size is None):
             raise ValueError(f"give rank and world_size together, got rank={rank!r}, world_size={world_size!r}")
         if world_size is not None:
@@ -208,9 +241,12 @@ class BufferedDataset(IterableDataset):
         self.ordered = bool(ordered)
         self.on_error: ErrorPolicy = on_error
         self.warn_after = warn_after
+        self.timeout = timeout
+        self.even_shards: EvenShards = even_shards
         self._rank = rank
         self._world_size = world_size
         self._epoch = 0
+        self._resume: Optional[tuple[int, bytearray]] = None  # (epoch, consumed) from load_state_dict
         self._init_runtime()
 
     def _init_runtime(self) -> None:
@@ -250,6 +286,8 @@ class BufferedDataset(IterableDataset):
         """
         _check_int("epoch", epoch, 0)
         self._epoch = epoch
+        if self._resume is not None and self._resume[0] != epoch:
+            self._resume = None  # a loaded state applies to its own epoch only
 
     def shard_info(self) -> tuple[int, int]:
         """This process's ``(rank, world_size)``: as given, else from ``torch.distributed``, else (0, 1)."""
@@ -262,7 +300,12 @@ class BufferedDataset(IterableDataset):
     def __len__(self) -> int:
         """Items this rank yields per epoch (all its DataLoader workers together), failures included."""
         rank, world_size = self.shard_info()
-        return len(range(rank, len(self.source), world_size))
+        n = len(self.source)
+        if world_size > 1 and self.even_shards == "pad":
+            return -(-n // world_size)
+        if world_size > 1 and self.even_shards == "drop":
+            return n // world_size
+        return len(range(rank, n, world_size))
 
     # -- iteration -----------------------------------------------------------------------------
 
@@ -271,8 +314,10 @@ class BufferedDataset(IterableDataset):
         # generator is garbage-collected. NOTE [ Producer shutdown protocol ] in _producers.py.
         epoch = self._start_epoch()
         epoch.pool.start()
+        consumed, positions = epoch.consumed, epoch.positions
         try:
-            for out in epoch.pool:
+            for seq, out in epoch.pool:
+                consumed[seq if positions is None else positions[seq]] = 1
                 if out.__class__ is Failure:
                     self._on_failure(out, epoch)
                     continue
@@ -291,17 +336,35 @@ class BufferedDataset(IterableDataset):
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         number, source, seed = self._epoch, self.source, self.seed
         order = epoch_order(len(source), shuffle=self.shuffle, seed=seed, epoch=number)
-        indices = shard(order, rank * num_workers + worker, world_size * num_workers)
+        if world_size > 1 and self.even_shards is not None:
+            order = even_out(order, world_size, self.even_shards)
+        # By rank first, then by worker: every rank gets the same share whatever its workers do.
+        indices = shard(shard(order, rank, world_size), worker, num_workers)
+        consumed = bytearray(len(indices))
+        positions: Optional[np.ndarray] = None
+        with self._lock:
+            resume = self._resume if self._resume is not None and self._resume[0] == number else None
+            if resume is not None:
+                self._resume = None  # a loaded state resumes one epoch, once
+        if resume is not None:
+            if len(resume[1]) != len(indices):
+                raise ResumeError(f"the saved state covers {len(resume[1])} items, this epoch's shard has {len(indices)} "
+                                  f"(DataLoader workers: {num_workers}); resume with the setup it was saved under")
+            consumed[:] = resume[1]
+            positions = np.flatnonzero(np.frombuffer(bytes(consumed), dtype=np.uint8) == 0)
+            indices = indices[positions]
 
         def make_item(seq: int) -> WorkItem:
-            return source.item(int(indices[seq]), epoch=number, seed=seed, seq=seq)
+            # A resumed epoch's items keep the positions they had in the full epoch.
+            return source.item(int(indices[seq]), epoch=number, seed=seed,
+                               seq=seq if positions is None else int(positions[seq]))
 
         decode = self.decoder if self.transform is None else _Compose(self.decoder, self.transform)
         buffer: Buffer[Any] = Buffer(self.buffer_size, max_bytes=self.max_bytes)
         pool = ProducerPool(make_item, len(indices), decode, buffer,
                             num_producers=min(self.num_producers, max(1, len(indices))),
-                            ordered=self.ordered, warn_after=self.warn_after)
-        epoch = _Epoch(number, rank, world_size, worker, num_workers, pool, buffer)
+                            ordered=self.ordered, warn_after=self.warn_after, timeout=self.timeout)
+        epoch = _Epoch(number, rank, world_size, worker, num_workers, pool, buffer, consumed, positions)
         with self._lock:
             if self._closed:
                 raise RuntimeError("iter() on a closed BufferedDataset")
@@ -343,6 +406,78 @@ class BufferedDataset(IterableDataset):
             running = list(self._running)
         for epoch in running:
             epoch.pool.close()
+
+    # -- resume --------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this rank is in its epoch, as plain builtins: load it to resume exactly there.
+
+        A resumed epoch yields each sample not yet yielded (or failed) exactly once, in unordered
+        mode too; samples that were in the buffer or being decoded when the state was taken are
+        decoded again, not lost. The state carries its setup (seed, shuffle, rank, world size, even
+        shards, a fingerprint of the file list), and :meth:`load_state_dict` refuses another setup.
+
+        It counts the samples this dataset handed out: take it between batches with
+        ``DataLoader(num_workers=0)``. A ``DevicePrefetcher`` reads ``queue_size`` batches ahead,
+        and those count as handed out; DataLoader workers keep their progress in their processes.
+        """
+        rank, world_size = self.shard_info()
+        with self._lock:
+            last, resume = self._last, self._resume
+        if resume is not None:
+            epoch, consumed = resume
+        elif last is not None and last.number == self._epoch and last.worker == 0 and last.num_workers == 1:
+            epoch, consumed = last.number, last.consumed
+        else:
+            epoch, consumed = self._epoch, None
+        return {
+            self.STATE_VERSION: self._FORMAT,
+            self.STATE_EPOCH: epoch,
+            self.STATE_SEED: self.seed,
+            self.STATE_SHUFFLE: self.shuffle,
+            self.STATE_RANK: rank,
+            self.STATE_WORLD_SIZE: world_size,
+            self.STATE_EVEN_SHARDS: self.even_shards,
+            self.STATE_SOURCE: self.source.fingerprint(),
+            self.STATE_ITEMS: len(consumed) if consumed is not None else None,
+            self.STATE_CONSUMED: bytes(np.packbits(np.frombuffer(bytes(consumed), dtype=np.uint8))) if consumed is not None else b"",
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`: the next ``iter()`` runs the saved epoch's remaining items.
+
+        Raises:
+            ResumeError: the state is malformed or was saved under another setup.
+        """
+        if not isinstance(state, dict):
+            raise ResumeError(f"a state dict is a dict, got {type(state).__name__}")
+        missing = [k for k in (self.STATE_VERSION, self.STATE_EPOCH, self.STATE_SEED, self.STATE_SHUFFLE,
+                               self.STATE_RANK, self.STATE_WORLD_SIZE, self.STATE_EVEN_SHARDS, self.STATE_SOURCE,
+                               self.STATE_ITEMS, self.STATE_CONSUMED) if k not in state]
+        if missing:
+            raise ResumeError(f"the state dict lacks {missing}")
+        if state[self.STATE_VERSION] != self._FORMAT:
+            raise ResumeError(f"state format {state[self.STATE_VERSION]!r} is not {self._FORMAT}")
+        rank, world_size = self.shard_info()
+        mine = {self.STATE_SEED: self.seed, self.STATE_SHUFFLE: self.shuffle, self.STATE_RANK: rank,
+                self.STATE_WORLD_SIZE: world_size, self.STATE_EVEN_SHARDS: self.even_shards,
+                self.STATE_SOURCE: self.source.fingerprint()}
+        for key, value in mine.items():
+            if state[key] != value:
+                raise ResumeError(f"the state was saved with {key}={state[key]!r}, this dataset has {key}={value!r}; "
+                                  f"resume with the setup it was saved under")
+        epoch = state[self.STATE_EPOCH]
+        _check_int("epoch", epoch, 0)
+        items, packed = state[self.STATE_ITEMS], state[self.STATE_CONSUMED]
+        with self._lock:
+            self._epoch = epoch
+            if items is None:
+                self._resume = None
+                return
+            if not isinstance(packed, (bytes, bytearray)) or len(packed) != (items + 7) // 8:
+                raise ResumeError(f"consumed must be {(items + 7) // 8} bytes for {items} items")
+            bits = np.unpackbits(np.frombuffer(bytes(packed), dtype=np.uint8))[:items]
+            self._resume = (epoch, bytearray(bits.tobytes()))
 
     def __enter__(self) -> "BufferedDataset":
         return self

@@ -8,6 +8,8 @@ following python-soundfile's ``SoundFileRuntimeError`` pattern::
     ├── BufferClosed                  put() on a closed Buffer, get() on a closed and drained one
     ├── SourceError (+ ValueError)    a source that cannot be listed: missing path, bad manifest, no files
     ├── ConfigError (+ ValueError)    a pipeline configuration that does not validate
+    ├── ResumeError (+ ValueError)    a saved state that does not fit the dataset it is loaded into
+    ├── StallError (+ TimeoutError)   no sample came within the dataset's timeout
     └── SampleError                   one work item could not be turned into a sample
         └── DecodeError               ... because its file could not be decoded
 
@@ -22,8 +24,10 @@ __all__ = [
     "BufferClosed",
     "ConfigError",
     "DecodeError",
+    "ResumeError",
     "SampleError",
     "SourceError",
+    "StallError",
 ]
 
 
@@ -41,6 +45,14 @@ class SourceError(AudioBufferError, ValueError):
 
 class ConfigError(AudioBufferError, ValueError):
     """A pipeline configuration is invalid; the message names the key path, the value and what is allowed."""
+
+
+class ResumeError(AudioBufferError, ValueError):
+    """A state dict that was saved under another setup (seed, shard, source) or is malformed."""
+
+
+class StallError(AudioBufferError, TimeoutError):
+    """No sample arrived within the dataset's ``timeout``; the message names what the producers are stuck on."""
 
 
 class SampleError(AudioBufferError):

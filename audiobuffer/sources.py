@@ -8,6 +8,7 @@ immutable afterwards. Each epoch draws an order from it (:func:`epoch_order`), k
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import os
 import re
@@ -26,6 +27,7 @@ __all__ = [
     "SourceSpec",
     "WorkItem",
     "epoch_order",
+    "even_out",
     "shard",
 ]
 
@@ -140,6 +142,16 @@ class Source:
 
     def __len__(self) -> int:
         return len(self.paths)
+
+    def fingerprint(self) -> str:
+        """A digest of the file list (its order included): a saved state names the source it came from."""
+        fingerprint = self.__dict__.get("_fingerprint")
+        if fingerprint is None:
+            digest = hashlib.sha256()
+            for path in self.paths:
+                digest.update(path.encode("utf-8", "surrogateescape") + b"\0")
+            fingerprint = self.__dict__["_fingerprint"] = f"{len(self.paths)}:{digest.hexdigest()[:16]}"
+        return fingerprint
 
     def subset(self, indices: Sequence[int]) -> "Source":
         """A source of the files at ``indices``, keeping this source's classes (so label indices agree).
@@ -265,6 +277,20 @@ def epoch_order(n: int, *, shuffle: bool, seed: int, epoch: int) -> np.ndarray:
     if not shuffle:
         return np.arange(n, dtype=np.int64)
     return np.random.default_rng(seed + epoch).permutation(n)
+
+
+def even_out(order: np.ndarray, count: int, mode: str) -> np.ndarray:
+    """``order`` made divisible by ``count``: ``"pad"`` repeats items from its start, ``"drop"`` cuts the rest.
+
+    So that ``count`` ranks get the same number of items and none waits forever in a collective.
+    """
+    n = len(order)
+    if mode == "pad":
+        total = -(-n // count) * count
+        return np.resize(order, total) if total != n else order  # np.resize repeats cyclically
+    if mode == "drop":
+        return order[: n // count * count]
+    raise ValueError(f"even_shards must be 'pad', 'drop' or None, got {mode!r}")
 
 
 def shard(order: np.ndarray, index: int, count: int) -> np.ndarray:

@@ -294,3 +294,86 @@ def test_get_many_with_byte_bound():
     assert len(buf.get_many()) == 2 and buf.nbytes == 0
     with pytest.raises(ValueError, match="max_items"):
         buf.get_many(max_items=0)
+
+
+# -- Buffer as a state machine against a model ---------------------------------------------------------
+
+from collections import deque  # noqa: E402
+
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule  # noqa: E402
+
+
+class BufferModel(RuleBasedStateMachine):
+    """Single-threaded, every wait with timeout=0: each step's outcome is determined, so the Buffer
+    must match a plain model (a deque, a closed flag, an abort error) step by step."""
+
+    def __init__(self):
+        super().__init__()
+        self.capacity = 3
+        self.buf = Buffer(self.capacity)
+        self.items = deque()
+        self.closed = False
+        self.error = None
+        self.puts = self.gets = 0
+
+    @rule(item=st.one_of(st.none(), st.integers()))
+    def put(self, item):
+        if self.closed:
+            with pytest.raises(BufferClosed):
+                self.buf.put(item, timeout=0)
+        elif len(self.items) >= self.capacity:
+            with pytest.raises(TimeoutError):
+                self.buf.put(item, timeout=0)
+        else:
+            self.buf.put(item, timeout=0)
+            self.items.append(item)
+            self.puts += 1
+
+    def _expect_take(self, take, n):
+        if self.error is not None:
+            with pytest.raises(type(self.error)):
+                take()
+        elif self.items:
+            got = take()
+            expected = [self.items.popleft() for _ in range(min(n, len(self.items)))]
+            assert (got if isinstance(got, list) else [got]) == expected
+            self.gets += len(expected)
+        elif self.closed:
+            with pytest.raises(BufferClosed):
+                take()
+        else:
+            with pytest.raises(TimeoutError):
+                take()
+
+    @rule()
+    def get(self):
+        self._expect_take(lambda: self.buf.get(timeout=0), 1)
+
+    @rule(n=st.integers(1, 4))
+    def get_many(self, n):
+        self._expect_take(lambda: self.buf.get_many(n, timeout=0), n)
+
+    @rule()
+    def close(self):
+        self.buf.close()
+        self.closed = True
+
+    @precondition(lambda self: self.error is None)
+    @rule()
+    def abort(self):
+        self.error = RuntimeError("aborted")
+        self.buf.abort(self.error)
+        self.items.clear()
+        self.closed = True
+
+    @invariant()
+    def matches_the_model(self):
+        assert len(self.buf) == len(self.items) <= self.capacity
+        assert self.buf.closed == self.closed
+        stats = self.buf.stats
+        assert (stats.puts, stats.gets) == (self.puts, self.gets)
+        assert stats.peak_fill <= self.capacity
+
+
+TestBufferModel = BufferModel.TestCase
+TestBufferModel.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)

@@ -54,7 +54,7 @@ def test_rank_shards_are_disjoint_and_cover(world_size, ordered):
     seen = []
     for rank in range(world_size):
         ds = BufferedDataset(fake_paths(n), IndexDecoder(), shuffle=True, seed=5, ordered=ordered,
-                             rank=rank, world_size=world_size, num_producers=3)
+                             rank=rank, world_size=world_size, num_producers=3, even_shards=None)
         got = indices(ds)
         assert len(got) == len(ds)
         seen.extend(got)
@@ -68,11 +68,33 @@ def test_dataloader_workers_shard_exactly_once(world_size):
     seen = []
     for rank in range(world_size):
         ds = BufferedDataset(fake_paths(n), IndexDecoder(), shuffle=True, rank=rank, world_size=world_size,
-                             num_producers=2)
+                             num_producers=2, even_shards=None)
         loader = DataLoader(ds, batch_size=4, num_workers=2, collate_fn=pad_collate)
         for batch in loader:
             seen.extend(batch["index"].tolist())
     assert sorted(seen) == list(range(n))
+
+
+@pytest.mark.parametrize("mode, per_rank", [("pad", 11), ("drop", 10)])
+def test_even_shards(mode, per_rank):
+    seen = []
+    for rank in range(3):
+        ds = BufferedDataset(fake_paths(31), IndexDecoder(), shuffle=True, rank=rank, world_size=3, even_shards=mode)
+        got = indices(ds)
+        assert len(got) == len(ds) == per_rank
+        seen.extend(got)
+    if mode == "pad":
+        assert set(seen) == set(range(31)) and len(seen) == 33  # two items repeated
+    else:
+        assert len(set(seen)) == len(seen) == 30  # one left out
+
+
+def test_workers_do_not_unbalance_ranks():
+    # 6 items, 2 ranks, 2 DataLoader workers each: every rank must still get 3 items.
+    for rank in range(2):
+        ds = BufferedDataset(fake_paths(6), IndexDecoder(), rank=rank, world_size=2, even_shards=None)
+        loader = DataLoader(ds, batch_size=1, num_workers=2, collate_fn=pad_collate)
+        assert sum(len(b["index"]) for b in loader) == 3
 
 
 def test_torch_distributed_gives_the_shard(tmp_path):

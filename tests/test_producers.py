@@ -30,9 +30,11 @@ def test_each_item_once(count, producers, capacity, ordered, delays):
     pool = pool_of(count, decode, producers=producers, capacity=capacity, ordered=ordered)
     pool.start()
     try:
-        got = list(pool)
+        pairs = list(pool)
     finally:
         pool.close()
+    got = [out for _, out in pairs]
+    assert all(seq == out for seq, out in pairs)  # each sample comes with its sequence number
     if ordered:
         assert got == list(range(count))
     else:
@@ -65,7 +67,7 @@ def test_ordered_slow_first_item_no_deadlock_and_bounded_window():
         assert sorted(started) == list(range(capacity))
         release_first.set()
         out = []
-        for value in pool:
+        for _, value in pool:
             out.append(value)
             # taken-but-not-yet-yielded never passes the window
             assert len(started) - len(out) <= capacity
@@ -84,7 +86,7 @@ def test_decoder_exception_becomes_failure_in_place():
     pool = pool_of(6, decode, ordered=True)
     pool.start()
     try:
-        out = list(pool)
+        out = [value for _, value in pool]
     finally:
         pool.close()
     assert out[:3] == [0, 1, 2] and out[4:] == [4, 5]

@@ -1,0 +1,175 @@
+"""Fault injection: stalls, interrupts, aborts, many epochs, hostile files. Nothing hangs, nothing is lost."""
+
+import gc
+import os
+import threading
+
+import pytest
+import torch
+
+from audiobuffer import AudioDecoder, BufferedDataset, DecodeError, StallError
+from helpers import JOIN_TIMEOUT, IndexDecoder, audiobuffer_threads, fake_paths, wait_no_threads, write_tone
+
+
+class Stalling:
+    """A decoder that blocks on ``gate`` for the chosen items (a file on a dead network share, say)."""
+
+    def __init__(self, stall):
+        self.stall = set(stall)
+        self.gate = threading.Event()
+
+    def __call__(self, item):
+        if item.index in self.stall:
+            self.gate.wait(JOIN_TIMEOUT)
+        return {"index": item.index}
+
+
+def test_a_stalled_producer_becomes_a_clear_error():
+    decoder = Stalling({3})
+    ds = BufferedDataset(fake_paths(10), decoder, num_producers=1, ordered=True, timeout=0.3)
+    got = []
+    try:
+        with pytest.raises(StallError, match=r"no sample for 0\.3 s .*audiobuffer-producer-0 on '.*item_00003\.wav' for"):
+            for sample in ds:
+                got.append(sample["index"])
+    finally:
+        decoder.gate.set()  # the stuck call returns; the producer then sees the stop and ends
+    assert got == [0, 1, 2]
+    assert not wait_no_threads()
+
+
+def test_timeout_is_not_hit_by_a_steady_stream():
+    ds = BufferedDataset(fake_paths(30), IndexDecoder(delays={i: 0.01 for i in range(30)}), timeout=0.5, num_producers=2)
+    assert len(list(ds)) == 30
+
+
+def test_keyboard_interrupt_in_the_consumer_stops_producers():
+    ds = BufferedDataset(fake_paths(500), IndexDecoder(), buffer_size=4, num_producers=4)
+    with pytest.raises(KeyboardInterrupt):
+        for i, _ in enumerate(ds):
+            if i == 5:
+                raise KeyboardInterrupt
+    assert not wait_no_threads()
+
+
+def test_exception_thrown_into_the_generator_stops_producers():
+    ds = BufferedDataset(fake_paths(500), IndexDecoder(), buffer_size=4, num_producers=4)
+    it = iter(ds)
+    next(it)
+    with pytest.raises(ValueError, match="thrown in"):
+        it.throw(ValueError("thrown in"))
+    assert not wait_no_threads()
+
+
+def test_close_while_producers_are_blocked_on_a_full_buffer():
+    ds = BufferedDataset(fake_paths(500), IndexDecoder(), buffer_size=2, num_producers=4)
+    it = iter(ds)
+    next(it)
+    (epoch,) = ds._running
+    deadline = threading.Event()
+    for _ in range(500):  # until the producers fill the buffer and block
+        if len(epoch.buffer._has_pos._waiters) == 4:
+            break
+        deadline.wait(0.01)
+    assert len(epoch.buffer._has_pos._waiters) == 4
+    ds.close()
+    assert not wait_no_threads()
+    assert list(it) == []
+
+
+def _open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc to count file descriptors")
+def test_500_short_epochs_leak_no_threads_or_files(tmp_path):
+    path = write_tone(tmp_path / "a.wav", seconds=0.05)
+    ds = BufferedDataset([str(path)] * 4, AudioDecoder(), num_producers=2, buffer_size=2)
+    list(ds)
+    gc.collect()
+    threads, fds = threading.active_count(), _open_fds()
+    for epoch in range(500):
+        ds.set_epoch(epoch)
+        if epoch % 3 == 0:
+            it = iter(ds)
+            next(it)
+            it.close()  # and some epochs end early
+        else:
+            assert len(list(ds)) == 4
+    gc.collect()
+    assert not wait_no_threads()
+    assert threading.active_count() == threads and _open_fds() == fds
+
+
+# -- hostile inputs ----------------------------------------------------------------------------------
+
+def hostile_files(root):
+    """Files a real corpus ends up with; each must decode or be reported by name."""
+    good = write_tone(root / "good.wav", seconds=0.1)
+    cases = {"good.wav": good}
+    (root / "zero.wav").write_bytes(b"")
+    cases["zero.wav"] = root / "zero.wav"
+    (root / "header.wav").write_bytes(good.read_bytes()[:30])
+    cases["header.wav"] = root / "header.wav"
+    flac = write_tone(root / "tmp.flac", seconds=0.1)
+    os.replace(flac, root / "really-flac.wav")
+    cases["really-flac.wav"] = root / "really-flac.wav"
+    (root / "folder.wav").mkdir()
+    cases["folder.wav"] = root / "folder.wav"
+    os.symlink(root / "missing.wav", root / "dangling.wav")
+    cases["dangling.wav"] = root / "dangling.wav"
+    os.symlink(root / "loop-b.wav", root / "loop-a.wav")
+    os.symlink(root / "loop-a.wav", root / "loop-b.wav")
+    cases["loop-a.wav"] = root / "loop-a.wav"
+    unicode = write_tone(root / "ünïcødé 音声 🎵.wav", seconds=0.1)
+    cases[unicode.name] = unicode
+    return cases
+
+
+EXPECTED_OK = {"good.wav", "really-flac.wav", "ünïcødé 音声 🎵.wav"}
+
+
+def test_hostile_files_decode_or_are_reported_by_name(tmp_path):
+    cases = hostile_files(tmp_path)
+    paths = [str(p) for p in cases.values()]
+    ds = BufferedDataset(paths, AudioDecoder(fallback=None), on_error="skip", num_producers=4)
+    decoded = {os.path.basename(s["path"]) for s in ds}
+    failures = {os.path.basename(path): message for _, path, message in ds.stats().failures}
+    assert decoded == EXPECTED_OK
+    assert set(failures) == set(cases) - EXPECTED_OK
+    for name, message in failures.items():
+        assert name in message, f"the error for {name} does not name it: {message}"
+    assert not wait_no_threads()
+
+
+@pytest.mark.parametrize("name", ["zero.wav", "header.wav", "folder.wav", "dangling.wav", "loop-a.wav"])
+def test_each_hostile_file_raises_a_decode_error_naming_it(tmp_path, name):
+    path = hostile_files(tmp_path)[name]
+    with pytest.raises(DecodeError, match=name.replace(".", r"\.")):
+        list(BufferedDataset([str(path)], AudioDecoder(), num_producers=1))
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root reads files whatever their mode")
+def test_unreadable_file_is_reported(tmp_path):
+    path = write_tone(tmp_path / "locked.wav", seconds=0.1)
+    path.chmod(0)
+    with pytest.raises(DecodeError, match=r"locked\.wav"):
+        AudioDecoder(fallback=None)(path)
+
+
+def test_directory_named_like_a_file_is_not_listed(tmp_path):
+    hostile_files(tmp_path)
+    ds = BufferedDataset(tmp_path, AudioDecoder(), on_error="skip")
+    assert "folder.wav" not in {os.path.basename(p) for p in ds.source.paths}
+
+
+def test_bad_shapes_per_policy_in_batch_slots():
+    from audiobuffer import BatchSlotLoader, SampleError
+
+    def decode(item):  # items 8, 13 and 18 come out one longer (the first sample decoded sets the shape)
+        return {"audio": torch.zeros(9 if item.index in (8, 13, 18) else 8), "index": item.index}
+
+    with pytest.raises(SampleError, match="shape"):
+        list(BatchSlotLoader(fake_paths(20), decode, batch_size=4))
+    loader = BatchSlotLoader(fake_paths(20), decode, batch_size=4, on_error="skip")
+    assert sum(len(b["index"]) for b in loader) == 17 and loader.stats().failed == 3
