@@ -24,6 +24,18 @@ finishes at most the item in hand. Threads are daemons: a decoder stuck in a sys
 the interpreter alive, and ``close()`` logs a warning naming any thread that outlived the join.
 ``close()`` is idempotent and safe to call from any thread but a producer's own.
 
+Chunks. In an unordered pool a producer keeps its finished items and puts them in one ``put_many``
+when it has ``CHUNK_ITEMS`` of them, when the oldest has waited ``CHUNK_SECONDS``, or when the feed
+is empty. Where producers are the bottleneck, the consumer sleeps in ``get`` and would otherwise be
+woken (a thread switch and a GIL hand-over) for every item: tens of microseconds each, as much as
+decoding a short WAV file. An ordered pool puts one item at a time: a producer holding the item the
+consumer waits for in its chunk while it waits for its turn would deadlock. A producer flushes before
+it starts a decode if its chunk is already ``CHUNK_SECONDS`` old; so a file that takes long to decode
+holds back at most the ``CHUNK_ITEMS - 1`` items its producer finished just before it, while the
+other producers keep delivering. A decoder that itself waits for the consumer (the batch slots'
+writer waits for a free slot) must run with chunks of 1, or the items held in the chunk could be
+the very ones the consumer needs to make progress.
+
 Ordered mode. A producer may take sequence number ``s`` only while ``s < released + window``, where
 ``released`` counts the items the consumer has handed on in order and ``window`` is the buffer's
 capacity. Items out of turn wait in the consumer's reorder dict, so the buffer never fills while the
@@ -50,6 +62,10 @@ logger = logging.getLogger(__name__)
 JOIN_TIMEOUT = 10.0
 #: The least seconds between two "waiting for data" warnings of one pool.
 WARN_INTERVAL = 30.0
+#: A producer hands its finished items over in chunks of up to this many (unordered pools) ...
+CHUNK_ITEMS = 16
+#: ... or as soon as its oldest finished item has waited this long (seconds), or at the end.
+CHUNK_SECONDS = 0.002
 
 
 #: A decode result that puts nothing into the buffer (unordered pools only): the decoder has
@@ -86,19 +102,25 @@ class ProducerPool:
             seconds for the next sample (at most one every ``WARN_INTERVAL`` seconds).
         timeout: raise :class:`StallError` when the consumer has waited this many seconds for the
             next sample, naming what each producer is stuck on.
+        chunk_items: the most finished items a producer hands over at once; ``None``: up to
+            ``CHUNK_ITEMS``, no more than its share of the buffer. Ordered pools use 1.
         name: the threads' name prefix (``{name}-{i}``).
     """
 
     def __init__(self, make_item: Callable[[int], WorkItem], count: int,
                  decode: Callable[[WorkItem], Any], buffer: Buffer, *, num_producers: int,
                  ordered: bool = False, warn_after: float | None = None, timeout: float | None = None,
-                 name: str = "audiobuffer-producer") -> None:
+                 chunk_items: int | None = None, name: str = "audiobuffer-producer") -> None:
         self._make_item = make_item
         self._count = count
         self._decode = decode
         self._buffer = buffer
         self._ordered = ordered
         self._window = buffer.capacity
+        # Chunks no larger than a producer's share of the buffer; 1 in ordered mode (see the NOTE).
+        if chunk_items is None:
+            chunk_items = max(1, min(CHUNK_ITEMS, buffer.capacity // (2 * num_producers)))
+        self._chunk = 1 if ordered else chunk_items
         self._warn_after = warn_after
         self._timeout = timeout
         self._last_warning = -float("inf")
@@ -192,7 +214,9 @@ class ProducerPool:
     def _run(self, slot: int) -> None:
         name = self._threads[slot].name
         buffer = self._buffer
-        ordered = self._ordered
+        chunk: list[tuple[int, Any]] = []
+        chunk_size = self._chunk
+        oldest = 0.0  # when the oldest item in the chunk was finished
         try:
             while True:
                 seq = self._take()
@@ -200,16 +224,31 @@ class ProducerPool:
                     break
                 item = self._make_item(seq)
                 start = time.perf_counter()
+                if chunk and start - oldest >= CHUNK_SECONDS:
+                    buffer.put_many(chunk)  # do not keep finished items through another decode
+                    chunk = []
                 self._current[slot] = (item.path, start)
                 try:
                     out: Any = self._decode(item)
                 except Exception as exc:  # reported to the consumer, which applies on_error
                     out = Failure(item, exc, name)
                 self._current[slot] = None
-                self._busy[slot] += time.perf_counter() - start
+                end = time.perf_counter()
+                self._busy[slot] += end - start
                 self._decoded[slot] += 1
-                if ordered or out is not NO_OUTPUT:
+                if out is NO_OUTPUT and not self._ordered:
+                    continue
+                if chunk_size == 1:
                     buffer.put((seq, out))
+                    continue
+                if not chunk:
+                    oldest = end
+                chunk.append((seq, out))
+                if len(chunk) >= chunk_size or end - oldest >= CHUNK_SECONDS:
+                    buffer.put_many(chunk)
+                    chunk = []
+            if chunk:
+                buffer.put_many(chunk)
         except BufferClosed:
             pass  # the pool was closed: the consumer has gone
         except BaseException as exc:

@@ -11,7 +11,7 @@ same files with the same decoder (:class:`AudioDecoder`) and collate (:func:`pad
 - ``prefetch_generator``: the loop in a ``BackgroundGenerator``, where prefetch_generator is installed.
 
 For each: total epoch time, time to the first batch (worker start included), steady throughput after
-it (files/s and seconds of audio/s), peak RSS of the whole process tree (sampled every 5 ms; forked
+it (files/s and seconds of audio/s), peak RSS of the whole process tree (sampled every 20 ms; forked
 workers' shared pages count in each process), and CPU% (user + system of the tree over wall time).
 """
 
@@ -41,6 +41,7 @@ APPROACHES = [
     "dataloader-2-spawn", "audiobuffer-1", "audiobuffer-2", "audiobuffer-4", "audiobuffer-8",
     "torchdata-2", "prefetch_generator",
 ]
+SAMPLE_SECONDS = 0.02  # the RSS sampling period
 QUICK_APPROACHES = ["loop", "dataloader-2", "dataloader-2-spawn", "audiobuffer-2", "torchdata-2", "prefetch_generator"]
 BATCH_SIZE = 16
 
@@ -156,21 +157,38 @@ def _child(approach: str, paths: List[str]) -> Dict[str, float]:
             "audio_s": audio, "cpu_s": cpu}
 
 
-def _tree_rss(pid: int) -> int:
-    import psutil
+class _TreeRss:
+    """Samples the summed RSS of a process and its children.
 
-    try:
-        proc = psutil.Process(pid)
-        procs = [proc] + proc.children(recursive=True)
-    except psutil.Error:
-        return 0
-    total = 0
-    for p in procs:
-        try:
-            total += p.memory_info().rss
-        except psutil.Error:
-            pass
-    return total
+    Finding the children scans all of /proc, so it is refreshed every few samples only: sampling
+    must not take the CPU the measured process needs (the machine may have two cores).
+    """
+
+    REFRESH = 5  # samples between two scans for children
+
+    def __init__(self, pid: int) -> None:
+        import psutil
+
+        self._psutil = psutil
+        self._root = psutil.Process(pid)
+        self._procs = [self._root]
+        self._count = 0
+
+    def sample(self) -> int:
+        psutil = self._psutil
+        if self._count % self.REFRESH == 0:
+            try:
+                self._procs = [self._root] + self._root.children(recursive=True)
+            except psutil.Error:
+                return 0
+        self._count += 1
+        total = 0
+        for p in self._procs:
+            try:
+                total += p.memory_info().rss
+            except psutil.Error:
+                pass
+        return total
 
 
 @dataclass
@@ -195,12 +213,13 @@ def _measure(approach: str, file_list: Path, timeout: float) -> Run:
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     peak = 0
     done = threading.Event()
+    tree = _TreeRss(proc.pid)
 
     def sample() -> None:
         nonlocal peak
         while not done.is_set():
-            peak = max(peak, _tree_rss(proc.pid))
-            done.wait(0.005)  # a sampling period, not synchronisation
+            peak = max(peak, tree.sample())
+            done.wait(SAMPLE_SECONDS)  # a sampling period, not synchronisation
 
     sampler = threading.Thread(target=sample, name="bench-rss", daemon=True)
     sampler.start()

@@ -80,9 +80,14 @@ def _pad(values: list[Any], key: str, pad_value: float) -> tuple[torch.Tensor, n
             raise ValueError(f"pad_collate: {key!r} arrays must differ only in their last axis, got "
                              f"shapes {[x.shape for x in arrays]}")  # type: ignore[union-attr]
     lengths = np.fromiter((a.shape[-1] for a in arrays), dtype=np.int64, count=len(arrays))  # type: ignore[union-attr]
-    out = np.full((len(arrays), *lead, int(lengths.max())), pad_value, dtype=arrays[0].dtype)  # type: ignore[union-attr]
-    for row, a in zip(out, arrays):
-        row[..., :a.shape[-1]] = a  # type: ignore[union-attr]
+    longest = int(lengths.max())
+    # Each byte written once: the samples into their rows, the pad value into the tails only
+    # (np.full first and the rows over it would write most of the batch twice).
+    out = np.empty((len(arrays), *lead, longest), dtype=arrays[0].dtype)  # type: ignore[union-attr]
+    for row, a, n in zip(out, arrays, lengths.tolist()):
+        row[..., :n] = a  # type: ignore[union-attr]
+        if n < longest:
+            row[..., n:] = pad_value
     return torch.from_numpy(out), lengths
 
 

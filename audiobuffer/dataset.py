@@ -247,6 +247,7 @@ class BufferedDataset(IterableDataset):
         self._world_size = world_size
         self._epoch = 0
         self._resume: Optional[tuple[int, bytearray]] = None  # (epoch, consumed) from load_state_dict
+        self._chunk_items: Optional[int] = None  # producers' hand-over chunks; None: the pool decides
         self._init_runtime()
 
     def _init_runtime(self) -> None:
@@ -363,7 +364,8 @@ class BufferedDataset(IterableDataset):
         buffer: Buffer[Any] = Buffer(self.buffer_size, max_bytes=self.max_bytes)
         pool = ProducerPool(make_item, len(indices), decode, buffer,
                             num_producers=min(self.num_producers, max(1, len(indices))),
-                            ordered=self.ordered, warn_after=self.warn_after, timeout=self.timeout)
+                            ordered=self.ordered, warn_after=self.warn_after, timeout=self.timeout,
+                            chunk_items=self._chunk_items)
         epoch = _Epoch(number, rank, world_size, worker, num_workers, pool, buffer, consumed, positions)
         with self._lock:
             if self._closed:

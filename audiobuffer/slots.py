@@ -336,6 +336,9 @@ class BatchSlotLoader:
             source, self._writer, num_producers=num_producers, buffer_size=num_slots, shuffle=shuffle, seed=seed,
             ordered=False, on_error=on_error, labels=labels, patterns=patterns, path_column=path_column, rank=rank,
             world_size=world_size, warn_after=warn_after)
+        # The writer waits for free slots, which only the consumer releases: a producer must hand
+        # each full slot over at once (NOTE [ Producer shutdown protocol ], Chunks).
+        self.dataset._chunk_items = 1
 
     def __len__(self) -> int:
         n = len(self.dataset)

@@ -377,3 +377,26 @@ class BufferModel(RuleBasedStateMachine):
 
 TestBufferModel = BufferModel.TestCase
 TestBufferModel.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+def test_put_many_fills_room_as_it_comes_and_keeps_order():
+    buf = Buffer(3)
+    putter, result = run_thread(buf.put_many, list(range(8)))  # more than fits at once
+    got = []
+    while len(got) < 8:
+        got.extend(buf.get_many())
+    finish(putter)
+    assert "error" not in result and got == list(range(8))
+    assert buf.stats.peak_fill <= 3 and buf.stats.puts == 8
+
+
+def test_put_many_on_a_closed_buffer_and_with_a_byte_bound():
+    buf = Buffer(2)
+    buf.close()
+    with pytest.raises(BufferClosed):
+        buf.put_many([1])
+    bounded = Buffer(4, max_bytes=100)
+    bounded.put_many([np.zeros(40, dtype=np.uint8), np.zeros(40, dtype=np.uint8)])
+    assert bounded.nbytes == 80
+    with pytest.raises(TimeoutError):
+        bounded.put_many([np.zeros(40, dtype=np.uint8)], timeout=0.01)
