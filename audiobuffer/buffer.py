@@ -297,15 +297,7 @@ class Buffer(Generic[T]):
             BaseException: the exception given to :meth:`abort`.
         """
         with self._lock:
-            items = self._items
-            if not items and not self._closed:
-                self._wait(self._has_data, self._get_ready, timeout, "get")
-            if self._abort_exc is not None:
-                raise self._abort_exc
-            if not items:
-                raise BufferClosed("get() on a closed, drained buffer")
-            self._fill_sum += len(items)
-            self._takes += 1
+            items = self._ready_items(timeout)
             item = items.popleft()
             self._gets += 1
             if self._max_bytes is not None:
@@ -329,16 +321,8 @@ class Buffer(Generic[T]):
         if max_items is not None and (isinstance(max_items, bool) or not isinstance(max_items, int) or max_items < 1):
             raise ValueError(f"max_items must be None or an integer >= 1, got {max_items!r}")
         with self._lock:
-            items = self._items
-            if not items and not self._closed:
-                self._wait(self._has_data, self._get_ready, timeout, "get")
-            if self._abort_exc is not None:
-                raise self._abort_exc
-            if not items:
-                raise BufferClosed("get_many() on a closed, drained buffer")
+            items = self._ready_items(timeout)
             n = len(items) if max_items is None else min(max_items, len(items))
-            self._fill_sum += len(items)
-            self._takes += 1
             self._gets += n
             if n == len(items):
                 out = list(items)
@@ -352,6 +336,19 @@ class Buffer(Generic[T]):
             elif self._has_pos._waiters:  # type: ignore[attr-defined]  # see put()
                 self._has_pos.notify(n)
             return out
+
+    def _ready_items(self, timeout: float | None) -> deque[T]:
+        """(Lock held.) Wait until there is an item to take; raise if aborted, or closed and drained."""
+        items = self._items
+        if not items and not self._closed:
+            self._wait(self._has_data, self._get_ready, timeout, "get")
+        if self._abort_exc is not None:
+            raise self._abort_exc
+        if not items:
+            raise BufferClosed("the buffer is closed and drained")
+        self._fill_sum += len(items)
+        self._takes += 1
+        return items
 
     def _get_ready(self) -> bool:
         return bool(self._items) or self._closed

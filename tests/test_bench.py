@@ -92,3 +92,16 @@ def test_windows_spawn_failure_is_shown_and_audiobuffer_runs():
     working = run_script("spawn_audiobuffer.py")
     assert working.returncode == 0, working.stderr[-2000:]
     assert working.stdout.strip() == f"sum {4 * sum(range(64))}"
+
+
+def test_short_soak_checks_threads_and_files_stay_flat(tmp_path):
+    """CI's short version of the 10-minute soak in BENCHMARKS.md: several passes, same checks."""
+    from audiobuffer.stress import main as stress_main
+
+    out = tmp_path / "soak.json"
+    assert stress_main(["--quick", "--minutes", "0.05", "--shapes", "2x2x4,3x1x2", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["passes"] >= 2
+    assert report["lost"] == report["duplicated"] == report["bound_violations"] == 0
+    assert report["threads_end"] == report["threads_start"]
+    assert report["fds_end"] == report["fds_start"]
