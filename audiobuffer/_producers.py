@@ -267,27 +267,21 @@ class ProducerPool:
     def __iter__(self) -> Iterator[tuple[int, Any]]:
         """Yield each ``(seq, sample or Failure)`` once; ends when the producers are done or the pool closes."""
         if not self._ordered:
-            if self._warn_after is None and self._timeout is None:
-                get_many = self._buffer.get_many  # one lock acquisition for all that is ready
-                while True:
-                    try:
-                        chunk = get_many()
-                    except BufferClosed:
-                        return
-                    for pair in chunk:
-                        if self._stopping:  # close() ends the loop, not the chunk in hand
-                            return
-                        yield pair
+            get_many = self._buffer.get_many  # one lock acquisition for all that is ready
             while True:
                 try:
-                    yield self._get()
+                    chunk = self._get(get_many)
                 except BufferClosed:
                     return
+                for pair in chunk:
+                    if self._stopping:  # close() ends the loop, not the chunk in hand
+                        return
+                    yield pair
         pending: dict[int, Any] = {}
         for expected in range(self._count):
             while expected not in pending:
                 try:
-                    seq, out = self._get()
+                    seq, out = self._get(self._buffer.get)
                 except BufferClosed:
                     return
                 pending[seq] = out
@@ -297,10 +291,10 @@ class ProducerPool:
                 self._turn.notify_all()
             yield expected, out
 
-    def _get(self) -> Any:
-        """``buffer.get()``, with the "waiting for data" warning and the stall timeout."""
+    def _get(self, take: Callable[..., Any]) -> Any:
+        """``take()`` (the buffer's get or get_many), with the "waiting for data" warning and the stall timeout."""
         if self._warn_after is None and self._timeout is None:
-            return self._buffer.get()
+            return take()
         start = time.monotonic()
         deadline = start + self._timeout if self._timeout is not None else float("inf")
         while True:
@@ -309,13 +303,13 @@ class ProducerPool:
             if self._warn_after is not None:
                 wait = min(wait, self._warn_after)
             try:
-                return self._buffer.get(timeout=max(0.0, wait))
+                return take(timeout=max(0.0, wait))
             except TimeoutError:
                 now = time.monotonic()
                 if now >= deadline:
                     raise StallError(
                         f"no sample for {self._timeout} s (timeout); {self.decoded} of {self._count} items decoded; "
-                        f"{self._describe_producers(now)}") from None
+                        f"{self._describe_producers()}") from None
                 if now - self._last_warning >= WARN_INTERVAL:
                     self._last_warning = now
                     logger.warning(
@@ -323,7 +317,7 @@ class ProducerPool:
                         "decoded, %d producers); add producers or make decoding cheaper",
                         now - start, self.decoded, self._count, len(self._threads))
 
-    def _describe_producers(self, now: float) -> str:
+    def _describe_producers(self) -> str:
         perf_now = time.perf_counter()
         busy = [f"{t.name} on {cur[0]!r} for {perf_now - cur[1]:.1f} s"
                 for t, cur in zip(self._threads, list(self._current)) if cur is not None]

@@ -20,6 +20,15 @@ def take(iterator, k):
     return [next(iterator)["index"] for _ in range(k)]
 
 
+def saved_after(ds, k):
+    """The state of ``ds`` after ``k`` samples of an epoch, the epoch then left early."""
+    it = iter(ds)
+    take(it, k)
+    state = ds.state_dict()
+    it.close()
+    return state
+
+
 @pytest.mark.parametrize("ordered", [False, True])
 @pytest.mark.parametrize("k", [0, 1, 17, 59, 60])
 def test_resumed_epoch_yields_exactly_the_rest(ordered, k):
@@ -104,11 +113,7 @@ def test_resume_per_rank():
     ({"even_shards": "drop", "rank": 0, "world_size": 1}, "even_shards"),
 ])
 def test_another_setup_is_refused(change, message):
-    ds = dataset()
-    it = iter(ds)
-    take(it, 5)
-    state = ds.state_dict()
-    it.close()
+    state = saved_after(dataset(), 5)
     kwargs = {"seed": 3, "shuffle": True}
     kwargs.update(change)
     other = BufferedDataset(fake_paths(60), IndexDecoder(), num_producers=2, **kwargs)
@@ -129,10 +134,6 @@ def test_another_source_is_refused():
     (lambda s: {**s, "consumed": b"\x00"}, "consumed must be"),
 ])
 def test_malformed_state_is_refused(mangle, message):
-    ds = dataset()
-    it = iter(ds)
-    take(it, 3)
-    state = ds.state_dict()
-    it.close()
+    state = saved_after(dataset(), 3)
     with pytest.raises(ResumeError, match=message):
         dataset().load_state_dict(mangle(state))
