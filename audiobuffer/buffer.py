@@ -181,11 +181,7 @@ class Buffer(Generic[T]):
             self._put_bounded(item, timeout)
             return
         with self._lock:
-            items = self._items
-            if len(items) >= self._capacity and not self._closed:
-                self._wait(self._has_pos, self._has_room, timeout, "put")
-            if self._closed:
-                raise BufferClosed("put() on a closed buffer") from self._abort_exc
+            items = self._room_or_closed(timeout)
             items.append(item)
             self._puts += 1
             if len(items) > self._peak_fill:
@@ -214,11 +210,7 @@ class Buffer(Generic[T]):
         placed, total = 0, len(items)
         while placed < total:
             with self._lock:
-                queue = self._items
-                if len(queue) >= self._capacity and not self._closed:
-                    self._wait(self._has_pos, self._has_room, timeout, "put")
-                if self._closed:
-                    raise BufferClosed("put_many() on a closed buffer") from self._abort_exc
+                queue = self._room_or_closed(timeout)
                 room = min(self._capacity - len(queue), total - placed)
                 queue.extend(items[placed:placed + room])
                 placed += room
@@ -243,6 +235,15 @@ class Buffer(Generic[T]):
             self._peak_fill = max(self._peak_fill, len(self._items))
             self._peak_bytes = max(self._peak_bytes, self._nbytes)
             self._has_data.notify()
+
+    def _room_or_closed(self, timeout: float | None) -> deque[T]:
+        """(Lock held, no byte bound.) Wait for room for an item; raise if the buffer is closed."""
+        items = self._items
+        if len(items) >= self._capacity and not self._closed:
+            self._wait(self._has_pos, self._has_room, timeout, "put")
+        if self._closed:
+            raise BufferClosed("put on a closed buffer") from self._abort_exc
+        return items
 
     def _has_room(self) -> bool:
         return self._closed or len(self._items) < self._capacity

@@ -25,6 +25,7 @@ from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple,
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .collate import pad_collate
 from .errors import ConfigError, SourceError
 
 __all__ = [
@@ -321,11 +322,8 @@ def build_dataset(config: PipelineConfig, *, source: Any = None, shuffle: Option
 
 def build_loader(config: PipelineConfig, dataset: Any) -> Any:
     """The ``DataLoader`` (``num_workers=0``) that batches ``dataset`` with :func:`~audiobuffer.pad_collate`."""
-    from torch.utils.data import DataLoader
-
-    from .collate import pad_collate
-
     import torch
+    from torch.utils.data import DataLoader
 
     collate = pad_collate if config.decode.kind == "audio" else _ImageCollate()
     # Pinned memory only speeds up copies to a GPU; without one, DataLoader would only warn.
@@ -338,8 +336,6 @@ class _ImageCollate:
     """Stack fixed-size images (the padding path of pad_collate is for audio)."""
 
     def __call__(self, samples: List[Dict[str, Any]]) -> Dict[str, Any]:
-        from .collate import pad_collate
-
         batch = pad_collate(samples, key="image")
         batch.pop("lengths")
         return batch

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from ._producers import NO_OUTPUT
-from .dataset import BufferedDataset, DatasetStats, ErrorPolicy
+from .dataset import BufferedDataset, DatasetStats, ErrorPolicy, EvenShards
 from .errors import BufferClosed, SampleError
 from .sources import AUDIO_PATTERNS, LabelSpec, Source, SourceSpec, WorkItem
 
@@ -313,8 +313,8 @@ class BatchSlotLoader:
                  num_producers: Optional[int] = None, shuffle: bool = False, seed: int = 0,
                  on_error: ErrorPolicy = "raise", transform: Optional[Callable[[Any], Any]] = None,
                  labels: LabelSpec = None, patterns: Sequence[str] = AUDIO_PATTERNS, path_column: str = "path",
-                 rank: Optional[int] = None, world_size: Optional[int] = None,
-                 warn_after: Optional[float] = None) -> None:
+                 rank: Optional[int] = None, world_size: Optional[int] = None, even_shards: EvenShards = "pad",
+                 warn_after: Optional[float] = None, timeout: Optional[float] = None) -> None:
         for name, value, least in (("batch_size", batch_size, 1), ("num_slots", num_slots, 2)):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
@@ -335,7 +335,7 @@ class BatchSlotLoader:
         self.dataset = BufferedDataset(
             source, self._writer, num_producers=num_producers, buffer_size=num_slots, shuffle=shuffle, seed=seed,
             ordered=False, on_error=on_error, labels=labels, patterns=patterns, path_column=path_column, rank=rank,
-            world_size=world_size, warn_after=warn_after)
+            world_size=world_size, even_shards=even_shards, warn_after=warn_after, timeout=timeout)
         # The writer waits for free slots, which only the consumer releases: a producer must hand
         # each full slot over at once (NOTE [ Producer shutdown protocol ], Chunks).
         self.dataset._chunk_items = 1

@@ -150,3 +150,23 @@ def test_property_each_item_once_in_an_intact_row(n, batch_size, num_slots, prod
         for row, index in enumerate(batch["index"].tolist()):
             assert torch.all(batch["audio"][row] == index)
     assert not wait_no_threads()
+
+
+def test_timeout_reaches_the_slot_loader():
+    from audiobuffer import StallError
+    import threading
+
+    gate = threading.Event()
+
+    def stalling(item):
+        if item.index == 2:
+            gate.wait(10)
+        return {"audio": torch.zeros(4), "index": item.index}
+
+    loader = BatchSlotLoader(fake_paths(8), stalling, batch_size=4, num_producers=1, timeout=0.3)
+    try:
+        with pytest.raises(StallError, match=r"item_00002\.wav"):
+            list(loader)
+    finally:
+        gate.set()
+    assert not wait_no_threads()
