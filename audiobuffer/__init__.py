@@ -2,55 +2,85 @@
 
 A pool of producer threads decodes audio (or image) files into a bounded :class:`Buffer`; a
 :class:`BufferedDataset` drains it into a standard ``DataLoader`` (``num_workers=0``); batches are
-padded by :func:`pad_collate`. See the README for the whole pipeline.
+padded by :func:`pad_collate`. :class:`IsolatedLoader` runs the same producers in one helper process,
+so that the training thread's GIL stays free. See the README for the whole pipeline.
+
+Names are imported on first use (PEP 562): ``import audiobuffer`` does not import torch, so the
+isolated loader's helper process, which imports this package, runs without it.
 """
 
-import logging
+from __future__ import annotations
 
-from .buffer import Buffer, BufferStats, payload_nbytes
-from .collate import pad_collate
-from .dataset import BufferedDataset, DatasetStats
-from .decoders import AudioDecoder, ImageDecoder
-from .device import DevicePrefetcher, DeviceTensorLoader
-from .errors import (
-    AudioBufferError,
-    BufferClosed,
-    ConfigError,
-    DecodeError,
-    ResumeError,
-    SampleError,
-    SourceError,
-    StallError,
-)
-from .slots import BatchSlotLoader, SlotStats
-from .sources import AUDIO_PATTERNS, Source, WorkItem
+import importlib
+import logging
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "AUDIO_PATTERNS",
-    "AudioBufferError",
-    "AudioDecoder",
-    "BatchSlotLoader",
-    "Buffer",
-    "BufferClosed",
-    "BufferStats",
-    "BufferedDataset",
-    "ConfigError",
-    "DatasetStats",
-    "DecodeError",
-    "DevicePrefetcher",
-    "DeviceTensorLoader",
-    "ImageDecoder",
-    "ResumeError",
-    "SampleError",
-    "SlotStats",
-    "Source",
-    "SourceError",
-    "StallError",
-    "WorkItem",
-    "pad_collate",
-    "payload_nbytes",
-]
+#: Public name -> the module that defines it.
+_EXPORTS = {
+    "AUDIO_PATTERNS": ".sources",
+    "AudioBufferError": ".errors",
+    "AudioDecoder": ".decoders",
+    "BatchSlotLoader": ".slots",
+    "Buffer": ".buffer",
+    "BufferClosed": ".errors",
+    "BufferStats": ".buffer",
+    "BufferedDataset": ".dataset",
+    "ConfigError": ".errors",
+    "DatasetStats": ".dataset",
+    "DecodeError": ".errors",
+    "DevicePrefetcher": ".device",
+    "DeviceTensorLoader": ".device",
+    "HelperError": ".errors",
+    "ImageDecoder": ".decoders",
+    "IsolatedLoader": ".isolated",
+    "ResumeError": ".errors",
+    "SampleError": ".errors",
+    "SlotStats": ".slots",
+    "Source": ".sources",
+    "SourceError": ".errors",
+    "StallError": ".errors",
+    "WorkItem": ".sources",
+    "pad_collate": ".collate",
+    "payload_nbytes": ".buffer",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'audiobuffer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:
+    from .buffer import Buffer, BufferStats, payload_nbytes
+    from .collate import pad_collate
+    from .dataset import BufferedDataset, DatasetStats
+    from .decoders import AudioDecoder, ImageDecoder
+    from .device import DevicePrefetcher, DeviceTensorLoader
+    from .errors import (
+        AudioBufferError,
+        BufferClosed,
+        ConfigError,
+        DecodeError,
+        HelperError,
+        ResumeError,
+        SampleError,
+        SourceError,
+        StallError,
+    )
+    from .isolated import IsolatedLoader
+    from .slots import BatchSlotLoader, SlotStats
+    from .sources import AUDIO_PATTERNS, Source, WorkItem
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())

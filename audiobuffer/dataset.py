@@ -54,6 +54,9 @@ class DatasetStats:
         wall_s: seconds from the epoch's start to its end (or to now, while it runs).
         done: whether the epoch ran to its end.
         buffer: the buffer's counters (waits on both sides, fill).
+        transfer: an :class:`~audiobuffer.IsolatedLoader`'s hand-over between its processes: seconds the
+            trainer waited for a batch (``trainer_wait_s``) and copied slots out (``trainer_copy_s``), and
+            seconds the helper waited for a free slot (``helper_slot_wait_s``); ``None`` in process.
     """
 
     epoch: int
@@ -71,6 +74,7 @@ class DatasetStats:
     wall_s: float = 0.0
     done: bool = False
     buffer: Optional[BufferStats] = None
+    transfer: Optional[dict[str, float]] = None
 
     def as_dict(self) -> dict[str, Any]:
         """The stats as plain builtins."""

@@ -10,6 +10,7 @@ following python-soundfile's ``SoundFileRuntimeError`` pattern::
     ├── ConfigError (+ ValueError)    a pipeline configuration that does not validate
     ├── ResumeError (+ ValueError)    a saved state that does not fit the dataset it is loaded into
     ├── StallError (+ TimeoutError)   no sample came within the dataset's timeout
+    ├── HelperError                   the isolated loader's helper process failed to start, crashed or died
     └── SampleError                   one work item could not be turned into a sample
         └── DecodeError               ... because its file could not be decoded
 
@@ -24,6 +25,7 @@ __all__ = [
     "BufferClosed",
     "ConfigError",
     "DecodeError",
+    "HelperError",
     "ResumeError",
     "SampleError",
     "SourceError",
@@ -53,6 +55,13 @@ class ResumeError(AudioBufferError, ValueError):
 
 class StallError(AudioBufferError, TimeoutError):
     """No sample arrived within the dataset's ``timeout``; the message names what the producers are stuck on."""
+
+
+class HelperError(AudioBufferError):
+    """The helper process of an :class:`~audiobuffer.IsolatedLoader` could not start, crashed or was killed.
+
+    The message says what happened (the exit code or signal, or the helper's own error and traceback).
+    """
 
 
 class SampleError(AudioBufferError):

@@ -1,4 +1,10 @@
-"""What every decoder shares: accepting a path or a work item, and the fields every sample carries."""
+"""What every decoder shares: accepting a path or a work item, the fields every sample carries, and tensors.
+
+Decoders work in numpy and make their output arrays tensors with :func:`as_tensor` (``torch.from_numpy``:
+zero-copy, no torch operator). In the helper process of :class:`~audiobuffer.IsolatedLoader`, which
+runs without torch, :data:`TENSORS` is ``False`` and samples keep their numpy arrays: the trainer
+makes the batch tensors. So torch is imported on first use, never by importing a decoder.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,18 @@ from typing import Any, Union
 from ..sources import WorkItem
 
 ItemLike = Union[WorkItem, str, "os.PathLike[str]"]
+
+#: Whether decoders hand tensors over (``False`` in the isolated loader's helper process: numpy arrays).
+TENSORS = True
+
+
+def as_tensor(array: Any) -> Any:
+    """``torch.from_numpy(array)``, or ``array`` itself where :data:`TENSORS` is off."""
+    if not TENSORS:
+        return array
+    import torch  # imported by the trainer anyway; a no-op lookup after the first call
+
+    return torch.from_numpy(array)
 
 
 def as_item(item: ItemLike) -> WorkItem:

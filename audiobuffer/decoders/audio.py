@@ -16,10 +16,9 @@ from typing import Any, Callable, Literal, Optional, Tuple
 import numpy as np
 import soundfile as sf
 import soxr
-import torch
 
 from ..errors import DecodeError
-from ._common import ItemLike, as_item, sample_fields
+from ._common import ItemLike, as_item, as_tensor, sample_fields
 
 __all__ = ["AudioDecoder", "CropMode"]
 
@@ -127,7 +126,7 @@ class AudioDecoder:
             data, native_sr = self._read_fallback(item.path, rng, exc)
         audio, num_frames, sr = self._finish(data, native_sr)
         sample = sample_fields(item)
-        sample["audio"] = torch.from_numpy(audio)
+        sample["audio"] = as_tensor(audio)
         sample["sample_rate"] = sr
         sample["num_frames"] = num_frames
         return sample

@@ -10,10 +10,9 @@ from __future__ import annotations
 from typing import Any, Literal, Optional, Tuple, Union
 
 import numpy as np
-import torch
 
 from ..errors import DecodeError
-from ._common import ItemLike, as_item, sample_fields
+from ._common import ItemLike, as_item, as_tensor, sample_fields
 
 __all__ = ["ImageDecoder"]
 
@@ -74,5 +73,5 @@ class ImageDecoder:
         except (OSError, ValueError, Image.DecompressionBombError) as exc:
             raise DecodeError(f"cannot decode {item.path!r}: {exc}", path=item.path) from exc
         sample = sample_fields(item)
-        sample["image"] = torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1)))
+        sample["image"] = as_tensor(np.ascontiguousarray(pixels.transpose(2, 0, 1)))
         return sample

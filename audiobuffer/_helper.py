@@ -1,0 +1,347 @@
+"""The helper process of :class:`~audiobuffer.IsolatedLoader`: producers and collate, away from the trainer's GIL.
+
+Run as ``python -m audiobuffer._helper`` by the trainer, never through ``multiprocessing``: the user's
+``__main__`` is not re-imported, so a script without an ``if __name__ == "__main__":`` guard works on
+every OS. Nothing here imports torch; decoders hand numpy arrays over (``decoders/_common.py``).
+
+NOTE [ Helper process lifecycle ]
+=================================
+Channel. Frames are pickles: trainer -> helper on the helper's stdin, helper -> trainer on the
+helper's original stdout. ``sys.stdout`` is pointed at stderr first, so a ``print`` in a user's decoder
+cannot corrupt the channel. Pickles come from the trainer that started this process, never from
+elsewhere.
+
+Start. The trainer sends ``("setup", sys_path, spec_bytes)``; the helper puts the trainer's
+``sys.path`` in place (so the user's modules import as they do in the trainer), unpickles the spec and
+answers ``("ready", info)`` or ``("error", text)``.
+
+Epochs. ``("epoch", gen, args)`` starts an epoch in a thread of its own (generation ``gen`` tags every
+message of it, so nothing of an abandoned epoch is mistaken for the next one's). The epoch thread runs
+a :class:`ProducerPool` into a :class:`Buffer`, collates each ``batch_size`` samples straight into a
+free shared-memory slot and sends ``("batch", gen, ...)``; the trainer copies the slot out and answers
+``("free", gen, slot)``. The free and full slot lists are caffe's ``prefetch_free_`` and
+``prefetch_full_``; the helper waits for a free slot on a condition that ``free`` and ``stop`` notify.
+An epoch ends with ``("end", gen, stats)``, or, when the trainer leaves it early, with ``("stop",
+gen)`` -> the pool is closed and ``("stopped", gen)`` confirms it. Every slot is free again at the
+start of the next epoch.
+
+Exit. ``("close",)`` or end of file on stdin ends the helper: the trainer closed it, exited or was
+killed (a killed trainer's pipe closes with it). Either way the epoch's pool is stopped, every
+segment this process created is unlinked, and the process exits with ``os._exit`` after at most
+``EXIT_GRACE`` seconds, without waiting for a producer stuck in a decode. SIGINT is ignored: Ctrl-C in
+a terminal reaches the whole process group, and the trainer decides when its helper stops.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Any, BinaryIO
+
+from . import _shm
+from ._batch import SlotArena, collate_numpy
+from ._plan import plan_epoch
+from ._producers import Failure, ProducerPool
+from .buffer import Buffer
+from .errors import BufferClosed, StallError
+
+#: Seconds the helper gives its producers to stop before it exits anyway.
+EXIT_GRACE = 1.0
+
+logger = logging.getLogger("audiobuffer.helper")
+
+
+class Channel:
+    """Pickled frames over a pair of binary streams; :meth:`send` is thread-safe."""
+
+    def __init__(self, incoming: BinaryIO, outgoing: BinaryIO) -> None:
+        self._in = incoming
+        self._out = outgoing
+        self._lock = threading.Lock()
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        with self._lock:
+            self._out.write(data)
+            self._out.flush()
+
+    def recv(self) -> Any:
+        """The next message; ``EOFError`` when the other side has gone."""
+        return pickle.load(self._in)
+
+
+class _ChannelLog(logging.Handler):
+    """Forwards the helper's warnings to the trainer, which logs them under its own configuration."""
+
+    def __init__(self, channel: Channel) -> None:
+        super().__init__(logging.WARNING)
+        self._channel = channel
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._channel.send(("log", record.levelno, record.name, record.getMessage()))
+        except Exception:  # the trainer has gone; nothing to tell
+            pass
+
+
+class _Slots:
+    """The shared-memory ring: ``num_slots`` segments, free or full, grown when a batch does not fit."""
+
+    def __init__(self, num_slots: int, slot_bytes: int) -> None:
+        self._cond = threading.Condition()
+        self._segments = [_shm.create(slot_bytes) for _ in range(num_slots)]
+        self._free = list(range(num_slots))
+        self._stopped = False
+        self.wait_s = 0.0
+
+    def reset(self) -> None:
+        """A new epoch: every slot is free (the trainer copied out what it took)."""
+        with self._cond:
+            self._free = list(range(len(self._segments)))
+            self._stopped = False
+            self.wait_s = 0.0
+            self._cond.notify_all()
+
+    def release(self, slot: int) -> None:
+        with self._cond:
+            if slot not in self._free:
+                self._free.append(slot)
+                self._cond.notify_all()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+
+    def take(self) -> int:
+        """A free slot; waits for the trainer to return one. ``BufferClosed`` once stopped."""
+        start = time.perf_counter()
+        with self._cond:
+            while not self._free and not self._stopped:
+                self._cond.wait()
+            if self._stopped:
+                raise BufferClosed("the epoch was stopped")
+            self.wait_s += time.perf_counter() - start
+            return self._free.pop(0)
+
+    def buffer(self, slot: int) -> memoryview:
+        return self._segments[slot].buf  # type: ignore[return-value]
+
+    def name(self, slot: int) -> str:
+        return self._segments[slot].name
+
+    def grow(self, slot: int, nbytes: int) -> None:
+        """Replace ``slot``'s segment with one of at least ``nbytes`` (1.5x, so growth is rare)."""
+        old = self._segments[slot]
+        self._segments[slot] = _shm.create(max(nbytes, int(old.size * 1.5)))
+        old.close()
+        _shm.unlink(old.name)
+
+    def unlink_all(self) -> None:
+        for segment in self._segments:
+            try:
+                segment.close()
+            except BufferError:  # a view is still alive in a stuck thread; the name goes anyway
+                pass
+            _shm.unlink(segment.name)
+
+
+class Helper:
+    """The helper's state: the spec from the trainer, the slots, the running epoch."""
+
+    def __init__(self, channel: Channel, spec: dict[str, Any]) -> None:
+        self.channel = channel
+        self.spec = spec
+        self.slots = _Slots(spec["num_slots"], spec["slot_bytes"])
+        self._epoch: threading.Thread | None = None
+        self._gen = -1
+        self._pool: ProducerPool | None = None
+        self._lock = threading.Lock()
+
+    # -- commands (main thread) ----------------------------------------------------------------
+
+    def start_epoch(self, gen: int, args: dict[str, Any]) -> None:
+        self.stop_epoch(self._gen, confirm=False)
+        self.slots.reset()
+        with self._lock:
+            self._gen = gen
+        self._epoch = threading.Thread(target=self._run_epoch, args=(gen, args), name="audiobuffer-helper-epoch",
+                                       daemon=True)
+        self._epoch.start()
+
+    def stop_epoch(self, gen: int, *, confirm: bool = True) -> None:
+        with self._lock:
+            current = gen == self._gen
+            pool = self._pool if current else None
+        if current:
+            self.slots.stop()
+            if pool is not None:
+                pool.close(EXIT_GRACE)  # a producer stuck in a decode finishes on its own, into nothing
+            if self._epoch is not None:
+                self._epoch.join(EXIT_GRACE)
+        if confirm:
+            self.channel.send(("stopped", gen))
+
+    # -- one epoch (epoch thread) --------------------------------------------------------------
+
+    def _run_epoch(self, gen: int, args: dict[str, Any]) -> None:
+        try:
+            self._epoch_body(gen, args)
+        except BufferClosed:
+            pass  # stopped by the trainer
+        except StallError as exc:
+            self.channel.send(("stall", gen, str(exc)))
+        except BaseException as exc:  # a bug of ours: the trainer raises it, never hangs
+            self.channel.send(("error", gen, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+
+    def _epoch_body(self, gen: int, args: dict[str, Any]) -> None:
+        spec = self.spec
+        source, decoder, transform = spec["source"], spec["decoder"], spec["transform"]
+        decode = decoder if transform is None else (lambda item: transform(decoder(item)))
+        batch_size, policy = spec["batch_size"], spec["on_error"]
+        plan = plan_epoch(len(source), shuffle=spec["shuffle"], seed=spec["seed"], epoch=args["epoch"],
+                          rank=args["rank"], world_size=args["world_size"], even_shards=spec["even_shards"],
+                          consumed=args["consumed"])
+        epoch, seed = args["epoch"], spec["seed"]
+
+        def make_item(seq: int) -> Any:
+            return source.item(int(plan.indices[seq]), epoch=epoch, seed=seed, seq=plan.position(seq))
+
+        buffer: Buffer[Any] = Buffer(spec["buffer_size"], max_bytes=spec["max_bytes"])
+        pool = ProducerPool(make_item, len(plan), decode, buffer,
+                            num_producers=min(spec["num_producers"], max(1, len(plan))), ordered=spec["ordered"],
+                            warn_after=spec["warn_after"], timeout=spec["timeout"])
+        with self._lock:
+            if gen != self._gen:
+                return
+            self._pool = pool
+        pool.start()
+        samples: list[Any] = []
+        positions: list[int] = []  # consumed with the next batch the trainer takes: its samples and failures
+        yielded = failed = 0
+        failures: list[tuple[int, str, str]] = []
+        try:
+            for seq, out in pool:
+                positions.append(plan.position(seq))
+                if out.__class__ is Failure:
+                    failed += 1
+                    if len(failures) < 100:
+                        failures.append((out.item.index, out.item.path, f"{type(out.exc).__name__}: {out.exc}"))
+                    self._report_failure(gen, out, fatal=policy == "raise")
+                    if policy == "raise":
+                        return
+                    continue
+                samples.append(out)
+                if len(samples) == batch_size:
+                    yielded += len(samples)
+                    self._send_batch(gen, samples, positions, (yielded, failed, pool.decode_seconds))
+                    samples, positions = [], []
+            done = not pool.stopped
+            if samples and done and not spec["drop_last"]:
+                yielded += len(samples)
+                self._send_batch(gen, samples, positions, (yielded, failed, pool.decode_seconds))
+                positions = []
+            if done:
+                stats = {"items": len(plan), "resumed": plan.size - len(plan), "yielded": yielded, "failed": failed,
+                         "failures": failures, "decode_s": pool.decode_seconds,
+                         "num_producers": len(pool.threads), "buffer": buffer.stats.as_dict(),
+                         "slot_wait_s": self.slots.wait_s}
+                self.channel.send(("end", gen, stats, positions))
+        finally:
+            pool.close()
+
+    def _report_failure(self, gen: int, failure: Failure, *, fatal: bool) -> None:
+        exc = failure.exc
+        try:
+            payload: bytes | None = pickle.dumps(exc)
+            pickle.loads(payload)
+        except Exception:
+            payload = None
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        self.channel.send(("failure", gen, fatal, failure.item.index, failure.item.path, failure.producer,
+                           type(exc).__name__, str(exc), payload, text))
+
+    def _send_batch(self, gen: int, samples: list[Any], positions: list[int], counts: tuple[Any, ...]) -> None:
+        slots, key = self.slots, self.spec["key"]
+        slot = slots.take()
+        arena = SlotArena(slots.buffer(slot))
+        batch = collate_numpy(samples, key=key, allocate=arena)
+        if arena.overflow:  # a batch larger than the slot: grow it once, collate again
+            slots.grow(slot, arena.needed)
+            arena = SlotArena(slots.buffer(slot))
+            batch = collate_numpy(samples, key=key, allocate=arena)
+        # Per field: ("a", offset, shape, dtype) for an array in the slot, ("v", values) for a list.
+        fields = []
+        for name, value in batch.items():
+            offset = arena.placed.get(id(value)) if hasattr(value, "dtype") else None
+            if offset is None:
+                fields.append((name, ("v", value)))
+            else:
+                fields.append((name, ("a", offset, value.shape, value.dtype.str)))
+        del batch  # no view into the slot outlives the hand-over
+        self.channel.send(("batch", gen, slot, slots.name(slot), fields, positions, counts))
+
+    def free(self, gen: int, slot: int) -> None:
+        if gen == self._gen:
+            self.slots.release(slot)
+
+    def shutdown(self) -> None:
+        with self._lock:
+            pool = self._pool
+        self.slots.stop()
+        if pool is not None:
+            pool.close(EXIT_GRACE)
+        self.slots.unlink_all()
+
+
+def main() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # NOTE [ Helper process lifecycle ], Exit
+    channel = Channel(sys.stdin.buffer, sys.stdout.buffer)
+    sys.stdout = sys.stderr  # a print() in a decoder must not corrupt the channel
+    logging.getLogger("audiobuffer").addHandler(_ChannelLog(channel))
+    helper: Helper | None = None
+    try:
+        kind, sys_path, spec_bytes = channel.recv()
+        if kind != "setup":
+            raise RuntimeError(f"expected setup, got {kind!r}")
+        sys.path[:] = [p for p in sys_path if p] + [p for p in sys.path if p not in sys_path]
+        try:
+            from .decoders import _common
+
+            _common.TENSORS = False
+            spec = pickle.loads(spec_bytes)
+            helper = Helper(channel, spec)
+        except Exception as exc:
+            channel.send(("error", -1, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+            return
+        channel.send(("ready", {"pid": os.getpid(), "torch": "torch" in sys.modules,
+                                "gil": getattr(sys, "_is_gil_enabled", lambda: True)(),
+                                "segments": [helper.slots.name(i) for i in range(spec["num_slots"])]}))
+        while True:
+            message = channel.recv()
+            kind = message[0]
+            if kind == "free":
+                helper.free(message[1], message[2])
+            elif kind == "epoch":
+                helper.start_epoch(message[1], message[2])
+            elif kind == "stop":
+                helper.stop_epoch(message[1])
+            elif kind == "close":
+                break
+    except (EOFError, OSError):
+        pass  # the trainer closed the pipe: it exited or was killed
+    finally:
+        if helper is not None:
+            helper.shutdown()
+        sys.stderr.flush()
+        os._exit(0)  # do not wait for a producer stuck in a decode (daemon threads)
+
+
+if __name__ == "__main__":
+    main()

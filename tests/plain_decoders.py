@@ -1,0 +1,55 @@
+"""Decoders for the isolated loader's tests: importable by its helper process, and torch-free.
+
+The helper process imports whatever the decoder's module imports; these import numpy only, so the
+tests also check that the helper runs without torch.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+
+class IndexDecoder:
+    """A sample holding the item's index, path and a short array of its index; no file is read.
+
+    Args:
+        fail: indices whose decode raises ``ValueError``.
+        delay: seconds every decode takes.
+        length: frames of the ``audio`` array (``index % 7 + 1`` when ``None``: unequal lengths).
+    """
+
+    def __init__(self, fail: tuple[int, ...] = (), delay: float = 0.0, length: int | None = None) -> None:
+        self.fail = frozenset(fail)
+        self.delay = delay
+        self.length = length
+
+    def __call__(self, item: Any) -> dict[str, Any]:
+        if self.delay:
+            time.sleep(self.delay)  # stands for the decode time of a slow file
+        if item.index in self.fail:
+            raise ValueError(f"injected failure on item {item.index}")
+        n = self.length if self.length is not None else item.index % 7 + 1
+        return {"audio": np.full(n, item.index, dtype=np.float32), "num_frames": n, "index": item.index,
+                "path": item.path}
+
+
+class Exit:
+    """Kills the helper process hard on item ``index`` (a crash in native code, as far as anyone can tell)."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def __call__(self, item: Any) -> dict[str, Any]:
+        if item.index == self.index:
+            os._exit(3)
+        return {"audio": np.zeros(2, dtype=np.float32), "index": item.index}
+
+
+def add_one(sample: dict[str, Any]) -> dict[str, Any]:
+    """A module-level transform."""
+    sample["audio"] = sample["audio"] + 1
+    return sample

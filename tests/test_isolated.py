@@ -1,0 +1,385 @@
+"""IsolatedLoader: the same epochs as BufferedDataset, from a helper process, with nothing left behind."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import torch
+
+from audiobuffer import (
+    AudioDecoder,
+    BufferedDataset,
+    DecodeError,
+    DevicePrefetcher,
+    HelperError,
+    IsolatedLoader,
+    ResumeError,
+    SampleError,
+    pad_collate,
+)
+from audiobuffer._shm import SEGMENT_PREFIX
+from helpers import JOIN_TIMEOUT, REPO, fake_paths, make_corpus
+from plain_decoders import Exit, IndexDecoder, add_one
+
+pytestmark = pytest.mark.timeout(120)
+SHM = Path("/dev/shm")
+
+
+def segments() -> set[str]:
+    """This machine's audiobuffer shared-memory segments (Linux keeps them in /dev/shm)."""
+    return {p.name for p in SHM.glob(SEGMENT_PREFIX + "*")} if SHM.is_dir() else set()
+
+
+def wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            return True
+        time.sleep(0.02)  # polling another process's existence: there is nothing to wait on
+    return False
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind():
+    """Every test ends with no child process and no new shared-memory segment."""
+    before = segments()
+    yield
+    deadline = time.monotonic() + JOIN_TIMEOUT
+    children = psutil.Process().children(recursive=True)
+    gone, alive = psutil.wait_procs(children, timeout=max(0.0, deadline - time.monotonic()))
+    assert not alive, f"child processes left: {[p.pid for p in alive]}"
+    left = segments() - before
+    assert not left, f"shared-memory segments left: {sorted(left)}"
+
+
+def indices(batches):
+    return [int(i) for batch in batches for i in batch["index"]]
+
+
+@pytest.mark.parametrize("num_producers", [1, 2, 4])
+@pytest.mark.parametrize("ordered", [False, True])
+def test_every_item_once_per_epoch(num_producers, ordered):
+    with IsolatedLoader(fake_paths(103), IndexDecoder(), batch_size=8, num_producers=num_producers,
+                        ordered=ordered, shuffle=True, seed=3) as loader:
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            batches = list(loader)
+            got = indices(batches)
+            assert sorted(got) == list(range(103))
+            assert len(batches) == len(loader) == 13
+            if ordered:
+                expected = [int(i) for i in np.random.default_rng(3 + epoch).permutation(103)]
+                assert got == expected
+            stats = loader.stats()
+            assert stats.done and stats.yielded == 103 and stats.failed == 0
+        assert loader.helper_info["torch"] is False  # the helper runs without torch
+
+
+def test_batches_match_pad_collate():
+    paths = fake_paths(10)
+    decoder = IndexDecoder()
+    with IsolatedLoader(paths, decoder, batch_size=4, ordered=True) as loader:
+        batches = list(loader)
+    ds = BufferedDataset(paths, decoder, ordered=True)
+    samples = list(ds)
+    for n, batch in enumerate(batches):
+        expected = pad_collate(samples[4 * n:4 * n + 4])
+        assert batch.keys() == expected.keys()
+        for key, value in expected.items():
+            if isinstance(value, torch.Tensor):
+                assert batch[key].dtype == value.dtype and torch.equal(batch[key], value), key
+            else:
+                assert batch[key] == value, key
+
+
+def test_rank_shards_are_disjoint_and_even():
+    seen = []
+    for rank in range(3):
+        with IsolatedLoader(fake_paths(20), IndexDecoder(), batch_size=4, rank=rank, world_size=3,
+                            shuffle=True) as loader:
+            got = indices(loader)
+            assert len(got) == 7  # padded to 21
+            seen += got
+    assert set(seen) == set(range(20))
+
+
+def test_drop_last_and_a_batch_larger_than_its_slot():
+    with IsolatedLoader(fake_paths(10), IndexDecoder(length=50_000), batch_size=4, drop_last=True,
+                        slot_bytes=1024) as loader:
+        batches = list(loader)
+    assert [b["audio"].shape for b in batches] == [(4, 50_000)] * 2
+    for batch in batches:
+        for row, index in zip(batch["audio"], batch["index"]):
+            assert torch.all(row == index)
+
+
+def test_real_audio_with_a_transform(tmp_path):
+    make_corpus(tmp_path, 12, seconds=0.2)
+    decoder = AudioDecoder(8000, crop_seconds=0.1, crop="start")
+    with IsolatedLoader(tmp_path, decoder, batch_size=5, labels="parent", transform=add_one,
+                        ordered=True) as loader:
+        batches = list(loader)
+    ds = BufferedDataset(tmp_path, decoder, labels="parent", ordered=True)
+    samples = list(ds)
+    audio = torch.cat([b["audio"] for b in batches])
+    assert torch.equal(audio, torch.stack([s["audio"] + 1 for s in samples]))
+    assert [n for b in batches for n in b["label_name"]] == [s["label_name"] for s in samples]
+    assert loader.classes == ["class0", "class1", "class2"]
+
+
+@pytest.mark.parametrize("policy", ["skip", "warn"])
+def test_failures_are_counted_and_named(policy, caplog):
+    paths = fake_paths(30)
+    with caplog.at_level(logging.WARNING, logger="audiobuffer"):
+        with IsolatedLoader(paths, IndexDecoder(fail=(4, 17)), batch_size=8, on_error=policy) as loader:
+            got = indices(loader)
+            stats = loader.stats()
+    assert sorted(got) == [i for i in range(30) if i not in (4, 17)]
+    assert stats.failed == 2 and stats.yielded == 28
+    assert sorted(f[0] for f in stats.failures) == [4, 17]
+    assert all("injected failure" in f[2] for f in stats.failures)
+    warned = [r.getMessage() for r in caplog.records if "skipping" in r.getMessage()]
+    assert len(warned) == (2 if policy == "warn" else 0)
+    if warned:
+        assert paths[4] in " ".join(warned) and "ValueError" in warned[0]
+
+
+def test_a_failure_raises_in_the_trainer_chained_to_the_original():
+    paths = fake_paths(30)
+    with IsolatedLoader(paths, IndexDecoder(fail=(9,)), batch_size=4, ordered=True) as loader:
+        with pytest.raises(SampleError, match=r"item 9 .*item_00009\.wav.*ValueError: injected failure") as info:
+            list(loader)
+        assert info.value.path == paths[9] and info.value.index == 9
+        assert isinstance(info.value.__cause__, ValueError)
+        assert "plain_decoders.py" in str(info.value.__cause__.__cause__)  # the helper's traceback
+
+
+def test_a_decode_error_stays_a_decode_error(tmp_path):
+    (tmp_path / "bad.wav").write_bytes(b"not audio at all")
+    with IsolatedLoader([tmp_path / "bad.wav"], AudioDecoder(fallback=None), batch_size=2) as loader:
+        with pytest.raises(DecodeError, match="bad.wav"):
+            list(loader)
+
+
+def test_the_loader_keeps_working_after_a_failed_epoch():
+    with IsolatedLoader(fake_paths(12), IndexDecoder(fail=(5,)), batch_size=4) as loader:
+        with pytest.raises(SampleError):
+            list(loader)
+        loader.set_epoch(1)
+        with pytest.raises(SampleError):
+            list(loader)
+
+
+def test_resume_mid_epoch_yields_exactly_the_rest():
+    paths = fake_paths(50)
+    options = dict(batch_size=4, shuffle=True, seed=7)
+    with IsolatedLoader(paths, IndexDecoder(), **options) as loader:
+        loader.set_epoch(2)
+        it = iter(loader)
+        first = [next(it) for _ in range(5)]
+        state = json.loads(json.dumps(loader.state_dict()))  # JSON-ready
+        it.close()
+    with IsolatedLoader(paths, IndexDecoder(), **options) as loader:
+        loader.load_state_dict(state)
+        assert loader.epoch == 2
+        rest = list(loader)
+    assert sorted(indices(first) + indices(rest)) == list(range(50))
+    assert loader.stats().resumed == 20
+
+
+def test_resume_refuses_another_setup():
+    with IsolatedLoader(fake_paths(10), IndexDecoder(), batch_size=4, seed=1) as loader:
+        state = loader.state_dict()
+    with IsolatedLoader(fake_paths(10), IndexDecoder(), batch_size=4, seed=2) as other:
+        with pytest.raises(ResumeError, match="seed=1"):
+            other.load_state_dict(state)
+
+
+def test_state_is_shared_with_buffered_dataset():
+    paths = fake_paths(20)
+    ds = BufferedDataset(paths, IndexDecoder(), seed=4, shuffle=True)
+    it = iter(ds)
+    taken = [next(it)["index"] for _ in range(6)]
+    state = ds.state_dict()
+    it.close()
+    with IsolatedLoader(paths, IndexDecoder(), batch_size=4, seed=4, shuffle=True) as loader:
+        loader.load_state_dict(state)
+        rest = indices(loader)
+    assert sorted(taken + rest) == list(range(20))
+
+
+@pytest.mark.parametrize("how", ["break", "exception", "gc", "close"])
+def test_leaving_early_stops_everything(how):
+    loader = IsolatedLoader(fake_paths(400), IndexDecoder(delay=0.005), batch_size=4, num_slots=2)
+    it = iter(loader)
+    next(it)
+    pid = loader.helper_info["pid"]
+    if how == "break":
+        it.close()
+        loader.set_epoch(1)
+        assert len(indices(loader)) == 400  # the next epoch runs whole after an abandoned one
+        loader.close()
+    elif how == "exception":
+        with pytest.raises(RuntimeError):
+            with loader:
+                for _ in it:
+                    raise RuntimeError("a bug in the training loop")
+    elif how == "gc":
+        del it, loader
+    else:
+        loader.close()
+        with pytest.raises(Exception):
+            next(it)
+        loader.close()  # idempotent
+    assert wait_gone(pid, JOIN_TIMEOUT)
+
+
+def test_the_helper_dies_with_a_clear_error():
+    with IsolatedLoader(fake_paths(40), Exit(index=13), batch_size=4, ordered=True) as loader:
+        with pytest.raises(HelperError, match=r"helper process \(pid \d+\) exited with code 3"):
+            list(loader)
+        with pytest.raises(HelperError):
+            list(loader)
+
+
+@pytest.mark.skipif(os.name == "nt", reason="SIGKILL is POSIX")
+def test_the_helper_killed_is_a_clear_error():
+    with IsolatedLoader(fake_paths(200), IndexDecoder(delay=0.01), batch_size=4) as loader:
+        it = iter(loader)
+        next(it)
+        os.kill(loader.helper_info["pid"], signal.SIGKILL)
+        with pytest.raises(HelperError, match="SIGKILL"):
+            for _ in it:
+                pass
+
+
+TRAINER = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {tests!r})
+    from audiobuffer import IsolatedLoader
+    from plain_decoders import IndexDecoder
+    loader = IsolatedLoader([f"/x/{{i}}.wav" for i in range(10_000)], IndexDecoder(delay=0.01), batch_size=4)
+    it = iter(loader)
+    next(it)
+    print(loader.helper_info["pid"], flush=True)
+    time.sleep(60)
+""")
+
+
+@pytest.mark.skipif(os.name == "nt", reason="SIGKILL is POSIX")
+def test_a_killed_trainer_takes_its_helper_and_segments_along(tmp_path):
+    script = tmp_path / "trainer.py"
+    script.write_text(TRAINER.format(tests=str(REPO / "tests")))
+    before = segments()
+    trainer = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        helper = int(trainer.stdout.readline())
+        assert segments() - before  # the helper's slots exist while it runs
+        trainer.kill()
+        trainer.wait(JOIN_TIMEOUT)
+        assert wait_gone(helper, 2.0), "the helper outlived its trainer by more than 2 s"
+        assert not segments() - before
+    finally:
+        trainer.kill()
+        trainer.wait(JOIN_TIMEOUT)
+        trainer.stdout.close()
+
+
+NO_GUARD = textwrap.dedent("""
+    import multiprocessing
+    import sys
+    sys.path.insert(0, {tests!r})
+    multiprocessing.set_start_method("spawn")  # as on Windows and macOS
+    from audiobuffer import IsolatedLoader
+    from plain_decoders import IndexDecoder
+    print("imported", flush=True)  # a re-import of this script would print this twice
+    with IsolatedLoader([f"/x/{{i}}.wav" for i in range(50)], IndexDecoder(), batch_size=8) as loader:
+        print(sum(len(b["index"]) for b in loader))
+""")
+
+
+def test_a_script_without_a_main_guard_works(tmp_path):
+    script = tmp_path / "no_guard.py"
+    script.write_text(NO_GUARD.format(tests=str(REPO / "tests")))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["imported", "50"]
+
+
+def local_decoder_factory():
+    def decode(item):
+        return {"audio": np.zeros(1, dtype=np.float32)}
+    return decode
+
+
+class MainLike:
+    def __call__(self, item):
+        return {"audio": np.zeros(1, dtype=np.float32)}
+
+
+@pytest.mark.parametrize("decoder, why", [
+    (lambda item: item, "lambda"),
+    (local_decoder_factory(), "inside another function"),
+])
+def test_unimportable_decoders_are_refused(decoder, why):
+    with pytest.raises(TypeError, match=f"decoder.*{why}.*move it to a module"):
+        IsolatedLoader(fake_paths(4), decoder, batch_size=2)
+
+
+def test_a_decoder_from_main_is_refused(monkeypatch):
+    monkeypatch.setattr(MainLike, "__module__", "__main__")
+    with pytest.raises(TypeError, match=r"'MainLike'.*__main__.*move it to a module"):
+        IsolatedLoader(fake_paths(4), MainLike(), batch_size=2)
+    with pytest.raises(TypeError, match="transform.*lambda"):
+        IsolatedLoader(fake_paths(4), IndexDecoder(), batch_size=2, transform=lambda s: s)
+
+
+@pytest.mark.parametrize("kwargs, error", [
+    (dict(batch_size=0), ValueError),
+    (dict(batch_size="8"), TypeError),
+    (dict(batch_size=2, num_slots=1), ValueError),
+    (dict(batch_size=2, pin_memory="yes"), ValueError),
+    (dict(batch_size=2, on_error="ignore"), ValueError),
+])
+def test_bad_options_fail_at_construction(kwargs, error):
+    with pytest.raises(error):
+        IsolatedLoader(fake_paths(4), IndexDecoder(), **kwargs)
+
+
+def test_under_a_device_prefetcher():
+    with IsolatedLoader(fake_paths(21), IndexDecoder(), batch_size=4) as loader:
+        prefetcher = DevicePrefetcher(loader, "cpu")
+        assert len(prefetcher) == 6
+        got = [int(i) for batch in prefetcher for i in batch["index"]]
+    assert sorted(got) == list(range(21))
+
+
+def test_stats_carry_the_transfer_counters():
+    with IsolatedLoader(fake_paths(16), IndexDecoder(), batch_size=4) as loader:
+        assert loader.stats() is None
+        list(loader)
+        stats = loader.stats()
+    assert set(stats.transfer) == {"trainer_wait_s", "trainer_copy_s", "helper_slot_wait_s"}
+    assert stats.buffer is not None and stats.buffer.puts == 16
+    assert "helper=closed" in repr(loader)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
+def test_pinned_batches_copy_to_the_gpu():
+    with IsolatedLoader(fake_paths(16), IndexDecoder(length=1000), batch_size=4, pin_memory=True) as loader:
+        for batch in DevicePrefetcher(loader, "cuda"):
+            assert batch["audio"].is_cuda
+            for row, index in zip(batch["audio"].cpu(), batch["index"].cpu()):
+                assert torch.all(row == index)
