@@ -97,12 +97,14 @@ class _Slots:
         self._cond = threading.Condition()
         self._segments = [_shm.create(slot_bytes) for _ in range(num_slots)]
         self._free = list(range(num_slots))
+        self._gen = -1
         self._stopped = False
         self.wait_s = 0.0
 
-    def reset(self) -> None:
-        """A new epoch: every slot is free (the trainer copied out what it took)."""
+    def reset(self, gen: int) -> None:
+        """Epoch ``gen`` starts: every slot is free (the trainer copied out what it took)."""
         with self._cond:
+            self._gen = gen
             self._free = list(range(len(self._segments)))
             self._stopped = False
             self.wait_s = 0.0
@@ -119,13 +121,17 @@ class _Slots:
             self._stopped = True
             self._cond.notify_all()
 
-    def take(self) -> int:
-        """A free slot; waits for the trainer to return one. ``BufferClosed`` once stopped."""
+    def take(self, gen: int) -> int:
+        """A free slot for epoch ``gen``; waits for the trainer to return one.
+
+        ``BufferClosed`` once the epoch is stopped, or when ``gen`` is an earlier epoch's (a thread of
+        an abandoned epoch never takes a slot of the next one).
+        """
         start = time.perf_counter()
         with self._cond:
-            while not self._free and not self._stopped:
+            while not self._free and not self._stopped and gen == self._gen:
                 self._cond.wait()
-            if self._stopped:
+            if self._stopped or gen != self._gen:
                 raise BufferClosed("the epoch was stopped")
             self.wait_s += time.perf_counter() - start
             return self._free.pop(0)
@@ -168,7 +174,7 @@ class Helper:
 
     def start_epoch(self, gen: int, args: dict[str, Any]) -> None:
         self.stop_epoch(self._gen, confirm=False)
-        self.slots.reset()
+        self.slots.reset(gen)
         with self._lock:
             self._gen = gen
         self._epoch = threading.Thread(target=self._run_epoch, args=(gen, args), name="audiobuffer-helper-epoch",
@@ -269,7 +275,7 @@ class Helper:
 
     def _send_batch(self, gen: int, samples: list[Any], positions: list[int], counts: tuple[Any, ...]) -> None:
         slots, key = self.slots, self.spec["key"]
-        slot = slots.take()
+        slot = slots.take(gen)
         arena = SlotArena(slots.buffer(slot))
         batch = collate_numpy(samples, key=key, allocate=arena)
         if arena.overflow:  # a batch larger than the slot: grow it once, collate again
