@@ -22,7 +22,10 @@ items and waking producers blocked in ``put`` with ``BufferClosed``), then joins
 one deadline of ``JOIN_TIMEOUT`` seconds. A producer checks the flag before taking each item, so it
 finishes at most the item in hand. Threads are daemons: a decoder stuck in a system call cannot keep
 the interpreter alive, and ``close()`` logs a warning naming any thread that outlived the join.
-``close()`` is idempotent and safe to call from any thread but a producer's own.
+``close()`` is idempotent and safe to call from any thread but a producer's own. :meth:`ProducerPool.stop`
+is the first half alone (flag, wake, abort; no join): a pool registers it with the cancel scope of
+the thread that builds it, so a ``DevicePrefetcher`` whose loop is left stops the pool its thread
+waits on, from the consumer's thread (NOTE [ Prefetch cancellation ] in ``audiobuffer/_cancel.py``).
 
 Chunks. In an unordered pool a producer keeps its finished items and puts them in one ``put_many``
 when it has ``CHUNK_ITEMS`` of them, when the oldest has waited ``CHUNK_SECONDS``, or when the feed
@@ -50,6 +53,7 @@ import threading
 import time
 from typing import Any, Callable, Iterator
 
+from ._cancel import on_cancel
 from .buffer import Buffer
 from .errors import AudioBufferError, BufferClosed, StallError
 from .sources import WorkItem
@@ -140,6 +144,9 @@ class ProducerPool:
         ]
         self._started = False
         self._closed = False
+        # A DevicePrefetcher's thread builds pools in a cancel scope: leaving its loop stops this one
+        # (NOTE [ Prefetch cancellation ] in audiobuffer/_cancel.py).
+        self._unregister = on_cancel(self.stop)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -151,15 +158,23 @@ class ProducerPool:
         for thread in self._threads:
             thread.start()
 
-    def close(self, timeout: float = JOIN_TIMEOUT) -> None:
-        """Stop and join the producers; see NOTE [ Producer shutdown protocol ]. Idempotent."""
+    def stop(self) -> None:
+        """Tell the producers and the consumer to stop, and return at once. Idempotent, any thread.
+
+        Producers finish the item in hand and take no more; the consumer's iteration ends as after
+        :meth:`close`, which still has to be called to join the threads.
+        """
         with self._feed_lock:
             self._stopping = True
             self._turn.notify_all()
-        if not self._closed:
-            self._closed = True
-            if not self._buffer.closed or len(self._buffer):
-                self._buffer.abort(BufferClosed("the producer pool was closed"))
+            first, self._closed = not self._closed, True
+        if first and (not self._buffer.closed or len(self._buffer)):
+            self._buffer.abort(BufferClosed("the producer pool was closed"))
+
+    def close(self, timeout: float = JOIN_TIMEOUT) -> None:
+        """Stop and join the producers; see NOTE [ Producer shutdown protocol ]. Idempotent."""
+        self.stop()
+        self._unregister()
         deadline = time.monotonic() + timeout
         current = threading.current_thread()
         for thread in self._threads:

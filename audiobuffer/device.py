@@ -17,10 +17,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from typing import Any, Iterable, Iterator, Optional, Union
 
 import torch
 
+from ._cancel import CancelScope, cancel_scope, on_cancel
 from .buffer import Buffer
 from .errors import BufferClosed
 
@@ -28,8 +30,10 @@ __all__ = ["DevicePrefetcher", "DeviceTensorLoader", "map_tensors", "resolve_dev
 
 logger = logging.getLogger(__name__)
 
-#: Seconds ``DevicePrefetcher.close()`` waits for its thread.
+#: Seconds ``DevicePrefetcher.close()`` (and the next ``iter()``) waits for a stopped epoch's thread.
 JOIN_TIMEOUT = 10.0
+#: Seconds leaving a loop waits for the prefetch thread before leaving it to end on its own.
+LEAVE_TIMEOUT = 1.0
 _END = object()  # the prefetch thread's end-of-epoch marker
 
 
@@ -78,16 +82,54 @@ def _pin(tensor: torch.Tensor) -> torch.Tensor:
     return tensor if tensor.device.type != "cpu" or tensor.is_pinned() else tensor.pin_memory()
 
 
+class _Run:
+    """One epoch of a :class:`DevicePrefetcher`: its hand-over buffer, its thread, its cancel scope."""
+
+    __slots__ = ("buffer", "scope", "thread")
+
+    def __init__(self, queue_size: int) -> None:
+        self.buffer: Buffer[Any] = Buffer(queue_size)
+        self.scope = CancelScope()
+        self.thread: Optional[threading.Thread] = None
+
+    @property
+    def stopped(self) -> bool:
+        return self.scope.cancelled
+
+    def stop(self) -> None:
+        """Wake the consumer and stop what the thread waits on (NOTE [ Prefetch cancellation ]); no wait."""
+        self.buffer.abort(BufferClosed("the prefetcher was closed"))
+        self.scope.cancel()
+
+    def join(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the thread; whether it has ended."""
+        thread = self.thread
+        if thread is None or thread.ident is None:
+            return True
+        if thread is not threading.current_thread():  # a collected generator may be finalised in its own thread
+            thread.join(timeout)
+        return not thread.is_alive()
+
+
 class DevicePrefetcher:
     """Iterate ``loader`` with each batch already on ``device``, copied ahead on a side stream.
 
     Drops in where the classic ``CudaDataLoader(loader, device, queue_size=2)`` was used: ``len()``,
     ``.dataset`` and ``.sampler`` pass through to the loader. Batches may be tensors or any nesting of
-    dicts, lists, tuples and namedtuples; other values (paths, names) pass unchanged. Each ``iter()``
-    is a new epoch with its own thread. Leaving the loop early, an exception, garbage collection of
-    the iterator or :meth:`close` stop the thread; an exception from the loader reaches the consumer.
+    dicts, lists, tuples and namedtuples; other values (paths, names) pass unchanged. A batch is handed
+    out once its copy has finished. Each ``iter()`` is a new epoch with its own thread; an exception
+    from the loader reaches the consumer after the batches before it.
 
-    Thread safety: one thread iterates; :meth:`close` may be called from any thread.
+    Leaving the loop early (``break``, an exception such as ``KeyboardInterrupt``, closing or
+    collecting the iterator) or :meth:`close` stops the thread and what it waits on: a
+    ``BufferedDataset`` or ``BatchSlotLoader`` epoch it reads (through a ``DataLoader`` with
+    ``num_workers=0`` too) stops its producers, which finish the item in hand, and the loop returns
+    within about a second, even mid-decode. The dataset is not closed: the next epoch runs as usual.
+    A loader that cannot be stopped (``DataLoader`` workers, a plain generator) is waited for at most
+    ``LEAVE_TIMEOUT`` seconds; its thread ends as soon as its current batch arrives, and the next
+    ``iter()`` waits for it first. See NOTE [ Prefetch cancellation ] in ``audiobuffer/_cancel.py``.
+
+    Thread safety: one thread iterates an epoch; :meth:`close` may be called from any thread.
 
     Example:
         >>> loader = torch.utils.data.DataLoader(torch.arange(10.0), batch_size=4)
@@ -107,10 +149,16 @@ class DevicePrefetcher:
         self.device = resolve_device(device)
         self.queue_size = queue_size
         self._lock = threading.Lock()
-        self._running: set[tuple[Buffer, threading.Thread]] = set()
+        self._running: set[_Run] = set()  # epochs whose thread has not ended, left ones included
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
+
+    def __repr__(self) -> str:
+        with self._lock:
+            running = len(self._running)
+        return (f"DevicePrefetcher({type(self.loader).__name__}, device={str(self.device)!r}, "
+                f"queue_size={self.queue_size}, running={running})")
 
     @property
     def dataset(self) -> Any:
@@ -123,18 +171,22 @@ class DevicePrefetcher:
         return getattr(self.loader, "sampler", None)
 
     def __iter__(self) -> Iterator[Any]:
+        # A generator: its finally runs on exhaustion, on an exception (KeyboardInterrupt included), on
+        # close() and when it is collected. NOTE [ Prefetch cancellation ] in _cancel.py.
+        self._join_left(JOIN_TIMEOUT)  # a left epoch's thread may still be in the loader: one at a time
         cuda = self.device.type == "cuda"
         side = torch.cuda.Stream(device=self.device) if cuda else None
-        buffer: Buffer[Any] = Buffer(self.queue_size)
-        thread = threading.Thread(target=self._fill, args=(buffer, side), name="audiobuffer-prefetch", daemon=True)
+        run = _Run(self.queue_size)
+        run.thread = threading.Thread(target=self._fill, args=(run, side), name="audiobuffer-prefetch", daemon=True)
+        unregister = on_cancel(run.stop)  # this loop may itself run in another prefetcher's thread
         with self._lock:
-            self._running.add((buffer, thread))
-        thread.start()
+            self._running.add(run)
         try:
+            run.thread.start()
             consumer = torch.cuda.current_stream(self.device) if cuda else None
             while True:
                 try:
-                    item = buffer.get()
+                    item = run.buffer.get()
                 except BufferClosed:
                     return
                 if item is _END:
@@ -147,33 +199,37 @@ class DevicePrefetcher:
                     batch = map_tensors(batch, lambda t: _record(t, consumer))
                 yield batch
         finally:
-            buffer.abort(BufferClosed("the prefetcher was closed"))
-            thread.join(JOIN_TIMEOUT)
-            if thread.is_alive():
-                logger.warning("the prefetch thread is still waiting for the loader %.0f s after close()", JOIN_TIMEOUT)
-            with self._lock:
-                self._running.discard((buffer, thread))
+            unregister()
+            run.stop()
+            if run.join(LEAVE_TIMEOUT):
+                with self._lock:
+                    self._running.discard(run)
+            else:
+                logger.debug("the prefetch thread ends once the loader's current batch arrives")
 
-    def _fill(self, buffer: Buffer[Any], side: Optional[torch.cuda.Stream]) -> None:
+    def _fill(self, run: _Run, side: Optional[torch.cuda.Stream]) -> None:
         """The prefetch thread: read the loader, copy each batch, hand it over; see the module docstring."""
-        device = self.device
+        device, buffer = self.device, run.buffer
+        copy = (lambda t: _pin(t).to(device, non_blocking=True)) if side is not None else (
+            lambda t: t.to(device, non_blocking=True))
         iterator = None
         try:
-            iterator = iter(self.loader)
-            for host in iterator:
-                if side is None:
-                    buffer.put((to_device(host, device), None))
-                    continue
-                with torch.cuda.stream(side):
-                    moved = map_tensors(host, lambda t: _pin(t).to(device, non_blocking=True))
-                    event = torch.cuda.Event()
-                    event.record(side)
-                # Keep the host batch until its copy is done: its memory may be a recycled slot that
-                # is handed out again as soon as nothing references it.
-                event.synchronize()
-                del host
-                buffer.put((moved, event))
-            buffer.put(_END)
+            with cancel_scope(run.scope):
+                iterator = iter(self.loader)
+                for host in iterator:
+                    if run.stopped:
+                        break  # the consumer has gone: ask the loader for nothing more
+                    with _on_stream(side):  # the CPU runs the same path with no stream
+                        moved = map_tensors(host, copy)
+                        event = _copy_done(side)
+                    if event is not None:
+                        # Keep the host batch until its copy is done: its memory may be a recycled slot
+                        # that is handed out again as soon as nothing references it.
+                        event.synchronize()
+                    del host
+                    buffer.put((moved, event))
+                else:
+                    buffer.put(_END)
         except BufferClosed:
             pass  # the consumer has gone
         except BaseException as exc:  # reaches the consumer after the batches before it
@@ -186,23 +242,49 @@ class DevicePrefetcher:
             if close is not None:
                 with contextlib.suppress(Exception):
                     close()  # a generator (BufferedDataset's epoch) stops its producers now
-            iterator = None
+            iterator = None  # a DataLoader iterator ends its dataset's epoch when it is collected
+            with self._lock:
+                self._running.discard(run)
+
+    def _join_left(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds in all for the threads of epochs already left or closed."""
+        with self._lock:
+            left = [run for run in self._running if run.stopped]
+        deadline = time.monotonic() + timeout
+        alive = [run for run in left if not run.join(max(0.0, deadline - time.monotonic()))]
+        if alive:
+            logger.warning("%d prefetch thread(s) still waiting for the loader %.0f s after the loop was left",
+                           len(alive), timeout)
 
     def close(self) -> None:
-        """Stop every running epoch's thread. Idempotent, any thread."""
+        """Stop every running epoch and wait (up to ``JOIN_TIMEOUT``) for its thread. Idempotent, any thread.
+
+        A consumer blocked waiting for a batch wakes up and its loop ends.
+        """
         with self._lock:
             running = list(self._running)
-        for buffer, _ in running:
-            buffer.abort(BufferClosed("the prefetcher was closed"))
-        for _, thread in running:
-            if thread is not threading.current_thread():
-                thread.join(JOIN_TIMEOUT)
+        for run in running:
+            run.stop()
+        self._join_left(JOIN_TIMEOUT)
 
     def __enter__(self) -> "DevicePrefetcher":
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _on_stream(stream: Optional[torch.cuda.Stream]) -> Any:
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+
+def _copy_done(stream: Optional[torch.cuda.Stream]) -> Optional[torch.cuda.Event]:
+    """An event recorded on ``stream`` after the copies just queued there (``None`` on the CPU)."""
+    if stream is None:
+        return None
+    event = torch.cuda.Event()
+    event.record(stream)
+    return event
 
 
 def _record(tensor: torch.Tensor, stream: torch.cuda.Stream) -> torch.Tensor:
@@ -258,6 +340,11 @@ class DeviceTensorLoader:
 
     def __len__(self) -> int:
         return self._n // self.batch_size if self.drop_last else -(-self._n // self.batch_size)
+
+    def __repr__(self) -> str:
+        tensors = ", ".join(f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}" for t in self.tensors)
+        return (f"DeviceTensorLoader(tensors=[{tensors}], batch_size={self.batch_size}, shuffle={self.shuffle}, "
+                f"drop_last={self.drop_last}, device={str(self.device)!r}, seed={self.seed}, epoch={self._epoch})")
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next ``iter()`` uses (it seeds the permutation)."""

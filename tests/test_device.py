@@ -1,11 +1,13 @@
 import collections
 import threading
+import time
 
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from audiobuffer import BufferedDataset, pad_collate
+from audiobuffer import BatchSlotLoader, BufferedDataset, pad_collate
+from audiobuffer._cancel import CancelScope, cancel_scope, on_cancel
 from audiobuffer.device import DevicePrefetcher, DeviceTensorLoader, map_tensors, resolve_device, to_device
 from helpers import JOIN_TIMEOUT, IndexDecoder, audiobuffer_threads, fake_paths, wait_no_threads
 
@@ -80,6 +82,152 @@ def test_early_exit_stops_the_thread_and_the_producers():
     assert ds.stats().done is False
 
 
+class SlowAfterFirstBatch:
+    """Items of the first batch decode at once, the rest take ``seconds`` each while ``slow`` is set.
+
+    Counts the slow decodes started, so a test can tell whether the next batch was collected after
+    the consumer left (each producer may finish the item in hand, no more).
+    """
+
+    def __init__(self, batch_size, seconds=0.4):
+        self.batch_size = batch_size
+        self.seconds = seconds
+        self.slow = threading.Event()
+        self.slow.set()
+        self.lock = threading.Lock()
+        self.slow_started = 0
+        self.inner = IndexDecoder()
+
+    def __call__(self, item):
+        if item.index >= self.batch_size and self.slow.is_set():
+            with self.lock:
+                self.slow_started += 1
+            time.sleep(self.seconds)  # stands for a slow decode: the prefetch thread cannot be interrupted in it
+        return self.inner(item)
+
+
+def leave(prefetcher, how):
+    """Take the first batch, then leave the loop as ``how`` says; returns the batch."""
+    if how == "break":
+        for batch in prefetcher:
+            break
+    elif how == "exception":
+        with pytest.raises(KeyboardInterrupt):
+            for batch in prefetcher:
+                raise KeyboardInterrupt  # Ctrl-C in the training step
+    elif how == "close":
+        it = iter(prefetcher)
+        batch = next(it)
+        it.close()
+    elif how == "gc":
+        it = iter(prefetcher)
+        batch = next(it)
+        del it  # the generator's finally runs when it is collected
+    else:
+        raise AssertionError(how)
+    return batch
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["break", "exception", "close", "gc"])
+def test_leaving_the_loop_stops_a_slow_loader_and_the_next_epoch_runs(how):
+    # Issue 9, item 3: a decoder taking 0.4 s per item, batches of 64. Leaving the loop after the first
+    # batch used to wait until the prefetch thread had collected the whole next batch (6.4 s with four
+    # producers, up to 10 s), with the producers decoding all the while. Now the epoch the prefetch
+    # thread reads is stopped: the producers finish the item in hand and the next batch is never built.
+    batch_size, producers = 64, 4
+    decoder = SlowAfterFirstBatch(batch_size)
+    ds = BufferedDataset(fake_paths(4 * batch_size), decoder, num_producers=producers, buffer_size=batch_size)
+    prefetcher = DevicePrefetcher(DataLoader(ds, batch_size=batch_size, collate_fn=pad_collate), "cpu")
+    first = leave(prefetcher, how)
+    assert len(first["index"]) == batch_size
+    assert not wait_no_threads(), "the prefetch thread or the producers outlived the loop"
+    assert decoder.slow_started < batch_size, "the next batch was collected after the consumer left"
+    assert ds.stats().done is False
+    # The user's dataset was stopped, not closed: the next epoch runs in full.
+    decoder.slow.clear()
+    ds.set_epoch(1)
+    indices = [i for batch in prefetcher for i in batch["index"].tolist()]
+    assert sorted(indices) == list(range(4 * batch_size))
+
+
+@pytest.mark.timeout(120)
+def test_leaving_the_loop_stops_a_slow_batch_slot_loader():
+    batch_size = 64
+    decoder = SlowAfterFirstBatch(batch_size)
+    loader = BatchSlotLoader(fake_paths(4 * batch_size), decoder, batch_size=batch_size, num_producers=4,
+                             pin_memory=False)
+    batch = leave(DevicePrefetcher(loader, "cpu"), "break")
+    assert len(batch["index"]) == batch_size
+    assert not wait_no_threads()
+    assert decoder.slow_started < batch_size
+
+
+@pytest.mark.timeout(60)
+def test_leaving_the_loop_does_not_wait_for_a_loader_that_cannot_be_stopped():
+    # A plain iterable blocked in a slow item cannot be stopped: leaving the loop stops waiting for it,
+    # the thread ends as soon as the item returns without asking for another, and the next epoch
+    # starts only once it has ended (one epoch in the loader at a time).
+    release, asked, active, most_active = threading.Event(), [], [0], [0]
+
+    class Loader:
+        def __iter__(self):
+            active[0] += 1
+            most_active[0] = max(most_active[0], active[0])
+            try:
+                yield torch.zeros(1)
+                asked.append(1)
+                release.wait(JOIN_TIMEOUT)  # stands for a decode that takes long
+                yield torch.ones(1)
+                asked.append(2)
+                yield torch.ones(1)
+            finally:
+                active[0] -= 1
+
+    prefetcher = DevicePrefetcher(Loader(), "cpu")
+    for batch in prefetcher:
+        break
+    assert batch.tolist() == [0.0]
+    assert [t.name for t in audiobuffer_threads()] == ["audiobuffer-prefetch"]  # still in the slow item
+    assert "running=1" in repr(prefetcher)
+    releaser = threading.Timer(0.2, release.set)
+    releaser.start()
+    assert [b.tolist() for b in prefetcher] == [[0.0], [1.0], [1.0]]  # waited for the left thread first
+    releaser.join(JOIN_TIMEOUT)
+    assert asked == [1, 1, 2] and most_active[0] == 1
+    assert not wait_no_threads()
+
+
+@pytest.mark.timeout(60)
+def test_leaving_nested_prefetchers_stops_the_inner_ones_loader():
+    batch_size = 64
+    decoder = SlowAfterFirstBatch(batch_size)
+    ds = BufferedDataset(fake_paths(4 * batch_size), decoder, num_producers=4, buffer_size=batch_size)
+    inner = DevicePrefetcher(DataLoader(ds, batch_size=batch_size, collate_fn=pad_collate), "cpu")
+    batch = leave(DevicePrefetcher(inner, "cpu", queue_size=1), "break")
+    assert len(batch["index"]) == batch_size
+    assert not wait_no_threads()
+    assert decoder.slow_started < batch_size
+
+
+def test_cancel_scope_runs_each_stop_once_late_ones_at_once_and_survives_a_failing_one(caplog):
+    scope, calls = CancelScope(), []
+    remove = scope.add(lambda: calls.append("removed"))
+    scope.add(lambda: calls.append("a"))
+    scope.add(lambda: 1 / 0)  # logged, not raised into the consumer's cleanup
+    remove()
+    scope.cancel()
+    scope.cancel()
+    assert calls == ["a"] and "stop callback" in caplog.text
+    scope.add(lambda: calls.append("late"))  # made after the consumer left: stopped at once
+    assert calls == ["a", "late"]
+    assert on_cancel(lambda: calls.append("no scope"))() is None and calls == ["a", "late"]
+    with cancel_scope(CancelScope()) as inner:
+        on_cancel(lambda: calls.append("inner"))
+    inner.cancel()
+    assert calls == ["a", "late", "inner"]
+
+
 def test_close_from_another_thread():
     gate = threading.Event()
 
@@ -111,6 +259,11 @@ def test_close_from_another_thread():
 def test_prefetcher_validation():
     with pytest.raises(ValueError, match="queue_size"):
         DevicePrefetcher([], "cpu", queue_size=0)
+
+
+def test_prefetcher_repr():
+    assert repr(DevicePrefetcher(loader_of(), "cpu", queue_size=3)) == (
+        "DevicePrefetcher(DataLoader, device='cpu', queue_size=3, running=0)")
 
 
 def test_prefetcher_thread_is_named_and_reads_ahead():
@@ -161,6 +314,12 @@ def test_tensor_loader_shuffles_every_row_once_reproducibly():
     assert not torch.equal(torch.cat([b[1] for b in other_seed]), epoch0)
 
 
+def test_tensor_loader_repr():
+    loader = DeviceTensorLoader(torch.zeros(10, 3), torch.arange(10), batch_size=4, device="cpu", seed=3)
+    assert repr(loader) == ("DeviceTensorLoader(tensors=[(10, 3) float32, (10,) int64], batch_size=4, shuffle=True, "
+                            "drop_last=False, device='cpu', seed=3, epoch=0)")
+
+
 def test_tensor_loader_drop_last():
     loader = DeviceTensorLoader(torch.arange(10), batch_size=4, drop_last=True, device="cpu")
     assert len(loader) == 2 and [len(b[0]) for b in loader] == [4, 4]
@@ -200,16 +359,45 @@ def test_cuda_no_use_after_reuse_under_a_slow_consumer_kernel():
 
 
 @cuda
+@pytest.mark.timeout(120)
 def test_cuda_copy_overlaps_compute():
-    loader = DataLoader(TensorDataset(torch.randn(16, 1 << 20)), batch_size=2)
-    compute_ends, copies_done = [], []
-    prefetcher = DevicePrefetcher(loader, "cuda", queue_size=2)
-    for (x,) in prefetcher:
-        torch.cuda._sleep(50_000_000)  # ~tens of ms of compute
-        end = torch.cuda.Event()
-        end.record()
-        end.synchronize()
-        compute_ends.append(len(copies_done))
-        copies_done.append(x.sum().item())
-    # while batch k was computed, batch k+1 had already been copied (it was ready without waiting)
-    assert len(copies_done) == 8
+    # Batch k+1 may start loading only once step k is queued on the GPU: the loader waits for a gate
+    # the loop opens right after it queues the step. The prefetcher hands a batch out only once its
+    # copy has finished, so a batch handed out while step k's kernel still runs was pinned and copied
+    # during that step. A copy queued on the consumer's stream waits behind the step, and one made in
+    # the loop comes after it: either makes the step finished by hand-out time, and this fails.
+    n, rows = 8, 1 << 22  # 16 MiB per batch
+    gates = [threading.Event() for _ in range(n)]
+
+    class Gated:
+        def __len__(self):
+            return n
+
+        def __iter__(self):
+            for j in range(n):
+                if not gates[j].wait(JOIN_TIMEOUT):
+                    return
+                yield torch.full((rows,), float(j))
+
+    probe = torch.cuda.Stream()  # reads a handed-out batch without waiting for the step
+    step_running_at_handout, heads = [], []
+    gates[0].set()
+    it = iter(DevicePrefetcher(Gated(), "cuda", queue_size=2))
+    x = next(it)
+    for k in range(n):
+        torch.cuda._sleep(200_000_000)  # step k: about 0.1 s of compute on the consumer's stream
+        step_end = torch.cuda.Event()
+        step_end.record()
+        if k + 1 < n:
+            gates[k + 1].set()
+            x = next(it)
+            step_running_at_handout.append(not step_end.query())
+            with torch.cuda.stream(probe):  # the copy is complete: its data can be read at once
+                heads.append(x[:1].clone())
+            probe.synchronize()
+        step_end.synchronize()
+    assert next(it, None) is None
+    assert [h.item() for h in heads] == [float(k) for k in range(1, n)]
+    # The first copy in the loop needs a new device block, and CUDA lets an allocation wait for running
+    # kernels; from then on the allocator reuses the block freed two batches before (nothing allocates).
+    assert all(step_running_at_handout[1:]), f"batches copied after the step they follow: {step_running_at_handout}"
