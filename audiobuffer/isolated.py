@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from . import _shm
+from ._cancel import on_cancel
 from ._plan import (
     STATE_EVEN_SHARDS,
     STATE_RANK,
@@ -219,6 +220,7 @@ class _Run:
         self.copy_s = 0.0  # the trainer copying slots out
         self.helper: dict[str, Any] = {}
         self.done = False
+        self.cancelled = False
         self.start = time.perf_counter()
         self.end: float | None = None
 
@@ -436,10 +438,15 @@ class IsolatedLoader:
 
     def _epoch(self, run: _Run) -> Iterator[dict[str, Any]]:
         # A generator: its finally runs on exhaustion, break, an exception and garbage collection.
+        # Under a DevicePrefetcher, leaving its loop cancels this epoch from the consumer's thread
+        # (NOTE [ Prefetch cancellation ] in _cancel.py).
+        unregister = on_cancel(lambda: self._cancel(run))
         try:
-            while True:
+            while not run.cancelled:
                 message = self._next(run)
                 kind = message[0]
+                if kind == "cancel":
+                    return
                 if kind == "batch":
                     batch = self._unpack(run, message)
                     yield batch
@@ -457,9 +464,20 @@ class IsolatedLoader:
                 elif kind == "error":
                     raise HelperError(f"the helper process failed: {message[2]}") from _RemoteTraceback(message[3])
         finally:
+            unregister()
             run.end = time.perf_counter()
             if not run.done:
                 self._stop(run.gen)
+
+    def _cancel(self, run: _Run) -> None:
+        """Wake the consumer of ``run`` and end its epoch early; returns at once, any thread."""
+        run.cancelled = True
+        inbox = self._inbox
+        if inbox is not None:
+            try:
+                inbox.put(("cancel", run.gen), timeout=0)
+            except (TimeoutError, BufferClosed):
+                pass  # a full inbox: the consumer is not waiting, and sees the flag next
 
     def _next(self, run: _Run) -> Any:
         """The next message of ``run``'s epoch (stale ones of an abandoned epoch are dropped)."""

@@ -19,17 +19,22 @@ class IndexDecoder:
     Args:
         fail: indices whose decode raises ``ValueError``.
         delay: seconds every decode takes.
+        slow_from: items from this index on take ``slow`` seconds instead (a decode stuck on a file).
         length: frames of the ``audio`` array (``index % 7 + 1`` when ``None``: unequal lengths).
     """
 
-    def __init__(self, fail: tuple[int, ...] = (), delay: float = 0.0, length: int | None = None) -> None:
+    def __init__(self, fail: tuple[int, ...] = (), delay: float = 0.0, length: int | None = None,
+                 slow_from: int | None = None, slow: float = 0.0) -> None:
         self.fail = frozenset(fail)
         self.delay = delay
+        self.slow_from = slow_from
+        self.slow = slow
         self.length = length
 
     def __call__(self, item: Any) -> dict[str, Any]:
-        if self.delay:
-            time.sleep(self.delay)  # stands for the decode time of a slow file
+        delay = self.slow if self.slow_from is not None and item.index >= self.slow_from else self.delay
+        if delay:
+            time.sleep(delay)  # stands for the decode time of a slow file
         if item.index in self.fail:
             raise ValueError(f"injected failure on item {item.index}")
         n = self.length if self.length is not None else item.index % 7 + 1

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -383,3 +384,17 @@ def test_pinned_batches_copy_to_the_gpu():
             assert batch["audio"].is_cuda
             for row, index in zip(batch["audio"].cpu(), batch["index"].cpu()):
                 assert torch.all(row == index)
+
+
+def test_leaving_a_prefetcher_loop_stops_the_epoch_at_once():
+    # The second batch needs item 32, whose decode takes 60 s: the prefetch thread waits for it. Leaving
+    # the loop must end that wait at once, not when the batch arrives, with the loader still open.
+    with IsolatedLoader(fake_paths(64), IndexDecoder(slow_from=32, slow=60.0), batch_size=32, num_producers=1,
+                        ordered=True) as loader:
+        for batch in DevicePrefetcher(loader, "cpu"):
+            assert batch["index"].tolist() == list(range(32))
+            break
+        prefetch = [t for t in threading.enumerate() if t.name == "audiobuffer-prefetch"]
+        for thread in prefetch:
+            thread.join(JOIN_TIMEOUT)
+        assert not any(t.is_alive() for t in prefetch), "the prefetch thread still waits for the slow batch"
