@@ -7,6 +7,7 @@ import soundfile as sf
 import torch
 
 from audiobuffer import AudioDecoder, BufferedDataset, DecodeError, WorkItem
+from audiobuffer.decoders import audio as audio_module
 from helpers import write_tone
 
 
@@ -70,6 +71,7 @@ def test_crop_start_center_and_random(tmp_path):
 
 
 def test_crop_reads_only_the_needed_frames(tmp_path, monkeypatch):
+    monkeypatch.setattr(audio_module, "_NATIVE_WAV", False)  # the libsndfile path (test_wav.py: native)
     path = ramp_file(tmp_path, frames=80000)
     requested = []
     real_read = sf.SoundFile.read
@@ -146,6 +148,7 @@ def test_truncated_flac_is_an_error_not_a_short_sample(tmp_path):
 
 
 def test_short_read_is_reported(tmp_path, monkeypatch):
+    monkeypatch.setattr(audio_module, "_NATIVE_WAV", False)  # a short read from libsndfile
     path = write_tone(tmp_path / "t.wav", seconds=0.5, sample_rate=8000)
     real_read = sf.SoundFile.read
     monkeypatch.setattr(sf.SoundFile, "read", lambda self, frames=-1, **kw: real_read(self, frames, **kw)[:100])

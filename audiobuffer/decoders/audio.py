@@ -18,6 +18,7 @@ import soundfile as sf
 import soxr
 
 from ..errors import DecodeError
+from . import _wav
 from ._common import ItemLike, as_item, as_tensor, sample_fields
 
 __all__ = ["AudioDecoder", "CropMode"]
@@ -34,6 +35,8 @@ _BLOCK_FRAMES = 65536
 # and padding), so a read that ends a little early is normal there and not a truncated file.
 _ESTIMATED_LENGTH_FORMATS = frozenset({"MP3"})
 _CROP_MODES = ("random", "start", "center")
+# Read ``.wav`` files with the native PCM reader first (``_wav.py``); False sends every file to libsndfile.
+_NATIVE_WAV = True
 _QUALITIES = ("QQ", "LQ", "MQ", "HQ", "VHQ")
 
 
@@ -50,7 +53,8 @@ def _librosa_reader(path: str) -> tuple[np.ndarray, int]:
 class AudioDecoder:
     """Decode an audio file into a float32 waveform tensor.
 
-    Reads with libsndfile through python-soundfile, mixes down to mono (or keeps the channels),
+    Reads uncompressed WAV with a native reader that gives libsndfile's samples bit for bit, and
+    everything else with libsndfile through python-soundfile; mixes down to mono (or keeps the channels),
     resamples with soxr, and crops and pads to a fixed length. A crop reads only the frames it needs
     from disk. Files libsndfile cannot open go to a fallback reader (librosa by default, when
     installed); when both fail, a :class:`~audiobuffer.DecodeError` names the file and both causes.
@@ -149,6 +153,10 @@ class AudioDecoder:
         return int(rng.integers(0, slack + 1)), need
 
     def _read_soundfile(self, path: str, rng: np.random.Generator | None) -> tuple[np.ndarray, int]:
+        if _NATIVE_WAV and _wav.is_wav_path(path):  # None: not a WAV it reads exactly, so libsndfile
+            read = _wav.read_wav(path, window=lambda frames, sr: self._window(frames, sr, rng))
+            if read is not None:
+                return read
         with sf.SoundFile(path) as f:
             sr = f.samplerate
             frames = f.frames
