@@ -1,0 +1,95 @@
+"""Argument checks with one message shape, used by every constructor and by the YAML config.
+
+As python-soundfile's ``_check_mode``/``_check_format``: one small function per kind of value. A wrong
+type raises ``TypeError``, a wrong value ``ValueError``; the message names the option, the value (cut
+short, so a huge value never makes a huge message) and what is allowed::
+
+    num_producers must be an integer >= 1 or 'auto', got 'eight'
+
+Choices come from the ``Literal`` type that annotates the option (``typing.get_args``), so the type,
+the check and the message cannot disagree.
+"""
+
+from __future__ import annotations
+
+import math
+import reprlib
+from typing import Any, Literal, get_args
+
+__all__ = ["MAX_SECONDS", "MAX_SEED", "check_choice", "check_int", "check_seconds", "choices", "short_repr"]
+
+#: The longest wait or duration accepted, in seconds (a day): ``threading`` waits overflow past
+#: ``threading.TIMEOUT_MAX``, and no sensible timeout or crop is longer.
+MAX_SECONDS = 86400.0
+#: The largest seed: numpy's ``default_rng`` and ``SeedSequence`` take non-negative integers, and
+#: ``seed + epoch`` must stay one.
+MAX_SEED = 2**63 - 1
+
+_repr = reprlib.Repr()
+_repr.maxstring = 60
+_repr.maxother = 60
+_repr.maxlist = _repr.maxtuple = _repr.maxdict = _repr.maxset = 4
+_repr.maxlevel = 2
+
+
+def short_repr(value: Any) -> str:
+    """``repr(value)`` cut to a short prefix, without ever building the whole of a huge one."""
+    return _repr.repr(value)
+
+
+def choices(literal: Any) -> tuple[Any, ...]:
+    """The values a ``Literal[...]`` type allows (``Optional[Literal[...]]`` included)."""
+    found: list[Any] = []
+    for arg in get_args(literal):
+        if arg is type(None):
+            found.append(None)
+        elif get_args(arg) and getattr(arg, "__origin__", None) is Literal:
+            found.extend(get_args(arg))
+        else:
+            found.append(arg)
+    return tuple(found)
+
+
+def check_choice(name: str, value: Any, literal: Any) -> Any:
+    """``value`` if it is one of ``literal``'s values, else ``ValueError`` listing them."""
+    allowed = choices(literal)
+    if not any(value is a or (type(value) is type(a) and value == a) for a in allowed):
+        listed = ", ".join(repr(a) for a in allowed)
+        raise ValueError(f"{name} must be one of {listed}, got {short_repr(value)}")
+    return value
+
+
+def check_int(name: str, value: Any, minimum: int | None = None, maximum: int | None = None, *,
+              also: str = "") -> int:
+    """``value`` if it is an ``int`` (not a ``bool``) in [``minimum``, ``maximum``].
+
+    Args:
+        also: what else the option takes, for the message (``"or 'auto'"``, ``"or None"``).
+    """
+    bounds = _bounds(minimum, maximum)
+    wanted = f"{name} must be an integer{bounds}{' ' + also if also else ''}"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{wanted}, got {short_repr(value)}")
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        raise ValueError(f"{wanted}, got {short_repr(value)}")
+    return value
+
+
+def check_seconds(name: str, value: Any, *, maximum: float = MAX_SECONDS, also: str = "") -> float:
+    """``value`` if it is a finite number of seconds in (0, ``maximum``]."""
+    wanted = f"{name} must be a number of seconds > 0 and <= {maximum:g}{' ' + also if also else ''}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{wanted}, got {short_repr(value)}")
+    if not math.isfinite(value) or not 0 < value <= maximum:
+        raise ValueError(f"{wanted}, got {short_repr(value)}")
+    return float(value)
+
+
+def _bounds(minimum: int | None, maximum: int | None) -> str:
+    if minimum is not None and maximum is not None:
+        return f" in [{minimum}, {maximum}]"
+    if minimum is not None:
+        return f" >= {minimum}"
+    if maximum is not None:
+        return f" <= {maximum}"
+    return ""

@@ -1,0 +1,55 @@
+"""The validation vocabulary: one message shape, TypeError for types, ValueError for values."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal, Optional
+
+import pytest
+
+from audiobuffer._checks import MAX_SECONDS, check_choice, check_int, check_seconds, choices, short_repr
+
+Mode = Literal["a", "b"]
+
+
+def test_choices_come_from_the_literal():
+    assert choices(Mode) == ("a", "b")
+    assert choices(Optional[Literal["pad", "drop"]]) == ("pad", "drop", None)
+    assert check_choice("mode", "a", Mode) == "a"
+    with pytest.raises(ValueError, match=r"^mode must be one of 'a', 'b', got 'c'$"):
+        check_choice("mode", "c", Mode)
+    with pytest.raises(ValueError, match="got True"):
+        check_choice("flag", True, Literal[1, 2])  # True == 1, but it is not the choice 1
+
+
+def test_check_int():
+    assert check_int("n", 3, 1) == 3
+    with pytest.raises(TypeError, match=r"^n must be an integer >= 1 or 'auto', got 'eight'$"):
+        check_int("n", "eight", 1, also="or 'auto'")
+    with pytest.raises(TypeError, match="got True"):
+        check_int("n", True, 0)
+    with pytest.raises(ValueError, match=r"^seed must be an integer in \[0, 5\], got -1$"):
+        check_int("seed", -1, 0, 5)
+
+
+@pytest.mark.parametrize("value", [0, -1.0, math.inf, math.nan, MAX_SECONDS * 2])
+def test_check_seconds_refuses(value):
+    with pytest.raises(ValueError, match="timeout must be a number of seconds > 0"):
+        check_seconds("timeout", value)
+
+
+def test_check_seconds_types():
+    assert check_seconds("t", 2) == 2.0
+    with pytest.raises(TypeError):
+        check_seconds("t", "2")
+
+
+def test_a_huge_value_makes_a_short_message():
+    bomb: list = [0]
+    for _ in range(30):
+        bomb = [bomb] * 9  # 9**30 leaves, shared: repr() of it would never end
+    text = short_repr(bomb)
+    assert len(text) < 200
+    with pytest.raises(TypeError) as info:
+        check_int("batch_size", bomb, 1)
+    assert len(str(info.value)) < 250
