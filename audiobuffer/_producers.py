@@ -20,7 +20,9 @@ Early end. The consumer leaving its loop, raising, being garbage-collected, or s
 feed lock and wakes producers waiting for their turn (ordered mode), aborts the buffer (dropping its
 items and waking producers blocked in ``put`` with ``BufferClosed``), then joins every thread against
 one deadline of ``JOIN_TIMEOUT`` seconds. A producer checks the flag before taking each item, so it
-finishes at most the item in hand. Threads are daemons: a decoder stuck in a system call cannot keep
+finishes at most the item in hand. A decoder that itself waits for the consumer (the batch slots'
+writer waits for a free slot) is woken by the pool's ``on_close`` callback, called once after the
+abort and before the join; without it such a producer would sit out the whole join. Threads are daemons: a decoder stuck in a system call cannot keep
 the interpreter alive, and ``close()`` logs a warning naming any thread that outlived the join.
 ``close()`` is idempotent and safe to call from any thread but a producer's own.
 
@@ -105,12 +107,15 @@ class ProducerPool:
         chunk_items: the most finished items a producer hands over at once; ``None``: up to
             ``CHUNK_ITEMS``, no more than its share of the buffer. Ordered pools use 1.
         name: the threads' name prefix (``{name}-{i}``).
+        on_close: called once by :meth:`close`, after the buffer is aborted and before the join, to
+            wake producers that wait inside ``decode`` for the consumer (see the NOTE, Early end).
     """
 
     def __init__(self, make_item: Callable[[int], WorkItem], count: int,
                  decode: Callable[[WorkItem], Any], buffer: Buffer, *, num_producers: int,
                  ordered: bool = False, warn_after: float | None = None, timeout: float | None = None,
-                 chunk_items: int | None = None, name: str = "audiobuffer-producer") -> None:
+                 chunk_items: int | None = None, name: str = "audiobuffer-producer",
+                 on_close: Callable[[], None] | None = None) -> None:
         self._make_item = make_item
         self._count = count
         self._decode = decode
@@ -123,6 +128,7 @@ class ProducerPool:
         self._chunk = 1 if ordered else chunk_items
         self._warn_after = warn_after
         self._timeout = timeout
+        self._on_close = on_close
         self._last_warning = -float("inf")
         self._current: list[tuple[str, float] | None] = [None] * num_producers  # (path, since) per producer
         # Feed state, guarded by _feed_lock.
@@ -160,6 +166,8 @@ class ProducerPool:
             self._closed = True
             if not self._buffer.closed or len(self._buffer):
                 self._buffer.abort(BufferClosed("the producer pool was closed"))
+            if self._on_close is not None:
+                self._on_close()
         deadline = time.monotonic() + timeout
         current = threading.current_thread()
         for thread in self._threads:
