@@ -140,7 +140,7 @@ def _convert(sample: Dict[str, Any], fields: List[_Field], item: WorkItem) -> Li
         dtype: np.dtype = f.np_dtype  # type: ignore[assignment]
         try:
             array = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RuntimeError) as exc:  # ragged lists, dtypes numpy has not
             array = None
             cause: Optional[BaseException] = exc
         else:
