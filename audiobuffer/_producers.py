@@ -22,8 +22,9 @@ items and waking producers blocked in ``put`` with ``BufferClosed``), then joins
 one deadline of ``JOIN_TIMEOUT`` seconds. A producer checks the flag before taking each item, so it
 finishes at most the item in hand. A decoder that itself waits for the consumer (the batch slots'
 writer waits for a free slot) is woken by the pool's ``on_close`` callback, called once after the
-abort and before the join; without it such a producer would sit out the whole join. Threads are daemons: a decoder stuck in a system call cannot keep
-the interpreter alive, and ``close()`` logs a warning naming any thread that outlived the join.
+abort and before the join; without it such a producer would sit out the whole join. Threads are
+daemons: a decoder stuck in a system call cannot keep the interpreter alive, and ``close()`` logs a
+warning naming any thread that outlived the join.
 ``close()`` is idempotent and safe to call from any thread but a producer's own.
 
 Chunks. In an unordered pool a producer keeps its finished items and puts them in one ``put_many``
