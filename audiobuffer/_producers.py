@@ -20,12 +20,15 @@ Early end. The consumer leaving its loop, raising, being garbage-collected, or s
 feed lock and wakes producers waiting for their turn (ordered mode), aborts the buffer (dropping its
 items and waking producers blocked in ``put`` with ``BufferClosed``), then joins every thread against
 one deadline of ``JOIN_TIMEOUT`` seconds. A producer checks the flag before taking each item, so it
-finishes at most the item in hand. Threads are daemons: a decoder stuck in a system call cannot keep
-the interpreter alive, and ``close()`` logs a warning naming any thread that outlived the join.
-``close()`` is idempotent and safe to call from any thread but a producer's own. :meth:`ProducerPool.stop`
-is the first half alone (flag, wake, abort; no join): a pool registers it with the cancel scope of
-the thread that builds it, so a ``DevicePrefetcher`` whose loop is left stops the pool its thread
-waits on, from the consumer's thread (NOTE [ Prefetch cancellation ] in ``audiobuffer/_cancel.py``).
+finishes at most the item in hand. A decoder that itself waits for the consumer (the batch slots'
+writer waits for a free slot) is woken by the pool's ``on_close`` callback, called once after the
+abort and before the join; without it such a producer would sit out the whole join. Threads are
+daemons: a decoder stuck in a system call cannot keep the interpreter alive, and ``close()`` logs a
+warning naming any thread that outlived the join. ``close()`` is idempotent and safe to call from any
+thread but a producer's own. :meth:`ProducerPool.stop` is the first half alone (flag, wake, abort,
+``on_close``; no join): a pool registers it with the cancel scope of the thread that builds it, so a
+``DevicePrefetcher`` whose loop is left stops the pool its thread waits on, from the consumer's thread
+(NOTE [ Prefetch cancellation ] in ``audiobuffer/_cancel.py``).
 
 Chunks. In an unordered pool a producer keeps its finished items and puts them in one ``put_many``
 when it has ``CHUNK_ITEMS`` of them, when the oldest has waited ``CHUNK_SECONDS``, or when the feed
@@ -109,12 +112,15 @@ class ProducerPool:
         chunk_items: the most finished items a producer hands over at once; ``None``: up to
             ``CHUNK_ITEMS``, no more than its share of the buffer. Ordered pools use 1.
         name: the threads' name prefix (``{name}-{i}``).
+        on_close: called once by :meth:`close`, after the buffer is aborted and before the join, to
+            wake producers that wait inside ``decode`` for the consumer (see the NOTE, Early end).
     """
 
     def __init__(self, make_item: Callable[[int], WorkItem], count: int,
                  decode: Callable[[WorkItem], Any], buffer: Buffer, *, num_producers: int,
                  ordered: bool = False, warn_after: float | None = None, timeout: float | None = None,
-                 chunk_items: int | None = None, name: str = "audiobuffer-producer") -> None:
+                 chunk_items: int | None = None, name: str = "audiobuffer-producer",
+                 on_close: Callable[[], None] | None = None) -> None:
         self._make_item = make_item
         self._count = count
         self._decode = decode
@@ -127,6 +133,7 @@ class ProducerPool:
         self._chunk = 1 if ordered else chunk_items
         self._warn_after = warn_after
         self._timeout = timeout
+        self._on_close = on_close
         self._last_warning = -float("inf")
         self._current: list[tuple[str, float] | None] = [None] * num_producers  # (path, since) per producer
         # Feed state, guarded by _feed_lock.
@@ -168,8 +175,11 @@ class ProducerPool:
             self._stopping = True
             self._turn.notify_all()
             first, self._closed = not self._closed, True
-        if first and (not self._buffer.closed or len(self._buffer)):
-            self._buffer.abort(BufferClosed("the producer pool was closed"))
+        if first:
+            if not self._buffer.closed or len(self._buffer):
+                self._buffer.abort(BufferClosed("the producer pool was closed"))
+            if self._on_close is not None:
+                self._on_close()
 
     def close(self, timeout: float = JOIN_TIMEOUT) -> None:
         """Stop and join the producers; see NOTE [ Producer shutdown protocol ]. Idempotent."""

@@ -1,4 +1,5 @@
-"""The ``audiobuffer`` command line: ``run`` a YAML pipeline, the ``demo``, ``bench`` and ``stress``.
+"""The ``audiobuffer`` command line: ``run`` a YAML pipeline, ``config`` (the reference config, or a
+config checked and filled in), the ``demo``, ``bench`` and ``stress``.
 
 Exit status: 0 on success, 1 when the pipeline fails (a file under ``on_error: raise``), 2 for a bad
 command line or config. Errors go to stderr as one message, without a traceback (``-v`` adds the
@@ -11,6 +12,7 @@ import argparse
 import json
 import logging
 import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -38,11 +40,27 @@ def _parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="drain a YAML-configured pipeline and report where the time went",
                          description="Build the pipeline CONFIG describes, drain it for its epochs, and print a "
-                                     "summary: throughput, waits on both sides of the buffer, a verdict.")
-    run.add_argument("config", metavar="CONFIG.yaml", help="pipeline config (see configs/)")
-    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                     help="override a config key, e.g. --set buffer.producers=8 (repeatable; VALUE is YAML)")
+                                     "summary: throughput, waits on both sides of the buffer, a verdict. "
+                                     "Every config key with its default: 'audiobuffer config --reference' "
+                                     "(save it with '> my.yaml' and edit it).")
+    run.add_argument("config", metavar="CONFIG.yaml",
+                     help="pipeline config; start from 'audiobuffer config --reference > CONFIG.yaml'")
+    overrides_help = ("override a config key, e.g. --set buffer.producers=8 (repeatable; VALUE is YAML; "
+                      "a relative path resolves against the current directory)")
+    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=overrides_help)
     common(run)
+
+    config = sub.add_parser("config", help="print the reference config, or check a config and print it filled in",
+                            description="With --reference: print the reference config (every key with its default "
+                                        "and a comment), to save and edit: 'audiobuffer config --reference > "
+                                        "my.yaml'. With CONFIG.yaml: check it (and the --set overrides) as 'run' "
+                                        "would and print it with the defaults filled in and the paths resolved.")
+    config.add_argument("config", metavar="CONFIG.yaml", nargs="?", help="the config to check")
+    config.add_argument("--reference", action="store_true", help="print the reference config")
+    config.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help=overrides_help)
+    config.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-v info, -vv debug)")
+    config.add_argument("-q", "--quiet", action="store_true", help="only errors")
 
     demo = sub.add_parser("demo", help="train a tiny classifier on a corpus the package makes (no data needed)",
                           description="Make a small labelled corpus of synthetic spoken-digit-like sounds in a "
@@ -91,10 +109,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     try:
         device = resolve_device(config.device)
     except ValueError as exc:
-        raise ConfigError(f"device: {exc}") from None
+        raise ConfigError(f"{config.origin}: device: {exc}") from None
     dataset = build_dataset(config)
     loader = build_loader(config, dataset)
-    summary = RunSummary()
+    summary = RunSummary(kind=config.decode.kind)
     own_work = Timer()
     out = sys.stderr if args.json == "-" else sys.stdout
     print(f"{args.config}: {len(dataset.source)} files, {config.buffer.producers} producers, "
@@ -116,6 +134,24 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not args.quiet:
         print("\n".join(summary.lines()), file=out)
     _write_json(args.json, {"config": str(args.config), "device": str(device), **summary.as_dict()})
+    return 0
+
+
+def _cmd_config(args: argparse.Namespace) -> int:
+    import yaml
+
+    from .config import load_config, reference_config
+
+    if args.reference == (args.config is not None):
+        raise ConfigError("config: give either --reference or CONFIG.yaml")
+    if args.reference:
+        if args.overrides:
+            raise ConfigError("config: --set applies to CONFIG.yaml, not to --reference")
+        sys.stdout.write(reference_config())
+        return 0
+    config = load_config(args.config, args.overrides)
+    sys.stdout.write(f"# {args.config}: valid; defaults filled in, paths resolved\n")
+    sys.stdout.write(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
     return 0
 
 
@@ -149,6 +185,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _one_line(message: str, limit: int = 4000) -> str:
+    """An error message as one line of at most ``limit`` characters."""
+    message = re.sub(r"\s*[\r\n]+\s*", " ", message)
+    return message if len(message) <= limit else message[:limit - 3] + "..."
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the command line; return the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -161,11 +203,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     _setup_logging(args)
-    command = {"run": _cmd_run, "demo": _cmd_demo}[args.command]
+    command = {"run": _cmd_run, "config": _cmd_config, "demo": _cmd_demo}[args.command]
     try:
         return command(args)
     except ConfigError as exc:
-        print(f"audiobuffer: error: {exc}", file=sys.stderr)
+        print(f"audiobuffer: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     except AudioBufferError as exc:
         cause = f" (caused by {type(exc.__cause__).__name__}: {exc.__cause__})" if exc.__cause__ else ""

@@ -252,6 +252,7 @@ class BufferedDataset(IterableDataset):
         self._epoch = 0
         self._resume: Optional[tuple[int, bytearray]] = None  # (epoch, consumed) from load_state_dict
         self._chunk_items: Optional[int] = None  # producers' hand-over chunks; None: the pool decides
+        self._on_pool_close: Optional[Callable[[], None]] = None  # wakes a decoder waiting for the consumer
         self._init_runtime()
 
     def _init_runtime(self) -> None:
@@ -369,7 +370,7 @@ class BufferedDataset(IterableDataset):
         pool = ProducerPool(make_item, len(indices), decode, buffer,
                             num_producers=min(self.num_producers, max(1, len(indices))),
                             ordered=self.ordered, warn_after=self.warn_after, timeout=self.timeout,
-                            chunk_items=self._chunk_items)
+                            chunk_items=self._chunk_items, on_close=self._on_pool_close)
         epoch = _Epoch(number, rank, world_size, worker, num_workers, pool, buffer, consumed, positions)
         with self._lock:
             if self._closed:

@@ -37,11 +37,14 @@ class RunSummary:
     """Totals of a run over its epochs, and what they say.
 
     Attributes:
+        kind: ``"audio"`` or ``"image"``: what the samples are; it picks the throughput unit (seconds of
+            audio per second, or images per second) and the advice on making decoding cheaper.
         consumer_wait_s: seconds the consumer waited for samples (the buffer was empty).
         producer_wait_s: seconds the producers waited for room, summed over producers (it was full).
         step_s: seconds the loop spent on its own work (the train step, device copies).
     """
 
+    kind: str = "audio"
     epochs: int = 0
     samples: int = 0
     batches: int = 0
@@ -72,13 +75,13 @@ class RunSummary:
             self.producer_wait_s += stats.buffer.put_wait_s
 
     def add_batch(self, batch: Any) -> None:
-        """Count a batch's samples and seconds of audio (from ``lengths`` and ``sample_rate``)."""
+        """Count a batch's samples and, for audio, its seconds (from ``lengths`` and ``sample_rate``)."""
         self.batches += 1
         if isinstance(batch, dict):
             paths = batch.get("path")
             self.samples += len(paths) if isinstance(paths, list) else 0
             lengths, rates = batch.get("lengths"), batch.get("sample_rate")
-            if lengths is not None and rates is not None:
+            if self.kind == "audio" and lengths is not None and rates is not None:
                 self.audio_s += float((lengths.double().cpu() / rates.double().cpu()).sum())
 
     @property
@@ -95,33 +98,42 @@ class RunSummary:
         waited = self.consumer_wait_s / wall
         full = self.producer_wait_s / (wall * max(1, self.producers))
         cores = _cores()
+        if self.kind == "image":
+            cheaper = cheapest = "smaller images, a cheaper resample filter"
+        else:
+            cheaper = "shorter crops, a lower sample rate"
+            cheapest = f"{cheaper}, fewer channels"
         if waited >= INPUT_BOUND_SHARE:
             self.verdict = "input-bound"
             if self.producers < cores:
                 self.advice = (f"the loop waited for data {waited:.0%} of the time: raise {producers_key} "
-                               f"(now {self.producers}, {cores} cores here) or make decoding cheaper "
-                               f"(shorter crops, a lower sample rate)")
+                               f"(now {self.producers}, {cores} cores here) or make decoding cheaper ({cheaper})")
             else:
                 self.advice = (f"the loop waited for data {waited:.0%} of the time and the {self.producers} "
                                f"producers already cover the {cores} cores: make decoding cheaper "
-                               f"(shorter crops, a lower sample rate, fewer channels)")
+                               f"({cheapest})")
         else:
             self.verdict = "compute-bound"
             self.advice = (f"loading keeps up: the loop waited for data {waited:.0%} of the time and the "
                            f"producers waited for room {full:.0%} of theirs; the loop's own work sets the pace")
 
     def as_dict(self) -> dict:
-        """The summary as plain builtins, rates included."""
+        """The summary as plain builtins, rates included (the audio ones only for ``kind="audio"``)."""
         data = asdict(self)
         data["samples_per_s"] = self.samples_per_s
-        data["audio_s_per_s"] = self.audio_s_per_s
+        if self.kind == "audio":
+            data["audio_s_per_s"] = self.audio_s_per_s
+        else:
+            del data["audio_s"]
         return data
 
     def lines(self) -> list[str]:
         """The summary for people."""
+        throughput = (f"{self.samples_per_s:.1f} images/s" if self.kind == "image"
+                      else f"{self.samples_per_s:.1f} samples/s, {self.audio_s_per_s:.1f} s of audio/s")
         out = [
             f"samples       {self.samples} in {self.epochs} epoch(s), {self.batches} batches, {self.wall_s:.2f} s",
-            f"throughput    {self.samples_per_s:.1f} samples/s, {self.audio_s_per_s:.1f} s of audio/s",
+            f"throughput    {throughput}",
             f"time split    loop waited for data {self.consumer_wait_s:.2f} s | producers waited for room "
             f"{self.producer_wait_s:.2f} s ({self.producers} producers) | decoding {self.decode_s:.2f} s "
             f"(summed over producers) | loop's own work {self.step_s:.2f} s",

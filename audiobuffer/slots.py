@@ -22,10 +22,34 @@ caller who holds every batch (``list(loader)``) thus costs allocations, never a 
 Producers wait for a slot only while others are being written or wait in the buffer for the
 consumer, whose next hand-out wakes them. ``torch._C._storage_Use_Count`` is a private torch API: if a
 torch release drops it, every handed-out slot counts as referenced, which is always safe.
+
+NOTE [ Slot rows ]
+==================
+A producer converts its sample to the slot's columns before it claims a row: each value must have
+its column's shape and a dtype of a kind the column takes (an integer column takes integers, not a
+float, a bool or ``None``; a float column takes integers and floats, not bools), and is cast to the
+column's dtype, out-of-range integers refused. A sample that does not fit is that item's failure,
+with no row claimed, so its batch mates are kept and no row is left unwritten (a hole that would be
+handed out holding a previous batch's data). Once claimed, a row is filled by a same-dtype,
+same-shape numpy copy and list stores, which cannot fail; if one does anyway, the producer ends the
+epoch with an error naming the file rather than leave a hole.
+
+NOTE [ Slots across epochs ]
+============================
+A slot is free, handed out (its batch may still be held), or busy: being filled, full on its way to
+the buffer, or waiting in it. However an epoch ends (run out, loop left, an exception, ``close()``),
+the producer pool's close aborts the buffer (dropping the full slots in it), calls its ``on_close``
+callback, :meth:`_SlotWriter.stop`, which wakes producers waiting for a slot, and joins them
+(NOTE [ Producer shutdown protocol ] in ``_producers.py``). The loader then returns every busy slot
+to the free list, so the next epoch starts with all of them. Each epoch has a generation number: a
+producer that outlived the join (a decoder stuck past ``JOIN_TIMEOUT``) carries the old one and gets
+no row in a later epoch, and a slot with a row still being written at the end is forgotten, not reused.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import threading
 from collections import deque
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
@@ -52,12 +76,19 @@ def _storage_refs(tensor: torch.Tensor) -> int:
 class _Field:
     """How one sample key is stored in a slot: a tensor row, or a list entry."""
 
-    __slots__ = ("key", "shape", "dtype")
+    __slots__ = ("key", "shape", "dtype", "np_dtype")
 
     def __init__(self, key: str, shape: Optional[Tuple[int, ...]], dtype: Optional[torch.dtype]) -> None:
         self.key = key
         self.shape = shape  # None: kept in a list
         self.dtype = dtype
+        self.np_dtype: Optional[np.dtype] = None
+        if dtype is not None:
+            try:
+                self.np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
+            except TypeError as exc:  # bfloat16 and other dtypes numpy has not
+                raise SampleError(f"{key!r} has dtype {dtype}, which a batch slot cannot hold (numpy has no such "
+                                  f"dtype): convert it in the decoder or a transform") from exc
 
 
 def _layout(sample: Dict[str, Any]) -> List[_Field]:
@@ -67,7 +98,7 @@ def _layout(sample: Dict[str, Any]) -> List[_Field]:
             fields.append(_Field(key, tuple(value.shape), value.dtype))
         elif isinstance(value, np.ndarray) and value.dtype != object:
             fields.append(_Field(key, value.shape, torch.from_numpy(value[:0].copy()).dtype))
-        elif isinstance(value, bool):
+        elif isinstance(value, (bool, np.bool_)):
             fields.append(_Field(key, (), torch.bool))
         elif isinstance(value, (int, np.integer)):
             fields.append(_Field(key, (), torch.int64))
@@ -76,6 +107,71 @@ def _layout(sample: Dict[str, Any]) -> List[_Field]:
         else:
             fields.append(_Field(key, None, None))
     return fields
+
+
+#: The numpy kinds a column of each kind takes: no float or bool into an integer column, no bool into
+#: a number column, no number into a bool column (numpy's own casting rules allow bool -> int).
+_FITS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf", "c": "iufc"}
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        return f"a {type(value).__name__} of dtype {value.dtype}"
+    text = repr(value)
+    return f"{text[:40] + '...' if len(text) > 40 else text} ({type(value).__name__})"
+
+
+def _convert(sample: Dict[str, Any], fields: List[_Field], item: WorkItem) -> List[Any]:
+    """The sample's values, each converted to its column's dtype and checked against its shape.
+
+    Raises :class:`SampleError` naming the key, the value and the file for a sample that does not
+    fit the slot: NOTE [ Slot rows ].
+    """
+    if len(sample) != len(fields) or any(f.key not in sample for f in fields):
+        raise SampleError(f"sample keys {sorted(sample)} in {item.path!r} differ from the batch slot's "
+                          f"{sorted(f.key for f in fields)} (set by the first sample): every sample needs the same keys",
+                          path=item.path, index=item.index)
+    values = []
+    for f in fields:
+        value = sample[f.key]
+        if f.shape is None:
+            values.append(value)
+            continue
+        dtype: np.dtype = f.np_dtype  # type: ignore[assignment]
+        try:
+            array = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+        except (TypeError, ValueError, RuntimeError) as exc:  # ragged lists, dtypes numpy has not
+            array = None
+            cause: Optional[BaseException] = exc
+        else:
+            cause = None
+        if array is None or array.dtype.kind not in _FITS.get(dtype.kind, dtype.kind):
+            raise SampleError(
+                f"{f.key!r} is {_describe(value)} in {item.path!r}, but the batch slot's {f.key!r} column is "
+                f"{dtype} (set by the first sample): give every sample the same type of {f.key!r}, converting "
+                f"it in a transform if need be", path=item.path, index=item.index) from cause
+        if array.shape != f.shape:
+            raise SampleError(
+                f"{f.key!r} has shape {array.shape}, the batch slot {f.shape}, in {item.path!r}: BatchSlotLoader "
+                f"needs fixed-shape samples (crop_seconds with pad=True for audio, a size for images)",
+                path=item.path, index=item.index)
+        if array.dtype != dtype:
+            converted = array.astype(dtype)
+            if dtype.kind in "iu" and not np.array_equal(converted, array):
+                raise SampleError(f"{f.key!r} holds values out of the range of the batch slot's {dtype} column in "
+                                  f"{item.path!r}", path=item.path, index=item.index)
+            array = converted
+        values.append(array)
+    return values
+
+
+class _RowWriteFailed(BaseException):
+    """Copying a converted sample into its claimed row failed (NOTE [ Slot rows ]: it cannot).
+
+    A ``BaseException`` on purpose: the producer pool reports it as a crash that ends the epoch,
+    whatever ``on_error`` says, rather than as one item's failure that could be skipped while the
+    row it leaves unwritten is handed out or holds its batch mates back.
+    """
 
 
 class _Slot:
@@ -106,7 +202,7 @@ class _Slot:
 
 
 class SlotStats:
-    """Counters of a :class:`BatchSlotLoader`.
+    """Counters of a :class:`BatchSlotLoader`, over all its epochs.
 
     Attributes:
         allocated: slots made (each ``num_slots`` or fewer at a time).
@@ -132,7 +228,10 @@ class SlotStats:
 
 
 class _SlotWriter:
-    """The decoder the producers run: decode, then write into a slot row (NOTE [ Slot reuse safety ])."""
+    """The decoder the producers run: decode, convert, then write into a slot row.
+
+    See NOTE [ Slot reuse safety ], NOTE [ Slot rows ] and NOTE [ Slots across epochs ].
+    """
 
     def __init__(self, decoder: Callable[[WorkItem], Any], transform: Optional[Callable[[Any], Any]],
                  batch_size: int, num_slots: int, pin: bool, stats: SlotStats) -> None:
@@ -142,91 +241,106 @@ class _SlotWriter:
         self.num_slots = num_slots
         self.pin = pin
         self.stats = stats
-        self.fields: Optional[List[_Field]] = None
+        self.fields: Optional[List[_Field]] = None  # the samples' keys, set by the first sample
+        self._columns: List[_Field] = []  # the slot's: the fields and a derived "lengths"
+        self._lengths_from: Optional[int] = None  # "lengths" copies this field (num_frames) ...
+        self._lengths_const: Optional[np.ndarray] = None  # ... or is this constant (the audio's length)
         self._cond = threading.Condition(threading.Lock())
+        self._slots: List[_Slot] = []  # every slot owned: free, handed out or busy
         self._free: List[_Slot] = []
         self._handed: deque[_Slot] = deque()
-        self._owned = 0
-        self._busy = 0  # slots being written or waiting in the buffer for the consumer
+        self._busy = 0  # slots being filled, full on their way to the consumer, or in the buffer
         self._filling: Optional[_Slot] = None
         self._closed = False
+        self._generation = 0  # one per epoch: NOTE [ Slots across epochs ]
 
     # -- producer side -------------------------------------------------------------------------
 
     def __call__(self, item: WorkItem) -> Any:
+        generation = self._generation
         sample = self.decoder(item)
         if self.transform is not None:
             sample = self.transform(sample)
         if not isinstance(sample, dict):
-            raise SampleError(f"BatchSlotLoader needs dict samples, got {type(sample).__name__}")
+            raise SampleError(f"BatchSlotLoader needs dict samples, got {type(sample).__name__} from {item.path!r}",
+                              path=item.path, index=item.index)
         with self._cond:
             if self.fields is None:
-                self.fields = _layout(sample)
-            fields = self.fields
-        values = self._check(sample, fields, item)  # before a row is claimed: a bad sample leaves no hole
+                self._set_layout(sample)
+            fields, columns = self.fields, self._columns
+            lengths_from, lengths_const = self._lengths_from, self._lengths_const
+        values = _convert(sample, fields, item)  # type: ignore[arg-type]  # NOTE [ Slot rows ]: before the claim
+        if lengths_from is not None:
+            values.append(values[lengths_from])
+        elif lengths_const is not None:
+            values.append(lengths_const)
         with self._cond:
-            slot = self._current_slot()
+            slot = self._current_slot(generation)
             row = slot.claimed
             slot.claimed += 1
             if slot.claimed == self.batch_size:
                 self._filling = None
-        for f, value in zip(fields, values):
-            if f.shape is None:
-                slot.lists[f.key][row] = value
-            else:
-                slot.arrays[f.key][row] = value  # numpy copy: releases the GIL, wakes no torch thread pool
+        try:
+            for f, value in zip(columns, values):
+                if f.shape is None:
+                    slot.lists[f.key][row] = value
+                else:
+                    slot.arrays[f.key][row] = value  # numpy copy: releases the GIL, wakes no torch thread pool
+        except BaseException as exc:
+            raise _RowWriteFailed(f"writing item {item.index} ({item.path!r}) into its batch slot row failed: "
+                                  f"{type(exc).__name__}: {exc}") from exc
         with self._cond:
             slot.written += 1
             done = slot.written == self.batch_size
         return slot if done else NO_OUTPUT
 
-    def _check(self, sample: Dict[str, Any], fields: List[_Field], item: WorkItem) -> List[Any]:
-        if len(sample) != len(fields) or any(f.key not in sample for f in fields):
-            raise SampleError(f"sample keys {sorted(sample)} differ from the batch slot's {sorted(f.key for f in fields)}")
-        values = []
-        for f in fields:
-            value = sample[f.key]
-            if f.shape is not None:
-                if isinstance(value, torch.Tensor):
-                    value = value.detach().cpu().numpy()
-                shape = tuple(np.shape(value))
-                if shape != f.shape:
-                    raise SampleError(
-                        f"{f.key!r} has shape {shape}, the batch slot {f.shape}: BatchSlotLoader needs fixed-shape "
-                        f"samples (crop_seconds with pad=True for audio, a size for images)")
-            values.append(value)
-        return values
+    def _set_layout(self, sample: Dict[str, Any]) -> None:
+        """The slot's columns, from the first sample (lock held); "lengths" as ``pad_collate`` makes it."""
+        fields = _layout(sample)
+        columns = list(fields)
+        keys = {f.key: i for i, f in enumerate(fields)}
+        if "lengths" not in keys:
+            frames = fields[keys["num_frames"]] if "num_frames" in keys else None
+            audio = fields[keys["audio"]] if "audio" in keys else None
+            if frames is not None and frames.shape == () and frames.np_dtype is not None \
+                    and frames.np_dtype.kind in "iu":
+                self._lengths_from = keys["num_frames"]
+            elif audio is not None and audio.shape:
+                self._lengths_const = np.asarray(audio.shape[-1], dtype=np.int64)
+            if self._lengths_from is not None or self._lengths_const is not None:
+                columns.append(_Field("lengths", (), torch.int64))
+        self._columns = columns
+        self.fields = fields
 
-    def _current_slot(self) -> _Slot:
+    def _current_slot(self, generation: int) -> _Slot:
         """The slot being filled (lock held), taking one if there is none: free, reclaimed, new, or new
         after retiring a held one. Re-checked after every wait: another producer may have taken one."""
         while self._filling is None:
-            if self._closed:
-                raise BufferClosed("the slot loader was closed")
+            if self._closed or generation != self._generation:
+                raise BufferClosed("the slot loader's epoch has ended")
             if not self._free:
                 self._reclaim()
             if self._free:
                 self.stats.reused += 1
                 slot = self._free.pop()
-            elif self._owned < self.num_slots:
-                self._owned += 1
+            elif len(self._slots) < self.num_slots:
                 self.stats.allocated += 1
-                slot = _Slot(self.fields, self.batch_size, self.pin)  # type: ignore[arg-type]
+                slot = _Slot(self._columns, self.batch_size, self.pin)
+                self._slots.append(slot)
             elif self._busy == 0 and self._handed:
                 # Every slot is handed out and still held: the consumer cannot free one before it gets
                 # a batch, which needs this producer's row. Give the oldest up to the caller.
-                self._handed.popleft()
-                self._owned -= 1
+                self._slots.remove(self._handed.popleft())
                 self.stats.retired += 1
                 continue
             else:
-                self._cond.wait()  # a hand-out or close() wakes us
+                self._cond.wait()  # a hand-out, a reclaim, the end of the epoch or close() wakes us
                 continue
             slot.claimed = slot.written = 0
             self._busy += 1
             self._filling = slot
-        if self._closed:
-            raise BufferClosed("the slot loader was closed")
+        if self._closed or generation != self._generation:
+            raise BufferClosed("the slot loader's epoch has ended")
         return self._filling
 
     def _reclaim(self) -> None:
@@ -242,12 +356,15 @@ class _SlotWriter:
 
     def hand_out(self, slot: _Slot, rows: int) -> Dict[str, Any]:
         with self._cond:
+            # The batch's views exist before a producer woken here can look for a free slot: made
+            # after the lock, the slot would look unreferenced and could be refilled under them.
+            batch = slot.batch(rows)
             self._busy -= 1
             self._handed.append(slot)
             self.stats.batches += 1
             self.stats.samples += rows
             self._cond.notify_all()
-        return slot.batch(rows)
+        return batch
 
     def reclaim(self) -> None:
         with self._cond:
@@ -262,17 +379,41 @@ class _SlotWriter:
             slot, self._filling = self._filling, None
             return slot
 
-    def discard_partial(self) -> None:
-        """Put the part-filled slot, if any, back on the free list."""
+    def begin_epoch(self) -> int:
+        """Open the writer for a new epoch; returns the epoch's generation."""
         with self._cond:
-            slot, self._filling = self._filling, None
-            if slot is not None:
-                self._busy -= 1
-                self._free.append(slot)
-
-    def open(self) -> None:
-        with self._cond:
+            self._generation += 1
             self._closed = False
+            return self._generation
+
+    def stop(self, generation: int) -> None:
+        """The producer pool's ``on_close``: wake producers of this epoch waiting for a slot."""
+        with self._cond:
+            if generation == self._generation:
+                self._closed = True
+                self._cond.notify_all()
+
+    def end_epoch(self) -> None:
+        """Every busy slot back to the free list, once the epoch's producers are joined.
+
+        NOTE [ Slots across epochs ]: the full slots the buffer's abort dropped, the part-filled one
+        and any on their way to the buffer are free again; a slot with a row still being written (by
+        a producer that outlived the join) is forgotten rather than reused.
+        """
+        with self._cond:
+            self._generation += 1
+            self._closed = True
+            kept = {id(s) for s in self._handed} | {id(s) for s in self._free}
+            for slot in list(self._slots):
+                if id(slot) in kept:
+                    continue
+                if slot.claimed == slot.written:
+                    self._free.append(slot)
+                else:
+                    self._slots.remove(slot)
+            self._busy = 0
+            self._filling = None
+            self._cond.notify_all()
 
     def close(self) -> None:
         with self._cond:
@@ -283,21 +424,29 @@ class _SlotWriter:
 class BatchSlotLoader:
     """Batches of fixed-shape samples, written by producer threads straight into recycled slots.
 
-    Takes the place of ``BufferedDataset`` + ``DataLoader(collate_fn=..., pin_memory=True)`` when every
-    sample has the same shape: each producer copies its decoded sample into a row of a preallocated,
-    pinned batch, so there is no collate copy, no pinning copy and no per-batch allocation. Batches
-    are dicts of ``(B, ...)`` tensors (tensors and numbers in the samples) and lists (everything else);
-    their rows come in the order producers finish. Batches may be kept as long as you like: a slot
-    still referenced is never refilled (see NOTE [ Slot reuse safety ] in ``audiobuffer/slots.py``).
-    Put a :class:`~audiobuffer.DevicePrefetcher` on top to copy batches to the GPU.
+    Takes the place of ``BufferedDataset`` + ``DataLoader(collate_fn=pad_collate, pin_memory=True)``
+    when every sample has the same shape: each producer copies its decoded sample into a row of a
+    preallocated, pinned batch, so there is no collate copy, no pinning copy and no per-batch
+    allocation. Batches are dicts of ``(B, ...)`` tensors (tensors and numbers in the samples) and
+    lists (everything else), with the keys ``pad_collate`` gives: ``lengths`` is each sample's
+    ``num_frames`` when samples carry it, else the length of ``audio``'s last axis. The first sample
+    sets each key's dtype and shape; a later sample that does not fit (another shape, ``None`` or a
+    float in an integer column, a bool in a number column) fails as that item, under ``on_error``.
+    Rows come in the order producers finish. Batches may be kept as long as you like: a slot still
+    referenced is never refilled (see NOTE [ Slot reuse safety ] in ``audiobuffer/slots.py``). Put a
+    :class:`~audiobuffer.DevicePrefetcher` on top to copy batches to the GPU.
 
-    Thread safety: one thread iterates; :meth:`close` may be called from any thread.
+    Leaving the loop early, an exception or :meth:`close` stop the producers and free every slot
+    that is not handed out, so the next epoch runs in full.
+
+    Thread safety: one thread iterates, one epoch at a time; :meth:`close` and :meth:`stats` may be
+    called from any thread.
 
     Example:
         >>> loader = BatchSlotLoader("data/fsdd/recordings", AudioDecoder(8000, crop_seconds=1.0),
         ...                          batch_size=32, labels=r"^(\\d+)_")  # doctest: +SKIP
         >>> for batch in DevicePrefetcher(loader, "cuda"):  # doctest: +SKIP
-        ...     batch["audio"]  # (32, 8000) on the GPU, copied from a recycled pinned slot
+        ...     batch["audio"], batch["lengths"]  # (32, 8000) and (32,) on the GPU, from a recycled pinned slot
 
     Args:
         source, decoder: as for :class:`~audiobuffer.BufferedDataset`.
@@ -339,10 +488,20 @@ class BatchSlotLoader:
         # The writer waits for free slots, which only the consumer releases: a producer must hand
         # each full slot over at once (NOTE [ Producer shutdown protocol ], Chunks).
         self.dataset._chunk_items = 1
+        self._lock = threading.Lock()
+        self._running = False
+        self._rows = 0  # samples handed out in the current (or last) epoch
 
     def __len__(self) -> int:
         n = len(self.dataset)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def __repr__(self) -> str:
+        ds = self.dataset
+        return (f"BatchSlotLoader({ds.source.description}, {self._writer.decoder!r}, items={len(ds.source)}, "
+                f"batch_size={self.batch_size}, num_slots={self.num_slots}, drop_last={self.drop_last}, "
+                f"pin_memory={self.pin_memory}, num_producers={ds.num_producers}, shuffle={ds.shuffle}, "
+                f"on_error={ds.on_error!r})")
 
     @property
     def classes(self) -> List[str]:
@@ -353,30 +512,51 @@ class BatchSlotLoader:
         self.dataset.set_epoch(epoch)
 
     def stats(self) -> Optional[DatasetStats]:
-        """The epoch's stats (its ``yielded`` counts full slots; :attr:`slot_stats` counts samples)."""
-        return self.dataset.stats()
+        """The current or last epoch's stats, as :meth:`BufferedDataset.stats` gives them.
+
+        ``yielded`` counts samples (rows handed out) and ``failed`` the items that failed, so at the
+        end of an epoch ``yielded + failed == items``, less the rows of a short last batch that
+        ``drop_last`` dropped. ``buffer`` counts batches; :attr:`slot_stats` counts batches and slots
+        over all epochs.
+        """
+        stats = self.dataset.stats()
+        return None if stats is None else dataclasses.replace(stats, yielded=self._rows)
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
-        writer = self._writer
-        writer.open()
-        epoch = iter(self.dataset)
+        with self._lock:
+            if self._running:
+                raise RuntimeError("this BatchSlotLoader is already running an epoch (an iterator neither exhausted "
+                                   "nor closed); finish or close that loop before starting another")
+            self._running = True
         try:
-            for slot in epoch:
-                yield writer.hand_out(slot, self.batch_size)
-                writer.reclaim()  # the caller is back: the batch before the one it holds is free now
-            if self.dataset.stats().done and not self.drop_last:
-                partial = writer.take_partial()
-                if partial is not None:
-                    yield writer.hand_out(partial, partial.claimed)
+            writer = self._writer
+            generation = writer.begin_epoch()
+            self._rows = 0
+            self.dataset._on_pool_close = functools.partial(writer.stop, generation)
+            epoch = iter(self.dataset)
+            try:
+                for slot in epoch:
+                    self._rows += self.batch_size
+                    yield writer.hand_out(slot, self.batch_size)
+                    writer.reclaim()  # the caller is back: the batch before the one it holds is free now
+                if self.dataset.stats().done and not self.drop_last:  # type: ignore[union-attr]
+                    partial = writer.take_partial()
+                    if partial is not None:
+                        self._rows += partial.claimed
+                        yield writer.hand_out(partial, partial.claimed)
+            finally:
+                # The pool aborts its buffer, wakes producers waiting for a slot (writer.stop, its
+                # on_close) and joins them; then every slot not handed out is free again.
+                epoch.close()
+                writer.end_epoch()
         finally:
-            writer.close()  # wakes producers waiting for a slot
-            epoch.close()
-            writer.discard_partial()
+            with self._lock:
+                self._running = False
 
     def close(self) -> None:
         """Stop a running epoch's producers. Idempotent, any thread."""
-        self._writer.close()
         self.dataset.close()
+        self._writer.close()
 
     def __enter__(self) -> "BatchSlotLoader":
         return self

@@ -6,15 +6,16 @@ import sys
 import pytest
 import yaml
 
-from helpers import make_corpus
+from audiobuffer.report import RunSummary
+from helpers import REPO, make_corpus
 
 pytestmark = pytest.mark.timeout(300)
 
 
-def audiobuffer(*args, cwd=None):
+def audiobuffer(*args, cwd=None, timeout=240):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.run([sys.executable, "-m", "audiobuffer", *map(str, args)], capture_output=True, text=True,
-                          timeout=240, cwd=cwd, env=env)
+                          timeout=timeout, cwd=cwd, env=env)
 
 
 @pytest.fixture
@@ -60,24 +61,126 @@ def test_run_raise_policy_exits_1_naming_the_file(pipeline):
     assert "0_9999.wav" in result.stderr and "Traceback" not in result.stderr
 
 
+def assert_config_error(result, *parts):
+    """Exit status 2 and one line on stderr, without a traceback, holding each of ``parts`` in order."""
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("audiobuffer: error: "), result.stderr[:2000]
+    assert "Traceback" not in result.stderr
+    position = 0
+    for part in map(str, parts):
+        found = result.stderr.find(part, position)
+        assert found >= 0, f"{part!r} not in {result.stderr!r}"
+        position = found + len(part)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--set", "buffer.producers=eight"], "buffer.producers: Input should be a valid integer, got 'eight'"),
     (["--set", "buffer.prodcers=8"], "buffer.prodcers: unknown key"),
     (["--set", "source.root=missing"], "source.root: no such directory"),
     (["--set", "device=cuda:0"], "device:"),
+    (["--set", "seed=-1"], "seed: must be >= 0 and <= 9223372036854775807, got -1"),
+    (["--set", "buffer.timeout=.inf"], "buffer.timeout: must be a number of seconds > 0 and <= 86400, got inf"),
+    (["--set", "buffer.warn_after=1e12"],
+     "buffer.warn_after: must be a number of seconds > 0 and <= 86400, got 1000000000000.0"),
+    (["--set", "decode.crop_seconds=1e300"], "decode.crop_seconds: must be a number of seconds > 0 and <= 86400"),
+    (["--set", "loader.batch_size=100000000000"], "loader.batch_size: must be >= 1 and <= 1048576, got 100000000000"),
+    (["--set", "source=abc"], "source: must be a section (a mapping of keys: root, manifest"),
+    (["--set", "source.labels=(x"], "source.labels: "),
+    (["--set", "epochs.x=1"], "--set 'epochs.x=1': epochs is not a section"),
 ])
 def test_bad_config_exits_2_with_message_and_no_traceback(pipeline, args, message):
     _, config = pipeline
     result = audiobuffer("run", config, *args)
     if "cuda" in args[-1] and result.returncode == 0:
         pytest.skip("this machine has CUDA")
-    assert result.returncode == 2
-    assert message in result.stderr and "Traceback" not in result.stderr
+    assert_config_error(result, f"{config}: ", message)
 
 
 def test_missing_config_file_exits_2(tmp_path):
     result = audiobuffer("run", tmp_path / "nope.yaml")
-    assert result.returncode == 2 and "cannot read config" in result.stderr and "Traceback" not in result.stderr
+    assert_config_error(result, tmp_path / "nope.yaml", ": cannot read config file")
+
+
+@pytest.mark.timeout(120)
+def test_alias_bomb_ends_quickly_with_one_short_line(tmp_path):
+    """A 9-level "billion laughs" list as source.root: the error quotes only its prefix."""
+    lines = ['l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 9)]
+    path = tmp_path / "bomb.yaml"
+    path.write_text("\n".join(lines + ["source:", "  root: *l8"]) + "\n")
+    result = audiobuffer("run", path, timeout=60)
+    assert_config_error(result, path, ": source.root: Input should be a valid string, got [[[[[[[[['lol'")
+    assert len(result.stderr) < 600
+
+
+@pytest.mark.parametrize("content, message", [
+    ("source: {root: audio}\n# caf\u00e9\n".encode("latin-1"), "not UTF-8 text: byte 0xe9 at line 2, column 6"),
+    (b"source: [unclosed\nbuffer: {", "not valid YAML at line 2, column 7: "),
+], ids=["latin-1", "malformed"])
+def test_unreadable_config_exits_2_with_one_line(tmp_path, content, message):
+    path = tmp_path / "pipeline.yaml"
+    path.write_bytes(content)
+    assert_config_error(audiobuffer("run", path), path, ": ", message)
+
+
+def test_set_paths_resolve_against_the_current_directory(pipeline, tmp_path_factory):
+    root, config = pipeline
+    (root / "conf").mkdir()
+    moved = root / "conf" / "pipeline.yaml"
+    moved.write_text(config.read_text().replace("root: audio", "root: ../audio"))
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    make_corpus(elsewhere / "mine", 4, seconds=0.2)
+    result = audiobuffer("run", moved, "--set", "source.root=mine", "--set", "epochs=1", "--json", "-",
+                         "--no-progress", cwd=elsewhere)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["samples"] == 4  # mine/, not conf/mine or the file's ../audio
+    result = audiobuffer("run", moved, "--set", "epochs=1", "--json", "-", "--no-progress", cwd=elsewhere)
+    assert result.returncode == 0 and json.loads(result.stdout)["samples"] == 12  # the file's own path: its folder
+
+
+def test_config_reference_prints_the_shipped_reference(tmp_path):
+    result = audiobuffer("config", "--reference", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (REPO / "configs" / "reference.yaml").read_text(encoding="utf-8")
+    help_text = audiobuffer("run", "--help").stdout
+    assert "audiobuffer config --reference" in " ".join(help_text.split())
+
+
+def test_config_checks_a_config_and_prints_it_filled_in(pipeline):
+    root, config = pipeline
+    result = audiobuffer("config", config, "--set", "buffer.producers=3", cwd=root)
+    assert result.returncode == 0, result.stderr
+    filled = yaml.safe_load(result.stdout)
+    assert filled["buffer"]["producers"] == 3 and filled["source"]["root"] == str(root / "audio")
+    assert filled["buffer"]["capacity"] == 64  # a default, filled in
+    assert_config_error(audiobuffer("config", config, "--set", "seed=-1"), config, ": seed: must be >= 0")
+    assert_config_error(audiobuffer("config"), "give either --reference or CONFIG.yaml")
+
+
+def test_run_on_images_reports_images_per_second(tmp_path):
+    image = pytest.importorskip("PIL.Image")
+    for i in range(6):
+        image.new("RGB", (12, 10), (40 * i, 0, 0)).save(tmp_path / f"{i}_img.png")
+    path = tmp_path / "images.yaml"
+    path.write_text(yaml.safe_dump({"source": {"root": "."}, "decode": {"kind": "image", "size": 8},
+                                    "loader": {"batch_size": 4}, "device": "cpu"}))
+    out = tmp_path / "summary.json"
+    result = audiobuffer("run", path, "--no-progress", "--json", out)
+    assert result.returncode == 0, result.stderr
+    assert "images/s" in result.stdout and "audio" not in result.stdout and "sample rate" not in result.stdout
+    summary = json.loads(out.read_text())
+    assert summary["kind"] == "image" and summary["samples"] == 6
+    assert "audio_s" not in summary and "audio_s_per_s" not in summary
+
+
+def test_input_bound_advice_fits_the_kind_of_sample():
+    image = RunSummary(kind="image", wall_s=1.0, consumer_wait_s=0.5, producers=1, samples=10)
+    image.judge()
+    assert image.verdict == "input-bound" and "smaller images" in image.advice and "sample rate" not in image.advice
+    assert "10.0 images/s" in image.lines()[1] and "audio" not in "\n".join(image.lines())
+    audio = RunSummary(wall_s=1.0, consumer_wait_s=0.5, producers=1, samples=10, audio_s=5.0)
+    audio.judge()
+    assert "sample rate" in audio.advice and "5.0 s of audio/s" in audio.lines()[1]
 
 
 def test_demo_end_to_end(tmp_path):

@@ -1,10 +1,13 @@
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
+import audiobuffer
 from audiobuffer import BufferedDataset, ConfigError
-from audiobuffer.config import apply_overrides, build_dataset, build_loader, load_config, parse_config
+from audiobuffer.config import (apply_overrides, build_dataset, build_loader, load_config, parse_config,
+                                reference_config)
 from helpers import REPO, make_corpus
 
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
@@ -77,7 +80,7 @@ BAD_CONFIGS = [
      r"buffer\.producers: Input should be a valid integer, got 'eight'"),
     ("float for int", {"source": {"root": "audio"}, "loader": {"batch_size": 3.5}}, r"loader\.batch_size: .*got 3\.5"),
     ("too small", {"source": {"root": "audio"}, "buffer": {"producers": 0}},
-     r"buffer\.producers: Input should be greater than or equal to 1, got 0"),
+     r"buffer\.producers: must be >= 1 and <= 1024, got 0"),
     ("bad choice", {"source": {"root": "audio"}, "buffer": {"on_error": "ignore"}},
      r"buffer\.on_error: Input should be 'raise', 'warn' or 'skip', got 'ignore'"),
     ("bad device", {"source": {"root": "audio"}, "device": "tpu"}, r"device: must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'tpu'"),
@@ -88,8 +91,15 @@ BAD_CONFIGS = [
     ("image option on audio", {"source": {"root": "audio"}, "decode": {"size": 32}}, r"decode: size applies to kind: image"),
     ("audio option on image", {"source": {"root": "audio"}, "decode": {"kind": "image", "sample_rate": 8000}},
      r"decode: sample_rate apply to kind: audio"),
-    ("negative crop", {"source": {"root": "audio"}, "decode": {"crop_seconds": -1}}, r"decode\.crop_seconds: .*greater than 0"),
-    ("section not a mapping", {"source": {"root": "audio"}, "decode": 3}, r"decode: Input should be a valid dictionary"),
+    ("negative crop", {"source": {"root": "audio"}, "decode": {"crop_seconds": -1}},
+     r"decode\.crop_seconds: must be a number of seconds > 0 and <= 86400, got -1"),
+    ("section not a mapping", {"source": {"root": "audio"}, "decode": 3},
+     r"decode: must be a section \(a mapping of keys: kind, sample_rate, .*\), got 3$"),
+    ("source not a mapping", {"source": "audio"}, r"source: must be a section \(a mapping of keys: root, manifest"),
+    ("image size", {"source": {"root": "audio"}, "decode": {"kind": "image", "size": [1, "a"]}},
+     r"decode\.size: must be an integer or a list \[height, width\] of two integers, got \(1, 'a'\)$"),
+    ("unknown keys", {"source": {"root": "audio"}, "buffer": {"a": 1, "b": 2}},
+     r"buffer: unknown keys a, b; allowed keys here: producers, capacity"),
 ]
 
 
@@ -98,35 +108,177 @@ def test_bad_config_names_key_value_and_what_is_allowed(corpus, name, data, matc
     path = write(corpus, data)
     with pytest.raises(ConfigError, match=match) as info:
         load_config(path)
-    assert str(path) in str(info.value)
+    message = str(info.value)
+    assert message.startswith(f"{path}: ") and "\n" not in message
+    assert "instance of" not in message and "tuple[" not in message  # no pydantic internals
+
+
+# Values that pass a type check but fail (or hang, or overflow) later: each is refused up front,
+# naming the file, the key path, the value and the range allowed.
+OUT_OF_RANGE = [
+    ("seed", {"seed": -1}, r"seed: must be >= 0 and <= 9223372036854775807, got -1"),
+    ("seed too large", {"seed": 2**63}, r"seed: must be >= 0 and <= 9223372036854775807, got 9223372036854775808"),
+    ("timeout inf", {"buffer": {"timeout": float("inf")}},
+     r"buffer\.timeout: must be a number of seconds > 0 and <= 86400, got inf"),
+    ("warn_after huge", {"buffer": {"warn_after": 1e12}},
+     r"buffer\.warn_after: must be a number of seconds > 0 and <= 86400, got 1000000000000\.0"),
+    ("timeout huge int", {"buffer": {"timeout": 10**12}}, r"buffer\.timeout: .* <= 86400, got 1000000000000"),
+    ("crop 1e300", {"decode": {"crop_seconds": 1e300}}, r"decode\.crop_seconds: .* <= 86400, got 1e\+300"),
+    ("crop 1e9", {"decode": {"crop_seconds": 1e9}}, r"decode\.crop_seconds: .* <= 86400, got 1000000000\.0"),
+    ("batch_size", {"loader": {"batch_size": 100000000000}},
+     r"loader\.batch_size: must be >= 1 and <= 1048576, got 100000000000"),
+    ("producers", {"buffer": {"producers": 100000}}, r"buffer\.producers: must be >= 1 and <= 1024, got 100000"),
+]
+
+
+@pytest.mark.parametrize("name, data, match", OUT_OF_RANGE, ids=[b[0] for b in OUT_OF_RANGE])
+def test_values_out_of_range_are_config_errors(corpus, name, data, match):
+    path = write(corpus, {"source": {"root": "audio"}, **data})
+    with pytest.raises(ConfigError, match=match) as info:
+        load_config(path)
+    assert str(info.value).startswith(f"{path}: ")
+
+
+def test_exponents_are_numbers(corpus):
+    """PyYAML alone reads 1e9 as a string (YAML 1.1); a config reads it as YAML 1.2 does."""
+    path = write(corpus, "source: {root: audio}\ndecode: {crop_seconds: 5e-1}\n"
+                         "buffer: {timeout: 1E3, warn_after: 2.5e+1}\n")
+    config = load_config(path, ["buffer.max_bytes=1_000", "train.lr=1e-4"])
+    assert (config.decode.crop_seconds, config.buffer.timeout, config.buffer.warn_after) == (0.5, 1000.0, 25.0)
+    assert (config.buffer.max_bytes, config.train.lr) == (1000, 1e-4)
+    with pytest.raises(ConfigError, match=r"decode\.crop_seconds: .* <= 86400, got 1000000000\.0"):
+        load_config(path, ["decode.crop_seconds=1e9"])
+
+
+def test_values_at_the_bounds_are_accepted(corpus):
+    path = write(corpus, {"source": {"root": "audio"}, "seed": 2**63 - 1, "loader": {"batch_size": 1 << 20},
+                          "buffer": {"timeout": 86400, "warn_after": 86400.0, "producers": 1024},
+                          "decode": {"crop_seconds": 86400.0}})
+    config = load_config(path)
+    assert (config.seed, config.loader.batch_size, config.buffer.timeout) == (2**63 - 1, 1 << 20, 86400)
+
+
+def test_several_problems_are_listed_on_one_line(corpus):
+    path = write(corpus, {"source": {"root": "audio"}, "seed": -1, "epochs": 0,
+                          "buffer": {"producers": "x", "capacity": 0, "timeout": -1, "warn_after": 0},
+                          "loader": {"batch_size": 0}})
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert "\n" not in message and message.count("; ") == 5 and message.endswith("; and 2 more")
+
+
+def billion_laughs(levels: int) -> str:
+    """A YAML file of a few hundred bytes whose ``source.root`` expands to 9**levels strings."""
+    lines = ['l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return "\n".join(lines + [f"source: {{root: *l{levels - 1}}}"]) + "\n"
+
+
+@pytest.mark.timeout(60)
+def test_alias_bomb_is_quoted_by_its_prefix(tmp_path):
+    path = write(tmp_path, billion_laughs(9))
+    with pytest.raises(ConfigError, match=r"source\.root: Input should be a valid string, got \[\[\[\[") as info:
+        load_config(path)
+    message = str(info.value)
+    assert len(message) < 600 and "\n" not in message
+    assert "(top level): unknown keys l0, l1, l2, l3, l4, l5, l6, l7 and 1 more" in message
+
+
+@pytest.mark.timeout(60)
+def test_huge_and_recursive_values_are_quoted_by_their_prefix(tmp_path):
+    for text in ["source: {root: &r [*r]}", f"source: {{root: [{'x' * 100000}]}}", "- " + "y" * 100000]:
+        with pytest.raises(ConfigError) as info:
+            load_config(write(tmp_path, text))
+        assert len(str(info.value)) < 400, str(info.value)[:400]
 
 
 def test_empty_corpus_is_a_config_error(corpus):
     (corpus / "empty").mkdir()
-    config = load_config(write(corpus, {"source": {"root": "empty"}}))
-    with pytest.raises(ConfigError, match=r"source\.root: no files in"):
+    path = write(corpus, {"source": {"root": "empty"}})
+    config = load_config(path)
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: source\.root: no files in"):
         build_dataset(config)
 
 
 def test_label_regex_errors_are_config_errors(corpus):
-    with pytest.raises(ConfigError, match=r"source\.root: file .* does not match the label expression"):
-        build_dataset(load_config(write(corpus, {"source": {"root": "audio", "labels": "^x"}})))
-    with pytest.raises(ConfigError, match=r"source\.labels: .*not a valid regular expression"):
-        build_dataset(load_config(write(corpus, {"source": {"root": "audio", "labels": "(x"}})))
+    path = write(corpus, {"source": {"root": "audio", "labels": "^x"}})
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: source\.root: file .* does not match the label"):
+        build_dataset(load_config(path))
+    path = write(corpus, {"source": {"root": "audio", "labels": "(x"}})
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: source\.labels: .*not a valid regular"):
+        build_dataset(load_config(path))
+
+
+def test_override_errors_name_the_file(corpus):
+    path = write(corpus, {"source": {"root": "audio"}})
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: --set 'epochs\.x=3': epochs is not a section"):
+        load_config(path, ["epochs=1", "epochs.x=3"])
+
+
+def test_overridden_relative_paths_resolve_against_the_current_directory(corpus, tmp_path_factory, monkeypatch):
+    conf_dir = corpus / "conf"
+    conf_dir.mkdir()
+    path = write(conf_dir, {"source": {"root": "../audio"}, "train": {"checkpoint": "ck/model.pt"}})
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    make_corpus(elsewhere / "mine", 4)
+    monkeypatch.chdir(elsewhere)
+    config = load_config(path, ["source.root=mine"])
+    assert config.source.root == str(elsewhere / "mine") and len(build_dataset(config)) == 4
+    assert config.train.checkpoint == str(conf_dir / "ck" / "model.pt")  # the file's own value: its folder
+    config = load_config(path, ["source={files: [mine/class0/0_0000.wav]}", "train.checkpoint=out/m.pt"])
+    assert config.source.files == [str(elsewhere / "mine" / "class0" / "0_0000.wav")]
+    assert config.train.checkpoint == str(elsewhere / "out" / "m.pt")
+    assert load_config(path).source.root == str(conf_dir / "../audio")  # without --set: the file's folder
+    with pytest.raises(ConfigError, match=r"source\.root: no such directory, got '.*elsewhere.*nope'"):
+        load_config(path, ["source.root=nope"])
 
 
 @pytest.mark.parametrize("text, match", [
-    ("source: [unclosed", "not valid YAML"),
+    ("source: [unclosed", r"not valid YAML at line 1, column 18: expected ',' or '\]', but got '<stream end>' "
+                          r"\(while parsing a flow sequence at line 1, column 9\)$"),
+    ("source: {root: a}\n  bad: indent",
+     r"not valid YAML at line 2, column 3: expected <block end>, but found '<block mapping start>' "
+     r"\(while parsing a block mapping at line 1, column 1\)$"),
+    ("source: !!python/name:os.system", "not valid YAML at line 1, column 9: could not determine a constructor"),
+    ("seed: " + "1" * 5000, r"not valid YAML: a value cannot be converted: Exceeds the limit \(4300 digits\)"),
+    ("seed: 2020-13-45", "not valid YAML: a value cannot be converted: month must be in 1..12"),
+    ("seed: " + "[" * 5000 + "]" * 5000, "not valid YAML: nested too deeply"),
     ("- a\n- b\n", "expected a mapping of sections"),
-])
+], ids=["unclosed", "indent", "python tag", "huge int", "bad date", "deep", "list"])
 def test_unreadable_yaml(tmp_path, text, match):
-    with pytest.raises(ConfigError, match=match):
-        load_config(write(tmp_path, text))
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError, match=match) as info:
+        load_config(path)
+    assert str(info.value).startswith(f"{path}: ") and "\n" not in str(info.value)
+
+
+def test_config_that_is_not_utf8(corpus):
+    path = corpus / "latin1.yaml"
+    path.write_bytes("# caf\u00e9\nsource: {root: audio}\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: not UTF-8 text: byte 0xe9 at line 1, "
+                                          r"column 6 cannot be decoded; save the file as UTF-8$"):
+        load_config(path)
+    path.write_bytes("\ufeff# caf\u00e9\nsource: {root: audio}\n".encode("utf-8"))  # a BOM is fine
+    assert load_config(path).source.root == str(corpus / "audio")
 
 
 def test_missing_config_file(tmp_path):
-    with pytest.raises(ConfigError, match="cannot read config"):
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(tmp_path / 'nope.yaml'))}: cannot read config file"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_packaged_reference_is_the_reference_config():
+    packaged = Path(audiobuffer.__file__).parent / "reference.yaml"
+    assert packaged.read_bytes() == (REPO / "configs" / "reference.yaml").read_bytes()
+    assert reference_config() == packaged.read_text(encoding="utf-8")
+
+
+def test_packaged_reference_loads_with_a_source(corpus):
+    config = load_config(Path(audiobuffer.__file__).parent / "reference.yaml", [f"source.root={corpus / 'audio'}"])
+    top_level = load_config(REPO / "configs" / "reference.yaml", [f"source.root={corpus / 'audio'}"])
+    assert config.model_dump() == top_level.model_dump()
+    assert len(build_dataset(config)) == 6
 
 
 def test_parse_config_without_a_file(corpus):
