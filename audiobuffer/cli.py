@@ -101,7 +101,7 @@ def _write_json(target: Optional[str], data: dict) -> None:
 def _cmd_run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from .config import build_dataset, build_loader, load_config
+    from .config import build_dataset, build_isolated, build_loader, load_config
     from .device import DevicePrefetcher, resolve_device
     from .report import RunSummary, Timer
 
@@ -110,18 +110,23 @@ def _cmd_run(args: argparse.Namespace) -> int:
         device = resolve_device(config.device)
     except ValueError as exc:
         raise ConfigError(f"{config.origin}: device: {exc}") from None
-    dataset = build_dataset(config)
-    loader = build_loader(config, dataset)
+    if config.buffer.isolate:  # one object epochs, stats and batches: the IsolatedLoader
+        dataset = loader = build_isolated(config)
+        files, where = len(loader.dataset.source), " in a helper process"
+    else:
+        dataset = build_dataset(config)
+        loader = build_loader(config, dataset)
+        files, where = len(dataset.source), ""
     summary = RunSummary(kind=config.decode.kind)
     own_work = Timer()
     out = sys.stderr if args.json == "-" else sys.stdout
-    print(f"{args.config}: {len(dataset.source)} files, {config.buffer.producers} producers, "
+    print(f"{args.config}: {files} files, {config.buffer.producers} producers{where}, "
           f"{config.epochs} epoch(s), device {device}", file=out)
     start = time.perf_counter()
     with dataset:
         for epoch in range(config.epochs):
             dataset.set_epoch(epoch)
-            total = math.ceil(len(dataset) / config.loader.batch_size)
+            total = len(loader) if config.buffer.isolate else math.ceil(len(dataset) / config.loader.batch_size)
             bar = tqdm(DevicePrefetcher(loader, device), total=total, desc=f"epoch {epoch + 1}/{config.epochs}", unit="batch",
                        disable=True if args.no_progress or args.quiet else None, leave=False)
             for batch in bar:  # already on the device: DevicePrefetcher copied it ahead

@@ -143,6 +143,7 @@ class BufferConfig(_Section):
     timeout: Optional[float] = Field(default=None, gt=0, le=_MAX_SECONDS, allow_inf_nan=False,
                                      description="a number of seconds")
     even_shards: Optional[Literal["pad", "drop"]] = "pad"
+    isolate: bool = Field(default=False, description="run the producers in a helper process (IsolatedLoader)")
 
 
 class LoaderConfig(_Section):
@@ -576,6 +577,39 @@ def build_dataset(config: PipelineConfig, *, source: Any = None, shuffle: Option
                                seed=config.seed, ordered=buf.ordered if ordered is None else ordered,
                                on_error=buf.on_error, warn_after=buf.warn_after, timeout=buf.timeout,
                                even_shards=buf.even_shards, rank=rank, world_size=world_size)
+    except SourceError as exc:
+        raise source_error(config, exc) from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{config.origin}: {exc}") from None
+
+
+def build_isolated(config: PipelineConfig, *, source: Any = None, shuffle: Optional[bool] = None,
+                   ordered: Optional[bool] = None, rank: Optional[int] = None,
+                   world_size: Optional[int] = None) -> Any:
+    """The :class:`~audiobuffer.IsolatedLoader` a config with ``buffer.isolate: true`` describes.
+
+    It yields batches itself (``loader.batch_size``, ``loader.drop_last``, ``loader.pin_memory``); the
+    arguments are those of :func:`build_dataset`.
+
+    Raises:
+        ConfigError: as :func:`build_dataset`, or the decoder cannot be sent to the helper process.
+    """
+    import torch
+
+    from .isolated import IsolatedLoader
+
+    buf, load = config.buffer, config.loader
+    source = source if source is not None else build_source(config)
+    decoder = build_decoder(config)
+    try:
+        return IsolatedLoader(source, decoder, batch_size=load.batch_size, drop_last=load.drop_last,
+                              pin_memory=load.pin_memory and torch.cuda.is_available(),
+                              key="audio" if config.decode.kind == "audio" else "image",
+                              num_producers=buf.producers, buffer_size=buf.capacity, max_bytes=buf.max_bytes,
+                              shuffle=load.shuffle if shuffle is None else shuffle, seed=config.seed,
+                              ordered=buf.ordered if ordered is None else ordered, on_error=buf.on_error,
+                              warn_after=buf.warn_after, timeout=buf.timeout, even_shards=buf.even_shards,
+                              rank=rank, world_size=world_size)
     except SourceError as exc:
         raise source_error(config, exc) from None
     except (TypeError, ValueError) as exc:

@@ -53,10 +53,23 @@ def test_run_counts_skipped_files_and_overrides(pipeline):
     assert "skipped files 1" in result.stderr and "0_9999.wav" in result.stderr
 
 
-def test_run_raise_policy_exits_1_naming_the_file(pipeline):
+def test_run_isolated_gives_the_same_counts_and_names_failures(pipeline):
+    root, config = pipeline
+    (root / "audio" / "class0" / "0_9999.wav").write_bytes(b"RIFF not really a wav file")
+    result = audiobuffer("run", config, "--set", "buffer.isolate=true", "--json", "-", "--no-progress")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert (summary["samples"], summary["epochs"], summary["failed"]) == (24, 2, 2)
+    assert summary["failures"][0]["path"].endswith("0_9999.wav")
+    assert "in a helper process" in result.stderr
+
+
+@pytest.mark.parametrize("isolate", ["false", "true"])
+def test_run_raise_policy_exits_1_naming_the_file(pipeline, isolate):
     root, config = pipeline
     (root / "audio" / "class0" / "0_9999.wav").write_bytes(b"garbage")
-    result = audiobuffer("run", config, "--set", "buffer.on_error=raise", "--no-progress")
+    result = audiobuffer("run", config, "--set", "buffer.on_error=raise", "--set", f"buffer.isolate={isolate}",
+                         "--no-progress")
     assert result.returncode == 1
     assert "0_9999.wav" in result.stderr and "Traceback" not in result.stderr
 
