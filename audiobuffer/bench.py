@@ -34,7 +34,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["APPROACHES", "make_corpus", "run_bench"]
+__all__ = ["APPROACHES", "make_corpus", "run_bench", "run_with_peak_rss"]
 
 APPROACHES = [
     "loop", "dataloader-0", "dataloader-1", "dataloader-2", "dataloader-4", "dataloader-2-pin",
@@ -206,11 +206,15 @@ class Run:
     steady_audio_per_s: float
 
 
-def _measure(approach: str, file_list: Path, timeout: float) -> Run:
-    out = file_list.with_suffix(f".{approach}.json")
-    cmd = [sys.executable, "-m", "audiobuffer.bench", "--child", approach, "--file-list", str(file_list),
-           "--child-out", str(out)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+def run_with_peak_rss(cmd: Sequence[str], *, timeout: float, env: Optional[Dict[str, str]] = None
+                      ) -> tuple[int, str, int]:
+    """Run ``cmd`` to its end while sampling the RSS of its whole process tree.
+
+    Returns:
+        The exit status, the tail of its stderr, and the peak summed RSS in bytes (every
+        :data:`SAMPLE_SECONDS`; the tree's children are found again every few samples).
+    """
+    proc = subprocess.Popen(list(cmd), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     peak = 0
     done = threading.Event()
     tree = _TreeRss(proc.pid)
@@ -230,8 +234,17 @@ def _measure(approach: str, file_list: Path, timeout: float) -> Run:
         sampler.join(5)
         if proc.poll() is None:
             proc.kill()
-    if proc.returncode != 0:
-        raise RuntimeError(f"{approach} failed (exit {proc.returncode}): {err.decode(errors='replace')[-2000:]}")
+            proc.wait()
+    return proc.returncode, err.decode(errors="replace")[-2000:], peak
+
+
+def _measure(approach: str, file_list: Path, timeout: float) -> Run:
+    out = file_list.with_suffix(f".{approach}.json")
+    cmd = [sys.executable, "-m", "audiobuffer.bench", "--child", approach, "--file-list", str(file_list),
+           "--child-out", str(out)]
+    status, err, peak = run_with_peak_rss(cmd, timeout=timeout)
+    if status != 0:
+        raise RuntimeError(f"{approach} failed (exit {status}): {err}")
     r = json.loads(out.read_text())
     steady_time = max(1e-9, r["total_s"] - r["first_batch_s"])
     steady_files = r["files"] - r["first_files"]

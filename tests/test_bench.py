@@ -105,3 +105,116 @@ def test_short_soak_checks_threads_and_files_stay_flat(tmp_path):
     assert report["lost"] == report["duplicated"] == report["bound_violations"] == 0
     assert report["threads_end"] == report["threads_start"]
     assert report["fds_end"] == report["fds_start"]
+
+
+# -- scripts/bench_contention.py ------------------------------------------------------------------
+
+CONTENTION_APPROACHES = ["step-alone", "loop", "buffered-1", "isolated-2", "dataloader-2", "dataloader-2-spawn"]
+
+
+@pytest.fixture
+def contention(monkeypatch):
+    """scripts/bench_contention.py as a module (its sys.path additions undone afterwards)."""
+    import importlib.util
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    spec = importlib.util.spec_from_file_location("bench_contention", REPO / "scripts" / "bench_contention.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def markdown_tables(text):
+    """Each Markdown table in ``text`` as a list of rows of cells (the header first, the rule left out)."""
+    tables, current = [], []
+    for line in text.splitlines() + [""]:
+        if line.startswith("|"):
+            if not line.startswith("|---"):
+                current.append([cell.strip() for cell in line.strip("|").split("|")])
+        elif current:
+            tables.append(current)
+            current = []
+    return tables
+
+
+def test_contention_bench_quick_fills_every_column(tmp_path):
+    """Tiny corpora, one run: every approach gives numbers and each table has one full row per approach."""
+    out = tmp_path / "contention.json"
+    result = run_script("bench_contention.py", "--quick", "--files", "16", "--corpora", "flac,flac+mel",
+                        "--approaches", ",".join(CONTENTION_APPROACHES), "--cache-dir", str(tmp_path),
+                        "--json", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    corpora = json.loads(out.read_text())
+    assert [c["name"] for c in corpora] == ["flac", "flac+mel"]
+    with_transform = [a for a in CONTENTION_APPROACHES if not a.startswith("dataloader")]
+    assert [r["approach"] for r in corpora[0]["rows"]] == CONTENTION_APPROACHES
+    assert [r["approach"] for r in corpora[1]["rows"]] == with_transform
+    for corpus in corpora:
+        assert corpus["steps"] == ["light"] and corpus["files"] == 16
+        for row in corpus["rows"]:
+            m = row["light"]
+            assert m["batches"] == 1 and m["files"] == 16, row
+            assert m["step_s"] > 0 and m["epoch_s"] > 0 and m["vs_alone"] > 0 and row["peak_rss_mb"] > 50, row
+            if row["approach"] == "step-alone":
+                assert m["first_batch_s"] is None and m["vs_alone"] == 1.0
+            else:
+                assert 0 < m["first_batch_s"] <= m["epoch_s"], row
+
+    goals, flac, mel = markdown_tables(result.stdout)
+    assert goals[0] == ["goal", "where", "measured", "target", "met"]
+    # FLAC: step ratio, epoch against in-process, first batch, RSS; mel: step ratio, epoch against threads,
+    # and the same after the first batch.
+    assert len(goals) == 1 + 7 and {row[-1] for row in goals[1:]} <= {"yes", "**no**"}
+    assert any("flac+mel" in row[1] and "BufferedDataset, 1 producer" in row[0] for row in goals[1:])
+    for rows, approaches in ((flac, CONTENTION_APPROACHES), (mel, with_transform)):
+        assert rows[0] == ["approach", "light: step ms", "light: vs alone", "light: epoch s", "light: first batch ms",
+                           "peak RSS MiB (tree)"]
+        assert len(rows) == 1 + len(approaches)
+        for row, approach in zip(rows[1:], approaches):
+            assert len(row) == len(rows[0])
+            numbers = [cell.rstrip("x") for cell in row[1:]]
+            if approach == "step-alone":
+                assert numbers[3] == "-"
+                del numbers[3]
+            assert all(float(n) >= 0 for n in numbers), row
+
+
+def test_contention_goals_are_checked_against_their_targets(contention):
+    def row(approach, step_s, epoch_s, first_s, rss):
+        return {"approach": approach, "peak_rss_mb": rss,
+                "light": {"step_s": step_s, "epoch_s": epoch_s, "first_batch_s": first_s, "vs_alone": step_s / 1e-3}}
+
+    flac = {"name": "flac", "transform": None, "steps": ["light"], "files": 300,
+            "rows": [row("step-alone", 1e-3, 0.3, None, 200), row("loop", 2e-3, 1.0, 0.05, 210),
+                     row("buffered-2", 3e-3, 0.6, 0.05, 220), row("isolated-2", 1.04e-3, 0.7, 0.3, 300),
+                     row("dataloader-2", 1e-3, 0.8, 0.4, 400), row("dataloader-2-spawn", 1e-3, 3.0, 2.0, 500)]}
+    mel = {"name": "flac+mel", "transform": "mel", "steps": ["light"], "files": 300,
+           "rows": [row("step-alone", 1e-3, 0.3, None, 200), row("loop", 1e-3, 1.0, 1.0, 210),
+                    row("buffered-2", 4e-3, 3.0, 0.5, 220), row("isolated-2", 1.2e-3, 2.0, 0.4, 300)]}
+    checked = {(goal, where): (measured, met) for goal, where, measured, _, met in contention.goals([flac, mel])}
+    assert checked == {
+        ("step with IsolatedLoader / step alone", "flac, light step"): ("1.04x", "yes"),
+        ("epoch time / best in-process (BufferedDataset, 2 producers)", "flac, light step"): ("1.17x", "**no**"),
+        ("first batch / DataLoader(2) spawn", "flac, light step"): ("0.15", "yes"),
+        ("peak tree RSS / DataLoader(2) fork", "flac"): ("0.75", "**no**"),
+        ("step with IsolatedLoader / step alone", "flac+mel, light step"): ("1.20x", "**no**"),
+        # With the transform the rivals are the in-process threads, not the loop (which is faster here).
+        ("epoch time / best in-process (BufferedDataset, 2 producers)", "flac+mel, light step"): ("0.67x", "yes"),
+        ("epoch after its first batch / best in-process (BufferedDataset, 2 producers)",
+         "flac+mel, light step"): ("0.64x", "yes"),
+    }
+
+
+def test_contention_flags(contention, tmp_path, capsys):
+    for argv, message in ((["--quick", "--write"], "--write takes a full run"),
+                          (["--approaches", "magic"], "--approaches takes"),
+                          (["--corpora", "flac,ogg"], "--corpora takes"),
+                          (["--files", "3"], "--files >= 16")):
+        with pytest.raises(SystemExit):
+            contention.main(argv)
+        assert message in capsys.readouterr().err
+    # No FSDD where it is looked for: that corpus is left out with a note, and nothing runs.
+    assert contention.main(["--corpora", "fsdd", "--fsdd", str(tmp_path / "absent")]) == 0
+    captured = capsys.readouterr()
+    assert "FSDD not found" in captured.err and "## Contention" in captured.out
+    assert markdown_tables(captured.out) == []

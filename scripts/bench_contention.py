@@ -1,0 +1,444 @@
+"""Contention: a Python-bound training step fed by each loader, and how much the loader slows it.
+
+    python scripts/bench_contention.py --write    # the full run; rewrites the "contention" section of BENCHMARKS.md
+    python scripts/bench_contention.py --quick    # a smoke run (32 files, 1 run, light step): prints Markdown
+
+The step stands for a GPU training step, which is Python launching many small kernels: ``rounds``
+times ``relu(h @ W) + 0.1`` on an (8, 64) tensor, then ``.item()``, with one intra-op thread. The
+light step is 50 rounds (about 0.5 ms), the heavy one 500 (about 5 ms). Producer threads in the
+training process hold the GIL for the Python part of every decode, and the step waits for it.
+
+Each corpus is fed, in batches of 16, by:
+
+- ``step-alone``: the data is already there (one decoded batch, reused): the step's own time;
+- ``loop``: decode and collate in the training thread, then the step;
+- ``buffered-1``, ``buffered-2``: ``BufferedDataset(num_producers=N)`` into ``DataLoader(num_workers=0)``;
+- ``isolated-2``: ``IsolatedLoader(num_producers=2)``: the producers in one helper process;
+- ``dataloader-2``, ``dataloader-2-spawn``: ``DataLoader(num_workers=2)``, fork and spawn.
+
+Corpora: FSDD (all its recordings, where ``../shared/data/fsdd/recordings`` exists), generated WAV
+and FLAC files of 1-4 s at 16 kHz, and the FLAC files with a per-sample librosa log-mel transform
+(``scripts/contention_transforms.py``, importable by the helper process), which holds the GIL in
+every producer; that corpus runs the light step and the thread-based approaches only.
+
+Every (corpus, approach, run) is a fresh subprocess (``OMP_NUM_THREADS=1``). It imports everything
+and warms the step up before its clock starts, then for each step (light, then heavy) builds a fresh
+loader and runs one epoch, timing each step call alone (after its batch is in hand), the epoch, and
+the time from starting to build the loader to the first batch in hand. The parent samples the peak
+RSS of the subprocess's whole tree (the helper process and DataLoader workers included) over its
+run. Reported: medians over ``--runs`` runs, all from one invocation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import itertools
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+SCRIPTS = Path(__file__).resolve().parent
+REPO = SCRIPTS.parent
+sys.path[:0] = [str(SCRIPTS), str(REPO)]  # benchmd and the transforms; this checkout's audiobuffer
+from benchmd import machine, table, write_section
+
+from audiobuffer.bench import BATCH_SIZE, make_corpus, run_with_peak_rss
+
+APPROACHES = ["step-alone", "loop", "buffered-1", "buffered-2", "isolated-2", "dataloader-2", "dataloader-2-spawn"]
+#: The approaches that take a per-sample transform (the DataLoader ones decode in ``PathDataset``).
+TRANSFORM_APPROACHES = ["step-alone", "loop", "buffered-1", "buffered-2", "isolated-2"]
+IN_PROCESS = ["loop", "buffered-1", "buffered-2"]
+THREADS = ["buffered-1", "buffered-2"]
+LABELS = {
+    "step-alone": "step alone (data already there)",
+    "loop": "sequential loop",
+    "buffered-1": "BufferedDataset, 1 producer",
+    "buffered-2": "BufferedDataset, 2 producers",
+    "isolated-2": "IsolatedLoader, 2 producers",
+    "dataloader-2": "DataLoader(num_workers=2), fork",
+    "dataloader-2-spawn": "DataLoader(num_workers=2), spawn",
+}
+#: Rounds of ``relu(h @ W) + 0.1`` per step.
+STEPS = {"light": 50, "heavy": 500}
+CORPORA = ["fsdd", "wav", "flac", "flac+mel"]
+FSDD = Path(os.environ.get("AUDIOBUFFER_SHARED", REPO.parent / "shared")) / "data" / "fsdd" / "recordings"
+WARMUP_STEPS = 20
+BUFFER_SIZE = 64
+CHILD_TIMEOUT = 300.0
+SECTION = "contention"
+
+
+# -- the subprocess ----------------------------------------------------------------------------
+
+
+def make_step(rounds: int) -> Callable[[Any], float]:
+    """The Python-bound step: ``rounds`` small matmuls, then ``.item()`` (the batch is not read).
+
+    Every approach runs the very same work, so a slower step can only be waiting for the GIL or a core.
+    """
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    h0 = torch.randn(8, 64, generator=gen)
+    weight = torch.randn(64, 64, generator=gen) / 64  # keeps h bounded (>= 0.1) over any number of rounds
+
+    def step(batch: Any) -> float:
+        h = h0
+        for _ in range(rounds):
+            h = torch.relu(h @ weight) + 0.1
+        return h.sum().item()
+
+    return step
+
+
+def _transform(name: str | None) -> Callable[[dict[str, Any]], dict[str, Any]] | None:
+    if name is None:
+        return None
+    if name != "mel":
+        raise ValueError(f"--transform must be 'mel', got {name!r}")
+    from contention_transforms import log_mel  # a module of its own: the helper process imports it
+
+    return log_mel
+
+
+def _batches(paths: Sequence[str], decoder: Any, transform: Any) -> Iterator[dict[str, Any]]:
+    """The sequential loop: decode and collate in this thread."""
+    from audiobuffer import pad_collate
+
+    for i in range(0, len(paths), BATCH_SIZE):
+        samples = [decoder(p) for p in paths[i:i + BATCH_SIZE]]
+        if transform is not None:
+            samples = [transform(s) for s in samples]
+        yield pad_collate(samples)
+
+
+def _loader(approach: str, paths: list[str], transform: Any) -> tuple[Iterator[dict[str, Any]], Callable[[], None]]:
+    """The batches of one epoch, and what to call after it."""
+    from torch.utils.data import DataLoader
+
+    from audiobuffer import AudioDecoder, BufferedDataset, IsolatedLoader, pad_collate
+    from audiobuffer.bench import PathDataset
+
+    decoder = AudioDecoder()
+    if approach == "loop":
+        return _batches(paths, decoder, transform), lambda: None
+    if approach.startswith("buffered-"):
+        ds = BufferedDataset(paths, decoder, num_producers=int(approach.split("-")[1]), buffer_size=BUFFER_SIZE,
+                             transform=transform)
+        return iter(DataLoader(ds, batch_size=BATCH_SIZE, collate_fn=pad_collate)), ds.close
+    if approach == "isolated-2":
+        loader = IsolatedLoader(paths, decoder, batch_size=BATCH_SIZE, num_producers=2, buffer_size=BUFFER_SIZE,
+                                transform=transform, pin_memory=False)
+        return iter(loader), loader.close
+    if approach.startswith("dataloader-2"):
+        if transform is not None:
+            raise ValueError(f"{approach} takes no transform; transform approaches: {TRANSFORM_APPROACHES}")
+        extra = {"multiprocessing_context": "spawn"} if approach.endswith("-spawn") else {}
+        # Exhausting the iterator joins the workers, so nothing is left to close.
+        return iter(DataLoader(PathDataset(paths), batch_size=BATCH_SIZE, num_workers=2, collate_fn=pad_collate,
+                               **extra)), lambda: None
+    raise ValueError(f"unknown approach {approach!r}; known: {APPROACHES}")
+
+
+def _epoch(approach: str, step_name: str, paths: list[str], transform: Any) -> dict[str, Any]:
+    """One epoch of ``step_name`` steps fed by ``approach``, measured in this process."""
+    from audiobuffer import AudioDecoder
+
+    step = make_step(STEPS[step_name])
+    for _ in range(WARMUP_STEPS):
+        step(None)
+    n_batches = -(-len(paths) // BATCH_SIZE)
+    ready = None
+    if approach == "step-alone":  # decoded before the clock: the data is already there
+        ready = next(_batches(paths[:BATCH_SIZE], AudioDecoder(), transform))
+    gc.collect()
+    start = time.perf_counter()
+    if ready is not None:
+        batches: Iterator[dict[str, Any]] = itertools.repeat(ready, n_batches)
+        close: Callable[[], None] = lambda: None
+    else:
+        batches, close = _loader(approach, paths, transform)
+    first = None
+    step_s: list[float] = []
+    files = 0
+    try:
+        for batch in batches:
+            if first is None:
+                first = time.perf_counter() - start
+            t0 = time.perf_counter()
+            step(batch)
+            step_s.append(time.perf_counter() - t0)
+            files += len(batch["lengths"])
+        total = time.perf_counter() - start
+    finally:
+        close()
+    return {"step_s": statistics.median(step_s), "epoch_s": total,
+            "first_batch_s": None if ready is not None else first, "batches": len(step_s), "files": files}
+
+
+def child(approach: str, steps: Sequence[str], paths: list[str], transform_name: str | None) -> dict[str, Any]:
+    """The body of the subprocess: one epoch per step, each with a fresh loader."""
+    import torch  # everything is imported before any clock starts, as in a training script
+    import torch.utils.data
+
+    import audiobuffer
+    import audiobuffer.bench  # noqa: F401
+
+    torch.set_num_threads(1)
+    transform = _transform(transform_name)
+    return {name: _epoch(approach, name, paths, transform) for name in steps}
+
+
+# -- the parent --------------------------------------------------------------------------------
+
+
+def measure(approach: str, steps: Sequence[str], file_list: Path, transform: str | None, out: Path,
+            timeout: float = CHILD_TIMEOUT) -> dict[str, Any]:
+    """Run one fresh subprocess; its per-step results plus ``peak_rss_mb`` of its whole tree."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", approach, "--steps", ",".join(steps),
+           "--file-list", str(file_list), "--child-out", str(out)]
+    if transform:
+        cmd += ["--transform", transform]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    status, err, peak = run_with_peak_rss(cmd, timeout=timeout, env=env)
+    if status != 0:
+        raise RuntimeError(f"{approach} ({file_list.stem}) failed (exit {status}): {err}")
+    result = json.loads(out.read_text())
+    result["peak_rss_mb"] = peak / 2**20
+    return result
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def run_corpus(name: str, paths: list[str], approaches: Sequence[str], steps: Sequence[str], runs: int, *,
+               transform: str | None, workdir: Path, progress: bool = True) -> dict[str, Any]:
+    """Measure every approach ``runs`` times on one corpus (runs interleaved); the medians per step."""
+    file_list = workdir / f"{name.replace('+', '-')}.txt"
+    file_list.write_text("\n".join(paths))
+    measured: dict[str, list[dict[str, Any]]] = {a: [] for a in approaches}
+    for run in range(runs):  # interleaved, so a slow spell of the machine touches every approach alike
+        for approach in approaches:
+            out = workdir / f"{file_list.stem}.{approach}.{run}.json"
+            measured[approach].append(measure(approach, steps, file_list, transform, out))
+    rows: dict[str, dict[str, Any]] = {}
+    for approach, results in measured.items():
+        row: dict[str, Any] = {"approach": approach, "runs": len(results),
+                               "peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in results)}
+        for step in steps:
+            row[step] = {key: _median([r[step][key] for r in results])
+                         for key in ("step_s", "epoch_s", "first_batch_s", "batches", "files")}
+        rows[approach] = row
+    alone = rows.get("step-alone")
+    for row in rows.values():
+        for step in steps:
+            row[step]["vs_alone"] = row[step]["step_s"] / alone[step]["step_s"] if alone else None
+    if progress:
+        for row in rows.values():
+            parts = [f"{step} {1000 * row[step]['step_s']:.2f} ms ({_x(row[step]['vs_alone'])}), "
+                     f"epoch {row[step]['epoch_s']:.2f} s" for step in steps]
+            print(f"  {name}: {row['approach']}: {'; '.join(parts)}; peak RSS {row['peak_rss_mb']:.0f} MiB",
+                  file=sys.stderr)
+    return {"name": name, "files": len(paths), "transform": transform, "steps": list(steps),
+            "rows": list(rows.values())}
+
+
+def _x(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}x"
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{1000 * seconds:.0f}"
+
+
+HEADER_PER_STEP = ["step ms", "vs alone", "epoch s", "first batch ms"]
+
+
+def corpus_table(corpus: dict[str, Any]) -> str:
+    """One Markdown table: a row per approach, the columns of each step side by side."""
+    steps = corpus["steps"]
+    header = ["approach"] + [f"{step}: {h}" for step in steps for h in HEADER_PER_STEP] + ["peak RSS MiB (tree)"]
+    rows = []
+    for row in corpus["rows"]:
+        cells: list[object] = [LABELS[row["approach"]]]
+        for step in steps:
+            m = row[step]
+            cells += [f"{1000 * m['step_s']:.2f}", _x(m["vs_alone"]), f"{m['epoch_s']:.2f}", _ms(m["first_batch_s"])]
+        rows.append(cells + [f"{row['peak_rss_mb']:.0f}"])
+    return table(header, rows)
+
+
+def goals(results: Sequence[dict[str, Any]]) -> list[list[object]]:
+    """Each goal of the isolated loader, checked against this run's medians (where both sides ran)."""
+    out: list[list[object]] = []
+
+    def add(goal: str, where: str, value: str, target: str, met: bool) -> None:
+        out.append([goal, where, value, target, "yes" if met else "**no**"])
+
+    for corpus in results:
+        rows = {r["approach"]: r for r in corpus["rows"]}
+        iso = rows.get("isolated-2")
+        if iso is None:
+            continue
+        name = corpus["name"]
+        for step in corpus["steps"]:
+            m = iso[step]
+            where = f"{name}, {step} step"
+            if m["vs_alone"] is not None:
+                add("step with IsolatedLoader / step alone", where, _x(m["vs_alone"]), "<= 1.05x", m["vs_alone"] <= 1.05)
+            # FSDD and FLAC: against the best in-process setting; with a GIL-holding transform, against
+            # the in-process threads (goal 3).
+            rivals = IN_PROCESS if name in ("fsdd", "flac") else THREADS if corpus["transform"] else []
+            in_process = [(rows[a][step]["epoch_s"], a) for a in rivals if a in rows]
+            if in_process:
+                best, which = min(in_process)
+                add(f"epoch time / best in-process ({LABELS[which]})", where, f"{m['epoch_s'] / best:.2f}x",
+                    "<= 1.00x", m["epoch_s"] <= best)
+            if corpus["transform"]:
+                # The helper loads the transform's libraries in its start, which the in-process settings
+                # did before their clock: the epoch after the first batch compares the steady rates.
+                steady = [(rows[a][step]["epoch_s"] - rows[a][step]["first_batch_s"], a) for a in rivals if a in rows]
+                if steady and m["first_batch_s"] is not None:
+                    best, which = min(steady)
+                    mine = m["epoch_s"] - m["first_batch_s"]
+                    add(f"epoch after its first batch / best in-process ({LABELS[which]})", where,
+                        f"{mine / best:.2f}x", "<= 1.00x", mine <= best)
+        first_step = corpus["steps"][0]
+        spawn = rows.get("dataloader-2-spawn")
+        if spawn is not None and iso[first_step]["first_batch_s"] and spawn[first_step]["first_batch_s"]:
+            ratio = iso[first_step]["first_batch_s"] / spawn[first_step]["first_batch_s"]
+            add("first batch / DataLoader(2) spawn", f"{name}, {first_step} step", f"{ratio:.2f}", "<= 0.20",
+                ratio <= 0.2)
+        fork = rows.get("dataloader-2")
+        if fork is not None:
+            ratio = iso["peak_rss_mb"] / fork["peak_rss_mb"]
+            add("peak tree RSS / DataLoader(2) fork", name, f"{ratio:.2f}", "<= 0.60", ratio <= 0.6)
+    return out
+
+
+def markdown(results: Sequence[dict[str, Any]], runs: int) -> str:
+    """The section: what was measured, the goals, then one table per corpus."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in every subprocess, so that the machine line says what they ran with
+    try:
+        host = machine()
+    finally:
+        torch.set_num_threads(threads)
+    intro = (
+        f"Machine: {host}. {f'Medians of {runs} runs' if runs > 1 else 'One run'}, all from one invocation; "
+        "every (corpus, approach, run) "
+        "is a fresh subprocess with one intra-op thread. The step: 50 (light) or 500 (heavy) rounds of "
+        "`relu(h @ W) + 0.1` on an (8, 64) tensor, then `.item()`: Python launching small kernels, as a GPU "
+        f"step does. Batches of {BATCH_SIZE}; buffers of {BUFFER_SIZE} samples. Each subprocess runs one epoch "
+        "per step (light first), each with a fresh loader. *step ms*: the median step call alone, timed once "
+        "its batch is in hand; *vs alone*: over the step with the data already there, same run; *epoch s*: the "
+        "whole epoch, loading included; *first batch ms*: from starting to build the loader to the first batch "
+        "in hand (worker or helper start included); *peak RSS*: the subprocess's whole tree over its run "
+        "(DataLoader workers and the IsolatedLoader's helper included; forked workers' shared pages count in "
+        "each). Goals: the IsolatedLoader's step at most 1.05x the step alone; its epoch no slower than the "
+        "best in-process setting on FSDD and FLAC, and than the in-process threads with the GIL-holding "
+        "transform; its first batch at most 1/5 of spawned DataLoader workers'; its peak RSS at most 0.6x "
+        "forked DataLoader workers'. With the log-mel transform, librosa loads itself (about 2 s) when its "
+        "module is imported: before the clock in the trainer's process, in the helper's start (its first "
+        "batch) for the IsolatedLoader, once per run in training; the goals table also compares the epochs "
+        "after their first batch."
+    )
+    parts = ["## Contention: a Python-bound step fed by each loader (`scripts/bench_contention.py`)", intro]
+    checked = goals(results)
+    if checked:
+        parts += ["### Goals (this run)", table(["goal", "where", "measured", "target", "met"], checked)]
+    for corpus in results:
+        title = {"fsdd": f"FSDD, {corpus['files']} real recordings (WAV, 8 kHz)",
+                 "wav": f"WAV, {corpus['files']} generated files of 1-4 s at 16 kHz",
+                 "flac": f"FLAC, {corpus['files']} generated files of 1-4 s at 16 kHz",
+                 "flac+mel": f"FLAC, {corpus['files']} files, plus a librosa log-mel per sample in the producers "
+                             "(GIL-holding transform)"}[corpus["name"]]
+        parts += [f"#### {title}", corpus_table(corpus)]
+    return "\n\n".join(parts) + "\n"
+
+
+def _csv(value: str, known: Sequence[str], flag: str, parser: argparse.ArgumentParser) -> list[str]:
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    unknown = [v for v in items if v not in known]
+    if unknown or not items:
+        parser.error(f"{flag} takes a comma-separated subset of {','.join(known)}, got {value!r}")
+    return items
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=None, help="runs per approach; medians are reported "
+                        "(default 3; --quick: 1)")
+    parser.add_argument("--files", type=int, default=None, help="files per generated corpus (default 300; --quick: "
+                        "32, and FSDD cut to as many)")
+    parser.add_argument("--fsdd", type=Path, default=FSDD, help=f"the FSDD recordings (default {FSDD})")
+    parser.add_argument("--corpora", default=",".join(CORPORA), help=f"subset of {','.join(CORPORA)}")
+    parser.add_argument("--steps", default=None, help="light,heavy (default both; --quick: light)")
+    parser.add_argument("--approaches", default=",".join(APPROACHES), help=f"subset of {','.join(APPROACHES)}")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 32 files, 1 run, the light step "
+                        "(its numbers mean little)")
+    parser.add_argument("--write", action="store_true", help=f"write the {SECTION!r} section of BENCHMARKS.md")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    parser.add_argument("--cache-dir", type=Path, default=None, help="where corpora are made (default: a temp folder)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--file-list", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--transform", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    steps = _csv(args.steps or ("light" if args.quick else "light,heavy"), list(STEPS), "--steps", parser)
+    if args.child:
+        paths = [p for p in args.file_list.read_text().splitlines() if p]
+        args.child_out.write_text(json.dumps(child(args.child, steps, paths, args.transform)))
+        return 0
+    files = args.files if args.files is not None else 32 if args.quick else 300
+    runs = args.runs if args.runs is not None else 1 if args.quick else 3
+    if runs < 1 or files < BATCH_SIZE:
+        parser.error(f"--runs must be >= 1 and --files >= {BATCH_SIZE}, got {runs} and {files}")
+    if args.write and args.quick:
+        parser.error("--write takes a full run; --quick is a smoke test whose numbers mean little")
+    corpora = _csv(args.corpora, CORPORA, "--corpora", parser)
+    approaches = _csv(args.approaches, APPROACHES, "--approaches", parser)
+    results = []
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="audiobuffer-contention-") as tmp:
+        cache = args.cache_dir or Path(tmp)
+        for name in corpora:
+            if name == "fsdd":
+                fsdd = sorted(str(p) for p in args.fsdd.glob("*.wav")) if args.fsdd.is_dir() else []
+                if not fsdd:
+                    print(f"FSDD not found at {args.fsdd}: that corpus is left out", file=sys.stderr)
+                    continue
+                paths = fsdd[::max(1, len(fsdd) // files)][:files] if args.quick else fsdd
+            else:
+                fmt = name.split("+")[0]
+                paths = make_corpus(cache / f"{fmt}-{files}", files, fmt)
+            transform = "mel" if name == "flac+mel" else None
+            corpus_steps = steps[:1] if transform else steps  # the mel corpus: its first step only
+            chosen = [a for a in approaches if not transform or a in TRANSFORM_APPROACHES]
+            print(f"{name}: {len(paths)} files, {', '.join(chosen)}; steps {', '.join(corpus_steps)}", file=sys.stderr)
+            results.append(run_corpus(name, paths, chosen, corpus_steps, runs, transform=transform,
+                                      workdir=Path(tmp)))
+    print(f"took {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    text = markdown(results, runs)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    if args.write:
+        write_section(SECTION, text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
