@@ -1,0 +1,94 @@
+"""The options every loader shares, validated once: :class:`LoaderOptions`.
+
+``BufferedDataset``, ``BatchSlotLoader``, ``IsolatedLoader`` and the YAML config all describe the same
+pipeline (source, producers, buffer, order, errors, shards, stalls). Their keywords are this frozen
+dataclass's fields, checked here and nowhere else, so a new loader adds no copy of them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Literal, Optional, Sequence
+
+from ._checks import MAX_SEED, check_choice, check_int, check_seconds
+from .sources import LabelSpec
+
+__all__ = ["ErrorPolicy", "EvenShards", "LoaderOptions", "usable_cores"]
+
+ErrorPolicy = Literal["raise", "warn", "skip"]
+EvenShards = Optional[Literal["pad", "drop"]]
+#: The most producer threads a loader accepts.
+MAX_PRODUCERS = 1024
+#: The largest buffer (items).
+MAX_BUFFER = 1 << 20
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity where the OS tells it, else all)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class LoaderOptions:
+    """How a loader runs its pipeline; every field is one of ``BufferedDataset``'s keywords.
+
+    Raises (on construction):
+        TypeError: a value of the wrong type.
+        ValueError: a value out of range, or an unknown choice.
+    """
+
+    num_producers: Optional[int] = None
+    buffer_size: int = 64
+    max_bytes: Optional[int] = None
+    shuffle: bool = False
+    seed: int = 0
+    ordered: bool = False
+    on_error: ErrorPolicy = "raise"
+    transform: Optional[Callable[[Any], Any]] = None
+    labels: LabelSpec = None
+    patterns: Optional[Sequence[str]] = None
+    path_column: str = "path"
+    rank: Optional[int] = None
+    world_size: Optional[int] = None
+    even_shards: EvenShards = "pad"
+    warn_after: Optional[float] = None
+    timeout: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        if self.num_producers is not None:
+            check_int("num_producers", self.num_producers, 1, MAX_PRODUCERS, also="or None")
+        check_int("buffer_size", self.buffer_size, 1, MAX_BUFFER)
+        if self.max_bytes is not None:
+            check_int("max_bytes", self.max_bytes, 1, also="or None")
+        check_int("seed", self.seed, 0, MAX_SEED)
+        for name in ("shuffle", "ordered"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        check_choice("on_error", self.on_error, ErrorPolicy)
+        check_choice("even_shards", self.even_shards, EvenShards)
+        if self.transform is not None and not callable(self.transform):
+            raise TypeError(f"transform must be None or callable, got {self.transform!r}")
+        if not isinstance(self.path_column, str):
+            raise TypeError(f"path_column must be a string, got {self.path_column!r}")
+        if (self.rank is None) != (self.world_size is None):
+            raise ValueError(f"give rank and world_size together, got rank={self.rank!r}, "
+                             f"world_size={self.world_size!r}")
+        if self.world_size is not None:
+            check_int("world_size", self.world_size, 1)
+            check_int("rank", self.rank, 0, self.world_size - 1)
+        for name in ("warn_after", "timeout"):
+            value = getattr(self, name)
+            if value == math.inf:  # "never", as None says
+                object.__setattr__(self, name, None)
+            elif value is not None:
+                check_seconds(name, value, also="or None (never)")
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """The option names (the keywords a loader passes on to this class)."""
+        return tuple(f.name for f in fields(cls))
