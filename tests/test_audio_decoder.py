@@ -434,6 +434,17 @@ def test_crop_seconds_of_one_day_is_accepted():
     assert AudioDecoder(crop_seconds=86400).crop_seconds == 86400
 
 
+def test_yaml_crop_seconds_has_the_same_range(tmp_path):
+    from audiobuffer import ConfigError
+    from audiobuffer.config import build_decoder, parse_config
+
+    write_tone(tmp_path / "a.wav", seconds=0.1, sample_rate=8000)
+    with pytest.raises(ConfigError, match=r"decode\.crop_seconds.*86400"):
+        parse_config({"source": {"root": str(tmp_path)}, "decode": {"crop_seconds": 1e9}})
+    config = parse_config({"source": {"root": str(tmp_path)}, "decode": {"crop_seconds": 86400}})
+    assert build_decoder(config).crop_seconds == 86400
+
+
 # -- fallback errors and warnings (item 21) -------------------------------------------------------
 
 class Undecodable(Exception):
