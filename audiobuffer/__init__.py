@@ -23,7 +23,7 @@ from .errors import (
     StallError,
 )
 from .slots import BatchSlotLoader, SlotStats
-from .sources import AUDIO_PATTERNS, Source, WorkItem
+from .sources import AUDIO_PATTERNS, IMAGE_PATTERNS, Source, WorkItem
 
 __version__ = "0.1.0"
 
@@ -41,6 +41,7 @@ __all__ = [
     "DecodeError",
     "DevicePrefetcher",
     "DeviceTensorLoader",
+    "IMAGE_PATTERNS",
     "ImageDecoder",
     "ResumeError",
     "SampleError",
