@@ -167,3 +167,24 @@ def test_checkpoints_stay_out_of_the_source_tree():
     assert "checkpoint" not in config.get("train", {})  # so the default, ./runs/fsdd/, applies
     ignored = (REPO / ".gitignore").read_text().split()
     assert "/runs/" in ignored
+
+
+def test_torchrun_resume_mid_epoch_restores_each_ranks_shard(tiny, tmp_path):
+    """Two ranks stop after 2 of their 4 steps and resume: each rank's dataset state was gathered into
+    the one checkpoint, and epoch 0 covers every file exactly once across the ranks."""
+    config, train_files = tiny
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", SCRIPT,
+                "--config", config, "--set", "epochs=1", "--checkpoint-dir", tmp_path / "ck",
+                "--seen-log", tmp_path / "seen"]
+    first = run([*torchrun, "--stop-at-step", "2"], cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    saved = torch.load(tmp_path / "ck" / "last.pt", weights_only=True)
+    assert (saved["step"], saved["world_size"], len(saved["ranks"])) == (2, 2, 2)
+    second = run([*torchrun, "--resume", tmp_path / "ck"], cwd=tmp_path)
+    assert second.returncode == 0, second.stdout + second.stderr
+    trained = []
+    for rank in (0, 1):
+        lines = _seen(tmp_path / "seen" / f"rank{rank}.jsonl")
+        assert [line["step"] for line in lines] == [0, 1, 2, 3]
+        trained += [p for line in lines for p in line["paths"]]
+    assert sorted(trained) == train_files
