@@ -294,7 +294,11 @@ def _load_checkpoint(path: Path) -> dict:
     if not path.is_file():
         raise ResumeError(f"--resume: no checkpoint at {str(path)!r}")
     # weights_only: a checkpoint holds tensors and plain builtins only, so loading runs no pickled code.
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # not a torch file, truncated, or holding more than tensors and builtins
+        raise ResumeError(f"--resume: cannot read {str(path)!r} as a checkpoint: {type(exc).__name__}: "
+                          f"{str(exc)[:200]}") from exc
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
         raise ResumeError(f"--resume: {str(path)!r} is not a resumable checkpoint of this script "
                           f"(format {state.get('format') if isinstance(state, dict) else None!r}, "

@@ -160,6 +160,9 @@ def test_resume_refuses_a_checkpoint_from_another_setup(tiny, tmp_path):
     assert "Traceback" not in result.stderr
     missing = run([sys.executable, SCRIPT, "--config", config, "--resume", tmp_path / "nowhere"], cwd=tmp_path)
     assert missing.returncode == 2 and "no checkpoint" in missing.stderr and "Traceback" not in missing.stderr
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    junk = run([sys.executable, SCRIPT, "--config", config, "--resume", tmp_path / "junk.pt"], cwd=tmp_path)
+    assert junk.returncode == 2 and "cannot read" in junk.stderr and "Traceback" not in junk.stderr
 
 
 def test_checkpoints_stay_out_of_the_source_tree():
