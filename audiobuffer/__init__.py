@@ -33,6 +33,7 @@ _EXPORTS = {
     "DevicePrefetcher": ".device",
     "DeviceTensorLoader": ".device",
     "HelperError": ".errors",
+    "IMAGE_PATTERNS": ".sources",
     "ImageDecoder": ".decoders",
     "IsolatedLoader": ".isolated",
     "ResumeError": ".errors",
@@ -81,6 +82,6 @@ if TYPE_CHECKING:
     )
     from .isolated import IsolatedLoader
     from .slots import BatchSlotLoader, SlotStats
-    from .sources import AUDIO_PATTERNS, Source, WorkItem
+    from .sources import AUDIO_PATTERNS, IMAGE_PATTERNS, Source, WorkItem
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())

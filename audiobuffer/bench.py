@@ -12,7 +12,12 @@ same files with the same decoder (:class:`AudioDecoder`) and collate (:func:`pad
 
 For each: total epoch time, time to the first batch (worker start included), steady throughput after
 it (files/s and seconds of audio/s), peak RSS of the whole process tree (sampled every 20 ms; forked
-workers' shared pages count in each process), and CPU% (user + system of the tree over wall time).
+workers' shared pages count in each process), and CPU% (user + system time of the process and its
+joined workers over one window, from just before the loader is made to just after its workers are
+joined: CPU time and wall time are read at the same two instants, so CPU% is at most 100 times the
+usable cores). On Windows, where there is no ``resource`` module, CPU% counts the measuring process only.
+
+It needs psutil (the ``bench`` extra: ``pip install "audiobuffer[bench]"``); ``--plot`` also needs matplotlib.
 """
 
 from __future__ import annotations
@@ -21,7 +26,6 @@ import argparse
 import gc
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -34,7 +38,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["APPROACHES", "make_corpus", "run_bench", "run_with_peak_rss"]
+__all__ = ["APPROACHES", "Window", "cpu_percent", "make_corpus", "measure_epoch", "run_bench", "run_with_peak_rss",
+           "usable_cores"]
 
 APPROACHES = [
     "loop", "dataloader-0", "dataloader-1", "dataloader-2", "dataloader-4", "dataloader-2-pin",
@@ -44,6 +49,17 @@ APPROACHES = [
 SAMPLE_SECONDS = 0.02  # the RSS sampling period
 QUICK_APPROACHES = ["loop", "dataloader-2", "dataloader-2-spawn", "audiobuffer-2", "torchdata-2", "prefetch_generator"]
 BATCH_SIZE = 16
+INSTALL_HINT = 'pip install "audiobuffer[bench]"'
+
+#: ``audiobuffer bench --help``: plain text (the module docstring is reST for the API docs).
+DESCRIPTION = ("Time one epoch of audio decoding through each loader, side by side: the plain loop, "
+               "DataLoader with worker processes (fork, spawn, pinned), BufferedDataset with producer "
+               "threads, and torchdata and prefetch_generator where installed. Each approach runs in a "
+               "fresh process over the same files, decoder and collate.")
+EPILOG = ("Reported per approach: epoch time, time to the first batch, steady files/s and seconds of "
+          "audio/s, peak RSS of the process tree (MiB), and CPU % (user + system time over the same "
+          "window as the wall time; at most 100 % per usable core). Needs psutil, and matplotlib for "
+          f"--plot: {INSTALL_HINT}")
 
 
 class PathDataset:
@@ -121,8 +137,103 @@ def available(approach: str) -> bool:
 
 
 def _cpu_seconds() -> float:
+    """User + system CPU seconds of this process and of its children that have been joined.
+
+    ``resource`` is Unix-only, so it is imported here, not at module level: on Windows the
+    process's own times come from psutil (joined worker processes are not counted there).
+    """
+    try:
+        import resource
+    except ImportError:
+        import psutil
+
+        times = psutil.Process().cpu_times()
+        return times.user + times.system
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the platform has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Windows or macOS
+        return os.cpu_count() or 1
+
+
+class Window:
+    """Wall time and CPU time over one window, both read at the same two instants.
+
+    CPU% is only meaningful when both clocks cover the same window: CPU time read after workers are
+    joined, over a wall time that stopped before, is how a bench reports 300% on 2 cores.
+
+    Example:
+        >>> window = Window()
+        >>> _ = sum(range(100_000))
+        >>> window.stop()
+        >>> 0 <= window.cpu_percent
+        True
+    """
+
+    def __init__(self) -> None:
+        self.cpu0, self.wall0 = _cpu_seconds(), time.perf_counter()
+        self.cpu1: Optional[float] = None
+        self.wall1: Optional[float] = None
+
+    def stop(self) -> None:
+        """End the window: read both clocks again, CPU time last (it includes the wall read)."""
+        self.wall1 = time.perf_counter()
+        self.cpu1 = _cpu_seconds()
+
+    @property
+    def wall_s(self) -> float:
+        if self.wall1 is None:
+            raise RuntimeError("Window.stop() was not called")
+        return self.wall1 - self.wall0
+
+    @property
+    def cpu_s(self) -> float:
+        if self.cpu1 is None:
+            raise RuntimeError("Window.stop() was not called")
+        return self.cpu1 - self.cpu0
+
+    @property
+    def cpu_percent(self) -> float:
+        return cpu_percent(self.cpu_s, self.wall_s)
+
+
+def cpu_percent(cpu_s: float, wall_s: float) -> float:
+    """``100 * cpu_s / wall_s``: CPU seconds and wall seconds measured over the same window."""
+    return 100.0 * cpu_s / max(wall_s, 1e-9)
+
+
+def measure_epoch(make_iterator: Any) -> Dict[str, float]:
+    """Drain ``make_iterator()`` (batches with ``path``, ``lengths`` and ``sample_rate``) and measure it.
+
+    The epoch time ends at the last batch; the CPU window runs from before ``make_iterator()`` to
+    after the iterator is released and collected (DataLoader workers are joined there, so their CPU
+    time counts), and its wall time is read at the same two instants.
+    """
+    gc.collect()
+    window = Window()
+    start = window.wall0
+    first = None
+    files = first_files = 0
+    audio = 0.0
+    batch = None
+    iterator = make_iterator()
+    for batch in iterator:
+        if first is None:
+            first = time.perf_counter() - start
+            first_files = len(batch["path"])
+        files += len(batch["path"])
+        audio += float(batch["lengths"].sum()) / float(batch["sample_rate"][0])
+    total = time.perf_counter() - start
+    del iterator, batch  # DataLoader workers are joined here, so their CPU time counts
+    gc.collect()
+    window.stop()
+    return {"total_s": total, "first_batch_s": first or total, "files": files, "first_files": first_files,
+            "audio_s": audio, "cpu_s": window.cpu_s, "window_s": window.wall_s}
 
 
 def _child(approach: str, paths: List[str]) -> Dict[str, float]:
@@ -137,24 +248,7 @@ def _child(approach: str, paths: List[str]) -> Dict[str, float]:
     if approach == "prefetch_generator":
         import prefetch_generator  # noqa: F401
     torch.zeros(1)
-    gc.collect()
-    cpu0, start = _cpu_seconds(), time.perf_counter()
-    first = None
-    files = first_files = 0
-    audio = 0.0
-    iterator = _loader(approach, paths)
-    for batch in iterator:
-        if first is None:
-            first = time.perf_counter() - start
-            first_files = len(batch["path"])
-        files += len(batch["path"])
-        audio += float(batch["lengths"].sum()) / float(batch["sample_rate"][0])
-    total = time.perf_counter() - start
-    del iterator  # DataLoader workers are joined here, so their CPU time counts
-    gc.collect()
-    cpu = _cpu_seconds() - cpu0
-    return {"total_s": total, "first_batch_s": first or total, "files": files, "first_files": first_files,
-            "audio_s": audio, "cpu_s": cpu}
+    return measure_epoch(lambda: _loader(approach, paths))
 
 
 class _TreeRss:
@@ -248,7 +342,7 @@ def _measure(approach: str, file_list: Path, timeout: float) -> Run:
     r = json.loads(out.read_text())
     steady_time = max(1e-9, r["total_s"] - r["first_batch_s"])
     steady_files = r["files"] - r["first_files"]
-    return Run(approach, r["total_s"], r["first_batch_s"], r["files"], r["audio_s"], 100 * r["cpu_s"] / r["total_s"],
+    return Run(approach, r["total_s"], r["first_batch_s"], r["files"], r["audio_s"], cpu_percent(r["cpu_s"], r["window_s"]),
                peak / 2**20, steady_files / steady_time, r["audio_s"] * steady_files / max(1, r["files"]) / steady_time)
 
 
@@ -345,14 +439,25 @@ def plot(results: Dict[str, List[Dict[str, Any]]], path: Path) -> None:
     plt.close(fig)
 
 
+def _missing_modules(names: Sequence[str]) -> List[str]:
+    """The modules of ``names`` that cannot be imported."""
+    missing = []
+    for name in names:
+        try:
+            __import__(name)
+        except ImportError:
+            missing.append(name)
+    return missing
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``audiobuffer bench``; also the subprocess entry point (``--child``)."""
-    parser = argparse.ArgumentParser(prog="audiobuffer bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="audiobuffer bench", description=DESCRIPTION, epilog=EPILOG)
     parser.add_argument("--files", type=int, default=1000, help="files per generated corpus (default 1000)")
     parser.add_argument("--formats", default="flac,wav", help="generated corpora (default flac,wav)")
     parser.add_argument("--fsdd", type=Path, default=None, help="also the real FSDD recordings in this folder")
     parser.add_argument("--runs", type=int, default=3, help="runs per approach; the median is reported (default 3)")
-    parser.add_argument("--approaches", default=None, help=f"comma-separated subset of {','.join(APPROACHES)}")
+    parser.add_argument("--approaches", default=None, help=f"comma-separated subset of: {', '.join(APPROACHES)}")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 40 files, 1 run, a few approaches")
     parser.add_argument("--cache-dir", type=Path, default=None, help="where corpora are made (default: a temp folder)")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON ('-': stdout)")
@@ -368,6 +473,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     if args.runs < 1 or args.files < 1:
         parser.error("--runs and --files must be >= 1")
+    missing = _missing_modules(["psutil"] + (["matplotlib"] if args.plot else []))
+    if missing:
+        print(f"audiobuffer bench: error: needs {' and '.join(missing)}, which the bench extra installs: "
+              f"{INSTALL_HINT}", file=sys.stderr)
+        return 2
     approaches = QUICK_APPROACHES if args.quick else APPROACHES
     if args.approaches:
         approaches = [a.strip() for a in args.approaches.split(",") if a.strip()]

@@ -215,7 +215,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"audiobuffer: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     except AudioBufferError as exc:
-        cause = f" (caused by {type(exc.__cause__).__name__}: {exc.__cause__})" if exc.__cause__ else ""
+        # The cause only where it adds something: a sample error already quotes its decoder's message.
+        cause = exc.__cause__
+        said = cause is None or str(cause) in str(exc)
+        cause = "" if said else f" (caused by {type(cause).__name__}: {cause})"
         print(f"audiobuffer: error: {exc}{cause}"[:4000], file=sys.stderr)
         if args.verbose:
             logger.exception("traceback")

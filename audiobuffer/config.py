@@ -537,12 +537,12 @@ def build_source(config: PipelineConfig) -> Any:
     Raises:
         ConfigError: the source lists no usable file or a label expression does not fit.
     """
-    from .sources import AUDIO_PATTERNS, Source
+    from .sources import AUDIO_PATTERNS, IMAGE_PATTERNS, Source
 
     src = config.source
     spec: Any = src.root if src.root is not None else src.manifest if src.manifest is not None else src.files
     patterns = src.patterns if src.patterns is not None else (
-        AUDIO_PATTERNS if config.decode.kind == "audio" else ("**/*.png", "**/*.jpg", "**/*.jpeg"))
+        AUDIO_PATTERNS if config.decode.kind == "audio" else IMAGE_PATTERNS)
     try:
         return Source(spec, patterns=patterns, labels=src.labels, path_column=src.path_column)
     except SourceError as exc:

@@ -170,7 +170,9 @@ class BufferedDataset(IterableDataset):
             (counted in :meth:`stats`, then skip).
         transform: a callable applied to each sample in the producer thread.
         labels: where labels come from (see :class:`~audiobuffer.Source`).
-        patterns: glob patterns for a directory source.
+        patterns: glob patterns for a directory source; ``None``: the decoder's ``patterns`` attribute
+            (:data:`~audiobuffer.IMAGE_PATTERNS` for an ``ImageDecoder``), else
+            :data:`~audiobuffer.AUDIO_PATTERNS`.
         path_column: the path column of a manifest.
         rank: this process's rank; with ``world_size``, overrides ``torch.distributed``.
         world_size: the number of ranks.
@@ -203,7 +205,7 @@ class BufferedDataset(IterableDataset):
                  max_bytes: Optional[int] = None, shuffle: bool = False, seed: int = 0,
                  ordered: bool = False, on_error: ErrorPolicy = "raise",
                  transform: Optional[Callable[[Any], Any]] = None, labels: LabelSpec = None,
-                 patterns: Sequence[str] = AUDIO_PATTERNS, path_column: str = "path",
+                 patterns: Optional[Sequence[str]] = None, path_column: str = "path",
                  rank: Optional[int] = None, world_size: Optional[int] = None,
                  even_shards: EvenShards = "pad", warn_after: Optional[float] = None,
                  timeout: Optional[float] = None) -> None:
@@ -233,6 +235,8 @@ class BufferedDataset(IterableDataset):
             _check_int("rank", rank, 0)
             if rank >= world_size:  # type: ignore[operator]
                 raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank!r}")
+        if patterns is None:
+            patterns = getattr(decoder, "patterns", AUDIO_PATTERNS)
         self.source = source if isinstance(source, Source) else Source(
             source, patterns=patterns, labels=labels, path_column=path_column)
         self.decoder = decoder

@@ -103,6 +103,20 @@ class Spectrogram(nn.Module):
 
     def forward(self, audio: torch.Tensor, lengths: Optional[torch.Tensor] = None
                 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """The spectrogram of each waveform in the batch.
+
+        Args:
+            audio: float waveforms ``(..., T)``, e.g. ``(batch, T)`` or ``(batch, channels, T)``,
+                on any device; padded examples are zero beyond their length.
+            lengths: each example's length in samples, shape ``audio.shape[:-1]`` (``pad_collate``'s
+                ``lengths``), or ``None``.
+
+        Returns:
+            ``(spec, frames)``: ``spec`` is ``(..., n_fft // 2 + 1, frames)`` in ``audio``'s dtype and
+            device; ``frames`` is each example's length in frames (:meth:`frames` of ``lengths``), or
+            ``None`` when ``lengths`` is ``None``. Frames past an example's length are computed from
+            its padding; mask them with ``frames``.
+        """
         shape = audio.shape
         flat = audio.reshape(-1, shape[-1])
         spec = torch.stft(flat, self.n_fft, hop_length=self.hop_length, win_length=self.win_length,
@@ -132,6 +146,17 @@ class MelSpectrogram(nn.Module):
 
     def forward(self, audio: torch.Tensor, lengths: Optional[torch.Tensor] = None
                 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """The mel spectrogram of each waveform in the batch.
+
+        Args:
+            audio: float waveforms ``(..., T)`` on any device (padded with zeros).
+            lengths: each example's length in samples, shape ``audio.shape[:-1]``, or ``None``.
+
+        Returns:
+            ``(mel, frames)``: ``mel`` is ``(..., n_mels, frames)``, the power (or magnitude, with
+            ``power=1``) through the mel filters; ``frames`` is each example's length in frames, or
+            ``None`` when ``lengths`` is ``None``.
+        """
         spec, frames = self.spectrogram(audio, lengths)
         return torch.matmul(self.filters.to(spec.dtype), spec), frames
 
@@ -157,6 +182,18 @@ class LogMel(MelSpectrogram):
 
     def forward(self, audio: torch.Tensor, lengths: Optional[torch.Tensor] = None
                 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """The log-mel spectrogram of each waveform in the batch, in decibels.
+
+        Args:
+            audio: float waveforms ``(..., T)`` on any device (padded with zeros).
+            lengths: each example's length in samples, shape ``audio.shape[:-1]``, or ``None``.
+
+        Returns:
+            ``(db, frames)``: ``db`` is ``(..., n_mels, frames)``, ``10 * log10(max(mel, amin))``,
+            floored ``top_db`` below each example's peak when ``top_db`` is set; ``frames`` is each
+            example's length in frames, or ``None`` when ``lengths`` is ``None``: pass them on to mask
+            the frames computed from padding (they sit near the floor, not at a neutral value).
+        """
         mel, frames = super().forward(audio, lengths)
         db = 10.0 * torch.log10(mel.clamp_min(self.amin))
         if self.top_db is not None:

@@ -22,6 +22,7 @@ from .errors import SourceError
 
 __all__ = [
     "AUDIO_PATTERNS",
+    "IMAGE_PATTERNS",
     "LabelSpec",
     "Source",
     "SourceSpec",
@@ -34,6 +35,12 @@ __all__ = [
 #: Glob patterns a directory source matches by default: the audio containers libsndfile reads.
 AUDIO_PATTERNS: tuple[str, ...] = (
     "**/*.wav", "**/*.flac", "**/*.ogg", "**/*.opus", "**/*.mp3", "**/*.aiff", "**/*.aif", "**/*.sph",
+)
+#: Glob patterns an :class:`~audiobuffer.ImageDecoder` reads from a directory by default: the common
+#: formats Pillow decodes, with the upper-case suffixes cameras write.
+IMAGE_PATTERNS: tuple[str, ...] = (
+    "**/*.png", "**/*.jpg", "**/*.jpeg", "**/*.bmp", "**/*.gif", "**/*.tif", "**/*.tiff", "**/*.webp",
+    "**/*.PNG", "**/*.JPG", "**/*.JPEG",
 )
 _MANIFEST_SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 

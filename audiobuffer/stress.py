@@ -37,6 +37,21 @@ __all__ = ["RoundResult", "run_round", "stress"]
 
 _STOP = object()
 JOIN_TIMEOUT = 60.0
+JITTER_CHANCE = 0.1  # the share of items after which a jittered side sleeps
+JITTER_MAX_S = 0.0005  # the longest such sleep
+
+#: ``audiobuffer stress --help``: plain text (the module docstring is reST for the API docs).
+DESCRIPTION = ("Move numbered items from producer threads to consumer threads through audiobuffer's Buffer, "
+               "check that each arrives exactly once and that the buffer never holds more than its "
+               "capacity, and compare the rate (items per second) with queue.Queue under the same shape.")
+JITTER_NOTE = (f"Contended rounds have no delays, so the queue itself is the bottleneck. Jittered rounds "
+               f"make each producer and consumer pause for a random 0 to {1000 * JITTER_MAX_S:g} ms at "
+               f"{100 * JITTER_CHANCE:g}% of its items (chosen at random), to vary the interleavings (full and "
+               f"empty buffer, waiters on both sides); they move a tenth of the items, and their rate "
+               f"measures the sleeps, not the queue.")
+EPILOG = (f"Rates are items per second (medians over --rounds). {JITTER_NOTE} 'get' takes one item per call "
+          f"(as queue.Queue.get); 'get_many' takes every ready item at once (as BufferedDataset does). "
+          f"Exit status 1 if any item was lost or duplicated or the bound was exceeded.")
 
 
 @dataclass
@@ -58,8 +73,8 @@ class RoundResult:
 
 
 def _delay(rng: random.Random, jitter: bool) -> None:
-    if jitter and rng.random() < 0.1:
-        time.sleep(rng.random() * 0.0005)  # simulated work between items
+    if jitter and rng.random() < JITTER_CHANCE:
+        time.sleep(rng.random() * JITTER_MAX_S)  # simulated work between items
 
 
 def run_round(impl: str, *, producers: int, consumers: int, capacity: int, items: int, payload: int = 0,
@@ -199,13 +214,15 @@ def stress(shapes: Sequence[tuple], *, items: int, payload: int, rounds: int, mi
 
 def markdown(report: Dict[str, Any]) -> str:
     """The report as a Markdown table and a line of checks."""
-    lines = ["| producers | consumers | capacity | queue.Queue get | Buffer get | vs Queue | Buffer get_many | vs Queue | "
-             "Buffer get, jittered |",
+    lines = ["| producers | consumers | capacity | queue.Queue get, items/s | Buffer get, items/s | vs Queue | "
+             "Buffer get_many, items/s | vs Queue | Buffer get, jittered, items/s |",
              "|---|---|---|---|---|---|---|---|---|"]
     for s in report["summary"]:
         lines.append(f"| {s['producers']} | {s['consumers']} | {s['capacity']} | {s['queue_items_per_s']:,.0f} | "
                      f"{s['buffer_items_per_s']:,.0f} | {s['ratio']:.2f}x | {s['buffer_many_items_per_s']:,.0f} | "
                      f"{s['ratio_many']:.2f}x | {s['jittered_buffer_items_per_s']:,.0f} |")
+    lines.append("")
+    lines.append(f"Rates are medians of items per second. {JITTER_NOTE}")
     lines.append("")
     lines.append(f"Checks: {report['rounds']} rounds, {report['items_moved']:,} items moved: {report['lost']} lost, "
                  f"{report['duplicated']} duplicated, {report['bound_violations']} rounds over the bound; "
@@ -230,14 +247,14 @@ def parse_shapes(text: str) -> List[tuple]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="audiobuffer stress", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="audiobuffer stress", description=DESCRIPTION, epilog=EPILOG)
     parser.add_argument("--shapes", default="1x1x64,4x1x64,2x2x16,8x2x4",
                         help="producers x consumers x capacity, comma-separated (default 1x1x64,4x1x64,2x2x16,8x2x4)")
     parser.add_argument("--items", type=int, default=100_000, help="items per contended round (default 100000)")
     parser.add_argument("--payload", type=int, default=0, help="bytes each item carries (default 0)")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds per shape; medians reported (default 3)")
-    parser.add_argument("--minutes", type=float, default=None, help="soak: repeat for this many minutes")
-    parser.add_argument("--quick", action="store_true", help="a smoke run: small rounds")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per shape and kind; medians reported (default 3)")
+    parser.add_argument("--minutes", type=float, default=None, help="soak: repeat the rounds for this many minutes, checking that threads and open files stay flat")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 2000 items, 1 round per shape")
     parser.add_argument("--json", metavar="PATH", help="write the report as JSON ('-': stdout)")
     args = parser.parse_args(argv)
     try:

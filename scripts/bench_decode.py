@@ -39,7 +39,8 @@ def main() -> int:
         f"Machine: {machine()}. Command: `python scripts/bench_decode.py {' '.join(args)}`. Medians of {runs} runs, "
         "each approach in a fresh process; batches of 16 through the same `AudioDecoder` and numpy `pad_collate`. "
         "Peak RSS sums the processes of the tree (forked workers' shared pages count in each); CPU % is user + "
-        "system time of the tree over the epoch's wall time.",
+        "system time of the process and its joined workers over the wall time of the same window (the epoch "
+        "and the workers' shutdown), so at most 100 per usable core.",
         tables.strip(),
         f"![throughput and time to first batch]({PLOT.relative_to(BENCHMARKS.parent)})",
     ])

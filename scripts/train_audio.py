@@ -8,9 +8,21 @@ Two processes on one CPU machine (gloo; each rank decodes and trains on its own 
 
     torchrun --nproc_per_node=2 scripts/train_audio.py --config configs/fsdd.yaml
 
-The config's ``train`` section sets the optimiser, the features, the model width, the test split
-(``test_files``: a regex on the file name) and the checkpoint path. Features are computed on the whole
-batch on the training device (``audiobuffer.features.LogMel``), not per sample in the producers.
+The config's ``train`` section sets the optimiser, the features, the model width and the test split
+(``test_files``: a regex on the file name). Features are computed on the whole batch on the training
+device (``audiobuffer.features.LogMel``), not per sample in the producers.
+
+Checkpoints hold the whole training state: model, optimiser, learning-rate schedule, epoch, step, the
+random state and each rank's ``BufferedDataset.state_dict()``. They are written to ``last.pt`` in
+``--checkpoint-dir`` (default: the config's ``train.checkpoint`` file if it names one, else
+``runs/CONFIG-NAME/`` under the current directory, which this repository's .gitignore ignores) every
+``--save-every`` steps and at the end of each epoch. ``--resume PATH`` continues from one, mid-epoch
+too: the resumed epoch trains on exactly the samples of that epoch it had not trained on yet.
+
+By default samples are batched in the order the producers finish them, so the batches, and with them
+the per-epoch loss and accuracy, vary a little from run to run. ``--deterministic`` hands samples out
+in the epoch's own order (``ordered=True``) and asks torch for deterministic kernels: the same config
+then gives the same figures on the same machine and versions, resumed or not.
 """
 
 from __future__ import annotations
@@ -22,16 +34,21 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import Any, Iterator, Optional
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
 
 from audiobuffer.config import build_dataset, build_loader, build_source, load_config
 from audiobuffer.device import DevicePrefetcher, resolve_device
-from audiobuffer.errors import AudioBufferError
+from audiobuffer.errors import AudioBufferError, ResumeError
 from audiobuffer.features import LogMel
+
+CHECKPOINT_NAME = "last.pt"
+CHECKPOINT_FORMAT = 2  # 1: the model only, after each epoch (cannot be resumed)
 
 
 class SpeechCNN(nn.Module):
@@ -57,9 +74,9 @@ class SpeechCNN(nn.Module):
         return self.head(torch.cat([x.mean(dim=(2, 3)), x.amax(dim=(2, 3))], dim=1))
 
 
-def main() -> int:
+def main(argv: Optional[list[str]] = None) -> int:
     try:
-        return train()
+        return train(argv)
     finally:
         if dist.is_initialized():
             # No rank tears gloo down while another is still in a collective or writing the checkpoint.
@@ -67,16 +84,50 @@ def main() -> int:
             dist.destroy_process_group()
 
 
-def train() -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True, help="pipeline config (YAML)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key (repeatable), e.g. --set epochs=3")
+    parser.add_argument("--checkpoint-dir", type=Path, default=None, metavar="DIR",
+                        help=f"write checkpoints to DIR/{CHECKPOINT_NAME} (default: the config's train.checkpoint "
+                             f"file if set, else runs/CONFIG-NAME/{CHECKPOINT_NAME} under the current directory)")
+    parser.add_argument("--save-every", type=int, default=100, metavar="N",
+                        help="also checkpoint every N steps within an epoch (default 100; 0: at epoch ends only)")
+    parser.add_argument("--resume", type=Path, default=None, metavar="PATH",
+                        help=f"continue from a checkpoint (a file, or a folder holding {CHECKPOINT_NAME}), mid-epoch "
+                             "too; the config must be the one it was made with")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="hand samples out in the epoch's order (ordered=True) and use deterministic kernels, "
+                             "so that runs repeat; by default batches, and so the per-epoch figures, vary a little")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="a progress bar within each epoch (default: when stderr is a terminal)")
     parser.add_argument("--max-steps", type=int, default=None, help="stop each epoch after this many steps")
-    parser.add_argument("--seen-log", type=Path, default=None,
-                        help="write the files each rank trained on in epoch 0 to DIR/rank{N}.json")
+    parser.add_argument("--stop-at-step", type=int, default=None, metavar="N",
+                        help="checkpoint and stop once N steps are done in all (counting those before a resume), "
+                             "e.g. to fit a job's time limit; --resume continues")
+    parser.add_argument("--seen-log", type=Path, default=None, metavar="DIR",
+                        help="append the files each rank trains on to DIR/rank{N}.jsonl, one line per step")
     parser.add_argument("--json", type=Path, default=None, help="write the final metrics to this file")
-    args = parser.parse_args()
+    return parser
+
+
+def checkpoint_path(args: argparse.Namespace, config: Any) -> Path:
+    """Where checkpoints go: --checkpoint-dir, else the config's train.checkpoint, else ./runs/CONFIG-NAME/."""
+    if args.checkpoint_dir is not None:
+        return args.checkpoint_dir / CHECKPOINT_NAME
+    if config.train.checkpoint:
+        return Path(config.train.checkpoint)
+    return Path("runs") / Path(args.config).stem / CHECKPOINT_NAME
+
+
+def train(argv: Optional[list[str]] = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    for name in ("save_every", "max_steps", "stop_at_step"):
+        value = getattr(args, name)
+        if value is not None and value < (0 if name == "save_every" else 1):
+            parser.error(f"--{name.replace('_', '-')} must be >= {0 if name == 'save_every' else 1}, got {value}")
 
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     config = load_config(args.config, args.overrides)
@@ -89,6 +140,12 @@ def train() -> int:
     rank = dist.get_rank() if distributed else 0
     world_size = dist.get_world_size() if distributed else 1
     torch.manual_seed(config.seed)
+    if args.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition for repeatable results
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.benchmark = False
+    resume = _load_checkpoint(args.resume) if args.resume is not None else None
+    save_to = checkpoint_path(args, config)
 
     # Split one source into train and test by file name; both keep the same classes.
     source = build_source(config)
@@ -96,17 +153,21 @@ def train() -> int:
     is_test = [bool(test_re and test_re.search(os.path.basename(p))) for p in source.paths]
     train_source = source.subset([i for i, t in enumerate(is_test) if not t])
     test_source = source.subset([i for i, t in enumerate(is_test) if t]) if any(is_test) else None
-    train_set = build_dataset(config, source=train_source)  # each rank its shard (torch.distributed)
+    # Each rank its shard (torch.distributed). Unordered by default: batches in the order producers finish.
+    train_set = build_dataset(config, source=train_source, ordered=True if args.deterministic else None)
     test_set = build_dataset(config, source=test_source, shuffle=False, ordered=True) if test_source else None
     train_loader = build_loader(config, train_set)
     test_loader = build_loader(config, test_set) if test_set is not None else None
+    # Each iter() of a DataLoader draws a seed from its generator, by default torch's global one, which
+    # dropout uses too: a generator of their own keeps a resumed run's dropout in step with an unbroken one.
+    for loader in (train_loader, test_loader):
+        if loader is not None:
+            loader.generator = torch.Generator().manual_seed(config.seed)
 
     sample_rate = config.decode.sample_rate or 16000
     t = config.train
     model: nn.Module = SpeechCNN(len(source.classes), sample_rate, n_fft=t.n_fft, hop_length=t.hop_length,
                                  n_mels=t.n_mels, channels=t.channels).to(device)
-    if distributed:
-        model = DistributedDataParallel(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
     # Every rank must take the same number of steps, or the last gradient all-reduce waits forever.
     steps = _agree_min(-(-len(train_set) // config.loader.batch_size), distributed)
@@ -114,30 +175,89 @@ def train() -> int:
         steps = min(steps, args.max_steps)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=t.lr, epochs=config.epochs,
                                                    steps_per_epoch=max(1, steps))
+    metrics: dict = {"world_size": world_size, "epochs": [], "stopped_at": None}
+    start_epoch, start_step, mine = 0, 0, None
+    if resume is not None:
+        _check_fits(resume, classes=source.classes, epochs=config.epochs, steps=steps, world_size=world_size)
+        model.load_state_dict(resume["model"])
+        optimizer.load_state_dict(resume["optimizer"])
+        schedule.load_state_dict(resume["schedule"])
+        start_epoch, start_step = resume["epoch"], resume["step"]
+        metrics["epochs"] = resume["metrics"]
+        mine = resume["ranks"][rank]
+    if distributed:
+        model = DistributedDataParallel(model)
+    plain = model.module if isinstance(model, DistributedDataParallel) else model
+
     log = print if rank == 0 else (lambda *a, **k: None)
     log(f"{len(train_source)} train / {len(test_source) if test_source else 0} test files, "
         f"{len(source.classes)} classes, {world_size} rank(s), {steps} steps per epoch, device {device}")
+    if resume is not None:
+        log(f"resuming {args.resume} at epoch {start_epoch + 1}, step {start_step}")
+    show_progress = rank == 0 and (args.progress if args.progress is not None else sys.stderr.isatty())
 
-    metrics: dict = {"world_size": world_size, "epochs": []}
-    for epoch in range(config.epochs):
+    def save(epoch: int, step: int, data_state: Optional[dict], loss_sum: torch.Tensor) -> None:
+        """Checkpoint: the next run starts ``epoch`` at ``step``, with this rank's dataset at ``data_state``.
+
+        Collective under torchrun (each rank's dataset state is gathered); rank 0 writes the file.
+        """
+        ranks = _gather({"dataset": data_state, "loss_sum": loss_sum.tolist(), "rng": torch.get_rng_state(),
+                         "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else None},
+                        distributed, world_size)
+        if rank == 0:
+            _write_checkpoint(save_to, {
+                "format": CHECKPOINT_FORMAT, "model": plain.state_dict(), "optimizer": optimizer.state_dict(),
+                "schedule": schedule.state_dict(), "epoch": epoch, "step": step, "steps_per_epoch": steps,
+                "epochs": config.epochs, "world_size": world_size, "ranks": ranks, "metrics": metrics["epochs"],
+                "classes": source.classes, "config": config.model_dump(mode="json"),
+                "test_accuracy": metrics["epochs"][-1]["test_accuracy"] if metrics["epochs"] else None})
+
+    for epoch in range(start_epoch, config.epochs):
         start = time.perf_counter()
+        first_step = start_step if epoch == start_epoch else 0
+        loss_sum = torch.zeros(2, dtype=torch.float64)
+        if epoch == start_epoch and mine is not None:
+            if mine["dataset"] is not None:
+                train_set.load_state_dict(mine["dataset"])  # the next iter() yields the rest of this epoch
+            loss_sum = torch.tensor(mine["loss_sum"], dtype=torch.float64)
+            torch.set_rng_state(mine["rng"])
+            if mine["cuda_rng"] is not None and device.type == "cuda":
+                torch.cuda.set_rng_state_all(mine["cuda_rng"])
         train_set.set_epoch(epoch)
         model.train()
-        seen: list[str] = []
-        loss_sum = torch.zeros(2, dtype=torch.float64)
-        for step, batch in enumerate(DevicePrefetcher(train_loader, device)):  # batches arrive on the device
+        bar = tqdm(total=steps, initial=first_step, desc=f"epoch {epoch + 1}/{config.epochs}", unit="step",
+                   disable=not show_progress, leave=False, dynamic_ncols=True)
+        stopped = None
+        done = first_step
+        # Batches arrive on the device, each with the dataset's state as of the end of that batch.
+        for step, (batch, data_state) in enumerate(DevicePrefetcher(with_state(train_loader, train_set), device),
+                                                   start=first_step):
             if step >= steps:
                 break  # leaving the loop stops this epoch's producers
-            seen.extend(batch["path"])
             loss = nn.functional.cross_entropy(model(batch["audio"]), batch["label"])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
             schedule.step()
-            loss_sum += torch.tensor([loss.item() * len(batch["label"]), len(batch["label"])], dtype=torch.float64)
-        if args.seen_log is not None and epoch == 0:
-            args.seen_log.mkdir(parents=True, exist_ok=True)
-            (args.seen_log / f"rank{rank}.json").write_text(json.dumps(seen))
+            value = loss.item()
+            loss_sum += torch.tensor([value * len(batch["label"]), len(batch["label"])], dtype=torch.float64)
+            done = step + 1
+            bar.set_postfix(loss=f"{value:.4f}", refresh=False)
+            bar.update(1)
+            if args.seen_log is not None:
+                _log_seen(args.seen_log, rank, epoch, step, batch["path"])
+            if done < steps:
+                if args.stop_at_step is not None and epoch * steps + done >= args.stop_at_step:
+                    stopped = (epoch, done)
+                    save(epoch, done, data_state, loss_sum)
+                    break
+                if args.save_every and done % args.save_every == 0:
+                    save(epoch, done, data_state, loss_sum)
+        bar.close()
+        if stopped is not None:
+            metrics["stopped_at"] = {"epoch": stopped[0], "step": stopped[1]}
+            log(f"stopped at epoch {epoch + 1}, step {done} of {steps}; continue with --resume {save_to}")
+            break
         loss_sum = _sum(loss_sum, distributed)
         accuracy = evaluate(model, test_loader, device, distributed) if test_loader is not None else None
         entry = {"epoch": epoch, "loss": float(loss_sum[0] / max(1.0, float(loss_sum[1]))),
@@ -146,14 +266,72 @@ def train() -> int:
         metrics["epochs"].append(entry)
         acc = f", test accuracy {100 * accuracy:.2f}%" if accuracy is not None else ""
         log(f"epoch {epoch + 1}/{config.epochs}: loss {entry['loss']:.4f}{acc} ({entry['seconds']:.1f} s)")
-        if rank == 0 and t.checkpoint:
-            Path(t.checkpoint).parent.mkdir(parents=True, exist_ok=True)
-            plain = model.module if isinstance(model, DistributedDataParallel) else model
-            torch.save({"model": plain.state_dict(), "epoch": epoch, "classes": source.classes,
-                        "test_accuracy": accuracy, "config": config.model_dump()}, t.checkpoint)
+        save(epoch + 1, 0, None, torch.zeros(2, dtype=torch.float64))  # the next epoch, from its start
+        if args.stop_at_step is not None and (epoch + 1) * steps >= args.stop_at_step and epoch + 1 < config.epochs:
+            metrics["stopped_at"] = {"epoch": epoch + 1, "step": 0}
+            log(f"stopped after epoch {epoch + 1}; continue with --resume {save_to}")
+            break
     if args.json is not None and rank == 0:
         args.json.write_text(json.dumps(metrics, indent=2, default=str))
     return 0
+
+
+def with_state(loader: Any, dataset: Any) -> Iterator[tuple[Any, dict]]:
+    """Each batch of ``loader`` with ``dataset.state_dict()`` taken just after it.
+
+    That state counts exactly the samples up to this batch: save it once the batch is trained on.
+    A state taken in the training loop instead would also count the batches that the
+    ``DevicePrefetcher`` has read ahead, and a resumed run would skip them.
+    """
+    for batch in loader:  # a DataLoader with num_workers=0 reads no further than this batch
+        yield batch, dataset.state_dict()
+
+
+def _load_checkpoint(path: Path) -> dict:
+    """A checkpoint this script wrote (``path`` or ``path/last.pt``)."""
+    if path.is_dir():
+        path = path / CHECKPOINT_NAME
+    if not path.is_file():
+        raise ResumeError(f"--resume: no checkpoint at {str(path)!r}")
+    # weights_only: a checkpoint holds tensors and plain builtins only, so loading runs no pickled code.
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # not a torch file, truncated, or holding more than tensors and builtins
+        raise ResumeError(f"--resume: cannot read {str(path)!r} as a checkpoint: {type(exc).__name__}: "
+                          f"{str(exc)[:200]}") from exc
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        raise ResumeError(f"--resume: {str(path)!r} is not a resumable checkpoint of this script "
+                          f"(format {state.get('format') if isinstance(state, dict) else None!r}, "
+                          f"expected {CHECKPOINT_FORMAT})")
+    return state
+
+
+def _check_fits(state: dict, *, classes: list, epochs: int, steps: int, world_size: int) -> None:
+    """Refuse a checkpoint made under another setup: its schedule or dataset state would not fit."""
+    mismatches = []
+    if state["classes"] != classes:
+        mismatches.append(f"classes {state['classes']} (now {classes})")
+    if (state["epochs"], state["steps_per_epoch"]) != (epochs, steps):
+        mismatches.append(f"{state['epochs']} epochs of {state['steps_per_epoch']} steps (now {epochs} of {steps})")
+    if state["world_size"] != world_size:
+        mismatches.append(f"{state['world_size']} rank(s) (now {world_size})")
+    if mismatches:
+        raise ResumeError("--resume: the checkpoint was made with " + "; ".join(mismatches) +
+                          "; resume with the config, --max-steps and rank count it was made with")
+
+
+def _write_checkpoint(path: Path, state: dict) -> None:
+    """Write ``state`` to ``path`` atomically: a run killed while saving leaves the previous checkpoint."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    torch.save(state, partial)
+    os.replace(partial, path)
+
+
+def _log_seen(folder: Path, rank: int, epoch: int, step: int, paths: list[str]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"rank{rank}.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps({"epoch": epoch, "step": step, "paths": list(paths)}) + "\n")
 
 
 @torch.no_grad()
@@ -174,6 +352,15 @@ def _sum(values: torch.Tensor, distributed: bool) -> torch.Tensor:
     return values
 
 
+def _gather(value: Any, distributed: bool, world_size: int) -> list:
+    """``value`` from every rank, in rank order (a collective under torchrun)."""
+    if not distributed:
+        return [value]
+    out: list = [None] * world_size
+    dist.all_gather_object(out, value)
+    return out
+
+
 def _agree_min(value: int, distributed: bool) -> int:
     if not distributed:
         return value
@@ -185,6 +372,6 @@ def _agree_min(value: int, distributed: bool) -> int:
 if __name__ == "__main__":
     try:
         sys.exit(main())
-    except AudioBufferError as exc:  # a bad config or an undecodable file under on_error: raise
+    except AudioBufferError as exc:  # a bad config, a checkpoint that does not fit, an undecodable file
         print(f"train_audio: error: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -1,5 +1,12 @@
 import csv
+import gc
+import re
+import struct
+import subprocess
+import sys
 import threading
+import warnings
+import weakref
 
 import numpy as np
 import pytest
@@ -263,3 +270,275 @@ def test_fsdd_every_file_once_with_correct_labels(fsdd):
         assert len(seen) == 3000
         for path, label in seen.items():
             assert int(path.rsplit("/", 1)[1].split("_")[0]) == label
+
+
+# -- crops own their frames (issue 9, item 5) -----------------------------------------------------
+
+class FromNumpySpy:
+    """Records every array the decoder turns into a tensor (its docstring promises ``torch.from_numpy``)."""
+
+    def __init__(self, monkeypatch):
+        self.arrays = []
+        real = torch.from_numpy
+
+        def spy(array):
+            self.arrays.append(array)
+            return real(array)
+
+        monkeypatch.setattr(torch, "from_numpy", spy)
+
+
+def assert_owns_its_frames(array):
+    """The array is not a view into a longer one: the sample keeps alive only what it shows."""
+    base = array.base
+    assert base is None or (isinstance(base, np.ndarray) and base.nbytes == array.nbytes), (
+        f"a {array.nbytes}-byte crop keeps a {getattr(base, 'nbytes', '?')}-byte buffer alive")
+
+
+def test_crops_of_a_fallback_read_do_not_keep_the_whole_file_alive(tmp_path):
+    """Ten 1-s crops of a 2-minute file read by the fallback reader: the whole file must be freed."""
+    raw = tmp_path / "long.raw"
+    raw.write_bytes(b"not a container libsndfile knows")
+    decoded = []
+
+    def read_two_minutes(path):
+        data = np.full((120 * 8000, 1), 0.25, dtype=np.float32)
+        decoded.append(weakref.ref(data))
+        return data, 8000
+
+    decoder = AudioDecoder(crop_seconds=1.0, crop="random", fallback=read_two_minutes)
+    samples = [decoder(WorkItem(index=i, path=str(raw), seed=0)) for i in range(10)]
+    gc.collect()
+    assert len(decoded) == 10
+    assert all(ref() is None for ref in decoded), "a crop keeps its whole 2-minute file alive"
+    assert all(s["audio"].shape == (8000,) and s["num_frames"] == 8000 for s in samples)
+
+
+@pytest.mark.parametrize("sample_rate, mono", [(None, True), (16000, True), (None, False), (22050, False)])
+@pytest.mark.parametrize("path_kind", ["soundfile", "blocks", "fallback"])
+def test_a_crop_owns_its_frames_on_every_path(tmp_path, monkeypatch, path_kind, sample_rate, mono):
+    path = write_tone(tmp_path / "long.wav", seconds=6.0, sample_rate=24000, channels=1 if mono else 2)
+    fallback = "librosa"
+    if path_kind == "blocks":  # a stream whose header gives no frame count is read block by block
+        monkeypatch.setattr(sf.SoundFile, "frames", property(lambda self: 2**63 - 1))
+    elif path_kind == "fallback":
+        tone = path
+
+        def read_with_soundfile(p):
+            return sf.read(tone, dtype="float32", always_2d=True)
+
+        fallback = read_with_soundfile
+        path = tmp_path / "opaque.bin"
+        path.write_bytes(b"no header")
+    spy = FromNumpySpy(monkeypatch)
+    for crop in ("start", "center", "random"):
+        sample = AudioDecoder(sample_rate, mono=mono, crop_seconds=0.37, crop=crop, fallback=fallback)(path)
+        rate = sample_rate or 24000
+        assert sample["num_frames"] == round(0.37 * rate)
+    assert len(spy.arrays) == 3
+    for array in spy.arrays:
+        assert_owns_its_frames(array)
+
+
+# -- crop length when resampling (item 13) --------------------------------------------------------
+
+@pytest.mark.parametrize("native, out", [(24000, 22050), (44100, 16000), (8000, 22050), (48000, 44100),
+                                         (22050, 16000), (16000, 44100)])
+def test_resampled_crop_has_round_n_times_r_real_frames(tmp_path, native, out):
+    """A crop of N s at rate R holds round(N * R) real frames whenever the file lasts that long."""
+    rng = np.random.default_rng(native + out)
+    checked = 0
+    for seconds in (0.37, 1.0, 1.37, 2.5, 0.999, 1.2345):
+        target = round(seconds * out)
+        shortest = -(-target * native // out)  # the fewest native frames that last target / out s
+        for frames in (shortest, shortest + 1, shortest + int(rng.integers(2, native))):
+            path = tmp_path / f"{native}_{frames}.wav"
+            if not path.exists():
+                sf.write(path, np.full(frames, 0.5, dtype=np.float32), native, subtype="FLOAT")
+            for crop in ("start", "center", "random"):
+                item = WorkItem(index=int(rng.integers(1000)), path=str(path), seed=3)
+                sample = AudioDecoder(out, crop_seconds=seconds, crop=crop)(item)
+                audio = sample["audio"].numpy()
+                where = f"{native} -> {out} Hz, {seconds} s crop of {frames} frames, crop={crop}"
+                assert sample["num_frames"] == target and audio.shape == (target,), where
+                assert np.all(audio != 0), f"zero padding inside a long enough file: {where}"
+                checked += 1
+    assert checked == 6 * 3 * 3
+
+
+def test_resampled_crops_of_a_real_file(audio_formats):
+    """The reported case: a 24 kHz FLAC cropped to 1.37 s at 22.05 kHz."""
+    path = audio_formats / "flac_testbench/faulty/01 - wrong max blocksize.flac"
+    assert sf.info(path).samplerate == 24000
+    for crop in ("start", "center", "random"):
+        decoder = AudioDecoder(22050, crop_seconds=1.37, crop=crop)
+        for index in range(5 if crop == "random" else 1):
+            sample = decoder(WorkItem(index=index, path=str(path), seed=0))
+            assert sample["num_frames"] == round(1.37 * 22050) == sample["audio"].shape[0]
+
+
+# -- rates no audio can have (item 10) ------------------------------------------------------------
+
+def write_wav_with_rate(path, rate):
+    """A 16-bit PCM WAV whose header says ``rate`` Hz (0 makes it a damaged file)."""
+    sf.write(path, (0.5 * np.sin(np.arange(8000) / 5)).astype(np.float32), 8000, subtype="PCM_16")
+    data = bytearray(path.read_bytes())
+    fmt = data.find(b"fmt ")
+    data[fmt + 12:fmt + 16] = struct.pack("<I", rate)
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_a_wav_whose_header_says_0_hz_is_a_decode_error(tmp_path):
+    pytest.importorskip("librosa")
+    path = write_wav_with_rate(tmp_path / "zero_rate.wav", 0)
+    with pytest.raises(DecodeError, match=r"zero_rate\.wav.*sample rate is 0") as info:
+        AudioDecoder(sample_rate=16000, crop_seconds=0.5)(path)
+    assert info.value.path == str(path)
+    with pytest.raises(DecodeError, match=r"zero_rate\.wav.*sample rate is 0"):
+        AudioDecoder()(path)
+
+
+@pytest.mark.parametrize("rate, channels, match", [
+    (0, 1, "sample rate is 0"),
+    (-8000, 1, "sample rate is -8000"),
+    (float("nan"), 1, "sample rate is nan"),
+    (float("inf"), 1, "sample rate is inf"),
+    (0.2, 1, "sample rate is 0.2"),
+    ("8000", 1, "sample rate is '8000'"),
+    (8000, 0, "has 0 channels"),
+])
+def test_fallback_rates_and_channels_no_audio_can_have(tmp_path, rate, channels, match):
+    path = tmp_path / "odd.bin"
+    path.write_bytes(b"no header")
+    decoder = AudioDecoder(crop_seconds=0.5, fallback=lambda p: (np.zeros((4000, channels), np.float32), rate))
+    with pytest.raises(DecodeError, match=r"odd\.bin.*" + re.escape(match)) as info:
+        decoder(path)
+    assert info.value.path == str(path)
+
+
+def test_a_float_rate_from_the_fallback_is_an_int_in_the_sample(tmp_path):
+    path = tmp_path / "odd.bin"
+    path.write_bytes(b"no header")
+    sample = AudioDecoder(fallback=lambda p: (np.zeros(800, np.float32), np.float64(8000.0)))(path)
+    assert sample["sample_rate"] == 8000 and type(sample["sample_rate"]) is int
+
+
+# -- crop_seconds range (item 8) ------------------------------------------------------------------
+
+@pytest.mark.parametrize("seconds", [1e9, 1e300, 86400.5, float("nan"), float("-inf"), -1.0])
+def test_crop_seconds_out_of_range_is_refused_up_front(seconds):
+    with pytest.raises(ValueError, match=r"crop_seconds must be None or a number of seconds in \(0, 86400\]"
+                                         rf".*got {re.escape(repr(seconds))}"):
+        AudioDecoder(crop_seconds=seconds)
+
+
+def test_crop_seconds_of_one_day_is_accepted():
+    assert AudioDecoder(crop_seconds=86400).crop_seconds == 86400
+
+
+def test_yaml_crop_seconds_has_the_same_range(tmp_path):
+    from audiobuffer import ConfigError
+    from audiobuffer.config import build_decoder, parse_config
+
+    write_tone(tmp_path / "a.wav", seconds=0.1, sample_rate=8000)
+    with pytest.raises(ConfigError, match=r"decode\.crop_seconds.*86400"):
+        parse_config({"source": {"root": str(tmp_path)}, "decode": {"crop_seconds": 1e9}})
+    config = parse_config({"source": {"root": str(tmp_path)}, "decode": {"crop_seconds": 86400}})
+    assert build_decoder(config).crop_seconds == 86400
+
+
+# -- fallback errors and warnings (item 21) -------------------------------------------------------
+
+class Undecodable(Exception):
+    """No reader could make sense of the file."""
+
+
+@pytest.mark.parametrize("raised, reason", [
+    (ValueError(), "ValueError: (no message)"),
+    (Undecodable(), "Undecodable: No reader could make sense of the file."),
+    (RuntimeError("  "), "RuntimeError: (no message)"),
+    (OSError("disk on fire"), "OSError: disk on fire"),
+])
+def test_the_fallback_reason_is_never_empty(tmp_path, raised, reason):
+    path = tmp_path / "bad.bin"
+    path.write_bytes(b"no header")
+
+    def fail(p):
+        raise raised
+
+    with pytest.raises(DecodeError) as info:
+        AudioDecoder(fallback=fail)(path)
+    assert str(info.value).endswith("fallback reader: " + reason)
+    assert info.value.__cause__ is raised
+
+
+def test_librosa_fallback_failure_names_a_reason_and_prints_no_warning(tmp_path):
+    pytest.importorskip("librosa")
+    bad = tmp_path / "noise.wav"
+    bad.write_bytes(b"this is not audio" * 10)
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        with pytest.raises(DecodeError) as info:
+            AudioDecoder()(bad)
+    assert not [str(w.message) for w in shown], "librosa's warnings reached the user"
+    message = str(info.value)
+    assert re.search(r"noise\.wav.*soundfile: .*Format not recognised.*; fallback reader: librosa: \w+: \S", message)
+    assert not message.rstrip().endswith(":"), message
+
+
+def test_a_broken_file_prints_no_librosa_warning_in_a_plain_process(tmp_path):
+    """Outside pytest's warning filters, as `audiobuffer run` meets it."""
+    pytest.importorskip("librosa")
+    bad = tmp_path / "noise.wav"
+    bad.write_bytes(b"this is not audio" * 10)
+    code = ("import sys\nfrom audiobuffer import AudioDecoder, DecodeError\n"
+            "for _ in range(3):\n"
+            "    try:\n        AudioDecoder()(sys.argv[1])\n"
+            "    except DecodeError as exc:\n        print('error:', exc)\n")
+    run = subprocess.run([sys.executable, "-c", code, str(bad)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.count("error: cannot decode") == 3
+    assert "Warning" not in run.stderr, run.stderr
+
+
+def test_quiet_warnings_gate_survives_overlapping_threads(monkeypatch):
+    """Two threads inside the gate, leaving in the order catch_warnings gets wrong; others unaffected."""
+    from audiobuffer.decoders.audio import _WarningGate
+
+    delivered = []
+    monkeypatch.setattr(warnings, "showwarning", lambda message, *args, **kw: delivered.append(str(message)))
+    original = warnings.showwarning
+    gate = _WarningGate()
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    caught = {}
+
+    def a():
+        with gate.capture() as mine:
+            a_in.set()
+            b_in.wait(10)
+            warnings.warn_explicit("from a", UserWarning, "a.py", 1)
+        caught["a"] = mine
+        a_out.set()
+
+    def b():
+        a_in.wait(10)
+        with gate.capture() as mine:
+            b_in.set()
+            a_out.wait(10)
+            warnings.warn_explicit("from b", UserWarning, "b.py", 1)
+        caught["b"] = mine
+
+    threads = [threading.Thread(target=a), threading.Thread(target=b)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        for t in threads:
+            t.start()
+        a_in.wait(10)
+        warnings.warn_explicit("from main", UserWarning, "main.py", 1)  # while the gate is installed
+        for t in threads:
+            t.join(10)
+            assert not t.is_alive()
+        assert warnings.showwarning is original
+    assert caught == {"a": ["UserWarning: from a"], "b": ["UserWarning: from b"]}
+    assert delivered == ["from main"]

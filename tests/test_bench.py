@@ -7,7 +7,10 @@ import sys
 
 import pytest
 
-from audiobuffer.bench import main as bench_main
+import torch
+
+from audiobuffer.bench import main as bench_main, measure_epoch, usable_cores
+from audiobuffer.cli import main as cli_main
 from helpers import REPO
 
 pytestmark = pytest.mark.timeout(400)
@@ -30,6 +33,7 @@ def test_decode_bench_quick_counts_every_file(tmp_path):
     for r in rows:
         assert r["files"] == 40 and r["audio_s"] > 40 and r["peak_rss_mb"] > 50
         assert 0 < r["first_batch_s"] <= r["total_s"] and r["vs_loop"] > 0
+        assert 0 < r["cpu_percent"] <= _max_cpu_percent()
     assert plot.stat().st_size > 10_000
 
 
@@ -218,3 +222,128 @@ def test_contention_flags(contention, tmp_path, capsys):
     captured = capsys.readouterr()
     assert "FSDD not found" in captured.err and "## Contention" in captured.out
     assert markdown_tables(captured.out) == []
+
+
+def _words(text: str) -> str:
+    """``text`` with every run of white space (argparse's line wrapping) made one space."""
+    return " ".join(text.split())
+
+
+# -- audiobuffer bench without its extra, and on Windows (no resource module) -----------------------
+
+# Makes `resource` (Unix-only) and `psutil` (the bench extra) unimportable, as on Windows and in a plain
+# install, then runs the command line given in argv.
+_NO_EXTRA = ("import sys; sys.modules['resource'] = None; sys.modules['psutil'] = None; "
+             "import audiobuffer.bench; from audiobuffer.cli import main; sys.exit(main(sys.argv[1:]))")
+
+
+def test_bench_starts_and_prints_help_without_resource_and_psutil():
+    result = subprocess.run([sys.executable, "-c", _NO_EXTRA, "bench", "--help"], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "--quick" in result.stdout and 'pip install "audiobuffer[bench]"' in _words(result.stdout)
+
+
+def test_bench_without_psutil_names_the_extra_in_one_line():
+    result = subprocess.run([sys.executable, "-c", _NO_EXTRA, "bench", "--quick", "--approaches", "loop"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert "psutil" in line and 'pip install "audiobuffer[bench]"' in line
+
+
+def test_bench_plot_without_matplotlib_names_the_extra(monkeypatch, capsys, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert bench_main(["--quick", "--plot", str(tmp_path / "p.png"), "--cache-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "matplotlib" in err and 'pip install "audiobuffer[bench]"' in err
+    assert not list(tmp_path.iterdir())  # it stopped before making a corpus
+
+
+# -- CPU % over one window --------------------------------------------------------------------------
+
+_BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < {seconds}: pass"
+
+
+def _max_cpu_percent() -> float:
+    # CPU time cannot pass cores x wall time over one window; the slack is for the kernel's
+    # CPU-time accounting granularity (a few ms per process), not for timing.
+    return 100.0 * usable_cores() * 1.05 + 10.0
+
+
+def _burn(processes: int, seconds: float) -> None:
+    """Run ``processes`` child processes that each burn ``seconds`` of CPU, and reap them."""
+    procs = [subprocess.Popen([sys.executable, "-c", _BURN.format(seconds=seconds)]) for _ in range(processes)]
+    for proc in procs:
+        proc.wait(timeout=120)
+
+
+class _WorkersJoinedOnRelease:
+    """A loader whose one batch comes at once and whose worker processes do their work when it is
+    released, as DataLoader's workers are joined when its iterator goes away."""
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.done:
+            raise StopIteration
+        self.done = True
+        return {"path": ["a.wav"], "lengths": torch.tensor([8000]), "sample_rate": torch.tensor([8000])}
+
+    def __del__(self):
+        _burn(usable_cores() + 1, 0.3)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="worker CPU time is counted through resource (Unix)")
+def test_cpu_percent_covers_the_same_window_as_wall_time():
+    """Workers' CPU time spent while they are joined is inside the wall window too: CPU % stays
+    within 100 per usable core (it read several hundred per cent when the wall clock stopped at the
+    last batch and the CPU clock after the join)."""
+    measured = measure_epoch(_WorkersJoinedOnRelease)
+    assert measured["files"] == 1
+    assert measured["cpu_s"] >= 0.9 * (usable_cores() + 1) * 0.3  # the workers' CPU time is counted
+    assert measured["window_s"] >= measured["total_s"]
+    assert 100.0 * measured["cpu_s"] / measured["window_s"] <= _max_cpu_percent()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="worker CPU time is counted through resource (Unix)")
+def test_cpu_percent_of_an_oversubscribed_window_is_bounded_by_the_cores():
+    def busy_epoch():
+        _burn(usable_cores() + 1, 0.3)  # more busy processes than cores, inside the epoch
+        yield {"path": ["a.wav"], "lengths": torch.tensor([8000]), "sample_rate": torch.tensor([8000])}
+
+    measured = measure_epoch(busy_epoch)
+    assert measured["cpu_s"] >= 0.9 * (usable_cores() + 1) * 0.3
+    assert 100.0 * measured["cpu_s"] / measured["window_s"] <= _max_cpu_percent()
+
+
+# -- help texts ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("command", ["bench", "stress"])
+def test_help_has_no_rest_markup(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main([command, "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    assert "--json" in text
+    for markup in ("``", ":class:", ":func:", ":meth:", ":mod:"):
+        assert markup not in text
+
+
+def test_stress_says_its_units_and_what_jittered_means(capsys):
+    with pytest.raises(SystemExit):
+        cli_main(["stress", "--help"])
+    help_text = _words(capsys.readouterr().out)
+    assert "items per second" in help_text and "Jittered rounds make each producer and consumer pause" in help_text
+    from audiobuffer.stress import main as stress_main
+
+    assert stress_main(["--quick", "--shapes", "1x1x2", "--items", "200"]) == 0
+    out = capsys.readouterr().out
+    header = out.splitlines()[0]
+    assert header.count("items/s") == 4
+    assert "Jittered rounds make each producer and consumer pause" in out

@@ -66,3 +66,11 @@ def test_channels_dimension_is_kept(signals):
 def test_filterbank_validation():
     with pytest.raises(ValueError, match="f_min"):
         mel_filterbank(8000, 256, 40, f_max=5000)
+
+
+@pytest.mark.parametrize("module", [Spectrogram, MelSpectrogram, LogMel])
+def test_forward_is_documented(module):
+    doc = module.forward.__doc__
+    assert doc, f"{module.__name__}.forward has no docstring"
+    for section in ("Args:", "audio:", "lengths:", "Returns:", "frames"):
+        assert section in doc, f"{module.__name__}.forward's docstring lacks {section!r}"

@@ -1,4 +1,5 @@
-"""scripts/train_audio.py: a smoke run on a few real recordings, and two ranks under torchrun."""
+"""scripts/train_audio.py: a smoke run on a few real recordings, two ranks under torchrun, and
+checkpoints, mid-epoch resume and the deterministic mode on a tiny generated corpus."""
 
 import json
 import os
@@ -9,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from helpers import REPO
+from helpers import REPO, make_corpus
 
 SCRIPT = REPO / "scripts" / "train_audio.py"
 pytestmark = pytest.mark.timeout(400)
@@ -41,8 +42,9 @@ def test_smoke_run_trains_evaluates_and_checkpoints(small_fsdd, tmp_path):
     assert "30 train / 10 test files, 10 classes, 1 rank(s), 3 steps per epoch" in result.stdout
     metrics = json.loads((tmp_path / "m.json").read_text())
     assert metrics["epochs"][0]["test_accuracy"] is not None
-    checkpoint = torch.load(tmp_path / "model.pt", weights_only=False)
+    checkpoint = torch.load(tmp_path / "model.pt", weights_only=True)
     assert checkpoint["classes"] == [str(d) for d in range(10)] and "model" in checkpoint
+    assert (checkpoint["epoch"], checkpoint["step"]) == (1, 0)  # the next run would start epoch 2
 
 
 def test_bad_config_is_reported(small_fsdd):
@@ -59,9 +61,133 @@ def test_torchrun_two_ranks_see_disjoint_shards(small_fsdd, tmp_path):
                   "--config", config, "--seen-log", seen_dir])
     assert result.returncode == 0, result.stdout + result.stderr
     assert "2 rank(s)" in result.stdout
-    rank0 = json.loads((seen_dir / "rank0.json").read_text())
-    rank1 = json.loads((seen_dir / "rank1.json").read_text())
+    rank0 = [p for line in _seen(seen_dir / "rank0.jsonl") for p in line["paths"]]
+    rank1 = [p for line in _seen(seen_dir / "rank1.jsonl") for p in line["paths"]]
     train_files = {str(f) for f in files if not f.name.endswith("_4.wav")}
     assert len(rank0) == len(rank1) == 15
     assert not set(rank0) & set(rank1)
     assert set(rank0) | set(rank1) == train_files
+
+
+# -- checkpoints, resume, progress and the deterministic mode (tiny generated corpus) ---------------
+
+TINY_TRAIN_FILES = 30  # of 36; 6 are the test split
+TINY_STEPS = 8  # ceil(30 / 4)
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    """A config over 36 generated quarter-second tones in 3 classes, with a small model: fast to train."""
+    paths = make_corpus(tmp_path / "audio", 36, classes=3, seconds=0.25)
+    config = {"source": {"root": "audio", "labels": r"^(\d+)_"}, "decode": {"sample_rate": 8000},
+              "buffer": {"producers": 2, "capacity": 16}, "loader": {"batch_size": 4, "pin_memory": False},
+              "device": "cpu", "epochs": 2, "seed": 0,
+              "train": {"channels": 4, "n_mels": 16, "n_fft": 128, "hop_length": 64,
+                        "test_files": r"_000[0-5]\.wav$"}}
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(config))
+    train_files = sorted(str(p) for p in paths if not p.name.endswith(tuple(f"_000{i}.wav" for i in range(6))))
+    assert len(train_files) == TINY_TRAIN_FILES
+    return path, train_files
+
+
+def _seen(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _train(config, *args, cwd):
+    result = run([sys.executable, SCRIPT, "--config", config, *map(str, args)], cwd=cwd)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+def test_resume_mid_epoch_trains_on_each_sample_once(tiny, tmp_path):
+    """Stopped after 3 steps and resumed: epoch 0 trains on every file exactly once, steps run on from
+    3, and the checkpoint went to ./runs/CONFIG-NAME/ (not into the source tree)."""
+    config, train_files = tiny
+    first = _train(config, "--stop-at-step", "3", "--save-every", "0", "--seen-log", tmp_path / "seen",
+                   "--json", tmp_path / "first.json", cwd=tmp_path)
+    checkpoint = tmp_path / "runs" / "tiny" / "last.pt"
+    assert "stopped at epoch 1, step 3 of 8" in first.stdout and checkpoint.is_file()
+    assert json.loads((tmp_path / "first.json").read_text()) == {"world_size": 1, "epochs": [],
+                                                                 "stopped_at": {"epoch": 0, "step": 3}}
+    saved = torch.load(checkpoint, weights_only=True)
+    assert (saved["epoch"], saved["step"]) == (0, 3) and saved["ranks"][0]["dataset"] is not None
+    assert set(saved) >= {"model", "optimizer", "schedule"}
+
+    second = _train(config, "--resume", tmp_path / "runs" / "tiny", "--seen-log", tmp_path / "seen", "--progress",
+                    "--json", tmp_path / "second.json", cwd=tmp_path)
+    assert "resuming" in second.stdout and "epoch 2/2" in second.stdout
+    # The progress bar within the epoch starts at the step resumed from.
+    assert "epoch 1/2:  38%" in second.stderr and f"3/{TINY_STEPS}" in second.stderr and "step/s" in second.stderr
+
+    steps = _seen(tmp_path / "seen" / "rank0.jsonl")
+    epoch0 = [line for line in steps if line["epoch"] == 0]
+    assert [line["step"] for line in epoch0] == list(range(TINY_STEPS))
+    trained = [p for line in epoch0 for p in line["paths"]]
+    assert sorted(trained) == train_files  # each file once: none skipped, none repeated
+    epoch1 = [p for line in steps if line["epoch"] == 1 for p in line["paths"]]
+    assert sorted(epoch1) == train_files
+    metrics = json.loads((tmp_path / "second.json").read_text())
+    assert [e["epoch"] for e in metrics["epochs"]] == [0, 1] and metrics["stopped_at"] is None
+
+
+def test_deterministic_resumed_run_repeats_an_unbroken_one(tiny, tmp_path):
+    config, _ = tiny
+    _train(config, "--deterministic", "--checkpoint-dir", tmp_path / "a", "--seen-log", tmp_path / "seen-a",
+           "--json", tmp_path / "a.json", cwd=tmp_path)
+    _train(config, "--deterministic", "--checkpoint-dir", tmp_path / "b", "--stop-at-step", "11",
+           "--seen-log", tmp_path / "seen-b", cwd=tmp_path)
+    _train(config, "--deterministic", "--checkpoint-dir", tmp_path / "b", "--resume", tmp_path / "b" / "last.pt",
+           "--seen-log", tmp_path / "seen-b", "--json", tmp_path / "b.json", cwd=tmp_path)
+    assert _seen(tmp_path / "seen-a" / "rank0.jsonl") == _seen(tmp_path / "seen-b" / "rank0.jsonl")
+    unbroken = json.loads((tmp_path / "a.json").read_text())["epochs"]
+    resumed = json.loads((tmp_path / "b.json").read_text())["epochs"]
+    assert len(unbroken) == len(resumed) == 2
+    for a, b in zip(unbroken, resumed):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-6)
+        assert b["test_accuracy"] == a["test_accuracy"]
+    assert not (tmp_path / "runs").exists()  # --checkpoint-dir was used
+
+
+def test_resume_refuses_a_checkpoint_from_another_setup(tiny, tmp_path):
+    config, _ = tiny
+    _train(config, "--stop-at-step", "2", "--checkpoint-dir", tmp_path / "ck", cwd=tmp_path)
+    result = run([sys.executable, SCRIPT, "--config", config, "--resume", tmp_path / "ck", "--set",
+                  "loader.batch_size=2"], cwd=tmp_path)
+    assert result.returncode == 2
+    assert "train_audio: error: --resume" in result.stderr and "steps" in result.stderr
+    assert "Traceback" not in result.stderr
+    missing = run([sys.executable, SCRIPT, "--config", config, "--resume", tmp_path / "nowhere"], cwd=tmp_path)
+    assert missing.returncode == 2 and "no checkpoint" in missing.stderr and "Traceback" not in missing.stderr
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    junk = run([sys.executable, SCRIPT, "--config", config, "--resume", tmp_path / "junk.pt"], cwd=tmp_path)
+    assert junk.returncode == 2 and "cannot read" in junk.stderr and "Traceback" not in junk.stderr
+
+
+def test_checkpoints_stay_out_of_the_source_tree():
+    config = yaml.safe_load((REPO / "configs" / "fsdd.yaml").read_text())
+    assert "checkpoint" not in config.get("train", {})  # so the default, ./runs/fsdd/, applies
+    ignored = (REPO / ".gitignore").read_text().split()
+    assert "/runs/" in ignored
+
+
+def test_torchrun_resume_mid_epoch_restores_each_ranks_shard(tiny, tmp_path):
+    """Two ranks stop after 2 of their 4 steps and resume: each rank's dataset state was gathered into
+    the one checkpoint, and epoch 0 covers every file exactly once across the ranks."""
+    config, train_files = tiny
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", SCRIPT,
+                "--config", config, "--set", "epochs=1", "--checkpoint-dir", tmp_path / "ck",
+                "--seen-log", tmp_path / "seen"]
+    first = run([*torchrun, "--stop-at-step", "2"], cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    saved = torch.load(tmp_path / "ck" / "last.pt", weights_only=True)
+    assert (saved["step"], saved["world_size"], len(saved["ranks"])) == (2, 2, 2)
+    second = run([*torchrun, "--resume", tmp_path / "ck"], cwd=tmp_path)
+    assert second.returncode == 0, second.stdout + second.stderr
+    trained = []
+    for rank in (0, 1):
+        lines = _seen(tmp_path / "seen" / f"rank{rank}.jsonl")
+        assert [line["step"] for line in lines] == [0, 1, 2, 3]
+        trained += [p for line in lines for p in line["paths"]]
+    assert sorted(trained) == train_files

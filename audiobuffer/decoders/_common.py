@@ -1,4 +1,5 @@
-"""What every decoder shares: accepting a path or a work item, the fields every sample carries, and tensors.
+"""What every decoder shares: accepting a path or a work item, the fields every sample carries, how a
+cause is described in a decode error, and tensors.
 
 Decoders work in numpy and make their output arrays tensors with :func:`as_tensor` (``torch.from_numpy``:
 zero-copy, no torch operator). In the helper process of :class:`~audiobuffer.IsolatedLoader`, which
@@ -46,3 +47,17 @@ def sample_fields(item: WorkItem) -> dict[str, Any]:
         sample["label"] = item.label
         sample["label_name"] = item.label_name
     return sample
+
+
+def describe(exc: BaseException) -> str:
+    """``"Type: message"`` for ``exc``, never with an empty message.
+
+    An exception raised without a message (audioread's ``NoBackendError()``) is described by the
+    first paragraph of its class's own docstring (not for builtins, whose docstrings are generic), or
+    as ``(no message)``.
+    """
+    text = str(exc).strip()
+    if not text:
+        doc = "" if type(exc).__module__ == "builtins" else type(exc).__dict__.get("__doc__") or ""
+        text = " ".join(doc.strip().split("\n\n")[0].split()) or "(no message)"
+    return f"{type(exc).__name__}: {text}"

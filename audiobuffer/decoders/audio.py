@@ -9,19 +9,24 @@ producers need (see the README, "Threads and cores").
 
 from __future__ import annotations
 
+import contextlib
 import math
+import numbers
 import os
-from typing import Any, Callable, Literal, Optional, Tuple
+import threading
+import warnings
+from typing import Any, Callable, Iterator, Literal, Optional, Tuple
 
 import numpy as np
 import soundfile as sf
 import soxr
 
 from ..errors import DecodeError
+from ..sources import AUDIO_PATTERNS
 from . import _wav
-from ._common import ItemLike, as_item, as_tensor, sample_fields
+from ._common import ItemLike, as_item, as_tensor, describe, sample_fields
 
-__all__ = ["AudioDecoder", "CropMode"]
+__all__ = ["MAX_CROP_SECONDS", "AudioDecoder", "CropMode"]
 
 CropMode = Literal["random", "start", "center"]
 #: A fallback reader: ``(path) -> (audio as (frames, channels) float32, sample_rate)``.
@@ -38,6 +43,67 @@ _CROP_MODES = ("random", "start", "center")
 # Read ``.wav`` files with the native PCM reader first (``_wav.py``); False sends every file to libsndfile.
 _NATIVE_WAV = True
 _QUALITIES = ("QQ", "LQ", "MQ", "HQ", "VHQ")
+#: The longest ``crop_seconds`` accepted: one day. Longer values are typos (``1e9``), and padding
+#: a file to them would need more memory than any machine has.
+MAX_CROP_SECONDS = 24 * 3600
+# What librosa warns for every file it hands on to audioread: nothing that the decode error does
+# not say already.
+_KNOWN_LIBROSA_WARNINGS = ("PySoundFile failed",)
+
+
+class _FallbackFailed(Exception):
+    """A fallback reader failed; the message says why (already described), the cause is the original."""
+
+
+# NOTE [ Quiet fallback warnings ]
+# librosa.load warns "PySoundFile failed. Trying audioread instead." (UserWarning) and that its
+# audioread loader is deprecated (FutureWarning) for every file it hands to audioread, which is
+# every file that reaches our fallback: a run over a folder with broken files printed two warnings
+# per file. warnings.catch_warnings cannot silence them here: it swaps module-global state, so two
+# producer threads entering and leaving it in overlapping order restore each other's state and can
+# leave every later warning of the process swallowed. Instead, while any thread is inside the
+# librosa reader (a count under a lock), one dispatcher is installed as warnings.showwarning: it
+# keeps the warnings of a thread inside the reader for that thread (they go into the DecodeError
+# when the reader fails) and passes every other warning to the showwarning installed before it.
+# The warnings filters are left alone, so "-W error" still turns these warnings into errors.
+class _WarningGate:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._active = 0
+        self._saved: Callable[..., Any] = warnings.showwarning
+        self._local = threading.local()
+        self._show_fn = self._show  # one bound method, so that "is" recognises it
+
+    @contextlib.contextmanager
+    def capture(self) -> Iterator[list[str]]:
+        """Keep the warnings this thread raises inside the block (as ``"Category: message"``)."""
+        caught: list[str] = []
+        with self._lock:
+            if self._active == 0:
+                self._saved = warnings.showwarning
+                warnings.showwarning = self._show_fn
+            self._active += 1
+        outer = getattr(self._local, "caught", None)
+        self._local.caught = caught
+        try:
+            yield caught
+        finally:
+            self._local.caught = outer
+            with self._lock:
+                self._active -= 1
+                if self._active == 0 and warnings.showwarning is self._show_fn:
+                    warnings.showwarning = self._saved
+
+    def _show(self, message: Any, category: type[Warning], filename: str, lineno: int,
+              file: Any = None, line: Optional[str] = None) -> None:
+        caught = getattr(self._local, "caught", None)
+        if caught is None:
+            self._saved(message, category, filename, lineno, file, line)
+        else:
+            caught.append(f"{category.__name__}: {message}")
+
+
+_quiet = _WarningGate()
 
 
 def _librosa_reader(path: str) -> tuple[np.ndarray, int]:
@@ -45,9 +111,36 @@ def _librosa_reader(path: str) -> tuple[np.ndarray, int]:
         import librosa
     except ImportError as exc:
         raise RuntimeError("librosa is not installed (pip install 'audiobuffer[librosa]')") from exc
-    audio, sr = librosa.load(path, sr=None, mono=False, dtype=np.float32)
+    with _quiet.capture() as caught:  # NOTE [ Quiet fallback warnings ]
+        try:
+            audio, sr = librosa.load(path, sr=None, mono=False, dtype=np.float32)
+        except Exception as exc:
+            notes = [w for w in dict.fromkeys(caught)
+                     if not w.startswith(("FutureWarning", "DeprecationWarning", "PendingDeprecationWarning"))
+                     and not any(known in w for known in _KNOWN_LIBROSA_WARNINGS)]
+            reason = describe(exc) + (f" (librosa warned: {'; '.join(notes)})" if notes else "")
+            raise _FallbackFailed(f"librosa: {reason}") from exc
     audio = np.atleast_2d(audio).T  # librosa gives (channels, frames) or (frames,)
-    return np.ascontiguousarray(audio), int(sr)
+    return np.ascontiguousarray(audio), sr
+
+
+def _check_rate(path: str, sr: Any, channels: int) -> int:
+    """``sr`` as a positive int; a :class:`DecodeError` naming ``path`` for a rate or channel count
+    no audio can have (a WAV header that says 0 Hz decodes to ``sr=0`` in librosa)."""
+    if isinstance(sr, bool) or not isinstance(sr, numbers.Real) or not math.isfinite(sr) or round(sr) < 1:
+        raise DecodeError(f"cannot decode {path!r}: its sample rate is {sr!r}; a rate must be a positive "
+                          "number of Hz (is the header damaged?)", path=path)
+    if channels < 1:
+        raise DecodeError(f"cannot decode {path!r}: it has {channels} channels", path=path)
+    return int(round(sr))
+
+
+def _window_of(data: np.ndarray, start: int, length: int) -> np.ndarray:
+    """``data[start:start + length]``, copied unless it is all of ``data``: a crop must not keep the
+    rest of a decoded file alive (the sample holds the crop; ``max_bytes`` counts only the crop)."""
+    if start == 0 and length >= len(data):
+        return data
+    return data[start:start + length].copy()
 
 
 class AudioDecoder:
@@ -57,7 +150,13 @@ class AudioDecoder:
     everything else with libsndfile through python-soundfile; mixes down to mono (or keeps the channels),
     resamples with soxr, and crops and pads to a fixed length. A crop reads only the frames it needs
     from disk. Files libsndfile cannot open go to a fallback reader (librosa by default, when
-    installed); when both fail, a :class:`~audiobuffer.DecodeError` names the file and both causes.
+    installed; its per-file warnings are kept out of the log); when both fail, a
+    :class:`~audiobuffer.DecodeError` names the file and both causes. A decoded rate or channel
+    count that is not positive (a damaged header) is a :class:`~audiobuffer.DecodeError` too.
+
+    A crop of ``crop_seconds`` at output rate ``R`` holds ``round(crop_seconds * R)`` frames of real
+    audio whenever the file is at least ``crop_seconds`` long (resampled or not), and the sample's
+    array holds only those frames, never a view into the whole decoded file.
 
     The sample dict holds ``audio`` (``(frames,)`` mono or ``(channels, frames)``, float32),
     ``sample_rate``, ``num_frames`` (frames of real audio, before padding), ``path``, ``index``, the
@@ -75,7 +174,8 @@ class AudioDecoder:
     Args:
         sample_rate: the output rate in Hz; ``None`` keeps each file's own rate.
         mono: mix the channels down to one (the mean); ``False`` keeps them.
-        crop_seconds: cut each file to this many seconds; ``None`` keeps the whole file.
+        crop_seconds: cut each file to this many seconds (at most :data:`MAX_CROP_SECONDS`, one day);
+            ``None`` keeps the whole file.
         crop: where the crop starts: ``"random"`` (reproducible: seeded by the dataset's seed, the
             epoch and the item's index), ``"start"`` or ``"center"``.
         pad: pad files shorter than ``crop_seconds`` with zeros to the full length.
@@ -83,6 +183,10 @@ class AudioDecoder:
         fallback: the reader for files libsndfile cannot open: ``"librosa"``, ``None`` (none), or a
             callable ``path -> (audio (frames, channels) float32, sample_rate)``.
     """
+
+    #: The glob patterns a directory source matches when this decoder reads it
+    #: (:class:`~audiobuffer.BufferedDataset` uses them unless given ``patterns=``).
+    patterns = AUDIO_PATTERNS
 
     def __init__(self, sample_rate: Optional[int] = None, *, mono: bool = True,
                  crop_seconds: Optional[float] = None, crop: CropMode = "random", pad: bool = True,
@@ -96,8 +200,9 @@ class AudioDecoder:
         if crop_seconds is not None:
             if isinstance(crop_seconds, bool) or not isinstance(crop_seconds, (int, float)):
                 raise TypeError(f"crop_seconds must be None or a positive number, got {crop_seconds!r}")
-            if not crop_seconds > 0 or not math.isfinite(crop_seconds):
-                raise ValueError(f"crop_seconds must be None or a positive number, got {crop_seconds!r}")
+            if not 0 < crop_seconds <= MAX_CROP_SECONDS:  # also False for NaN
+                raise ValueError(f"crop_seconds must be None or a number of seconds in (0, {MAX_CROP_SECONDS}] "
+                                 f"(one day), got {crop_seconds!r}")
         if crop not in _CROP_MODES:
             raise ValueError(f"crop must be one of {_CROP_MODES}, got {crop!r}")
         if quality not in _QUALITIES:
@@ -137,11 +242,23 @@ class AudioDecoder:
 
     # -- reading -------------------------------------------------------------------------------
 
+    def _target(self, out_sr: int) -> int:
+        """Frames of a crop at ``out_sr``."""
+        assert self.crop_seconds is not None
+        return round(self.crop_seconds * out_sr)
+
     def _window(self, frames: int, sr: int, rng: np.random.Generator | None) -> tuple[int, int]:
         """The (start, length) in native frames of the part of a ``frames``-long file to keep."""
         if self.crop_seconds is None:
             return 0, frames
-        need = math.ceil(self.crop_seconds * sr)
+        out_sr = sr if self.sample_rate is None else self.sample_rate
+        target = self._target(out_sr)
+        if out_sr == sr:
+            need = target
+        else:
+            # soxr turns n frames into round(n * out_sr / sr): read enough for the whole crop (the
+            # exact ceiling in integers, plus one frame against rounding), then cut to ``target``.
+            need = -(-target * sr // out_sr) + 1
         if frames <= need:
             return 0, frames
         slack = frames - need
@@ -158,12 +275,12 @@ class AudioDecoder:
             if read is not None:
                 return read
         with sf.SoundFile(path) as f:
-            sr = f.samplerate
+            sr = _check_rate(path, f.samplerate, f.channels)
             frames = f.frames
             if frames >= _UNKNOWN_FRAMES:
                 data = self._read_blocks(f, path)
                 start, length = self._window(len(data), sr, rng)
-                return data[start:start + length], sr
+                return _window_of(data, start, length), sr
             start, length = self._window(frames, sr, rng)
             if start:
                 f.seek(start)
@@ -202,15 +319,21 @@ class AudioDecoder:
             raise DecodeError(f"cannot decode {path!r}: {exc}", path=path) from exc
         try:
             data, sr = self._fallback(path)
+        except _FallbackFailed as fallback_exc:  # already described, with the reader's name
+            raise DecodeError(f"cannot decode {path!r}: soundfile: {exc}; fallback reader: {fallback_exc}",
+                              path=path) from fallback_exc.__cause__
         except Exception as fallback_exc:
-            raise DecodeError(
-                f"cannot decode {path!r}: soundfile: {exc}; fallback reader: "
-                f"{type(fallback_exc).__name__}: {fallback_exc}", path=path) from fallback_exc
+            raise DecodeError(f"cannot decode {path!r}: soundfile: {exc}; fallback reader: "
+                              f"{describe(fallback_exc)}", path=path) from fallback_exc
         data = np.asarray(data, dtype=np.float32)
         if data.ndim == 1:
             data = data[:, None]
+        if data.ndim != 2:
+            raise DecodeError(f"cannot decode {path!r}: the fallback reader gave an array of shape {data.shape}; "
+                              "expected (frames, channels)", path=path)
+        sr = _check_rate(path, sr, data.shape[1])
         start, length = self._window(len(data), sr, rng)
-        return data[start:start + length], int(sr)
+        return _window_of(data, start, length), sr
 
     # -- shaping -------------------------------------------------------------------------------
 
@@ -222,12 +345,15 @@ class AudioDecoder:
         if out_sr != sr and len(data):
             data = soxr.resample(data, sr, out_sr, quality=self.quality)
         if self.crop_seconds is not None:
-            target = round(self.crop_seconds * out_sr)
+            target = self._target(out_sr)
             data = data[:target]
             num_frames = len(data)
             if self.pad and num_frames < target:
                 data = np.pad(data, ((0, target - num_frames), (0, 0)))
         else:
             num_frames = len(data)
-        audio = data[:, 0] if self.mono else data.T
-        return np.ascontiguousarray(audio, dtype=np.float32), num_frames, out_sr
+        audio = np.ascontiguousarray(data[:, 0] if self.mono else data.T, dtype=np.float32)
+        base = audio.base
+        if base is not None and (not isinstance(base, np.ndarray) or base.nbytes > audio.nbytes):
+            audio = audio.copy()  # a view into a longer array (a trimmed resample): keep only the crop
+        return audio, num_frames, out_sr

@@ -1,4 +1,4 @@
-"""Image decoding with Pillow: RGB, optional resize, CHW uint8 tensor.
+"""Image decoding with Pillow: 8-bit RGB, optional resize, CHW uint8 tensor.
 
 Pillow is an optional dependency (``pip install 'audiobuffer[image]'``): it is imported when an
 :class:`ImageDecoder` is made, never by ``import audiobuffer``. Pillow releases the GIL while it
@@ -12,11 +12,16 @@ from typing import Any, Literal, Optional, Tuple, Union
 import numpy as np
 
 from ..errors import DecodeError
-from ._common import ItemLike, as_item, as_tensor, sample_fields
+from ..sources import IMAGE_PATTERNS
+from ._common import ItemLike, as_item, as_tensor, describe, sample_fields
 
 __all__ = ["ImageDecoder"]
 
 _RESAMPLE = ("nearest", "bilinear", "bicubic", "lanczos", "box", "hamming")
+_EXIF_ORIENTATION = 0x0112  # the EXIF tag; 1 is upright, 2 to 8 are mirrored and/or rotated
+# Integer greyscale modes with 16 bits per pixel. Pillow opens 16-bit PNGs and TIFFs as "I;16"
+# (older versions as "I", 32-bit signed, holding the same 0..65535 values).
+_SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
 
 
 class ImageDecoder:
@@ -24,6 +29,20 @@ class ImageDecoder:
 
     The sample dict holds ``image``, ``path``, ``index``, and the ``label`` and ``label_name`` when the
     source has labels, plus a manifest's other columns.
+
+    What it does with images that are not plain 8-bit RGB:
+
+    - **16-bit greyscale** (PNG or TIFF, Pillow modes ``I;16`` and ``I``): scaled to 8 bits,
+      ``round(v * 255 / 65535)`` (values of a 32-bit ``I`` image are clipped to 0..65535 first), then
+      repeated into three channels. Other greyscale, palette, bilevel and CMYK images go through
+      Pillow's ``convert("RGB")``. 32-bit float images (mode ``F``) have no fixed range: they are a
+      :class:`~audiobuffer.DecodeError`.
+    - **Alpha** (RGBA, LA, palette transparency): dropped. The colour channels are kept as stored,
+      not blended onto a background.
+    - **EXIF orientation**: applied (as image viewers show the photo), so a portrait photo stored
+      sideways comes out upright, with height and width swapped; ``apply_exif_orientation=False``
+      keeps the stored pixels. ``size`` applies after the rotation.
+    - **Several frames** (animated GIF, APNG or WebP, multi-page TIFF): the first frame only.
 
     Thread safety: an instance holds no mutable state; one decoder serves all producer threads.
 
@@ -37,11 +56,16 @@ class ImageDecoder:
             resizes to that.
         resample: the resize filter: ``"nearest"``, ``"bilinear"``, ``"bicubic"``, ``"lanczos"``,
             ``"box"`` or ``"hamming"``.
+        apply_exif_orientation: turn photos upright as their EXIF orientation tag says.
     """
 
+    #: The glob patterns a directory source matches when this decoder reads it
+    #: (:class:`~audiobuffer.BufferedDataset` uses them unless given ``patterns=``).
+    patterns = IMAGE_PATTERNS
+
     def __init__(self, size: Optional[Union[int, Tuple[int, int]]] = None, *,
-                 resample: Literal["nearest", "bilinear", "bicubic", "lanczos", "box", "hamming"] = "bilinear"
-                 ) -> None:
+                 resample: Literal["nearest", "bilinear", "bicubic", "lanczos", "box", "hamming"] = "bilinear",
+                 apply_exif_orientation: bool = True) -> None:
         try:
             from PIL import Image
         except ImportError as exc:
@@ -53,25 +77,46 @@ class ImageDecoder:
             size = pair  # type: ignore[assignment]
         if resample not in _RESAMPLE:
             raise ValueError(f"resample must be one of {_RESAMPLE}, got {resample!r}")
+        if not isinstance(apply_exif_orientation, bool):
+            raise TypeError(f"apply_exif_orientation must be True or False, got {apply_exif_orientation!r}")
         self._filter = getattr(Image.Resampling, resample.upper())
         self.size: Optional[Tuple[int, int]] = size  # type: ignore[assignment]
         self.resample = resample
+        self.apply_exif_orientation = apply_exif_orientation
 
     def __repr__(self) -> str:
-        return f"ImageDecoder(size={self.size}, resample={self.resample!r})"
+        return (f"ImageDecoder(size={self.size}, resample={self.resample!r}, "
+                f"apply_exif_orientation={self.apply_exif_orientation})")
 
     def __call__(self, item: ItemLike) -> dict[str, Any]:
-        from PIL import Image  # imported in __init__ already; kept out of the instance so it pickles
+        from PIL import Image, ImageOps  # imported in __init__ already; kept out of the instance so it pickles
 
         item = as_item(item)
         try:
-            with Image.open(item.path) as im:
-                im = im.convert("RGB")
+            with Image.open(item.path) as im:  # the first frame of a multi-frame file
+                if self.apply_exif_orientation and im.getexif().get(_EXIF_ORIENTATION, 1) != 1:
+                    im = ImageOps.exif_transpose(im)
+                im = _to_rgb(im, item.path)
                 if self.size is not None and im.size != (self.size[1], self.size[0]):
                     im = im.resize((self.size[1], self.size[0]), self._filter)
                 pixels = np.asarray(im)
-        except (OSError, ValueError, Image.DecompressionBombError) as exc:
-            raise DecodeError(f"cannot decode {item.path!r}: {exc}", path=item.path) from exc
+        except DecodeError:
+            raise
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+            raise DecodeError(f"cannot decode {item.path!r}: {describe(exc)}", path=item.path) from exc
         sample = sample_fields(item)
         sample["image"] = as_tensor(np.ascontiguousarray(pixels.transpose(2, 0, 1)))
         return sample
+
+
+def _to_rgb(im: Any, path: str) -> Any:
+    """``im`` as an 8-bit RGB image (see :class:`ImageDecoder` for what each mode becomes)."""
+    from PIL import Image
+
+    if im.mode in _SIXTEEN_BIT_MODES:
+        values = np.clip(np.asarray(im).astype(np.int64), 0, 65535)
+        im = Image.fromarray(((values * 255 + 32767) // 65535).astype(np.uint8), "L")
+    elif im.mode == "F":
+        raise DecodeError(f"cannot decode {path!r}: it is a 32-bit float image (mode F), whose values have "
+                          "no fixed range; convert it to 8 or 16 bits first", path=path)
+    return im.convert("RGB") if im.mode != "RGB" else im
