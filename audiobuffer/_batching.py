@@ -237,12 +237,12 @@ def _check_durations(durations: Sequence[float] | np.ndarray) -> np.ndarray:
 def _check_number(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a number of seconds > 0, got {value!r}")
-    if not (math.isfinite(value) and value > 0):
+    if not (math.isfinite(float(value)) and float(value) > 0):
         raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
 
 
 def _check_int(name: str, value: object, least: int) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an integer >= {least}, got {value!r}")
-    if value < least:
+    if int(value) < least:
         raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")

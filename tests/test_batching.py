@@ -113,6 +113,8 @@ def test_same_seed_and_epoch_same_plan_another_epoch_another_order():
     assert keys(first.batches) == keys(plan_batches(list(durations), epoch=3, **setup).batches)
     other = plan_batches(durations, epoch=4, **setup)
     assert keys(other.batches) != keys(first.batches)
+    assert {frozenset(b) for b in keys(other.batches)} != {frozenset(b) for b in keys(first.batches)}, \
+        "each bucket is shuffled anew: the batches themselves change, not only their order"
     assert sorted(i for b in other.batches for i in b) == list(range(500))  # the same items
     reseeded = plan_batches(durations, epoch=3, **{**setup, "seed": 8})
     assert keys(reseeded.batches) != keys(first.batches)
