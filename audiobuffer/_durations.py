@@ -4,11 +4,12 @@ each file's header, the headers read once in parallel and cached on disk.
 The cache: one JSON file per corpus folder (the deepest folder holding all of a source's files) in the
 cache folder, mapping each file's absolute path to its size, modification time (ns) and duration. An
 entry counts only while the file's size and modification time are unchanged, so a second run over
-the same files opens none of them (it only ``stat``\\ s them), and a changed file is read again. The
-file is replaced atomically (a temporary file and ``os.replace``); a cache file that cannot be read
-or parsed is ignored and rewritten. Two processes writing at once (DDP ranks) each write a complete
-file, and the last one stays; sources that share a folder share its cache file, so a train and a test
-split read each header once.
+the same files opens none of them (it only looks up their size and modification time), and a
+changed file is read again. The file is replaced atomically (a temporary file and ``os.replace``); a
+cache file that cannot be read or parsed is ignored and rewritten. Two processes writing at once (DDP
+ranks) each write a complete file, and the last one stays; sources that share a folder share its
+cache file, so a train and a test split read each header once. Failed headers are not cached: they
+are tried again on the next run.
 """
 
 from __future__ import annotations

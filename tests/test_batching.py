@@ -1,6 +1,8 @@
 """The duration-batch plan (audiobuffer/_batching.py), tested on the plan alone."""
 
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ from hypothesis import strategies as st
 from audiobuffer import ResumeError
 from audiobuffer._batching import BatchPlan, bucket_edges, cut_batches, padding_fraction, plan_batches
 from audiobuffer._plan import pack_consumed, unpack_consumed
+from helpers import REPO
 
 
 def keys(batches):
@@ -208,3 +211,12 @@ def test_bad_options_are_named(kwargs, error, match):
     setup.update(kwargs)
     with pytest.raises(error, match=match):
         plan_batches(setup.pop("durations"), **setup)
+
+
+@pytest.mark.timeout(120)
+def test_padding_bench_runs_and_meets_the_goal():
+    script = REPO / "scripts" / "bench_padding.py"
+    done = subprocess.run([sys.executable, str(script), "--items", "3000", "--epochs", "2", "--budgets", "60"],
+                          capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "| speech-like (3000, log-normal 1-20 s) |" in done.stdout and "Goal met: yes." in done.stdout
