@@ -1,0 +1,313 @@
+"""Item durations for batches by duration (audiobuffer/_durations.py): manifest column, headers, cache."""
+
+import json
+import logging
+import os
+import threading
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from audiobuffer import DecodeError, SourceError
+from audiobuffer._batching import plan_batches
+from audiobuffer._durations import CACHE_ENV, default_cache_dir, header_seconds, read_durations
+from audiobuffer.sources import Source
+from helpers import write_tone
+
+# (name, seconds, sample rate): WAV and FLAC, several lengths and rates.
+FILES = [("a.wav", 0.25, 8000), ("b.flac", 1.3, 16000), ("c.wav", 0.7, 22050), ("d.flac", 2.0, 8000),
+         ("e.wav", 0.05, 44100)]
+
+
+def frames_of(seconds, rate):
+    return round(seconds * rate)
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    """A folder of WAV and FLAC files of different lengths; returns (folder, expected durations by name)."""
+    root = tmp_path / "corpus"
+    expected = {}
+    for name, seconds, rate in FILES:
+        write_tone(root / name, seconds=seconds, sample_rate=rate)
+        expected[name] = frames_of(seconds, rate) / rate
+    return root, expected
+
+
+@pytest.fixture
+def opens(monkeypatch):
+    """Counts the files soundfile opens (thread-safe), by path."""
+    opened = []
+    lock = threading.Lock()
+    real = sf.SoundFile
+
+    def counting(path, *args, **kwargs):
+        with lock:
+            opened.append(os.path.basename(str(path)))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(sf, "SoundFile", counting)
+    return opened
+
+
+def by_name(source, durations):
+    return {os.path.basename(p): d for p, d in zip(source.paths, durations)}
+
+
+def forbid_opening(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"a file was opened: {args}")
+
+    monkeypatch.setattr(sf, "SoundFile", refuse)
+    monkeypatch.setattr(sf, "info", refuse)
+
+
+def test_headers_give_each_files_duration(corpus, tmp_path):
+    root, expected = corpus
+    source = Source(root)
+    durations, failures = read_durations(source, cache_dir=tmp_path / "cache", num_threads=3)
+    assert durations.dtype == np.float64 and failures == []
+    assert by_name(source, durations) == expected  # frames / rate, exactly
+
+
+def test_many_files_keep_their_order_across_threads(tmp_path):
+    lengths = [(i % 17 + 1) * 100 for i in range(150)]  # more files than one task's chunk
+    paths = [write_tone(tmp_path / f"f{i:03d}.wav", seconds=n / 8000, sample_rate=8000) for i, n in enumerate(lengths)]
+    durations, _ = read_durations(Source(paths), cache_dir=tmp_path / "cache", num_threads=4)
+    assert durations.tolist() == [n / 8000 for n in lengths]
+
+
+def test_flac_without_a_length_is_counted(tmp_path):
+    path = write_tone(tmp_path / "stream.flac", seconds=1.0, sample_rate=16000)
+    data = bytearray(path.read_bytes())
+    # STREAMINFO (bytes 8-41): rate (20 bits), channels (3), bits (5), total samples (36) at bytes 18-25.
+    packed = int.from_bytes(data[18:26], "big") & ~((1 << 36) - 1)  # total samples 0: unknown
+    data[18:26] = packed.to_bytes(8, "big")
+    path.write_bytes(bytes(data))
+    with sf.SoundFile(path) as f:
+        assert f.frames >= 2**62  # libsndfile's "unknown"
+    assert header_seconds(str(path)) == 1.0
+    durations, failures = read_durations(Source([path]), cache_dir=False)
+    assert durations.tolist() == [1.0] and failures == []
+
+
+def test_a_second_run_opens_no_file(corpus, tmp_path, monkeypatch, opens):
+    root, expected = corpus
+    cache = tmp_path / "cache"
+    first, _ = read_durations(Source(root), cache_dir=cache)
+    assert sorted(opens) == sorted(expected)
+    assert len(list(cache.glob("*.json"))) == 1
+    forbid_opening(monkeypatch)
+    again, failures = read_durations(Source(root), cache_dir=cache)
+    assert again.tolist() == first.tolist() and failures == []
+
+
+def test_a_subset_shares_the_corpus_cache(corpus, tmp_path, monkeypatch):
+    root, _ = corpus
+    cache = tmp_path / "cache"
+    source = Source(root)
+    read_durations(source, cache_dir=cache)
+    forbid_opening(monkeypatch)
+    part = source.subset([1, 3])
+    durations, _ = read_durations(part, cache_dir=cache)
+    assert durations.tolist() == read_durations(source, cache_dir=cache)[0][[1, 3]].tolist()
+
+
+def test_a_changed_file_is_read_again(corpus, tmp_path, opens):
+    root, expected = corpus
+    cache = tmp_path / "cache"
+    read_durations(Source(root), cache_dir=cache)
+    write_tone(root / "c.wav", seconds=1.5, sample_rate=22050)  # a new size
+    opens.clear()
+    durations, _ = read_durations(Source(root), cache_dir=cache)
+    assert opens == ["c.wav"]
+    assert by_name(Source(root), durations) == {**expected, "c.wav": frames_of(1.5, 22050) / 22050}
+    opens.clear()
+    stat = os.stat(root / "a.wav")
+    os.utime(root / "a.wav", ns=(stat.st_atime_ns, stat.st_mtime_ns + 5_000_000_000))  # same size, touched
+    read_durations(Source(root), cache_dir=cache)
+    assert opens == ["a.wav"]
+    opens.clear()
+    read_durations(Source(root), cache_dir=cache)
+    assert opens == []
+
+
+@pytest.mark.parametrize("content", [b"{not json", b"\xff\xfe", b"[1, 2]", b'{"format": 99, "entries": {}}',
+                                     b'{"format": 1, "entries": {"x": 1}}'])
+def test_a_corrupt_cache_is_ignored_and_rewritten(corpus, tmp_path, opens, monkeypatch, content, caplog):
+    root, expected = corpus
+    cache = tmp_path / "cache"
+    read_durations(Source(root), cache_dir=cache)
+    (file,) = cache.glob("*.json")
+    file.write_bytes(content)
+    opens.clear()
+    with caplog.at_level(logging.WARNING, logger="audiobuffer"):
+        durations, _ = read_durations(Source(root), cache_dir=cache)
+    assert by_name(Source(root), durations) == expected
+    if content != b'{"format": 1, "entries": {"x": 1}}':  # a valid file whose entry is junk: no warning
+        assert "ignoring the duration cache" in caplog.text
+    assert sorted(opens) == sorted(expected)  # read again
+    assert json.loads(file.read_text())["format"] == 1
+    forbid_opening(monkeypatch)
+    assert read_durations(Source(root), cache_dir=cache)[0].tolist() == durations.tolist()
+
+
+def test_bad_cache_entries_are_read_again(corpus, tmp_path, opens):
+    root, expected = corpus
+    cache = tmp_path / "cache"
+    read_durations(Source(root), cache_dir=cache)
+    (file,) = cache.glob("*.json")
+    data = json.loads(file.read_text())
+    key = os.path.abspath(root / "b.flac")
+    data["entries"][key][2] = -1.0
+    file.write_text(json.dumps(data))
+    opens.clear()
+    durations, _ = read_durations(Source(root), cache_dir=cache)
+    assert opens == ["b.flac"] and by_name(Source(root), durations) == expected
+
+
+def test_cache_folder_from_the_environment_or_none(corpus, tmp_path, monkeypatch, opens):
+    root, expected = corpus
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "env"))
+    assert default_cache_dir() == tmp_path / "env" / "durations"
+    read_durations(Source(root))
+    assert len(list((tmp_path / "env" / "durations").glob("*.json"))) == 1
+    opens.clear()
+    for _ in range(2):
+        read_durations(Source(root), cache_dir=False)
+    assert sorted(opens) == sorted(list(expected) * 2)  # no cache: every header read each time
+    assert len(list((tmp_path / "env" / "durations").glob("*.json"))) == 1
+
+
+def test_an_unwritable_cache_is_a_warning_not_an_error(corpus, tmp_path, caplog):
+    root, expected = corpus
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    with caplog.at_level(logging.WARNING, logger="audiobuffer"):
+        durations, _ = read_durations(Source(root), cache_dir=blocker / "cache")
+    assert by_name(Source(root), durations) == expected
+    assert "cannot write the duration cache" in caplog.text
+
+
+@pytest.fixture
+def broken(corpus):
+    """The corpus plus a file whose header libsndfile cannot read."""
+    root, expected = corpus
+    (root / "bad.wav").write_bytes(b"RIFF\x00\x00\x00\x00WAVEjunkjunkjunk")
+    return root, expected
+
+
+def test_a_broken_header_raises_naming_the_file(broken, tmp_path):
+    root, _ = broken
+    source = Source(root)
+    bad = [i for i, p in enumerate(source.paths) if p.endswith("bad.wav")][0]
+    with pytest.raises(DecodeError, match=rf"item {bad}: cannot read the header of .*bad\.wav") as info:
+        read_durations(source, cache_dir=tmp_path / "cache", num_threads=2)
+    assert info.value.path.endswith("bad.wav") and info.value.index == bad
+    assert info.value.__cause__ is not None
+
+
+@pytest.mark.parametrize("on_error", ["warn", "skip"])
+def test_a_broken_header_is_listed_and_left_out(broken, tmp_path, on_error, caplog):
+    root, expected = broken
+    source = Source(root)
+    with caplog.at_level(logging.WARNING, logger="audiobuffer"):
+        durations, failures = read_durations(source, cache_dir=tmp_path / "cache", on_error=on_error)
+    bad = [i for i, p in enumerate(source.paths) if p.endswith("bad.wav")][0]
+    assert [(i, os.path.basename(p)) for i, p, _ in failures] == [(bad, "bad.wav")]
+    assert "cannot read the header of" in failures[0][2]
+    named = by_name(source, durations)
+    assert np.isnan(named.pop("bad.wav")) and named == expected
+    assert ("1 of 6 headers could not be read" in caplog.text) == (on_error == "warn")
+    plan = plan_batches(durations, max_batch_seconds=10, buckets=2, shuffle=True, seed=0, epoch=0)
+    assert sorted(i for b in plan.batches for i in b) == sorted(set(range(6)) - {bad})
+
+
+def test_a_missing_file_is_a_failure(tmp_path):
+    good = write_tone(tmp_path / "good.wav", seconds=0.5, sample_rate=8000)
+    durations, failures = read_durations(Source([good, tmp_path / "gone.wav"]), cache_dir=False, on_error="skip")
+    assert durations[0] == 0.5 and np.isnan(durations[1])
+    assert failures == [(1, str(tmp_path / "gone.wav"), f"cannot read the header of {str(tmp_path / 'gone.wav')!r}: "
+                         f"no such file")]
+
+
+def test_crop_caps_each_duration(corpus, tmp_path):
+    root, expected = corpus
+    durations, _ = read_durations(Source(root), crop_seconds=1.0, cache_dir=tmp_path / "cache")
+    assert by_name(Source(root), durations) == {k: min(v, 1.0) for k, v in expected.items()}
+
+
+def write_manifest(tmp_path, rows, name="train.csv"):
+    path = tmp_path / name
+    if name.endswith(".jsonl"):
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    else:
+        columns = list(rows[0])
+        path.write_text(",".join(columns) + "\n" + "".join(",".join(str(r[c]) for c in columns) + "\n" for r in rows))
+    return path
+
+
+def test_manifest_column_gives_durations_without_opening_a_file(tmp_path, monkeypatch):
+    forbid_opening(monkeypatch)
+    manifest = write_manifest(tmp_path, [{"path": "a.wav", "duration": "1.5"}, {"path": "b.wav", "duration": "12"},
+                                         {"path": "c.wav", "duration": "0"}])
+    durations, failures = read_durations(Source(manifest), duration_column="duration", cache_dir=tmp_path / "c")
+    assert durations.tolist() == [1.5, 12.0, 0.0] and failures == []
+    capped, _ = read_durations(Source(manifest), duration_column="duration", crop_seconds=4)
+    assert capped.tolist() == [1.5, 4.0, 0.0]
+    assert not (tmp_path / "c").exists()
+    jsonl = write_manifest(tmp_path, [{"path": "a.wav", "seconds": 2.5}, {"path": "b.wav", "seconds": 3}],
+                           "train.jsonl")
+    assert read_durations(Source(jsonl), duration_column="seconds")[0].tolist() == [2.5, 3.0]
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "nan", "inf", ""])
+def test_manifest_value_that_is_not_a_duration_names_row_and_value(tmp_path, value):
+    manifest = write_manifest(tmp_path, [{"path": "a.wav", "duration": "1.5"}, {"path": "b.wav", "duration": value}])
+    with pytest.raises(SourceError, match=rf"row 2: column 'duration' holds {value!r}, not a duration"):
+        read_durations(Source(manifest), duration_column="duration")
+
+
+def test_manifest_without_the_column(tmp_path):
+    manifest = write_manifest(tmp_path, [{"path": "a.wav", "speaker": "x"}])
+    with pytest.raises(SourceError, match=r"no duration column 'duration'; its columns are \['speaker'\]"):
+        read_durations(Source(manifest), duration_column="duration")
+    jsonl = write_manifest(tmp_path, [{"path": "a.wav", "duration": 1}, {"path": "b.wav"},
+                                      {"path": "c.wav", "duration": True}], "m.jsonl")
+    with pytest.raises(SourceError, match="row 2 has no value in column 'duration'"):
+        read_durations(Source(jsonl), duration_column="duration")
+    jsonl.write_text('{"path": "a.wav", "duration": true}\n')
+    with pytest.raises(SourceError, match="row 1: column 'duration' holds True"):
+        read_durations(Source(jsonl), duration_column="duration")
+
+
+def test_duration_column_needs_a_manifest(corpus):
+    root, _ = corpus
+    with pytest.raises(ValueError, match="duration_column='duration' needs a manifest source"):
+        read_durations(Source(root), duration_column="duration")
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"num_threads": 0}, ValueError, "num_threads must be an integer >= 1, got 0"),
+    ({"num_threads": 2.0}, TypeError, "num_threads must be an integer"),
+    ({"on_error": "ignore"}, ValueError, "on_error must be one of"),
+    ({"crop_seconds": -1}, ValueError, "crop_seconds must be a finite number of seconds > 0 or None, got -1"),
+    ({"crop_seconds": "1"}, TypeError, "crop_seconds must be a number"),
+    ({"cache_dir": 3}, TypeError, "cache_dir must be a folder, None .* or False"),
+    ({"duration_column": 1}, TypeError, "duration_column must be a manifest column name or None"),
+])
+def test_bad_options_are_named(corpus, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        read_durations(Source(corpus[0]), **kwargs)
+
+
+def test_fsdd_durations_match_soundfile_and_are_cached(fsdd, tmp_path, monkeypatch):
+    source = Source(fsdd)
+    durations, failures = read_durations(source, cache_dir=tmp_path / "cache")
+    assert failures == [] and len(durations) == 3000 and np.all(durations > 0)
+    for i in (0, 1234, 2999):
+        info = sf.info(source.paths[i])
+        assert durations[i] == info.frames / info.samplerate
+    forbid_opening(monkeypatch)
+    assert read_durations(source, cache_dir=tmp_path / "cache")[0].tolist() == durations.tolist()
