@@ -28,6 +28,7 @@ from typing import Any, Literal, Mapping, Sequence, TypeGuard, Union
 import numpy as np
 import soundfile as sf
 
+from .decoders._sndfile import read_to_end
 from .errors import DecodeError, SourceError
 
 __all__ = ["CACHE_ENV", "Failure", "default_cache_dir", "header_seconds", "read_durations"]
@@ -82,28 +83,11 @@ def header_seconds(path: str) -> float:
 
 
 def _count_frames(f: sf.SoundFile, path: str) -> int:
-    """The frames of an open file whose header gives no count, counted by decoding it once.
-
-    python-soundfile's ``read`` moves its position with a seek after each read, and libsndfile cannot
-    seek to the end of a stream whose length it does not know, so the last read of such a file always
-    fails there; libsndfile's own reader (which python-soundfile's ``read`` calls) is called directly.
-    """
-    snd, ffi = getattr(sf, "_snd", None), getattr(sf, "_ffi", None)
-    if snd is None or ffi is None:  # a python-soundfile without them: its reads fail at the very end
-        raise DecodeError(f"cannot read the duration of {path!r}: its header gives no frame count", path=path)
-    block = np.empty((_BLOCK_FRAMES, f.channels), dtype=np.int16)
-    pointer = ffi.cast("short *", block.ctypes.data)  # ``block`` outlives every use of ``pointer``
-    frames = 0
-    while True:
-        read = snd.sf_readf_short(f._file, pointer, _BLOCK_FRAMES)
-        frames += read
-        if read < _BLOCK_FRAMES:
-            break
-    error = snd.sf_error(f._file)
-    if error:
-        reason = ffi.string(snd.sf_error_number(error)).decode("utf-8", "replace")
+    """The frames of an open file whose header gives no count, counted by decoding it once."""
+    _, frames, error = read_to_end(f, count_only=True)
+    if error is not None:
         raise DecodeError(f"cannot read the duration of {path!r}: its header gives no frame count and decoding "
-                          f"failed after {frames} frames ({reason})", path=path)
+                          f"failed after {frames} frames ({error})", path=path)
     return frames
 
 

@@ -24,6 +24,7 @@ import soxr
 from ..errors import DecodeError
 from ..sources import AUDIO_PATTERNS
 from . import _wav
+from ._sndfile import read_to_end
 from ._common import ItemLike, as_item, as_tensor, describe, sample_fields
 
 __all__ = ["MAX_CROP_SECONDS", "AudioDecoder", "CropMode"]
@@ -294,22 +295,12 @@ class AudioDecoder:
 
     @staticmethod
     def _read_blocks(f: sf.SoundFile, path: str) -> np.ndarray:
-        blocks = []
-        try:
-            while True:
-                block = f.read(_BLOCK_FRAMES, dtype="float32", always_2d=True)
-                if len(block):
-                    blocks.append(block)
-                if len(block) < _BLOCK_FRAMES:
-                    break
-        except Exception as exc:
-            read = sum(len(b) for b in blocks)
+        data, frames, error = read_to_end(f)
+        if error is not None:
             raise DecodeError(
                 f"cannot decode {path!r}: its header gives no frame count and reading failed after "
-                f"{read} frames ({exc}); the rest of the file would be lost", path=path) from exc
-        if not blocks:
-            return np.zeros((0, f.channels), dtype=np.float32)
-        return np.concatenate(blocks)
+                f"{frames} frames ({error}); the rest of the file would be lost", path=path)
+        return data  # type: ignore[return-value]  # an array whenever count_only is off
 
     def _read_fallback(self, path: str, rng: np.random.Generator | None,
                        exc: Exception) -> tuple[np.ndarray, int]:
