@@ -49,7 +49,7 @@ REPO = SCRIPTS.parent
 sys.path[:0] = [str(SCRIPTS), str(REPO)]  # benchmd and the transforms; this checkout's audiobuffer
 from benchmd import machine, table, write_section
 
-from audiobuffer.bench import BATCH_SIZE, make_corpus, run_with_peak_rss
+from audiobuffer.tools.bench import BATCH_SIZE, make_corpus, run_with_peak_rss
 
 APPROACHES = ["step-alone", "loop", "buffered-1", "buffered-2", "isolated-2", "dataloader-2", "dataloader-2-spawn"]
 #: The approaches that take a per-sample transform (the DataLoader ones decode in ``PathDataset``).
@@ -124,7 +124,7 @@ def _loader(approach: str, paths: list[str], transform: Any) -> tuple[Iterator[d
     from torch.utils.data import DataLoader
 
     from audiobuffer import AudioDecoder, BufferedDataset, IsolatedLoader, pad_collate
-    from audiobuffer.bench import PathDataset
+    from audiobuffer.tools.bench import PathDataset
 
     decoder = AudioDecoder()
     if approach == "loop":
@@ -189,7 +189,7 @@ def child(approach: str, steps: Sequence[str], paths: list[str], transform_name:
     import torch.utils.data
 
     import audiobuffer
-    import audiobuffer.bench  # noqa: F401
+    import audiobuffer.tools.bench  # noqa: F401
 
     torch.set_num_threads(1)
     transform = _transform(transform_name)

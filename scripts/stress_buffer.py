@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchmd import machine, write_section  # noqa: E402
 
-from audiobuffer.stress import markdown, parse_shapes, stress  # noqa: E402
+from audiobuffer.tools.stress import markdown, parse_shapes, stress  # noqa: E402
 
 
 def main() -> int:

@@ -9,8 +9,8 @@ import pytest
 
 import torch
 
-from audiobuffer.bench import main as bench_main, measure_epoch, usable_cores
-from audiobuffer.cli import main as cli_main
+from audiobuffer.tools.bench import main as bench_main, measure_epoch, usable_cores
+from audiobuffer.tools.cli import main as cli_main
 from helpers import REPO
 
 pytestmark = pytest.mark.timeout(400)
@@ -44,7 +44,7 @@ def test_decode_bench_rejects_unknown_approaches(capsys):
 
 
 def test_stress_quick_checks_pass(tmp_path):
-    from audiobuffer.stress import main as stress_main
+    from audiobuffer.tools.stress import main as stress_main
 
     out = tmp_path / "stress.json"
     assert stress_main(["--quick", "--shapes", "2x2x4,1x3x1", "--json", str(out)]) == 0
@@ -56,7 +56,7 @@ def test_stress_quick_checks_pass(tmp_path):
 @pytest.mark.parametrize("impl", ["buffer", "buffer-many", "queue"])
 @pytest.mark.parametrize("jitter", [False, True])
 def test_stress_round_moves_each_item_once(impl, jitter):
-    from audiobuffer.stress import run_round
+    from audiobuffer.tools.stress import run_round
 
     result = run_round(impl, producers=3, consumers=2, capacity=3, items=3000 if not jitter else 300, payload=16,
                        jitter=jitter, seed=1)
@@ -64,7 +64,7 @@ def test_stress_round_moves_each_item_once(impl, jitter):
 
 
 def test_stress_shape_errors():
-    from audiobuffer.stress import parse_shapes
+    from audiobuffer.tools.stress import parse_shapes
 
     assert parse_shapes("1x2x3, 4x5x6") == [(1, 2, 3), (4, 5, 6)]
     for bad in ("1x2", "0x1x1", "axbxc"):
@@ -100,7 +100,7 @@ def test_windows_spawn_failure_is_shown_and_audiobuffer_runs():
 
 def test_short_soak_checks_threads_and_files_stay_flat(tmp_path):
     """CI's short version of the 10-minute soak in BENCHMARKS.md: several passes, same checks."""
-    from audiobuffer.stress import main as stress_main
+    from audiobuffer.tools.stress import main as stress_main
 
     out = tmp_path / "soak.json"
     assert stress_main(["--quick", "--minutes", "0.05", "--shapes", "2x2x4,3x1x2", "--json", str(out)]) == 0
@@ -234,7 +234,7 @@ def _words(text: str) -> str:
 # Makes `resource` (Unix-only) and `psutil` (the bench extra) unimportable, as on Windows and in a plain
 # install, then runs the command line given in argv.
 _NO_EXTRA = ("import sys; sys.modules['resource'] = None; sys.modules['psutil'] = None; "
-             "import audiobuffer.bench; from audiobuffer.cli import main; sys.exit(main(sys.argv[1:]))")
+             "import audiobuffer.tools.bench; from audiobuffer.tools.cli import main; sys.exit(main(sys.argv[1:]))")
 
 
 def test_bench_starts_and_prints_help_without_resource_and_psutil():
@@ -340,7 +340,7 @@ def test_stress_says_its_units_and_what_jittered_means(capsys):
         cli_main(["stress", "--help"])
     help_text = _words(capsys.readouterr().out)
     assert "items per second" in help_text and "Jittered rounds make each producer and consumer pause" in help_text
-    from audiobuffer.stress import main as stress_main
+    from audiobuffer.tools.stress import main as stress_main
 
     assert stress_main(["--quick", "--shapes", "1x1x2", "--items", "200"]) == 0
     out = capsys.readouterr().out

@@ -6,7 +6,7 @@ import sys
 import pytest
 import yaml
 
-from audiobuffer.report import RunSummary
+from audiobuffer.tools.report import RunSummary
 from helpers import REPO, make_corpus
 
 pytestmark = pytest.mark.timeout(300)

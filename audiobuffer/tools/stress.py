@@ -19,7 +19,6 @@ open file descriptors does not grow.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import queue
 import random
@@ -27,11 +26,12 @@ import statistics
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from .buffer import Buffer
-from .errors import BufferClosed
+from ..buffer import Buffer
+from ..errors import BufferClosed
+from .report import write_json
 
 __all__ = ["RoundResult", "run_round", "stress"]
 
@@ -266,13 +266,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     items, rounds = (2000, 1) if args.quick else (args.items, args.rounds)
     report = stress(shapes, items=items, payload=args.payload, rounds=rounds, minutes=args.minutes)
     print(markdown(report))
-    if args.json:
-        data = json.dumps(report, indent=2)
-        if args.json == "-":
-            print(data)
-        else:
-            with open(args.json, "w") as f:
-                f.write(data)
+    write_json(args.json, report)
     ok = report["lost"] == report["duplicated"] == report["bound_violations"] == 0
     return 0 if ok else 1
 

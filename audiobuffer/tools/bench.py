@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -37,6 +36,9 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
+
+from .._options import usable_cores
+from .report import write_json
 
 __all__ = ["APPROACHES", "Window", "cpu_percent", "make_corpus", "measure_epoch", "run_bench", "run_with_peak_rss",
            "usable_cores"]
@@ -66,7 +68,7 @@ class PathDataset:
     """A map-style dataset of paths, decoded in ``__getitem__`` (importable, so ``spawn`` can pickle it)."""
 
     def __init__(self, paths: Sequence[str]) -> None:
-        from .decoders import AudioDecoder
+        from ..decoders import AudioDecoder
 
         self.paths = list(paths)
         self.decoder = AudioDecoder()
@@ -79,7 +81,7 @@ class PathDataset:
 
 
 def _batches_of(samples: Iterator[Dict[str, Any]]) -> Iterator[Dict[str, Any]]:
-    from .collate import pad_collate
+    from ..collate import pad_collate
 
     batch: List[Dict[str, Any]] = []
     for sample in samples:
@@ -94,9 +96,9 @@ def _batches_of(samples: Iterator[Dict[str, Any]]) -> Iterator[Dict[str, Any]]:
 def _loader(approach: str, paths: List[str]) -> Iterator[Dict[str, Any]]:
     from torch.utils.data import DataLoader
 
-    from .collate import pad_collate
-    from .dataset import BufferedDataset
-    from .decoders import AudioDecoder
+    from ..collate import pad_collate
+    from ..dataset import BufferedDataset
+    from ..decoders import AudioDecoder
 
     decoder = AudioDecoder()
     if approach == "loop":
@@ -113,7 +115,13 @@ def _loader(approach: str, paths: List[str]) -> Iterator[Dict[str, Any]]:
         ds = BufferedDataset(paths, decoder, num_producers=int(approach.split("-")[1]), buffer_size=64)
         return iter(DataLoader(ds, batch_size=BATCH_SIZE, collate_fn=pad_collate))
     if approach == "torchdata-2":
-        from torchdata.nodes import Batcher, IterableWrapper, Loader, Mapper, ParallelMapper
+        from torchdata.nodes import (
+            Batcher,
+            IterableWrapper,
+            Loader,
+            Mapper,
+            ParallelMapper,
+        )
 
         node = ParallelMapper(IterableWrapper(paths), map_fn=decoder, num_workers=2, method="thread", in_order=False)
         return iter(Loader(Mapper(Batcher(node, batch_size=BATCH_SIZE, drop_last=False), pad_collate)))
@@ -151,14 +159,6 @@ def _cpu_seconds() -> float:
         return times.user + times.system
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
-
-
-def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity mask where the platform has one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Windows or macOS
-        return os.cpu_count() or 1
 
 
 class Window:
@@ -241,7 +241,7 @@ def _child(approach: str, paths: List[str]) -> Dict[str, float]:
     import torch  # everything is imported before the clock starts, as in a training script
     import torch.utils.data  # noqa: F401
 
-    from . import collate, dataset, decoders  # noqa: F401
+    from .. import collate, dataset, decoders  # noqa: F401
 
     if approach == "torchdata-2":
         import torchdata.nodes  # noqa: F401
@@ -334,7 +334,7 @@ def run_with_peak_rss(cmd: Sequence[str], *, timeout: float, env: Optional[Dict[
 
 def _measure(approach: str, file_list: Path, timeout: float) -> Run:
     out = file_list.with_suffix(f".{approach}.json")
-    cmd = [sys.executable, "-m", "audiobuffer.bench", "--child", approach, "--file-list", str(file_list),
+    cmd = [sys.executable, "-m", "audiobuffer.tools.bench", "--child", approach, "--file-list", str(file_list),
            "--child-out", str(out)]
     status, err, peak = run_with_peak_rss(cmd, timeout=timeout)
     if status != 0:
@@ -501,12 +501,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         Path(args.markdown).write_text(text)
     if args.plot:
         plot(results, Path(args.plot))
-    if args.json:
-        data = json.dumps(results, indent=2)
-        if args.json == "-":
-            print(data)
-        else:
-            Path(args.json).write_text(data)
+    write_json(args.json, results)
     return 0
 
 

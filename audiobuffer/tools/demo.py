@@ -22,11 +22,11 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from .collate import pad_collate
-from .dataset import BufferedDataset
-from .decoders import AudioDecoder
-from .device import DevicePrefetcher, resolve_device
-from .features import LogMel
+from ..collate import pad_collate
+from ..dataset import BufferedDataset
+from ..decoders import AudioDecoder
+from ..device import DevicePrefetcher, resolve_device
+from ..features import LogMel
 from .report import RunSummary, Timer
 
 __all__ = ["default_cache_dir", "make_demo_corpus", "run_demo"]

@@ -9,17 +9,17 @@ traceback of an unexpected error).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import re
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
-from . import __version__
-from .errors import AudioBufferError, ConfigError
+from .. import __version__
+from ..errors import AudioBufferError, ConfigError
+from .report import write_json
 
 __all__ = ["main"]
 
@@ -88,21 +88,11 @@ def _setup_logging(args: argparse.Namespace) -> None:
     logging.getLogger("audiobuffer").setLevel(level)
 
 
-def _write_json(target: Optional[str], data: dict) -> None:
-    if target is None:
-        return
-    text = json.dumps(data, indent=2, default=str)
-    if target == "-":
-        sys.stdout.write(text + "\n")
-    else:
-        Path(target).write_text(text + "\n", encoding="utf-8")
-
-
 def _cmd_run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from .config import build_dataset, build_isolated, build_loader, load_config
-    from .device import DevicePrefetcher, resolve_device
+    from ..config import build_dataset, build_isolated, build_loader, load_config
+    from ..device import DevicePrefetcher, resolve_device
     from .report import RunSummary, Timer
 
     config = load_config(args.config, args.overrides)
@@ -138,14 +128,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     summary.judge()
     if not args.quiet:
         print("\n".join(summary.lines()), file=out)
-    _write_json(args.json, {"config": str(args.config), "device": str(device), **summary.as_dict()})
+    write_json(args.json, {"config": str(args.config), "device": str(device), **summary.as_dict()})
     return 0
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
     import yaml
 
-    from .config import load_config, reference_config
+    from ..config import load_config, reference_config
 
     if args.reference == (args.config is not None):
         raise ConfigError("config: give either --reference or CONFIG.yaml")
@@ -186,7 +176,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     ]
     if not args.quiet:
         print("\n".join(lines), file=out)
-    _write_json(args.json, result)
+    write_json(args.json, result)
     return 0
 
 

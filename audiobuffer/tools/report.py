@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
-from .dataset import DatasetStats
+from .._options import usable_cores
+from ..dataset import DatasetStats
 
-__all__ = ["RunSummary", "Timer"]
+__all__ = ["RunSummary", "Timer", "write_json"]
 
 #: The share of the run the consumer may wait for data before the run counts as input-bound.
 INPUT_BOUND_SHARE = 0.10
@@ -97,7 +101,7 @@ class RunSummary:
         wall = self.wall_s or 1e-9
         waited = self.consumer_wait_s / wall
         full = self.producer_wait_s / (wall * max(1, self.producers))
-        cores = _cores()
+        cores = usable_cores()
         if self.kind == "image":
             cheaper = cheapest = "smaller images, a cheaper resample filter"
         else:
@@ -144,8 +148,12 @@ class RunSummary:
         return out
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
+def write_json(target: str | os.PathLike[str] | None, data: Any) -> None:
+    """Write ``data`` as indented JSON to ``target`` (``"-"``: stdout; ``None``: nowhere)."""
+    if target is None:
+        return
+    text = json.dumps(data, indent=2, default=str)
+    if str(target) == "-":
+        sys.stdout.write(text + "\n")
+    else:
+        Path(target).write_text(text + "\n", encoding="utf-8")
