@@ -41,6 +41,7 @@ _EXPORTS = {
     "Source": ".sources",
     "SourceError": ".errors",
     "StallError": ".errors",
+    "StorageError": ".errors",
     "WorkItem": ".sources",
     "pad_collate": ".collate",
     "payload_nbytes": ".buffer",
@@ -78,6 +79,7 @@ if TYPE_CHECKING:
         SampleError,
         SourceError,
         StallError,
+        StorageError,
     )
     from .isolated import IsolatedLoader
     from .slots import BatchSlotLoader, SlotStats
