@@ -9,6 +9,7 @@ producers need (see the README, "Threads and cores").
 
 from __future__ import annotations
 
+import io
 import math
 import os
 from typing import Any, Callable, Literal, Optional, Tuple
@@ -58,6 +59,9 @@ class AudioDecoder:
     resamples with soxr, and crops and pads to a fixed length. A crop reads only the frames it needs
     from disk. Files libsndfile cannot open go to a fallback reader (librosa by default, when
     installed); when both fail, a :class:`~audiobuffer.DecodeError` names the file and both causes.
+    A work item whose ``read`` is set (a member of a tar shard, a remote object) is decoded from the
+    bytes it returns, by the same readers (libsndfile through its virtual I/O), never from a
+    temporary file; the fallback reader takes paths, so it is not tried for bytes.
 
     The sample dict holds ``audio`` (``(frames,)`` mono or ``(channels, frames)``, float32),
     ``sample_rate``, ``num_frames`` (frames of real audio, before padding), ``path``, ``index``, the
@@ -122,11 +126,14 @@ class AudioDecoder:
     def __call__(self, item: ItemLike) -> dict[str, Any]:
         item = as_item(item)
         rng = item.rng() if self.crop == "random" and self.crop_seconds is not None else None
+        raw = item.read() if item.read is not None else None  # a shard member's or an object's bytes
         try:
-            data, native_sr = self._read_soundfile(item.path, rng)
+            data, native_sr = self._read_soundfile(item.path, rng, raw)
         except DecodeError:
             raise
         except Exception as exc:  # libsndfile's errors, and OSError for missing or unreadable files
+            if raw is not None:  # the fallback reader takes paths: bytes end here, never in a temp file
+                raise DecodeError(f"cannot decode {item.path!r}: {exc}", path=item.path) from exc
             data, native_sr = self._read_fallback(item.path, rng, exc)
         audio, num_frames, sr = self._finish(data, native_sr)
         sample = sample_fields(item)
@@ -152,12 +159,14 @@ class AudioDecoder:
         assert rng is not None  # set whenever crop == "random"
         return int(rng.integers(0, slack + 1)), need
 
-    def _read_soundfile(self, path: str, rng: np.random.Generator | None) -> tuple[np.ndarray, int]:
+    def _read_soundfile(self, path: str, rng: np.random.Generator | None,
+                        raw: bytes | None = None) -> tuple[np.ndarray, int]:
         if _NATIVE_WAV and _wav.is_wav_path(path):  # None: not a WAV it reads exactly, so libsndfile
-            read = _wav.read_wav(path, window=lambda frames, sr: self._window(frames, sr, rng))
+            read = _wav.read_wav(path if raw is None else raw,
+                                 window=lambda frames, sr: self._window(frames, sr, rng))
             if read is not None:
                 return read
-        with sf.SoundFile(path) as f:
+        with sf.SoundFile(path if raw is None else io.BytesIO(raw)) as f:  # bytes: libsndfile's virtual I/O
             sr = f.samplerate
             frames = f.frames
             if frames >= _UNKNOWN_FRAMES:
