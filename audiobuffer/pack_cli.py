@@ -85,12 +85,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return int(exc.code or 0)
     from .errors import AudioBufferError
     from .shards import pack
-    from .sources import AUDIO_PATTERNS
 
     try:
         shard_size = parse_size(args.shard_size)
         index = pack(args.source, args.out, shard_size=shard_size, labels=args.labels,
-                     patterns=tuple(args.patterns) if args.patterns else AUDIO_PATTERNS,
+                     patterns=tuple(args.patterns) if args.patterns else None,
                      path_column=args.path_column, overwrite=args.overwrite,
                      progress=not (args.no_progress or args.quiet))
     except (AudioBufferError, ValueError, TypeError, OSError) as exc:

@@ -42,14 +42,16 @@ import re
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, BinaryIO, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 import numpy as np
 
 from . import storage
 from .errors import DecodeError, SourceError, StorageError
-from .sources import AUDIO_PATTERNS, LabelSpec, Source, SourceSpec
 from .storage import RetrySpec
+
+if TYPE_CHECKING:  # sources.py may import this module to read shards: no import cycle at run time
+    from .sources import LabelSpec, SourceSpec
 
 __all__ = [
     "INDEX_NAME",
@@ -187,7 +189,7 @@ def read_index(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any
 # -- packing -------------------------------------------------------------------------------------
 
 def pack(source: SourceSpec, out_dir: str | os.PathLike[str], *, shard_size: int,
-         labels: LabelSpec = None, patterns: Sequence[str] = AUDIO_PATTERNS, path_column: str = "path",
+         labels: LabelSpec = None, patterns: Sequence[str] | None = None, path_column: str = "path",
          overwrite: bool = False, progress: bool = True,
          storage_options: Mapping[str, Any] | None = None) -> ShardIndex:
     """Pack the files of a source into tar shards of at most ``shard_size`` bytes, and an index.
@@ -198,7 +200,7 @@ def pack(source: SourceSpec, out_dir: str | os.PathLike[str], *, shard_size: int
         shard_size: the most bytes a shard holds (a sample larger than that gets a shard of its own).
         labels: the source's labels (as :class:`~audiobuffer.Source` takes them); their names go
             into each sample's JSON sidecar and the index.
-        patterns: glob patterns of a folder source.
+        patterns: glob patterns of a folder source (``None``: :data:`~audiobuffer.AUDIO_PATTERNS`).
         path_column: a manifest's path column.
         overwrite: replace the shards and index already in ``out_dir`` (other files there are kept);
             without it a folder that is not empty is an error.
@@ -223,8 +225,11 @@ def pack(source: SourceSpec, out_dir: str | os.PathLike[str], *, shard_size: int
     if storage.is_url(os.fspath(out_dir)):
         raise ValueError(f"out_dir must be a local folder, got the URL {os.fspath(out_dir)!r}; pack "
                          f"locally, then upload the folder (aws s3 sync, gsutil rsync, fsspec put)")
+    from .sources import AUDIO_PATTERNS, Source
+
     out = Path(out_dir)
-    src = Source(source, patterns=patterns, labels=labels, path_column=path_column)
+    src = Source(source, patterns=AUDIO_PATTERNS if patterns is None else patterns, labels=labels,
+                 path_column=path_column)
     names = _relative_names(source, src.paths)
     keys = _unique_keys(names)
     _prepare_out(out, overwrite)
@@ -481,15 +486,16 @@ def iter_shard(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any
             yield _sample(url, key, group)
 
 
-def stream_shards(urls: Iterable[str], *, shuffle: int = 0, seed: int = 0,
+def stream_shards(urls: Iterable[str], *, shuffle: int = 0, seed: int | Sequence[int] = 0,
                   storage_options: Mapping[str, Any] | None = None, retry: RetrySpec = None
                   ) -> Iterator[ShardSample]:
     """The samples of ``urls``' shards, shard after shard, through a shuffle buffer of ``shuffle`` samples.
 
     Every sample comes exactly once. With ``shuffle`` > 1 the order is WebDataset's
     ``shuffle(shuffle)``: a seeded buffer mixes samples within a window of about ``shuffle``
-    samples (across shard boundaries); the same ``seed`` gives the same order. Pick the order of
-    the shards (per epoch, rank and worker) before calling this.
+    samples (across shard boundaries); the same ``seed`` (an integer, or integers such as
+    ``(seed, epoch, rank)``) gives the same order. Pick the order of the shards (per epoch, rank and
+    worker) before calling this.
     """
     samples = (s for url in urls
                for s in iter_shard(url, storage_options=storage_options, retry=retry))
