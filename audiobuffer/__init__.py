@@ -42,6 +42,7 @@ _EXPORTS = {
     "Source": ".sources",
     "SourceError": ".errors",
     "StallError": ".errors",
+    "StorageError": ".errors",
     "WorkItem": ".sources",
     "pad_collate": ".collate",
     "payload_nbytes": ".buffer",
@@ -79,6 +80,7 @@ if TYPE_CHECKING:
         SampleError,
         SourceError,
         StallError,
+        StorageError,
     )
     from .isolated import IsolatedLoader
     from .slots import BatchSlotLoader, SlotStats

@@ -10,6 +10,7 @@ following python-soundfile's ``SoundFileRuntimeError`` pattern::
     ├── ConfigError (+ ValueError)    a pipeline configuration that does not validate
     ├── ResumeError (+ ValueError)    a saved state that does not fit the dataset it is loaded into
     ├── StallError (+ TimeoutError)   no sample came within the dataset's timeout
+    ├── StorageError (+ OSError)      a file or object missing, forbidden, or failing after the retries
     ├── HelperError                   the isolated loader's helper process failed to start, crashed or died
     └── SampleError                   one work item could not be turned into a sample
         └── DecodeError               ... because its file could not be decoded
@@ -30,6 +31,7 @@ __all__ = [
     "SampleError",
     "SourceError",
     "StallError",
+    "StorageError",
 ]
 
 
@@ -51,6 +53,34 @@ class ConfigError(AudioBufferError, ValueError):
 
 class ResumeError(AudioBufferError, ValueError):
     """A state dict that was saved under another setup (seed, shard, source) or is malformed."""
+
+
+class StorageError(AudioBufferError, OSError):
+    """A file or object could not be read: missing, forbidden, or still failing after the retries.
+
+    Attributes:
+        url: the path or URL that failed.
+        member: the member of a tar shard that was being read, or ``None``.
+        attempts: how many times the read was tried.
+        transient: whether the last failure was one that retrying may cure (a timeout, a 5xx status,
+            a reset connection); ``False`` for a missing object or a refused access, which fail at once.
+    """
+
+    def __init__(self, message: str, *, url: str | None = None, member: str | None = None,
+                 attempts: int = 1, transient: bool = False) -> None:
+        super().__init__(message)
+        self.url = url
+        self.member = member
+        self.attempts = attempts
+        self.transient = transient
+
+    def __reduce__(self):  # keyword-only attributes survive pickling (a DataLoader worker's error)
+        return (_rebuild_storage_error, (str(self), self.url, self.member, self.attempts, self.transient))
+
+
+def _rebuild_storage_error(message: str, url: str | None, member: str | None, attempts: int,
+                           transient: bool) -> StorageError:
+    return StorageError(message, url=url, member=member, attempts=attempts, transient=transient)
 
 
 class StallError(AudioBufferError, TimeoutError):

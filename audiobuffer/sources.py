@@ -61,6 +61,8 @@ class WorkItem:
         epoch: the epoch this item belongs to.
         seed: the dataset's seed.
         seq: the item's position in this shard's order for this epoch (0, 1, 2, ...).
+        read: ``None`` (decoders open ``path``), or a callable returning the file's bytes (a member
+            of a tar shard, an object in remote storage), called by the decoder in its thread.
     """
 
     index: int
@@ -71,6 +73,7 @@ class WorkItem:
     epoch: int = 0
     seed: int = 0
     seq: int = 0
+    read: Callable[[], bytes] | None = field(default=None, compare=False, repr=False)
 
     def rng(self) -> np.random.Generator:
         """A random generator seeded by (seed, epoch, index).

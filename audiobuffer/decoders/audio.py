@@ -10,6 +10,7 @@ producers need (see the README, "Threads and cores").
 from __future__ import annotations
 
 import contextlib
+import io
 import math
 import numbers
 import os
@@ -154,6 +155,9 @@ class AudioDecoder:
     installed; its per-file warnings are kept out of the log); when both fail, a
     :class:`~audiobuffer.DecodeError` names the file and both causes. A decoded rate or channel
     count that is not positive (a damaged header) is a :class:`~audiobuffer.DecodeError` too.
+    A work item whose ``read`` is set (a member of a tar shard, a remote object) is decoded from the
+    bytes it returns, by the same readers (libsndfile through its virtual I/O), never from a
+    temporary file; the fallback reader takes paths, so it is not tried for bytes.
 
     A crop of ``crop_seconds`` at output rate ``R`` holds ``round(crop_seconds * R)`` frames of real
     audio whenever the file is at least ``crop_seconds`` long (resampled or not), and the sample's
@@ -228,11 +232,14 @@ class AudioDecoder:
     def __call__(self, item: ItemLike) -> dict[str, Any]:
         item = as_item(item)
         rng = item.rng() if self.crop == "random" and self.crop_seconds is not None else None
+        raw = item.read() if item.read is not None else None  # a shard member's or an object's bytes
         try:
-            data, native_sr = self._read_soundfile(item.path, rng)
+            data, native_sr = self._read_soundfile(item.path, rng, raw)
         except DecodeError:
             raise
         except Exception as exc:  # libsndfile's errors, and OSError for missing or unreadable files
+            if raw is not None:  # the fallback reader takes paths: bytes end here, never in a temp file
+                raise DecodeError(f"cannot decode {item.path!r}: {exc}", path=item.path) from exc
             data, native_sr = self._read_fallback(item.path, rng, exc)
         audio, num_frames, sr = self._finish(data, native_sr)
         sample = sample_fields(item)
@@ -270,12 +277,14 @@ class AudioDecoder:
         assert rng is not None  # set whenever crop == "random"
         return int(rng.integers(0, slack + 1)), need
 
-    def _read_soundfile(self, path: str, rng: np.random.Generator | None) -> tuple[np.ndarray, int]:
+    def _read_soundfile(self, path: str, rng: np.random.Generator | None,
+                        raw: bytes | None = None) -> tuple[np.ndarray, int]:
         if _NATIVE_WAV and _wav.is_wav_path(path):  # None: not a WAV it reads exactly, so libsndfile
-            read = _wav.read_wav(path, window=lambda frames, sr: self._window(frames, sr, rng))
+            read = _wav.read_wav(path if raw is None else raw,
+                                 window=lambda frames, sr: self._window(frames, sr, rng))
             if read is not None:
                 return read
-        with sf.SoundFile(path) as f:
+        with sf.SoundFile(path if raw is None else io.BytesIO(raw)) as f:  # bytes: libsndfile's virtual I/O
             sr = _check_rate(path, f.samplerate, f.channels)
             frames = f.frames
             if frames >= _UNKNOWN_FRAMES:

@@ -189,11 +189,13 @@ def _one_line(message: str, limit: int = 4000) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the command line; return the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("bench", "stress"):  # these own their arguments
+    if argv and argv[0] in ("bench", "stress", "pack"):  # these own their arguments
         if argv[0] == "bench":
             from .bench import main as sub_main
-        else:
+        elif argv[0] == "stress":
             from .stress import main as sub_main
+        else:
+            from .pack import main as sub_main
         return sub_main(argv[1:])
     parser = _parser()
     args = parser.parse_args(argv)

@@ -1,0 +1,194 @@
+"""Test helpers for remote storage: an S3 server on loopback (moto) and a fault-injecting HTTP proxy.
+
+Everything listens on 127.0.0.1 only, every loop is bounded by a stop event and socket timeouts, and
+``stop()`` joins every thread it started (the proxy's threads are named ``audiobuffer-test-proxy*``,
+so the autouse thread check of ``conftest.py`` also sees that they ended).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import struct
+import threading
+from pathlib import Path
+from typing import Container
+
+from helpers import JOIN_TIMEOUT
+
+#: Seconds a proxy socket waits for its peer before it gives the connection up.
+SOCKET_TIMEOUT = 5.0
+KEY = SECRET = "testing"
+REGION = "us-east-1"
+
+
+class MotoS3:
+    """moto's S3 server in a thread on 127.0.0.1 at a free port, and a boto3 client for setting up data."""
+
+    def __init__(self) -> None:
+        from moto.server import ThreadedMotoServer
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request in the test output
+        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self._server.start()
+        self.host, self.port = self._server.get_host_and_port()
+        self.endpoint = f"http://{self.host}:{self.port}"
+        import boto3
+
+        self.client = boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=KEY,
+                                   aws_secret_access_key=SECRET, region_name=REGION)
+
+    def options(self, endpoint: str | None = None) -> dict:
+        """fsspec storage options for this server (or for ``endpoint``, a proxy in front of it)."""
+        return {"endpoint_url": endpoint or self.endpoint, "key": KEY, "secret": SECRET,
+                "client_kwargs": {"region_name": REGION}}
+
+    def make_bucket(self, bucket: str) -> None:
+        self.client.create_bucket(Bucket=bucket)
+
+    def upload_dir(self, local: Path, bucket: str, prefix: str) -> str:
+        """Upload the files of ``local`` under ``s3://bucket/prefix/``; return that URL."""
+        for path in sorted(Path(local).iterdir()):
+            if path.is_file():
+                self.client.upload_file(str(path), bucket, f"{prefix}/{path.name}")
+        return f"s3://{bucket}/{prefix}"
+
+    def put(self, bucket: str, key: str, data: bytes) -> str:
+        self.client.put_object(Bucket=bucket, Key=key, Body=data)
+        return f"s3://{bucket}/{key}"
+
+    def stop(self) -> None:
+        """Stop the server (bounded: fails if it does not stop within JOIN_TIMEOUT)."""
+        stopper = threading.Thread(target=self._server.stop, name="moto-stop", daemon=True)
+        stopper.start()
+        stopper.join(JOIN_TIMEOUT)
+        if stopper.is_alive():
+            raise RuntimeError(f"moto's server did not stop within {JOIN_TIMEOUT} s")
+
+
+class FaultProxy:
+    """An HTTP proxy on 127.0.0.1 that forwards requests to ``upstream`` and fails chosen ones.
+
+    Each client connection carries one request (the forwarded request says ``Connection: close``, so
+    the response ends the connection and the client opens a new one for the next request). Requests
+    are numbered from 1 in the order they arrive; those in ``faults`` fail as ``mode`` says:
+    ``"503"`` (a ``503 Service Unavailable``), ``"403"`` (a ``403 Forbidden``) or ``"reset"`` (the
+    connection is reset without an answer).
+
+    Attributes:
+        requests: requests received so far.
+        faulted: requests failed so far.
+    """
+
+    def __init__(self, upstream: tuple[str, int], *, faults: Container[int] = (), mode: str = "503") -> None:
+        if mode not in ("503", "403", "reset"):
+            raise ValueError(f"mode must be '503', '403' or 'reset', got {mode!r}")
+        self.upstream = upstream
+        self.faults = faults
+        self.mode = mode
+        self.requests = 0
+        self.faulted = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._handlers: list[threading.Thread] = []
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(64)
+        self._listener.settimeout(0.1)  # the accept loop checks the stop event this often
+        self.port = self._listener.getsockname()[1]
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self._acceptor = threading.Thread(target=self._accept_loop, name="audiobuffer-test-proxy", daemon=True)
+        self._acceptor.start()
+
+    def stop(self) -> None:
+        """Stop accepting, close the listening socket and join every thread (bounded)."""
+        self._stop.set()
+        self._acceptor.join(JOIN_TIMEOUT)
+        self._listener.close()
+        with self._lock:
+            handlers = list(self._handlers)
+        for thread in handlers:
+            thread.join(JOIN_TIMEOUT)
+        alive = [t.name for t in [self._acceptor, *handlers] if t.is_alive()]
+        if alive:
+            raise RuntimeError(f"proxy threads still alive after {JOIN_TIMEOUT} s: {alive}")
+
+    def __enter__(self) -> "FaultProxy":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _accept_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            thread = threading.Thread(target=self._handle, args=(conn,), name="audiobuffer-test-proxy-conn",
+                                      daemon=True)
+            with self._lock:
+                self._handlers = [t for t in self._handlers if t.is_alive()]
+                self._handlers.append(thread)
+            thread.start()
+
+    def _handle(self, conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(SOCKET_TIMEOUT)
+            try:
+                request = _read_request(conn)
+                if request is None:
+                    return
+                with self._lock:
+                    self.requests += 1
+                    fault = self.requests in self.faults
+                    self.faulted += fault
+                if fault and self.mode == "reset":
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    return  # closing with a zero linger sends a reset
+                if fault:
+                    reason = {"503": "Service Unavailable", "403": "Forbidden"}[self.mode]
+                    conn.sendall(f"HTTP/1.1 {self.mode} {reason}\r\nContent-Length: 0\r\n"
+                                 f"Connection: close\r\n\r\n".encode())
+                    return
+                with socket.create_connection(self.upstream, timeout=SOCKET_TIMEOUT) as up:
+                    up.sendall(request)
+                    while not self._stop.is_set():
+                        chunk = up.recv(65536)
+                        if not chunk:
+                            break
+                        conn.sendall(chunk)
+            except OSError:
+                return  # the client went away, or the upstream: the client sees a closed connection
+
+
+def _read_request(conn: socket.socket) -> bytes | None:
+    """One HTTP request from ``conn`` (head and a Content-Length body), rewritten to ``Connection: close``."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return None
+        data += chunk
+        if len(data) > 1 << 20:
+            raise OSError("request head over 1 MiB")
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    kept = [lines[0]]
+    length = 0
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value.strip())
+        if name.strip().lower() in (b"connection", b"keep-alive"):
+            continue
+        kept.append(line)
+    kept.append(b"Connection: close")
+    while len(body) < length:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return None
+        body += chunk
+    return b"\r\n".join(kept) + b"\r\n\r\n" + body

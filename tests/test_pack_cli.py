@@ -1,0 +1,84 @@
+"""audiobuffer/tools/pack.py: ``audiobuffer pack SOURCE OUT --shard-size SIZE``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from audiobuffer.tools.pack import main, parse_size
+from audiobuffer.shards import INDEX_NAME, read_index
+from helpers import REPO, make_corpus
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("1000000", 1_000_000), ("256MB", 256 * 10**6), ("256mb", 256 * 10**6), ("1GiB", 2**30),
+    ("1.5G", 1_500_000_000), ("512k", 512_000), ("2Mi", 2 * 2**20), ("3 KiB", 3072), ("10B", 10),
+])
+def test_parse_size(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "MB", "12XB", "1iB", "-5MB", "0", "0.1", "1e6"])
+def test_parse_size_rejects(text):
+    with pytest.raises(ValueError, match="--shard-size"):
+        parse_size(text)
+
+
+def test_pack_command(tmp_path, capsys):
+    make_corpus(tmp_path / "src", 12, seconds=0.1)
+    out = tmp_path / "out"
+    code = main([str(tmp_path / "src"), str(out), "--shard-size", "10KB", "--labels", "parent", "--no-progress"])
+    assert code == 0
+    index = read_index(out / INDEX_NAME)
+    assert len(index) == 12 and len(index.shards) > 1
+    assert {m.label for m in index.members} == {"class0", "class1", "class2"}
+    assert "packed 12 files" in capsys.readouterr().out
+
+
+def test_pack_command_patterns_and_quiet(tmp_path, capsys):
+    make_corpus(tmp_path / "src", 6, seconds=0.05)
+    make_corpus(tmp_path / "src", 3, fmt="flac", seconds=0.05)
+    code = main([str(tmp_path / "src"), str(tmp_path / "out"), "--shard-size", "1MiB", "--patterns", "**/*.flac",
+                 "-q"])
+    assert code == 0 and capsys.readouterr().out == ""
+    assert all(m.name.endswith(".flac") for m in read_index(tmp_path / "out" / INDEX_NAME).members)
+
+
+def _one_line_error(capsys, *parts):
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("audiobuffer pack: error: "), err
+    for part in parts:
+        assert part in err, err
+
+
+def test_pack_command_errors_are_one_line(tmp_path, capsys):
+    make_corpus(tmp_path / "src", 3, seconds=0.05)
+    src, out = str(tmp_path / "src"), str(tmp_path / "out")
+    assert main([src, out, "--shard-size", "lots"]) == 2
+    _one_line_error(capsys, "--shard-size", "'lots'")
+    assert main([src]) == 2
+    _one_line_error(capsys, "required", "-h")
+    assert main([str(tmp_path / "missing"), out, "--shard-size", "1MB"]) == 2
+    _one_line_error(capsys, "does not exist")
+    assert main([src, out, "--shard-size", "1MB", "--labels", "(unclosed"]) == 2
+    _one_line_error(capsys, "regular expression")
+    assert main([src, out, "--shard-size", "1MB", "-q"]) == 0
+    assert main([src, out, "--shard-size", "1MB", "-q"]) == 2
+    _one_line_error(capsys, "not empty", "--overwrite")
+    assert main([src, out, "--shard-size", "1MB", "-q", "--overwrite"]) == 0
+    assert main(["-h"]) == 0
+
+
+def test_pack_module_runs_as_a_program(tmp_path):
+    make_corpus(tmp_path / "src", 4, seconds=0.05)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    run = [sys.executable, "-m", "audiobuffer.tools.pack", str(tmp_path / "src"), str(tmp_path / "out"),
+           "--shard-size", "1MB", "--no-progress"]
+    ok = subprocess.run(run, env=env, capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert (tmp_path / "out" / INDEX_NAME).is_file()
+    again = subprocess.run(run, env=env, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2 and again.stderr.count("\n") == 1 and "not empty" in again.stderr

@@ -1,0 +1,336 @@
+"""audiobuffer/shards.py: packing into tar shards, the index, streaming, truncated shards (all local)."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from audiobuffer import AudioDecoder, WorkItem
+from audiobuffer.errors import DecodeError, SourceError, StorageError
+from audiobuffer.shards import (
+    INDEX_NAME,
+    iter_shard,
+    pack,
+    read_index,
+    shard_name,
+    shuffle_buffer,
+    stream_shards,
+)
+from helpers import make_corpus, write_tone
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    """24 tones in 3 class folders (``class{c}/{c}_{i:04d}.wav``); returns (root, files)."""
+    root = tmp_path / "src"
+    return root, make_corpus(root, 24, seconds=0.1)
+
+
+def _originals(root: Path, files) -> dict[str, bytes]:
+    return {Path(f).relative_to(root).as_posix(): Path(f).read_bytes() for f in files}
+
+
+# -- packing and the index -----------------------------------------------------------------------
+
+def test_pack_index_ranges_give_the_original_bytes(corpus, tmp_path):
+    root, files = corpus
+    index = pack(root, tmp_path / "out", shard_size=12_000, labels="parent", progress=False)
+    originals = _originals(root, files)
+    assert len(index.shards) > 2
+    assert [m.name for m in index.members] == sorted(originals)
+    for member in index.members:
+        assert member.reader()() == originals[member.name]
+        with open(member.shard, "rb") as f:  # the raw range, read without audiobuffer
+            f.seek(member.offset)
+            assert f.read(member.size) == originals[member.name]
+        assert member.label == member.name.split("/")[0]
+        assert member.path == f"{member.shard}/{member.name}"
+        info = sf.info(root / member.name)
+        assert member.duration == pytest.approx(info.frames / info.samplerate)
+    assert index.ranges()[0] == (index.members[0].shard, index.members[0].offset, index.members[0].size)
+
+
+def test_pack_writes_webdataset_members_and_sidecars(corpus, tmp_path):
+    root, _ = corpus
+    index = pack(root, tmp_path / "out", shard_size=10**6, labels="parent", progress=False)
+    with tarfile.open(index.shards[0]) as tar:
+        infos = tar.getmembers()
+        names = [i.name for i in infos]
+        assert names[:2] == ["class0__0_0000.wav", "class0__0_0000.json"]
+        assert all("." not in n.rsplit(".", 1)[0] for n in names)  # key = the name up to the first dot
+        assert {(i.mtime, i.uid, i.gid, i.uname, i.gname, i.mode) for i in infos} == {(0, 0, 0, "", "", 0o644)}
+        meta = json.loads(tar.extractfile("class0__0_0000.json").read())
+    assert meta == {"name": "class0/0_0000.wav", "label": "class0", "fields": {},
+                    "duration": pytest.approx(0.1)}
+    data = json.loads((tmp_path / "out" / INDEX_NAME).read_text())
+    assert data["format"] == "audiobuffer-shards" and data["shards"][0]["name"] == shard_name(0)
+    assert sum(s["members"] for s in data["shards"]) == 24
+
+
+def test_pack_keeps_shards_under_the_size(corpus, tmp_path):
+    root, _ = corpus
+    limit = 12_000
+    index = pack(root, tmp_path / "out", shard_size=limit, progress=False)
+    sizes = [Path(s).stat().st_size for s in index.shards]
+    assert all(s <= limit for s in sizes), sizes
+    assert Counter(m.shard for m in index.members) and len(index.members) == 24
+    # A sample larger than the limit gets a shard of its own instead of failing.
+    alone = pack(root, tmp_path / "tiny", shard_size=1, progress=False)
+    assert len(alone.shards) == 24
+
+
+def test_pack_twice_gives_identical_bytes(corpus, tmp_path):
+    root, _ = corpus
+    one = pack(root, tmp_path / "a", shard_size=12_000, labels="parent", progress=False)
+    two = pack(root, tmp_path / "b", shard_size=12_000, labels="parent", progress=False)
+    files_a = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert files_a == sorted(p.name for p in (tmp_path / "b").iterdir())
+    assert INDEX_NAME in files_a and len(files_a) == len(one.shards) + 1
+    for name in files_a:
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+    assert len(two) == len(one)
+
+
+def test_pack_refuses_a_folder_that_is_not_empty(corpus, tmp_path):
+    root, _ = corpus
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    with pytest.raises(StorageError, match=r"not empty.*overwrite"):
+        pack(root, out, shard_size=10**6, progress=False)
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    first = pack(root, out, shard_size=12_000, progress=False, overwrite=True)
+    assert len(first.shards) > 1
+    second = pack(root, out, shard_size=10**6, progress=False, overwrite=True)  # fewer shards now
+    assert sorted(p.name for p in out.iterdir()) == [INDEX_NAME, "notes.txt", shard_name(0)]
+    assert len(second.shards) == 1
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(StorageError, match="is a file"):
+        pack(root, tmp_path / "file", shard_size=10**6, progress=False)
+
+
+def test_pack_checks_its_arguments(corpus, tmp_path):
+    root, _ = corpus
+    with pytest.raises(TypeError, match="shard_size"):
+        pack(root, tmp_path / "o", shard_size="1MB")
+    with pytest.raises(ValueError, match="shard_size"):
+        pack(root, tmp_path / "o", shard_size=0)
+    with pytest.raises(ValueError, match="local folder"):
+        pack(root, "s3://bucket/out", shard_size=10)
+    with pytest.raises(SourceError, match="does not exist"):
+        pack(tmp_path / "missing", tmp_path / "o", shard_size=10)
+    assert not (tmp_path / "o").exists()  # nothing made for a source that cannot be listed
+
+
+def test_pack_makes_unique_keys(tmp_path):
+    root = tmp_path / "src"
+    for name in ("a.b.wav", "a_b.wav", "x/y.wav", "x__y.wav"):
+        write_tone(root / name, seconds=0.01)
+    index = pack(root, tmp_path / "out", shard_size=10**6, progress=False)
+    members = [m.member for m in index.members]
+    assert len(set(members)) == 4
+    assert all(m.count(".") == 1 for m in members)
+    streamed = {s.name: s.data for s in iter_shard(index.shards[0])}
+    assert streamed == {n: (root / n).read_bytes() for n in ("a.b.wav", "a_b.wav", "x/y.wav", "x__y.wav")}
+
+
+def test_pack_manifest_fields_and_labels(tmp_path):
+    files = [write_tone(tmp_path / "audio" / f"s{i}.flac", seconds=0.05) for i in range(3)]
+    manifest = tmp_path / "list.csv"
+    manifest.write_text("path,speaker,text\n" + "".join(
+        f"audio/s{i}.flac,spk{i % 2},hello {i}\n" for i in range(3)))
+    index = pack(manifest, tmp_path / "out", shard_size=10**6, labels="speaker", progress=False)
+    assert [m.name for m in index.members] == ["s0.flac", "s1.flac", "s2.flac"]
+    assert [m.label for m in index.members] == ["spk0", "spk1", "spk0"]
+    assert [m.fields for m in index.members] == [{"speaker": f"spk{i % 2}", "text": f"hello {i}"} for i in range(3)]
+    assert all(m.member.endswith(".flac") for m in index.members)
+    assert index.members[0].duration == pytest.approx(0.05)
+    sample = next(iter_shard(index.shards[0]))
+    assert sample.meta["fields"] == {"speaker": "spk0", "text": "hello 0"} and sample.data == files[0].read_bytes()
+
+
+def test_pack_records_no_duration_for_files_that_are_not_audio(tmp_path):
+    root = tmp_path / "src"
+    root.mkdir()
+    (root / "a.txt").write_text("not audio")
+    index = pack(root, tmp_path / "out", shard_size=10**6, patterns=["*.txt"], progress=False)
+    assert index.members[0].duration is None
+    assert index.members[0].reader()() == b"not audio"
+
+
+def test_read_index_rejects_other_files(tmp_path):
+    bad = tmp_path / "index.json"
+    bad.write_text("{not json")
+    with pytest.raises(SourceError, match="not valid JSON"):
+        read_index(bad)
+    bad.write_text(json.dumps({"format": "other"}))
+    with pytest.raises(SourceError, match="not an index"):
+        read_index(bad)
+    bad.write_text(json.dumps({"format": "audiobuffer-shards", "version": 1, "shards": [],
+                               "members": [{"shard": "x.tar"}]}))
+    with pytest.raises(SourceError, match="malformed"):
+        read_index(bad)
+    with pytest.raises(StorageError, match="no such file"):
+        read_index(tmp_path / "missing.json")
+
+
+# -- streaming -----------------------------------------------------------------------------------
+
+def test_stream_exactly_once_in_order_without_shuffle(corpus, tmp_path):
+    root, files = corpus
+    index = pack(root, tmp_path / "out", shard_size=12_000, labels="parent", progress=False)
+    samples = list(stream_shards(index.shards))
+    assert [s.name for s in samples] == [m.name for m in index.members]
+    originals = _originals(root, files)
+    for s in samples:
+        assert s.data == originals[s.name]
+        assert s.files["json"] and s.meta["label"] == s.name.split("/")[0]
+        assert s.path.startswith(str(tmp_path / "out" / "shard-")) and s.path.endswith("/" + s.name)
+
+
+def test_stream_shuffle_buffer_is_seeded(corpus, tmp_path):
+    root, _ = corpus
+    index = pack(root, tmp_path / "out", shard_size=12_000, progress=False)
+    names = [m.name for m in index.members]
+
+    def epoch(seed):
+        return [s.name for s in stream_shards(index.shards, shuffle=6, seed=seed)]
+
+    first = epoch(7)
+    assert sorted(first) == sorted(names) and len(first) == len(names)  # exactly once
+    assert first == epoch(7)  # the same seed, the same order
+    assert first != names and first != epoch(8)
+
+
+@settings(deadline=None, max_examples=60)
+@given(n=st.integers(0, 60), size=st.integers(1, 20), seed=st.integers(0, 2**32 - 1))
+def test_shuffle_buffer_yields_every_item_once(n, size, seed):
+    out = list(shuffle_buffer(range(n), size, np.random.default_rng(seed)))
+    assert sorted(out) == list(range(n))
+    # No item comes out more than ``size`` places before its turn (a window, not a global shuffle).
+    assert all(position >= item - size for position, item in enumerate(out))
+
+
+def test_shuffle_buffer_checks_its_size():
+    with pytest.raises(ValueError, match="shuffle buffer size"):
+        list(shuffle_buffer([1], 0, np.random.default_rng(0)))
+
+
+def _shard_of(index, number: int):
+    shard = index.shards[number]
+    return shard, [m for m in index.members if m.shard == shard]
+
+
+@pytest.mark.parametrize("where", ["data", "json", "header", "boundary", "no-end-marker", "end-marker"])
+def test_truncated_shard_yields_the_samples_before_the_cut(corpus, tmp_path, where):
+    root, _ = corpus
+    index = pack(root, tmp_path / "out", shard_size=10**6, progress=False)
+    shard, members = _shard_of(index, 0)
+    raw = Path(shard).read_bytes()
+    with tarfile.open(shard) as tar:
+        last = tar.getmembers()[-1]
+    end_of_members = last.offset_data + -(-last.size // 512) * 512
+    k = 5
+    json_data = members[k].offset + -(-members[k].size // 512) * 512 + 512
+    cut_at = {
+        "data": members[k].offset + 100,  # inside sample k's audio
+        "json": json_data + 10,  # inside sample k's sidecar
+        "header": members[k].offset - 300,  # inside sample k's audio header
+        "boundary": members[k].offset - 512,  # right before sample k's header
+        "no-end-marker": end_of_members,  # every member whole, no end-of-archive marker
+        "end-marker": end_of_members + 100,  # every member whole, the end-of-archive marker cut
+    }[where]
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(raw[:cut_at])
+    got = []
+    with pytest.raises(DecodeError, match=r"cut\.tar' is truncated") as info:
+        for sample in iter_shard(cut):
+            got.append(sample.name)
+    # A sample is known whole when the next one starts: the last one before a cut between members
+    # (or in a header) may miss files, so it is not yielded.
+    expected = {"data": k, "json": k, "header": k - 1, "boundary": k - 1, "no-end-marker": len(members) - 1,
+                "end-marker": len(members) - 1}[where]
+    assert got == [m.name for m in members[:expected]]
+    if where == "data":
+        assert f"member '{members[k].member}'" in str(info.value)
+        assert info.value.path == f"{cut}/{members[k].member}"
+    if where == "json":
+        assert f"member '{members[k].member.rsplit('.', 1)[0]}.json'" in str(info.value)
+    if where in ("header", "boundary"):
+        assert f"after member '{members[k - 1].member.rsplit('.', 1)[0]}.json'" in str(info.value)
+    if where == "no-end-marker":
+        assert "without the end-of-archive marker" in str(info.value)
+
+
+def test_empty_and_malformed_shards(tmp_path):
+    empty = tmp_path / "empty.tar"
+    empty.write_bytes(b"")
+    with pytest.raises(DecodeError, match="no member and no end-of-archive marker"):
+        list(iter_shard(empty))
+    junk = tmp_path / "junk.tar"
+    junk.write_bytes(b"x" * 1024)
+    with pytest.raises(DecodeError, match="malformed tar header"):
+        list(iter_shard(junk))
+    with pytest.raises(StorageError, match="no such file"):
+        list(iter_shard(tmp_path / "missing.tar"))
+
+
+@pytest.mark.parametrize("fmt", [tarfile.PAX_FORMAT, tarfile.GNU_FORMAT, tarfile.USTAR_FORMAT])
+def test_stream_reads_other_webdataset_shards(tmp_path, fmt):
+    """Shards written by other tools: folders in member names, long names, several files per key, dirs."""
+    long_key = "deep/" + "x" * 120 if fmt != tarfile.USTAR_FORMAT else "deep/" + "x" * 60
+    files = [("a/s1.flac", b"one"), ("a/s1.cls", b"3"), (f"{long_key}.wav", b"two"), (f"{long_key}.json", b'{"k": 1}'),
+             ("s3.txt", b"only text"), ("s4.seg.wav", b"four")]
+    shard = tmp_path / "other.tar"
+    with tarfile.open(shard, "w", format=fmt) as tar:
+        folder = tarfile.TarInfo("a")
+        folder.type = tarfile.DIRTYPE
+        tar.addfile(folder)
+        for name, data in files:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    samples = list(iter_shard(shard))
+    assert [s.key for s in samples] == ["a/s1", long_key, "s3", "s4"]
+    assert samples[0].files == {"flac": b"one", "cls": b"3"} and samples[0].data == b"one"
+    assert samples[0].member == "a/s1.flac" and samples[0].meta is None
+    assert samples[1].data == b"two" and samples[1].meta == {"k": 1} and samples[1].name == f"{long_key}.wav"
+    assert samples[2].data == b"only text"  # no main file: the first member
+    assert samples[3].files == {"seg.wav": b"four"}
+
+
+# -- decoding members from bytes -----------------------------------------------------------------
+
+def test_decoding_members_equals_decoding_the_files(corpus, tmp_path):
+    root, files = corpus
+    index = pack(root, tmp_path / "out", shard_size=12_000, labels="parent", progress=False)
+    decode = AudioDecoder(sample_rate=16000, crop_seconds=0.05, crop="random")
+    for i, member in enumerate(index.members):
+        from_bytes = decode(WorkItem(index=i, path=member.path, read=member.reader(), seed=3))
+        from_file = decode(WorkItem(index=i, path=str(root / member.name), seed=3))
+        assert from_bytes["audio"].equal(from_file["audio"])
+        assert from_bytes["path"] == member.path
+
+
+@pytest.mark.shared_data
+def test_fsdd_packed_read_back_exactly(fsdd, tmp_path):
+    files = sorted(fsdd.glob("*.wav"))[::10]  # 300 recordings
+    index = pack(fsdd, tmp_path / "out", shard_size=400_000, labels=r"^(\d+)_",
+                 patterns=[f.name for f in files], progress=False)
+    assert len(index) == len(files) and len(index.shards) > 3
+    originals = {f.name: f.read_bytes() for f in files}
+    assert {m.name: m.reader()() for m in index.members} == originals
+    assert {m.name: m.label for m in index.members} == {f.name: f.name.split("_")[0] for f in files}
+    streamed = Counter(s.name for s in stream_shards(index.shards, shuffle=50, seed=0))
+    assert streamed == Counter(originals.keys())
+    for m in index.members[:20]:
+        assert m.duration == pytest.approx(sf.info(fsdd / m.name).duration)

@@ -1,0 +1,416 @@
+"""audiobuffer/storage.py, and shards read from a real S3-compatible server (moto) on 127.0.0.1.
+
+The server runs in a thread of the test process for the module; every test uploads what it needs
+under a prefix of its own. Faults come from a proxy in front of the server (storage_helpers.py).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from audiobuffer.errors import AudioBufferError, DecodeError, SourceError, StorageError
+from audiobuffer.shards import iter_shard, pack, read_index, stream_shards
+from audiobuffer.storage import (
+    MAX_EXPANSION,
+    Retry,
+    as_retry,
+    expand_braces,
+    expand_urls,
+    is_transient,
+    is_url,
+    open_stream,
+    read_bytes,
+    read_range,
+    sibling,
+    size,
+)
+from helpers import REPO, make_corpus
+
+pytest.importorskip("s3fs")
+pytest.importorskip("moto.server")
+from storage_helpers import FaultProxy, MotoS3  # noqa: E402  (needs moto)
+
+#: Retries in tests: quick, so that a test of giving up takes a fraction of a second.
+FAST = Retry(attempts=3, base_delay=0.01, max_delay=0.02)
+BUCKET = "audio"
+
+
+# -- fixtures ------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def s3():
+    server = MotoS3()
+    try:
+        server.make_bucket(BUCKET)
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def proxies(s3):
+    """A factory of fault proxies in front of the S3 server; all are stopped at teardown."""
+    made: list[FaultProxy] = []
+
+    def make(**kwargs) -> FaultProxy:
+        proxy = FaultProxy((s3.host, s3.port), **kwargs)
+        made.append(proxy)
+        return proxy
+
+    yield make
+    for proxy in made:
+        proxy.stop()
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    """30 short tones in 3 class folders, packed into shards of about 10 files each."""
+    root = tmp_path_factory.mktemp("corpus")
+    files = make_corpus(root / "src", 30, seconds=0.1)
+    out = root / "packed"
+    index = pack(root / "src", out, shard_size=30_000, labels="parent", progress=False)
+    assert len(index.shards) >= 3
+    originals = {Path(f).relative_to(root / "src").as_posix(): Path(f).read_bytes() for f in files}
+    return out, index, originals
+
+
+def _upload(s3, packed, prefix: str) -> str:
+    out, _, _ = packed
+    return s3.upload_dir(out, BUCKET, prefix)
+
+
+# -- names ---------------------------------------------------------------------------------------
+
+def test_expand_braces_ranges_keep_zero_padding():
+    assert expand_braces("shard-{000000..000003}.tar") == [f"shard-{i:06d}.tar" for i in range(4)]
+    assert expand_braces("{8..11}") == ["8", "9", "10", "11"]
+    assert expand_braces("{3..1}") == ["3", "2", "1"]
+    assert expand_braces("{-1..1}") == ["-1", "0", "1"]
+    assert expand_braces("{09..11}") == ["09", "10", "11"]
+
+
+def test_expand_braces_lists_groups_and_nesting():
+    assert expand_braces("{train,test}-{0..1}.tar") == ["train-0.tar", "train-1.tar", "test-0.tar", "test-1.tar"]
+    assert expand_braces("a{b,{1..2}}c") == ["abc", "a1c", "a2c"]
+    assert expand_braces("x{,y}") == ["x", "xy"]
+    assert expand_braces("s3://b/no-braces.tar") == ["s3://b/no-braces.tar"]
+
+
+@pytest.mark.parametrize("pattern", ["a{1..3", "a}1{", "a{x..y}", "a{}", "{1..2}}"])
+def test_expand_braces_rejects_malformed(pattern):
+    with pytest.raises(ValueError, match="brace pattern"):
+        expand_braces(pattern)
+
+
+def test_expand_braces_refuses_huge_expansions():
+    with pytest.raises(ValueError, match=str(MAX_EXPANSION)):
+        expand_braces(f"{{0..{MAX_EXPANSION}}}")
+    with pytest.raises(ValueError, match=str(MAX_EXPANSION)):
+        expand_braces("{0..999}{0..9999}")
+    with pytest.raises(TypeError):
+        expand_braces(3)
+
+
+def test_sibling_resolves_against_the_folder():
+    assert sibling("s3://b/x/index.json", "shard-000000.tar") == "s3://b/x/shard-000000.tar"
+    assert sibling("s3://b/x/y/list.csv", "../a.wav") == "s3://b/x/a.wav"
+    assert sibling("s3://b/x/list.csv", "/top/a.wav") == "s3://b/top/a.wav"
+    assert sibling("s3://b/x/list.csv", "gs://other/a.wav") == "gs://other/a.wav"
+    assert sibling(os.path.join("data", "index.json"), "s.tar") == os.path.join("data", "s.tar")
+    with pytest.raises(ValueError, match="leaves the bucket"):
+        sibling("s3://b/list.csv", "../a.wav")
+
+
+def test_is_url():
+    assert is_url("s3://b/k") and is_url("https://h/x") and is_url("simplecache::s3://b/k")
+    assert not is_url("/data/x.wav") and not is_url(r"C:\data\x.wav") and not is_url("rel/x.wav")
+
+
+def test_retry_policy_validates_and_backs_off():
+    policy = Retry(attempts=4, base_delay=0.5, max_delay=1.5)
+    assert [policy.delay(k) for k in (1, 2, 3)] == [0.5, 1.0, 1.5]
+    assert as_retry(None) == Retry()
+    assert as_retry({"attempts": 2}) == Retry(attempts=2)
+    with pytest.raises(ValueError, match="attempts"):
+        Retry(attempts=0)
+    with pytest.raises(TypeError, match="attempts"):
+        Retry(attempts="5")
+    with pytest.raises(ValueError, match="base_delay"):
+        Retry(base_delay=-1)
+    with pytest.raises(ValueError, match="unknown keys"):
+        as_retry({"tries": 3})
+
+
+# -- local files: no fsspec ----------------------------------------------------------------------
+
+def test_local_reads(tmp_path):
+    path = tmp_path / "f.bin"
+    path.write_bytes(bytes(range(256)) * 4)
+    assert read_bytes(path) == path.read_bytes()
+    assert read_range(path, 10, 5) == path.read_bytes()[10:15]
+    assert read_range(str(path), 0, 0) == b""
+    assert size(path) == 1024
+    with open_stream(path) as f:
+        assert f.read() == path.read_bytes()
+
+
+def test_local_missing_file_fails_at_once_named(tmp_path):
+    missing = tmp_path / "nope.tar"
+    with pytest.raises(StorageError, match="nope.tar.*no such file") as info:
+        read_range(missing, 0, 10, member="a.wav", retry=FAST)
+    assert info.value.attempts == 1 and not info.value.transient
+    assert info.value.url == str(missing) and info.value.member == "a.wav"
+    assert "'a.wav'" in str(info.value)
+    assert isinstance(info.value, OSError) and isinstance(info.value, AudioBufferError)
+
+
+def test_local_short_read_names_member(tmp_path):
+    path = tmp_path / "s.tar"
+    path.write_bytes(b"x" * 100)
+    with pytest.raises(StorageError, match=r"member 'k\.wav'.*ends early.*90\.\.110.*10 read"):
+        read_range(path, 90, 20, member="k.wav")
+
+
+def test_storage_error_pickles():
+    err = StorageError("boom", url="s3://b/k", member="m.wav", attempts=3, transient=True)
+    copy = pickle.loads(pickle.dumps(err))
+    assert (str(copy), copy.url, copy.member, copy.attempts, copy.transient) == ("boom", "s3://b/k", "m.wav", 3, True)
+
+
+def test_importing_needs_no_fsspec(tmp_path):
+    """``import audiobuffer`` and local shards work where fsspec cannot be imported."""
+    out = tmp_path / "p"
+    make_corpus(tmp_path / "src", 4)
+    code = (
+        "import sys; sys.modules['fsspec'] = None\n"  # any import of fsspec now fails
+        "import audiobuffer, audiobuffer.storage, audiobuffer.shards as s\n"
+        f"index = s.pack({str(tmp_path / 'src')!r}, {str(out)!r}, shard_size=10**6, progress=False)\n"
+        "assert len(list(s.stream_shards(index.shards))) == 4\n"
+        "assert all(m.reader()() for m in index.members)\n"
+        "try:\n"
+        "    audiobuffer.storage.read_bytes('s3://b/k')\n"
+        "except ImportError as exc:\n"
+        "    assert 'audiobuffer[remote]' in str(exc), exc\n"
+        "else:\n"
+        "    raise SystemExit('no ImportError')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+# -- what counts as transient --------------------------------------------------------------------
+
+def _client_error(status: int, code: str):
+    from botocore.exceptions import ClientError
+
+    return ClientError({"Error": {"Code": code, "Message": "x"},
+                        "ResponseMetadata": {"HTTPStatusCode": status}}, "GetObject")
+
+
+def test_is_transient_classifies_what_s3fs_botocore_and_aiohttp_raise():
+    import aiohttp
+    from botocore.exceptions import ConnectionClosedError, EndpointConnectionError, ReadTimeoutError
+    from fsspec.exceptions import FSTimeoutError
+
+    wrapped = OSError(5, "Service Unavailable")  # what s3fs makes of a 503 ClientError
+    wrapped.__cause__ = _client_error(503, "503")
+    assert is_transient(wrapped)
+    assert is_transient(_client_error(500, "InternalError"))
+    assert is_transient(_client_error(429, "SlowDown"))
+    assert is_transient(EndpointConnectionError(endpoint_url="http://127.0.0.1:1"))
+    assert is_transient(ConnectionClosedError(endpoint_url="http://127.0.0.1:1"))
+    assert is_transient(ReadTimeoutError(endpoint_url="http://127.0.0.1:1"))
+    assert is_transient(aiohttp.ServerDisconnectedError())
+    assert is_transient(aiohttp.ClientPayloadError("cut"))
+    assert is_transient(ConnectionResetError(104, "reset"))
+    assert is_transient(FSTimeoutError())
+    assert is_transient(TimeoutError())
+    forbidden = OSError(5, "Forbidden")
+    forbidden.__cause__ = _client_error(403, "403")
+    assert not is_transient(forbidden)
+    assert not is_transient(_client_error(404, "NoSuchKey"))
+    assert not is_transient(FileNotFoundError("k"))
+    assert not is_transient(PermissionError("k"))
+    assert not is_transient(ValueError("bad"))
+
+
+# -- S3: reading every member exactly once -------------------------------------------------------
+
+def test_s3_by_pattern_reads_every_member_once(s3, packed):
+    out, index, originals = packed
+    base = _upload(s3, packed, "pattern")
+    last = len(index.shards) - 1
+    urls = expand_urls(f"{base}/shard-{{000000..{last:06d}}}.tar")
+    assert urls == [f"{base}/shard-{i:06d}.tar" for i in range(last + 1)]
+    seen = {}
+    for sample in stream_shards(urls, shuffle=8, seed=3, storage_options=s3.options(), retry=FAST):
+        assert sample.name not in seen
+        seen[sample.name] = sample
+    assert set(seen) == set(originals)
+    for name, sample in seen.items():
+        assert sample.data == originals[name]
+        assert sample.path.startswith(base + "/shard-") and sample.path.endswith("/" + name)
+        assert sample.meta["label"] == name.split("/")[0]
+
+
+def test_s3_glob_lists_shards(s3, packed):
+    _, index, _ = packed
+    base = _upload(s3, packed, "glob")
+    assert expand_urls(f"{base}/shard-*.tar", storage_options=s3.options()) == [
+        f"{base}/shard-{i:06d}.tar" for i in range(len(index.shards))]
+    with pytest.raises(SourceError, match="matches no file"):
+        expand_urls(f"{base}/nothing-*.tar", storage_options=s3.options())
+
+
+def test_s3_by_index_reads_every_member_by_range(s3, packed):
+    _, _, originals = packed
+    base = _upload(s3, packed, "index")
+    index = read_index(f"{base}/index.json", storage_options=s3.options(), retry=FAST)
+    assert all(shard.startswith(base + "/shard-") for shard in index.shards)
+    got = {m.name: m.reader(storage_options=s3.options(), retry=FAST)() for m in index.members}
+    assert got == originals
+    assert [m.name for m in index.members] == sorted(originals)
+
+
+@pytest.mark.shared_data
+def test_s3_fsdd_by_index_and_pattern(s3, fsdd, tmp_path):
+    """Real recordings: packed, uploaded, read back by index and by pattern, each exactly once."""
+    files = sorted(fsdd.glob("*.wav"))[::25]  # 120 recordings of every speaker and digit
+    index = pack(files, tmp_path / "p", shard_size=200_000, labels=r"^(\d+)_", progress=False)
+    base = s3.upload_dir(tmp_path / "p", BUCKET, "fsdd")
+    remote = read_index(f"{base}/index.json", storage_options=s3.options())
+    originals = {f.name: f.read_bytes() for f in files}
+    assert {m.name: m.reader(storage_options=s3.options())() for m in remote.members} == originals
+    assert {m.label for m in remote.members} == {str(d) for d in range(10)}
+    urls = expand_urls(f"{base}/shard-{{000000..{len(index.shards) - 1:06d}}}.tar")
+    streamed = [(s.name, s.data) for s in stream_shards(urls, storage_options=s3.options())]
+    assert sorted(streamed) == sorted(originals.items())
+
+
+def test_s3_decode_member_from_bytes(s3, packed):
+    from audiobuffer import AudioDecoder, WorkItem
+
+    out, _, _ = packed
+    base = _upload(s3, packed, "decode")
+    index = read_index(f"{base}/index.json", storage_options=s3.options())
+    decode = AudioDecoder(sample_rate=8000)
+    member = index.members[4]
+    sample = decode(WorkItem(index=4, path=member.path, read=member.reader(storage_options=s3.options())))
+    local = read_index(out / "index.json").members[4]
+    expected = decode(WorkItem(index=4, path=local.path, read=local.reader()))
+    assert sample["audio"].equal(expected["audio"]) and sample["path"] == member.path
+
+
+# -- S3: failures --------------------------------------------------------------------------------
+
+def test_s3_missing_object_fails_at_once_named(s3, proxies):
+    proxy = proxies()
+    options = s3.options(proxy.endpoint)
+    url = f"s3://{BUCKET}/missing/shard-000000.tar"
+    with pytest.raises(StorageError, match=r"'s3://audio/missing/shard-000000\.tar'.*no such file") as info:
+        read_range(url, 0, 100, storage_options=options, retry=FAST, member="a.wav")
+    assert info.value.attempts == 1 and not info.value.transient and info.value.member == "a.wav"
+    assert proxy.requests == 1  # one GET: no retry by us, s3fs or botocore
+    with pytest.raises(StorageError, match="no such file"):
+        list(iter_shard(url, storage_options=options, retry=FAST))
+    with pytest.raises(StorageError, match="no such file"):
+        read_index(f"s3://{BUCKET}/missing/index.json", storage_options=options, retry=FAST)
+    with pytest.raises(StorageError, match="no such file"):
+        read_bytes("s3://no-such-bucket/x.tar", storage_options=options, retry=FAST)
+
+
+def test_s3_forbidden_fails_at_once_named(s3, proxies):
+    key = s3.put(BUCKET, "forbidden/a.bin", b"abc" * 100)
+    proxy = proxies(faults=range(1, 1000), mode="403")
+    with pytest.raises(StorageError, match=r"'s3://audio/forbidden/a\.bin'.*(403|access denied)") as info:
+        read_range(key, 0, 10, storage_options=s3.options(proxy.endpoint), retry=FAST)
+    assert info.value.attempts == 1 and not info.value.transient
+    assert proxy.requests == 1
+
+
+def test_s3_stopped_server_gives_named_error_after_retries(s3):
+    server = MotoS3()  # a second server on another port: same objects (moto's state is per process)
+    try:
+        options = s3.options(server.endpoint)
+        url = s3.put(BUCKET, "stopped/a.bin", b"payload")
+        assert read_bytes(url, storage_options=options, retry=FAST) == b"payload"
+    finally:
+        server.stop()
+    with pytest.raises(StorageError, match=r"'s3://audio/stopped/a\.bin'.*gave up after 3 tries") as info:
+        read_range(url, 0, 3, storage_options=options, retry=FAST, member="m.wav")
+    assert info.value.attempts == 3 and info.value.transient
+    assert "member 'm.wav'" in str(info.value)
+    assert "Could not connect" in str(info.value)
+
+
+@pytest.mark.parametrize("mode", ["503", "reset"])
+def test_s3_transient_failures_are_retried(s3, proxies, mode):
+    data = bytes(range(256)) * 64
+    url = s3.put(BUCKET, f"flaky-{mode}/a.bin", data)
+    proxy = proxies(faults={1, 2}, mode=mode)
+    assert read_range(url, 100, 1000, storage_options=s3.options(proxy.endpoint), retry=FAST) == data[100:1100]
+    assert proxy.faulted == 2 and proxy.requests == 3
+
+
+@pytest.mark.parametrize("mode", ["503", "reset"])
+def test_s3_transient_failures_give_up_after_the_attempts(s3, proxies, mode):
+    url = s3.put(BUCKET, f"down-{mode}/a.bin", b"x" * 100)
+    proxy = proxies(faults=range(1, 1000), mode=mode)
+    with pytest.raises(StorageError, match=r"'s3://audio/down-.*gave up after 3 tries") as info:
+        read_range(url, 0, 10, storage_options=s3.options(proxy.endpoint), retry=FAST, member="k.wav")
+    assert info.value.attempts == 3 and info.value.transient and info.value.member == "k.wav"
+    # aiohttp resends an idempotent request once by itself when its connection is reset (RFC 9112 9.3.1)
+    assert proxy.requests == (3 if mode == "503" else 6)
+    if mode == "503":
+        assert "HTTP 503" in str(info.value)
+
+
+def test_s3_streaming_survives_failures_mid_shard(s3, packed, proxies):
+    """Requests failing in the middle of streamed shards are retried: every sample still comes once."""
+    _, index, originals = packed
+    base = _upload(s3, packed, "stream-faults")
+    proxy = proxies(faults={3, 4, 9, 15, 16}, mode="503")
+    options = s3.options(proxy.endpoint)
+    urls = [f"{base}/{Path(shard).name}" for shard in index.shards]
+    samples = []
+    for url in urls:  # 4 KiB blocks: each shard takes several ranged requests
+        samples.extend(iter_shard(url, storage_options=options, retry=FAST, block_size=4096))
+    assert proxy.faulted == 5
+    assert {s.name: s.data for s in samples} == originals and len(samples) == len(originals)
+
+
+def test_s3_concurrent_index_reads_with_failures(s3, packed, proxies):
+    """Threads reading members by range at once, with some requests failing and retried."""
+    _, _, originals = packed
+    base = _upload(s3, packed, "concurrent")
+    faults = set(range(2, 42, 5))  # 8 failing requests: 10 tries always get one through
+    proxy = proxies(faults=faults, mode="503")
+    options = s3.options(proxy.endpoint)
+    retry = Retry(attempts=10, base_delay=0.001, max_delay=0.005)
+    index = read_index(f"{base}/index.json", storage_options=options, retry=retry)
+    with ThreadPoolExecutor(8, thread_name_prefix="audiobuffer-test-reader") as pool:
+        got = list(pool.map(lambda m: (m.name, m.reader(storage_options=options, retry=retry)()), index.members))
+    assert dict(got) == originals and len(got) == len(originals)
+    assert proxy.faulted == len(faults)  # 32 requests at least, plus one per fault: every fault was hit
+
+
+def test_s3_truncated_shard_yields_members_before_the_cut(s3, packed):
+    out, index, _ = packed
+    first = index.members[0].shard
+    shard_members = [m for m in index.members if m.shard == first]
+    cut_member = shard_members[3]
+    data = Path(first).read_bytes()[:cut_member.offset + cut_member.size // 2]
+    url = s3.put(BUCKET, "truncated/shard-000000.tar", data)
+    got = []
+    with pytest.raises(DecodeError, match=rf"'{url}' is truncated.*member '{cut_member.member}'"):
+        for sample in iter_shard(url, storage_options=s3.options(), retry=FAST):
+            got.append(sample.name)
+    assert got == [m.name for m in shard_members[:3]]
