@@ -72,10 +72,10 @@ def test_pack_command_errors_are_one_line(tmp_path, capsys):
     assert main(["-h"]) == 0
 
 
-def test_pack_module_runs_as_a_program(tmp_path):
+def test_audiobuffer_pack_runs_from_the_command_line(tmp_path):
     make_corpus(tmp_path / "src", 4, seconds=0.05)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    run = [sys.executable, "-m", "audiobuffer.tools.pack", str(tmp_path / "src"), str(tmp_path / "out"),
+    run = [sys.executable, "-m", "audiobuffer", "pack", str(tmp_path / "src"), str(tmp_path / "out"),
            "--shard-size", "1MB", "--no-progress"]
     ok = subprocess.run(run, env=env, capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stderr
