@@ -42,7 +42,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from audiobuffer.config import build_dataset, build_loader, build_source, load_config
+from audiobuffer.config import build_dataset, build_isolated, build_loader, build_source, load_config
 from audiobuffer.device import DevicePrefetcher, resolve_device
 from audiobuffer.errors import AudioBufferError, ResumeError
 from audiobuffer.features import LogMel
@@ -154,15 +154,33 @@ def train(argv: Optional[list[str]] = None) -> int:
     train_source = source.subset([i for i, t in enumerate(is_test) if not t])
     test_source = source.subset([i for i, t in enumerate(is_test) if t]) if any(is_test) else None
     # Each rank its shard (torch.distributed). Unordered by default: batches in the order producers finish.
-    train_set = build_dataset(config, source=train_source, ordered=True if args.deterministic else None)
-    test_set = build_dataset(config, source=test_source, shuffle=False, ordered=True) if test_source else None
-    train_loader = build_loader(config, train_set)
-    test_loader = build_loader(config, test_set) if test_set is not None else None
-    # Each iter() of a DataLoader draws a seed from its generator, by default torch's global one, which
-    # dropout uses too: a generator of their own keeps a resumed run's dropout in step with an unbroken one.
-    for loader in (train_loader, test_loader):
-        if loader is not None:
-            loader.generator = torch.Generator().manual_seed(config.seed)
+    ordered = True if args.deterministic else None
+    if config.buffer.isolate:  # producers in a helper process: one object holds epochs, state and batches
+        train_set = train_loader = build_isolated(config, source=train_source, ordered=ordered)
+        test_set = test_loader = (build_isolated(config, source=test_source, shuffle=False, ordered=True)
+                                  if test_source else None)
+    else:
+        train_set = build_dataset(config, source=train_source, ordered=ordered)
+        test_set = build_dataset(config, source=test_source, shuffle=False, ordered=True) if test_source else None
+        train_loader = build_loader(config, train_set)
+        test_loader = build_loader(config, test_set) if test_set is not None else None
+        # Each iter() of a DataLoader draws a seed from its generator, by default torch's global one, which
+        # dropout uses too: a generator of their own keeps a resumed run's dropout in step with an unbroken one.
+        for loader in (train_loader, test_loader):
+            if loader is not None:
+                loader.generator = torch.Generator().manual_seed(config.seed)
+    try:
+        return _train(args, config, device, distributed, rank, world_size, resume, save_to, source, train_source,
+                      test_source, train_set, train_loader, test_loader)
+    finally:
+        for data in (train_set, test_set):
+            if data is not None:
+                data.close()  # stops producers (and an isolated loader's helper process)
+
+
+def _train(args: argparse.Namespace, config: Any, device: torch.device, distributed: bool, rank: int,
+           world_size: int, resume: Optional[dict], save_to: Path, source: Any, train_source: Any,
+           test_source: Any, train_set: Any, train_loader: Any, test_loader: Any) -> int:
 
     sample_rate = config.decode.sample_rate or 16000
     t = config.train
@@ -170,7 +188,7 @@ def train(argv: Optional[list[str]] = None) -> int:
                                  n_mels=t.n_mels, channels=t.channels).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
     # Every rank must take the same number of steps, or the last gradient all-reduce waits forever.
-    steps = _agree_min(-(-len(train_set) // config.loader.batch_size), distributed)
+    steps = _agree_min(len(train_loader), distributed)
     if args.max_steps is not None:
         steps = min(steps, args.max_steps)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=t.lr, epochs=config.epochs,

@@ -101,10 +101,16 @@ def _train(config, *args, cwd):
     return result
 
 
-def test_resume_mid_epoch_trains_on_each_sample_once(tiny, tmp_path):
+@pytest.mark.parametrize("isolate", [False, True])
+def test_resume_mid_epoch_trains_on_each_sample_once(tiny, tmp_path, isolate):
     """Stopped after 3 steps and resumed: epoch 0 trains on every file exactly once, steps run on from
-    3, and the checkpoint went to ./runs/CONFIG-NAME/ (not into the source tree)."""
+    3, and the checkpoint went to ./runs/CONFIG-NAME/ (not into the source tree). In process, and with
+    buffer.isolate (an IsolatedLoader)."""
     config, train_files = tiny
+    if isolate:
+        data = yaml.safe_load(config.read_text())
+        data["buffer"]["isolate"] = True
+        config.write_text(yaml.safe_dump(data))
     first = _train(config, "--stop-at-step", "3", "--save-every", "0", "--seen-log", tmp_path / "seen",
                    "--json", tmp_path / "first.json", cwd=tmp_path)
     checkpoint = tmp_path / "runs" / "tiny" / "last.pt"
