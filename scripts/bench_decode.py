@@ -37,7 +37,9 @@ def main() -> int:
     body = "\n\n".join([
         "## Decoding an epoch: audiobuffer against the alternatives (`scripts/bench_decode.py`)",
         f"Machine: {machine()}. Command: `python scripts/bench_decode.py {' '.join(args)}`. Medians of {runs} runs, "
-        "each approach in a fresh process; batches of 16 through the same `AudioDecoder` and numpy `pad_collate`. "
+        "each approach in a fresh process; batches of 16 through the same `AudioDecoder` and numpy `pad_collate` "
+        "(`spdl-load_wav` alone decodes with SPDL's WAV parser; the log-mel corpus adds the same librosa transform "
+        "per sample in every approach). "
         "Peak RSS sums the processes of the tree (forked workers' shared pages count in each); CPU % is user + "
         "system time of the tree over the epoch's wall time.",
         tables.strip(),
