@@ -18,8 +18,8 @@ Each corpus is fed, in batches of 16, by:
 
 Corpora: FSDD (all its recordings, where ``../shared/data/fsdd/recordings`` exists), generated WAV
 and FLAC files of 1-4 s at 16 kHz, and the FLAC files with a per-sample librosa log-mel transform
-(``scripts/contention_transforms.py``, importable by the helper process), which holds the GIL in
-every producer; that corpus runs the light step and the thread-based approaches only.
+(``audiobuffer bench``'s ``mel_transform``, through ``scripts/contention_transforms.py``), which holds
+the GIL in every producer; that corpus runs the light step and the thread-based approaches only.
 
 Every (corpus, approach, run) is a fresh subprocess (``OMP_NUM_THREADS=1``). It imports everything
 and warms the step up before its clock starts, then for each step (light, then heavy) builds a fresh
@@ -103,7 +103,7 @@ def _transform(name: str | None) -> Callable[[dict[str, Any]], dict[str, Any]] |
         return None
     if name != "mel":
         raise ValueError(f"--transform must be 'mel', got {name!r}")
-    from contention_transforms import log_mel  # a module of its own: the helper process imports it
+    from contention_transforms import log_mel  # loads librosa before the clock; the helper imports it by reference
 
     return log_mel
 

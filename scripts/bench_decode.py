@@ -3,7 +3,7 @@
     python scripts/bench_decode.py --fsdd ../shared/data/fsdd/recordings   # the full run (several minutes)
     python scripts/bench_decode.py --quick                                  # a smoke run, writes nothing
 
-Everything but the writing is ``audiobuffer bench`` (``audiobuffer/bench.py``); extra arguments go to it.
+Everything but the writing is ``audiobuffer bench`` (``audiobuffer/tools/bench.py``); extra arguments go to it.
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ def main() -> int:
     body = "\n\n".join([
         "## Decoding an epoch: audiobuffer against the alternatives (`scripts/bench_decode.py`)",
         f"Machine: {machine()}. Command: `python scripts/bench_decode.py {' '.join(args)}`. Medians of {runs} runs, "
-        "each approach in a fresh process; batches of 16 through the same `AudioDecoder` and numpy `pad_collate`. "
+        "each approach in a fresh process; batches of 16 through the same `AudioDecoder` and numpy `pad_collate` "
+        "(`spdl-load_wav` alone decodes with SPDL's WAV parser; the log-mel corpus adds the same librosa transform "
+        "per sample in every approach). "
         "Peak RSS sums the processes of the tree (forked workers' shared pages count in each); CPU % is user + "
         "system time of the process and its joined workers over the wall time of the same window (the epoch "
         "and the workers' shutdown), so at most 100 per usable core.",

@@ -1,39 +1,23 @@
 """The per-sample transform of ``scripts/bench_contention.py``, in a module of its own.
 
+It is ``audiobuffer bench``'s log-mel transform (:func:`audiobuffer.tools.bench.mel_transform`,
+64 mels, FFT 512, hop 160, computed by librosa), so both benchmarks run the same work per sample.
 :class:`~audiobuffer.IsolatedLoader` sends a transform to its helper process by reference, and
-refuses one defined in the script being run (``__main__``): the helper imports this module instead
-(it gets the trainer's ``sys.path``, which holds ``scripts/``). Nothing here imports torch.
+refuses one defined in the script being run (``__main__``): the helper imports the function from
+``audiobuffer.tools._bench_approaches``, where it is defined.
 
-librosa loads most of itself (scipy, numba: about 2 s) on its first call; the module makes that call
-when it is imported, so each process pays it once, at start-up (before the clock in the benchmark's
-own process; within the IsolatedLoader helper's start, as its first batch), not in its first sample.
+librosa loads most of itself (scipy, numba: about 2 s) on its first call; this module makes that call
+when it is imported, so the benchmark's own process pays it once, at start-up, before its clock (the
+IsolatedLoader helper pays it on its first sample, within its first batch).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-import librosa
 import numpy as np
 
-N_MELS = 64
-N_FFT = 512
-HOP = 160
+from audiobuffer.tools.bench import mel_transform
 
+#: The name ``scripts/bench_contention.py`` uses.
+log_mel = mel_transform
 
-def log_mel(sample: dict[str, Any]) -> dict[str, Any]:
-    """Replace ``sample["audio"]`` with its log-mel spectrogram ``(N_MELS, frames)``, computed by librosa.
-
-    Per sample and mostly Python-driven (framing, windowing, FFT and the mel filter bank in librosa and
-    numpy), so it holds the GIL for much of its time: the case in-process producer threads share badly.
-    """
-    audio = np.asarray(sample["audio"], dtype=np.float32)  # a tensor in-process, an array in the helper
-    mel = librosa.feature.melspectrogram(y=audio, sr=int(sample["sample_rate"]), n_fft=N_FFT, hop_length=HOP,
-                                         n_mels=N_MELS)
-    features = np.log(mel + 1e-6).astype(np.float32)
-    sample["audio"] = features
-    sample["num_frames"] = features.shape[-1]
-    return sample
-
-
-log_mel({"audio": np.zeros(4 * N_FFT, dtype=np.float32), "sample_rate": 16000})  # see the module docstring
+log_mel({"audio": np.zeros(2048, dtype=np.float32), "sample_rate": 16000})  # see the module docstring

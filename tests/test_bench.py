@@ -4,14 +4,17 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 
+import numpy as np
 import pytest
 
 import torch
 
 from audiobuffer.tools.bench import main as bench_main, measure_epoch, usable_cores
 from audiobuffer.tools.cli import main as cli_main
-from helpers import REPO
+from helpers import JOIN_TIMEOUT, REPO, make_corpus, write_tone
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -35,6 +38,87 @@ def test_decode_bench_quick_counts_every_file(tmp_path):
         assert 0 < r["first_batch_s"] <= r["total_s"] and r["vs_loop"] > 0
         assert 0 < r["cpu_percent"] <= _max_cpu_percent()
     assert plot.stat().st_size > 10_000
+
+
+#: The approaches added beside the first ones (peers whose package is missing are left out).
+NEW_APPROACHES = ["loop", "audiobuffer-auto", "isolated-2", "spdl-pipeline-2", "spdl-load_wav"]
+
+
+def test_decode_bench_quick_fills_every_row_of_the_new_approaches_and_corpora(tmp_path):
+    """WAV and FLAC + mel, tiny: each approach that is installed and applies has numbers in its row."""
+    pytest.importorskip("librosa")
+    from audiobuffer.tools.bench import available, gil_enabled
+
+    out, md = tmp_path / "bench.json", tmp_path / "bench.md"
+    status = bench_main(["--quick", "--formats", "wav,flac+mel", "--approaches", ",".join(NEW_APPROACHES),
+                         "--json", str(out), "--markdown", str(md), "--cache-dir", str(tmp_path)])
+    assert status == 0
+    wav, mel = json.loads(out.read_text()).items()
+    assert wav[0].startswith("WAV") and "log-mel" in mel[0]
+    installed = [a for a in NEW_APPROACHES if available(a)]
+    assert [r["approach"] for r in wav[1]] == installed
+    assert [r["approach"] for r in mel[1]] == [a for a in installed if a != "spdl-load_wav"]  # FLAC: no load_wav
+    for r in wav[1] + mel[1]:
+        # audio_s counts seconds of audio, also where the transform replaced it with a spectrogram
+        assert r["files"] == 40 and r["audio_s"] > 40 and r["peak_rss_mb"] > 50, r
+        assert 0 < r["first_batch_s"] <= r["total_s"] and r["vs_loop"] > 0 and r["steady_files_per_s"] > 0, r
+        assert r["gil_enabled"] is gil_enabled()
+    header = md.read_text().splitlines()[0]
+    assert header.startswith("Python ") and ("GIL enabled" if gil_enabled() else "GIL disabled") in header
+    tables = markdown_tables(md.read_text())
+    assert [len(t) - 1 for t in tables] == [len(wav[1]), len(mel[1])]
+
+
+def test_mel_transform_keeps_the_audio_duration():
+    pytest.importorskip("librosa")
+    from audiobuffer.tools.bench import N_MELS, mel_transform
+
+    sample = mel_transform({"audio": np.zeros(16000, dtype=np.float32), "sample_rate": 16000, "num_frames": 16000})
+    assert sample["audio"].shape == (N_MELS, sample["num_frames"]) and sample["audio"].dtype == np.float32
+    assert sample["seconds"] == 1.0 and sample["num_frames"] == 101
+
+
+@pytest.mark.parametrize("subtype,channels", [("PCM_16", 1), ("PCM_16", 2), ("PCM_32", 1), ("PCM_U8", 1)])
+def test_spdl_load_wav_sample_equals_audio_decoder(tmp_path, subtype, channels):
+    """The load_wav peer returns what AudioDecoder does (libsndfile's int -> float scaling, mono mean)."""
+    pytest.importorskip("spdl.io")
+    from audiobuffer import AudioDecoder
+    from audiobuffer.tools._bench_approaches import _load_wav
+
+    path = str(write_tone(tmp_path / "a.wav", seconds=0.3, channels=channels, subtype=subtype))
+    ours, theirs = AudioDecoder()(path), _load_wav(path, 0)
+    assert theirs["audio"].dtype == ours["audio"].dtype
+    assert np.array_equal(theirs["audio"].numpy(), ours["audio"].numpy())
+    assert (theirs["sample_rate"], theirs["num_frames"]) == (ours["sample_rate"], ours["num_frames"])
+
+
+@pytest.mark.timeout(120)
+def test_spdl_pipeline_yields_every_file_once_and_stops_its_thread(tmp_path):
+    pytest.importorskip("spdl.pipeline")
+    from audiobuffer.tools.bench import BATCH_SIZE, loader
+
+    paths = [str(p) for p in make_corpus(tmp_path, 2 * BATCH_SIZE + 3)]
+    before = threading.active_count()
+    batches = list(loader("spdl-pipeline-2", paths))
+    assert sorted(len(b["path"]) for b in batches) == [3, BATCH_SIZE, BATCH_SIZE]
+    assert sorted(p for b in batches for p in b["path"]) == sorted(paths)
+    deadline = time.monotonic() + JOIN_TIMEOUT  # SPDL's event-loop thread is joined by auto_stop()
+    while threading.active_count() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert threading.active_count() <= before, threading.enumerate()
+
+
+def test_bench_corpus_and_approach_rules(capsys):
+    from audiobuffer.tools.bench import applies, gil_line
+
+    assert applies("spdl-load_wav", ["a.wav", "b.WAV"], None)
+    assert not applies("spdl-load_wav", ["a.wav", "b.flac"], None)
+    assert not applies("spdl-load_wav", ["a.wav"], "mel") and applies("loop", ["a.flac"], "mel")
+    rows = {"c": [{"approach": "loop", "gil_enabled": False}, {"approach": "spdl-load_wav", "gil_enabled": True}]}
+    assert "GIL disabled, but enabled by an import in: spdl-load_wav. Peers: " in gil_line(rows)
+    with pytest.raises(SystemExit):
+        bench_main(["--formats", "flac+magic"])
+    assert "--formats takes FORMAT or FORMAT+TRANSFORM" in capsys.readouterr().err
 
 
 def test_decode_bench_rejects_unknown_approaches(capsys):
@@ -139,6 +223,15 @@ def markdown_tables(text):
             tables.append(current)
             current = []
     return tables
+
+
+def test_contention_transform_is_the_bench_mel_transform(contention):
+    """One log-mel for both benchmarks: the contention script's transform is bench's, not a copy."""
+    pytest.importorskip("librosa")
+    from audiobuffer.tools.bench import mel_transform
+
+    assert contention._transform("mel") is mel_transform
+    assert contention._transform(None) is None
 
 
 def test_contention_bench_quick_fills_every_column(tmp_path):

@@ -1,14 +1,20 @@
 """``audiobuffer bench``: one epoch of audio decoding through each loader, side by side.
 
 Every approach runs in a fresh subprocess (so its memory, start-up and CPU time are its own) over the
-same files with the same decoder (:class:`AudioDecoder`) and collate (:func:`pad_collate`, numpy):
+same files with the same decoder (:class:`AudioDecoder`), per-sample transform (the ``flac+mel``
+corpus: a librosa log-mel spectrogram, which holds the GIL) and collate (:func:`pad_collate`, numpy):
 
 - ``loop``: decode and collate in the training thread;
 - ``dataloader-N``: ``DataLoader(num_workers=N)`` (fork), ``-spawn`` with the ``spawn`` start method
   (what Windows and macOS users get), ``-pin`` with ``pin_memory=True``;
 - ``audiobuffer-N``: ``BufferedDataset(num_producers=N)`` into ``DataLoader(num_workers=0)``;
+  ``audiobuffer-auto``: the same with ``num_producers`` left to its default;
+- ``isolated-2``: ``IsolatedLoader(num_producers=2)``, the producers in one helper process;
 - ``torchdata-2``: torchdata's ``ParallelMapper(method="thread")``, where torchdata is installed;
-- ``prefetch_generator``: the loop in a ``BackgroundGenerator``, where prefetch_generator is installed.
+- ``prefetch_generator``: the loop in a ``BackgroundGenerator``, where prefetch_generator is installed;
+- ``spdl-pipeline-N``: SPDL's ``PipelineBuilder``, a thread stage of concurrency N that decodes and
+  collates batches (settings in ``audiobuffer/tools/_bench_approaches.py``), where spdl is installed;
+- ``spdl-load_wav``: a loop over ``spdl.io.load_wav`` (SPDL's native WAV parser) on WAV corpora.
 
 For each: total epoch time, time to the first batch (worker start included), steady throughput after
 it (files/s and seconds of audio/s), peak RSS of the whole process tree (sampled every 20 ms; forked
@@ -16,8 +22,11 @@ workers' shared pages count in each process), and CPU% (user + system time of th
 joined workers over one window, from just before the loader is made to just after its workers are
 joined: CPU time and wall time are read at the same two instants, so CPU% is at most 100 times the
 usable cores). On Windows, where there is no ``resource`` module, CPU% counts the measuring process only.
+The output's first line says whether the GIL was enabled in the runs (:func:`gil_line`).
 
-It needs psutil (the ``bench`` extra: ``pip install "audiobuffer[bench]"``); ``--plot`` also needs matplotlib.
+It needs psutil (the ``bench`` extra: ``pip install "audiobuffer[bench]"``); ``--plot`` also needs
+matplotlib. The extra also holds librosa (the ``flac+mel`` corpus) and the peers; without them, that
+corpus or those approaches are left out with a note.
 """
 
 from __future__ import annotations
@@ -33,115 +42,34 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence
-
-import numpy as np
+from typing import Any, Dict, List, Optional, Sequence
 
 from .._options import usable_cores
+# The approaches, corpora, tables and plot live in _bench_approaches; scripts and tests import them from here.
+from ._bench_approaches import (APPROACHES, BATCH_SIZE, N_MELS, QUICK_APPROACHES, TRANSFORMS,  # noqa: F401
+                                PathDataset, applies, available, generated_corpora, get_transform, gil_enabled,
+                                gil_line, loader, make_corpus, markdown, mel_transform, missing_modules,
+                                parse_formats, plot, warm_up)
 from .report import write_json
 
-__all__ = ["APPROACHES", "Window", "cpu_percent", "make_corpus", "measure_epoch", "run_bench", "run_with_peak_rss",
-           "usable_cores"]
+__all__ = ["APPROACHES", "Window", "cpu_percent", "gil_line", "make_corpus", "measure_epoch", "mel_transform",
+           "run_bench", "run_with_peak_rss", "usable_cores"]
 
-APPROACHES = [
-    "loop", "dataloader-0", "dataloader-1", "dataloader-2", "dataloader-4", "dataloader-2-pin",
-    "dataloader-2-spawn", "audiobuffer-1", "audiobuffer-2", "audiobuffer-4", "audiobuffer-8",
-    "torchdata-2", "prefetch_generator",
-]
 SAMPLE_SECONDS = 0.02  # the RSS sampling period
-QUICK_APPROACHES = ["loop", "dataloader-2", "dataloader-2-spawn", "audiobuffer-2", "torchdata-2", "prefetch_generator"]
-BATCH_SIZE = 16
 INSTALL_HINT = 'pip install "audiobuffer[bench]"'
 
 #: ``audiobuffer bench --help``: plain text (the module docstring is reST for the API docs).
 DESCRIPTION = ("Time one epoch of audio decoding through each loader, side by side: the plain loop, "
                "DataLoader with worker processes (fork, spawn, pinned), BufferedDataset with producer "
-               "threads, and torchdata and prefetch_generator where installed. Each approach runs in a "
-               "fresh process over the same files, decoder and collate.")
-EPILOG = ("Reported per approach: epoch time, time to the first batch, steady files/s and seconds of "
-          "audio/s, peak RSS of the process tree (MiB), and CPU % (user + system time over the same "
-          "window as the wall time; at most 100 % per usable core). Needs psutil, and matplotlib for "
-          f"--plot: {INSTALL_HINT}")
-
-
-class PathDataset:
-    """A map-style dataset of paths, decoded in ``__getitem__`` (importable, so ``spawn`` can pickle it)."""
-
-    def __init__(self, paths: Sequence[str]) -> None:
-        from ..decoders import AudioDecoder
-
-        self.paths = list(paths)
-        self.decoder = AudioDecoder()
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, i: int) -> Dict[str, Any]:
-        return self.decoder(self.paths[i])
-
-
-def _batches_of(samples: Iterator[Dict[str, Any]]) -> Iterator[Dict[str, Any]]:
-    from ..collate import pad_collate
-
-    batch: List[Dict[str, Any]] = []
-    for sample in samples:
-        batch.append(sample)
-        if len(batch) == BATCH_SIZE:
-            yield pad_collate(batch)
-            batch = []
-    if batch:
-        yield pad_collate(batch)
-
-
-def _loader(approach: str, paths: List[str]) -> Iterator[Dict[str, Any]]:
-    from torch.utils.data import DataLoader
-
-    from ..collate import pad_collate
-    from ..dataset import BufferedDataset
-    from ..decoders import AudioDecoder
-
-    decoder = AudioDecoder()
-    if approach == "loop":
-        return _batches_of(decoder(p) for p in paths)
-    if approach.startswith("dataloader-"):
-        parts = approach.split("-")
-        workers = int(parts[1])
-        extra: Dict[str, Any] = {}
-        if "spawn" in parts:
-            extra["multiprocessing_context"] = "spawn"
-        return iter(DataLoader(PathDataset(paths), batch_size=BATCH_SIZE, num_workers=workers, collate_fn=pad_collate,
-                               pin_memory="pin" in parts, **extra))
-    if approach.startswith("audiobuffer-"):
-        ds = BufferedDataset(paths, decoder, num_producers=int(approach.split("-")[1]), buffer_size=64)
-        return iter(DataLoader(ds, batch_size=BATCH_SIZE, collate_fn=pad_collate))
-    if approach == "torchdata-2":
-        from torchdata.nodes import (
-            Batcher,
-            IterableWrapper,
-            Loader,
-            Mapper,
-            ParallelMapper,
-        )
-
-        node = ParallelMapper(IterableWrapper(paths), map_fn=decoder, num_workers=2, method="thread", in_order=False)
-        return iter(Loader(Mapper(Batcher(node, batch_size=BATCH_SIZE, drop_last=False), pad_collate)))
-    if approach == "prefetch_generator":
-        from prefetch_generator import BackgroundGenerator
-
-        return iter(BackgroundGenerator(_batches_of(decoder(p) for p in paths), max_prefetch=4))
-    raise ValueError(f"unknown approach {approach!r}; known: {APPROACHES}")
-
-
-def available(approach: str) -> bool:
-    """Whether the approach's package is installed."""
-    module = {"torchdata-2": "torchdata.nodes", "prefetch_generator": "prefetch_generator"}.get(approach)
-    if module is None:
-        return True
-    try:
-        __import__(module)
-        return True
-    except ImportError:
-        return False
+               "threads, IsolatedLoader with its producers in a helper process, and torchdata, "
+               "prefetch_generator and SPDL (its pipeline and load_wav) where installed. Each approach runs "
+               "in a fresh process over the same files, decoder, per-sample transform and collate.")
+EPILOG = ("Corpora: generated FLAC and WAV files, FLAC with a librosa log-mel spectrogram per sample "
+          "(flac+mel, which holds the GIL), and FSDD with --fsdd. Reported per approach: epoch time, time "
+          "to the first batch, steady files/s and seconds of audio/s, peak RSS of the process tree (MiB), "
+          "and CPU % (user + system time over the same window as the wall time; at most 100 % per usable "
+          "core); the first line says whether the GIL was enabled. Needs psutil, and matplotlib for --plot: "
+          f"{INSTALL_HINT}")
 
 
 def _cpu_seconds() -> float:
@@ -208,11 +136,13 @@ def cpu_percent(cpu_s: float, wall_s: float) -> float:
 
 
 def measure_epoch(make_iterator: Any) -> Dict[str, float]:
-    """Drain ``make_iterator()`` (batches with ``path``, ``lengths`` and ``sample_rate``) and measure it.
+    """Drain ``make_iterator()`` (batches with ``path``, and ``seconds`` or ``lengths`` and ``sample_rate``)
+    and measure it.
 
     The epoch time ends at the last batch; the CPU window runs from before ``make_iterator()`` to
     after the iterator is released and collected (DataLoader workers are joined there, so their CPU
-    time counts), and its wall time is read at the same two instants.
+    time counts), and its wall time is read at the same two instants. Seconds of audio come from a
+    batch's ``seconds`` where a transform replaced the audio, else from ``lengths / sample_rate``.
     """
     gc.collect()
     window = Window()
@@ -227,7 +157,10 @@ def measure_epoch(make_iterator: Any) -> Dict[str, float]:
             first = time.perf_counter() - start
             first_files = len(batch["path"])
         files += len(batch["path"])
-        audio += float(batch["lengths"].sum()) / float(batch["sample_rate"][0])
+        if "seconds" in batch:  # a transform replaced the audio
+            audio += float(batch["seconds"].sum())
+        else:
+            audio += float(batch["lengths"].sum()) / float(batch["sample_rate"][0])
     total = time.perf_counter() - start
     del iterator, batch  # DataLoader workers are joined here, so their CPU time counts
     gc.collect()
@@ -236,19 +169,19 @@ def measure_epoch(make_iterator: Any) -> Dict[str, float]:
             "audio_s": audio, "cpu_s": window.cpu_s, "window_s": window.wall_s}
 
 
-def _child(approach: str, paths: List[str]) -> Dict[str, float]:
+def _child(approach: str, paths: List[str], transform_name: Optional[str] = None) -> Dict[str, Any]:
     """Run one epoch in this process and measure it (the body of the subprocess)."""
     import torch  # everything is imported before the clock starts, as in a training script
     import torch.utils.data  # noqa: F401
 
     from .. import collate, dataset, decoders  # noqa: F401
 
-    if approach == "torchdata-2":
-        import torchdata.nodes  # noqa: F401
-    if approach == "prefetch_generator":
-        import prefetch_generator  # noqa: F401
+    transform = get_transform(transform_name)
+    warm_up(approach, transform)
     torch.zeros(1)
-    return measure_epoch(lambda: _loader(approach, paths))
+    measured: Dict[str, Any] = dict(measure_epoch(lambda: loader(approach, paths, transform)))
+    measured["gil_enabled"] = gil_enabled()
+    return measured
 
 
 class _TreeRss:
@@ -298,6 +231,7 @@ class Run:
     peak_rss_mb: float
     steady_files_per_s: float
     steady_audio_per_s: float
+    gil_enabled: bool
 
 
 def run_with_peak_rss(cmd: Sequence[str], *, timeout: float, env: Optional[Dict[str, str]] = None
@@ -332,10 +266,10 @@ def run_with_peak_rss(cmd: Sequence[str], *, timeout: float, env: Optional[Dict[
     return proc.returncode, err.decode(errors="replace")[-2000:], peak
 
 
-def _measure(approach: str, file_list: Path, timeout: float) -> Run:
+def _measure(approach: str, file_list: Path, timeout: float, transform: Optional[str] = None) -> Run:
     out = file_list.with_suffix(f".{approach}.json")
     cmd = [sys.executable, "-m", "audiobuffer.tools.bench", "--child", approach, "--file-list", str(file_list),
-           "--child-out", str(out)]
+           "--child-out", str(out)] + (["--transform", transform] if transform else [])
     status, err, peak = run_with_peak_rss(cmd, timeout=timeout)
     if status != 0:
         raise RuntimeError(f"{approach} failed (exit {status}): {err}")
@@ -343,42 +277,36 @@ def _measure(approach: str, file_list: Path, timeout: float) -> Run:
     steady_time = max(1e-9, r["total_s"] - r["first_batch_s"])
     steady_files = r["files"] - r["first_files"]
     return Run(approach, r["total_s"], r["first_batch_s"], r["files"], r["audio_s"], cpu_percent(r["cpu_s"], r["window_s"]),
-               peak / 2**20, steady_files / steady_time, r["audio_s"] * steady_files / max(1, r["files"]) / steady_time)
-
-
-def make_corpus(root: Path, files: int, fmt: str, *, seed: int = 0) -> List[str]:
-    """``files`` mono 16 kHz noise-and-tone files of 1-4 s (made once per folder)."""
-    import soundfile as sf
-
-    root.mkdir(parents=True, exist_ok=True)
-    marker = root / f"COMPLETE-{files}-{fmt}"
-    paths = [str(root / f"{i:05d}.{fmt}") for i in range(files)]
-    if not marker.exists():
-        rng = np.random.default_rng(seed)
-        for i, path in enumerate(paths):
-            n = int(16000 * rng.uniform(1.0, 4.0))
-            t = np.arange(n) / 16000
-            audio = 0.3 * np.sin(2 * np.pi * rng.uniform(100, 2000) * t) + 0.05 * rng.standard_normal(n)
-            sf.write(path, audio.astype(np.float32), 16000, subtype="PCM_16")
-        marker.write_text("ok")
-    return paths
+               peak / 2**20, steady_files / steady_time, r["audio_s"] * steady_files / max(1, r["files"]) / steady_time,
+               r["gil_enabled"])
 
 
 def run_bench(corpora: Dict[str, List[str]], approaches: Sequence[str], runs: int, *, workdir: Path,
-              timeout: float = 600.0, progress: bool = True) -> Dict[str, List[Dict[str, Any]]]:
-    """Measure every approach on every corpus ``runs`` times; return the medians per corpus."""
+              timeout: float = 600.0, progress: bool = True, transforms: Optional[Dict[str, str]] = None
+              ) -> Dict[str, List[Dict[str, Any]]]:
+    """Measure every approach on every corpus ``runs`` times; return the medians per corpus.
+
+    ``transforms`` maps a corpus name to the per-sample transform its samples get (one of
+    ``TRANSFORMS``). Approaches whose package is missing, or that do not apply to a corpus
+    (``spdl-load_wav`` off WAV), are left out with a note.
+    """
     results: Dict[str, List[Dict[str, Any]]] = {}
-    for corpus, paths in corpora.items():
-        file_list = workdir / f"{corpus}.txt"
+    for number, (corpus, paths) in enumerate(corpora.items()):
+        transform = (transforms or {}).get(corpus)
+        file_list = workdir / f"corpus-{number}.txt"
         file_list.write_text("\n".join(paths))
         rows = []
         for approach in approaches:
-            if not available(approach):
+            why = ("not installed" if not available(approach) else
+                   "not for this corpus" if not applies(approach, paths, transform) else None)
+            if why:
                 if progress:
-                    print(f"  {corpus}: {approach}: not installed, left out", file=sys.stderr)
+                    print(f"  {corpus}: {approach}: {why}, left out", file=sys.stderr)
                 continue
-            measured = [_measure(approach, file_list, timeout) for _ in range(runs)]
-            median = {k: statistics.median(getattr(m, k) for m in measured) for k in asdict(measured[0]) if k != "approach"}
+            measured = [_measure(approach, file_list, timeout, transform) for _ in range(runs)]
+            median = {k: statistics.median(getattr(m, k) for m in measured) for k in asdict(measured[0])
+                      if k not in ("approach", "gil_enabled")}
+            median["gil_enabled"] = any(m.gil_enabled for m in measured)
             median["approach"] = approach
             median["runs"] = runs
             rows.append(median)
@@ -399,62 +327,13 @@ def _add_ratios(rows: List[Dict[str, Any]]) -> None:
         r["vs_best_dataloader"] = best / r["total_s"] if best else None
 
 
-def markdown(results: Dict[str, List[Dict[str, Any]]]) -> str:
-    """The results as Markdown tables, one per corpus."""
-    out = []
-    for corpus, rows in results.items():
-        out.append(f"#### {corpus}\n")
-        out.append("| approach | epoch s | vs loop | vs best DataLoader | first batch ms | files/s (steady) | "
-                   "audio s/s (steady) | peak RSS MiB (tree) | CPU % |")
-        out.append("|---|---|---|---|---|---|---|---|---|")
-        for r in rows:
-            out.append(f"| {r['approach']} | {r['total_s']:.2f} | {r['vs_loop']:.2f}x | {r['vs_best_dataloader']:.2f}x | "
-                       f"{1000 * r['first_batch_s']:.0f} | {r['steady_files_per_s']:.0f} | {r['steady_audio_per_s']:.0f} | "
-                       f"{r['peak_rss_mb']:.0f} | {r['cpu_percent']:.0f} |")
-        out.append("")
-    return "\n".join(out)
-
-
-def plot(results: Dict[str, List[Dict[str, Any]]], path: Path) -> None:
-    """A PNG: epoch throughput and time to first batch per approach, per corpus."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(len(results), 2, figsize=(13, 3.2 * len(results)), squeeze=False)
-    for row, (corpus, rows) in zip(axes, results.items()):
-        names = [r["approach"] for r in rows]
-        colors = ["tab:green" if n.startswith("audiobuffer") else "tab:gray" if n == "loop" else "tab:blue" for n in names]
-        row[0].barh(names, [r["files"] / r["total_s"] for r in rows], color=colors)
-        row[0].set_xlabel("files per second (whole epoch)")
-        row[0].set_title(corpus)
-        row[0].invert_yaxis()
-        row[1].barh(names, [1000 * r["first_batch_s"] for r in rows], color=colors)
-        row[1].set_xscale("log")
-        row[1].set_xlabel("time to first batch, ms (log)")
-        row[1].invert_yaxis()
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-
-
-def _missing_modules(names: Sequence[str]) -> List[str]:
-    """The modules of ``names`` that cannot be imported."""
-    missing = []
-    for name in names:
-        try:
-            __import__(name)
-        except ImportError:
-            missing.append(name)
-    return missing
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``audiobuffer bench``; also the subprocess entry point (``--child``)."""
     parser = argparse.ArgumentParser(prog="audiobuffer bench", description=DESCRIPTION, epilog=EPILOG)
     parser.add_argument("--files", type=int, default=1000, help="files per generated corpus (default 1000)")
-    parser.add_argument("--formats", default="flac,wav", help="generated corpora (default flac,wav)")
+    parser.add_argument("--formats", default="flac,wav,flac+mel",
+                        help="generated corpora; FORMAT+mel adds a librosa log-mel transform per sample, which "
+                             "holds the GIL (default flac,wav,flac+mel)")
     parser.add_argument("--fsdd", type=Path, default=None, help="also the real FSDD recordings in this folder")
     parser.add_argument("--runs", type=int, default=3, help="runs per approach; the median is reported (default 3)")
     parser.add_argument("--approaches", default=None, help=f"comma-separated subset of: {', '.join(APPROACHES)}")
@@ -466,18 +345,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--file-list", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--transform", choices=TRANSFORMS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         paths = args.file_list.read_text().split("\n")
-        args.child_out.write_text(json.dumps(_child(args.child, paths)))
+        args.child_out.write_text(json.dumps(_child(args.child, paths, args.transform)))
         return 0
     if args.runs < 1 or args.files < 1:
         parser.error("--runs and --files must be >= 1")
-    missing = _missing_modules(["psutil"] + (["matplotlib"] if args.plot else []))
-    if missing:
-        print(f"audiobuffer bench: error: needs {' and '.join(missing)}, which the bench extra installs: "
-              f"{INSTALL_HINT}", file=sys.stderr)
-        return 2
     approaches = QUICK_APPROACHES if args.quick else APPROACHES
     if args.approaches:
         approaches = [a.strip() for a in args.approaches.split(",") if a.strip()]
@@ -485,16 +360,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if unknown:
             parser.error(f"unknown approaches {unknown}; known: {APPROACHES}")
     files, runs = (40, 1) if args.quick else (args.files, args.runs)
+    try:
+        formats = parse_formats(args.formats)
+    except ValueError as exc:
+        parser.error(str(exc))
+    missing = missing_modules(["psutil"] + (["matplotlib"] if args.plot else []))
+    if missing:
+        print(f"audiobuffer bench: error: needs {' and '.join(missing)}, which the bench extra installs: "
+              f"{INSTALL_HINT}", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory(prefix="audiobuffer-bench-") as tmp:
-        cache = args.cache_dir or Path(tmp)
-        corpora = {f"{fmt.upper()}, {files} generated files of 1-4 s at 16 kHz":
-                   make_corpus(cache / f"{fmt}-{files}", files, fmt) for fmt in args.formats.split(",") if fmt}
+        corpora, transforms = generated_corpora(formats, files, args.cache_dir or Path(tmp))
         if args.fsdd is not None:
             fsdd = sorted(str(p) for p in args.fsdd.glob("*.wav"))
             if not fsdd:
                 parser.error(f"--fsdd {args.fsdd}: no .wav files there")
             corpora[f"FSDD, {len(fsdd)} real recordings (WAV, 8 kHz)"] = fsdd[:files] if args.quick else fsdd
-        results = run_bench(corpora, approaches, runs, workdir=Path(tmp))
+        results = run_bench(corpora, approaches, runs, workdir=Path(tmp), transforms=transforms)
     text = markdown(results)
     print(text)
     if args.markdown:
