@@ -75,13 +75,25 @@ def check_int(name: str, value: Any, minimum: int | None = None, maximum: int | 
     return value
 
 
-def check_seconds(name: str, value: Any, *, maximum: float = MAX_SECONDS, also: str = "") -> float:
-    """``value`` if it is a finite number of seconds in (0, ``maximum``]."""
-    wanted = f"{name} must be a number of seconds > 0 and <= {maximum:g}{' ' + also if also else ''}"
+def check_seconds(name: str, value: Any, *, maximum: float | None = None) -> float | None:
+    """``value`` if it is ``None`` or a number of seconds > 0 (and at most ``maximum``, if given).
+
+    Without ``maximum``, ``float("inf")`` and large values are accepted: they mean "no limit", and the
+    waits built on them never pass more than ``threading.TIMEOUT_MAX`` to the system.
+
+    Raises:
+        TypeError: not a number.
+        ValueError: zero, negative, NaN, or over ``maximum``.
+    """
+    if value is None:
+        return None
+    limit = "" if maximum is None else f" and <= {maximum:g}"
+    wanted = f"{name} must be None or a number of seconds > 0{limit}"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{wanted}, got {short_repr(value)}")
-    if not math.isfinite(value) or not 0 < value <= maximum:
-        raise ValueError(f"{wanted}, got {short_repr(value)}")
+    if math.isnan(value) or not value > 0 or (maximum is not None and value > maximum):
+        hint = " (float('inf'): no limit)" if maximum is None else ""
+        raise ValueError(f"{wanted}{hint}, got {short_repr(value)}")
     return float(value)
 
 

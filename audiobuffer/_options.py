@@ -7,7 +7,6 @@ dataclass's fields, checked here and nowhere else, so a new loader adds no copy 
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Literal, Optional, Sequence
@@ -82,11 +81,7 @@ class LoaderOptions:
             check_int("world_size", self.world_size, 1)
             check_int("rank", self.rank, 0, self.world_size - 1)
         for name in ("warn_after", "timeout"):
-            value = getattr(self, name)
-            if value == math.inf:  # "never", as None says
-                object.__setattr__(self, name, None)
-            elif value is not None:
-                check_seconds(name, value, also="or None (never)")
+            check_seconds(name, getattr(self, name))  # None or float("inf"): never
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

@@ -28,7 +28,9 @@ warning naming any thread that outlived the join. ``close()`` is idempotent and 
 thread but a producer's own. :meth:`ProducerPool.stop` is the first half alone (flag, wake, abort,
 ``on_close``; no join): a pool registers it with the cancel scope of the thread that builds it, so a
 ``DevicePrefetcher`` whose loop is left stops the pool its thread waits on, from the consumer's thread
-(NOTE [ Prefetch cancellation ] in ``audiobuffer/_cancel.py``).
+(NOTE [ Prefetch cancellation ] in ``audiobuffer/_cancel.py``). :meth:`ProducerPool.start` runs under
+the same protocol: if a thread cannot be started (``RuntimeError: can't start new thread``), it calls
+``close()``, which stops and joins the threads already started, and re-raises.
 
 Chunks. In an unordered pool a producer keeps its finished items and puts them in one ``put_many``
 when it has ``CHUNK_ITEMS`` of them, when the oldest has waited ``CHUNK_SECONDS``, or when the feed
@@ -47,6 +49,18 @@ Ordered mode. A producer may take sequence number ``s`` only while ``s < release
 capacity. Items out of turn wait in the consumer's reorder dict, so the buffer never fills while the
 next item in order is still being decoded (no deadlock on a slow file), and no more than ``window``
 items are decoded, buffered or waiting at any time (memory bounded by the buffer size).
+
+Ordered mode with a byte bound. Items waiting in the reorder dict are out of the buffer, so the
+buffer's ``max_bytes`` alone would not bound them. The pool counts ``held``: the payload bytes of every
+item it has admitted and the consumer has not yet handed on (in the buffer or in the reorder dict).
+A producer with a finished item of ``size`` bytes waits under the feed lock, on the same condition as
+the window, until ``held + size <= max_bytes``, or its item is the next in order (``seq == released``),
+or the pool stops. The next item in order is always admitted (it may take ``held`` past the bound by
+that one item, as the buffer admits one oversized item when it is empty), so the consumer can always
+make progress: every sequence number below a taken one was taken earlier, so the next one is being
+decoded, waiting to be admitted (and admitted at once), or already in the buffer. The consumer
+subtracts an item's size when it hands it on and wakes the waiting producers. So, beyond the byte
+bound, memory holds at most one item over it plus the one finished item each producer has in hand.
 """
 
 from __future__ import annotations
@@ -57,8 +71,9 @@ import time
 from typing import Any, Callable, Iterator
 
 from ._cancel import on_cancel
-from .buffer import Buffer
-from .errors import AudioBufferError, BufferClosed, StallError
+from ._checks import check_int, check_seconds
+from .buffer import Buffer, payload_nbytes
+from .errors import AudioBufferError, BufferClosed, SampleError, StallError
 from .sources import WorkItem
 
 __all__ = ["Failure", "JOIN_TIMEOUT", "NO_OUTPUT", "ProducerPool"]
@@ -104,11 +119,13 @@ class ProducerPool:
         decode: turns a work item into a sample; runs in the producer threads.
         buffer: where finished samples wait for the consumer (a fresh one per pool).
         num_producers: how many threads decode.
-        ordered: yield in sequence order.
+        ordered: yield in sequence order. With a byte-bounded buffer, the samples waiting to be
+            handed on in order count against its ``max_bytes`` too (see the NOTE).
         warn_after: log a "waiting for data" warning when the consumer has waited this many
-            seconds for the next sample (at most one every ``WARN_INTERVAL`` seconds).
+            seconds for the next sample (at most one every ``WARN_INTERVAL`` seconds);
+            ``float("inf")`` never warns.
         timeout: raise :class:`StallError` when the consumer has waited this many seconds for the
-            next sample, naming what each producer is stuck on.
+            next sample, naming what each producer is stuck on; ``float("inf")`` never does.
         chunk_items: the most finished items a producer hands over at once; ``None``: up to
             ``CHUNK_ITEMS``, no more than its share of the buffer. Ordered pools use 1.
         name: the threads' name prefix (``{name}-{i}``).
@@ -121,6 +138,14 @@ class ProducerPool:
                  ordered: bool = False, warn_after: float | None = None, timeout: float | None = None,
                  chunk_items: int | None = None, name: str = "audiobuffer-producer",
                  on_close: Callable[[], None] | None = None) -> None:
+        check_int("count", count, 0)
+        check_int("num_producers", num_producers, 1)
+        if chunk_items is not None:
+            check_int("chunk_items", chunk_items, 1)
+        check_seconds("warn_after", warn_after)
+        check_seconds("timeout", timeout)
+        if not isinstance(buffer, Buffer):
+            raise TypeError(f"buffer must be a Buffer, got {buffer!r}")
         self._make_item = make_item
         self._count = count
         self._decode = decode
@@ -143,6 +168,10 @@ class ProducerPool:
         self._released = 0
         self._finished = 0
         self._stopping = False
+        # Ordered mode with a byte bound: bytes admitted and not yet handed on (see the NOTE).
+        self._max_bytes = buffer.max_bytes if ordered else None
+        self._held = 0
+        self._sizes: dict[int, int] = {}  # seq -> payload bytes, of the items counted in _held
         self._busy = [0.0] * num_producers  # decode seconds, one slot per producer
         self._decoded = [0] * num_producers
         self._threads = [
@@ -158,12 +187,21 @@ class ProducerPool:
     # -- lifecycle -----------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the producer threads (every attribute they read is set by now)."""
+        """Start the producer threads (every attribute they read is set by now).
+
+        If a thread cannot be started, the pool is closed (the threads already started are
+        stopped and joined) and the error is raised.
+        """
         if self._started:
             raise RuntimeError("a ProducerPool is started once")
         self._started = True
-        for thread in self._threads:
-            thread.start()
+        try:
+            for thread in self._threads:
+                thread.start()
+        except BaseException:
+            # The threads started so far would wait for the consumer forever: stop them first.
+            self.close()
+            raise
 
     def stop(self) -> None:
         """Tell the producers and the consumer to stop, and return at once. Idempotent, any thread.
@@ -242,6 +280,7 @@ class ProducerPool:
         chunk: list[tuple[int, Any]] = []
         chunk_size = self._chunk
         oldest = 0.0  # when the oldest item in the chunk was finished
+        decoding: WorkItem | None = None  # the item in the decoder, for a crash report
         try:
             while True:
                 seq = self._take()
@@ -253,10 +292,12 @@ class ProducerPool:
                     buffer.put_many(chunk)  # do not keep finished items through another decode
                     chunk = []
                 self._current[slot] = (item.path, start)
+                decoding = item
                 try:
                     out: Any = self._decode(item)
                 except Exception as exc:  # reported to the consumer, which applies on_error
                     out = Failure(item, exc, name)
+                decoding = None  # a BaseException (SystemExit, KeyboardInterrupt, ...) leaves it set
                 self._current[slot] = None
                 end = time.perf_counter()
                 self._busy[slot] += end - start
@@ -264,6 +305,8 @@ class ProducerPool:
                 if out is NO_OUTPUT and not self._ordered:
                     continue
                 if chunk_size == 1:
+                    if self._max_bytes is not None and not self._admit(seq, out):
+                        break  # the pool stops
                     buffer.put((seq, out))
                     continue
                 if not chunk:
@@ -277,7 +320,13 @@ class ProducerPool:
         except BufferClosed:
             pass  # the pool was closed: the consumer has gone
         except BaseException as exc:
-            err = AudioBufferError(f"producer {name} crashed: {type(exc).__name__}: {exc}")
+            err: AudioBufferError
+            if decoding is not None:  # it escaped the decoder: name the item and its file
+                err = SampleError(
+                    f"producer {name} crashed on item {decoding.index} ({decoding.path!r}): "
+                    f"{type(exc).__name__}: {exc}", path=decoding.path, index=decoding.index, producer=name)
+            else:
+                err = AudioBufferError(f"producer {name} crashed: {type(exc).__name__}: {exc}")
             err.__cause__ = exc
             buffer.abort(err)
         finally:
@@ -286,6 +335,22 @@ class ProducerPool:
                 last = self._finished == len(self._threads)
             if last:
                 buffer.close()
+
+    def _admit(self, seq: int, out: Any) -> bool:
+        """(Ordered, byte-bounded.) Wait until ``out`` fits the byte bound or is next in order; count it.
+
+        Returns ``False`` when the pool stops instead. See the NOTE, "Ordered mode with a byte bound".
+        """
+        size = payload_nbytes(out)
+        max_bytes = self._max_bytes
+        with self._feed_lock:
+            while not (self._stopping or seq == self._released or self._held + size <= max_bytes):  # type: ignore[operator]
+                self._turn.wait()
+            if self._stopping:
+                return False
+            self._held += size
+            self._sizes[seq] = size
+            return True
 
     # -- consumer side -------------------------------------------------------------------------
 
@@ -313,6 +378,8 @@ class ProducerPool:
             out = pending.pop(expected)
             with self._feed_lock:
                 self._released = expected + 1
+                if self._sizes:
+                    self._held -= self._sizes.pop(expected, 0)
                 self._turn.notify_all()
             yield expected, out
 

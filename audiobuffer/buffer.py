@@ -148,6 +148,13 @@ class Buffer(Generic[T]):
     def __len__(self) -> int:
         return len(self._items)
 
+    def __repr__(self) -> str:
+        with self._lock:
+            items, nbytes = len(self._items), self._nbytes
+            state = "aborted" if self._abort_exc is not None else "closed" if self._closed else "open"
+        held = f"items={items}" if self._max_bytes is None else f"items={items}, nbytes={nbytes}"
+        return f"Buffer(capacity={self._capacity}, max_bytes={self._max_bytes}, {held}, state={state!r})"
+
     @property
     def stats(self) -> BufferStats:
         """A consistent snapshot of the counters."""
@@ -171,7 +178,7 @@ class Buffer(Generic[T]):
 
         Args:
             item: any object, ``None`` included.
-            timeout: seconds to wait for room; ``None`` waits as long as it takes.
+            timeout: seconds to wait for room; ``None`` (or ``float("inf")``) waits as long as it takes.
 
         Raises:
             BufferClosed: the buffer is closed or aborted (also when that happens during the wait).
@@ -290,7 +297,7 @@ class Buffer(Generic[T]):
         """Remove and return the oldest item, waiting for one.
 
         Args:
-            timeout: seconds to wait for an item; ``None`` waits as long as it takes.
+            timeout: seconds to wait for an item; ``None`` (or ``float("inf")``) waits as long as it takes.
 
         Raises:
             BufferClosed: the buffer is closed and drained.
@@ -373,15 +380,17 @@ class Buffer(Generic[T]):
                 while not ready():
                     cond.wait()
                 return
-            if timeout < 0:
-                raise ValueError(f"timeout must be None or >= 0, got {timeout!r}")
-            deadline = start + timeout
+            if not timeout >= 0:  # NaN too
+                raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
+            deadline = start + timeout  # inf for float("inf")
             while not ready():
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     what = "room in the buffer" if side == "put" else "item in the buffer"
                     raise TimeoutError(f"{side}() found no {what} within {timeout} s")
-                cond.wait(remaining)
+                # Condition.wait raises OverflowError past TIMEOUT_MAX (about 292 years): wait in
+                # steps of at most that, so that float("inf") or 1e12 just mean "as long as it takes".
+                cond.wait(min(remaining, threading.TIMEOUT_MAX))
         finally:
             if side == "put":
                 self._put_wait += time.monotonic() - start

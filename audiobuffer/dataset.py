@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
+import multiprocessing
 import os
 import threading
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
+from multiprocessing.context import get_spawning_popen
 from typing import Any, Callable, Iterator, Literal, Optional, Sequence
 
 import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from ._checks import check_int as _check_int
+from ._checks import check_seconds
 from ._producers import Failure, ProducerPool
 from .buffer import Buffer, BufferStats
 from .errors import DecodeError, ResumeError, SampleError
@@ -161,10 +168,13 @@ class BufferedDataset(IterableDataset):
             ``ImageDecoder`` or your own); it runs in the producer threads.
         num_producers: decoding threads per epoch; default: the usable cores, at most 8.
         buffer_size: the most samples decoded ahead (the buffer's capacity).
-        max_bytes: also bound the buffer by payload bytes (``None``: no byte bound).
+        max_bytes: also bound the buffer by payload bytes (``None``: no byte bound). A sample larger
+            than the bound still passes, alone; samples a producer has finished and not yet put
+            in the buffer are outside the bound.
         shuffle: shuffle the items each epoch (seeded by ``seed + epoch``).
-        seed: the base seed for shuffling and random crops.
-        ordered: yield in the epoch's order (after shuffling) rather than as decoded.
+        seed: the base seed for shuffling and random crops (an integer >= 0).
+        ordered: yield in the epoch's order (after shuffling) rather than as decoded. With
+            ``max_bytes``, the samples decoded ahead of their turn count against it too.
         on_error: what a failed item does: ``"raise"`` (a :class:`~audiobuffer.SampleError` in the
             consumer, chained to the cause), ``"warn"`` (a logged warning, then skip) or ``"skip"``
             (counted in :meth:`stats`, then skip).
@@ -181,10 +191,11 @@ class BufferedDataset(IterableDataset):
             does), ``"drop"`` leaves out the remainder, ``None`` lets ranks differ by one. Unequal
             ranks make the last collective of an epoch wait forever.
         warn_after: log a "waiting for data" warning (logger ``audiobuffer``) when the consumer has
-            waited this many seconds for a sample; at most one every 30 s. ``None``: never.
+            waited this many seconds for a sample; at most one every 30 s. ``None`` or
+            ``float("inf")``: never.
         timeout: raise :class:`~audiobuffer.StallError` when no sample arrives for this many seconds
             (a decoder stuck on a file); the error names each producer's file and how long it has
-            been at it. ``None``: wait as long as it takes.
+            been at it. ``None`` or ``float("inf")``: wait as long as it takes.
     """
 
     #: Keys of :meth:`state_dict`.
@@ -198,7 +209,7 @@ class BufferedDataset(IterableDataset):
     STATE_SOURCE = "source_fingerprint"
     STATE_ITEMS = "items"
     STATE_CONSUMED = "consumed"
-    _FORMAT = 1
+    _FORMAT = 2  # 2: the consumed bitmap as a base64 str (JSON-serialisable); 1: as bytes
 
     def __init__(self, source: SourceSpec | Source, decoder: Callable[[WorkItem], Any], *,
                  num_producers: Optional[int] = None, buffer_size: int = 64,
@@ -218,14 +229,13 @@ class BufferedDataset(IterableDataset):
             num_producers = _default_producers()
         _check_int("num_producers", num_producers, 1)
         _check_int("buffer_size", buffer_size, 1)
-        _check_int("seed", seed, None)
+        _check_int("seed", seed, 0)  # numpy seeds are >= 0
         if max_bytes is not None:
             _check_int("max_bytes", max_bytes, 1)
         if on_error not in _POLICIES:
             raise ValueError(f"on_error must be one of {_POLICIES}, got {on_error!r}")
-        for name, value in (("warn_after", warn_after), ("timeout", timeout)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
-                raise ValueError(f"{name} must be None or a number of seconds > 0, got {value!r}")
+        check_seconds("warn_after", warn_after)
+        check_seconds("timeout", timeout)
         if even_shards not in ("pad", "drop", None):
             raise ValueError(f"even_shards must be 'pad', 'drop' or None, got {even_shards!r}")
         if (rank is None) != (world_size is None):
@@ -257,6 +267,10 @@ class BufferedDataset(IterableDataset):
         self._resume: Optional[tuple[int, bytearray]] = None  # (epoch, consumed) from load_state_dict
         self._chunk_items: Optional[int] = None  # producers' hand-over chunks; None: the pool decides
         self._on_pool_close: Optional[Callable[[], None]] = None  # wakes a decoder waiting for the consumer
+        # Epochs started in DataLoader worker processes, counted in shared memory that the workers
+        # inherit (fork) or receive as they are spawned, so the main process can tell that its own
+        # stats() and state_dict() do not describe them (see _warn_if_run_in_workers).
+        self._worker_epochs: Any = _shared_counter()
         self._init_runtime()
 
     def _init_runtime(self) -> None:
@@ -264,16 +278,24 @@ class BufferedDataset(IterableDataset):
         self._running: set[_Epoch] = set()
         self._last: Optional[_Epoch] = None
         self._closed = False
+        self._worker_epochs_seen = 0  # _worker_epochs when this process last started an epoch
+        self._warned_workers = False
 
     def __getstate__(self) -> dict[str, Any]:
         # DataLoader workers get a copy without threads, locks or the parent's stats.
         state = self.__dict__.copy()
-        for key in ("_lock", "_running", "_last", "_closed"):
+        for key in ("_lock", "_running", "_last", "_closed", "_worker_epochs_seen", "_warned_workers"):
             state.pop(key)
+        if get_spawning_popen() is None:
+            # Shared memory travels only to a process being started (a spawned DataLoader worker);
+            # any other copy (pickle.dumps, deepcopy) gets a counter of its own.
+            state["_worker_epochs"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        if self.__dict__.get("_worker_epochs") is None:
+            self._worker_epochs = _shared_counter()
         self._init_runtime()
 
     # -- epoch setup ---------------------------------------------------------------------------
@@ -323,9 +345,9 @@ class BufferedDataset(IterableDataset):
         # A generator: its finally runs on exhaustion, on an exception, on close() and when the
         # generator is garbage-collected. NOTE [ Producer shutdown protocol ] in _producers.py.
         epoch = self._start_epoch()
-        epoch.pool.start()
         consumed, positions = epoch.consumed, epoch.positions
         try:
+            epoch.pool.start()  # inside the try: threads started before a failed start are stopped
             for seq, out in epoch.pool:
                 consumed[seq if positions is None else positions[seq]] = 1
                 if out.__class__ is Failure:
@@ -344,6 +366,12 @@ class BufferedDataset(IterableDataset):
         rank, world_size = self.shard_info()
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if info is not None:
+            # Tell the main process that an epoch runs in a worker. Unlocked: two workers may add
+            # one between them, and the counter still differs from what the main process saw.
+            self._worker_epochs.value += 1
+        else:
+            self._worker_epochs_seen = self._worker_epochs.value
         number, source, seed = self._epoch, self.source, self.seed
         order = epoch_order(len(source), shuffle=self.shuffle, seed=seed, epoch=number)
         if world_size > 1 and self.even_shards is not None:
@@ -401,8 +429,12 @@ class BufferedDataset(IterableDataset):
     def stats(self) -> Optional[DatasetStats]:
         """The current or last epoch's stats in this process, or ``None`` before the first epoch.
 
-        With DataLoader workers the epochs run in the worker processes, whose stats stay there.
+        With ``DataLoader(num_workers > 0)`` the epochs run in the worker processes, whose stats stay
+        there: in the main process this is ``None`` (or an older epoch iterated here), and the first
+        such call warns (``UserWarning``, once per dataset). Use ``num_workers=0``: the producer
+        threads already decode in parallel.
         """
+        self._warn_if_run_in_workers("stats()")
         with self._lock:
             epoch = self._last
         return None if epoch is None else epoch.snapshot()
@@ -428,10 +460,18 @@ class BufferedDataset(IterableDataset):
         decoded again, not lost. The state carries its setup (seed, shuffle, rank, world size, even
         shards, a fingerprint of the file list), and :meth:`load_state_dict` refuses another setup.
 
+        The state is JSON-serialisable (``json.dumps`` works on it): ints, strs, bools and ``None``;
+        the consumed positions are a base64 string of a bitmap. :meth:`load_state_dict` also takes
+        the format 1 state of earlier versions, whose bitmap is ``bytes``.
+
         It counts the samples this dataset handed out: take it between batches with
         ``DataLoader(num_workers=0)``. A ``DevicePrefetcher`` reads ``queue_size`` batches ahead,
-        and those count as handed out; DataLoader workers keep their progress in their processes.
+        and those count as handed out. ``DataLoader(num_workers > 0)`` workers keep their progress
+        in their processes: in the main process the state then marks the start of the epoch (a
+        resume would run the whole epoch again), and the first such call warns (``UserWarning``,
+        once per dataset).
         """
+        self._warn_if_run_in_workers("state_dict()")
         rank, world_size = self.shard_info()
         with self._lock:
             last, resume = self._last, self._resume
@@ -451,8 +491,22 @@ class BufferedDataset(IterableDataset):
             self.STATE_EVEN_SHARDS: self.even_shards,
             self.STATE_SOURCE: self.source.fingerprint(),
             self.STATE_ITEMS: len(consumed) if consumed is not None else None,
-            self.STATE_CONSUMED: bytes(np.packbits(np.frombuffer(bytes(consumed), dtype=np.uint8))) if consumed is not None else b"",
+            self.STATE_CONSUMED: _pack_consumed(consumed) if consumed is not None else "",
         }
+
+    def _warn_if_run_in_workers(self, method: str) -> None:
+        """Warn (once) when epochs ran in DataLoader workers since this process last started one."""
+        if self._warned_workers or get_worker_info() is not None:
+            return
+        if self._worker_epochs.value == self._worker_epochs_seen:
+            return
+        self._warned_workers = True
+        warnings.warn(
+            f"BufferedDataset.{method} in the main process: this dataset's epochs ran in DataLoader "
+            f"worker processes (num_workers > 0), which keep their stats and progress; here stats() "
+            f"is None (or an older epoch) and state_dict() marks the start of the epoch. Use "
+            f"DataLoader(num_workers=0): the producer threads already decode in parallel.",
+            UserWarning, stacklevel=3)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`: the next ``iter()`` runs the saved epoch's remaining items.
@@ -467,8 +521,8 @@ class BufferedDataset(IterableDataset):
                                self.STATE_ITEMS, self.STATE_CONSUMED) if k not in state]
         if missing:
             raise ResumeError(f"the state dict lacks {missing}")
-        if state[self.STATE_VERSION] != self._FORMAT:
-            raise ResumeError(f"state format {state[self.STATE_VERSION]!r} is not {self._FORMAT}")
+        if state[self.STATE_VERSION] not in (1, self._FORMAT):  # 1: the consumed bitmap as bytes
+            raise ResumeError(f"state format {state[self.STATE_VERSION]!r} is not 1 or {self._FORMAT}")
         rank, world_size = self.shard_info()
         mine = {self.STATE_SEED: self.seed, self.STATE_SHUFFLE: self.shuffle, self.STATE_RANK: rank,
                 self.STATE_WORLD_SIZE: world_size, self.STATE_EVEN_SHARDS: self.even_shards,
@@ -485,9 +539,9 @@ class BufferedDataset(IterableDataset):
             if items is None:
                 self._resume = None
                 return
-            if not isinstance(packed, (bytes, bytearray)) or len(packed) != (items + 7) // 8:
-                raise ResumeError(f"consumed must be {(items + 7) // 8} bytes for {items} items")
-            bits = np.unpackbits(np.frombuffer(bytes(packed), dtype=np.uint8))[:items]
+            if isinstance(items, bool) or not isinstance(items, int) or items < 0:
+                raise ResumeError(f"items must be None or an integer >= 0, got {items!r}")
+            bits = np.unpackbits(np.frombuffer(_unpack_consumed(packed, items), dtype=np.uint8))[:items]
             self._resume = (epoch, bytearray(bits.tobytes()))
 
     def __enter__(self) -> "BufferedDataset":
@@ -509,9 +563,31 @@ class BufferedDataset(IterableDataset):
                 f"shuffle={self.shuffle}, ordered={self.ordered}, on_error={self.on_error!r})")
 
 
-def _check_int(name: str, value: Any, minimum: Optional[int]) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an integer{f' >= {minimum}' if minimum is not None else ''}, "
-                        f"got {value!r}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+def _shared_counter() -> Any:
+    """An integer in shared memory, seen by DataLoader workers forked or spawned after it is made.
+
+    A ``RawValue`` (no lock): a lock would be a semaphore, with a resource tracker process under spawn.
+    """
+    return multiprocessing.RawValue("q", 0)
+
+
+def _pack_consumed(consumed: bytearray) -> str:
+    """One byte per position (0 or 1) -> a base64 string of the bitmap (8 positions a byte)."""
+    return base64.b64encode(np.packbits(np.frombuffer(bytes(consumed), dtype=np.uint8)).tobytes()).decode("ascii")
+
+
+def _unpack_consumed(packed: Any, items: int) -> bytes:
+    """The bitmap of :func:`_pack_consumed` (a base64 str), or the ``bytes`` of format 1, checked."""
+    size = (items + 7) // 8
+    if isinstance(packed, str):
+        try:
+            raw = base64.b64decode(packed.encode("ascii"), validate=True)
+        except (UnicodeEncodeError, binascii.Error) as exc:
+            raise ResumeError(f"consumed must be a base64 string, got {packed[:40]!r}: {exc}") from None
+    elif isinstance(packed, (bytes, bytearray)):
+        raw = bytes(packed)
+    else:
+        raise ResumeError(f"consumed must be a base64 string (or bytes), got {type(packed).__name__}")
+    if len(raw) != size:
+        raise ResumeError(f"consumed must be a bitmap of {size} bytes for {items} items, got {len(raw)} bytes")
+    return raw

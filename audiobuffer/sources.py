@@ -42,6 +42,8 @@ IMAGE_PATTERNS: tuple[str, ...] = (
     "**/*.png", "**/*.jpg", "**/*.jpeg", "**/*.bmp", "**/*.gif", "**/*.tif", "**/*.tiff", "**/*.webp",
     "**/*.PNG", "**/*.JPG", "**/*.JPEG",
 )
+#: Characters that make a ``labels`` string a regular expression rather than a manifest column name.
+_REGEX_CHARS = frozenset(".^$*+?{}[]|()\\")
 _MANIFEST_SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 
 SourceSpec = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]]
@@ -137,6 +139,9 @@ class Source:
             if bad:
                 raise TypeError(f"a source list must hold file paths, got {bad[0]!r}")
             self.paths = [os.fspath(p) for p in source]
+            for n, p in enumerate(self.paths):
+                if "\0" in p:
+                    raise SourceError(f"source list entry {n}: the path {p[:80]!r} holds a NUL character")
             self.description = f"a list of {len(self.paths)} paths"
         else:
             raise TypeError(
@@ -152,6 +157,10 @@ class Source:
 
     def __len__(self) -> int:
         return len(self.paths)
+
+    def __repr__(self) -> str:
+        labels = f", classes={len(self.classes)}" if self.label_names is not None else ""
+        return f"Source({self.description}, items={len(self.paths)}{labels})"
 
     def fingerprint(self) -> str:
         """A digest of the file list (its order included): a saved state names the source it came from."""
@@ -210,7 +219,8 @@ def _read_manifest(path: Path, path_column: str) -> tuple[list[str], list[dict[s
     rows: list[dict[str, Any]] = []
     columns: list[str] = []
     try:
-        with open(path, newline="", encoding="utf-8") as f:
+        # utf-8-sig: the byte order mark that spreadsheet programs write is not part of the first column.
+        with open(path, newline="", encoding="utf-8-sig") as f:
             if kind == "jsonl":
                 for lineno, line in enumerate(f, 1):
                     if not line.strip():
@@ -239,6 +249,8 @@ def _read_manifest(path: Path, path_column: str) -> tuple[list[str], list[dict[s
         value = row.get(path_column)
         if not isinstance(value, str) or not value:
             raise SourceError(f"manifest {str(path)!r} row {n + 1}: empty or missing {path_column!r}")
+        if "\0" in value:  # the C libraries would open the path cut at the NUL
+            raise SourceError(f"manifest {str(path)!r} row {n + 1}: the path {value[:80]!r} holds a NUL character")
         file = Path(value)
         paths.append(str(file if file.is_absolute() else path.parent / file))
         fields.append({k: v for k, v in row.items() if k != path_column})
@@ -255,6 +267,12 @@ def _resolve_labels(labels: LabelSpec, paths: list[str], fields: list[dict[str, 
         return [Path(p).parent.name for p in paths]
     if isinstance(labels, str) and fields is not None and labels in columns:
         return [_label_str(row.get(labels)) for row in fields]
+    if isinstance(labels, str) and fields is not None and not _REGEX_CHARS.intersection(labels):
+        # A plain word on a manifest is a column name with a typo far more often than a regex: as a
+        # regex it could only match itself and give every file the same label.
+        raise SourceError(
+            f"labels={labels!r} is not a column of the manifest; its columns are {columns}. For a regular "
+            f"expression searched in the file names, pass re.compile({labels!r}) or one with a group")
     if isinstance(labels, str):
         try:
             pattern = re.compile(labels)
@@ -270,7 +288,8 @@ def _resolve_labels(labels: LabelSpec, paths: list[str], fields: list[dict[str, 
     for p in paths:
         match = pattern.search(os.path.basename(p))
         if match is None:
-            raise SourceError(f"file {p!r} does not match the label expression {pattern.pattern!r}")
+            hint = f" (labels is not a column of the manifest either; its columns are {columns})" if fields is not None else ""
+            raise SourceError(f"file {p!r} does not match the label expression {pattern.pattern!r}{hint}")
         names.append(match.group(1) if pattern.groups else match.group(0))
     return names
 

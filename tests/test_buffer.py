@@ -95,6 +95,49 @@ def test_negative_timeout_rejected():
         buf.get(timeout=-1)
 
 
+@pytest.mark.parametrize("timeout", [float("nan"), -0.5])
+def test_nan_and_negative_timeouts_rejected(timeout):
+    buf = Buffer(1)
+    with pytest.raises(ValueError, match="timeout must be None or a number of seconds >= 0"):
+        buf.get(timeout=timeout)
+    buf.put(1)
+    with pytest.raises(ValueError, match="timeout"):
+        buf.put(2, timeout=timeout)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("timeout", [float("inf"), 1e12, 1e300])
+@pytest.mark.parametrize("max_bytes", [None, 10])
+def test_infinite_and_huge_timeouts_wait_as_long_as_it_takes(timeout, max_bytes):
+    # Condition.wait(1e12) raises OverflowError: such a timeout must just mean "no limit".
+    buf = Buffer(1, max_bytes=max_bytes)
+    getter, got = run_thread(buf.get, timeout)
+    wait_until_blocked(buf, "get")
+    buf.put("a")
+    finish(getter)
+    assert got == {"value": "a"}
+    buf.put("b")
+    putter, put = run_thread(buf.put, "c", timeout)
+    wait_until_blocked(buf, "put")
+    many, took = run_thread(buf.get_many, None, timeout)
+    finish(many)
+    finish(putter)
+    assert took == {"value": ["b"]} and put == {"value": None}
+    assert buf.get(timeout=timeout) == "c"
+
+
+def test_repr():
+    buf = Buffer(4)
+    buf.put(1)
+    assert repr(buf) == "Buffer(capacity=4, max_bytes=None, items=1, state='open')"
+    bounded = Buffer(2, max_bytes=100)
+    bounded.put(np.zeros(10, dtype=np.uint8))
+    bounded.close()
+    assert repr(bounded) == "Buffer(capacity=2, max_bytes=100, items=1, nbytes=10, state='closed')"
+    bounded.abort(RuntimeError("stop"))
+    assert repr(bounded) == "Buffer(capacity=2, max_bytes=100, items=0, nbytes=0, state='aborted')"
+
+
 def test_close_drains_then_raises():
     buf = Buffer(3)
     buf.put(1)

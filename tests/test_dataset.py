@@ -2,7 +2,10 @@ import gc
 import logging
 import pickle
 import threading
+import time
+import warnings
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -300,6 +303,11 @@ def test_pickles_without_runtime_state(tmp_path):
     ({"rank": 0}, ValueError, "give rank and world_size together"),
     ({"rank": 2, "world_size": 2}, ValueError, r"rank must be in \[0, world_size=2\)"),
     ({"transform": 3}, TypeError, "transform"),
+    # Values that used to pass and fail mid-epoch (issue 9, item 8).
+    ({"seed": -1}, ValueError, "seed must be an integer >= 0, got -1"),
+    ({"timeout": float("nan")}, ValueError, "timeout must be None or a number of seconds > 0"),
+    ({"warn_after": float("-inf")}, ValueError, "warn_after"),
+    ({"timeout": "30"}, TypeError, "timeout must be None or a number of seconds > 0, got '30'"),
 ])
 def test_validation(kwargs, error, message):
     with pytest.raises(error, match=message):
@@ -330,3 +338,145 @@ def test_waiting_for_data_warning_is_logged_and_rate_limited(caplog):
 def test_warn_after_validation():
     with pytest.raises(ValueError, match="warn_after"):
         BufferedDataset(fake_paths(3), IndexDecoder(), warn_after=0)
+
+
+
+# -- large values (issue 9, item 8) ---------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("ordered", [False, True])
+@pytest.mark.parametrize("timeout, warn_after", [(float("inf"), 1e12), (1e12, float("inf")), (1e300, None)])
+def test_infinite_and_huge_waits_mean_no_limit(ordered, timeout, warn_after):
+    # They raised OverflowError at the consumer's first wait (here, for the slow first item).
+    ds = BufferedDataset(fake_paths(12), IndexDecoder(delays={0: 0.05}), num_producers=2, buffer_size=4,
+                         ordered=ordered, timeout=timeout, warn_after=warn_after)
+    got = indices(ds)
+    assert sorted(got) == list(range(12))
+    assert ds.stats().done
+
+
+def test_a_large_seed_works():
+    ds = BufferedDataset(fake_paths(10), IndexDecoder(), shuffle=True, seed=2**70, num_producers=2)
+    assert sorted(indices(ds)) == list(range(10))
+
+
+# -- a failed start (issue 9, item 7) -------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+def test_a_thread_that_cannot_start_leaves_no_thread(monkeypatch):
+    real_start = threading.Thread.start
+    started = []
+
+    def start(thread):
+        if thread.name.startswith("audiobuffer-producer-"):
+            if len(started) == 2:
+                raise RuntimeError("can't start new thread")
+            started.append(thread)
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    ds = BufferedDataset(fake_paths(500), IndexDecoder(), num_producers=6, buffer_size=2)
+    it = iter(ds)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        next(it)
+    assert len(started) == 2 and not any(t.is_alive() for t in started)
+    assert audiobuffer_threads() == []
+    assert not ds._running  # the epoch is over
+    monkeypatch.undo()
+    assert sorted(indices(ds)) == list(range(500))  # the next epoch starts normally
+
+
+# -- max_bytes in ordered mode (issue 9, item 6) --------------------------------------------------
+
+class SizedDecoder:
+    """Samples of ``size`` bytes; item 0 takes ``first_s`` seconds; counts samples alive (decoded, not consumed)."""
+
+    def __init__(self, size, first_s):
+        self.size, self.first_s = size, first_s
+        self.lock = threading.Lock()
+        self.live = self.peak = 0
+
+    def __call__(self, item):
+        if item.index == 0:
+            time.sleep(self.first_s)  # a slow first file: everything after it waits for its turn
+        sample = {"index": item.index, "audio": np.zeros(self.size, np.uint8)}
+        with self.lock:
+            self.live += 1
+            self.peak = max(self.peak, self.live)
+        return sample
+
+    def consumed(self):
+        with self.lock:
+            self.live -= 1
+
+
+@pytest.mark.timeout(60)
+def test_ordered_max_bytes_bounds_the_samples_waiting_for_their_turn():
+    size, producers = 100_000, 4
+    decoder = SizedDecoder(size, first_s=0.3)
+    ds = BufferedDataset(fake_paths(120), decoder, num_producers=producers, buffer_size=64, max_bytes=4 * size,
+                         ordered=True)
+    got = []
+    for sample in ds:
+        got.append(sample["index"])
+        del sample
+        decoder.consumed()
+    assert got == list(range(120))
+    # At most max_bytes admitted, one next-in-order item over it, one finished item per producer.
+    # Before, all of the 64-item window piled up behind the slow first item.
+    assert decoder.peak <= 4 + 1 + producers
+    assert ds.stats().yielded == 120
+
+
+# -- stats() and state_dict() with DataLoader workers (issue 9, item 18) -------------------------
+
+@pytest.mark.timeout(120)
+def test_stats_and_state_dict_warn_once_after_epochs_in_dataloader_workers():
+    ds = BufferedDataset(fake_paths(20), IndexDecoder(), num_producers=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert ds.stats() is None and ds.state_dict()[ds.STATE_ITEMS] is None  # before any epoch: no warning
+    loader = DataLoader(ds, batch_size=4, num_workers=2, collate_fn=pad_collate)
+    assert sorted(i for batch in loader for i in batch["index"].tolist()) == list(range(20))
+    with pytest.warns(UserWarning, match=r"BufferedDataset.stats\(\) in the main process: this dataset's epochs "
+                                         r"ran in DataLoader worker processes"):
+        assert ds.stats() is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per dataset
+        assert ds.state_dict()[ds.STATE_ITEMS] is None
+        assert ds.stats() is None
+    other = BufferedDataset(fake_paths(20), IndexDecoder(), num_producers=2)
+    list(DataLoader(other, batch_size=4, num_workers=1, collate_fn=pad_collate))
+    with pytest.warns(UserWarning, match=r"state_dict\(\) in the main process.*marks the start of the epoch"):
+        other.state_dict()
+
+
+def test_no_warning_for_epochs_run_in_the_main_process():
+    ds = BufferedDataset(fake_paths(20), IndexDecoder(), num_producers=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        list(DataLoader(ds, batch_size=4, collate_fn=pad_collate))
+        assert ds.stats().yielded == 20 and ds.state_dict()[ds.STATE_ITEMS] == 20
+        copy = pickle.loads(pickle.dumps(ds))  # a copy has its own worker count
+        list(copy)
+        assert copy.stats().yielded == 20
+
+
+@pytest.mark.timeout(120)
+def test_an_epoch_in_the_main_process_after_worker_epochs_does_not_warn():
+    ds = BufferedDataset(fake_paths(8), IndexDecoder(), num_producers=2)
+    list(DataLoader(ds, batch_size=4, num_workers=1, collate_fn=pad_collate))
+    list(ds)  # here: stats() describes this epoch
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert ds.stats().yielded == 8
+
+
+@pytest.mark.timeout(120)
+def test_the_warning_also_comes_with_spawned_workers():
+    # Spawned workers get the shared counter as they start (Windows and macOS start workers this way).
+    ds = BufferedDataset(fake_paths(8), IndexDecoder(), num_producers=2)
+    loader = DataLoader(ds, batch_size=4, num_workers=1, collate_fn=pad_collate, multiprocessing_context="spawn")
+    assert sorted(i for batch in loader for i in batch["index"].tolist()) == list(range(8))
+    with pytest.warns(UserWarning, match="ran in DataLoader worker processes"):
+        ds.state_dict()

@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from audiobuffer import AudioDecoder, BufferedDataset, DecodeError, StallError
+from audiobuffer import AudioDecoder, BufferedDataset, DecodeError, SampleError, StallError
 from helpers import JOIN_TIMEOUT, IndexDecoder, audiobuffer_threads, fake_paths, wait_no_threads, write_tone
 
 
@@ -35,6 +35,30 @@ def test_a_stalled_producer_becomes_a_clear_error():
     finally:
         decoder.gate.set()  # the stuck call returns; the producer then sees the stop and ends
     assert got == [0, 1, 2]
+    assert not wait_no_threads()
+
+
+class Exiting:
+    """A decoder that raises a ``BaseException`` on one item (a library calling ``sys.exit``, say)."""
+
+    def __init__(self, index, exc_type):
+        self.index, self.exc_type = index, exc_type
+
+    def __call__(self, item):
+        if item.index == self.index:
+            raise self.exc_type("decoder gave up")
+        return {"index": item.index}
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+@pytest.mark.parametrize("exc_type", [SystemExit, KeyboardInterrupt, GeneratorExit])
+def test_a_base_exception_in_a_decoder_names_the_file_and_item(exc_type, on_error):
+    ds = BufferedDataset(fake_paths(10), Exiting(4, exc_type), num_producers=2, on_error=on_error)
+    with pytest.raises(SampleError, match=rf"producer audiobuffer-producer-\d crashed on item 4 "
+                                          rf"\('/nonexistent/item_00004\.wav'\): {exc_type.__name__}: decoder gave up") as info:
+        list(ds)
+    assert (info.value.index, info.value.path) == (4, "/nonexistent/item_00004.wav")
+    assert isinstance(info.value.__cause__, exc_type)
     assert not wait_no_threads()
 
 

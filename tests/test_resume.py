@@ -1,5 +1,7 @@
 """Mid-epoch resume: BufferedDataset.state_dict() / load_state_dict()."""
 
+import base64
+import json
 import pickle
 
 import pytest
@@ -134,6 +136,59 @@ def test_another_source_is_refused():
     (lambda s: {**s, "consumed": b"\x00"}, "consumed must be"),
 ])
 def test_malformed_state_is_refused(mangle, message):
+    state = saved_after(dataset(), 3)
+    with pytest.raises(ResumeError, match=message):
+        dataset().load_state_dict(mangle(state))
+
+
+# -- a state for a JSON sidecar (issue 9, item 17) -------------------------------------------------
+
+@pytest.mark.parametrize("ordered", [False, True])
+@pytest.mark.parametrize("k", [0, 17, 60])
+def test_state_goes_through_json(ordered, k):
+    ds = dataset(ordered=ordered)
+    ds.set_epoch(1)
+    it = iter(ds)
+    first = take(it, k)
+    state = json.loads(json.dumps(ds.state_dict()))  # no bytes: plain JSON types only
+    it.close()
+    assert isinstance(state[BufferedDataset.STATE_CONSUMED], str)
+    again = dataset(ordered=ordered)
+    again.load_state_dict(state)
+    rest = [s["index"] for s in again]
+    assert sorted(first + rest) == list(range(60)) and not set(first) & set(rest)
+    if ordered:
+        assert first + rest == epoch_order(60, shuffle=True, seed=3, epoch=1).tolist()
+
+
+def test_state_before_any_epoch_goes_through_json():
+    state = json.loads(json.dumps(dataset().state_dict()))
+    again = dataset()
+    again.load_state_dict(state)
+    assert len(list(again)) == 60
+
+
+def test_format_1_state_with_bytes_still_loads():
+    # As saved by earlier versions: version 1, the consumed bitmap as bytes.
+    ds = BufferedDataset(fake_paths(10), IndexDecoder(), num_producers=2)
+    old = {"version": 1, "epoch": 4, "seed": 0, "shuffle": False, "rank": 0, "world_size": 1, "even_shards": "pad",
+           "source_fingerprint": ds.source.fingerprint(), "items": 10, "consumed": b"\xe1\x00"}  # 0, 1, 2 and 7
+    ds.load_state_dict(old)
+    assert ds.epoch == 4
+    assert sorted(s["index"] for s in ds) == [3, 4, 5, 6, 8, 9]
+    # Converted by a JSON round trip of the new form, the same state loads too.
+    fresh = BufferedDataset(fake_paths(10), IndexDecoder(), num_producers=2)
+    fresh.load_state_dict({**old, "version": 2, "consumed": base64.b64encode(b"\xe1\x00").decode()})
+    assert sorted(s["index"] for s in fresh) == [3, 4, 5, 6, 8, 9]
+
+
+@pytest.mark.parametrize("mangle, message", [
+    (lambda s: {**s, "consumed": "not base64!"}, "consumed must be a base64 string"),
+    (lambda s: {**s, "consumed": 7}, "consumed must be a base64 string"),
+    (lambda s: {**s, "consumed": "AAAA"}, "consumed must be a bitmap of 8 bytes for 60 items, got 3 bytes"),
+    (lambda s: {**s, "items": "60"}, "items must be None or an integer"),
+])
+def test_malformed_json_state_is_refused(mangle, message):
     state = saved_after(dataset(), 3)
     with pytest.raises(ResumeError, match=message):
         dataset().load_state_dict(mangle(state))

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from audiobuffer import Source, SourceError
-from audiobuffer.sources import epoch_order, shard
+from audiobuffer.sources import AUDIO_PATTERNS, epoch_order, shard
 from helpers import make_corpus
 
 
@@ -141,3 +141,63 @@ def test_shards_cover_each_item_once(n, count):
     assert sorted(sum(parts, [])) == list(range(n))
     with pytest.raises(ValueError):
         shard(order, count, count)
+
+
+# -- manifests as users write them (issue 9, item 12) ---------------------------------------------
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv", ".jsonl"])
+def test_manifest_with_a_utf8_byte_order_mark(corpus, suffix):
+    # Spreadsheet programs save "CSV UTF-8" with a BOM; it is not part of the first column's name.
+    root, paths = corpus
+    if suffix == ".jsonl":
+        text = "".join(json.dumps({"path": str(p), "speaker": f"spk{i % 2}"}) + "\n" for i, p in enumerate(paths))
+    else:
+        sep = "," if suffix == ".csv" else "\t"
+        text = f"path{sep}speaker\n" + "".join(f"{p}{sep}spk{i % 2}\n" for i, p in enumerate(paths))
+    manifest = root / f"bom{suffix}"
+    manifest.write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
+    source = Source(manifest, labels="speaker")
+    assert source.paths == [str(p) for p in paths]
+    assert source.classes == ["spk0", "spk1"] and source.item(1).fields == {"speaker": "spk1"}
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
+def test_nul_in_a_manifest_path_is_rejected(tmp_path, suffix):
+    manifest = tmp_path / f"m{suffix}"
+    if suffix == ".csv":
+        manifest.write_text("path\na.wav\nb.wav\x00.txt\n")
+    else:
+        manifest.write_text(json.dumps({"path": "a.wav"}) + "\n" + json.dumps({"path": "b.wav\x00.txt"}) + "\n")
+    with pytest.raises(SourceError, match=r"row 2: the path 'b\.wav\\x00\.txt' holds a NUL character"):
+        Source(manifest)
+
+
+def test_nul_in_a_listed_path_is_rejected():
+    with pytest.raises(SourceError, match=r"entry 1: the path 'b\.wav\\x00x' holds a NUL character"):
+        Source(["a.wav", "b.wav\x00x"])
+
+
+def test_labels_that_are_not_a_column_list_the_columns(corpus):
+    root, paths = corpus
+    manifest = root / "m.csv"
+    manifest.write_text("path,speaker\n" + "".join(f"{p},spk{i % 2}\n" for i, p in enumerate(paths)))
+    with pytest.raises(SourceError, match=r"labels='speakr' is not a column of the manifest; its columns are "
+                                          r"\['path', 'speaker'\]"):
+        Source(manifest, labels="speakr")
+    # A regular expression is still one; when it matches nothing, the error lists the columns too.
+    assert Source(manifest, labels=r"^(\d+)_").classes == ["0", "1", "2"]
+    assert Source(manifest, labels=re.compile("wav")).classes == ["wav"]
+    with pytest.raises(SourceError, match=r"does not match the label expression '\^spk\.'.*its columns are "
+                                          r"\['path', 'speaker'\]"):
+        Source(manifest, labels="^spk.")
+    # Directories and lists keep taking a string as a regular expression.
+    assert Source(root, labels="wav").classes == ["wav"]
+
+
+def test_repr(corpus, tmp_path):
+    root, paths = corpus
+    assert repr(Source(root, labels="parent")) == f"Source({str(root)!r} (patterns {list(AUDIO_PATTERNS)}), items=6, classes=3)"
+    assert repr(Source([str(p) for p in paths[:2]])) == "Source(a list of 2 paths, items=2)"
+    manifest = root / "m.csv"
+    manifest.write_text("path\n" + "".join(f"{p}\n" for p in paths))
+    assert repr(Source(manifest)) == f"Source(manifest {str(manifest)!r}, items=6)"
