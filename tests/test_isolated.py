@@ -55,9 +55,11 @@ def wait_gone(pid: int, timeout: float) -> bool:
 def nothing_left_behind():
     """Every test ends with no child process and no new shared-memory segment."""
     before = segments()
+    # Children from before the test (multiprocessing's resource tracker, once some test used spawn) stay.
+    older = {p.pid for p in psutil.Process().children(recursive=True)}
     yield
     deadline = time.monotonic() + JOIN_TIMEOUT
-    children = psutil.Process().children(recursive=True)
+    children = [p for p in psutil.Process().children(recursive=True) if p.pid not in older]
     gone, alive = psutil.wait_procs(children, timeout=max(0.0, deadline - time.monotonic()))
     assert not alive, f"child processes left: {[p.pid for p in alive]}"
     # A segment is named after the process that made it (ab_<pid>_...). One left by a process that has
