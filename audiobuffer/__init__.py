@@ -36,6 +36,7 @@ _EXPORTS = {
     "IMAGE_PATTERNS": ".sources",
     "ImageDecoder": ".decoders",
     "IsolatedLoader": ".isolated",
+    "ProducerError": ".errors",
     "ResumeError": ".errors",
     "SampleError": ".errors",
     "SlotStats": ".slots",
@@ -48,7 +49,37 @@ _EXPORTS = {
     "payload_nbytes": ".buffer",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "AUDIO_PATTERNS",
+    "AudioBufferError",
+    "AudioDecoder",
+    "BatchSlotLoader",
+    "Buffer",
+    "BufferClosed",
+    "BufferStats",
+    "BufferedDataset",
+    "ConfigError",
+    "DatasetStats",
+    "DecodeError",
+    "DevicePrefetcher",
+    "DeviceTensorLoader",
+    "HelperError",
+    "IMAGE_PATTERNS",
+    "ImageDecoder",
+    "IsolatedLoader",
+    "ProducerError",
+    "ResumeError",
+    "SampleError",
+    "SlotStats",
+    "Source",
+    "SourceError",
+    "StallError",
+    "StorageError",
+    "WorkItem",
+    "pad_collate",
+    "payload_nbytes",
+]
+assert set(__all__) == set(_EXPORTS), "__all__ and _EXPORTS name the same things"
 
 
 def __getattr__(name: str) -> Any:
@@ -76,6 +107,7 @@ if TYPE_CHECKING:
         ConfigError,
         DecodeError,
         HelperError,
+        ProducerError,
         ResumeError,
         SampleError,
         SourceError,

@@ -13,7 +13,9 @@ elsewhere.
 
 Start. The trainer sends ``("setup", sys_path, spec_bytes)``; the helper puts the trainer's
 ``sys.path`` in place (so the user's modules import as they do in the trainer), unpickles the spec and
-answers ``("ready", info)`` or ``("error", text)``.
+answers ``("ready", info)`` or ``("error", text)``. With ``background`` (the default) it lowers its own
+scheduling priority (``nice 10``, or below-normal on Windows): its producers use the cores the trainer
+leaves idle, and a Python-bound training step is not slowed by decoding on a machine with few cores.
 
 Epochs. ``("epoch", gen, args)`` starts an epoch in a thread of its own (generation ``gen`` tags every
 message of it, so nothing of an abandoned epoch is mistaken for the next one's). The epoch thread runs
@@ -53,9 +55,6 @@ from .errors import BufferClosed, StallError
 
 #: Seconds the helper gives its producers to stop before it exits anyway.
 EXIT_GRACE = 1.0
-
-logger = logging.getLogger("audiobuffer.helper")
-
 
 class Channel:
     """Pickled frames over a pair of binary streams; :meth:`send` is thread-safe."""
@@ -306,6 +305,22 @@ class Helper:
         self.slots.unlink_all()
 
 
+def _lower_priority() -> None:
+    """Run below the trainer's priority: on a machine with few cores, the scheduler then gives a busy
+    training thread its core first and the producers the rest (NOTE [ Helper process lifecycle ], Start)."""
+    try:
+        if os.name == "nt":
+            import ctypes
+
+            below_normal = 0x4000  # BELOW_NORMAL_PRIORITY_CLASS
+            kernel32 = ctypes.windll.kernel32  # type: ignore[attr-defined]
+            kernel32.SetPriorityClass(kernel32.GetCurrentProcess(), below_normal)
+        else:
+            os.nice(10)
+    except (OSError, AttributeError):  # not allowed, or not on this platform: run as the trainer runs
+        pass
+
+
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # NOTE [ Helper process lifecycle ], Exit
     channel = Channel(sys.stdin.buffer, sys.stdout.buffer)
@@ -322,6 +337,8 @@ def main() -> None:
 
             _common.TENSORS = False
             spec = pickle.loads(spec_bytes)
+            if spec["background"]:
+                _lower_priority()
             helper = Helper(channel, spec)
         except Exception as exc:
             channel.send(("error", -1, f"{type(exc).__name__}: {exc}", traceback.format_exc()))

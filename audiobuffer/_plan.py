@@ -23,7 +23,7 @@ import numpy as np
 
 from .errors import ResumeError
 
-__all__ = ["EpochPlan", "decode_state", "encode_state", "epoch_order", "even_out", "plan_epoch", "shard"]
+__all__ = ["EpochPlan", "decode_state", "encode_state", "epoch_order", "even_out", "plan_epoch", "shard", "shard_length"]
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,15 @@ def shard(order: np.ndarray, index: int, count: int) -> np.ndarray:
     if not 0 <= index < count:
         raise ValueError(f"shard index must be in [0, {count}), got {index}")
     return order[index::count]
+
+
+def shard_length(n: int, *, rank: int = 0, world_size: int = 1, even_shards: str | None = "pad") -> int:
+    """Items of rank ``rank`` per epoch (its DataLoader workers together), without planning the epoch."""
+    if world_size > 1 and even_shards == "pad":
+        return -(-n // world_size)
+    if world_size > 1 and even_shards == "drop":
+        return n // world_size
+    return len(range(rank, n, world_size))
 
 
 def plan_epoch(n: int, *, shuffle: bool, seed: int, epoch: int, rank: int = 0, world_size: int = 1,

@@ -21,12 +21,13 @@ feed lock and wakes producers waiting for their turn (ordered mode), aborts the 
 items and waking producers blocked in ``put`` with ``BufferClosed``), then joins every thread against
 one deadline of ``JOIN_TIMEOUT`` seconds. A producer checks the flag before taking each item, so it
 finishes at most the item in hand. A decoder that itself waits for the consumer (the batch slots'
-writer waits for a free slot) is woken by the pool's ``on_close`` callback, called once after the
-abort and before the join; without it such a producer would sit out the whole join. Threads are
+writer waits for a free slot) is woken by its ``stop_waiting()``, which the pool calls once after the
+abort and before the join (see NOTE [ Delivering decoders ]); without it such a producer would sit out
+the whole join. Threads are
 daemons: a decoder stuck in a system call cannot keep the interpreter alive, and ``close()`` logs a
 warning naming any thread that outlived the join. ``close()`` is idempotent and safe to call from any
 thread but a producer's own. :meth:`ProducerPool.stop` is the first half alone (flag, wake, abort,
-``on_close``; no join): a pool registers it with the cancel scope of the thread that builds it, so a
+``stop_waiting``; no join): a pool registers it with the cancel scope of the thread that builds it, so a
 ``DevicePrefetcher`` whose loop is left stops the pool its thread waits on, from the consumer's thread
 (NOTE [ Prefetch cancellation ] in ``audiobuffer/_cancel.py``). :meth:`ProducerPool.start` runs under
 the same protocol: if a thread cannot be started (``RuntimeError: can't start new thread``), it calls
@@ -73,10 +74,10 @@ from typing import Any, Callable, Iterator
 from ._cancel import on_cancel
 from ._checks import check_int, check_seconds
 from .buffer import Buffer, payload_nbytes
-from .errors import AudioBufferError, BufferClosed, SampleError, StallError
+from .errors import AudioBufferError, BufferClosed, ProducerError, SampleError, StallError
 from .sources import WorkItem
 
-__all__ = ["Failure", "JOIN_TIMEOUT", "NO_OUTPUT", "ProducerPool"]
+__all__ = ["DELIVERED", "Failure", "JOIN_TIMEOUT", "ProducerPool", "delivers_itself"]
 
 logger = logging.getLogger(__name__)
 
@@ -90,19 +91,48 @@ CHUNK_ITEMS = 16
 CHUNK_SECONDS = 0.002
 
 
-#: A decode result that puts nothing into the buffer (unordered pools only): the decoder has
-#: delivered its sample some other way (into a batch slot, say).
-NO_OUTPUT = object()
+# NOTE [ Delivering decoders ]
+# A decoder may hand its results to the consumer itself instead of returning one per item: the
+# batch slots' writer copies each sample into a row of a batch and returns a whole batch only for the
+# item that completes it. Such a decoder says so with a class attribute ``delivers_itself = True``
+# and has two duties:
+#   - it returns ``DELIVERED`` for an item whose result it keeps (nothing goes into the buffer);
+#   - it has a ``stop_waiting()`` method, which the pool calls once when it stops: the decoder may
+#     block on the consumer (a free slot), and only the consumer's side can wake it.
+# The pool runs it unordered (an ordered pool would wait for a result that never comes) and with
+# chunks of one (a producer holding a finished batch in its chunk while it waits for a free slot
+# could hold the very batch the consumer needs). BufferedDataset refuses ordered=True and a
+# transform with such a decoder (the transform would have no sample to apply to).
+
+
+class _Delivered:
+    """The type of :data:`DELIVERED`."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "DELIVERED"
+
+
+#: What a delivering decoder returns for an item whose result it keeps (NOTE [ Delivering decoders ]).
+DELIVERED = _Delivered()
+
+
+def delivers_itself(decode: Any) -> bool:
+    """Whether ``decode`` hands its results over itself (NOTE [ Delivering decoders ])."""
+    return getattr(decode, "delivers_itself", False) is True
 
 
 class Failure:
-    """An item a producer could not decode: stands in the buffer in the item's place."""
+    """An error travelling through a buffer in the place of what failed, so that the consumer meets it
+    in order, after what came before it: a producer's item that could not be decoded (with the item
+    and the producer's name), or a prefetch thread's loader error (``DevicePrefetcher``, no item)."""
 
-    __slots__ = ("item", "exc", "producer")
+    __slots__ = ("exc", "item", "producer")
 
-    def __init__(self, item: WorkItem, exc: Exception, producer: str) -> None:
-        self.item = item
+    def __init__(self, exc: BaseException, item: WorkItem | None = None, producer: str | None = None) -> None:
         self.exc = exc
+        self.item = item
         self.producer = producer
 
 
@@ -129,15 +159,12 @@ class ProducerPool:
         chunk_items: the most finished items a producer hands over at once; ``None``: up to
             ``CHUNK_ITEMS``, no more than its share of the buffer. Ordered pools use 1.
         name: the threads' name prefix (``{name}-{i}``).
-        on_close: called once by :meth:`close`, after the buffer is aborted and before the join, to
-            wake producers that wait inside ``decode`` for the consumer (see the NOTE, Early end).
     """
 
     def __init__(self, make_item: Callable[[int], WorkItem], count: int,
                  decode: Callable[[WorkItem], Any], buffer: Buffer, *, num_producers: int,
                  ordered: bool = False, warn_after: float | None = None, timeout: float | None = None,
-                 chunk_items: int | None = None, name: str = "audiobuffer-producer",
-                 on_close: Callable[[], None] | None = None) -> None:
+                 chunk_items: int | None = None, name: str = "audiobuffer-producer") -> None:
         check_int("count", count, 0)
         check_int("num_producers", num_producers, 1)
         if chunk_items is not None:
@@ -152,13 +179,17 @@ class ProducerPool:
         self._buffer = buffer
         self._ordered = ordered
         self._window = buffer.capacity
-        # Chunks no larger than a producer's share of the buffer; 1 in ordered mode (see the NOTE).
+        self._delivering = delivers_itself(decode)
+        if self._delivering and ordered:
+            raise ValueError(f"{decode!r} delivers its results itself and cannot run in an ordered pool "
+                             f"(NOTE [ Delivering decoders ])")
+        # Chunks no larger than a producer's share of the buffer; 1 in ordered mode and for a delivering
+        # decoder (see the NOTEs).
         if chunk_items is None:
             chunk_items = max(1, min(CHUNK_ITEMS, buffer.capacity // (2 * num_producers)))
-        self._chunk = 1 if ordered else chunk_items
+        self._chunk = 1 if ordered or self._delivering else chunk_items
         self._warn_after = warn_after
         self._timeout = timeout
-        self._on_close = on_close
         self._last_warning = -float("inf")
         self._current: list[tuple[str, float] | None] = [None] * num_producers  # (path, since) per producer
         # Feed state, guarded by _feed_lock.
@@ -216,8 +247,8 @@ class ProducerPool:
         if first:
             if not self._buffer.closed or len(self._buffer):
                 self._buffer.abort(BufferClosed("the producer pool was closed"))
-            if self._on_close is not None:
-                self._on_close()
+            if self._delivering:
+                self._decode.stop_waiting()  # wake producers waiting inside it for the consumer
 
     def close(self, timeout: float = JOIN_TIMEOUT) -> None:
         """Stop and join the producers; see NOTE [ Producer shutdown protocol ]. Idempotent."""
@@ -296,13 +327,13 @@ class ProducerPool:
                 try:
                     out: Any = self._decode(item)
                 except Exception as exc:  # reported to the consumer, which applies on_error
-                    out = Failure(item, exc, name)
+                    out = Failure(exc, item, name)
                 decoding = None  # a BaseException (SystemExit, KeyboardInterrupt, ...) leaves it set
                 self._current[slot] = None
                 end = time.perf_counter()
                 self._busy[slot] += end - start
                 self._decoded[slot] += 1
-                if out is NO_OUTPUT and not self._ordered:
+                if out is DELIVERED:
                     continue
                 if chunk_size == 1:
                     if self._max_bytes is not None and not self._admit(seq, out):
@@ -326,7 +357,7 @@ class ProducerPool:
                     f"producer {name} crashed on item {decoding.index} ({decoding.path!r}): "
                     f"{type(exc).__name__}: {exc}", path=decoding.path, index=decoding.index, producer=name)
             else:
-                err = AudioBufferError(f"producer {name} crashed: {type(exc).__name__}: {exc}")
+                err = ProducerError(f"producer {name} crashed: {type(exc).__name__}: {exc}")
             err.__cause__ = exc
             buffer.abort(err)
         finally:

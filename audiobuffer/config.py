@@ -568,19 +568,25 @@ def build_dataset(config: PipelineConfig, *, source: Any = None, shuffle: Option
     """
     from .dataset import BufferedDataset
 
-    buf = config.buffer
     source = source if source is not None else build_source(config)
     decoder = build_decoder(config)
     try:
-        return BufferedDataset(source, decoder, num_producers=buf.producers, buffer_size=buf.capacity,
-                               max_bytes=buf.max_bytes, shuffle=config.loader.shuffle if shuffle is None else shuffle,
-                               seed=config.seed, ordered=buf.ordered if ordered is None else ordered,
-                               on_error=buf.on_error, warn_after=buf.warn_after, timeout=buf.timeout,
-                               even_shards=buf.even_shards, rank=rank, world_size=world_size)
+        return BufferedDataset(source, decoder, **_loader_options(config, shuffle, ordered, rank, world_size))
     except SourceError as exc:
         raise source_error(config, exc) from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{config.origin}: {exc}") from None
+
+
+def _loader_options(config: PipelineConfig, shuffle: Optional[bool], ordered: Optional[bool], rank: Optional[int],
+                    world_size: Optional[int]) -> dict[str, Any]:
+    """The keywords every loader takes (``LoaderOptions``' fields), from the config's sections."""
+    buf = config.buffer
+    return dict(num_producers=buf.producers, buffer_size=buf.capacity, max_bytes=buf.max_bytes,
+                shuffle=config.loader.shuffle if shuffle is None else shuffle, seed=config.seed,
+                ordered=buf.ordered if ordered is None else ordered, on_error=buf.on_error,
+                warn_after=buf.warn_after, timeout=buf.timeout, even_shards=buf.even_shards, rank=rank,
+                world_size=world_size)
 
 
 def build_isolated(config: PipelineConfig, *, source: Any = None, shuffle: Optional[bool] = None,
@@ -598,18 +604,14 @@ def build_isolated(config: PipelineConfig, *, source: Any = None, shuffle: Optio
 
     from .isolated import IsolatedLoader
 
-    buf, load = config.buffer, config.loader
+    load = config.loader
     source = source if source is not None else build_source(config)
     decoder = build_decoder(config)
     try:
         return IsolatedLoader(source, decoder, batch_size=load.batch_size, drop_last=load.drop_last,
                               pin_memory=load.pin_memory and torch.cuda.is_available(),
                               key="audio" if config.decode.kind == "audio" else "image",
-                              num_producers=buf.producers, buffer_size=buf.capacity, max_bytes=buf.max_bytes,
-                              shuffle=load.shuffle if shuffle is None else shuffle, seed=config.seed,
-                              ordered=buf.ordered if ordered is None else ordered, on_error=buf.on_error,
-                              warn_after=buf.warn_after, timeout=buf.timeout, even_shards=buf.even_shards,
-                              rank=rank, world_size=world_size)
+                              **_loader_options(config, shuffle, ordered, rank, world_size))
     except SourceError as exc:
         raise source_error(config, exc) from None
     except (TypeError, ValueError) as exc:

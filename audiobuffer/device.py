@@ -23,6 +23,7 @@ from typing import Any, Iterable, Iterator, Optional, Union
 import torch
 
 from ._cancel import CancelScope, cancel_scope, on_cancel
+from ._producers import Failure
 from .buffer import Buffer
 from .errors import BufferClosed
 
@@ -34,16 +35,6 @@ logger = logging.getLogger(__name__)
 JOIN_TIMEOUT = 10.0
 #: Seconds leaving a loop waits for the prefetch thread before leaving it to end on its own.
 LEAVE_TIMEOUT = 1.0
-_END = object()  # the prefetch thread's end-of-epoch marker
-
-
-class _Raise:
-    """An exception from the loader, queued behind the batches that came before it."""
-
-    __slots__ = ("exc",)
-
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
 
 
 def resolve_device(device: Union[str, torch.device]) -> torch.device:
@@ -188,10 +179,8 @@ class DevicePrefetcher:
                 try:
                     item = run.buffer.get()
                 except BufferClosed:
-                    return
-                if item is _END:
-                    return
-                if item.__class__ is _Raise:
+                    return  # the loader's epoch is over (the prefetch thread closed the buffer) or stopped
+                if item.__class__ is Failure:
                     raise item.exc
                 batch, event = item
                 if consumer is not None:
@@ -229,12 +218,12 @@ class DevicePrefetcher:
                     del host
                     buffer.put((moved, event))
                 else:
-                    buffer.put(_END)
+                    buffer.close()  # the end: the consumer drains what is left, then stops
         except BufferClosed:
             pass  # the consumer has gone
         except BaseException as exc:  # reaches the consumer after the batches before it
             try:
-                buffer.put(_Raise(exc))
+                buffer.put(Failure(exc))
             except BufferClosed:
                 pass
         finally:

@@ -12,11 +12,19 @@ following python-soundfile's ``SoundFileRuntimeError`` pattern::
     ├── StallError (+ TimeoutError)   no sample came within the dataset's timeout
     ├── StorageError (+ OSError)      a file or object missing, forbidden, or failing after the retries
     ├── HelperError                   the isolated loader's helper process failed to start, crashed or died
+    ├── ProducerError                 a producer thread crashed outside any decode (a bug, a failed thread)
     └── SampleError                   one work item could not be turned into a sample
         └── DecodeError               ... because its file could not be decoded
 
 A :class:`SampleError` raised in a producer thread reaches the consumer chained (``raise ... from``)
-to the original exception, and names the file, its index and the producer that failed.
+to the original exception, and names the file, its index and the producer that failed; so does a
+``BaseException`` (``SystemExit``, ``KeyboardInterrupt``) escaping a decoder.
+
+Builtins raised as they are: ``TypeError`` and ``ValueError`` for a constructor argument of the wrong
+type or value (the message names the option, the value and what is allowed); ``TimeoutError`` when a
+``Buffer`` wait with a timeout runs out; ``RuntimeError`` for a ``ProducerPool`` started twice or a
+``BatchSlotLoader`` iterated while an epoch of it still runs; and whatever a user's decoder, transform or
+collate raises, chained inside a :class:`SampleError`.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ __all__ = [
     "ConfigError",
     "DecodeError",
     "HelperError",
+    "ProducerError",
     "ResumeError",
     "SampleError",
     "SourceError",
@@ -92,6 +101,10 @@ class HelperError(AudioBufferError):
 
     The message says what happened (the exit code or signal, or the helper's own error and traceback).
     """
+
+
+class ProducerError(AudioBufferError):
+    """A producer thread crashed outside any decode; the message names the producer, the cause is chained."""
 
 
 class SampleError(AudioBufferError):

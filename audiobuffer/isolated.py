@@ -270,6 +270,8 @@ class IsolatedLoader:
         pin_memory: copy batches into pinned memory; ``"auto"``: when CUDA is available.
         key: the sample key padded into the batch (as ``pad_collate``'s ``key``).
         slot_bytes: the bytes each slot starts with (a larger batch grows its slot).
+        background: run the helper at a lower scheduling priority (``nice 10``; below normal on
+            Windows), so that it decodes on the cores the trainer leaves idle.
         Other keywords: as for :class:`~audiobuffer.BufferedDataset` (``num_producers``, ``buffer_size``,
             ``max_bytes``, ``shuffle``, ``seed``, ``ordered``, ``on_error``, ``transform``, ``labels``,
             ``patterns``, ``path_column``, ``rank``, ``world_size``, ``even_shards``, ``warn_after``,
@@ -282,7 +284,7 @@ class IsolatedLoader:
 
     def __init__(self, source: SourceSpec | Source, decoder: Callable[[WorkItem], Any], *, batch_size: int,
                  drop_last: bool = False, num_slots: int = 4, pin_memory: bool | str = "auto", key: str = "audio",
-                 slot_bytes: int = DEFAULT_SLOT_BYTES, **options: Any) -> None:
+                 slot_bytes: int = DEFAULT_SLOT_BYTES, background: bool = True, **options: Any) -> None:
         for name, value, least in (("batch_size", batch_size, 1), ("num_slots", num_slots, 2),
                                    ("slot_bytes", slot_bytes, 1)):
             if isinstance(value, bool) or not isinstance(value, int):
@@ -308,7 +310,7 @@ class IsolatedLoader:
             "shuffle": ds.shuffle, "seed": ds.seed, "ordered": ds.ordered, "on_error": ds.on_error,
             "even_shards": ds.even_shards, "warn_after": ds.warn_after, "timeout": ds.timeout,
             "batch_size": batch_size, "drop_last": self.drop_last, "num_slots": num_slots,
-            "slot_bytes": slot_bytes, "key": key,
+            "slot_bytes": slot_bytes, "key": key, "background": bool(background),
         }
         _pickle_by_reference(ds.decoder, "decoder")
         if ds.transform is not None:

@@ -38,9 +38,9 @@ NOTE [ Slots across epochs ]
 ============================
 A slot is free, handed out (its batch may still be held), or busy: being filled, full on its way to
 the buffer, or waiting in it. However an epoch ends (run out, loop left, an exception, ``close()``),
-the producer pool's close aborts the buffer (dropping the full slots in it), calls its ``on_close``
-callback, :meth:`_SlotWriter.stop`, which wakes producers waiting for a slot, and joins them
-(NOTE [ Producer shutdown protocol ] in ``_producers.py``). The loader then returns every busy slot
+the producer pool's close aborts the buffer (dropping the full slots in it), calls
+:meth:`_SlotWriter.stop_waiting`, which wakes producers waiting for a slot, and joins them
+(NOTE [ Producer shutdown protocol ] and NOTE [ Delivering decoders ] in ``_producers.py``). The loader then returns every busy slot
 to the free list, so the next epoch starts with all of them. Each epoch has a generation number: a
 producer that outlived the join (a decoder stuck past ``JOIN_TIMEOUT``) carries the old one and gets
 no row in a later epoch, and a slot with a row still being written at the end is forgotten, not reused.
@@ -49,18 +49,18 @@ no row in a later epoch, and a slot with a row still being written at the end is
 from __future__ import annotations
 
 import dataclasses
-import functools
 import threading
 from collections import deque
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Literal, Optional, Tuple, Union
 
 import numpy as np
 import torch
 
-from ._producers import NO_OUTPUT
-from .dataset import BufferedDataset, DatasetStats, ErrorPolicy, EvenShards
+from ._checks import check_choice, check_int
+from ._producers import DELIVERED
+from .dataset import BufferedDataset, DatasetStats
 from .errors import BufferClosed, SampleError
-from .sources import AUDIO_PATTERNS, LabelSpec, Source, SourceSpec, WorkItem
+from .sources import Source, SourceSpec, WorkItem
 
 __all__ = ["BatchSlotLoader", "SlotStats"]
 
@@ -230,8 +230,12 @@ class SlotStats:
 class _SlotWriter:
     """The decoder the producers run: decode, convert, then write into a slot row.
 
-    See NOTE [ Slot reuse safety ], NOTE [ Slot rows ] and NOTE [ Slots across epochs ].
+    It delivers whole batches itself (NOTE [ Delivering decoders ] in ``_producers.py``): it returns
+    the slot for the item that completes it and ``DELIVERED`` for the others. See also NOTE [ Slot
+    reuse safety ], NOTE [ Slot rows ] and NOTE [ Slots across epochs ].
     """
+
+    delivers_itself = True
 
     def __init__(self, decoder: Callable[[WorkItem], Any], transform: Optional[Callable[[Any], Any]],
                  batch_size: int, num_slots: int, pin: bool, stats: SlotStats) -> None:
@@ -292,7 +296,7 @@ class _SlotWriter:
         with self._cond:
             slot.written += 1
             done = slot.written == self.batch_size
-        return slot if done else NO_OUTPUT
+        return slot if done else DELIVERED
 
     def _set_layout(self, sample: Dict[str, Any]) -> None:
         """The slot's columns, from the first sample (lock held); "lengths" as ``pad_collate`` makes it."""
@@ -386,12 +390,15 @@ class _SlotWriter:
             self._closed = False
             return self._generation
 
-    def stop(self, generation: int) -> None:
-        """The producer pool's ``on_close``: wake producers of this epoch waiting for a slot."""
+    def stop_waiting(self) -> None:
+        """Wake producers of the running epoch that wait for a slot: the pool is stopping.
+
+        The pool calls it (NOTE [ Delivering decoders ] in ``_producers.py``) before joining its
+        threads; :meth:`end_epoch` opens the next generation only after that join.
+        """
         with self._cond:
-            if generation == self._generation:
-                self._closed = True
-                self._cond.notify_all()
+            self._closed = True
+            self._cond.notify_all()
 
     def end_epoch(self) -> None:
         """Every busy slot back to the free list, once the epoch's producers are joined.
@@ -454,25 +461,25 @@ class BatchSlotLoader:
         num_slots: slots owned at a time (at least 2; more lets producers run further ahead).
         drop_last: drop the last, short batch of an epoch.
         pin_memory: ``"auto"`` pins when CUDA is available.
-        Other arguments: as for :class:`~audiobuffer.BufferedDataset` (samples are always unordered).
+        transform: applied to each sample before it is written into its row.
+        Other keywords: as for :class:`~audiobuffer.BufferedDataset` (``num_producers``, ``shuffle``,
+            ``seed``, ``on_error``, ``labels``, ...), but not ``buffer_size`` (``num_slots`` sizes the
+            buffer) or ``ordered`` (rows come as producers finish).
     """
 
     def __init__(self, source: Union[SourceSpec, Source], decoder: Callable[[WorkItem], Any], *, batch_size: int,
                  num_slots: int = 4, drop_last: bool = False, pin_memory: Union[bool, str] = "auto",
-                 num_producers: Optional[int] = None, shuffle: bool = False, seed: int = 0,
-                 on_error: ErrorPolicy = "raise", transform: Optional[Callable[[Any], Any]] = None,
-                 labels: LabelSpec = None, patterns: Sequence[str] = AUDIO_PATTERNS, path_column: str = "path",
-                 rank: Optional[int] = None, world_size: Optional[int] = None, even_shards: EvenShards = "pad",
-                 warn_after: Optional[float] = None, timeout: Optional[float] = None) -> None:
-        for name, value, least in (("batch_size", batch_size, 1), ("num_slots", num_slots, 2)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
-        if pin_memory not in ("auto", True, False):
-            raise ValueError(f"pin_memory must be 'auto', True or False, got {pin_memory!r}")
+                 transform: Optional[Callable[[Any], Any]] = None, **options: Any) -> None:
+        check_int("batch_size", batch_size, 1)
+        check_int("num_slots", num_slots, 2)
+        check_choice("pin_memory", pin_memory, Literal["auto", True, False])
         if not callable(decoder):
             raise TypeError(f"decoder must be callable (WorkItem -> sample), got {decoder!r}")
         if transform is not None and not callable(transform):
             raise TypeError(f"transform must be None or callable, got {transform!r}")
+        for name, why in (("buffer_size", "num_slots sizes it"), ("ordered", "rows come as producers finish")):
+            if name in options:
+                raise TypeError(f"BatchSlotLoader takes no {name}: {why}")
         pin = torch.cuda.is_available() if pin_memory == "auto" else bool(pin_memory)
         self.batch_size = batch_size
         self.num_slots = num_slots
@@ -481,13 +488,8 @@ class BatchSlotLoader:
         self.slot_stats = SlotStats()
         self._writer = _SlotWriter(decoder, transform, batch_size, num_slots, pin, self.slot_stats)
         # The slots cover the buffer: producers never hold more complete slots than there are.
-        self.dataset = BufferedDataset(
-            source, self._writer, num_producers=num_producers, buffer_size=num_slots, shuffle=shuffle, seed=seed,
-            ordered=False, on_error=on_error, labels=labels, patterns=patterns, path_column=path_column, rank=rank,
-            world_size=world_size, even_shards=even_shards, warn_after=warn_after, timeout=timeout)
-        # The writer waits for free slots, which only the consumer releases: a producer must hand
-        # each full slot over at once (NOTE [ Producer shutdown protocol ], Chunks).
-        self.dataset._chunk_items = 1
+        # The writer delivers whole batches itself (NOTE [ Delivering decoders ] in _producers.py).
+        self.dataset = BufferedDataset(source, self._writer, buffer_size=num_slots, **options)
         self._lock = threading.Lock()
         self._running = False
         self._rows = 0  # samples handed out in the current (or last) epoch
@@ -530,9 +532,8 @@ class BatchSlotLoader:
             self._running = True
         try:
             writer = self._writer
-            generation = writer.begin_epoch()
+            writer.begin_epoch()
             self._rows = 0
-            self.dataset._on_pool_close = functools.partial(writer.stop, generation)
             epoch = iter(self.dataset)
             try:
                 for slot in epoch:

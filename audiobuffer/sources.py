@@ -1,8 +1,8 @@
-"""Where the work items come from: files, manifests, labels, and each epoch's order and shard.
+"""Where the work items come from: files, manifests and labels.
 
 A :class:`Source` is built once (listing a directory or reading a manifest, resolving labels) and is
-immutable afterwards. Each epoch draws an order from it (:func:`epoch_order`), keeps its shard
-(:func:`shard`), and turns indices into :class:`WorkItem` objects as producers ask for them.
+immutable afterwards. Each epoch's order and shard come from ``_plan.plan_epoch``; the source turns
+their indices into :class:`WorkItem` objects as producers ask for them.
 """
 
 from __future__ import annotations
@@ -27,9 +27,7 @@ __all__ = [
     "Source",
     "SourceSpec",
     "WorkItem",
-    "epoch_order",
-    "even_out",
-    "shard",
+    "as_source",
 ]
 
 #: Glob patterns a directory source matches by default: the audio containers libsndfile reads.
@@ -298,32 +296,18 @@ def _label_str(value: Any) -> str | None:
     return None if value is None or value == "" else str(value)
 
 
-def epoch_order(n: int, *, shuffle: bool, seed: int, epoch: int) -> np.ndarray:
-    """The order of the source's ``n`` indices for ``epoch``: a permutation seeded by ``seed + epoch``.
+def as_source(source: SourceSpec | Source, *, patterns: Sequence[str], labels: LabelSpec, path_column: str,
+              explicit_patterns: Sequence[str] | None = None) -> Source:
+    """``source`` itself if it is a :class:`Source`, else the :class:`Source` it describes.
 
-    Every rank and worker computes the same order, so their shards are disjoint.
+    ``labels``, ``patterns`` (``explicit_patterns``, as the caller was given them) and ``path_column``
+    describe how to list a source: with a ready ``Source`` they would be ignored, so they are refused.
     """
-    if not shuffle:
-        return np.arange(n, dtype=np.int64)
-    return np.random.default_rng(seed + epoch).permutation(n)
-
-
-def even_out(order: np.ndarray, count: int, mode: str) -> np.ndarray:
-    """``order`` made divisible by ``count``: ``"pad"`` repeats items from its start, ``"drop"`` cuts the rest.
-
-    So that ``count`` ranks get the same number of items and none waits forever in a collective.
-    """
-    n = len(order)
-    if mode == "pad":
-        total = -(-n // count) * count
-        return np.resize(order, total) if total != n else order  # np.resize repeats cyclically
-    if mode == "drop":
-        return order[: n // count * count]
-    raise ValueError(f"even_shards must be 'pad', 'drop' or None, got {mode!r}")
-
-
-def shard(order: np.ndarray, index: int, count: int) -> np.ndarray:
-    """The ``index``-th of ``count`` interleaved shards of ``order`` (every item in exactly one)."""
-    if not 0 <= index < count:
-        raise ValueError(f"shard index must be in [0, {count}), got {index}")
-    return order[index::count]
+    if not isinstance(source, Source):
+        return Source(source, patterns=patterns, labels=labels, path_column=path_column)
+    given = [name for name, value, default in (("labels", labels, None), ("patterns", explicit_patterns, None),
+                                               ("path_column", path_column, "path")) if value != default]
+    if given:
+        raise ValueError(f"{', '.join(given)} describe how to list a source; give them to Source(...), not together "
+                         f"with a ready Source")
+    return source

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from audiobuffer import AudioDecoder, BufferedDataset, DecodeError, SampleError, pad_collate
-from audiobuffer.sources import epoch_order
+from audiobuffer._plan import epoch_order
 from helpers import JOIN_TIMEOUT, IndexDecoder, audiobuffer_threads, fake_paths, make_corpus, wait_no_threads
 
 

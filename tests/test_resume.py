@@ -8,7 +8,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from audiobuffer import BufferedDataset, ResumeError, pad_collate
-from audiobuffer.sources import epoch_order
+from audiobuffer._plan import epoch_order
 from helpers import IndexDecoder, fake_paths, wait_no_threads
 
 

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from audiobuffer import Source, SourceError
-from audiobuffer.sources import AUDIO_PATTERNS, epoch_order, shard
+from audiobuffer._plan import epoch_order, shard
+from audiobuffer.sources import AUDIO_PATTERNS
 from helpers import make_corpus
 
 

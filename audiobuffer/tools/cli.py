@@ -23,7 +23,7 @@ from .report import write_json
 
 __all__ = ["main"]
 
-logger = logging.getLogger("audiobuffer")
+logger = logging.getLogger(__name__)
 
 
 def _parser() -> argparse.ArgumentParser:
