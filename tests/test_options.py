@@ -1,0 +1,87 @@
+"""LoaderOptions, the options every loader validates once, and the hooks a loader may rely on."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from audiobuffer import BatchSlotLoader, BufferedDataset, Source
+from audiobuffer._options import LoaderOptions
+from audiobuffer._producers import DELIVERED, ProducerPool, delivers_itself
+from audiobuffer.buffer import Buffer
+from helpers import IndexDecoder, fake_paths
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(num_producers=0), ValueError, "num_producers must be an integer in"),
+    (dict(num_producers="eight"), TypeError, "num_producers must be an integer"),
+    (dict(buffer_size=0), ValueError, "buffer_size must be an integer in"),
+    (dict(seed=-1), ValueError, "seed must be an integer in"),
+    (dict(shuffle="yes"), TypeError, "shuffle must be True or False"),
+    (dict(on_error="ignore"), ValueError, "on_error must be one of 'raise', 'warn', 'skip', got 'ignore'"),
+    (dict(even_shards="even"), ValueError, "even_shards must be one of 'pad', 'drop', None"),
+    (dict(rank=1), ValueError, "give rank and world_size together"),
+    (dict(rank=2, world_size=2), ValueError, r"rank must be an integer in \[0, 1\]"),
+    (dict(timeout=0), ValueError, "timeout must be None or a number of seconds > 0"),
+    (dict(warn_after=math.nan), ValueError, "warn_after must be None or a number of seconds > 0"),
+    (dict(transform=3), TypeError, "transform must be None or callable"),
+])
+def test_every_loader_refuses_the_same_bad_options(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        LoaderOptions(**kwargs)
+    with pytest.raises(error, match=match):
+        BufferedDataset(fake_paths(4), IndexDecoder(), **kwargs)
+    if "buffer_size" not in kwargs:  # BatchSlotLoader sizes its buffer by num_slots
+        with pytest.raises(error, match=match):
+            BatchSlotLoader(fake_paths(4), IndexDecoder(), batch_size=2, **kwargs)
+
+
+def test_infinite_waits_mean_no_limit():
+    assert LoaderOptions(timeout=math.inf, warn_after=None).timeout == math.inf
+
+
+def test_listing_options_with_a_ready_source_are_refused(tmp_path):
+    source = Source(fake_paths(4))
+    for kwargs in (dict(labels="parent"), dict(patterns=["*.wav"]), dict(path_column="file")):
+        with pytest.raises(ValueError, match=f"{next(iter(kwargs))} describe how to list a source"):
+            BufferedDataset(source, IndexDecoder(), **kwargs)
+    assert BufferedDataset(source, IndexDecoder()).source is source
+
+
+class Delivering:
+    """A decoder that delivers its results itself (NOTE [ Delivering decoders ])."""
+
+    delivers_itself = True
+
+    def __init__(self):
+        self.stopped = 0
+
+    def __call__(self, item):
+        return DELIVERED
+
+    def stop_waiting(self):
+        self.stopped += 1
+
+
+def test_a_delivering_decoder_runs_unordered_with_chunks_of_one_and_is_told_to_stop():
+    decoder = Delivering()
+    assert delivers_itself(decoder) and not delivers_itself(IndexDecoder())
+    with pytest.raises(ValueError, match="cannot run in an ordered pool"):
+        ProducerPool(lambda seq: None, 4, decoder, Buffer(4), num_producers=1, ordered=True)
+    pool = ProducerPool(lambda seq: Source(fake_paths(4)).item(seq), 4, decoder, Buffer(4), num_producers=2)
+    assert pool._chunk == 1
+    pool.start()
+    assert list(pool) == []  # every result delivered elsewhere: nothing comes through the buffer
+    pool.close()
+    pool.close()
+    assert decoder.stopped == 1  # once, however often the pool is closed
+
+
+def test_a_dataset_refuses_what_a_delivering_decoder_cannot_do():
+    with pytest.raises(ValueError, match="delivers its samples itself"):
+        BufferedDataset(fake_paths(4), Delivering(), ordered=True)
+    with pytest.raises(ValueError, match="delivers its samples itself"):
+        BufferedDataset(fake_paths(4), Delivering(), transform=lambda s: s)
+    with pytest.raises(TypeError, match="BatchSlotLoader takes no ordered"):
+        BatchSlotLoader(fake_paths(4), IndexDecoder(), batch_size=2, ordered=True)
