@@ -14,7 +14,7 @@ import torch
 
 from ._batch import collate_numpy
 
-__all__ = ["pad_collate"]
+__all__ = ["image_collate", "pad_collate"]
 
 
 def pad_collate(samples: Sequence[Mapping[str, Any]], *, key: str = "audio",
@@ -47,4 +47,11 @@ def pad_collate(samples: Sequence[Mapping[str, Any]], *, key: str = "audio",
         elif isinstance(value[0], torch.Tensor) and all(
                 isinstance(v, torch.Tensor) and v.shape == value[0].shape for v in value):
             batch[name] = torch.stack(value)  # GPU tensors or tensors that require grad
+    return batch
+
+
+def image_collate(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Stack fixed-size images (``ImageDecoder`` samples): ``pad_collate`` on ``"image"``, without ``lengths``."""
+    batch = pad_collate(samples, key="image")
+    batch.pop("lengths")
     return batch

@@ -26,13 +26,21 @@ import os
 import re
 from importlib import resources
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Literal, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Literal, Mapping, Optional, Sequence, Tuple, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from .collate import pad_collate
+from .collate import image_collate, pad_collate
 from .errors import ConfigError, SourceError
+
+if TYPE_CHECKING:  # for the build_* signatures; each build_* imports what it builds
+    from torch.utils.data import DataLoader
+
+    from .dataset import BufferedDataset
+    from .decoders import AudioDecoder, ImageDecoder
+    from .isolated import IsolatedLoader
+    from .sources import Source
 
 __all__ = [
     "PipelineConfig",
@@ -511,7 +519,7 @@ def source_error(config: PipelineConfig, exc: SourceError) -> ConfigError:
     return ConfigError(f"{config.origin}: {key}: {exc}")
 
 
-def build_decoder(config: PipelineConfig) -> Any:
+def build_decoder(config: PipelineConfig) -> AudioDecoder | ImageDecoder:
     """The decoder the ``decode`` section describes.
 
     Raises:
@@ -531,7 +539,7 @@ def build_decoder(config: PipelineConfig) -> Any:
         raise ConfigError(f"{config.origin}: decode: {exc}") from None
 
 
-def build_source(config: PipelineConfig) -> Any:
+def build_source(config: PipelineConfig) -> Source:
     """The :class:`~audiobuffer.Source` the ``source`` section describes.
 
     Raises:
@@ -553,7 +561,7 @@ def build_source(config: PipelineConfig) -> Any:
 
 def build_dataset(config: PipelineConfig, *, source: Any = None, shuffle: Optional[bool] = None,
                   ordered: Optional[bool] = None, rank: Optional[int] = None,
-                  world_size: Optional[int] = None) -> Any:
+                  world_size: Optional[int] = None) -> BufferedDataset:
     """The :class:`~audiobuffer.BufferedDataset` a config describes.
 
     Args:
@@ -591,7 +599,7 @@ def _loader_options(config: PipelineConfig, shuffle: Optional[bool], ordered: Op
 
 def build_isolated(config: PipelineConfig, *, source: Any = None, shuffle: Optional[bool] = None,
                    ordered: Optional[bool] = None, rank: Optional[int] = None,
-                   world_size: Optional[int] = None) -> Any:
+                   world_size: Optional[int] = None) -> IsolatedLoader:
     """The :class:`~audiobuffer.IsolatedLoader` a config with ``buffer.isolate: true`` describes.
 
     It yields batches itself (``loader.batch_size``, ``loader.drop_last``, ``loader.pin_memory``); the
@@ -618,22 +626,13 @@ def build_isolated(config: PipelineConfig, *, source: Any = None, shuffle: Optio
         raise ConfigError(f"{config.origin}: {exc}") from None
 
 
-def build_loader(config: PipelineConfig, dataset: Any) -> Any:
+def build_loader(config: PipelineConfig, dataset: BufferedDataset) -> DataLoader[Any]:
     """The ``DataLoader`` (``num_workers=0``) that batches ``dataset`` with :func:`~audiobuffer.pad_collate`."""
     import torch
     from torch.utils.data import DataLoader
 
-    collate = pad_collate if config.decode.kind == "audio" else _ImageCollate()
+    collate = pad_collate if config.decode.kind == "audio" else image_collate
     # Pinned memory only speeds up copies to a GPU; without one, DataLoader would only warn.
     pin = config.loader.pin_memory and torch.cuda.is_available()
     return DataLoader(dataset, batch_size=config.loader.batch_size, collate_fn=collate, pin_memory=pin,
                       drop_last=config.loader.drop_last, num_workers=0)
-
-
-class _ImageCollate:
-    """Stack fixed-size images (the padding path of pad_collate is for audio)."""
-
-    def __call__(self, samples: List[Dict[str, Any]]) -> Dict[str, Any]:
-        batch = pad_collate(samples, key="image")
-        batch.pop("lengths")
-        return batch
