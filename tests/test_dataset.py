@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
-from audiobuffer import AudioDecoder, BufferedDataset, DecodeError, SampleError, pad_collate
+from audiobuffer import AudioDecoder, BufferClosed, BufferedDataset, DecodeError, SampleError, pad_collate
 from audiobuffer._plan import epoch_order
 from helpers import JOIN_TIMEOUT, IndexDecoder, audiobuffer_threads, fake_paths, make_corpus, wait_no_threads
 
@@ -232,7 +232,7 @@ def test_close_from_another_thread_ends_the_loop():
     got = list(ds)  # blocked in get() until close() wakes it
     closer.join(JOIN_TIMEOUT)
     assert got == [] and ds.stats().done is False
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(BufferClosed, match="closed BufferedDataset"):
         list(ds)
 
 
