@@ -9,7 +9,8 @@ in a sample (from a user's decoder that made one) is read through its ``numpy()`
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

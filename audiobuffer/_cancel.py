@@ -38,13 +38,13 @@ import contextlib
 import contextvars
 import logging
 import threading
-from typing import Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
 
 __all__ = ["CancelScope", "cancel_scope", "on_cancel"]
 
 logger = logging.getLogger(__name__)
 
-_SCOPE: contextvars.ContextVar[Optional["CancelScope"]] = contextvars.ContextVar("audiobuffer_cancel_scope",
+_SCOPE: contextvars.ContextVar[CancelScope | None] = contextvars.ContextVar("audiobuffer_cancel_scope",
                                                                                   default=None)
 
 

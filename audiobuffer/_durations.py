@@ -21,9 +21,10 @@ import math
 import numbers
 import os
 import tempfile
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence, TypeGuard, Union
+from typing import Any, Literal, TypeGuard, Union
 
 import numpy as np
 import soundfile as sf

@@ -7,9 +7,10 @@ import logging
 import multiprocessing
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from multiprocessing.context import get_spawning_popen
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

@@ -8,8 +8,9 @@ dataclass's fields, checked here and nowhere else, so a new loader adds no copy 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, Callable, Literal, Optional, Sequence
+from typing import Any, Literal
 
 from ._checks import MAX_SEED, check_choice, check_int, check_seconds
 from .sources import LabelSpec
@@ -17,7 +18,7 @@ from .sources import LabelSpec
 __all__ = ["ErrorPolicy", "EvenShards", "LoaderOptions", "usable_cores"]
 
 ErrorPolicy = Literal["raise", "warn", "skip"]
-EvenShards = Optional[Literal["pad", "drop"]]
+EvenShards = Literal["pad", "drop"] | None
 #: The most producer threads a loader accepts.
 MAX_PRODUCERS = 1024
 #: The largest buffer (items).
@@ -41,22 +42,22 @@ class LoaderOptions:
         ValueError: a value out of range, or an unknown choice.
     """
 
-    num_producers: Optional[int] = None
+    num_producers: int | None = None
     buffer_size: int = 64
-    max_bytes: Optional[int] = None
+    max_bytes: int | None = None
     shuffle: bool = False
     seed: int = 0
     ordered: bool = False
     on_error: ErrorPolicy = "raise"
-    transform: Optional[Callable[[Any], Any]] = None
+    transform: Callable[[Any], Any] | None = None
     labels: LabelSpec = None
-    patterns: Optional[Sequence[str]] = None
+    patterns: Sequence[str] | None = None
     path_column: str = "path"
-    rank: Optional[int] = None
-    world_size: Optional[int] = None
+    rank: int | None = None
+    world_size: int | None = None
     even_shards: EvenShards = "pad"
-    warn_after: Optional[float] = None
-    timeout: Optional[float] = None
+    warn_after: float | None = None
+    timeout: float | None = None
 
     def __post_init__(self) -> None:
         if self.num_producers is not None:

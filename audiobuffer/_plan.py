@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
 from .errors import ResumeError
 
-__all__ = ["EpochPlan", "decode_state", "encode_state", "epoch_order", "even_out", "plan_epoch", "shard", "shard_length"]
+__all__ = ["EpochPlan", "decode_state", "encode_state", "epoch_order", "even_out", "plan_epoch", "shard",
+           "shard_length"]
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from ._cancel import on_cancel
 from ._checks import check_int, check_seconds

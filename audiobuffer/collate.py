@@ -7,7 +7,8 @@ the producer threads decode on (measured: a torch-op collate alone showed 198% C
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch

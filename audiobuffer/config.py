@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Literal, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
@@ -91,15 +92,15 @@ class _Section(BaseModel):
 class SourceConfig(_Section):
     """Where the files come from: exactly one of ``root``, ``manifest`` or ``files``."""
 
-    root: Optional[str] = None
-    manifest: Optional[str] = None
-    files: Optional[List[str]] = None
-    patterns: Optional[List[str]] = None
-    labels: Optional[str] = None
+    root: str | None = None
+    manifest: str | None = None
+    files: list[str] | None = None
+    patterns: list[str] | None = None
+    labels: str | None = None
     path_column: str = "path"
 
     @model_validator(mode="after")
-    def _one_kind(self) -> "SourceConfig":
+    def _one_kind(self) -> SourceConfig:
         given = [k for k in ("root", "manifest", "files") if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(f"give exactly one of root, manifest or files (got {given or 'none'})")
@@ -110,15 +111,15 @@ class DecodeConfig(_Section):
     """How a file becomes a sample: ``kind: audio`` (AudioDecoder) or ``kind: image`` (ImageDecoder)."""
 
     kind: Literal["audio", "image"] = "audio"
-    sample_rate: Optional[int] = Field(default=None, gt=0)
+    sample_rate: int | None = Field(default=None, gt=0)
     mono: bool = True
-    crop_seconds: Optional[float] = Field(default=None, gt=0, le=_MAX_SECONDS, allow_inf_nan=False,
+    crop_seconds: float | None = Field(default=None, gt=0, le=_MAX_SECONDS, allow_inf_nan=False,
                                           description="a number of seconds")
     crop: Literal["random", "start", "center"] = "random"
     pad: bool = True
     quality: Literal["QQ", "LQ", "MQ", "HQ", "VHQ"] = "HQ"
-    fallback: Optional[Literal["librosa"]] = "librosa"
-    size: Optional[Union[int, Tuple[int, int]]] = None
+    fallback: Literal["librosa"] | None = "librosa"
+    size: int | tuple[int, int] | None = None
     resample: Literal["nearest", "bilinear", "bicubic", "lanczos", "box", "hamming"] = "bilinear"
 
     @field_validator("size", mode="before")
@@ -127,7 +128,7 @@ class DecodeConfig(_Section):
         return tuple(value) if isinstance(value, list) else value
 
     @model_validator(mode="after")
-    def _fields_of_kind(self) -> "DecodeConfig":
+    def _fields_of_kind(self) -> DecodeConfig:
         audio_only = ("sample_rate", "crop_seconds")
         if self.kind == "image":
             wrong = [k for k in audio_only if getattr(self, k) is not None]
@@ -143,14 +144,14 @@ class BufferConfig(_Section):
 
     producers: int = Field(default=2, ge=1, le=_MAX_PRODUCERS)
     capacity: int = Field(default=64, ge=1)
-    max_bytes: Optional[int] = Field(default=None, ge=1)
+    max_bytes: int | None = Field(default=None, ge=1)
     ordered: bool = False
     on_error: Literal["raise", "warn", "skip"] = "raise"
-    warn_after: Optional[float] = Field(default=5.0, gt=0, le=_MAX_SECONDS, allow_inf_nan=False,
+    warn_after: float | None = Field(default=5.0, gt=0, le=_MAX_SECONDS, allow_inf_nan=False,
                                         description="a number of seconds")
-    timeout: Optional[float] = Field(default=None, gt=0, le=_MAX_SECONDS, allow_inf_nan=False,
+    timeout: float | None = Field(default=None, gt=0, le=_MAX_SECONDS, allow_inf_nan=False,
                                      description="a number of seconds")
-    even_shards: Optional[Literal["pad", "drop"]] = "pad"
+    even_shards: Literal["pad", "drop"] | None = "pad"
     isolate: bool = Field(default=False, description="run the producers in a helper process (IsolatedLoader)")
 
 
@@ -172,8 +173,8 @@ class TrainConfig(_Section):
     n_fft: int = Field(default=256, ge=16)
     hop_length: int = Field(default=80, ge=1)
     channels: int = Field(default=32, ge=1)
-    test_files: Optional[str] = None
-    checkpoint: Optional[str] = None
+    test_files: str | None = None
+    checkpoint: str | None = None
 
 
 _DEVICE_HELP = "'auto', 'cpu', 'cuda' or 'cuda:N'"
@@ -213,7 +214,7 @@ def _quote(value: Any, limit: int = _QUOTE_CHARS) -> str:
     The text is built piece by piece and the building stops at ``limit``, so a huge or recursive value
     (a YAML alias bomb: a few lines that expand to billions of strings) costs only its prefix.
     """
-    pieces: List[str] = []
+    pieces: list[str] = []
     size = 0
     for piece in _repr_pieces(value, limit):
         pieces.append(piece)
@@ -258,7 +259,7 @@ def _cut(text: str, limit: int = _QUOTE_CHARS) -> str:
 _UNION_HELP = {"decode.size": "must be an integer or a list [height, width] of two integers"}
 
 
-def _bounds(field: Any) -> List[str]:
+def _bounds(field: Any) -> list[str]:
     """The range a field's constraints allow, as ``['> 0', '<= 86400']``."""
     out = []
     for item in getattr(field, "metadata", ()):
@@ -269,15 +270,15 @@ def _bounds(field: Any) -> List[str]:
     return out
 
 
-def _locate(loc: Sequence[Any], model: type[BaseModel]) -> Tuple[List[str], Any, Optional[type[BaseModel]], bool]:
+def _locate(loc: Sequence[Any], model: type[BaseModel]) -> tuple[list[str], Any, type[BaseModel] | None, bool]:
     """Walk an error's location through the models: (key parts, the field, the section model, in a union).
 
     A location inside a union-typed field names the union member pydantic tried (``'tuple[int, int]'``);
     the walk stops there, so the key is the field's.
     """
-    parent: Optional[type[BaseModel]] = model
+    parent: type[BaseModel] | None = model
     field: Any = None
-    parts: List[str] = []
+    parts: list[str] = []
     for part in loc:
         if parent is not None and isinstance(part, str) and part in parent.model_fields:
             field = parent.model_fields[part]
@@ -291,7 +292,7 @@ def _locate(loc: Sequence[Any], model: type[BaseModel]) -> Tuple[List[str], Any,
     return parts, field, parent, False
 
 
-def _format_error(error: Mapping[str, Any], model: type[BaseModel]) -> Tuple[str, str]:
+def _format_error(error: Mapping[str, Any], model: type[BaseModel]) -> tuple[str, str]:
     """One pydantic error as (key path, 'key.path: what is wrong, got VALUE')."""
     parts, field, parent, union = _locate(error["loc"], model)
     key = ".".join(parts) or "(top level)"
@@ -314,8 +315,8 @@ def _format_error(error: Mapping[str, Any], model: type[BaseModel]) -> Tuple[str
 
 def _format_errors(exc: ValidationError, model: type[BaseModel]) -> str:
     """Every problem on one line: unknown keys grouped by section, at most ``_LISTED_ERRORS`` problems."""
-    lines: Dict[str, Any] = {}  # key -> its line, or a section's list of unknown keys
-    allowed: Dict[str, str] = {}
+    lines: dict[str, Any] = {}  # key -> its line, or a section's list of unknown keys
+    allowed: dict[str, str] = {}
     for error in exc.errors(include_url=False):
         if error["type"] == "extra_forbidden":
             parts, _, parent, _ = _locate(error["loc"], model)
@@ -364,7 +365,7 @@ def _resolve_raw_paths(data: Any, base: Path) -> None:
             node[key] = [_resolve_path(v, base) if isinstance(v, str) else v for v in value]
 
 
-def parse_config(data: Any, *, base_dir: Union[str, os.PathLike[str], None] = None,
+def parse_config(data: Any, *, base_dir: str | os.PathLike[str] | None = None,
                  origin: str = "config") -> PipelineConfig:
     """Validate a config dict; resolve relative paths against ``base_dir``; check the source exists.
 
@@ -389,7 +390,7 @@ def parse_config(data: Any, *, base_dir: Union[str, os.PathLike[str], None] = No
         where = f" (resolved to {_quote(resolved, 2 * _QUOTE_CHARS)})" if resolved != given else ""
         return ConfigError(f"{origin}: source.{key}: no such {what}, got {_quote(given, 2 * _QUOTE_CHARS)}{where}")
 
-    update: Dict[str, Any] = {}
+    update: dict[str, Any] = {}
     if src.root is not None:
         update["root"] = _resolve_path(src.root, base)
         if not Path(update["root"]).is_dir():
@@ -409,8 +410,8 @@ def parse_config(data: Any, *, base_dir: Union[str, os.PathLike[str], None] = No
     return config
 
 
-def apply_overrides(data: Dict[str, Any], overrides: Sequence[str], *,
-                    base_dir: Union[str, os.PathLike[str], None] = None) -> Dict[str, Any]:
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str], *,
+                    base_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """Apply ``key.path=value`` overrides (values parsed as YAML) to a raw config dict, in place.
 
     A relative path in an override (``source.root``, ``source.manifest``, ``source.files``,
@@ -467,7 +468,7 @@ def _yaml_problem(exc: BaseException) -> str:
     return " ".join(text.split())
 
 
-def load_config(path: Union[str, os.PathLike[str]], overrides: Sequence[str] = ()) -> PipelineConfig:
+def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> PipelineConfig:
     """Read, override and validate a YAML pipeline config.
 
     Relative paths in the file resolve against the file's folder; relative paths in ``overrides``
@@ -559,9 +560,9 @@ def build_source(config: PipelineConfig) -> Source:
         raise ConfigError(f"{config.origin}: source.labels: {exc}") from None
 
 
-def build_dataset(config: PipelineConfig, *, source: Any = None, shuffle: Optional[bool] = None,
-                  ordered: Optional[bool] = None, rank: Optional[int] = None,
-                  world_size: Optional[int] = None) -> BufferedDataset:
+def build_dataset(config: PipelineConfig, *, source: Any = None, shuffle: bool | None = None,
+                  ordered: bool | None = None, rank: int | None = None,
+                  world_size: int | None = None) -> BufferedDataset:
     """The :class:`~audiobuffer.BufferedDataset` a config describes.
 
     Args:
@@ -586,8 +587,8 @@ def build_dataset(config: PipelineConfig, *, source: Any = None, shuffle: Option
         raise ConfigError(f"{config.origin}: {exc}") from None
 
 
-def _loader_options(config: PipelineConfig, shuffle: Optional[bool], ordered: Optional[bool], rank: Optional[int],
-                    world_size: Optional[int]) -> dict[str, Any]:
+def _loader_options(config: PipelineConfig, shuffle: bool | None, ordered: bool | None, rank: int | None,
+                    world_size: int | None) -> dict[str, Any]:
     """The keywords every loader takes (``LoaderOptions``' fields), from the config's sections."""
     buf = config.buffer
     return dict(num_producers=buf.producers, buffer_size=buf.capacity, max_bytes=buf.max_bytes,
@@ -597,9 +598,9 @@ def _loader_options(config: PipelineConfig, shuffle: Optional[bool], ordered: Op
                 world_size=world_size)
 
 
-def build_isolated(config: PipelineConfig, *, source: Any = None, shuffle: Optional[bool] = None,
-                   ordered: Optional[bool] = None, rank: Optional[int] = None,
-                   world_size: Optional[int] = None) -> IsolatedLoader:
+def build_isolated(config: PipelineConfig, *, source: Any = None, shuffle: bool | None = None,
+                   ordered: bool | None = None, rank: int | None = None,
+                   world_size: int | None = None) -> IsolatedLoader:
     """The :class:`~audiobuffer.IsolatedLoader` a config with ``buffer.isolate: true`` describes.
 
     It yields batches itself (``loader.batch_size``, ``loader.drop_last``, ``loader.pin_memory``); the

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Iterator, Optional, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
@@ -107,14 +108,14 @@ class BufferedDataset(IterableDataset):
     STATE_CONSUMED = _plan.STATE_CONSUMED
 
     def __init__(self, source: SourceSpec | Source, decoder: Callable[[WorkItem], Any], *,
-                 num_producers: Optional[int] = None, buffer_size: int = 64,
-                 max_bytes: Optional[int] = None, shuffle: bool = False, seed: int = 0,
+                 num_producers: int | None = None, buffer_size: int = 64,
+                 max_bytes: int | None = None, shuffle: bool = False, seed: int = 0,
                  ordered: bool = False, on_error: ErrorPolicy = "raise",
-                 transform: Optional[Callable[[Any], Any]] = None, labels: LabelSpec = None,
-                 patterns: Optional[Sequence[str]] = None, path_column: str = "path",
-                 rank: Optional[int] = None, world_size: Optional[int] = None,
-                 even_shards: EvenShards = "pad", warn_after: Optional[float] = None,
-                 timeout: Optional[float] = None) -> None:
+                 transform: Callable[[Any], Any] | None = None, labels: LabelSpec = None,
+                 patterns: Sequence[str] | None = None, path_column: str = "path",
+                 rank: int | None = None, world_size: int | None = None,
+                 even_shards: EvenShards = "pad", warn_after: float | None = None,
+                 timeout: float | None = None) -> None:
         super().__init__()
         if not callable(decoder):
             raise TypeError(f"decoder must be callable (WorkItem -> sample), got {decoder!r}")
@@ -145,14 +146,14 @@ class BufferedDataset(IterableDataset):
         self._rank = rank
         self._world_size = world_size
         self._epoch = 0
-        self._resume: Optional[tuple[int, bytes]] = None  # (epoch, consumed) from load_state_dict
+        self._resume: tuple[int, bytes] | None = None  # (epoch, consumed) from load_state_dict
         self._worker_epochs = WorkerEpochs()
         self._init_runtime()
 
     def _init_runtime(self) -> None:
         self._lock = threading.Lock()
         self._running: set[EpochRun] = set()
-        self._last: Optional[EpochRun] = None
+        self._last: EpochRun | None = None
         self._closed = False
 
     def __getstate__(self) -> dict[str, Any]:
@@ -245,8 +246,9 @@ class BufferedDataset(IterableDataset):
 
         decode = self.decoder if self.transform is None else Compose(self.decoder, self.transform)
         buffer: Buffer[Any] = Buffer(self.buffer_size, max_bytes=self.max_bytes)
-        pool = ProducerPool(make_item, len(plan), decode, buffer, num_producers=min(self.num_producers, max(1, len(plan))),
-                            ordered=self.ordered, warn_after=self.warn_after, timeout=self.timeout)
+        pool = ProducerPool(make_item, len(plan), decode, buffer,
+                            num_producers=min(self.num_producers, max(1, len(plan))), ordered=self.ordered,
+                            warn_after=self.warn_after, timeout=self.timeout)
         epoch = EpochRun(number, rank, world_size, worker, num_workers, pool, buffer, bytearray(plan.consumed),
                          plan.positions)
         with self._lock:
@@ -259,7 +261,7 @@ class BufferedDataset(IterableDataset):
 
     # -- inspection and shutdown ---------------------------------------------------------------
 
-    def stats(self) -> Optional[DatasetStats]:
+    def stats(self) -> DatasetStats | None:
         """The current or last epoch's stats in this process, or ``None`` before the first epoch.
 
         With ``DataLoader(num_workers > 0)`` the epochs run in the worker processes, whose stats stay
@@ -302,7 +304,7 @@ class BufferedDataset(IterableDataset):
             self._worker_epochs.warn_if_elsewhere("state_dict()")
         with self._lock:
             last, resume = self._last, self._resume
-        consumed: Optional[bytes]
+        consumed: bytes | None
         if resume is not None:
             epoch, consumed = resume
         elif last is not None and last.number == self._epoch and last.worker == 0 and last.num_workers == 1:
@@ -331,7 +333,7 @@ class BufferedDataset(IterableDataset):
                 self.STATE_WORLD_SIZE: world_size, self.STATE_EVEN_SHARDS: self.even_shards,
                 self.STATE_SOURCE: self.source.fingerprint()}
 
-    def __enter__(self) -> "BufferedDataset":
+    def __enter__(self) -> BufferedDataset:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -18,7 +18,8 @@ import contextlib
 import logging
 import threading
 import time
-from typing import Any, Iterable, Iterator, Optional, Union
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 
@@ -37,7 +38,7 @@ JOIN_TIMEOUT = 10.0
 LEAVE_TIMEOUT = 1.0
 
 
-def resolve_device(device: Union[str, torch.device]) -> torch.device:
+def resolve_device(device: str | torch.device) -> torch.device:
     """``"auto"`` is CUDA when available, else the CPU; anything else goes to ``torch.device``.
 
     Raises:
@@ -81,7 +82,7 @@ class _Run:
     def __init__(self, queue_size: int) -> None:
         self.buffer: Buffer[Any] = Buffer(queue_size)
         self.scope = CancelScope()
-        self.thread: Optional[threading.Thread] = None
+        self.thread: threading.Thread | None = None
 
     @property
     def stopped(self) -> bool:
@@ -133,7 +134,7 @@ class DevicePrefetcher:
         queue_size: batches copied ahead (>= 1).
     """
 
-    def __init__(self, loader: Iterable[Any], device: Union[str, torch.device], *, queue_size: int = 2) -> None:
+    def __init__(self, loader: Iterable[Any], device: str | torch.device, *, queue_size: int = 2) -> None:
         if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 1:
             raise ValueError(f"queue_size must be an integer >= 1, got {queue_size!r}")
         self.loader = loader
@@ -196,7 +197,7 @@ class DevicePrefetcher:
             else:
                 logger.debug("the prefetch thread ends once the loader's current batch arrives")
 
-    def _fill(self, run: _Run, side: Optional[torch.cuda.Stream]) -> None:
+    def _fill(self, run: _Run, side: torch.cuda.Stream | None) -> None:
         """The prefetch thread: read the loader, copy each batch, hand it over; see the module docstring."""
         device, buffer = self.device, run.buffer
         copy = (lambda t: _pin(t).to(device, non_blocking=True)) if side is not None else (
@@ -256,18 +257,18 @@ class DevicePrefetcher:
             run.stop()
         self._join_left(JOIN_TIMEOUT)
 
-    def __enter__(self) -> "DevicePrefetcher":
+    def __enter__(self) -> DevicePrefetcher:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 
-def _on_stream(stream: Optional[torch.cuda.Stream]) -> Any:
+def _on_stream(stream: torch.cuda.Stream | None) -> Any:
     return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
 
 
-def _copy_done(stream: Optional[torch.cuda.Stream]) -> Optional[torch.cuda.Event]:
+def _copy_done(stream: torch.cuda.Stream | None) -> torch.cuda.Event | None:
     """An event recorded on ``stream`` after the copies just queued there (``None`` on the CPU)."""
     if stream is None:
         return None
@@ -308,14 +309,15 @@ class DeviceTensorLoader:
     """
 
     def __init__(self, *tensors: torch.Tensor, batch_size: int, shuffle: bool = True, drop_last: bool = False,
-                 device: Union[str, torch.device] = "auto", seed: int = 0) -> None:
+                 device: str | torch.device = "auto", seed: int = 0) -> None:
         if not tensors:
             raise ValueError("DeviceTensorLoader needs at least one tensor")
         if not all(isinstance(t, torch.Tensor) for t in tensors):
             raise TypeError(f"DeviceTensorLoader takes tensors, got {[type(t).__name__ for t in tensors]}")
         sizes = {t.shape[0] if t.dim() else None for t in tensors}
         if len(sizes) != 1 or None in sizes:
-            raise ValueError(f"tensors must share their first dimension, got shapes {[tuple(t.shape) for t in tensors]}")
+            shapes = [tuple(t.shape) for t in tensors]
+            raise ValueError(f"tensors must share their first dimension, got shapes {shapes}")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         self.device = resolve_device(device)

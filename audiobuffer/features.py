@@ -12,7 +12,7 @@ mel scale and normalisation), and the tests check the output against librosa.
 from __future__ import annotations
 
 import math
-from typing import Literal, Optional
+from typing import Literal
 
 import numpy as np
 import torch
@@ -50,8 +50,8 @@ def _mel_to_hz(mels: np.ndarray, htk: bool) -> np.ndarray:
 
 
 def mel_filterbank(sample_rate: int, n_fft: int, n_mels: int = 128, *, f_min: float = 0.0,
-                   f_max: Optional[float] = None, htk: bool = False,
-                   norm: Optional[Literal["slaney"]] = "slaney") -> np.ndarray:
+                   f_max: float | None = None, htk: bool = False,
+                   norm: Literal["slaney"] | None = "slaney") -> np.ndarray:
     """Triangular mel filters, ``(n_mels, n_fft // 2 + 1)`` float64, as ``librosa.filters.mel`` makes them."""
     f_max = sample_rate / 2.0 if f_max is None else f_max
     if not 0 <= f_min < f_max <= sample_rate / 2.0:
@@ -85,8 +85,8 @@ class Spectrogram(nn.Module):
     ``lengths`` in samples and returns the lengths in frames.
     """
 
-    def __init__(self, n_fft: int = 2048, *, hop_length: Optional[int] = None,
-                 win_length: Optional[int] = None, power: float = 1.0, center: bool = True) -> None:
+    def __init__(self, n_fft: int = 2048, *, hop_length: int | None = None,
+                 win_length: int | None = None, power: float = 1.0, center: bool = True) -> None:
         super().__init__()
         self.n_fft = n_fft
         self.hop_length = hop_length if hop_length is not None else n_fft // 4
@@ -101,8 +101,8 @@ class Spectrogram(nn.Module):
             return 1 + torch.div(lengths, self.hop_length, rounding_mode="floor")
         return 1 + torch.div(lengths - self.n_fft, self.hop_length, rounding_mode="floor")
 
-    def forward(self, audio: torch.Tensor, lengths: Optional[torch.Tensor] = None
-                ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def forward(self, audio: torch.Tensor, lengths: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The spectrogram of each waveform in the batch.
 
         Args:
@@ -134,18 +134,18 @@ class MelSpectrogram(nn.Module):
     Input ``(..., T)``; output ``(..., n_mels, frames)`` and the lengths in frames.
     """
 
-    def __init__(self, sample_rate: int, n_fft: int = 2048, *, hop_length: Optional[int] = None,
-                 win_length: Optional[int] = None, n_mels: int = 128, f_min: float = 0.0,
-                 f_max: Optional[float] = None, power: float = 2.0, center: bool = True,
-                 htk: bool = False, norm: Optional[Literal["slaney"]] = "slaney") -> None:
+    def __init__(self, sample_rate: int, n_fft: int = 2048, *, hop_length: int | None = None,
+                 win_length: int | None = None, n_mels: int = 128, f_min: float = 0.0,
+                 f_max: float | None = None, power: float = 2.0, center: bool = True,
+                 htk: bool = False, norm: Literal["slaney"] | None = "slaney") -> None:
         super().__init__()
         self.spectrogram = Spectrogram(n_fft, hop_length=hop_length, win_length=win_length, power=power,
                                        center=center)
         bank = mel_filterbank(sample_rate, n_fft, n_mels, f_min=f_min, f_max=f_max, htk=htk, norm=norm)
         self.register_buffer("filters", torch.from_numpy(bank.astype(np.float32)), persistent=False)
 
-    def forward(self, audio: torch.Tensor, lengths: Optional[torch.Tensor] = None
-                ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def forward(self, audio: torch.Tensor, lengths: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The mel spectrogram of each waveform in the batch.
 
         Args:
@@ -175,13 +175,13 @@ class LogMel(MelSpectrogram):
     """
 
     def __init__(self, sample_rate: int, n_fft: int = 2048, *, amin: float = 1e-10,
-                 top_db: Optional[float] = None, **kwargs: object) -> None:
+                 top_db: float | None = None, **kwargs: object) -> None:
         super().__init__(sample_rate, n_fft, **kwargs)  # type: ignore[arg-type]
         self.amin = amin
         self.top_db = top_db
 
-    def forward(self, audio: torch.Tensor, lengths: Optional[torch.Tensor] = None
-                ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def forward(self, audio: torch.Tensor, lengths: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The log-mel spectrogram of each waveform in the batch, in decibels.
 
         Args:

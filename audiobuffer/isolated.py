@@ -24,8 +24,9 @@ import threading
 import time
 import types
 import weakref
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -612,7 +613,7 @@ class IsolatedLoader:
         """Whether :meth:`close` was called."""
         return self._closed
 
-    def __enter__(self) -> "IsolatedLoader":
+    def __enter__(self) -> IsolatedLoader:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -40,9 +40,10 @@ import json
 import os
 import re
 import tarfile
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 import numpy as np
 
@@ -376,7 +377,8 @@ class _ShardWriter:
         self._tar = None
         name = shard_name(len(self.shards))
         partial = self.out / (name + _PARTIAL)
-        with tarfile.open(partial, "r:", encoding=_ENCODING, errors=_ERRORS) as tar:  # offsets as a tar reader sees them
+        # offsets as a tar reader sees them
+        with tarfile.open(partial, "r:", encoding=_ENCODING, errors=_ERRORS) as tar:
             offsets = {info.name: info.offset_data for info in tar}
         for entry in self._pending:
             entry["offset"] = offsets[entry["member"]]

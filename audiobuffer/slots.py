@@ -40,10 +40,10 @@ A slot is free, handed out (its batch may still be held), or busy: being filled,
 the buffer, or waiting in it. However an epoch ends (run out, loop left, an exception, ``close()``),
 the producer pool's close aborts the buffer (dropping the full slots in it), calls
 :meth:`_SlotWriter.stop_waiting`, which wakes producers waiting for a slot, and joins them
-(NOTE [ Producer shutdown protocol ] and NOTE [ Delivering decoders ] in ``_producers.py``). The loader then returns every busy slot
-to the free list, so the next epoch starts with all of them. Each epoch has a generation number: a
-producer that outlived the join (a decoder stuck past ``JOIN_TIMEOUT``) carries the old one and gets
-no row in a later epoch, and a slot with a row still being written at the end is forgotten, not reused.
+(NOTE [ Producer shutdown protocol ] and NOTE [ Delivering decoders ] in ``_producers.py``). The loader then
+returns every busy slot to the free list, so the next epoch starts with all of them. Each epoch has a
+generation number: a producer that outlived the join (a decoder stuck past ``JOIN_TIMEOUT``) carries the old one and
+gets no row in a later epoch, and a slot with a row still being written at the end is forgotten, not reused.
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections import deque
-from typing import Any, Callable, Dict, Iterator, List, Literal, Optional, Tuple, Union
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -64,7 +65,7 @@ from .sources import Source, SourceSpec, WorkItem
 
 __all__ = ["BatchSlotLoader", "SlotStats"]
 
-_use_count: Optional[Callable[[Any], int]] = getattr(torch._C, "_storage_Use_Count", None)
+_use_count: Callable[[Any], int] | None = getattr(torch._C, "_storage_Use_Count", None)
 
 
 def _storage_refs(tensor: torch.Tensor) -> int:
@@ -78,11 +79,11 @@ class _Field:
 
     __slots__ = ("key", "shape", "dtype", "np_dtype")
 
-    def __init__(self, key: str, shape: Optional[Tuple[int, ...]], dtype: Optional[torch.dtype]) -> None:
+    def __init__(self, key: str, shape: tuple[int, ...] | None, dtype: torch.dtype | None) -> None:
         self.key = key
         self.shape = shape  # None: kept in a list
         self.dtype = dtype
-        self.np_dtype: Optional[np.dtype] = None
+        self.np_dtype: np.dtype | None = None
         if dtype is not None:
             try:
                 self.np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
@@ -91,7 +92,7 @@ class _Field:
                                   f"dtype): convert it in the decoder or a transform") from exc
 
 
-def _layout(sample: Dict[str, Any]) -> List[_Field]:
+def _layout(sample: dict[str, Any]) -> list[_Field]:
     fields = []
     for key, value in sample.items():
         if isinstance(value, torch.Tensor):
@@ -121,7 +122,7 @@ def _describe(value: Any) -> str:
     return f"{text[:40] + '...' if len(text) > 40 else text} ({type(value).__name__})"
 
 
-def _convert(sample: Dict[str, Any], fields: List[_Field], item: WorkItem) -> List[Any]:
+def _convert(sample: dict[str, Any], fields: list[_Field], item: WorkItem) -> list[Any]:
     """The sample's values, each converted to its column's dtype and checked against its shape.
 
     Raises :class:`SampleError` naming the key, the value and the file for a sample that does not
@@ -129,7 +130,8 @@ def _convert(sample: Dict[str, Any], fields: List[_Field], item: WorkItem) -> Li
     """
     if len(sample) != len(fields) or any(f.key not in sample for f in fields):
         raise SampleError(f"sample keys {sorted(sample)} in {item.path!r} differ from the batch slot's "
-                          f"{sorted(f.key for f in fields)} (set by the first sample): every sample needs the same keys",
+                          f"{sorted(f.key for f in fields)} (set by the first sample): "
+                          "every sample needs the same keys",
                           path=item.path, index=item.index)
     values = []
     for f in fields:
@@ -142,7 +144,7 @@ def _convert(sample: Dict[str, Any], fields: List[_Field], item: WorkItem) -> Li
             array = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
         except (TypeError, ValueError, RuntimeError) as exc:  # ragged lists, dtypes numpy has not
             array = None
-            cause: Optional[BaseException] = exc
+            cause: BaseException | None = exc
         else:
             cause = None
         if array is None or array.dtype.kind not in _FITS.get(dtype.kind, dtype.kind):
@@ -177,10 +179,10 @@ class _RowWriteFailed(BaseException):
 class _Slot:
     """One batch: tensors ``(batch_size, *shape)``, their numpy views, lists, and fill counts."""
 
-    def __init__(self, fields: List[_Field], batch_size: int, pin: bool) -> None:
-        self.tensors: Dict[str, torch.Tensor] = {}
-        self.arrays: Dict[str, np.ndarray] = {}
-        self.lists: Dict[str, List[Any]] = {}
+    def __init__(self, fields: list[_Field], batch_size: int, pin: bool) -> None:
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.arrays: dict[str, np.ndarray] = {}
+        self.lists: dict[str, list[Any]] = {}
         for f in fields:
             if f.shape is None:
                 self.lists[f.key] = [None] * batch_size
@@ -195,8 +197,8 @@ class _Slot:
     def referenced(self) -> bool:
         return any(_storage_refs(t) > self.baseline[k] for k, t in self.tensors.items())
 
-    def batch(self, rows: int) -> Dict[str, Any]:
-        out: Dict[str, Any] = {k: t[:rows] for k, t in self.tensors.items()}
+    def batch(self, rows: int) -> dict[str, Any]:
+        out: dict[str, Any] = {k: t[:rows] for k, t in self.tensors.items()}
         out.update((k, v[:rows]) for k, v in self.lists.items())
         return out
 
@@ -219,7 +221,7 @@ class SlotStats:
         self.batches = 0
         self.samples = 0
 
-    def as_dict(self) -> Dict[str, int]:
+    def as_dict(self) -> dict[str, int]:
         return dict(allocated=self.allocated, reused=self.reused, retired=self.retired, batches=self.batches,
                     samples=self.samples)
 
@@ -237,7 +239,7 @@ class _SlotWriter:
 
     delivers_itself = True
 
-    def __init__(self, decoder: Callable[[WorkItem], Any], transform: Optional[Callable[[Any], Any]],
+    def __init__(self, decoder: Callable[[WorkItem], Any], transform: Callable[[Any], Any] | None,
                  batch_size: int, num_slots: int, pin: bool, stats: SlotStats) -> None:
         self.decoder = decoder
         self.transform = transform
@@ -245,16 +247,16 @@ class _SlotWriter:
         self.num_slots = num_slots
         self.pin = pin
         self.stats = stats
-        self.fields: Optional[List[_Field]] = None  # the samples' keys, set by the first sample
-        self._columns: List[_Field] = []  # the slot's: the fields and a derived "lengths"
-        self._lengths_from: Optional[int] = None  # "lengths" copies this field (num_frames) ...
-        self._lengths_const: Optional[np.ndarray] = None  # ... or is this constant (the audio's length)
+        self.fields: list[_Field] | None = None  # the samples' keys, set by the first sample
+        self._columns: list[_Field] = []  # the slot's: the fields and a derived "lengths"
+        self._lengths_from: int | None = None  # "lengths" copies this field (num_frames) ...
+        self._lengths_const: np.ndarray | None = None  # ... or is this constant (the audio's length)
         self._cond = threading.Condition(threading.Lock())
-        self._slots: List[_Slot] = []  # every slot owned: free, handed out or busy
-        self._free: List[_Slot] = []
+        self._slots: list[_Slot] = []  # every slot owned: free, handed out or busy
+        self._free: list[_Slot] = []
         self._handed: deque[_Slot] = deque()
         self._busy = 0  # slots being filled, full on their way to the consumer, or in the buffer
-        self._filling: Optional[_Slot] = None
+        self._filling: _Slot | None = None
         self._closed = False
         self._generation = 0  # one per epoch: NOTE [ Slots across epochs ]
 
@@ -298,7 +300,7 @@ class _SlotWriter:
             done = slot.written == self.batch_size
         return slot if done else DELIVERED
 
-    def _set_layout(self, sample: Dict[str, Any]) -> None:
+    def _set_layout(self, sample: dict[str, Any]) -> None:
         """The slot's columns, from the first sample (lock held); "lengths" as ``pad_collate`` makes it."""
         fields = _layout(sample)
         columns = list(fields)
@@ -358,7 +360,7 @@ class _SlotWriter:
 
     # -- consumer side -------------------------------------------------------------------------
 
-    def hand_out(self, slot: _Slot, rows: int) -> Dict[str, Any]:
+    def hand_out(self, slot: _Slot, rows: int) -> dict[str, Any]:
         with self._cond:
             # The batch's views exist before a producer woken here can look for a free slot: made
             # after the lock, the slot would look unreferenced and could be refilled under them.
@@ -377,7 +379,7 @@ class _SlotWriter:
             if len(self._free) > before:
                 self._cond.notify_all()
 
-    def take_partial(self) -> Optional[_Slot]:
+    def take_partial(self) -> _Slot | None:
         """The slot left part-filled at the end of an epoch (its claimed rows are all written by then)."""
         with self._cond:
             slot, self._filling = self._filling, None
@@ -467,9 +469,9 @@ class BatchSlotLoader:
             buffer) or ``ordered`` (rows come as producers finish).
     """
 
-    def __init__(self, source: Union[SourceSpec, Source], decoder: Callable[[WorkItem], Any], *, batch_size: int,
-                 num_slots: int = 4, drop_last: bool = False, pin_memory: Union[bool, str] = "auto",
-                 transform: Optional[Callable[[Any], Any]] = None, **options: Any) -> None:
+    def __init__(self, source: SourceSpec | Source, decoder: Callable[[WorkItem], Any], *, batch_size: int,
+                 num_slots: int = 4, drop_last: bool = False, pin_memory: bool | str = "auto",
+                 transform: Callable[[Any], Any] | None = None, **options: Any) -> None:
         check_int("batch_size", batch_size, 1)
         check_int("num_slots", num_slots, 2)
         check_choice("pin_memory", pin_memory, Literal["auto", True, False])
@@ -506,14 +508,14 @@ class BatchSlotLoader:
                 f"on_error={ds.on_error!r})")
 
     @property
-    def classes(self) -> List[str]:
+    def classes(self) -> list[str]:
         return self.dataset.classes
 
     def set_epoch(self, epoch: int) -> None:
         """As :meth:`BufferedDataset.set_epoch`."""
         self.dataset.set_epoch(epoch)
 
-    def stats(self) -> Optional[DatasetStats]:
+    def stats(self) -> DatasetStats | None:
         """The current or last epoch's stats, as :meth:`BufferedDataset.stats` gives them.
 
         ``yielded`` counts samples (rows handed out) and ``failed`` the items that failed, so at the
@@ -524,7 +526,7 @@ class BatchSlotLoader:
         stats = self.dataset.stats()
         return None if stats is None else dataclasses.replace(stats, yielded=self._rows)
 
-    def __iter__(self) -> Iterator[Dict[str, Any]]:
+    def __iter__(self) -> Iterator[dict[str, Any]]:
         with self._lock:
             if self._running:
                 raise RuntimeError("this BatchSlotLoader is already running an epoch (an iterator neither exhausted "
@@ -559,7 +561,7 @@ class BatchSlotLoader:
         self.dataset.close()
         self._writer.close()
 
-    def __enter__(self) -> "BatchSlotLoader":
+    def __enter__(self) -> BatchSlotLoader:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

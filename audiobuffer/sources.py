@@ -12,9 +12,10 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Hashable, Mapping, Sequence, Union
+from typing import Any, Union
 
 import numpy as np
 
@@ -170,7 +171,7 @@ class Source:
             fingerprint = self.__dict__["_fingerprint"] = f"{len(self.paths)}:{digest.hexdigest()[:16]}"
         return fingerprint
 
-    def subset(self, indices: Sequence[int]) -> "Source":
+    def subset(self, indices: Sequence[int]) -> Source:
         """A source of the files at ``indices``, keeping this source's classes (so label indices agree).
 
         Use it to split one source into train and test sets.
@@ -286,7 +287,8 @@ def _resolve_labels(labels: LabelSpec, paths: list[str], fields: list[dict[str, 
     for p in paths:
         match = pattern.search(os.path.basename(p))
         if match is None:
-            hint = f" (labels is not a column of the manifest either; its columns are {columns})" if fields is not None else ""
+            hint = (f" (labels is not a column of the manifest either; its columns are {columns})"
+                    if fields is not None else "")
             raise SourceError(f"file {p!r} does not match the label expression {pattern.pattern!r}{hint}")
         names.append(match.group(1) if pattern.groups else match.group(0))
     return names

@@ -38,8 +38,9 @@ import posixpath
 import re
 import threading
 import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Callable, Iterable, Mapping, Sequence, TypeVar, Union
+from typing import Any, BinaryIO, TypeVar
 
 from .errors import SourceError, StorageError
 
@@ -110,7 +111,7 @@ class Retry:
 
 
 #: What the ``retry=`` options take: a :class:`Retry`, a mapping of its fields (from YAML), or ``None``.
-RetrySpec = Union[Retry, Mapping[str, Any], None]
+RetrySpec = Retry | Mapping[str, Any] | None
 
 
 def as_retry(retry: RetrySpec) -> Retry:
@@ -249,7 +250,7 @@ def _numeric_range(first: str, last: str, pattern: str) -> list[str]:
     return out
 
 
-def expand_urls(spec: Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]], *,
+def expand_urls(spec: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
                 storage_options: Mapping[str, Any] | None = None, retry: RetrySpec = None) -> list[str]:
     """The paths or URLs a brace pattern, a glob or a list of them names, in order.
 
@@ -291,7 +292,7 @@ def _glob_one(pattern: str, storage_options: Mapping[str, Any] | None, retry: Re
 
 # -- reading -------------------------------------------------------------------------------------
 
-def read_bytes(url: Union[str, "os.PathLike[str]"], *, storage_options: Mapping[str, Any] | None = None,
+def read_bytes(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None,
                retry: RetrySpec = None, member: str | None = None) -> bytes:
     """The whole content of a file or object.
 
@@ -311,7 +312,7 @@ def read_bytes(url: Union[str, "os.PathLike[str]"], *, storage_options: Mapping[
     return _with_retry(lambda: fs.cat_file(path), url=url, retry=retry, member=member)
 
 
-def read_range(url: Union[str, "os.PathLike[str]"], offset: int, size: int, *,
+def read_range(url: str | os.PathLike[str], offset: int, size: int, *,
                storage_options: Mapping[str, Any] | None = None, retry: RetrySpec = None,
                member: str | None = None) -> bytes:
     """``size`` bytes of a file or object from byte ``offset``: one ranged request for a URL.
@@ -342,7 +343,7 @@ def read_range(url: Union[str, "os.PathLike[str]"], offset: int, size: int, *,
     return data
 
 
-def size(url: Union[str, "os.PathLike[str]"], *, storage_options: Mapping[str, Any] | None = None,
+def size(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None,
          retry: RetrySpec = None) -> int:
     """The size in bytes of a file or object.
 
@@ -356,7 +357,7 @@ def size(url: Union[str, "os.PathLike[str]"], *, storage_options: Mapping[str, A
     return int(_with_retry(lambda: fs.size(path), url=url, retry=retry))
 
 
-def open_stream(url: Union[str, "os.PathLike[str]"], *, storage_options: Mapping[str, Any] | None = None,
+def open_stream(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None,
                 retry: RetrySpec = None, block_size: int = STREAM_BLOCK) -> BinaryIO:
     """A binary file object that reads a file or object from start to end.
 
@@ -420,7 +421,7 @@ class _RangeStream:
         self.closed = True
         self._block = b""
 
-    def __enter__(self) -> "_RangeStream":
+    def __enter__(self) -> _RangeStream:
         return self
 
     def __exit__(self, *exc: object) -> None:

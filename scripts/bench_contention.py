@@ -47,9 +47,9 @@ from typing import Any
 SCRIPTS = Path(__file__).resolve().parent
 REPO = SCRIPTS.parent
 sys.path[:0] = [str(SCRIPTS), str(REPO)]  # benchmd and the transforms; this checkout's audiobuffer
-from benchmd import machine, table, write_section
+from benchmd import machine, table, write_section  # noqa: E402
 
-from audiobuffer.tools.bench import BATCH_SIZE, make_corpus, run_with_peak_rss
+from audiobuffer.tools.bench import BATCH_SIZE, make_corpus, run_with_peak_rss  # noqa: E402
 
 APPROACHES = ["step-alone", "loop", "buffered-1", "buffered-2", "isolated-2", "dataloader-2", "dataloader-2-spawn"]
 #: The approaches that take a per-sample transform (the DataLoader ones decode in ``PathDataset``).
@@ -119,6 +119,10 @@ def _batches(paths: Sequence[str], decoder: Any, transform: Any) -> Iterator[dic
         yield pad_collate(samples)
 
 
+def _nothing_to_close() -> None:
+    """The close of the step-alone approach: it holds no threads."""
+
+
 def _loader(approach: str, paths: list[str], transform: Any) -> tuple[Iterator[dict[str, Any]], Callable[[], None]]:
     """The batches of one epoch, and what to call after it."""
     from torch.utils.data import DataLoader
@@ -162,7 +166,7 @@ def _epoch(approach: str, step_name: str, paths: list[str], transform: Any) -> d
     start = time.perf_counter()
     if ready is not None:
         batches: Iterator[dict[str, Any]] = itertools.repeat(ready, n_batches)
-        close: Callable[[], None] = lambda: None
+        close: Callable[[], None] = _nothing_to_close
     else:
         batches, close = _loader(approach, paths, transform)
     first = None
@@ -295,7 +299,8 @@ def goals(results: Sequence[dict[str, Any]]) -> list[list[object]]:
             m = iso[step]
             where = f"{name}, {step} step"
             if m["vs_alone"] is not None:
-                add("step with IsolatedLoader / step alone", where, _x(m["vs_alone"]), "<= 1.05x", m["vs_alone"] <= 1.05)
+                add("step with IsolatedLoader / step alone", where, _x(m["vs_alone"]), "<= 1.05x",
+                    m["vs_alone"] <= 1.05)
             # FSDD and FLAC: against the best in-process setting; with a GIL-holding transform, against
             # the in-process threads (goal 3).
             rivals = IN_PROCESS if name in ("fsdd", "flac") else THREADS if corpus["transform"] else []

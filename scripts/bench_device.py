@@ -127,7 +127,7 @@ def bench_slots(corpus: Path, device: torch.device, runs: int) -> list:
 
     def slot_path() -> tuple:
         n, cpu = 0, time.process_time()
-        for batch in slot_loader:
+        for _batch in slot_loader:
             n += 1
         return n, time.process_time() - cpu
 
@@ -152,10 +152,12 @@ def bench_slots(corpus: Path, device: torch.device, runs: int) -> list:
             f"{slot_loader.slot_stats.allocated} in {epochs} epochs ({slot_loader.slot_stats.reused} reuses)",
     }
     copies = {
-        "BufferedDataset + DataLoader(pad_collate, pin_memory)": f"{batch_size} rows into the batch{' + 1 batch to pinned memory' if pin else ''}",
+        "BufferedDataset + DataLoader(pad_collate, pin_memory)":
+            f"{batch_size} rows into the batch{' + 1 batch to pinned memory' if pin else ''}",
         "BatchSlotLoader (recycled slots)": f"{batch_size} rows into the slot",
     }
-    return [(name, f"{files / seconds:.0f}", f"{base / seconds:.2f}x", f"{1000 * cpu:.2f}", copies[name], allocations[name])
+    return [(name, f"{files / seconds:.0f}", f"{base / seconds:.2f}x", f"{1000 * cpu:.2f}", copies[name],
+             allocations[name])
             for name, (seconds, cpu, _) in results.items()]
 
 
@@ -190,7 +192,8 @@ def main() -> int:
         f"### {samples} x 784 float32 tensors, batches of 128, shuffled, one epoch",
         table(["loader", "epoch s", "speed-up"], tensors),
         f"### Recycled batch slots: {files} FLAC files of 1-2 s, 1 s crops at 16 kHz, batches of 32, 2 producers",
-        table(["pipeline", "files/s", "vs collate", "CPU ms per batch", "copies per batch", "batch buffers allocated"], slots),
+        table(["pipeline", "files/s", "vs collate", "CPU ms per batch", "copies per batch", "batch buffers allocated"],
+              slots),
     ])
     print(body)
     if args.write and not args.quick:

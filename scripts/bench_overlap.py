@@ -115,7 +115,8 @@ def main() -> int:
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)  # the step leaves the other core to the producer, as a GPU step would
-    grid = [(5, 5), (10, 5), (5, 10)] if args.quick else [(2, 2), (5, 5), (10, 5), (5, 10), (20, 10), (10, 20), (20, 20)]
+    grid = ([(5, 5), (10, 5), (5, 10)] if args.quick
+            else [(2, 2), (5, 5), (10, 5), (5, 10), (20, 10), (10, 20), (20, 20)])
     steps, runs = (10, 1) if args.quick else (args.steps, args.runs)
     rows = [cell(kind, t1, t2, steps, runs) for kind in ("real", "sleep") for t1, t2 in grid]
     text = table(["work", "T1 asked ms", "T2 asked ms", "T1 measured ms", "T2 measured ms", "sequential s",

@@ -10,13 +10,13 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, List, Sequence
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "BENCHMARKS.md"
 
 
-def median_time(fn: Callable[[], object], runs: int) -> tuple[float, List[float]]:
+def median_time(fn: Callable[[], object], runs: int) -> tuple[float, list[float]]:
     """Run ``fn`` ``runs`` times; return the median wall time and all times."""
     times = []
     for _ in range(runs):
@@ -37,8 +37,9 @@ def machine() -> str:
     except AttributeError:
         cores = os.cpu_count()
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return (f"{platform.machine()}, {cores} cores, {gpu}; Python {platform.python_version()}, torch {torch.__version__}, "
-            f"numpy {numpy.__version__}, soundfile {soundfile.__version__} (libsndfile {soundfile.__libsndfile_version__}); "
+    return (f"{platform.machine()}, {cores} cores, {gpu}; Python {platform.python_version()}, "
+            f"torch {torch.__version__}, numpy {numpy.__version__}, soundfile {soundfile.__version__} "
+            f"(libsndfile {soundfile.__libsndfile_version__}); "
             f"intra-op threads {torch.get_num_threads()}")
 
 

@@ -33,8 +33,9 @@ import os
 import re
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -74,7 +75,7 @@ class SpeechCNN(nn.Module):
         return self.head(torch.cat([x.mean(dim=(2, 3)), x.amax(dim=(2, 3))], dim=1))
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     try:
         return train(argv)
     finally:
@@ -121,7 +122,7 @@ def checkpoint_path(args: argparse.Namespace, config: Any) -> Path:
     return Path("runs") / Path(args.config).stem / CHECKPOINT_NAME
 
 
-def train(argv: Optional[list[str]] = None) -> int:
+def train(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     for name in ("save_every", "max_steps", "stop_at_step"):
@@ -179,7 +180,7 @@ def train(argv: Optional[list[str]] = None) -> int:
 
 
 def _train(args: argparse.Namespace, config: Any, device: torch.device, distributed: bool, rank: int,
-           world_size: int, resume: Optional[dict], save_to: Path, source: Any, train_source: Any,
+           world_size: int, resume: dict | None, save_to: Path, source: Any, train_source: Any,
            test_source: Any, train_set: Any, train_loader: Any, test_loader: Any) -> int:
 
     sample_rate = config.decode.sample_rate or 16000
@@ -214,7 +215,7 @@ def _train(args: argparse.Namespace, config: Any, device: torch.device, distribu
         log(f"resuming {args.resume} at epoch {start_epoch + 1}, step {start_step}")
     show_progress = rank == 0 and (args.progress if args.progress is not None else sys.stderr.isatty())
 
-    def save(epoch: int, step: int, data_state: Optional[dict], loss_sum: torch.Tensor) -> None:
+    def save(epoch: int, step: int, data_state: dict | None, loss_sum: torch.Tensor) -> None:
         """Checkpoint: the next run starts ``epoch`` at ``step``, with this rank's dataset at ``data_state``.
 
         Collective under torchrun (each rank's dataset state is gathered); rank 0 writes the file.

@@ -1,7 +1,6 @@
 import os
 
 import pytest
-
 from helpers import AUDIO_FORMATS, FSDD, wait_no_threads
 
 # CI sets this so that missing shared data fails the run instead of skipping tests.

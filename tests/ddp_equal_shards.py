@@ -4,10 +4,10 @@ import json
 import sys
 
 import torch.distributed as dist
+from helpers import IndexDecoder, fake_paths
 from torch.utils.data import DataLoader
 
 from audiobuffer import BufferedDataset, pad_collate
-from helpers import IndexDecoder, fake_paths
 
 N = 11
 

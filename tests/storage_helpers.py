@@ -11,8 +11,8 @@ import logging
 import socket
 import struct
 import threading
+from collections.abc import Container
 from pathlib import Path
-from typing import Container
 
 from helpers import JOIN_TIMEOUT
 
@@ -113,7 +113,7 @@ class FaultProxy:
         if alive:
             raise RuntimeError(f"proxy threads still alive after {JOIN_TIMEOUT} s: {alive}")
 
-    def __enter__(self) -> "FaultProxy":
+    def __enter__(self) -> FaultProxy:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -123,7 +123,7 @@ class FaultProxy:
         while not self._stop.is_set():
             try:
                 conn, _ = self._listener.accept()
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 return

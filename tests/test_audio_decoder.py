@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
+from helpers import write_tone
 
 from audiobuffer import AudioDecoder, BufferedDataset, DecodeError, WorkItem
 from audiobuffer.decoders import audio as audio_module
-from helpers import write_tone
 
 
 @pytest.fixture
@@ -27,7 +27,8 @@ def test_sample_fields(stereo):
     item = WorkItem(index=7, path=str(stereo), label=2, label_name="two", fields={"speaker": "ann"})
     sample = AudioDecoder()(item)
     assert sample["audio"].dtype == torch.float32 and sample["audio"].shape == (8000,)
-    assert (sample["sample_rate"], sample["num_frames"], sample["path"], sample["index"]) == (8000, 8000, str(stereo), 7)
+    assert (sample["sample_rate"], sample["num_frames"], sample["path"], sample["index"]) == (
+        8000, 8000, str(stereo), 7)
     assert (sample["label"], sample["label_name"], sample["speaker"]) == (2, "two", "ann")
 
 

@@ -6,13 +6,13 @@ import sys
 
 import numpy as np
 import pytest
+from helpers import REPO
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from audiobuffer import ResumeError
 from audiobuffer._batching import BatchPlan, bucket_edges, cut_batches, padding_fraction, plan_batches
 from audiobuffer._plan import pack_consumed, unpack_consumed
-from helpers import REPO
 
 
 def keys(batches):

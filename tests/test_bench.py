@@ -9,12 +9,12 @@ import time
 
 import numpy as np
 import pytest
-
 import torch
-
-from audiobuffer.tools.bench import main as bench_main, measure_epoch, usable_cores
-from audiobuffer.tools.cli import main as cli_main
 from helpers import JOIN_TIMEOUT, REPO, make_corpus, write_tone
+
+from audiobuffer.tools.bench import main as bench_main
+from audiobuffer.tools.bench import measure_epoch, usable_cores
+from audiobuffer.tools.cli import main as cli_main
 
 pytestmark = pytest.mark.timeout(400)
 

@@ -4,11 +4,11 @@ import time
 import numpy as np
 import pytest
 import torch
+from helpers import JOIN_TIMEOUT
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from audiobuffer import Buffer, BufferClosed, payload_nbytes
-from helpers import JOIN_TIMEOUT
 
 
 def run_thread(target, *args):

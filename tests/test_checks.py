@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Literal, Optional
+from typing import Literal
 
 import pytest
 
@@ -14,7 +14,7 @@ Mode = Literal["a", "b"]
 
 def test_choices_come_from_the_literal():
     assert choices(Mode) == ("a", "b")
-    assert choices(Optional[Literal["pad", "drop"]]) == ("pad", "drop", None)
+    assert choices(Literal["pad", "drop"] | None) == ("pad", "drop", None)
     assert check_choice("mode", "a", Mode) == "a"
     with pytest.raises(ValueError, match=r"^mode must be one of 'a', 'b', got 'c'$"):
         check_choice("mode", "c", Mode)

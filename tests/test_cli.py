@@ -5,9 +5,9 @@ import sys
 
 import pytest
 import yaml
+from helpers import REPO, make_corpus
 
 from audiobuffer.tools.report import RunSummary
-from helpers import REPO, make_corpus
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -3,12 +3,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import REPO, make_corpus
 
 import audiobuffer
 from audiobuffer import BufferedDataset, ConfigError
-from audiobuffer.config import (apply_overrides, build_dataset, build_loader, load_config, parse_config,
-                                reference_config)
-from helpers import REPO, make_corpus
+from audiobuffer.config import apply_overrides, build_dataset, build_loader, load_config, parse_config, reference_config
 
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
 
@@ -83,12 +82,15 @@ BAD_CONFIGS = [
      r"buffer\.producers: must be >= 1 and <= 1024, got 0"),
     ("bad choice", {"source": {"root": "audio"}, "buffer": {"on_error": "ignore"}},
      r"buffer\.on_error: Input should be 'raise', 'warn' or 'skip', got 'ignore'"),
-    ("bad device", {"source": {"root": "audio"}, "device": "tpu"}, r"device: must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'tpu'"),
+    ("bad device", {"source": {"root": "audio"}, "device": "tpu"},
+     r"device: must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'tpu'"),
     ("missing source", {"epochs": 1}, r"source: required key is missing"),
-    ("two sources", {"source": {"root": "audio", "files": ["a.wav"]}}, r"source: give exactly one of root, manifest or files"),
+    ("two sources", {"source": {"root": "audio", "files": ["a.wav"]}},
+     r"source: give exactly one of root, manifest or files"),
     ("missing root", {"source": {"root": "nowhere"}}, r"source\.root: no such directory, got 'nowhere'"),
     ("missing manifest", {"source": {"manifest": "m.csv"}}, r"source\.manifest: no such file, got 'm\.csv'"),
-    ("image option on audio", {"source": {"root": "audio"}, "decode": {"size": 32}}, r"decode: size applies to kind: image"),
+    ("image option on audio", {"source": {"root": "audio"}, "decode": {"size": 32}},
+     r"decode: size applies to kind: image"),
     ("audio option on image", {"source": {"root": "audio"}, "decode": {"kind": "image", "sample_rate": 8000}},
      r"decode: sample_rate apply to kind: audio"),
     ("negative crop", {"source": {"root": "audio"}, "decode": {"crop_seconds": -1}},

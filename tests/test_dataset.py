@@ -8,13 +8,13 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from helpers import JOIN_TIMEOUT, IndexDecoder, audiobuffer_threads, fake_paths, make_corpus, wait_no_threads
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from audiobuffer import AudioDecoder, BufferClosed, BufferedDataset, DecodeError, SampleError, pad_collate
 from audiobuffer._plan import epoch_order
-from helpers import JOIN_TIMEOUT, IndexDecoder, audiobuffer_threads, fake_paths, make_corpus, wait_no_threads
 
 
 def indices(samples):
@@ -197,7 +197,7 @@ def test_exception_in_training_loop_stops_producers():
     ds = slow_dataset()
 
     def train():
-        for batch in DataLoader(ds, batch_size=2, collate_fn=pad_collate):
+        for _batch in DataLoader(ds, batch_size=2, collate_fn=pad_collate):
             raise RuntimeError("loss is nan")
 
     with pytest.raises(RuntimeError, match="loss is nan"):

@@ -6,10 +6,10 @@ import csv
 
 import pytest
 import torch
+from helpers import AUDIO_FORMATS, write_tone
 
 from audiobuffer import AudioDecoder, DecodeError, WorkItem
 from audiobuffer.decoders import audio as audio_module
-from helpers import AUDIO_FORMATS, write_tone
 
 
 def _rows():

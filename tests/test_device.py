@@ -4,12 +4,12 @@ import time
 
 import pytest
 import torch
+from helpers import JOIN_TIMEOUT, IndexDecoder, audiobuffer_threads, fake_paths, wait_no_threads
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from audiobuffer import BatchSlotLoader, BufferedDataset, pad_collate
 from audiobuffer._cancel import CancelScope, cancel_scope, on_cancel
 from audiobuffer.device import DevicePrefetcher, DeviceTensorLoader, map_tensors, resolve_device, to_device
-from helpers import JOIN_TIMEOUT, IndexDecoder, audiobuffer_threads, fake_paths, wait_no_threads
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 Pair = collections.namedtuple("Pair", "x y")
@@ -75,7 +75,7 @@ def test_loader_errors_reach_the_consumer():
 def test_early_exit_stops_the_thread_and_the_producers():
     ds = BufferedDataset(fake_paths(400), IndexDecoder(), num_producers=3, buffer_size=4)
     prefetcher = DevicePrefetcher(DataLoader(ds, batch_size=4, collate_fn=pad_collate), "cpu")
-    for i, batch in enumerate(prefetcher):
+    for i, _batch in enumerate(prefetcher):
         if i == 2:
             break
     assert not wait_no_threads()
@@ -109,11 +109,11 @@ class SlowAfterFirstBatch:
 def leave(prefetcher, how):
     """Take the first batch, then leave the loop as ``how`` says; returns the batch."""
     if how == "break":
-        for batch in prefetcher:
+        for batch in prefetcher:  # noqa: B007 - the batch is returned after the loop
             break
     elif how == "exception":
         with pytest.raises(KeyboardInterrupt):
-            for batch in prefetcher:
+            for batch in prefetcher:  # noqa: B007 - the batch is returned after the loop
                 raise KeyboardInterrupt  # Ctrl-C in the training step
     elif how == "close":
         it = iter(prefetcher)
@@ -185,7 +185,7 @@ def test_leaving_the_loop_does_not_wait_for_a_loader_that_cannot_be_stopped():
                 active[0] -= 1
 
     prefetcher = DevicePrefetcher(Loader(), "cpu")
-    for batch in prefetcher:
+    for batch in prefetcher:  # noqa: B007 - the batch is read after the loop
         break
     assert batch.tolist() == [0.0]
     assert [t.name for t in audiobuffer_threads()] == ["audiobuffer-prefetch"]  # still in the slow item

@@ -8,12 +8,12 @@ import threading
 import numpy as np
 import pytest
 import soundfile as sf
+from helpers import write_tone
 
 from audiobuffer import DecodeError, SourceError
 from audiobuffer._batching import plan_batches
 from audiobuffer._durations import CACHE_ENV, default_cache_dir, header_seconds, read_durations
 from audiobuffer.sources import Source
-from helpers import write_tone
 
 # (name, seconds, sample rate): WAV and FLAC, several lengths and rates.
 FILES = [("a.wav", 0.25, 8000), ("b.flac", 1.3, 16000), ("c.wav", 0.7, 22050), ("d.flac", 2.0, 8000),

@@ -6,9 +6,9 @@ import threading
 
 import pytest
 import torch
+from helpers import JOIN_TIMEOUT, IndexDecoder, fake_paths, wait_no_threads, write_tone
 
 from audiobuffer import AudioDecoder, BufferedDataset, DecodeError, SampleError, StallError
-from helpers import JOIN_TIMEOUT, IndexDecoder, audiobuffer_threads, fake_paths, wait_no_threads, write_tone
 
 
 class Stalling:
@@ -29,7 +29,8 @@ def test_a_stalled_producer_becomes_a_clear_error():
     ds = BufferedDataset(fake_paths(10), decoder, num_producers=1, ordered=True, timeout=0.3)
     got = []
     try:
-        with pytest.raises(StallError, match=r"no sample for 0\.3 s .*audiobuffer-producer-0 on '.*item_00003\.wav' for"):
+        with pytest.raises(StallError,
+                           match=r"no sample for 0\.3 s .*audiobuffer-producer-0 on '.*item_00003\.wav' for"):
             for sample in ds:
                 got.append(sample["index"])
     finally:
@@ -55,7 +56,8 @@ class Exiting:
 def test_a_base_exception_in_a_decoder_names_the_file_and_item(exc_type, on_error):
     ds = BufferedDataset(fake_paths(10), Exiting(4, exc_type), num_producers=2, on_error=on_error)
     with pytest.raises(SampleError, match=rf"producer audiobuffer-producer-\d crashed on item 4 "
-                                          rf"\('/nonexistent/item_00004\.wav'\): {exc_type.__name__}: decoder gave up") as info:
+                                          rf"\('/nonexistent/item_00004\.wav'\): {exc_type.__name__}: "
+                                          rf"decoder gave up") as info:
         list(ds)
     assert (info.value.index, info.value.path) == (4, "/nonexistent/item_00004.wav")
     assert isinstance(info.value.__cause__, exc_type)
@@ -63,7 +65,8 @@ def test_a_base_exception_in_a_decoder_names_the_file_and_item(exc_type, on_erro
 
 
 def test_timeout_is_not_hit_by_a_steady_stream():
-    ds = BufferedDataset(fake_paths(30), IndexDecoder(delays={i: 0.01 for i in range(30)}), timeout=0.5, num_producers=2)
+    ds = BufferedDataset(fake_paths(30), IndexDecoder(delays={i: 0.01 for i in range(30)}), timeout=0.5,
+                         num_producers=2)
     assert len(list(ds)) == 30
 
 

@@ -5,9 +5,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import write_tone
 
 from audiobuffer import IMAGE_PATTERNS, AudioDecoder, BufferedDataset, DecodeError, ImageDecoder, WorkItem
-from helpers import write_tone
 
 Image = pytest.importorskip("PIL.Image", reason="ImageDecoder needs Pillow (pip install 'audiobuffer[image]')")
 

@@ -17,9 +17,12 @@ import numpy as np
 import psutil
 import pytest
 import torch
+from helpers import JOIN_TIMEOUT, REPO, fake_paths, make_corpus
+from plain_decoders import Exit, IndexDecoder, add_one
 
 from audiobuffer import (
     AudioDecoder,
+    BufferClosed,
     BufferedDataset,
     DecodeError,
     DevicePrefetcher,
@@ -30,8 +33,6 @@ from audiobuffer import (
     pad_collate,
 )
 from audiobuffer._shm import SEGMENT_PREFIX
-from helpers import JOIN_TIMEOUT, REPO, fake_paths, make_corpus
-from plain_decoders import Exit, IndexDecoder, add_one
 
 pytestmark = pytest.mark.timeout(120)
 SHM = Path("/dev/shm")
@@ -244,7 +245,7 @@ def test_leaving_early_stops_everything(how):
         del it, loader
     else:
         loader.close()
-        with pytest.raises(Exception):
+        with pytest.raises(BufferClosed, match="IsolatedLoader was closed"):
             next(it)
         loader.close()  # idempotent
     assert wait_gone(pid, JOIN_TIMEOUT)

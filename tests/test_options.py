@@ -5,12 +5,12 @@ from __future__ import annotations
 import math
 
 import pytest
+from helpers import IndexDecoder, fake_paths
 
 from audiobuffer import BatchSlotLoader, BufferedDataset, Source
 from audiobuffer._options import LoaderOptions
 from audiobuffer._producers import DELIVERED, ProducerPool, delivers_itself
 from audiobuffer.buffer import Buffer
-from helpers import IndexDecoder, fake_paths
 
 
 @pytest.mark.parametrize("kwargs, error, match", [

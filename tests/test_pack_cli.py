@@ -7,10 +7,10 @@ import subprocess
 import sys
 
 import pytest
-
-from audiobuffer.tools.pack import main, parse_size
-from audiobuffer.shards import INDEX_NAME, read_index
 from helpers import REPO, make_corpus
+
+from audiobuffer.shards import INDEX_NAME, read_index
+from audiobuffer.tools.pack import main, parse_size
 
 
 @pytest.mark.parametrize("text, expected", [

@@ -2,8 +2,9 @@
 
 import configparser
 
-from audiobuffer import __version__
 from helpers import REPO
+
+from audiobuffer import __version__
 
 
 def test_license_file_matches_setup_cfg():

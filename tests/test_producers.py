@@ -3,12 +3,12 @@ import time
 
 import numpy as np
 import pytest
+from helpers import JOIN_TIMEOUT, wait_no_threads
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from audiobuffer import AudioBufferError, Buffer, SampleError, WorkItem
 from audiobuffer._producers import Failure, ProducerPool
-from helpers import JOIN_TIMEOUT, wait_no_threads
 
 
 def make_item(seq):
@@ -228,7 +228,7 @@ def test_ordered_byte_bound_counts_the_items_waiting_for_their_turn():
     pool.start()
     got = []
     try:
-        for seq, out in pool:
+        for seq, _out in pool:
             got.append(seq)
             with lock:
                 live[0] -= 1

@@ -5,11 +5,11 @@ import json
 import pickle
 
 import pytest
+from helpers import IndexDecoder, fake_paths, wait_no_threads
 from torch.utils.data import DataLoader
 
 from audiobuffer import BufferedDataset, ResumeError, pad_collate
 from audiobuffer._plan import epoch_order
-from helpers import IndexDecoder, fake_paths, wait_no_threads
 
 
 def dataset(n=60, **kwargs):

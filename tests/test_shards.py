@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
+from helpers import make_corpus, write_tone
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -25,7 +26,6 @@ from audiobuffer.shards import (
     shuffle_buffer,
     stream_shards,
 )
-from helpers import make_corpus, write_tone
 
 
 @pytest.fixture

@@ -4,15 +4,14 @@ import time
 
 import numpy as np
 import pytest
+import torch
+from helpers import JOIN_TIMEOUT, IndexDecoder, fake_paths, make_corpus, wait_no_threads
 from hypothesis import given, settings
 from hypothesis import strategies as st
-import torch
 
-from audiobuffer import AudioBufferError, AudioDecoder, DecodeError, SampleError, WorkItem, pad_collate
-from audiobuffer import slots
+from audiobuffer import AudioBufferError, AudioDecoder, DecodeError, SampleError, WorkItem, pad_collate, slots
 from audiobuffer.device import DevicePrefetcher
 from audiobuffer.slots import BatchSlotLoader
-from helpers import JOIN_TIMEOUT, IndexDecoder, fake_paths, make_corpus, wait_no_threads
 
 
 def fixed(item):
@@ -159,8 +158,9 @@ def test_property_each_item_once_in_an_intact_row(n, batch_size, num_slots, prod
 
 
 def test_timeout_reaches_the_slot_loader():
-    from audiobuffer import StallError
     import threading
+
+    from audiobuffer import StallError
 
     gate = threading.Event()
 

@@ -3,11 +3,11 @@ import re
 
 import numpy as np
 import pytest
+from helpers import make_corpus
 
 from audiobuffer import Source, SourceError
 from audiobuffer._plan import epoch_order, shard
 from audiobuffer.sources import AUDIO_PATTERNS
-from helpers import make_corpus
 
 
 @pytest.fixture
@@ -197,7 +197,8 @@ def test_labels_that_are_not_a_column_list_the_columns(corpus):
 
 def test_repr(corpus, tmp_path):
     root, paths = corpus
-    assert repr(Source(root, labels="parent")) == f"Source({str(root)!r} (patterns {list(AUDIO_PATTERNS)}), items=6, classes=3)"
+    assert repr(Source(root, labels="parent")) == (
+        f"Source({str(root)!r} (patterns {list(AUDIO_PATTERNS)}), items=6, classes=3)")
     assert repr(Source([str(p) for p in paths[:2]])) == "Source(a list of 2 paths, items=2)"
     manifest = root / "m.csv"
     manifest.write_text("path\n" + "".join(f"{p}\n" for p in paths))

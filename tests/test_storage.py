@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from helpers import REPO, make_corpus
 
 from audiobuffer.errors import AudioBufferError, DecodeError, SourceError, StorageError
 from audiobuffer.shards import iter_shard, pack, read_index, stream_shards
@@ -31,7 +32,6 @@ from audiobuffer.storage import (
     sibling,
     size,
 )
-from helpers import REPO, make_corpus
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")

@@ -9,7 +9,6 @@ import sys
 import pytest
 import torch
 import yaml
-
 from helpers import REPO, make_corpus
 
 SCRIPT = REPO / "scripts" / "train_audio.py"

@@ -36,7 +36,8 @@ def chunk(cid: bytes, payload: bytes, pad: bool = True) -> bytes:
 def fmt(tag=1, channels=1, rate=8000, bits=16, block_align=None, extra=b"") -> bytes:
     width = (bits + 7) // 8
     block_align = channels * width if block_align is None else block_align
-    return chunk(b"fmt ", struct.pack("<HHIIHH", tag, channels, rate, rate * block_align & 0xFFFFFFFF, block_align, bits)
+    return chunk(b"fmt ",
+                 struct.pack("<HHIIHH", tag, channels, rate, rate * block_align & 0xFFFFFFFF, block_align, bits)
                  + extra)
 
 

@@ -35,15 +35,16 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import Callable, NamedTuple, Optional, Tuple, Union
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
 __all__ = ["WavInfo", "is_wav_path", "read_wav", "read_wav_info"]
 
-Buffer = Union[bytes, bytearray, memoryview]
+Buffer = bytes | bytearray | memoryview
 #: ``(frames, samplerate) -> (start, length)``: picks the frames to read once the header is known.
-Window = Callable[[int, int], Tuple[int, int]]
+Window = Callable[[int, int], tuple[int, int]]
 
 # Files up to this size are read whole in the first read; larger ones read _HEAD bytes of header first.
 _WHOLE_FILE = 1 << 16
@@ -116,7 +117,7 @@ def is_wav_path(path: str) -> bool:
     return tail.endswith(".wav") or tail == ".wave"
 
 
-def read_wav_info(source: Union[str, "os.PathLike[str]", Buffer]) -> Optional[WavInfo]:
+def read_wav_info(source: str | os.PathLike[str] | Buffer) -> WavInfo | None:
     """Parse a WAV header from a path or from the file's bytes.
 
     Args:
@@ -137,9 +138,9 @@ def read_wav_info(source: Union[str, "os.PathLike[str]", Buffer]) -> Optional[Wa
         return None
 
 
-def read_wav(source: Union[str, "os.PathLike[str]", Buffer], start: int = 0,
-             frames: Optional[int] = None, *, window: Optional[Window] = None
-             ) -> Optional[Tuple[np.ndarray, int]]:
+def read_wav(source: str | os.PathLike[str] | Buffer, start: int = 0,
+             frames: int | None = None, *, window: Window | None = None
+             ) -> tuple[np.ndarray, int] | None:
     """Read frames of an uncompressed WAV as float32, exactly as libsndfile reads them.
 
     Args:
@@ -175,8 +176,8 @@ def read_wav(source: Union[str, "os.PathLike[str]", Buffer], start: int = 0,
 
 # -- reading -------------------------------------------------------------------------------------
 
-def _read(reader: _Reader, start: int, frames: Optional[int],
-          window: Optional[Window]) -> Optional[Tuple[np.ndarray, int]]:
+def _read(reader: _Reader, start: int, frames: int | None,
+          window: Window | None) -> tuple[np.ndarray, int] | None:
     info = _parse(reader)
     if info is None:
         return None
@@ -239,7 +240,7 @@ def _convert(raw: np.ndarray, bytewidth: int, is_float: bool, channels: int,
 
 # -- parsing -------------------------------------------------------------------------------------
 
-def _parse(reader: _Reader) -> Optional[WavInfo]:
+def _parse(reader: _Reader) -> WavInfo | None:
     """Walk the chunks as libsndfile's wav.c / rf64.c do; ``None`` at the first thing not handled."""
     try:
         return _walk(reader)
@@ -247,7 +248,7 @@ def _parse(reader: _Reader) -> Optional[WavInfo]:
         return None
 
 
-def _walk(reader: _Reader) -> Optional[WavInfo]:
+def _walk(reader: _Reader) -> WavInfo | None:
     first = reader.get(0, 12)
     if len(first) < 12 or bytes(first[8:12]) != b"WAVE":
         return None
@@ -347,7 +348,7 @@ def _walk(reader: _Reader) -> Optional[WavInfo]:
     return WavInfo(frames, channels, samplerate, _SUBTYPES[bytewidth, is_float], container, offset, block)
 
 
-def _parse_fmt(b: Buffer, size: int) -> Optional[tuple]:
+def _parse_fmt(b: Buffer, size: int) -> tuple | None:
     """(channels, samplerate, bytewidth, is_float, container) from a ``fmt `` chunk, or None."""
     if size < 16 or len(b) < size:
         return None

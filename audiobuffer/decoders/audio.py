@@ -16,7 +16,8 @@ import numbers
 import os
 import threading
 import warnings
-from typing import Any, Callable, Iterator, Literal, Optional, Tuple
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
 
 import numpy as np
 import soundfile as sf
@@ -25,14 +26,14 @@ import soxr
 from ..errors import DecodeError
 from ..sources import AUDIO_PATTERNS
 from . import _wav
-from ._sndfile import read_to_end
 from ._common import ItemLike, as_item, as_tensor, describe, sample_fields
+from ._sndfile import read_to_end
 
 __all__ = ["MAX_CROP_SECONDS", "AudioDecoder", "CropMode"]
 
 CropMode = Literal["random", "start", "center"]
 #: A fallback reader: ``(path) -> (audio as (frames, channels) float32, sample_rate)``.
-FallbackReader = Callable[[str], Tuple[np.ndarray, int]]
+FallbackReader = Callable[[str], tuple[np.ndarray, int]]
 
 # libsndfile reports 2**63 - 1 frames for streams whose header carries no length (FLAC without a
 # total-samples field): such files are read block by block.
@@ -97,7 +98,7 @@ class _WarningGate:
                     warnings.showwarning = self._saved
 
     def _show(self, message: Any, category: type[Warning], filename: str, lineno: int,
-              file: Any = None, line: Optional[str] = None) -> None:
+              file: Any = None, line: str | None = None) -> None:
         caught = getattr(self._local, "caught", None)
         if caught is None:
             self._saved(message, category, filename, lineno, file, line)
@@ -193,8 +194,8 @@ class AudioDecoder:
     #: (:class:`~audiobuffer.BufferedDataset` uses them unless given ``patterns=``).
     patterns = AUDIO_PATTERNS
 
-    def __init__(self, sample_rate: Optional[int] = None, *, mono: bool = True,
-                 crop_seconds: Optional[float] = None, crop: CropMode = "random", pad: bool = True,
+    def __init__(self, sample_rate: int | None = None, *, mono: bool = True,
+                 crop_seconds: float | None = None, crop: CropMode = "random", pad: bool = True,
                  quality: str = "HQ", fallback: Literal["librosa"] | FallbackReader | None = "librosa"
                  ) -> None:
         if sample_rate is not None:

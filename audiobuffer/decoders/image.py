@@ -7,7 +7,7 @@ decodes and resizes, so producer threads decode images in parallel.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Tuple, Union
+from typing import Any, Literal
 
 import numpy as np
 
@@ -63,7 +63,7 @@ class ImageDecoder:
     #: (:class:`~audiobuffer.BufferedDataset` uses them unless given ``patterns=``).
     patterns = IMAGE_PATTERNS
 
-    def __init__(self, size: Optional[Union[int, Tuple[int, int]]] = None, *,
+    def __init__(self, size: int | tuple[int, int] | None = None, *,
                  resample: Literal["nearest", "bilinear", "bicubic", "lanczos", "box", "hamming"] = "bilinear",
                  apply_exif_orientation: bool = True) -> None:
         try:
@@ -80,7 +80,7 @@ class ImageDecoder:
         if not isinstance(apply_exif_orientation, bool):
             raise TypeError(f"apply_exif_orientation must be True or False, got {apply_exif_orientation!r}")
         self._filter = getattr(Image.Resampling, resample.upper())
-        self.size: Optional[Tuple[int, int]] = size  # type: ignore[assignment]
+        self.size: tuple[int, int] | None = size  # type: ignore[assignment]
         self.resample = resample
         self.apply_exif_orientation = apply_exif_orientation
 

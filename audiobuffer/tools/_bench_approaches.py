@@ -358,7 +358,8 @@ def markdown(results: dict[str, list[dict[str, Any]]]) -> str:
         for r in rows:
             loop, best = (f"{r[k]:.2f}x" if r[k] is not None else "-" for k in ("vs_loop", "vs_best_dataloader"))
             out.append(f"| {r['approach']} | {r['total_s']:.2f} | {loop} | {best} | "
-                       f"{1000 * r['first_batch_s']:.0f} | {r['steady_files_per_s']:.0f} | {r['steady_audio_per_s']:.0f} | "
+                       f"{1000 * r['first_batch_s']:.0f} | {r['steady_files_per_s']:.0f} | "
+                       f"{r['steady_audio_per_s']:.0f} | "
                        f"{r['peak_rss_mb']:.0f} | {r['cpu_percent']:.0f} |")
         out.append("")
     return "\n".join(out)

@@ -40,16 +40,36 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any
 
 from .._options import usable_cores
+
 # The approaches, corpora, tables and plot live in _bench_approaches; scripts and tests import them from here.
-from ._bench_approaches import (APPROACHES, BATCH_SIZE, N_MELS, QUICK_APPROACHES, TRANSFORMS,  # noqa: F401
-                                PathDataset, applies, available, generated_corpora, get_transform, gil_enabled,
-                                gil_line, loader, make_corpus, markdown, mel_transform, missing_modules,
-                                parse_formats, plot, warm_up)
+from ._bench_approaches import (  # noqa: F401
+    APPROACHES,
+    BATCH_SIZE,
+    N_MELS,
+    QUICK_APPROACHES,
+    TRANSFORMS,
+    PathDataset,
+    applies,
+    available,
+    generated_corpora,
+    get_transform,
+    gil_enabled,
+    gil_line,
+    loader,
+    make_corpus,
+    markdown,
+    mel_transform,
+    missing_modules,
+    parse_formats,
+    plot,
+    warm_up,
+)
 from .report import write_json
 
 __all__ = ["APPROACHES", "Window", "cpu_percent", "gil_line", "make_corpus", "measure_epoch", "mel_transform",
@@ -105,8 +125,8 @@ class Window:
 
     def __init__(self) -> None:
         self.cpu0, self.wall0 = _cpu_seconds(), time.perf_counter()
-        self.cpu1: Optional[float] = None
-        self.wall1: Optional[float] = None
+        self.cpu1: float | None = None
+        self.wall1: float | None = None
 
     def stop(self) -> None:
         """End the window: read both clocks again, CPU time last (it includes the wall read)."""
@@ -135,7 +155,7 @@ def cpu_percent(cpu_s: float, wall_s: float) -> float:
     return 100.0 * cpu_s / max(wall_s, 1e-9)
 
 
-def measure_epoch(make_iterator: Any) -> Dict[str, float]:
+def measure_epoch(make_iterator: Any) -> dict[str, float]:
     """Drain ``make_iterator()`` (batches with ``path``, and ``seconds`` or ``lengths`` and ``sample_rate``)
     and measure it.
 
@@ -169,7 +189,7 @@ def measure_epoch(make_iterator: Any) -> Dict[str, float]:
             "audio_s": audio, "cpu_s": window.cpu_s, "window_s": window.wall_s}
 
 
-def _child(approach: str, paths: List[str], transform_name: Optional[str] = None) -> Dict[str, Any]:
+def _child(approach: str, paths: list[str], transform_name: str | None = None) -> dict[str, Any]:
     """Run one epoch in this process and measure it (the body of the subprocess)."""
     import torch  # everything is imported before the clock starts, as in a training script
     import torch.utils.data  # noqa: F401
@@ -179,7 +199,7 @@ def _child(approach: str, paths: List[str], transform_name: Optional[str] = None
     transform = get_transform(transform_name)
     warm_up(approach, transform)
     torch.zeros(1)
-    measured: Dict[str, Any] = dict(measure_epoch(lambda: loader(approach, paths, transform)))
+    measured: dict[str, Any] = dict(measure_epoch(lambda: loader(approach, paths, transform)))
     measured["gil_enabled"] = gil_enabled()
     return measured
 
@@ -234,7 +254,7 @@ class Run:
     gil_enabled: bool
 
 
-def run_with_peak_rss(cmd: Sequence[str], *, timeout: float, env: Optional[Dict[str, str]] = None
+def run_with_peak_rss(cmd: Sequence[str], *, timeout: float, env: dict[str, str] | None = None
                       ) -> tuple[int, str, int]:
     """Run ``cmd`` to its end while sampling the RSS of its whole process tree.
 
@@ -266,7 +286,7 @@ def run_with_peak_rss(cmd: Sequence[str], *, timeout: float, env: Optional[Dict[
     return proc.returncode, err.decode(errors="replace")[-2000:], peak
 
 
-def _measure(approach: str, file_list: Path, timeout: float, transform: Optional[str] = None) -> Run:
+def _measure(approach: str, file_list: Path, timeout: float, transform: str | None = None) -> Run:
     out = file_list.with_suffix(f".{approach}.json")
     cmd = [sys.executable, "-m", "audiobuffer.tools.bench", "--child", approach, "--file-list", str(file_list),
            "--child-out", str(out)] + (["--transform", transform] if transform else [])
@@ -276,21 +296,22 @@ def _measure(approach: str, file_list: Path, timeout: float, transform: Optional
     r = json.loads(out.read_text())
     steady_time = max(1e-9, r["total_s"] - r["first_batch_s"])
     steady_files = r["files"] - r["first_files"]
-    return Run(approach, r["total_s"], r["first_batch_s"], r["files"], r["audio_s"], cpu_percent(r["cpu_s"], r["window_s"]),
+    return Run(approach, r["total_s"], r["first_batch_s"], r["files"], r["audio_s"],
+               cpu_percent(r["cpu_s"], r["window_s"]),
                peak / 2**20, steady_files / steady_time, r["audio_s"] * steady_files / max(1, r["files"]) / steady_time,
                r["gil_enabled"])
 
 
-def run_bench(corpora: Dict[str, List[str]], approaches: Sequence[str], runs: int, *, workdir: Path,
-              timeout: float = 600.0, progress: bool = True, transforms: Optional[Dict[str, str]] = None
-              ) -> Dict[str, List[Dict[str, Any]]]:
+def run_bench(corpora: dict[str, list[str]], approaches: Sequence[str], runs: int, *, workdir: Path,
+              timeout: float = 600.0, progress: bool = True, transforms: dict[str, str] | None = None
+              ) -> dict[str, list[dict[str, Any]]]:
     """Measure every approach on every corpus ``runs`` times; return the medians per corpus.
 
     ``transforms`` maps a corpus name to the per-sample transform its samples get (one of
     ``TRANSFORMS``). Approaches whose package is missing, or that do not apply to a corpus
     (``spdl-load_wav`` off WAV), are left out with a note.
     """
-    results: Dict[str, List[Dict[str, Any]]] = {}
+    results: dict[str, list[dict[str, Any]]] = {}
     for number, (corpus, paths) in enumerate(corpora.items()):
         transform = (transforms or {}).get(corpus)
         file_list = workdir / f"corpus-{number}.txt"
@@ -311,14 +332,15 @@ def run_bench(corpora: Dict[str, List[str]], approaches: Sequence[str], runs: in
             median["runs"] = runs
             rows.append(median)
             if progress:
-                print(f"  {corpus}: {approach}: {median['total_s']:.2f} s, first batch {1000 * median['first_batch_s']:.0f} ms, "
+                print(f"  {corpus}: {approach}: {median['total_s']:.2f} s, "
+                      f"first batch {1000 * median['first_batch_s']:.0f} ms, "
                       f"peak RSS {median['peak_rss_mb']:.0f} MiB", file=sys.stderr)
         _add_ratios(rows)
         results[corpus] = rows
     return results
 
 
-def _add_ratios(rows: List[Dict[str, Any]]) -> None:
+def _add_ratios(rows: list[dict[str, Any]]) -> None:
     loop = next((r["total_s"] for r in rows if r["approach"] == "loop"), None)
     loaders = [r["total_s"] for r in rows if r["approach"].startswith("dataloader-")]
     best = min(loaders) if loaders else None
@@ -327,7 +349,7 @@ def _add_ratios(rows: List[Dict[str, Any]]) -> None:
         r["vs_best_dataloader"] = best / r["total_s"] if best else None
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """``audiobuffer bench``; also the subprocess entry point (``--child``)."""
     parser = argparse.ArgumentParser(prog="audiobuffer bench", description=DESCRIPTION, epilog=EPILOG)
     parser.add_argument("--files", type=int, default=1000, help="files per generated corpus (default 1000)")

@@ -14,8 +14,8 @@ import math
 import re
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 from .. import __version__
 from ..errors import AudioBufferError, ConfigError
@@ -117,7 +117,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         for epoch in range(config.epochs):
             dataset.set_epoch(epoch)
             total = len(loader) if config.buffer.isolate else math.ceil(len(dataset) / config.loader.batch_size)
-            bar = tqdm(DevicePrefetcher(loader, device), total=total, desc=f"epoch {epoch + 1}/{config.epochs}", unit="batch",
+            bar = tqdm(DevicePrefetcher(loader, device), total=total, desc=f"epoch {epoch + 1}/{config.epochs}",
+                       unit="batch",
                        disable=True if args.no_progress or args.quiet else None, leave=False)
             for batch in bar:  # already on the device: DevicePrefetcher copied it ahead
                 with own_work:
@@ -186,7 +187,7 @@ def _one_line(message: str, limit: int = 4000) -> str:
     return message if len(message) <= limit else message[:limit - 3] + "..."
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("bench", "stress", "pack"):  # these own their arguments

@@ -14,7 +14,7 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 import numpy as np
 import soundfile as sf
@@ -74,7 +74,7 @@ def _utterance(label: int, rng: np.random.Generator) -> np.ndarray:
     return np.concatenate([lead, signal]).astype(np.float32)
 
 
-def make_demo_corpus(root: Optional[Path] = None, *, per_class: int = 50, seed: int = 0) -> Path:
+def make_demo_corpus(root: Path | None = None, *, per_class: int = 50, seed: int = 0) -> Path:
     """Write (once) the demo corpus ``{label}_synth_{i}.flac`` under ``root``; return its folder.
 
     A marker file records the parameters, so a finished corpus is reused and a partial one redone.
@@ -99,7 +99,7 @@ class TinyAudioNet(nn.Module):
         super().__init__()
         self.features = LogMel(SAMPLE_RATE, 256, hop_length=80, n_mels=n_mels, top_db=80.0)
         self.norm = nn.BatchNorm2d(1)
-        blocks: List[nn.Module] = []
+        blocks: list[nn.Module] = []
         channels = 1
         for out in (width, width * 2, width * 2):
             blocks += [nn.Conv2d(channels, out, 3, padding=1), nn.BatchNorm2d(out), nn.ReLU(), nn.MaxPool2d(2)]
@@ -113,7 +113,7 @@ class TinyAudioNet(nn.Module):
         return self.head(x.mean(dim=(2, 3)))
 
 
-def _split(root: Path, test_per_class: int) -> Tuple[List[str], List[str]]:
+def _split(root: Path, test_per_class: int) -> tuple[list[str], list[str]]:
     train, test = [], []
     for path in sorted(root.glob("*.flac")):
         match = _TEST_FILES.search(path.name)
@@ -122,8 +122,8 @@ def _split(root: Path, test_per_class: int) -> Tuple[List[str], List[str]]:
 
 
 def run_demo(*, epochs: int = 12, per_class: int = 50, producers: int = 2, batch_size: int = 32, lr: float = 1e-2,
-             device: str = "auto", cache_dir: Optional[Path] = None, seed: int = 0,
-             progress: bool = False) -> Dict[str, Any]:
+             device: str = "auto", cache_dir: Path | None = None, seed: int = 0,
+             progress: bool = False) -> dict[str, Any]:
     """Make the corpus, train, evaluate; return the results (accuracy, time split, summary)."""
     torch.manual_seed(seed)
     dev = resolve_device(device)

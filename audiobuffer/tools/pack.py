@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from typing import NoReturn, Optional, Sequence
+from collections.abc import Sequence
+from typing import NoReturn
 
 __all__ = ["main", "parse_size"]
 
@@ -74,7 +75,7 @@ def _fail(message: str) -> int:
     return 2
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Run ``audiobuffer pack`` with ``argv`` (the arguments after ``pack``); return the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:

@@ -8,7 +8,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from .._options import usable_cores
 from ..dataset import DatasetStats
@@ -28,7 +28,7 @@ class Timer:
         self.seconds = 0.0
         self._start = 0.0
 
-    def __enter__(self) -> "Timer":
+    def __enter__(self) -> Timer:
         self._start = time.perf_counter()
         return self
 
@@ -64,7 +64,7 @@ class RunSummary:
     verdict: str = ""
     advice: str = ""
 
-    def add_epoch(self, stats: Optional[DatasetStats]) -> None:
+    def add_epoch(self, stats: DatasetStats | None) -> None:
         """Add one epoch's dataset stats."""
         self.epochs += 1
         if stats is None:

@@ -26,8 +26,9 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any
 
 from ..buffer import Buffer
 from ..errors import BufferClosed
@@ -68,7 +69,7 @@ class RoundResult:
     items_per_s: float
     lost: int
     duplicated: int
-    peak_fill: Optional[int]
+    peak_fill: int | None
     bound_ok: bool
 
 
@@ -162,11 +163,11 @@ def _open_fds() -> int:
         return -1
 
 
-def stress(shapes: Sequence[tuple], *, items: int, payload: int, rounds: int, minutes: Optional[float] = None,
-           progress: bool = True) -> Dict[str, Any]:
+def stress(shapes: Sequence[tuple], *, items: int, payload: int, rounds: int, minutes: float | None = None,
+           progress: bool = True) -> dict[str, Any]:
     """Run rounds for every (producers, consumers, capacity) shape; medians per shape and queue."""
     deadline = time.monotonic() + 60 * minutes if minutes else None
-    results: List[RoundResult] = []
+    results: list[RoundResult] = []
     threads0, fds0 = threading.active_count(), _open_fds()
     threads_peak, fds_peak = threads0, fds0
     seed = 0
@@ -192,7 +193,8 @@ def stress(shapes: Sequence[tuple], *, items: int, payload: int, rounds: int, mi
                   f"{left:.1f} min left", file=sys.stderr)
     summary = []
     for producers, consumers, capacity in shapes:
-        def med(impl: str, jitter: bool) -> Optional[float]:
+        def med(impl: str, jitter: bool, producers: int = producers, consumers: int = consumers,
+                capacity: int = capacity) -> float | None:
             rates = [r.items_per_s for r in results if (r.impl, r.producers, r.consumers, r.capacity, r.jitter) ==
                      (impl, producers, consumers, capacity, jitter)]
             return statistics.median(rates) if rates else None
@@ -212,7 +214,7 @@ def stress(shapes: Sequence[tuple], *, items: int, payload: int, rounds: int, mi
     }
 
 
-def markdown(report: Dict[str, Any]) -> str:
+def markdown(report: dict[str, Any]) -> str:
     """The report as a Markdown table and a line of checks."""
     lines = ["| producers | consumers | capacity | queue.Queue get, items/s | Buffer get, items/s | vs Queue | "
              "Buffer get_many, items/s | vs Queue | Buffer get, jittered, items/s |",
@@ -232,7 +234,7 @@ def markdown(report: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def parse_shapes(text: str) -> List[tuple]:
+def parse_shapes(text: str) -> list[tuple]:
     """``"1x1x64,4x2x16"`` -> [(1, 1, 64), (4, 2, 16)] (producers x consumers x capacity)."""
     shapes = []
     for part in text.split(","):
@@ -246,14 +248,16 @@ def parse_shapes(text: str) -> List[tuple]:
     return shapes
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="audiobuffer stress", description=DESCRIPTION, epilog=EPILOG)
     parser.add_argument("--shapes", default="1x1x64,4x1x64,2x2x16,8x2x4",
                         help="producers x consumers x capacity, comma-separated (default 1x1x64,4x1x64,2x2x16,8x2x4)")
     parser.add_argument("--items", type=int, default=100_000, help="items per contended round (default 100000)")
     parser.add_argument("--payload", type=int, default=0, help="bytes each item carries (default 0)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per shape and kind; medians reported (default 3)")
-    parser.add_argument("--minutes", type=float, default=None, help="soak: repeat the rounds for this many minutes, checking that threads and open files stay flat")
+    parser.add_argument("--minutes", type=float, default=None,
+                        help="soak: repeat the rounds for this many minutes, checking that threads and open files "
+                             "stay flat")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 2000 items, 1 round per shape")
     parser.add_argument("--json", metavar="PATH", help="write the report as JSON ('-': stdout)")
     args = parser.parse_args(argv)
