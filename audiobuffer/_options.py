@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-from ._checks import MAX_SEED, check_choice, check_int, check_seconds
+from ._checks import check_choice, check_int, check_seconds
 from .sources import LabelSpec
 
 __all__ = ["ErrorPolicy", "EvenShards", "LoaderOptions", "usable_cores"]
@@ -65,7 +65,7 @@ class LoaderOptions:
         check_int("buffer_size", self.buffer_size, 1, MAX_BUFFER)
         if self.max_bytes is not None:
             check_int("max_bytes", self.max_bytes, 1, also="or None")
-        check_int("seed", self.seed, 0, MAX_SEED)
+        check_int("seed", self.seed, 0)  # numpy takes any integer >= 0
         for name in ("shuffle", "ordered"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
