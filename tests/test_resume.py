@@ -133,7 +133,7 @@ def test_another_source_is_refused():
     (lambda s: "not a dict", "is a dict"),
     (lambda s: {k: v for k, v in s.items() if k != "consumed"}, "lacks"),
     (lambda s: {**s, "version": 99}, "format"),
-    (lambda s: {**s, "consumed": b"\x00"}, "consumed must be"),
+    (lambda s: {**s, "consumed": b"\x00"}, "consumed must hold"),
 ])
 def test_malformed_state_is_refused(mangle, message):
     state = saved_after(dataset(), 3)
@@ -185,8 +185,8 @@ def test_format_1_state_with_bytes_still_loads():
 @pytest.mark.parametrize("mangle, message", [
     (lambda s: {**s, "consumed": "not base64!"}, "consumed must be a base64 string"),
     (lambda s: {**s, "consumed": 7}, "consumed must be a base64 string"),
-    (lambda s: {**s, "consumed": "AAAA"}, "consumed must be a bitmap of 8 bytes for 60 items, got 3 bytes"),
-    (lambda s: {**s, "items": "60"}, "items must be None or an integer"),
+    (lambda s: {**s, "consumed": "AAAA"}, "consumed must hold 8 bytes for 60 items, got 3"),
+    (lambda s: {**s, "items": "60"}, "the state's items must be an integer >= 0, got '60'"),
 ])
 def test_malformed_json_state_is_refused(mangle, message):
     state = saved_after(dataset(), 3)
