@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from .. import __version__
 from ..errors import AudioBufferError, ConfigError
@@ -100,6 +101,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         device = resolve_device(config.device)
     except ValueError as exc:
         raise ConfigError(f"{config.origin}: device: {exc}") from None
+    dataset: Any  # what has epochs and stats: the dataset, or the IsolatedLoader itself
+    loader: Any
     if config.buffer.isolate:  # one object epochs, stats and batches: the IsolatedLoader
         dataset = loader = build_isolated(config)
         files, where = len(loader.dataset.source), " in a helper process"
@@ -211,8 +214,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The cause only where it adds something: a sample error already quotes its decoder's message.
         cause = exc.__cause__
         said = cause is None or str(cause) in str(exc)
-        cause = "" if said else f" (caused by {type(cause).__name__}: {cause})"
-        print(f"audiobuffer: error: {exc}{cause}"[:4000], file=sys.stderr)
+        why = "" if said else f" (caused by {type(cause).__name__}: {cause})"
+        print(f"audiobuffer: error: {exc}{why}"[:4000], file=sys.stderr)
         if args.verbose:
             logger.exception("traceback")
         return 1
