@@ -211,8 +211,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The cause only where it adds something: a sample error already quotes its decoder's message.
         cause = exc.__cause__
         said = cause is None or str(cause) in str(exc)
-        cause = "" if said else f" (caused by {type(cause).__name__}: {cause})"
-        print(f"audiobuffer: error: {exc}{cause}"[:4000], file=sys.stderr)
+        note = "" if said else f" (caused by {type(cause).__name__}: {cause})"
+        print(f"audiobuffer: error: {exc}{note}"[:4000], file=sys.stderr)
         if args.verbose:
             logger.exception("traceback")
         return 1
