@@ -10,7 +10,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from multiprocessing.context import get_spawning_popen
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -110,7 +110,7 @@ class EpochRun:
 
     def fail(self, failure: Failure, policy: ErrorPolicy) -> None:
         """Apply the error policy to a failed item: raise it, or count (and log) it and go on."""
-        item, exc = failure.item, failure.exc
+        item, exc = cast(WorkItem, failure.item), failure.exc  # a producer's Failure always has its item
         message = (f"item {item.index} ({item.path!r}) failed in {failure.producer}: "
                    f"{type(exc).__name__}: {exc}")
         if policy == "raise":

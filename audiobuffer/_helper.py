@@ -44,7 +44,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 from . import _shm
 from ._batch import SlotArena, collate_numpy
@@ -52,6 +52,7 @@ from ._plan import plan_epoch
 from ._producers import Failure, ProducerPool
 from .buffer import Buffer
 from .errors import BufferClosed, StallError
+from .sources import WorkItem
 
 #: Seconds the helper gives its producers to stop before it exits anyway.
 EXIT_GRACE = 1.0
@@ -236,8 +237,9 @@ class Helper:
                 positions.append(plan.position(seq))
                 if out.__class__ is Failure:
                     failed += 1
+                    item = cast(WorkItem, out.item)  # a producer's Failure always has its item
                     if len(failures) < 100:
-                        failures.append((out.item.index, out.item.path, f"{type(out.exc).__name__}: {out.exc}"))
+                        failures.append((item.index, item.path, f"{type(out.exc).__name__}: {out.exc}"))
                     self._report_failure(gen, out, fatal=policy == "raise")
                     if policy == "raise":
                         return
@@ -263,13 +265,15 @@ class Helper:
 
     def _report_failure(self, gen: int, failure: Failure, *, fatal: bool) -> None:
         exc = failure.exc
+        payload: bytes | None
         try:
-            payload: bytes | None = pickle.dumps(exc)
+            payload = pickle.dumps(exc)
             pickle.loads(payload)
         except Exception:
             payload = None
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        self.channel.send(("failure", gen, fatal, failure.item.index, failure.item.path, failure.producer,
+        item = cast(WorkItem, failure.item)  # a producer's Failure always has its item
+        self.channel.send(("failure", gen, fatal, item.index, item.path, failure.producer,
                            type(exc).__name__, str(exc), payload, text))
 
     def _send_batch(self, gen: int, samples: list[Any], positions: list[int], counts: tuple[Any, ...]) -> None:
@@ -282,7 +286,7 @@ class Helper:
             arena = SlotArena(slots.buffer(slot))
             batch = collate_numpy(samples, key=key, allocate=arena)
         # Per field: ("a", offset, shape, dtype) for an array in the slot, ("v", values) for a list.
-        fields = []
+        fields: list[tuple[str, tuple[Any, ...]]] = []
         for name, value in batch.items():
             offset = arena.placed.get(id(value)) if hasattr(value, "dtype") else None
             if offset is None:

@@ -70,7 +70,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 from ._cancel import on_cancel
 from ._checks import check_int, check_seconds
@@ -249,7 +249,8 @@ class ProducerPool:
             if not self._buffer.closed or len(self._buffer):
                 self._buffer.abort(BufferClosed("the producer pool was closed"))
             if self._delivering:
-                self._decode.stop_waiting()  # wake producers waiting inside it for the consumer
+                # wake producers waiting inside it for the consumer (NOTE [ Delivering decoders ])
+                cast(Any, self._decode).stop_waiting()
 
     def close(self, timeout: float = JOIN_TIMEOUT) -> None:
         """Stop and join the producers; see NOTE [ Producer shutdown protocol ]. Idempotent."""

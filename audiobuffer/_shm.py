@@ -34,11 +34,11 @@ def _untracked(name: str | None, create: bool, size: int) -> shared_memory.Share
     # Before 3.13 the constructor calls resource_tracker.register, looked up at call time.
     with _patch_lock:
         register = resource_tracker.register
-        resource_tracker.register = lambda *args, **kwargs: None  # type: ignore[assignment]
+        resource_tracker.register = lambda *args, **kwargs: None
         try:
             return shared_memory.SharedMemory(name, create=create, size=size)
         finally:
-            resource_tracker.register = register  # type: ignore[assignment]
+            resource_tracker.register = register
 
 
 def create(size: int) -> shared_memory.SharedMemory:
@@ -56,7 +56,7 @@ def unlink(name: str) -> bool:
     """Remove segment ``name`` from the system; ``False`` if it was already gone. Windows: no-op."""
     if os.name == "nt":
         return True
-    import _posixshmem  # type: ignore[import-not-found]  # POSIX only; SharedMemory.unlink() would start the tracker
+    import _posixshmem  # POSIX only; SharedMemory.unlink() would start the tracker
 
     try:
         _posixshmem.shm_unlink("/" + name)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 import torch
@@ -205,7 +205,7 @@ class BufferedDataset(IterableDataset):
 
     # -- iteration -----------------------------------------------------------------------------
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Generator[Any, None, None]:
         # A generator: its finally runs on exhaustion, on an exception, on close() and when the
         # generator is garbage-collected. NOTE [ Producer shutdown protocol ] in _producers.py.
         epoch = self._start_epoch()

@@ -85,6 +85,8 @@ class Spectrogram(nn.Module):
     ``lengths`` in samples and returns the lengths in frames.
     """
 
+    window: torch.Tensor  # a buffer (``register_buffer``), moved with the module
+
     def __init__(self, n_fft: int = 2048, *, hop_length: int | None = None,
                  win_length: int | None = None, power: float = 1.0, center: bool = True) -> None:
         super().__init__()
@@ -133,6 +135,8 @@ class MelSpectrogram(nn.Module):
 
     Input ``(..., T)``; output ``(..., n_mels, frames)`` and the lengths in frames.
     """
+
+    filters: torch.Tensor  # a buffer (``register_buffer``), moved with the module
 
     def __init__(self, sample_rate: int, n_fft: int = 2048, *, hop_length: int | None = None,
                  win_length: int | None = None, n_mels: int = 128, f_min: float = 0.0,

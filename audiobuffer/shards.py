@@ -522,7 +522,7 @@ def shuffle_buffer(items: Iterable[T], size: int, rng: np.random.Generator) -> I
         k = int(rng.integers(len(buffer)))
         out, buffer[k] = buffer[k], item
         yield out
-    rng.shuffle(buffer)  # type: ignore[arg-type]
+    rng.shuffle(buffer)
     yield from buffer
 
 

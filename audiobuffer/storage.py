@@ -40,7 +40,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, BinaryIO, TypeVar, cast
 
 from .errors import SourceError, StorageError
 
@@ -375,7 +375,8 @@ def open_stream(url: str | os.PathLike[str], *, storage_options: Mapping[str, An
     if not is_url(url):
         return _with_retry(lambda: open(url, "rb"), url=url, retry=retry)
     total = size(url, storage_options=storage_options, retry=retry)
-    return _RangeStream(url, total, storage_options, retry, block_size)
+    # A duck-typed binary file: read, tell, close and ``with``, what tarfile's stream mode uses.
+    return cast(BinaryIO, _RangeStream(url, total, storage_options, retry, block_size))
 
 
 class _RangeStream:
@@ -505,7 +506,7 @@ def _status(exc: BaseException) -> int | None:
 
 
 def _chain(exc: BaseException) -> Iterable[BaseException]:
-    seen = set()
+    seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen and len(seen) < 16:
         seen.add(id(current))

@@ -204,7 +204,7 @@ def _read(reader: _Reader, start: int, frames: int | None,
 
 def _read_into(f, offset: int, out: np.ndarray) -> bool:
     f.seek(offset)
-    view = memoryview(out)
+    view = memoryview(out)  # type: ignore[arg-type]  # numpy's stubs give ndarray __buffer__ from Python 3.12 only
     done = 0
     while done < len(view):
         n = f.readinto(view[done:])
@@ -264,8 +264,8 @@ def _walk(reader: _Reader) -> WavInfo | None:
     if not rf64 and size < riff_size + 8:
         riff_size = size - 8
     fmt = None
-    data = None  # (offset, length in bytes)
-    ds64_length = None
+    data: tuple[int, int] | None = None  # (offset, length in bytes)
+    ds64_length: int | None = None
     pos = 12
     if pos >= size - 4:
         return None
@@ -279,9 +279,14 @@ def _walk(reader: _Reader) -> WavInfo | None:
         if marker == b"\0\0\0\0":
             break
         if marker == b"data":
-            if fmt is None or data is not None or (rf64 and ds64_length is None):
+            if fmt is None or data is not None:
                 return None
-            length = ds64_length if rf64 else chunk_size
+            if rf64:
+                if ds64_length is None:
+                    return None
+                length = ds64_length
+            else:
+                length = chunk_size
             if chunk_size == 0 and riff_size == 8 and size > 44:
                 length = size - body  # "a WAV file which wasn't closed properly"
             data = (body, length)
@@ -337,7 +342,7 @@ def _walk(reader: _Reader) -> WavInfo | None:
         if chunk_size >= size or end >= size - 4:
             break
         pos = end if rf64 else end + (chunk_size & 1)
-    if data is None:
+    if data is None or fmt is None:  # data is only set after fmt
         return None
     channels, samplerate, bytewidth, is_float, container = fmt
     if rf64:

@@ -32,8 +32,9 @@ from ._sndfile import read_to_end
 __all__ = ["MAX_CROP_SECONDS", "AudioDecoder", "CropMode"]
 
 CropMode = Literal["random", "start", "center"]
-#: A fallback reader: ``(path) -> (audio as (frames, channels) float32, sample_rate)``.
-FallbackReader = Callable[[str], tuple[np.ndarray, int]]
+#: A fallback reader: ``(path) -> (audio as (frames, channels) float32, sample_rate)``; the rate may be
+#: a float (librosa gives one) and is checked and rounded to an int.
+FallbackReader = Callable[[str], tuple[np.ndarray, float]]
 
 # libsndfile reports 2**63 - 1 frames for streams whose header carries no length (FLAC without a
 # total-samples field): such files are read block by block.
@@ -109,7 +110,7 @@ class _WarningGate:
 _quiet = _WarningGate()
 
 
-def _librosa_reader(path: str) -> tuple[np.ndarray, int]:
+def _librosa_reader(path: str) -> tuple[np.ndarray, float]:
     try:
         import librosa
     except ImportError as exc:
@@ -130,7 +131,8 @@ def _librosa_reader(path: str) -> tuple[np.ndarray, int]:
 def _check_rate(path: str, sr: Any, channels: int) -> int:
     """``sr`` as a positive int; a :class:`DecodeError` naming ``path`` for a rate or channel count
     no audio can have (a WAV header that says 0 Hz decodes to ``sr=0`` in librosa)."""
-    if isinstance(sr, bool) or not isinstance(sr, numbers.Real) or not math.isfinite(sr) or round(sr) < 1:
+    # typeshed gives round() of a numbers.Real an _IntegralLike that cannot be compared
+    if isinstance(sr, bool) or not isinstance(sr, numbers.Real) or not math.isfinite(sr) or round(sr) < 1:  # type: ignore[operator]
         raise DecodeError(f"cannot decode {path!r}: its sample rate is {sr!r}; a rate must be a positive "
                           "number of Hz (is the header damaged?)", path=path)
     if channels < 1:

@@ -74,13 +74,13 @@ class ImageDecoder:
             pair = (size, size) if isinstance(size, int) else tuple(size)
             if len(pair) != 2 or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in pair):
                 raise ValueError(f"size must be None, an int >= 1 or (height, width), got {size!r}")
-            size = pair  # type: ignore[assignment]
+            size = pair
         if resample not in _RESAMPLE:
             raise ValueError(f"resample must be one of {_RESAMPLE}, got {resample!r}")
         if not isinstance(apply_exif_orientation, bool):
             raise TypeError(f"apply_exif_orientation must be True or False, got {apply_exif_orientation!r}")
         self._filter = getattr(Image.Resampling, resample.upper())
-        self.size: tuple[int, int] | None = size  # type: ignore[assignment]
+        self.size: tuple[int, int] | None = size
         self.resample = resample
         self.apply_exif_orientation = apply_exif_orientation
 
@@ -92,6 +92,7 @@ class ImageDecoder:
         from PIL import Image, ImageOps  # imported in __init__ already; kept out of the instance so it pickles
 
         item = as_item(item)
+        im: Image.Image  # opened as an ImageFile; a transpose or conversion gives a plain Image
         try:
             with Image.open(item.path) as im:  # the first frame of a multi-frame file
                 if self.apply_exif_orientation and im.getexif().get(_EXIF_ORIENTATION, 1) != 1:

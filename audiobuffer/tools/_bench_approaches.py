@@ -21,7 +21,7 @@ import sys
 import sysconfig
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -184,7 +184,10 @@ def _spdl_pipeline(paths: list[str], decode: Callable[[Any], dict[str, Any]], co
         return pad_collate([decode(p) for p in batch_paths])
 
     chunks = [paths[i:i + BATCH_SIZE] for i in range(0, len(paths), BATCH_SIZE)]
-    pipeline = (PipelineBuilder().add_source(chunks).pipe(decode_batch, concurrency=concurrency)
+    builder: PipelineBuilder[list[str], dict[str, Any]] = PipelineBuilder()
+    # mypy cannot solve the type variables of spdl's union of stage kinds from a plain function
+    builder = builder.add_source(chunks).pipe(decode_batch, concurrency=concurrency)  # type: ignore[arg-type]
+    pipeline = (builder
                 .add_sink(max(1, BUFFER_SIZE // BATCH_SIZE)).build(num_threads=concurrency))
     with pipeline.auto_stop():
         yield from pipeline.get_iterator(timeout=600)
@@ -217,7 +220,7 @@ def _load_wav(path: str, index: int) -> dict[str, Any]:
 def loader(approach: str, paths: list[str], transform: Callable[..., Any] | None = None
            ) -> Iterator[dict[str, Any]]:
     """One epoch of batches of ``paths`` through ``approach`` (one of :data:`APPROACHES`)."""
-    from torch.utils.data import DataLoader
+    from torch.utils.data import DataLoader, Dataset
 
     from ..collate import pad_collate
     from ..dataset import BufferedDataset
@@ -234,7 +237,8 @@ def loader(approach: str, paths: list[str], transform: Callable[..., Any] | None
     if approach.startswith("dataloader-"):
         parts = approach.split("-")
         extra: dict[str, Any] = {"multiprocessing_context": "spawn"} if "spawn" in parts else {}
-        return iter(DataLoader(PathDataset(paths, transform), batch_size=BATCH_SIZE, num_workers=int(parts[1]),
+        dataset = cast(Dataset, PathDataset(paths, transform))  # map-style by duck typing: no torch at import
+        return iter(DataLoader(dataset, batch_size=BATCH_SIZE, num_workers=int(parts[1]),
                                collate_fn=pad_collate, pin_memory="pin" in parts, **extra))
     if approach.startswith("audiobuffer-"):
         count = approach.split("-")[1]

@@ -114,7 +114,8 @@ class TinyAudioNet(nn.Module):
 
 
 def _split(root: Path, test_per_class: int) -> tuple[list[str], list[str]]:
-    train, test = [], []
+    train: list[str] = []
+    test: list[str] = []
     for path in sorted(root.glob("*.flac")):
         match = _TEST_FILES.search(path.name)
         (test if match and int(match.group(1)) < test_per_class else train).append(str(path))
