@@ -96,16 +96,9 @@ class BufferedDataset(IterableDataset):
     """
 
     #: Keys of :meth:`state_dict` (the strings of ``audiobuffer/_plan.py``).
-    STATE_VERSION = _plan.STATE_VERSION
-    STATE_EPOCH = _plan.STATE_EPOCH
-    STATE_SEED = _plan.STATE_SEED
-    STATE_SHUFFLE = _plan.STATE_SHUFFLE
-    STATE_RANK = _plan.STATE_RANK
-    STATE_WORLD_SIZE = _plan.STATE_WORLD_SIZE
-    STATE_EVEN_SHARDS = _plan.STATE_EVEN_SHARDS
-    STATE_SOURCE = _plan.STATE_SOURCE
-    STATE_ITEMS = _plan.STATE_ITEMS
-    STATE_CONSUMED = _plan.STATE_CONSUMED
+    STATE_VERSION, STATE_EPOCH, STATE_ITEMS, STATE_CONSUMED = (
+        _plan.STATE_VERSION, _plan.STATE_EPOCH, _plan.STATE_ITEMS, _plan.STATE_CONSUMED)
+    STATE_SEED, STATE_SHUFFLE, STATE_RANK, STATE_WORLD_SIZE, STATE_EVEN_SHARDS, STATE_SOURCE = _plan.SETUP_KEYS
 
     def __init__(self, source: SourceSpec | Source, decoder: Callable[[WorkItem], Any], *,
                  num_producers: int | None = None, buffer_size: int = 64,
