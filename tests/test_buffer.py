@@ -105,6 +105,24 @@ def test_nan_and_negative_timeouts_rejected(timeout):
         buf.put(2, timeout=timeout)
 
 
+@pytest.mark.parametrize("timeout", [float("nan"), -0.5])
+@pytest.mark.parametrize("max_bytes", [None, 10])
+def test_bad_timeouts_rejected_up_front_even_when_no_wait_is_needed(timeout, max_bytes):
+    buf = Buffer(4, max_bytes=max_bytes)
+    message = "timeout must be None or a number of seconds >= 0"
+    with pytest.raises(ValueError, match=message):
+        buf.put(b"a", timeout=timeout)  # there is room
+    with pytest.raises(ValueError, match=message):
+        buf.put_many([b"a"], timeout=timeout)
+    assert len(buf) == 0  # nothing placed
+    buf.put(b"a")
+    with pytest.raises(ValueError, match=message):
+        buf.get(timeout=timeout)  # there is an item
+    with pytest.raises(ValueError, match=message):
+        buf.get_many(timeout=timeout)
+    assert len(buf) == 1  # nothing taken
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("timeout", [float("inf"), 1e12, 1e300])
 @pytest.mark.parametrize("max_bytes", [None, 10])
