@@ -6,7 +6,7 @@ import threading
 
 import pytest
 import torch
-from helpers import JOIN_TIMEOUT, IndexDecoder, fake_paths, wait_no_threads, write_tone
+from helpers import JOIN_TIMEOUT, IndexDecoder, fake_paths, wait_no_threads, wait_until_blocked, write_tone
 
 from audiobuffer import AudioDecoder, BufferedDataset, DecodeError, SampleError, StallError
 
@@ -93,12 +93,7 @@ def test_close_while_producers_are_blocked_on_a_full_buffer():
     it = iter(ds)
     next(it)
     (epoch,) = ds._running
-    deadline = threading.Event()
-    for _ in range(500):  # until the producers fill the buffer and block
-        if len(epoch.buffer._has_pos._waiters) == 4:
-            break
-        deadline.wait(0.01)
-    assert len(epoch.buffer._has_pos._waiters) == 4
+    assert wait_until_blocked(epoch.buffer._has_pos, 4)  # the producers fill the buffer and block
     ds.close()
     assert not wait_no_threads()
     assert list(it) == []
