@@ -200,7 +200,7 @@ def test_abort_wakes_everyone_and_drops_items():
 
 
 def test_abort_needs_an_exception():
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"abort\(\) needs an exception instance, got 'oops'"):
         Buffer(1).abort("oops")
 
 
