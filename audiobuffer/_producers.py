@@ -308,6 +308,13 @@ class ProducerPool:
             return seq
 
     def _run(self, slot: int) -> None:
+        """The body of producer thread ``slot``: decode items from the feed into the buffer until it is empty.
+
+        Follows NOTE [ Producer shutdown protocol ] at the top of this module: a decoder's exception
+        goes into the buffer as a :class:`Failure` in the item's place; anything else that escapes
+        aborts the buffer with an error naming the producer (and the item, if it escaped the
+        decoder); ``BufferClosed`` means the pool was closed; the last producer out closes the buffer.
+        """
         name = self._threads[slot].name
         buffer = self._buffer
         chunk: list[tuple[int, Any]] = []
@@ -389,17 +396,23 @@ class ProducerPool:
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
         """Yield each ``(seq, sample or Failure)`` once; ends when the producers are done or the pool closes."""
-        if not self._ordered:
-            get_many = self._buffer.get_many  # one lock acquisition for all that is ready
-            while True:
-                try:
-                    chunk = self._get(get_many)
-                except BufferClosed:
+        return self._iter_ordered() if self._ordered else self._iter_unordered()
+
+    def _iter_unordered(self) -> Iterator[tuple[int, Any]]:
+        """``__iter__`` of an unordered pool: pairs in the order they were finished."""
+        get_many = self._buffer.get_many  # one lock acquisition for all that is ready
+        while True:
+            try:
+                chunk = self._get(get_many)
+            except BufferClosed:
+                return
+            for pair in chunk:
+                if self._stopping:  # close() ends the loop, not the chunk in hand
                     return
-                for pair in chunk:
-                    if self._stopping:  # close() ends the loop, not the chunk in hand
-                        return
-                    yield pair
+                yield pair
+
+    def _iter_ordered(self) -> Iterator[tuple[int, Any]]:
+        """``__iter__`` of an ordered pool: pairs in ``seq`` order, each releasing the window by one."""
         pending: dict[int, Any] = {}
         for expected in range(self._count):
             while expected not in pending:

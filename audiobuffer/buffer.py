@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any, Generic, TypeVar
 
@@ -24,6 +24,24 @@ from .errors import BufferClosed
 __all__ = ["Buffer", "BufferClosed", "BufferStats", "payload_nbytes"]
 
 T = TypeVar("T")
+
+
+def _waiters_of(cond: threading.Condition) -> Collection[Any]:
+    """The threads waiting on ``cond``, a live collection: empty means nobody waits.
+
+    ``Condition.notify()`` costs an ownership check and a walk of its waiters even when there are
+    none, the common case while data flows, so the hot paths read this (with the lock held) and
+    notify only when it is not empty. Waiters register under that same lock, so none is missed.
+    ``_waiters`` is a private attribute of CPython's ``threading.Condition``, a deque made once in
+    its constructor and changed in place (PyPy has it too); this is the one place that reads it.
+    """
+    return cond._waiters  # type: ignore[attr-defined]
+
+
+def _check_timeout(timeout: float) -> None:
+    """Reject a negative or NaN ``timeout`` up front, whether or not the call would wait."""
+    if not timeout >= 0:  # NaN too
+        raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
 
 
 def payload_nbytes(item: Any) -> int:
@@ -112,8 +130,15 @@ class Buffer(Generic[T]):
         self._closed = False
         self._abort_exc: BaseException | None = None
         self._lock = threading.Lock()
+        # Both conditions share the lock, as in queue.py.
+        # has_data: consumers (get, get_many) wait on it for an item; put, put_many and _put_bounded
+        # notify it when they add items, close() and abort() notify all.
         self._has_data = threading.Condition(self._lock)
+        # has_pos: producers (put, put_many) wait on it for room (or bytes); get and get_many notify it
+        # when they take items, close() and abort() notify all.
         self._has_pos = threading.Condition(self._lock)
+        self._data_waiters = _waiters_of(self._has_data)  # see _waiters_of: a notify only for a waiter
+        self._pos_waiters = _waiters_of(self._has_pos)
         # Counters, all guarded by the lock.
         self._puts = 0
         self._gets = 0
@@ -184,7 +209,10 @@ class Buffer(Generic[T]):
         Raises:
             BufferClosed: the buffer is closed or aborted (also when that happens during the wait).
             TimeoutError: no room came within ``timeout``.
+            ValueError: ``timeout`` is negative or NaN.
         """
+        if timeout is not None:
+            _check_timeout(timeout)
         if self._max_bytes is not None:
             self._put_bounded(item, timeout)
             return
@@ -194,10 +222,7 @@ class Buffer(Generic[T]):
             self._puts += 1
             if len(items) > self._peak_fill:
                 self._peak_fill = len(items)
-            # Condition.notify() costs an ownership check and a walk of its waiters even when there
-            # are none, the common case while data flows. Waiters register under this same lock,
-            # so the check below sees every one of them.
-            if self._has_data._waiters:  # type: ignore[attr-defined]
+            if self._data_waiters:
                 self._has_data.notify()
 
     def put_many(self, items: list[T], timeout: float | None = None) -> None:
@@ -210,7 +235,10 @@ class Buffer(Generic[T]):
         Raises:
             BufferClosed: the buffer is closed or aborted (items not yet placed are not added).
             TimeoutError: some room did not come within ``timeout`` (each wait has it in full).
+            ValueError: ``timeout`` is negative or NaN.
         """
+        if timeout is not None:
+            _check_timeout(timeout)
         if self._max_bytes is not None:
             for item in items:
                 self._put_bounded(item, timeout)
@@ -225,7 +253,7 @@ class Buffer(Generic[T]):
                 self._puts += room
                 if len(queue) > self._peak_fill:
                     self._peak_fill = len(queue)
-                if self._has_data._waiters:  # type: ignore[attr-defined]  # see put()
+                if self._data_waiters:
                     self._has_data.notify_all()
 
     def _put_bounded(self, item: T, timeout: float | None) -> None:
@@ -304,7 +332,10 @@ class Buffer(Generic[T]):
             BufferClosed: the buffer is closed and drained.
             TimeoutError: no item came within ``timeout``.
             BaseException: the exception given to :meth:`abort`.
+            ValueError: ``timeout`` is negative or NaN.
         """
+        if timeout is not None:
+            _check_timeout(timeout)
         with self._lock:
             items = self._ready_items(timeout)
             item = items.popleft()
@@ -312,7 +343,7 @@ class Buffer(Generic[T]):
             if self._max_bytes is not None:
                 self._nbytes -= self._sizes.popleft()
                 self._has_pos.notify_all()  # the freed bytes may fit any waiting producer
-            elif self._has_pos._waiters:  # type: ignore[attr-defined]  # see put()
+            elif self._pos_waiters:
                 self._has_pos.notify()
             return item
 
@@ -326,7 +357,10 @@ class Buffer(Generic[T]):
             BufferClosed: the buffer is closed and drained.
             TimeoutError: no item came within ``timeout``.
             BaseException: the exception given to :meth:`abort`.
+            ValueError: ``timeout`` is negative or NaN, or ``max_items`` is not an integer >= 1.
         """
+        if timeout is not None:
+            _check_timeout(timeout)
         if max_items is not None and (isinstance(max_items, bool) or not isinstance(max_items, int) or max_items < 1):
             raise ValueError(f"max_items must be None or an integer >= 1, got {max_items!r}")
         with self._lock:
@@ -342,7 +376,7 @@ class Buffer(Generic[T]):
                 for _ in range(n):
                     self._nbytes -= self._sizes.popleft()
                 self._has_pos.notify_all()
-            elif self._has_pos._waiters:  # type: ignore[attr-defined]  # see put()
+            elif self._pos_waiters:
                 self._has_pos.notify(n)
             return out
 
@@ -381,9 +415,7 @@ class Buffer(Generic[T]):
                 while not ready():
                     cond.wait()
                 return
-            if not timeout >= 0:  # NaN too
-                raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
-            deadline = start + timeout  # inf for float("inf")
+            deadline = start + timeout  # checked by the public method (_check_timeout)  # inf for float("inf")
             while not ready():
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:

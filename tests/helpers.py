@@ -36,6 +36,20 @@ def wait_no_threads(timeout: float = JOIN_TIMEOUT) -> list[str]:
     return [t.name for t in audiobuffer_threads()]
 
 
+def wait_until_blocked(cond: threading.Condition, n: int = 1, timeout: float = JOIN_TIMEOUT) -> bool:
+    """Wait up to ``timeout`` until at least ``n`` threads wait on ``cond``; whether they did.
+
+    A blocked thread signals nothing, so this polls the private ``Condition._waiters`` (CPython), in
+    steps of 1 ms: tests use it to know that a producer or consumer is stuck before acting on it.
+    """
+    deadline = time.monotonic() + timeout
+    while len(cond._waiters) < n:  # type: ignore[attr-defined]
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
 def write_tone(path: Path, *, seconds: float = 0.5, sample_rate: int = 16000, channels: int = 1,
                freq: float = 440.0, subtype: str | None = None) -> Path:
     """Write a sine tone (channel c at freq * (c + 1)) and return its path."""

@@ -1,10 +1,9 @@
 import threading
-import time
 
 import numpy as np
 import pytest
 import torch
-from helpers import JOIN_TIMEOUT
+from helpers import JOIN_TIMEOUT, wait_until_blocked
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,15 +25,6 @@ def run_thread(target, *args):
     return thread, result
 
 
-def wait_until_blocked(buf, side, n=1):
-    """Wait until ``n`` threads are waiting on ``buf``'s ``side`` condition (no sleeps)."""
-    cond = buf._has_data if side == "get" else buf._has_pos
-    deadline = time.monotonic() + JOIN_TIMEOUT
-    while len(cond._waiters) < n:
-        assert time.monotonic() < deadline, f"no thread blocked in {side}()"
-        time.sleep(0.001)
-
-
 def finish(thread):
     thread.join(JOIN_TIMEOUT)
     assert not thread.is_alive()
@@ -51,7 +41,7 @@ def test_fifo_and_none_items():
 def test_get_blocks_until_put():
     buf = Buffer(1)
     thread, result = run_thread(buf.get)
-    wait_until_blocked(buf, "get")
+    assert wait_until_blocked(buf._has_data)
     assert "value" not in result
     buf.put("item")
     finish(thread)
@@ -63,7 +53,7 @@ def test_put_blocks_until_get():
     buf = Buffer(1)
     buf.put("a")
     thread, result = run_thread(buf.put, "b")
-    wait_until_blocked(buf, "put")
+    assert wait_until_blocked(buf._has_pos)
     assert len(buf) == 1
     assert buf.get() == "a"
     finish(thread)
@@ -105,6 +95,24 @@ def test_nan_and_negative_timeouts_rejected(timeout):
         buf.put(2, timeout=timeout)
 
 
+@pytest.mark.parametrize("timeout", [float("nan"), -0.5])
+@pytest.mark.parametrize("max_bytes", [None, 10])
+def test_bad_timeouts_rejected_up_front_even_when_no_wait_is_needed(timeout, max_bytes):
+    buf = Buffer(4, max_bytes=max_bytes)
+    message = "timeout must be None or a number of seconds >= 0"
+    with pytest.raises(ValueError, match=message):
+        buf.put(b"a", timeout=timeout)  # there is room
+    with pytest.raises(ValueError, match=message):
+        buf.put_many([b"a"], timeout=timeout)
+    assert len(buf) == 0  # nothing placed
+    buf.put(b"a")
+    with pytest.raises(ValueError, match=message):
+        buf.get(timeout=timeout)  # there is an item
+    with pytest.raises(ValueError, match=message):
+        buf.get_many(timeout=timeout)
+    assert len(buf) == 1  # nothing taken
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("timeout", [float("inf"), 1e12, 1e300])
 @pytest.mark.parametrize("max_bytes", [None, 10])
@@ -112,13 +120,13 @@ def test_infinite_and_huge_timeouts_wait_as_long_as_it_takes(timeout, max_bytes)
     # Condition.wait(1e12) raises OverflowError: such a timeout must just mean "no limit".
     buf = Buffer(1, max_bytes=max_bytes)
     getter, got = run_thread(buf.get, timeout)
-    wait_until_blocked(buf, "get")
+    assert wait_until_blocked(buf._has_data)
     buf.put("a")
     finish(getter)
     assert got == {"value": "a"}
     buf.put("b")
     putter, put = run_thread(buf.put, "c", timeout)
-    wait_until_blocked(buf, "put")
+    assert wait_until_blocked(buf._has_pos)
     many, took = run_thread(buf.get_many, None, timeout)
     finish(many)
     finish(putter)
@@ -155,11 +163,11 @@ def test_close_drains_then_raises():
 def test_close_wakes_blocked_consumers_and_producers():
     empty = Buffer(1)
     getters = [run_thread(empty.get) for _ in range(3)]
-    wait_until_blocked(empty, "get", 3)
+    assert wait_until_blocked(empty._has_data, 3)
     full = Buffer(1)
     full.put(0)
     putters = [run_thread(full.put, i) for i in range(3)]
-    wait_until_blocked(full, "put", 3)
+    assert wait_until_blocked(full._has_pos, 3)
     empty.close()
     full.close()
     for thread, result in getters + putters:
@@ -171,10 +179,10 @@ def test_abort_wakes_everyone_and_drops_items():
     buf = Buffer(1)
     buf.put("kept?")
     putter, put_result = run_thread(buf.put, "blocked")
-    wait_until_blocked(buf, "put")
+    assert wait_until_blocked(buf._has_pos)
     empty = Buffer(1)
     getter, get_result = run_thread(empty.get)
-    wait_until_blocked(empty, "get")
+    assert wait_until_blocked(empty._has_data)
     error = RuntimeError("producer failed")
     buf.abort(error)
     empty.abort(error)
@@ -192,7 +200,7 @@ def test_abort_wakes_everyone_and_drops_items():
 
 
 def test_abort_needs_an_exception():
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"abort\(\) needs an exception instance, got 'oops'"):
         Buffer(1).abort("oops")
 
 
@@ -222,9 +230,9 @@ def test_byte_bound_get_wakes_every_producer_that_now_fits():
     buf = Buffer(10, max_bytes=100)
     buf.put(np.zeros(100, dtype=np.uint8))
     first, first_result = run_thread(buf.put, np.zeros(60, dtype=np.uint8))
-    wait_until_blocked(buf, "put", 1)
+    assert wait_until_blocked(buf._has_pos, 1)
     second, second_result = run_thread(buf.put, np.zeros(30, dtype=np.uint8))
-    wait_until_blocked(buf, "put", 2)
+    assert wait_until_blocked(buf._has_pos, 2)
     buf.get()
     finish(first)
     finish(second)
@@ -315,7 +323,7 @@ def test_get_many_waits_and_wakes_every_producer_it_made_room_for():
     buf.put("a")
     buf.put("b")
     putters = [run_thread(buf.put, x) for x in "cd"]
-    wait_until_blocked(buf, "put", 2)
+    assert wait_until_blocked(buf._has_pos, 2)
     assert buf.get_many() == ["a", "b"]
     for thread, result in putters:
         finish(thread)
@@ -324,7 +332,7 @@ def test_get_many_waits_and_wakes_every_producer_it_made_room_for():
     with pytest.raises(TimeoutError):
         buf.get_many(timeout=0.01)
     getter, result = run_thread(buf.get_many)
-    wait_until_blocked(buf, "get")
+    assert wait_until_blocked(buf._has_data)
     buf.abort(RuntimeError("stop"))
     finish(getter)
     assert isinstance(result["error"], RuntimeError)

@@ -5,8 +5,7 @@ import os
 import threading
 
 import pytest
-import torch
-from helpers import JOIN_TIMEOUT, IndexDecoder, fake_paths, wait_no_threads, write_tone
+from helpers import JOIN_TIMEOUT, IndexDecoder, fake_paths, wait_no_threads, wait_until_blocked, write_tone
 
 from audiobuffer import AudioDecoder, BufferedDataset, DecodeError, SampleError, StallError
 
@@ -93,12 +92,7 @@ def test_close_while_producers_are_blocked_on_a_full_buffer():
     it = iter(ds)
     next(it)
     (epoch,) = ds._running
-    deadline = threading.Event()
-    for _ in range(500):  # until the producers fill the buffer and block
-        if len(epoch.buffer._has_pos._waiters) == 4:
-            break
-        deadline.wait(0.01)
-    assert len(epoch.buffer._has_pos._waiters) == 4
+    assert wait_until_blocked(epoch.buffer._has_pos, 4)  # the producers fill the buffer and block
     ds.close()
     assert not wait_no_threads()
     assert list(it) == []
@@ -188,15 +182,3 @@ def test_directory_named_like_a_file_is_not_listed(tmp_path):
     hostile_files(tmp_path)
     ds = BufferedDataset(tmp_path, AudioDecoder(), on_error="skip")
     assert "folder.wav" not in {os.path.basename(p) for p in ds.source.paths}
-
-
-def test_bad_shapes_per_policy_in_batch_slots():
-    from audiobuffer import BatchSlotLoader, SampleError
-
-    def decode(item):  # items 8, 13 and 18 come out one longer (the first sample decoded sets the shape)
-        return {"audio": torch.zeros(9 if item.index in (8, 13, 18) else 8), "index": item.index}
-
-    with pytest.raises(SampleError, match="shape"):
-        list(BatchSlotLoader(fake_paths(20), decode, batch_size=4))
-    loader = BatchSlotLoader(fake_paths(20), decode, batch_size=4, on_error="skip")
-    assert sum(len(b["index"]) for b in loader) == 17 and loader.stats().failed == 3

@@ -351,15 +351,15 @@ def test_a_decoder_from_main_is_refused(monkeypatch):
         IsolatedLoader(fake_paths(4), IndexDecoder(), batch_size=2, transform=lambda s: s)
 
 
-@pytest.mark.parametrize("kwargs, error", [
-    (dict(batch_size=0), ValueError),
-    (dict(batch_size="8"), TypeError),
-    (dict(batch_size=2, num_slots=1), ValueError),
-    (dict(batch_size=2, pin_memory="yes"), ValueError),
-    (dict(batch_size=2, on_error="ignore"), ValueError),
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(batch_size=0), ValueError, r"^batch_size .*, got 0$"),
+    (dict(batch_size="8"), TypeError, r"^batch_size .*, got '8'$"),
+    (dict(batch_size=2, num_slots=1), ValueError, r"^num_slots .*, got 1$"),
+    (dict(batch_size=2, pin_memory="yes"), ValueError, r"^pin_memory .*, got 'yes'$"),
+    (dict(batch_size=2, on_error="ignore"), ValueError, r"^on_error .*, got 'ignore'$"),
 ])
-def test_bad_options_fail_at_construction(kwargs, error):
-    with pytest.raises(error):
+def test_bad_options_fail_at_construction(kwargs, error, match):
+    with pytest.raises(error, match=match):
         IsolatedLoader(fake_paths(4), IndexDecoder(), **kwargs)
 
 

@@ -3,7 +3,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers import JOIN_TIMEOUT, wait_no_threads
+from helpers import JOIN_TIMEOUT, wait_no_threads, wait_until_blocked
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -141,10 +141,7 @@ def test_close_with_producers_blocked_on_full_buffer():
     pool = pool_of(1000, lambda item: item.index, producers=4, capacity=2)
     pool.start()
     buffer = pool._buffer
-    deadline = time.monotonic() + JOIN_TIMEOUT
-    while len(buffer._has_pos._waiters) < 4 and time.monotonic() < deadline:
-        time.sleep(0.001)
-    assert len(buffer._has_pos._waiters) == 4  # everyone is blocked in put()
+    assert wait_until_blocked(buffer._has_pos, 4)  # everyone is blocked in put()
     pool.close()
     pool.close()  # idempotent
     assert not any(t.is_alive() for t in pool.threads)
@@ -213,9 +210,7 @@ def test_ordered_byte_bound_counts_the_items_waiting_for_their_turn():
     def decode(item):
         if item.index == 0:
             # Stay slow until every other producer waits (for its turn or for room), then count.
-            deadline = time.monotonic() + JOIN_TIMEOUT
-            while len(pool._turn._waiters) < producers - 1 and time.monotonic() < deadline:
-                time.sleep(0.001)
+            wait_until_blocked(pool._turn, producers - 1)
             while_stuck.append(live[0])
         out = np.zeros(size, np.uint8)
         with lock:
