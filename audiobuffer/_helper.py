@@ -230,34 +230,24 @@ class Helper:
         pool.start()
         samples: list[Any] = []
         positions: list[int] = []  # consumed with the next batch the trainer takes: its samples and failures
-        yielded = failed = 0
-        failures: list[tuple[int, str, str]] = []
         try:
             for seq, out in pool:
                 positions.append(plan.position(seq))
-                if out.__class__ is Failure:
-                    failed += 1
-                    item = cast(WorkItem, out.item)  # a producer's Failure always has its item
-                    if len(failures) < 100:
-                        failures.append((item.index, item.path, f"{type(out.exc).__name__}: {out.exc}"))
+                if out.__class__ is Failure:  # the trainer counts and lists it (one count, the trainer's)
                     self._report_failure(gen, out, fatal=policy == "raise")
                     if policy == "raise":
                         return
                     continue
                 samples.append(out)
                 if len(samples) == batch_size:
-                    yielded += len(samples)
-                    self._send_batch(gen, samples, positions, (yielded, failed, pool.decode_seconds))
+                    self._send_batch(gen, samples, positions, pool.decode_seconds)
                     samples, positions = [], []
             done = not pool.stopped
             if samples and done and not spec["drop_last"]:
-                yielded += len(samples)
-                self._send_batch(gen, samples, positions, (yielded, failed, pool.decode_seconds))
+                self._send_batch(gen, samples, positions, pool.decode_seconds)
                 positions = []
-            if done:
-                stats = {"items": len(plan), "resumed": plan.size - len(plan), "yielded": yielded, "failed": failed,
-                         "failures": failures, "decode_s": pool.decode_seconds,
-                         "num_producers": len(pool.threads), "buffer": buffer.stats.as_dict(),
+            if done:  # what only the helper knows; the trainer counts samples and failures itself
+                stats = {"decode_s": pool.decode_seconds, "buffer": buffer.stats.as_dict(),
                          "slot_wait_s": self.slots.wait_s}
                 self.channel.send(("end", gen, stats, positions))
         finally:
@@ -276,7 +266,7 @@ class Helper:
         self.channel.send(("failure", gen, fatal, item.index, item.path, failure.producer,
                            type(exc).__name__, str(exc), payload, text))
 
-    def _send_batch(self, gen: int, samples: list[Any], positions: list[int], counts: tuple[Any, ...]) -> None:
+    def _send_batch(self, gen: int, samples: list[Any], positions: list[int], decode_s: float) -> None:
         slots, key = self.slots, self.spec["key"]
         slot = slots.take(gen)
         arena = SlotArena(slots.buffer(slot))
@@ -294,7 +284,7 @@ class Helper:
             else:
                 fields.append((name, ("a", offset, value.shape, value.dtype.str)))
         del batch  # no view into the slot outlives the hand-over
-        self.channel.send(("batch", gen, slot, slots.name(slot), fields, positions, counts))
+        self.channel.send(("batch", gen, slot, slots.name(slot), fields, positions, len(samples), decode_s))
 
     def free(self, gen: int, slot: int) -> None:
         if gen == self._gen:

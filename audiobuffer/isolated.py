@@ -502,7 +502,7 @@ class IsolatedLoader:
                 return message
 
     def _unpack(self, run: _Run, message: tuple[Any, ...]) -> dict[str, Any]:
-        _, gen, slot, name, fields, positions, counts = message
+        _, gen, slot, name, fields, positions, rows, decode_s = message
         start = time.perf_counter()
         buf = self._attach(slot, name).buf
         batch: dict[str, Any] = {}
@@ -520,7 +520,8 @@ class IsolatedLoader:
         run.copy_s += time.perf_counter() - start
         for position in positions:
             run.consumed[position] = 1
-        run.yielded, run.failed, run.decode_s = counts
+        run.yielded += rows
+        run.decode_s = decode_s
         return batch
 
     def _on_failure(self, run: _Run, message: tuple[Any, ...]) -> None:
