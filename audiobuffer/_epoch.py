@@ -20,7 +20,7 @@ from .buffer import Buffer, BufferStats
 from .errors import DecodeError, SampleError
 from .sources import WorkItem
 
-__all__ = ["MAX_LISTED_FAILURES", "Compose", "DatasetStats", "EpochRun", "WorkerEpochs"]
+__all__ = ["MAX_LISTED_FAILURES", "Compose", "DatasetStats", "EpochRun", "WorkerEpochs", "record_skip"]
 
 logger = logging.getLogger(__name__)
 
@@ -116,11 +116,7 @@ class EpochRun:
         if policy == "raise":
             cls = DecodeError if isinstance(exc, DecodeError) else SampleError
             raise cls(message, path=item.path, index=item.index, producer=failure.producer) from exc
-        self.failed += 1
-        if len(self.failures) < MAX_LISTED_FAILURES:
-            self.failures.append((item.index, item.path, f"{type(exc).__name__}: {exc}"))
-        if policy == "warn":
-            logger.warning("skipping %s", message)
+        record_skip(self, item.index, item.path, f"{type(exc).__name__}: {exc}", message, policy)
 
 
 class WorkerEpochs:
@@ -176,3 +172,13 @@ class Compose:
 
     def __call__(self, item: WorkItem) -> Any:
         return self.transform(self.decoder(item))
+
+
+def record_skip(run: Any, index: int, path: str, reason: str, summary: str, policy: ErrorPolicy) -> None:
+    """Count a failed item that the policy skips (``warn``: log ``summary`` too) in ``run``'s
+    ``failed`` and ``failures``; shared by in-process epochs and the isolated loader's trainer side."""
+    run.failed += 1
+    if len(run.failures) < MAX_LISTED_FAILURES:
+        run.failures.append((index, path, reason))
+    if policy == "warn":
+        logger.warning("skipping %s", summary)

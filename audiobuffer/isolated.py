@@ -33,6 +33,7 @@ import torch
 
 from . import _shm
 from ._cancel import on_cancel
+from ._epoch import record_skip
 from ._plan import (
     STATE_EVEN_SHARDS,
     STATE_RANK,
@@ -60,7 +61,6 @@ DEFAULT_SLOT_BYTES = 4 << 20
 START_TIMEOUT = 60.0
 #: Extra seconds the trainer waits past ``timeout`` before it gives up on a helper that sends nothing.
 SILENCE_GRACE = 5.0
-_MAX_LISTED_FAILURES = 100
 
 
 class _RemoteTraceback(Exception):
@@ -538,11 +538,7 @@ class IsolatedLoader:
                     pass
             cls = DecodeError if type_name == "DecodeError" or isinstance(cause, DecodeError) else SampleError
             raise cls(summary, path=path, index=index, producer=producer) from cause
-        run.failed += 1
-        if len(run.failures) < _MAX_LISTED_FAILURES:
-            run.failures.append((index, path, f"{type_name}: {text}"))
-        if self.dataset.on_error == "warn":
-            logger.warning("skipping %s", summary)
+        record_skip(run, index, path, f"{type_name}: {text}", summary, self.dataset.on_error)
 
     def _stop(self, gen: int) -> None:
         """Leave epoch ``gen`` early: the helper stops it and confirms (bounded by ``JOIN_TIMEOUT``)."""
