@@ -7,7 +7,7 @@ import logging
 import multiprocessing
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from multiprocessing.context import get_spawning_popen
 from typing import Any, cast
@@ -15,12 +15,13 @@ from typing import Any, cast
 import numpy as np
 
 from ._options import ErrorPolicy
+from ._plan import plan_epoch
 from ._producers import Failure, ProducerPool
 from .buffer import Buffer, BufferStats
 from .errors import DecodeError, SampleError
 from .sources import WorkItem
 
-__all__ = ["MAX_LISTED_FAILURES", "Compose", "DatasetStats", "EpochRun", "WorkerEpochs", "record_skip"]
+__all__ = ["MAX_LISTED_FAILURES", "Compose", "DatasetStats", "EpochRun", "WorkerEpochs", "record_skip", "start_epoch"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +49,13 @@ class DatasetStats:
         transfer: an :class:`~audiobuffer.IsolatedLoader`'s hand-over between its processes: seconds the
             trainer waited for a batch (``trainer_wait_s``) and copied slots out (``trainer_copy_s``), and
             seconds the helper waited for a free slot (``helper_slot_wait_s``); ``None`` in process.
+        batches: with ``max_batch_seconds``, the batches handed out (``None`` without).
+        empty_batches: batches whose samples all failed (skipped).
+        padding: with ``max_batch_seconds``, the padding of the batches handed out: padded seconds /
+            seconds in batches, each batch padded to its longest item (``None`` without).
+
+    With ``max_batch_seconds``, ``failed`` and ``failures`` also count the items whose header could not
+    be read (in rank 0's first DataLoader worker, every epoch: those items are in no batch).
     """
 
     epoch: int
@@ -66,6 +74,9 @@ class DatasetStats:
     done: bool = False
     buffer: BufferStats | None = None
     transfer: dict[str, float] | None = None
+    batches: int | None = None
+    empty_batches: int = 0
+    padding: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The stats as plain builtins."""
@@ -107,6 +118,17 @@ class EpochRun:
             yielded=self.yielded, failed=self.failed, failures=list(self.failures),
             decode_s=self.pool.decode_seconds, wall_s=end - self.start, done=self.done,
             buffer=self.buffer.stats)
+
+    def consume(self, policy: ErrorPolicy) -> Iterator[Any]:
+        """Yield each sample from the pool once, marking its position consumed; apply ``policy`` to failures."""
+        consumed, positions = self.consumed, self.positions
+        for seq, out in self.pool:
+            consumed[seq if positions is None else positions[seq]] = 1
+            if out.__class__ is Failure:
+                self.fail(out, policy)
+                continue
+            self.yielded += 1
+            yield out
 
     def fail(self, failure: Failure, policy: ErrorPolicy) -> None:
         """Apply the error policy to a failed item: raise it, or count (and log) it and go on."""
@@ -172,6 +194,27 @@ class Compose:
 
     def __call__(self, item: WorkItem) -> Any:
         return self.transform(self.decoder(item))
+
+
+def start_epoch(dataset: Any, decode: Callable[[WorkItem], Any], *, number: int, rank: int, world_size: int,
+                worker: int, num_workers: int, resume: bytes | None) -> EpochRun:
+    """The (not yet started) epoch of one shard of ``dataset`` (a ``BufferedDataset``), one sample at a time."""
+    source, seed = dataset.source, dataset.seed
+    plan = plan_epoch(len(source), shuffle=dataset.shuffle, seed=seed, epoch=number, rank=rank,
+                      world_size=world_size, worker=worker, num_workers=num_workers,
+                      even_shards=dataset.even_shards, consumed=resume)
+    indices = plan.indices
+
+    def make_item(seq: int) -> WorkItem:
+        # A resumed epoch's items keep the positions they had in the full epoch.
+        return source.item(int(indices[seq]), epoch=number, seed=seed, seq=plan.position(seq))
+
+    buffer: Buffer[Any] = Buffer(dataset.buffer_size, max_bytes=dataset.max_bytes)
+    pool = ProducerPool(make_item, len(plan), decode, buffer,
+                        num_producers=min(dataset.num_producers, max(1, len(plan))), ordered=dataset.ordered,
+                        warn_after=dataset.warn_after, timeout=dataset.timeout)
+    return EpochRun(number, rank, world_size, worker, num_workers, pool, buffer, bytearray(plan.consumed),
+                    plan.positions)
 
 
 def record_skip(run: Any, index: int, path: str, reason: str, summary: str, policy: ErrorPolicy) -> None:

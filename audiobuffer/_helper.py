@@ -21,8 +21,11 @@ Epochs. ``("epoch", gen, args)`` starts an epoch in a thread of its own (generat
 message of it, so nothing of an abandoned epoch is mistaken for the next one's). The epoch thread runs
 a :class:`ProducerPool` into a :class:`Buffer`, collates each ``batch_size`` samples straight into a
 free shared-memory slot and sends ``("batch", gen, ...)``; the trainer copies the slot out and answers
-``("free", gen, slot)``. The free and full slot lists are caffe's ``prefetch_free_`` and
-``prefetch_full_``; the helper waits for a free slot on a condition that ``free`` and ``stop`` notify.
+``("free", gen, slot)``. With batches by duration the trainer plans the batches and sends them with the
+epoch; the helper decodes a batch's samples in parallel, collates each batch once it is complete
+(``_batched.Assembler``) and sends ``("skipped", gen, position)`` for one whose samples all failed.
+The free and full slot lists are caffe's ``prefetch_free_`` and ``prefetch_full_``; the helper waits
+for a free slot on a condition that ``free`` and ``stop`` notify.
 An epoch ends with ``("end", gen, stats)``, or, when the trainer leaves it early, with ``("stop",
 gen)`` -> the pool is closed and ``("stopped", gen)`` confirms it. Every slot is free again at the
 start of the next epoch.
@@ -46,8 +49,11 @@ import time
 import traceback
 from typing import Any, BinaryIO, cast
 
+import numpy as np
+
 from . import _shm
 from ._batch import SlotArena, collate_numpy
+from ._batched import Assembler
 from ._plan import plan_epoch
 from ._producers import Failure, ProducerPool
 from .buffer import Buffer
@@ -211,17 +217,25 @@ class Helper:
         source, decoder, transform = spec["source"], spec["decoder"], spec["transform"]
         decode = decoder if transform is None else (lambda item: transform(decoder(item)))
         batch_size, policy = spec["batch_size"], spec["on_error"]
-        plan = plan_epoch(len(source), shuffle=spec["shuffle"], seed=spec["seed"], epoch=args["epoch"],
-                          rank=args["rank"], world_size=args["world_size"], even_shards=spec["even_shards"],
-                          consumed=args["consumed"])
-        epoch, seed = args["epoch"], spec["seed"]
+        epoch, seed, capacity = args["epoch"], spec["seed"], spec["buffer_size"]
+        assembler = None
+        if args.get("batches") is not None:  # batches by duration, planned by the trainer
+            indices, sizes, batch_positions, seqs = args["batches"]
+            assembler = Assembler(sizes)
+            capacity = max(capacity, 2 * max(sizes, default=0))  # as in process: two batches ahead
+        else:
+            plan = plan_epoch(len(source), shuffle=spec["shuffle"], seed=seed, epoch=epoch, rank=args["rank"],
+                              world_size=args["world_size"], even_shards=spec["even_shards"],
+                              consumed=args["consumed"])
+            indices = plan.indices
+            seqs = plan.positions if plan.positions is not None else np.arange(len(plan))
 
         def make_item(seq: int) -> Any:
-            return source.item(int(plan.indices[seq]), epoch=epoch, seed=seed, seq=plan.position(seq))
+            return source.item(int(indices[seq]), epoch=epoch, seed=seed, seq=int(seqs[seq]))
 
-        buffer: Buffer[Any] = Buffer(spec["buffer_size"], max_bytes=spec["max_bytes"])
-        pool = ProducerPool(make_item, len(plan), decode, buffer,
-                            num_producers=min(spec["num_producers"], max(1, len(plan))), ordered=spec["ordered"],
+        buffer: Buffer[Any] = Buffer(capacity, max_bytes=spec["max_bytes"])
+        pool = ProducerPool(make_item, len(indices), decode, buffer,
+                            num_producers=min(spec["num_producers"], max(1, len(indices))), ordered=spec["ordered"],
                             warn_after=spec["warn_after"], timeout=spec["timeout"])
         with self._lock:
             if gen != self._gen:
@@ -232,11 +246,15 @@ class Helper:
         positions: list[int] = []  # consumed with the next batch the trainer takes: its samples and failures
         try:
             for seq, out in pool:
-                positions.append(plan.position(seq))
                 if out.__class__ is Failure:  # the trainer counts and lists it (one count, the trainer's)
                     self._report_failure(gen, out, fatal=policy == "raise")
                     if policy == "raise":
                         return
+                if assembler is not None:
+                    self._batch_done(gen, assembler, seq, out, indices, batch_positions, pool)
+                    continue
+                positions.append(int(seqs[seq]))
+                if out.__class__ is Failure:
                     continue
                 samples.append(out)
                 if len(samples) == batch_size:
@@ -253,6 +271,21 @@ class Helper:
         finally:
             pool.close()
 
+    def _batch_done(self, gen: int, assembler: Assembler, seq: int, out: Any, indices: Any,
+                    batch_positions: list[int], pool: ProducerPool) -> None:
+        """Send a batch by duration once its last sample is in: collated, or ``skipped`` if all failed."""
+        done = assembler.add(seq, out)
+        if done is None:
+            return
+        b, outs = done
+        kept = [i for i, sample in enumerate(outs) if sample.__class__ is not Failure]
+        if not kept:
+            self.channel.send(("skipped", gen, batch_positions[b]))
+            return
+        first = assembler.start(b)
+        self._send_batch(gen, [outs[i] for i in kept], [batch_positions[b]], pool.decode_seconds,
+                         rows=[int(indices[first + i]) for i in kept])
+
     def _report_failure(self, gen: int, failure: Failure, *, fatal: bool) -> None:
         exc = failure.exc
         payload: bytes | None
@@ -266,7 +299,9 @@ class Helper:
         self.channel.send(("failure", gen, fatal, item.index, item.path, failure.producer,
                            type(exc).__name__, str(exc), payload, text))
 
-    def _send_batch(self, gen: int, samples: list[Any], positions: list[int], decode_s: float) -> None:
+    def _send_batch(self, gen: int, samples: list[Any], positions: list[int], decode_s: float,
+                    rows: list[int] | None = None) -> None:
+        """Collate ``samples`` into a free slot and send it (``rows``: their source indices, batches by duration)."""
         slots, key = self.slots, self.spec["key"]
         slot = slots.take(gen)
         arena = SlotArena(slots.buffer(slot))
@@ -284,7 +319,7 @@ class Helper:
             else:
                 fields.append((name, ("a", offset, value.shape, value.dtype.str)))
         del batch  # no view into the slot outlives the hand-over
-        self.channel.send(("batch", gen, slot, slots.name(slot), fields, positions, len(samples), decode_s))
+        self.channel.send(("batch", gen, slot, slots.name(slot), fields, positions, len(samples), decode_s, rows))
 
     def free(self, gen: int, slot: int) -> None:
         if gen == self._gen:

@@ -1,7 +1,7 @@
 """The options every loader shares, validated once: :class:`LoaderOptions`.
 
 ``BufferedDataset``, ``BatchSlotLoader``, ``IsolatedLoader`` and the YAML config all describe the same
-pipeline (source, producers, buffer, order, errors, shards, stalls). Their keywords are this frozen
+pipeline (source, producers, buffer, order, errors, shards, stalls, batches by duration). Their keywords are this frozen
 dataclass's fields, checked here and nowhere else, so a new loader adds no copy of them.
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-from ._checks import check_choice, check_int, check_seconds
+from ._checks import MAX_SECONDS, check_choice, check_int, check_seconds, short_repr
 from .sources import LabelSpec
 
 __all__ = ["ErrorPolicy", "EvenShards", "LoaderOptions", "usable_cores"]
@@ -23,6 +23,8 @@ EvenShards = Literal["pad", "drop"] | None
 MAX_PRODUCERS = 1024
 #: The largest buffer (items).
 MAX_BUFFER = 1 << 20
+#: Duration buckets when ``max_batch_seconds`` is set and ``buckets`` is not.
+DEFAULT_BUCKETS = 10
 
 
 def usable_cores() -> int:
@@ -58,6 +60,10 @@ class LoaderOptions:
     even_shards: EvenShards = "pad"
     warn_after: float | None = None
     timeout: float | None = None
+    max_batch_seconds: float | None = None
+    buckets: int | None = None
+    max_batch_size: int | None = None
+    duration_column: str | None = None
 
     def __post_init__(self) -> None:
         if self.num_producers is not None:
@@ -83,6 +89,20 @@ class LoaderOptions:
             check_int("rank", self.rank, 0, self.world_size - 1)
         for name in ("warn_after", "timeout"):
             check_seconds(name, getattr(self, name))  # None or float("inf"): never
+        check_seconds("max_batch_seconds", self.max_batch_seconds, maximum=MAX_SECONDS)
+        if self.buckets is not None:
+            check_int("buckets", self.buckets, 1, also="or None")
+        if self.max_batch_size is not None:
+            check_int("max_batch_size", self.max_batch_size, 1, also="or None")
+        if self.duration_column is not None and not isinstance(self.duration_column, str):
+            raise TypeError(f"duration_column must be a manifest column name or None, got "
+                            f"{short_repr(self.duration_column)}")
+        if self.max_batch_seconds is None:
+            given = [name for name in ("buckets", "max_batch_size", "duration_column")
+                     if getattr(self, name) is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)} shape batches by duration: give max_batch_seconds too, "
+                                 f"got {given[0]}={short_repr(getattr(self, given[0]))}")
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

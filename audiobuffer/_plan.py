@@ -10,6 +10,11 @@ process computes the same plan and exactly-once can be tested on the plan alone.
    rank first so that every rank gets the same share whatever its workers do;
 4. the resume mask: positions of the shard already consumed before a saved state are left out, and
    the rest keep the positions they had in the full epoch.
+
+With batches by duration the plan's unit is a batch instead of an item: ``_batching.plan_batches`` cuts
+the epoch into batches from the items' durations and then takes the same steps 2-4 over the batch
+order (with this module's :func:`even_out` and :func:`shard`). A state dict records which of the two
+plans it counts (:data:`STATE_BATCHING`).
 """
 
 from __future__ import annotations
@@ -135,10 +140,14 @@ STATE_EVEN_SHARDS = "even_shards"
 STATE_SOURCE = "source_fingerprint"
 STATE_ITEMS = "items"
 STATE_CONSUMED = "consumed"
-#: The setup a state was saved under; a state loads only into the same setup.
+#: The batches by duration a state's mask counts (their budget, buckets and a digest of the durations),
+#: or ``None`` where it counts items; part of the setup (a setup without the key means ``None``).
+STATE_BATCHING = "batching"
+#: The setup a state was saved under; a state loads only into the same setup (and the same batching).
 SETUP_KEYS = (STATE_SEED, STATE_SHUFFLE, STATE_RANK, STATE_WORLD_SIZE, STATE_EVEN_SHARDS, STATE_SOURCE)
-#: 2: the consumed bitmap as a base64 str (JSON-serialisable); 1 (still loaded): as bytes.
-STATE_FORMAT = 2
+#: 3: with the batching key (the consumed mask counts batches where it is not None); 2 (still loaded):
+#: the consumed bitmap as a base64 str (JSON-serialisable); 1 (still loaded): as bytes. 1 and 2 count items.
+STATE_FORMAT = 3
 
 
 def pack_consumed(consumed: bytes | bytearray) -> str:
@@ -168,9 +177,11 @@ def unpack_consumed(packed: Any, items: int) -> bytes:
 
 
 def encode_state(setup: Mapping[str, Any], epoch: int, consumed: bytes | bytearray | None) -> dict[str, Any]:
-    """A state dict of plain builtins: ``setup`` (see :data:`SETUP_KEYS`), the epoch and its consumed mask."""
+    """A state dict of plain builtins: ``setup`` (see :data:`SETUP_KEYS` and :data:`STATE_BATCHING`), the
+    epoch and its consumed mask (of items, or of batches where ``setup``'s batching is not ``None``)."""
     state: dict[str, Any] = {STATE_VERSION: STATE_FORMAT, STATE_EPOCH: epoch}
     state.update((key, setup[key]) for key in SETUP_KEYS)
+    state[STATE_BATCHING] = setup.get(STATE_BATCHING)
     state[STATE_ITEMS] = None if consumed is None else len(consumed)
     state[STATE_CONSUMED] = "" if consumed is None else pack_consumed(consumed)
     return state
@@ -187,11 +198,15 @@ def decode_state(setup: Mapping[str, Any], state: Any) -> tuple[int, bytes | Non
     missing = [k for k in (STATE_VERSION, STATE_EPOCH, *SETUP_KEYS, STATE_ITEMS, STATE_CONSUMED) if k not in state]
     if missing:
         raise ResumeError(f"the state dict lacks {missing}")
-    if state[STATE_VERSION] not in (1, STATE_FORMAT):
-        raise ResumeError(f"state format {state[STATE_VERSION]!r} is not 1 or {STATE_FORMAT}")
-    for key in SETUP_KEYS:
-        if state[key] != setup[key]:
-            raise ResumeError(f"the state was saved with {key}={state[key]!r}, this dataset has {key}={setup[key]!r}; "
+    if state[STATE_VERSION] not in (1, 2, STATE_FORMAT):
+        raise ResumeError(f"state format {state[STATE_VERSION]!r} is not 1, 2 or {STATE_FORMAT}")
+    if state[STATE_VERSION] == STATE_FORMAT and STATE_BATCHING not in state:
+        raise ResumeError(f"the state dict lacks {[STATE_BATCHING]}")
+    saved = {**state, STATE_BATCHING: state.get(STATE_BATCHING)}  # formats 1 and 2 count items
+    wanted = {**setup, STATE_BATCHING: setup.get(STATE_BATCHING)}
+    for key in (*SETUP_KEYS, STATE_BATCHING):
+        if saved[key] != wanted[key]:
+            raise ResumeError(f"the state was saved with {key}={saved[key]!r}, this dataset has {key}={wanted[key]!r}; "
                               f"resume with the setup it was saved under")
     epoch, items = state[STATE_EPOCH], state[STATE_ITEMS]
     for key, value in ((STATE_EPOCH, epoch), (STATE_ITEMS, items)):

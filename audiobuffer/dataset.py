@@ -2,7 +2,8 @@
 
 It validates (:class:`~audiobuffer._options.LoaderOptions`), plans each epoch (:func:`plan_epoch`, a
 pure function), runs it (:class:`ProducerPool` into a :class:`Buffer`, the error policy of
-:class:`EpochRun`) and reports (``stats()``, ``state_dict()``).
+:class:`EpochRun`) and reports (``stats()``, ``state_dict()``). Batches by duration run in
+``_batched.py`` (NOTE [ Batches by duration ]).
 """
 
 from __future__ import annotations
@@ -15,12 +16,11 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from . import _plan
+from . import _batched, _plan
 from ._checks import check_int
-from ._epoch import MAX_LISTED_FAILURES, Compose, DatasetStats, EpochRun, WorkerEpochs
+from ._epoch import MAX_LISTED_FAILURES, Compose, DatasetStats, EpochRun, WorkerEpochs, start_epoch
 from ._options import ErrorPolicy, EvenShards, LoaderOptions, usable_cores
-from ._producers import Failure, ProducerPool, delivers_itself
-from .buffer import Buffer
+from ._producers import delivers_itself
 from .errors import BufferClosed
 from .sources import AUDIO_PATTERNS, LabelSpec, Source, SourceSpec, WorkItem, as_source
 
@@ -93,11 +93,20 @@ class BufferedDataset(IterableDataset):
         timeout: raise :class:`~audiobuffer.StallError` when no sample arrives for this many seconds
             (a decoder stuck on a file); the error names each producer's file and how long it has
             been at it. ``None`` or ``float("inf")``: wait as long as it takes.
+        max_batch_seconds: batch by duration: each element yielded is one batch (a list of samples,
+            for ``DataLoader(batch_size=None, collate_fn=pad_collate)``) whose padded length (count x
+            longest) stays within this many seconds; ``len()``, ``state_dict()`` and the shards
+            count batches. Durations come from the file headers (cached on disk) at construction,
+            capped by the decoder's ``crop_seconds`` (NOTE [ Batches by duration ] in ``_batched.py``).
+        buckets: duration buckets batches are cut from (default 10; 1: any mix of lengths).
+        max_batch_size: also at most this many samples in a batch.
+        duration_column: a manifest column holding each item's duration in seconds, read instead of
+            the file headers.
     """
 
     #: Keys of :meth:`state_dict` (the strings of ``audiobuffer/_plan.py``).
-    STATE_VERSION, STATE_EPOCH, STATE_ITEMS, STATE_CONSUMED = (
-        _plan.STATE_VERSION, _plan.STATE_EPOCH, _plan.STATE_ITEMS, _plan.STATE_CONSUMED)
+    STATE_VERSION, STATE_EPOCH, STATE_ITEMS, STATE_CONSUMED, STATE_BATCHING = (
+        _plan.STATE_VERSION, _plan.STATE_EPOCH, _plan.STATE_ITEMS, _plan.STATE_CONSUMED, _plan.STATE_BATCHING)
     STATE_SEED, STATE_SHUFFLE, STATE_RANK, STATE_WORLD_SIZE, STATE_EVEN_SHARDS, STATE_SOURCE = _plan.SETUP_KEYS
 
     def __init__(self, source: SourceSpec | Source, decoder: Callable[[WorkItem], Any], *,
@@ -108,7 +117,8 @@ class BufferedDataset(IterableDataset):
                  patterns: Sequence[str] | None = None, path_column: str = "path",
                  rank: int | None = None, world_size: int | None = None,
                  even_shards: EvenShards = "pad", warn_after: float | None = None,
-                 timeout: float | None = None) -> None:
+                 timeout: float | None = None, max_batch_seconds: float | None = None, buckets: int | None = None,
+                 max_batch_size: int | None = None, duration_column: str | None = None) -> None:
         super().__init__()
         if not callable(decoder):
             raise TypeError(f"decoder must be callable (WorkItem -> sample), got {decoder!r}")
@@ -116,10 +126,11 @@ class BufferedDataset(IterableDataset):
             num_producers=num_producers, buffer_size=buffer_size, max_bytes=max_bytes, shuffle=shuffle, seed=seed,
             ordered=ordered, on_error=on_error, transform=transform, labels=labels, patterns=patterns,
             path_column=path_column, rank=rank, world_size=world_size, even_shards=even_shards,
-            warn_after=warn_after, timeout=timeout)
-        if delivers_itself(decoder) and (ordered or transform is not None):
-            raise ValueError(f"{decoder!r} delivers its samples itself: it takes no ordered=True and no transform "
-                             f"(NOTE [ Delivering decoders ] in audiobuffer/_producers.py)")
+            warn_after=warn_after, timeout=timeout, max_batch_seconds=max_batch_seconds, buckets=buckets,
+            max_batch_size=max_batch_size, duration_column=duration_column)
+        if delivers_itself(decoder) and (ordered or transform is not None or max_batch_seconds is not None):
+            raise ValueError(f"{decoder!r} delivers its samples itself: it takes no ordered=True, no transform and "
+                             f"no max_batch_seconds (NOTE [ Delivering decoders ] in audiobuffer/_producers.py)")
         self.source = as_source(source, patterns=patterns if patterns is not None else getattr(
             decoder, "patterns", AUDIO_PATTERNS), labels=labels, path_column=path_column, explicit_patterns=patterns)
         #: The validated options (shared with BatchSlotLoader and IsolatedLoader).
@@ -141,6 +152,10 @@ class BufferedDataset(IterableDataset):
         self._epoch = 0
         self._resume: tuple[int, bytes] | None = None  # (epoch, consumed) from load_state_dict
         self._worker_epochs = WorkerEpochs()
+        #: Batches by duration: their setup and the items' durations, or ``None`` (one sample at a time).
+        self.batching = None if max_batch_seconds is None else _batched.DurationBatching.read(
+            self.source, decoder, max_batch_seconds=max_batch_seconds, buckets=buckets, max_batch_size=max_batch_size,
+            duration_column=duration_column, on_error=on_error, num_threads=self.num_producers)
         self._init_runtime()
 
     def _init_runtime(self) -> None:
@@ -192,8 +207,12 @@ class BufferedDataset(IterableDataset):
         return 0, 1
 
     def __len__(self) -> int:
-        """Items this rank yields per epoch (all its DataLoader workers together), failures included."""
+        """Items this rank yields per epoch (all its DataLoader workers together), failures included; with
+        ``max_batch_seconds``, batches of the epoch :meth:`set_epoch` set (their count varies by epoch)."""
         rank, world_size = self.shard_info()
+        if self.batching is not None:
+            return len(self.batching.plan(shuffle=self.shuffle, seed=self.seed, epoch=self._epoch, rank=rank,
+                                          world_size=world_size, even_shards=self.even_shards))
         return _plan.shard_length(len(self.source), rank=rank, world_size=world_size, even_shards=self.even_shards)
 
     # -- iteration -----------------------------------------------------------------------------
@@ -202,16 +221,9 @@ class BufferedDataset(IterableDataset):
         # A generator: its finally runs on exhaustion, on an exception, on close() and when the
         # generator is garbage-collected. NOTE [ Producer shutdown protocol ] in _producers.py.
         epoch = self._start_epoch()
-        consumed, positions = epoch.consumed, epoch.positions
         try:
             epoch.pool.start()  # inside the try: threads started before a failed start are stopped
-            for seq, out in epoch.pool:
-                consumed[seq if positions is None else positions[seq]] = 1
-                if out.__class__ is Failure:
-                    epoch.fail(out, self.on_error)
-                    continue
-                epoch.yielded += 1
-                yield out
+            yield from epoch.consume(self.on_error)  # samples, or whole batches (_batched.BatchEpochRun)
             epoch.done = not epoch.pool.stopped
         finally:
             epoch.pool.close()
@@ -224,29 +236,17 @@ class BufferedDataset(IterableDataset):
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         self._worker_epochs.started(in_worker=info is not None)
-        number, source, seed = self._epoch, self.source, self.seed
+        number = self._epoch
         with self._lock:
             resume = self._resume[1] if self._resume is not None and self._resume[0] == number else None
             self._resume = None  # a loaded state resumes one epoch, once
-        plan = _plan.plan_epoch(len(source), shuffle=self.shuffle, seed=seed, epoch=number, rank=rank,
-                                world_size=world_size, worker=worker, num_workers=num_workers,
-                                even_shards=self.even_shards, consumed=resume)
-        indices = plan.indices
-
-        def make_item(seq: int) -> WorkItem:
-            # A resumed epoch's items keep the positions they had in the full epoch.
-            return source.item(int(indices[seq]), epoch=number, seed=seed, seq=plan.position(seq))
-
         decode = self.decoder if self.transform is None else Compose(self.decoder, self.transform)
-        buffer: Buffer[Any] = Buffer(self.buffer_size, max_bytes=self.max_bytes)
-        pool = ProducerPool(make_item, len(plan), decode, buffer,
-                            num_producers=min(self.num_producers, max(1, len(plan))), ordered=self.ordered,
-                            warn_after=self.warn_after, timeout=self.timeout)
-        epoch = EpochRun(number, rank, world_size, worker, num_workers, pool, buffer, bytearray(plan.consumed),
-                         plan.positions)
+        start = start_epoch if self.batching is None else _batched.start_epoch
+        epoch = start(self, decode, number=number, rank=rank, world_size=world_size, worker=worker,
+                      num_workers=num_workers, resume=resume)
         with self._lock:
             if self._closed:
-                pool.close()
+                epoch.pool.close()
                 raise BufferClosed("iter() on a closed BufferedDataset")
             self._running.add(epoch)
             self._last = epoch
@@ -285,10 +285,11 @@ class BufferedDataset(IterableDataset):
     def state_dict(self) -> dict[str, Any]:
         """Where this rank is in its epoch, as JSON-ready builtins: load it to resume exactly there.
 
-        A resumed epoch yields each sample not yet yielded (or failed) exactly once, unordered too;
-        samples in the buffer or being decoded when the state was taken are decoded again, not lost.
-        The state carries its setup (seed, shuffle, rank, world size, even shards, a fingerprint of
-        the file list) and :meth:`load_state_dict` refuses another; it also loads format 1 (bytes).
+        A resumed epoch yields each sample (with ``max_batch_seconds``: each batch) not yet yielded (or
+        failed) exactly once, unordered too; samples in the buffer or being decoded when the state was
+        taken are decoded again, not lost. The state carries its setup (seed, shuffle, rank, world size,
+        even shards, a fingerprint of the file list, the batch setup and durations) and
+        :meth:`load_state_dict` refuses another; it also loads formats 1 and 2.
         Take it between batches with ``DataLoader(num_workers=0)`` (a ``DevicePrefetcher``'s read-ahead
         counts as handed out). With ``num_workers > 0`` the workers keep their progress: here the state
         marks the start of the epoch, and the first such call warns (``UserWarning``, once).
@@ -320,11 +321,12 @@ class BufferedDataset(IterableDataset):
             self._resume = None if consumed is None else (epoch, consumed)
 
     def _setup(self) -> dict[str, Any]:
-        """What a state dict must have been saved under (the keys of ``_plan.SETUP_KEYS``)."""
+        """What a state dict must have been saved under (the keys of ``_plan.SETUP_KEYS``, and the batching)."""
         rank, world_size = self.shard_info()
         return {self.STATE_SEED: self.seed, self.STATE_SHUFFLE: self.shuffle, self.STATE_RANK: rank,
                 self.STATE_WORLD_SIZE: world_size, self.STATE_EVEN_SHARDS: self.even_shards,
-                self.STATE_SOURCE: self.source.fingerprint()}
+                self.STATE_SOURCE: self.source.fingerprint(),
+                self.STATE_BATCHING: None if self.batching is None else self.batching.state()}
 
     def __enter__(self) -> BufferedDataset:
         return self

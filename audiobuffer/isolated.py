@@ -32,9 +32,11 @@ import numpy as np
 import torch
 
 from . import _shm
+from ._batched import EpochBatches, PaddingMeter, count_header_failures
 from ._cancel import on_cancel
 from ._epoch import record_skip
 from ._plan import (
+    STATE_BATCHING,
     STATE_EVEN_SHARDS,
     STATE_RANK,
     STATE_SEED,
@@ -220,6 +222,9 @@ class _Run:
         self.wait_s = 0.0  # the trainer waiting for a full slot
         self.copy_s = 0.0  # the trainer copying slots out
         self.helper: dict[str, Any] = {}
+        self.batches: int | None = None  # batches by duration: batches handed out, padding, all-failed batches
+        self.padding = PaddingMeter()
+        self.empty_batches = 0
         self.done = False
         self.cancelled = False
         self.start = time.perf_counter()
@@ -234,7 +239,9 @@ class _Run:
             failures=list(self.failures), decode_s=self.decode_s, wall_s=end - self.start, done=self.done,
             buffer=BufferStats(**buffer) if buffer else None,
             transfer={"trainer_wait_s": self.wait_s, "trainer_copy_s": self.copy_s,
-                      "helper_slot_wait_s": self.helper.get("slot_wait_s", 0.0)})
+                      "helper_slot_wait_s": self.helper.get("slot_wait_s", 0.0)},
+            batches=self.batches, empty_batches=self.empty_batches,
+            padding=None if self.batches is None else self.padding.fraction)
 
 
 class IsolatedLoader:
@@ -265,8 +272,9 @@ class IsolatedLoader:
 
     Args:
         source, decoder: as for :class:`~audiobuffer.BufferedDataset`.
-        batch_size: samples per batch.
-        drop_last: drop the last, short batch of an epoch.
+        batch_size: samples per batch; leave it out with ``max_batch_seconds`` (batches by duration,
+            planned here in the trainer and decoded and collated whole in the helper).
+        drop_last: drop the last, short batch of an epoch (not with ``max_batch_seconds``).
         num_slots: shared-memory slots (batches decoded ahead of the trainer; at least 2).
         pin_memory: copy batches into pinned memory; ``"auto"``: when CUDA is available.
         key: the sample key padded into the batch (as ``pad_collate``'s ``key``).
@@ -276,17 +284,26 @@ class IsolatedLoader:
         Other keywords: as for :class:`~audiobuffer.BufferedDataset` (``num_producers``, ``buffer_size``,
             ``max_bytes``, ``shuffle``, ``seed``, ``ordered``, ``on_error``, ``transform``, ``labels``,
             ``patterns``, ``path_column``, ``rank``, ``world_size``, ``even_shards``, ``warn_after``,
-            ``timeout``); they apply in the helper process.
+            ``timeout``, ``max_batch_seconds``, ``buckets``, ``max_batch_size``, ``duration_column``);
+            they apply in the helper process.
 
     Raises:
         TypeError: the decoder or transform cannot be sent by reference (a lambda, a local function,
             something defined in ``__main__``): the message says how to fix it.
     """
 
-    def __init__(self, source: SourceSpec | Source, decoder: Callable[[WorkItem], Any], *, batch_size: int,
-                 drop_last: bool = False, num_slots: int = 4, pin_memory: bool | str = "auto", key: str = "audio",
-                 slot_bytes: int = DEFAULT_SLOT_BYTES, background: bool = True, **options: Any) -> None:
-        for name, value, least in (("batch_size", batch_size, 1), ("num_slots", num_slots, 2),
+    def __init__(self, source: SourceSpec | Source, decoder: Callable[[WorkItem], Any], *,
+                 batch_size: int | None = None, drop_last: bool = False, num_slots: int = 4,
+                 pin_memory: bool | str = "auto", key: str = "audio", slot_bytes: int = DEFAULT_SLOT_BYTES,
+                 background: bool = True, **options: Any) -> None:
+        by_duration = options.get("max_batch_seconds") is not None
+        if by_duration and (batch_size is not None or drop_last):
+            raise ValueError(f"max_batch_seconds makes batches by duration: leave batch_size and drop_last out, got "
+                             f"batch_size={batch_size!r}, drop_last={drop_last!r}")
+        if batch_size is None and not by_duration:
+            raise TypeError("IsolatedLoader needs batch_size (samples per batch) or max_batch_seconds (batches by "
+                            "duration), got neither")
+        for name, value, least in (("batch_size", 1 if by_duration else batch_size, 1), ("num_slots", num_slots, 2),
                                    ("slot_bytes", slot_bytes, 1)):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{name} must be an integer >= {least}, got {value!r}")
@@ -312,7 +329,7 @@ class IsolatedLoader:
             "even_shards": ds.even_shards, "warn_after": ds.warn_after, "timeout": ds.timeout,
             "batch_size": batch_size, "drop_last": self.drop_last, "num_slots": num_slots,
             "slot_bytes": slot_bytes, "key": key, "background": bool(background),
-        }
+        }  # with max_batch_seconds, each epoch's message carries its batches
         _pickle_by_reference(ds.decoder, "decoder")
         if ds.transform is not None:
             _pickle_by_reference(ds.transform, "transform")
@@ -353,8 +370,11 @@ class IsolatedLoader:
                 self._resume = None
 
     def __len__(self) -> int:
-        """Batches per epoch on this rank (failed samples make some batches, or the last one, smaller)."""
+        """Batches per epoch on this rank (failed samples make some batches, or the last one, smaller);
+        with ``max_batch_seconds``, those of the epoch :meth:`set_epoch` set."""
         n = len(self.dataset)
+        if self.batch_size is None:
+            return n
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     # -- the helper process --------------------------------------------------------------------
@@ -430,13 +450,25 @@ class IsolatedLoader:
             self._resume = None
             self._gen += 1
             gen = self._gen
-        plan = plan_epoch(len(ds.source), shuffle=ds.shuffle, seed=ds.seed, epoch=epoch, rank=rank,
-                          world_size=world_size, even_shards=ds.even_shards, consumed=resume)
-        run = _Run(gen, epoch, rank, world_size, bytearray(plan.consumed), len(plan),
-                   min(ds.num_producers, max(1, len(plan))))
+        args: dict[str, Any] = {"epoch": epoch, "rank": rank, "world_size": world_size, "consumed": resume}
+        setup: dict[str, Any] = dict(shuffle=ds.shuffle, seed=ds.seed, epoch=epoch, rank=rank,
+                                     world_size=world_size, even_shards=ds.even_shards)
+        layout: Any
+        if ds.batching is not None:  # batches by duration: planned here, decoded and collated in the helper
+            layout = EpochBatches.of(ds.batching, consumed=resume, **setup)
+            plan = layout.plan
+            args["batches"] = (layout.indices, layout.sizes, [plan.position(b) for b in range(len(plan))],
+                               layout.seqs)
+        else:
+            plan = layout = plan_epoch(len(ds.source), consumed=resume, **setup)
+        run = _Run(gen, epoch, rank, world_size, bytearray(plan.consumed), len(layout),
+                   min(ds.num_producers, max(1, len(layout))))
+        if ds.batching is not None:
+            run.batches, run.resumed = 0, layout.resumed
+            count_header_failures(run, ds.batching, rank)
         with self._lock:
             self._run = run
-        self._send(("epoch", gen, {"epoch": epoch, "rank": rank, "world_size": world_size, "consumed": resume}))
+        self._send(("epoch", gen, args))
         return self._epoch(run)
 
     def _epoch(self, run: _Run) -> Iterator[dict[str, Any]]:
@@ -455,6 +487,9 @@ class IsolatedLoader:
                     yield batch
                 elif kind == "failure":
                     self._on_failure(run, message)
+                elif kind == "skipped":  # a batch by duration whose samples all failed
+                    run.consumed[message[2]] = 1
+                    run.empty_batches += 1
                 elif kind == "end":
                     run.helper = message[2]
                     for position in message[3]:
@@ -502,7 +537,7 @@ class IsolatedLoader:
                 return message
 
     def _unpack(self, run: _Run, message: tuple[Any, ...]) -> dict[str, Any]:
-        _, gen, slot, name, fields, positions, rows, decode_s = message
+        _, gen, slot, name, fields, positions, rows, decode_s, indices = message
         start = time.perf_counter()
         buf = self._attach(slot, name).buf
         batch: dict[str, Any] = {}
@@ -522,6 +557,9 @@ class IsolatedLoader:
             run.consumed[position] = 1
         run.yielded += rows
         run.decode_s = decode_s
+        if indices is not None and self.dataset.batching is not None:  # a batch by duration: its source indices
+            run.batches = (run.batches or 0) + 1
+            run.padding.add(self.dataset.batching.durations[indices])
         return batch
 
     def _on_failure(self, run: _Run, message: tuple[Any, ...]) -> None:
@@ -597,7 +635,8 @@ class IsolatedLoader:
         ds = self.dataset
         rank, world_size = ds.shard_info()
         return {STATE_SEED: ds.seed, STATE_SHUFFLE: ds.shuffle, STATE_RANK: rank, STATE_WORLD_SIZE: world_size,
-                STATE_EVEN_SHARDS: ds.even_shards, STATE_SOURCE: ds.source.fingerprint()}
+                STATE_EVEN_SHARDS: ds.even_shards, STATE_SOURCE: ds.source.fingerprint(),
+                STATE_BATCHING: None if ds.batching is None else ds.batching.state()}
 
     def close(self) -> None:
         """Stop the helper process and free its shared memory. Idempotent, any thread."""
