@@ -98,6 +98,7 @@ class SourceConfig(_Section):
     patterns: list[str] | None = None
     labels: str | None = None
     path_column: str = "path"
+    duration_column: str | None = None
 
     @model_validator(mode="after")
     def _one_kind(self) -> SourceConfig:
@@ -162,6 +163,20 @@ class LoaderConfig(_Section):
     shuffle: bool = True
     pin_memory: bool = True
     drop_last: bool = False
+    max_batch_seconds: float | None = Field(default=None, gt=0, le=_MAX_SECONDS, allow_inf_nan=False,
+                                            description="a number of seconds")
+    buckets: int | None = Field(default=None, ge=1)
+    max_batch_size: int | None = Field(default=None, ge=1, le=_MAX_BATCH_SIZE)
+
+    @model_validator(mode="after")
+    def _batches_by_duration(self) -> LoaderConfig:
+        if self.max_batch_seconds is None:
+            given = [k for k in ("buckets", "max_batch_size") if getattr(self, k) is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)} shape batches by duration: set max_batch_seconds too")
+        elif self.drop_last:
+            raise ValueError("drop_last applies to batch_size batches, not to max_batch_seconds: leave it false")
+        return self
 
 
 class TrainConfig(_Section):
@@ -385,6 +400,9 @@ def parse_config(data: Any, *, base_dir: str | os.PathLike[str] | None = None,
         raise ConfigError(f"{origin}: {_format_errors(exc, PipelineConfig)}") from None
     base = Path(base_dir) if base_dir is not None else Path.cwd()
     src = config.source
+    if src.duration_column is not None and config.loader.max_batch_seconds is None:
+        raise ConfigError(f"{origin}: source.duration_column: read for batches by duration, set "
+                          f"loader.max_batch_seconds too, got {_quote(src.duration_column)}")
 
     def missing(key: str, given: str, resolved: str, what: str) -> ConfigError:
         where = f" (resolved to {_quote(resolved, 2 * _QUOTE_CHARS)})" if resolved != given else ""
@@ -595,7 +613,9 @@ def _loader_options(config: PipelineConfig, shuffle: bool | None, ordered: bool 
                 shuffle=config.loader.shuffle if shuffle is None else shuffle, seed=config.seed,
                 ordered=buf.ordered if ordered is None else ordered, on_error=buf.on_error,
                 warn_after=buf.warn_after, timeout=buf.timeout, even_shards=buf.even_shards, rank=rank,
-                world_size=world_size)
+                world_size=world_size, max_batch_seconds=config.loader.max_batch_seconds,
+                buckets=config.loader.buckets, max_batch_size=config.loader.max_batch_size,
+                duration_column=config.source.duration_column)
 
 
 def build_isolated(config: PipelineConfig, *, source: Any = None, shuffle: bool | None = None,
@@ -603,8 +623,8 @@ def build_isolated(config: PipelineConfig, *, source: Any = None, shuffle: bool 
                    world_size: int | None = None) -> IsolatedLoader:
     """The :class:`~audiobuffer.IsolatedLoader` a config with ``buffer.isolate: true`` describes.
 
-    It yields batches itself (``loader.batch_size``, ``loader.drop_last``, ``loader.pin_memory``); the
-    arguments are those of :func:`build_dataset`.
+    It yields batches itself (``loader.batch_size``, ``loader.drop_last``, ``loader.pin_memory``, or
+    batches by duration with ``loader.max_batch_seconds``); the arguments are those of :func:`build_dataset`.
 
     Raises:
         ConfigError: as :func:`build_dataset`, or the decoder cannot be sent to the helper process.
@@ -617,7 +637,9 @@ def build_isolated(config: PipelineConfig, *, source: Any = None, shuffle: bool 
     source = source if source is not None else build_source(config)
     decoder = build_decoder(config)
     try:
-        return IsolatedLoader(source, decoder, batch_size=load.batch_size, drop_last=load.drop_last,
+        by_size = load.max_batch_seconds is None
+        return IsolatedLoader(source, decoder, batch_size=load.batch_size if by_size else None,
+                              drop_last=load.drop_last,
                               pin_memory=load.pin_memory and torch.cuda.is_available(),
                               key="audio" if config.decode.kind == "audio" else "image",
                               **_loader_options(config, shuffle, ordered, rank, world_size))
@@ -628,12 +650,14 @@ def build_isolated(config: PipelineConfig, *, source: Any = None, shuffle: bool 
 
 
 def build_loader(config: PipelineConfig, dataset: BufferedDataset) -> DataLoader[Any]:
-    """The ``DataLoader`` (``num_workers=0``) that batches ``dataset`` with :func:`~audiobuffer.pad_collate`."""
+    """The ``DataLoader`` (``num_workers=0``) that batches ``dataset`` with :func:`~audiobuffer.pad_collate`
+    (with ``loader.max_batch_seconds`` the dataset yields whole batches: ``batch_size=None``)."""
     import torch
     from torch.utils.data import DataLoader
 
     collate = pad_collate if config.decode.kind == "audio" else image_collate
     # Pinned memory only speeds up copies to a GPU; without one, DataLoader would only warn.
     pin = config.loader.pin_memory and torch.cuda.is_available()
-    return DataLoader(dataset, batch_size=config.loader.batch_size, collate_fn=collate, pin_memory=pin,
-                      drop_last=config.loader.drop_last, num_workers=0)
+    by_size = config.loader.max_batch_seconds is None
+    return DataLoader(dataset, batch_size=config.loader.batch_size if by_size else None, collate_fn=collate,
+                      pin_memory=pin, drop_last=config.loader.drop_last, num_workers=0)

@@ -46,6 +46,8 @@ class RunSummary:
         consumer_wait_s: seconds the consumer waited for samples (the buffer was empty).
         producer_wait_s: seconds the producers waited for room, summed over producers (it was full).
         step_s: seconds the loop spent on its own work (the train step, device copies).
+        padding: with batches by duration, each epoch's padding fraction (padded seconds / seconds in
+            batches, from ``DatasetStats.padding``); empty otherwise.
     """
 
     kind: str = "audio"
@@ -61,6 +63,7 @@ class RunSummary:
     producer_wait_s: float = 0.0
     step_s: float = 0.0
     producers: int = 0
+    padding: list[float] = field(default_factory=list)
     verdict: str = ""
     advice: str = ""
 
@@ -74,6 +77,8 @@ class RunSummary:
         self.failures.extend([{"index": i, "path": p, "error": e} for i, p, e in stats.failures[:max(0, room)]])
         self.decode_s += stats.decode_s
         self.producers = stats.num_producers
+        if stats.padding is not None:
+            self.padding.append(stats.padding)
         if stats.buffer is not None:
             self.consumer_wait_s += stats.buffer.get_wait_s
             self.producer_wait_s += stats.buffer.put_wait_s
@@ -142,6 +147,8 @@ class RunSummary:
             f"{self.producer_wait_s:.2f} s ({self.producers} producers) | decoding {self.decode_s:.2f} s "
             f"(summed over producers) | loop's own work {self.step_s:.2f} s",
             f"verdict       {self.verdict}: {self.advice}",
+            *([f"padding       {sum(self.padding) / len(self.padding):.1%} of the batches' audio (batches by "
+               f"duration; per epoch: {', '.join(f'{p:.1%}' for p in self.padding)})"] if self.padding else []),
             f"skipped files {self.failed}",
         ]
         out.extend(f"  {f['path']}: {f['error']}" for f in self.failures)
