@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -98,3 +100,12 @@ class IndexDecoder:
 
 def fake_paths(n: int) -> list[str]:
     return [f"/nonexistent/item_{i:05d}.wav" for i in range(n)]
+
+
+def run_torchrun(script: Path, *args: object, nproc: int = 2, timeout: float = 240) -> subprocess.CompletedProcess:
+    """Run ``script`` (a file in tests/) under ``torchrun --standalone --nproc_per_node=nproc``, with the
+    tests folder importable and one intra-op thread per rank; the result, output captured."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                           str(script), *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env)
