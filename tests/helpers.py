@@ -102,6 +102,16 @@ def fake_paths(n: int) -> list[str]:
     return [f"/nonexistent/item_{i:05d}.wav" for i in range(n)]
 
 
+def duration_manifest(folder: Path, durations: Iterable[float], name: str = "manifest.csv") -> Path:
+    """A CSV manifest of :func:`fake_paths` (no file behind them) with their durations in a ``seconds``
+    column, for batches by duration (``duration_column="seconds"``) with a decoder that reads no file."""
+    seconds = [float(d) for d in durations]
+    rows = "".join(f"{path},{d!r}\n" for path, d in zip(fake_paths(len(seconds)), seconds))
+    path = folder / name
+    path.write_text("path,seconds\n" + rows, encoding="utf-8")
+    return path
+
+
 def run_torchrun(script: Path, *args: object, nproc: int = 2, timeout: float = 240) -> subprocess.CompletedProcess:
     """Run ``script`` (a file in tests/) under ``torchrun --standalone --nproc_per_node=nproc``, with the
     tests folder importable and one intra-op thread per rank; the result, output captured."""

@@ -1,13 +1,12 @@
 """Batches by duration through BufferedDataset (audiobuffer/_batched.py): exactly once, within the budget,
 resumable, equal per rank, with failures leaving their batch, on generated and real (FSDD) files."""
 
-import csv
 import json
 import math
 
 import numpy as np
 import pytest
-from helpers import IndexDecoder, fake_paths, wait_no_threads, write_tone
+from helpers import IndexDecoder, duration_manifest, fake_paths, wait_no_threads, write_tone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
@@ -21,16 +20,6 @@ from audiobuffer._durations import CACHE_ENV
 def duration_cache(tmp_path, monkeypatch):
     """Header durations are cached under the test's folder, never in the user's cache."""
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
-
-
-def manifest(folder, durations):
-    """A manifest of fake paths (no file behind them) with a ``seconds`` column; for IndexDecoder."""
-    path = folder / "manifest.csv"
-    with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["path", "seconds"])
-        writer.writerows(zip(fake_paths(len(durations)), [repr(float(d)) for d in durations]))
-    return path
 
 
 def dataset(source, durations=None, **kwargs):
@@ -61,7 +50,7 @@ def within_budget(batch_keys, durations, budget):
        ordered=st.booleans(), producers=st.sampled_from([1, 3]), seed=st.integers(0, 2**16))
 def test_each_item_once_in_batches_within_the_budget(tmp_path, n, budget, buckets, ordered, producers, seed):
     durations = np.random.default_rng(seed).uniform(0.2, 8.0, n).round(2)
-    ds = dataset(manifest(tmp_path, durations), durations, max_batch_seconds=budget, buckets=buckets,
+    ds = dataset(duration_manifest(tmp_path, durations), durations, max_batch_seconds=budget, buckets=buckets,
                  ordered=ordered, num_producers=producers, buffer_size=4, shuffle=True, seed=seed)
     ds.set_epoch(3)
     got = keys(ds)
@@ -78,7 +67,7 @@ def test_each_item_once_in_batches_within_the_budget(tmp_path, n, budget, bucket
 
 def test_through_a_dataloader_each_element_is_one_padded_batch(tmp_path):
     durations = [0.5, 1.0, 1.5, 2.0, 0.5, 1.0, 3.0, 0.25] * 5
-    ds = dataset(manifest(tmp_path, durations), durations, max_batch_seconds=4.0, buckets=3, shuffle=True)
+    ds = dataset(duration_manifest(tmp_path, durations), durations, max_batch_seconds=4.0, buckets=3, shuffle=True)
     loader = DataLoader(ds, batch_size=None, collate_fn=pad_collate)
     seen = []
     for batch in loader:
@@ -90,7 +79,7 @@ def test_through_a_dataloader_each_element_is_one_padded_batch(tmp_path):
 
 def test_dataloader_workers_split_the_batches(tmp_path):
     durations = np.random.default_rng(1).uniform(0.5, 5.0, 90)
-    ds = dataset(manifest(tmp_path, durations), durations, max_batch_seconds=12.0, shuffle=True, seed=2,
+    ds = dataset(duration_manifest(tmp_path, durations), durations, max_batch_seconds=12.0, shuffle=True, seed=2,
                  ordered=True)
     batches = [tuple(b["index"].tolist()) for b in DataLoader(ds, batch_size=None, collate_fn=pad_collate,
                                                                num_workers=2)]
@@ -100,7 +89,7 @@ def test_dataloader_workers_split_the_batches(tmp_path):
 @pytest.mark.parametrize("mode", ["pad", "drop", None])
 def test_every_rank_gets_its_share_of_the_batches(tmp_path, mode):
     durations = np.random.default_rng(5).uniform(0.3, 6.0, 101)
-    source = manifest(tmp_path, durations)
+    source = duration_manifest(tmp_path, durations)
     per_rank = [keys(dataset(source, durations, max_batch_seconds=9.0, buckets=4, shuffle=True, seed=1, rank=r,
                              world_size=3, even_shards=mode)) for r in range(3)]
     planned = plan_keys(durations, max_batch_seconds=9.0, buckets=4, shuffle=True, seed=1)
@@ -143,12 +132,12 @@ def test_generated_files_batch_within_the_budget_with_little_padding(tmp_path):
 
 def test_padding_fraction_in_stats_is_padded_over_batch_seconds(tmp_path):
     durations = [1.0, 2.0, 1.0, 2.0]  # unshuffled, one bucket, 4 s: [0, 1] and [2, 3], each padded to 2 s
-    ds = dataset(manifest(tmp_path, durations), durations, max_batch_seconds=4.0, buckets=1)
+    ds = dataset(duration_manifest(tmp_path, durations), durations, max_batch_seconds=4.0, buckets=1)
     assert sorted(keys(ds)) == [(0, 1), (2, 3)]
     stats = ds.stats()
     assert (stats.batches, stats.empty_batches, stats.padding) == (2, 0, 0.25)  # (8 - 6) / 8
     assert stats.as_dict()["padding"] == 0.25
-    by_samples = dataset(manifest(tmp_path, durations))
+    by_samples = dataset(duration_manifest(tmp_path, durations))
     list(by_samples)
     assert (by_samples.stats().batches, by_samples.stats().padding) == (None, None)
 
@@ -200,7 +189,7 @@ def test_fsdd_each_recording_once_within_the_budget_padding_under_ten_percent(fs
 @pytest.mark.parametrize("k", [0, 1, 5, "all"])
 def test_resumed_epoch_yields_exactly_the_batches_not_yet_yielded(tmp_path, ordered, k):
     durations = np.random.default_rng(3).uniform(0.2, 5.0, 70).round(2)
-    source = manifest(tmp_path, durations)
+    source = duration_manifest(tmp_path, durations)
     options = dict(max_batch_seconds=8.0, buckets=4, shuffle=True, seed=3, ordered=ordered, num_producers=3,
                    buffer_size=4, decoder=IndexDecoder(delays={i: 0.002 for i in range(0, 70, 9)}))
     ds = dataset(source, durations, **options)
@@ -227,7 +216,7 @@ def test_resumed_epoch_yields_exactly_the_batches_not_yet_yielded(tmp_path, orde
 
 def test_a_state_loads_only_into_the_same_batching(tmp_path):
     durations = [1.0] * 10
-    source = manifest(tmp_path, durations)
+    source = duration_manifest(tmp_path, durations)
     state = dataset(source, durations, max_batch_seconds=3.0).state_dict()
     for other, key in ((dict(max_batch_seconds=4.0), "batching"), (dict(), "batching")):
         ds = dataset(source, durations if other else None, **other)
@@ -244,8 +233,8 @@ def test_a_state_loads_only_into_the_same_batching(tmp_path):
 
 
 def test_changed_durations_refuse_a_state(tmp_path):
-    state = dataset(manifest(tmp_path, [1.0, 2.0, 3.0]), [1.0], max_batch_seconds=3.0).state_dict()
-    changed = dataset(manifest(tmp_path, [1.0, 2.0, 2.5]), [1.0], max_batch_seconds=3.0)
+    state = dataset(duration_manifest(tmp_path, [1.0, 2.0, 3.0]), [1.0], max_batch_seconds=3.0).state_dict()
+    changed = dataset(duration_manifest(tmp_path, [1.0, 2.0, 2.5]), [1.0], max_batch_seconds=3.0)
     with pytest.raises(ResumeError, match="saved with batching="):
         changed.load_state_dict(state)
 
@@ -257,7 +246,7 @@ UNIT = [1.0] * 12  # unshuffled, one bucket, 3 s: batches [0 1 2] [3 4 5] [6 7 8
 
 @pytest.mark.parametrize("ordered", [False, True])
 def test_a_failed_sample_leaves_its_batch_and_an_all_failed_batch_is_skipped(tmp_path, ordered, caplog):
-    ds = dataset(manifest(tmp_path, UNIT), UNIT, max_batch_seconds=3.0, buckets=1, ordered=ordered,
+    ds = dataset(duration_manifest(tmp_path, UNIT), UNIT, max_batch_seconds=3.0, buckets=1, ordered=ordered,
                  decoder=IndexDecoder(fail={1, 6, 7, 8}), on_error="warn")
     got = keys(ds)
     assert sorted(got) == [(0, 2), (3, 4, 5), (9, 10, 11)]
@@ -266,13 +255,14 @@ def test_a_failed_sample_leaves_its_batch_and_an_all_failed_batch_is_skipped(tmp
     assert sorted(i for i, _, _ in stats.failures) == [1, 6, 7, 8]
     assert "injected failure on item 6" in caplog.text
     state = ds.state_dict()  # every batch counts as consumed, the skipped one too
-    again = dataset(manifest(tmp_path, UNIT), UNIT, max_batch_seconds=3.0, buckets=1)
+    again = dataset(duration_manifest(tmp_path, UNIT), UNIT, max_batch_seconds=3.0, buckets=1)
     again.load_state_dict(state)
     assert keys(again) == []
 
 
 def test_a_failed_sample_raises_under_raise(tmp_path):
-    ds = dataset(manifest(tmp_path, UNIT), UNIT, max_batch_seconds=3.0, buckets=1, decoder=IndexDecoder(fail={4}))
+    ds = dataset(duration_manifest(tmp_path, UNIT), UNIT, max_batch_seconds=3.0, buckets=1,
+                 decoder=IndexDecoder(fail={4}))
     with pytest.raises(SampleError, match="item 4"):
         keys(ds)
     assert not wait_no_threads()
@@ -327,5 +317,5 @@ def test_bad_batch_options_are_refused(kwargs, error, match):
 
 def test_max_batch_size_caps_the_count(tmp_path):
     durations = [0.1] * 20
-    ds = dataset(manifest(tmp_path, durations), durations, max_batch_seconds=100.0, max_batch_size=6)
+    ds = dataset(duration_manifest(tmp_path, durations), durations, max_batch_seconds=100.0, max_batch_size=6)
     assert sorted(len(b) for b in keys(ds)) == [2, 6, 6, 6]

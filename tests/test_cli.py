@@ -65,6 +65,21 @@ def test_run_isolated_gives_the_same_counts_and_names_failures(pipeline):
 
 
 @pytest.mark.parametrize("isolate", ["false", "true"])
+def test_run_batches_by_duration_reports_each_epochs_padding(pipeline, isolate, monkeypatch):
+    root, config = pipeline
+    monkeypatch.setenv("AUDIOBUFFER_CACHE_DIR", str(root / "cache"))  # the header cache, for the child process
+    (root / "audio" / "class0" / "0_9999.wav").write_bytes(b"RIFF not really a wav file")
+    # Files of 0.2 s and a 0.5 s budget: two a batch, 6 batches an epoch; the bad header is in none.
+    result = audiobuffer("run", config, "--set", "loader.max_batch_seconds=0.5", "--set", f"buffer.isolate={isolate}",
+                         "--json", "-", "--no-progress")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert (summary["samples"], summary["batches"], summary["failed"]) == (24, 12, 2)
+    assert summary["padding"] == [0.0, 0.0]  # equal lengths: nothing to pad
+    assert "padding       0.0% of the batches' audio" in result.stderr and "0_9999.wav" in result.stderr
+
+
+@pytest.mark.parametrize("isolate", ["false", "true"])
 def test_run_raise_policy_exits_1_naming_the_file(pipeline, isolate):
     root, config = pipeline
     (root / "audio" / "class0" / "0_9999.wav").write_bytes(b"garbage")

@@ -7,7 +7,15 @@ from helpers import REPO, make_corpus
 
 import audiobuffer
 from audiobuffer import BufferedDataset, ConfigError
-from audiobuffer.config import apply_overrides, build_dataset, build_loader, load_config, parse_config, reference_config
+from audiobuffer.config import (
+    apply_overrides,
+    build_dataset,
+    build_isolated,
+    build_loader,
+    load_config,
+    parse_config,
+    reference_config,
+)
 
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
 
@@ -290,3 +298,56 @@ def test_parse_config_without_a_file(corpus):
     assert Path(config.source.root) == corpus / "audio"
     with pytest.raises(ConfigError, match="expected a mapping"):
         parse_config(["source"])
+
+
+# -- batches by duration --------------------------------------------------------------------------------
+
+@pytest.fixture
+def durations_cached_here(tmp_path, monkeypatch):
+    from audiobuffer._durations import CACHE_ENV
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+
+
+@pytest.mark.usefixtures("durations_cached_here")
+def test_loader_max_batch_seconds_builds_batches_by_duration(corpus):
+    path = write(corpus, {"source": {"root": "audio"}, "loader": {"max_batch_seconds": 0.25, "buckets": 2,
+                                                                  "max_batch_size": 3}})
+    config = load_config(path)
+    dataset = build_dataset(config)
+    batching = dataset.batching
+    assert (batching.max_batch_seconds, batching.buckets, batching.max_batch_size) == (0.25, 2, 3)
+    loader = build_loader(config, dataset)
+    assert loader.batch_size is None  # the dataset yields whole batches
+    batches = list(loader)
+    assert len(batches) == len(dataset) == 3 and all(b["audio"].shape[0] == 2 for b in batches)  # 0.1 s files
+    isolated = build_isolated(config)
+    assert isolated.batch_size is None and isolated.dataset.batching.max_batch_seconds == 0.25
+    isolated.close()
+    assert load_config(path, ["loader.max_batch_seconds=null", "loader.buckets=null",
+                              "loader.max_batch_size=null"]).loader.max_batch_seconds is None
+
+
+@pytest.mark.usefixtures("durations_cached_here")
+def test_source_duration_column_reads_a_manifest(corpus):
+    (corpus / "m.csv").write_text("path,secs\n" + "".join(
+        f"{p},{0.1 * (i + 1)}\n" for i, p in enumerate(sorted((corpus / "audio").rglob("*.wav")))))
+    config = load_config(write(corpus, {"source": {"manifest": "m.csv", "duration_column": "secs"},
+                                        "loader": {"max_batch_seconds": 1.0}}))
+    assert build_dataset(config).batching.durations.tolist() == pytest.approx([0.1 * (i + 1) for i in range(6)])
+
+
+@pytest.mark.parametrize("data, match", [
+    ({"loader": {"buckets": 4}}, r"loader: buckets shape batches by duration: set max_batch_seconds too"),
+    ({"loader": {"max_batch_size": 4}}, r"loader: max_batch_size shape batches by duration"),
+    ({"loader": {"max_batch_seconds": 2, "drop_last": True}}, r"loader: drop_last applies to batch_size batches"),
+    ({"loader": {"max_batch_seconds": 0}}, r"loader\.max_batch_seconds: must be a number of seconds > 0"),
+    ({"loader": {"max_batch_seconds": "long"}}, r"loader\.max_batch_seconds: .*got 'long'"),
+    ({"loader": {"max_batch_seconds": 2, "buckets": 0}}, r"loader\.buckets: must be >= 1, got 0"),
+    ({"source": {"duration_column": "secs"}}, r"source\.duration_column: read for batches by duration, set "
+                                               r"loader\.max_batch_seconds too, got 'secs'"),
+])
+def test_batch_by_duration_keys_are_checked(corpus, data, match):
+    data = {**data, "source": {"root": "audio", **data.get("source", {})}}
+    with pytest.raises(ConfigError, match=match):
+        load_config(write(corpus, data))

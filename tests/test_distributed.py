@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from helpers import REPO, fake_paths, run_torchrun
+from helpers import REPO, duration_manifest, run_torchrun
 
 N = 11
 
@@ -31,9 +31,7 @@ def test_torchrun_ranks_get_equal_disjoint_shards(tmp_path):
 @pytest.mark.timeout(300)
 def test_torchrun_ranks_get_equal_batches_by_duration(tmp_path):
     durations = np.random.default_rng(0).uniform(0.2, 6.0, 97).round(2)
-    manifest = tmp_path / "manifest.csv"
-    rows = "".join(f"{path},{d!r}\n" for path, d in zip(fake_paths(97), durations.tolist()))
-    manifest.write_text("path,seconds\n" + rows)
+    manifest = duration_manifest(tmp_path, durations)
     out = tmp_path / "report.json"
     result = run_torchrun(REPO / "tests" / "ddp_duration_batches.py", manifest, out)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -17,7 +17,7 @@ import numpy as np
 import psutil
 import pytest
 import torch
-from helpers import JOIN_TIMEOUT, REPO, fake_paths, make_corpus
+from helpers import JOIN_TIMEOUT, REPO, duration_manifest, fake_paths, make_corpus
 from plain_decoders import Exit, IndexDecoder, add_one
 
 from audiobuffer import (
@@ -32,6 +32,8 @@ from audiobuffer import (
     SampleError,
     pad_collate,
 )
+from audiobuffer._batching import plan_batches
+from audiobuffer._plan import unpack_consumed
 from audiobuffer._shm import SEGMENT_PREFIX
 
 pytestmark = pytest.mark.timeout(120)
@@ -403,3 +405,79 @@ def test_leaving_a_prefetcher_loop_stops_the_epoch_at_once():
         for thread in prefetch:
             thread.join(JOIN_TIMEOUT)
         assert not any(t.is_alive() for t in prefetch), "the prefetch thread still waits for the slow batch"
+
+
+# -- batches by duration: planned in the trainer, decoded and collated whole in the helper -------------
+
+def by_duration(tmp_path, durations, **kwargs):
+    kwargs.setdefault("decoder", IndexDecoder())
+    return IsolatedLoader(duration_manifest(tmp_path, durations), kwargs.pop("decoder"), duration_column="seconds",
+                          **kwargs)
+
+
+def batch_keys(batches):
+    return [tuple(int(i) for i in batch["index"]) for batch in batches]
+
+
+@pytest.mark.parametrize("ordered", [False, True])
+def test_batches_by_duration_each_item_once_within_the_budget(tmp_path, ordered):
+    durations = np.random.default_rng(2).uniform(0.2, 5.0, 60).round(2)
+    options = dict(max_batch_seconds=8.0, buckets=4, shuffle=True, seed=5, ordered=ordered, num_producers=3)
+    with by_duration(tmp_path, durations, **options) as loader:
+        loader.set_epoch(1)
+        got = batch_keys(loader)
+        stats = loader.stats()
+        assert len(loader) == len(got) == stats.batches
+    planned = [tuple(int(i) for i in b) for b in plan_batches(durations, max_batch_seconds=8.0, buckets=4,
+                                                                 shuffle=True, seed=5, epoch=1).batches]
+    assert (got if ordered else sorted(got)) == (planned if ordered else sorted(planned))
+    assert all(len(b) == 1 or len(b) * durations[list(b)].max() <= 8.0 for b in got)
+    assert stats.padding == pytest.approx(plan_batches(durations, max_batch_seconds=8.0, buckets=4, shuffle=True,
+                                                       seed=5, epoch=1).padding_fraction(durations))
+    assert stats.yielded == 60 and stats.done
+
+
+def test_batches_by_duration_resume_and_share_their_state_with_buffered_dataset(tmp_path):
+    durations = np.random.default_rng(4).uniform(0.2, 5.0, 50).round(2)
+    options = dict(max_batch_seconds=6.0, buckets=3, shuffle=True, seed=2)
+    ds = BufferedDataset(duration_manifest(tmp_path, durations), IndexDecoder(), duration_column="seconds", **options)
+    it = iter(ds)
+    first = [tuple(s["index"] for s in next(it)) for _ in range(3)]
+    state = ds.state_dict()
+    it.close()
+    with by_duration(tmp_path, durations, **options) as loader:
+        loader.load_state_dict(state)
+        it = iter(loader)
+        second = batch_keys([next(it), next(it)])
+        state = json.loads(json.dumps(loader.state_dict()))
+        it.close()
+    with by_duration(tmp_path, durations, **options) as loader:
+        loader.load_state_dict(state)
+        rest = batch_keys(loader)
+        assert loader.stats().resumed == sum(len(b) for b in first + second)
+    together = first + second + rest
+    assert sorted(i for b in together for i in b) == list(range(50)) and len(set(together)) == len(together)
+
+
+def test_batches_by_duration_lose_failed_samples_and_skip_all_failed_batches(tmp_path):
+    unit = [1.0] * 12  # unshuffled, one bucket, 3 s: [0 1 2] [3 4 5] [6 7 8] [9 10 11]
+    with by_duration(tmp_path, unit, max_batch_seconds=3.0, buckets=1, decoder=IndexDecoder(fail=(1, 6, 7, 8)),
+                     on_error="skip") as loader:
+        assert sorted(batch_keys(loader)) == [(0, 2), (3, 4, 5), (9, 10, 11)]
+        stats = loader.stats()
+        assert (stats.failed, stats.empty_batches, stats.batches, stats.yielded) == (4, 1, 3, 8)
+        state = loader.state_dict()
+        assert unpack_consumed(state["consumed"], state["items"]) == b"\x01" * 4  # the skipped batch too
+    with by_duration(tmp_path, unit, max_batch_seconds=3.0, decoder=IndexDecoder(fail=(4,))) as loader:
+        with pytest.raises(SampleError, match="item 4"):
+            list(loader)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(max_batch_seconds=2.0, batch_size=4), ValueError, "leave batch_size and drop_last out, got batch_size=4"),
+    (dict(max_batch_seconds=2.0, drop_last=True), ValueError, "leave batch_size and drop_last out"),
+    (dict(), TypeError, "needs batch_size .* or max_batch_seconds"),
+])
+def test_batches_by_duration_options(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        IsolatedLoader(fake_paths(4), IndexDecoder(), **kwargs)
