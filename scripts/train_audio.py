@@ -23,6 +23,10 @@ By default samples are batched in the order the producers finish them, so the ba
 the per-epoch loss and accuracy, vary a little from run to run. ``--deterministic`` hands samples out
 in the epoch's own order (``ordered=True``) and asks torch for deterministic kernels: the same config
 then gives the same figures on the same machine and versions, resumed or not.
+
+``--max-batch-seconds S`` batches by duration (``loader.max_batch_seconds``): each batch holds at most S
+seconds of padded audio, cut from duration buckets so that it pads little; steps per epoch are then the
+batches of the first epoch, the same on every rank.
 """
 
 from __future__ import annotations
@@ -110,6 +114,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seen-log", type=Path, default=None, metavar="DIR",
                         help="append the files each rank trains on to DIR/rank{N}.jsonl, one line per step")
     parser.add_argument("--json", type=Path, default=None, help="write the final metrics to this file")
+    parser.add_argument("--max-batch-seconds", type=float, default=None, metavar="S",
+                        help="batch by duration: at most S seconds of padded audio per batch "
+                             "(the same as --set loader.max_batch_seconds=S)")
     return parser
 
 
@@ -131,7 +138,8 @@ def train(argv: list[str] | None = None) -> int:
             parser.error(f"--{name.replace('_', '-')} must be >= {0 if name == 'save_every' else 1}, got {value}")
 
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    config = load_config(args.config, args.overrides)
+    by_duration = [] if args.max_batch_seconds is None else [f"loader.max_batch_seconds={args.max_batch_seconds!r}"]
+    config = load_config(args.config, args.overrides + by_duration)
     device = resolve_device(config.device)
     if distributed:
         if device.type == "cuda":

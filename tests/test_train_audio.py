@@ -137,6 +137,22 @@ def test_resume_mid_epoch_trains_on_each_sample_once(tiny, tmp_path, isolate):
     assert [e["epoch"] for e in metrics["epochs"]] == [0, 1] and metrics["stopped_at"] is None
 
 
+def test_max_batch_seconds_batches_by_duration_and_resumes_mid_epoch(tiny, tmp_path, monkeypatch):
+    """--max-batch-seconds 1: four quarter-second files a batch (8 batches of the 30 files), stopped after
+    3 steps and resumed: epoch 0 trains on every file exactly once, in batches within the budget."""
+    config, train_files = tiny
+    monkeypatch.setenv("AUDIOBUFFER_CACHE_DIR", str(tmp_path / "cache"))
+    args = ["--max-batch-seconds", "1", "--set", "epochs=1", "--checkpoint-dir", tmp_path / "ck",
+            "--seen-log", tmp_path / "seen"]
+    first = _train(config, *args, "--stop-at-step", "3", cwd=tmp_path)
+    assert f"1 rank(s), {TINY_STEPS} steps per epoch" in first.stdout
+    _train(config, *args, "--resume", tmp_path / "ck", cwd=tmp_path)
+    lines = _seen(tmp_path / "seen" / "rank0.jsonl")
+    assert [line["step"] for line in lines] == list(range(TINY_STEPS))
+    assert all(len(line["paths"]) <= 4 for line in lines)
+    assert sorted(p for line in lines for p in line["paths"]) == train_files
+
+
 def test_deterministic_resumed_run_repeats_an_unbroken_one(tiny, tmp_path):
     config, _ = tiny
     _train(config, "--deterministic", "--checkpoint-dir", tmp_path / "a", "--seen-log", tmp_path / "seen-a",
