@@ -44,6 +44,9 @@ from .buffer import Buffer
 __all__ = ["Assembler", "BatchEpochRun", "DurationBatching", "EpochBatches", "PaddingMeter", "count_header_failures",
            "start_epoch"]
 
+#: How many plans a :class:`DurationBatching` remembers (planning a large corpus takes a while).
+_REMEMBERED_PLANS = 4
+
 
 class DurationBatching:
     """A dataset's batches by duration: the budget, the buckets, and each item's duration (read once).
@@ -61,6 +64,7 @@ class DurationBatching:
         self.max_batch_seconds = float(max_batch_seconds)
         self.buckets = buckets
         self.max_batch_size = max_batch_size
+        self._plans: dict[tuple[Any, ...], BatchPlan] = {}  # the last few plans: len() and iter() of an epoch
 
     @classmethod
     def read(cls, source: Any, decoder: Any, *, max_batch_seconds: float, buckets: int | None,
@@ -84,11 +88,20 @@ class DurationBatching:
     def plan(self, *, shuffle: bool, seed: int, epoch: int, rank: int = 0, world_size: int = 1, worker: int = 0,
              num_workers: int = 1, even_shards: str | None = "pad",
              consumed: bytes | bytearray | None = None) -> BatchPlan:
-        """The batches of one shard of ``epoch`` (``_batching.plan_batches`` with this setup)."""
-        return plan_batches(self.durations, max_batch_seconds=self.max_batch_seconds, buckets=self.buckets,
-                            max_batch_size=self.max_batch_size, shuffle=shuffle, seed=seed, epoch=epoch, rank=rank,
-                            world_size=world_size, worker=worker, num_workers=num_workers,
-                            even_shards=even_shards, consumed=consumed)
+        """The batches of one shard of ``epoch`` (``_batching.plan_batches`` with this setup), remembered for
+        the next few calls (a pure function: any thread may call it)."""
+        key = (shuffle, seed, epoch, rank, world_size, worker, num_workers, even_shards,
+               None if consumed is None else bytes(consumed))
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = plan_batches(self.durations, max_batch_seconds=self.max_batch_seconds, buckets=self.buckets,
+                                max_batch_size=self.max_batch_size, shuffle=shuffle, seed=seed, epoch=epoch,
+                                rank=rank, world_size=world_size, worker=worker, num_workers=num_workers,
+                                even_shards=even_shards, consumed=consumed)
+            if len(self._plans) >= _REMEMBERED_PLANS:
+                self._plans.clear()  # one call: safe while another thread reads
+            self._plans[key] = plan
+        return plan
 
     def state(self) -> dict[str, Any]:
         """What a state dict's batch mask was counted under (``_plan.STATE_BATCHING``): the setup and a

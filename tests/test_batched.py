@@ -319,3 +319,17 @@ def test_max_batch_size_caps_the_count(tmp_path):
     durations = [0.1] * 20
     ds = dataset(duration_manifest(tmp_path, durations), durations, max_batch_seconds=100.0, max_batch_size=6)
     assert sorted(len(b) for b in keys(ds)) == [2, 6, 6, 6]
+
+
+def test_an_epoch_is_planned_once_for_len_and_iter(tmp_path, monkeypatch):
+    import audiobuffer._batched as batched
+
+    calls = []
+    real = batched.plan_batches
+    monkeypatch.setattr(batched, "plan_batches", lambda *a, **k: calls.append(k["epoch"]) or real(*a, **k))
+    durations = np.random.default_rng(0).uniform(0.5, 3.0, 40)
+    ds = dataset(duration_manifest(tmp_path, durations), durations, max_batch_seconds=5.0, shuffle=True)
+    for epoch in (0, 1):
+        ds.set_epoch(epoch)
+        assert len(ds) == len(keys(ds)) == len(ds)
+    assert calls == [0, 1]
