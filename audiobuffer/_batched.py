@@ -21,7 +21,8 @@ complete (and are yielded) in the order their last sample finishes; an ordered p
 plan order. A failed sample leaves its batch (per ``on_error``), which comes smaller; a batch whose
 samples all failed is counted and skipped; either way the batch counts as consumed for resume once
 complete. Only the batches with a sample still being decoded are held, so memory stays bounded by
-the buffer plus those batches.
+the buffer plus those batches. The buffer holds at least two of the epoch's largest batches (more
+than ``buffer_size`` if need be), so the producers decode the next batch while one trains.
 """
 
 from __future__ import annotations

@@ -96,8 +96,9 @@ class BufferedDataset(IterableDataset):
         max_batch_seconds: batch by duration: each element yielded is one batch (a list of samples,
             for ``DataLoader(batch_size=None, collate_fn=pad_collate)``) whose padded length (count x
             longest) stays within this many seconds; ``len()``, ``state_dict()`` and the shards
-            count batches. Durations come from the file headers (cached on disk) at construction,
-            capped by the decoder's ``crop_seconds`` (NOTE [ Batches by duration ] in ``_batched.py``).
+            count batches, and the buffer holds at least two of the largest. Durations come from the
+            file headers (cached on disk) at construction, capped by the decoder's ``crop_seconds``
+            (NOTE [ Batches by duration ] in ``_batched.py``).
         buckets: duration buckets batches are cut from (default 10; 1: any mix of lengths).
         max_batch_size: also at most this many samples in a batch.
         duration_column: a manifest column holding each item's duration in seconds, read instead of
@@ -155,7 +156,7 @@ class BufferedDataset(IterableDataset):
         #: Batches by duration: their setup and the items' durations, or ``None`` (one sample at a time).
         self.batching = None if max_batch_seconds is None else _batched.DurationBatching.read(
             self.source, decoder, max_batch_seconds=max_batch_seconds, buckets=buckets, max_batch_size=max_batch_size,
-            duration_column=duration_column, on_error=on_error, num_threads=self.num_producers)
+            duration_column=duration_column, on_error=on_error, num_threads=max(8, self.num_producers))
         self._init_runtime()
 
     def _init_runtime(self) -> None:

@@ -11,7 +11,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
-from audiobuffer import AudioDecoder, BufferedDataset, DecodeError, ResumeError, SampleError, pad_collate
+from audiobuffer import (
+    AudioDecoder,
+    BatchSlotLoader,
+    BufferedDataset,
+    DecodeError,
+    ResumeError,
+    SampleError,
+    pad_collate,
+)
 from audiobuffer._batching import plan_batches
 from audiobuffer._durations import CACHE_ENV
 
@@ -333,3 +341,8 @@ def test_an_epoch_is_planned_once_for_len_and_iter(tmp_path, monkeypatch):
         ds.set_epoch(epoch)
         assert len(ds) == len(keys(ds)) == len(ds)
     assert calls == [0, 1]
+
+
+def test_a_delivering_decoder_takes_no_max_batch_seconds():
+    with pytest.raises(ValueError, match="no max_batch_seconds"):
+        BatchSlotLoader(fake_paths(4), IndexDecoder(), batch_size=2, max_batch_seconds=2.0)
