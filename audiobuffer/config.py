@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
+from ._config_errors import QUOTE_CHARS, format_errors, quote, yaml_problem
 from .collate import image_collate, pad_collate
 from .errors import ConfigError, SourceError
 
@@ -66,9 +67,6 @@ _MAX_SEED = 2**63 - 1
 _MAX_BATCH_SIZE = 1 << 20
 #: The most producer threads: beyond this, starting threads fails on common systems.
 _MAX_PRODUCERS = 1024
-#: How many characters of a value an error message quotes, and how many problems it lists.
-_QUOTE_CHARS = 80
-_LISTED_ERRORS = 5
 
 
 class _Loader(yaml.SafeLoader):
@@ -223,138 +221,6 @@ class PipelineConfig(_Section):
         raise ValueError(f"must be {_DEVICE_HELP}")
 
 
-def _quote(value: Any, limit: int = _QUOTE_CHARS) -> str:
-    """``repr(value)`` cut to ``limit`` characters, for error messages.
-
-    The text is built piece by piece and the building stops at ``limit``, so a huge or recursive value
-    (a YAML alias bomb: a few lines that expand to billions of strings) costs only its prefix.
-    """
-    pieces: list[str] = []
-    size = 0
-    for piece in _repr_pieces(value, limit):
-        pieces.append(piece)
-        size += len(piece)
-        if size > limit:
-            break
-    text = "".join(pieces)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-def _repr_pieces(value: Any, limit: int) -> Iterator[str]:
-    if isinstance(value, (list, tuple, set, frozenset)):
-        brackets = "[]" if isinstance(value, list) else "()" if isinstance(value, tuple) else "{}"
-        yield brackets[0]
-        for i, item in enumerate(value):
-            if i:
-                yield ", "
-            yield from _repr_pieces(item, limit)
-        yield brackets[1]
-    elif isinstance(value, dict):
-        yield "{"
-        for i, (key, item) in enumerate(value.items()):
-            if i:
-                yield ", "
-            yield from _repr_pieces(key, limit)
-            yield ": "
-            yield from _repr_pieces(item, limit)
-        yield "}"
-    elif isinstance(value, (str, bytes)):
-        yield repr(value[:limit + 1])  # longer than the limit either way when cut
-    elif isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 4 * limit:
-        yield f"<an integer of {value.bit_length()} bits>"  # its decimal form costs time to build
-    else:
-        yield repr(value)
-
-
-def _cut(text: str, limit: int = _QUOTE_CHARS) -> str:
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-#: What a union-typed key accepts, said for people (pydantic reports each branch of the union).
-_UNION_HELP = {"decode.size": "must be an integer or a list [height, width] of two integers"}
-
-
-def _bounds(field: Any) -> list[str]:
-    """The range a field's constraints allow, as ``['> 0', '<= 86400']``."""
-    out = []
-    for item in getattr(field, "metadata", ()):
-        for attr, sign in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
-            bound = getattr(item, attr, None)
-            if bound is not None:
-                out.append(f"{sign} {bound:g}" if isinstance(bound, float) else f"{sign} {bound}")
-    return out
-
-
-def _locate(loc: Sequence[Any], model: type[BaseModel]) -> tuple[list[str], Any, type[BaseModel] | None, bool]:
-    """Walk an error's location through the models: (key parts, the field, the section model, in a union).
-
-    A location inside a union-typed field names the union member pydantic tried (``'tuple[int, int]'``);
-    the walk stops there, so the key is the field's.
-    """
-    parent: type[BaseModel] | None = model
-    field: Any = None
-    parts: list[str] = []
-    for part in loc:
-        if parent is not None and isinstance(part, str) and part in parent.model_fields:
-            field = parent.model_fields[part]
-            annotation = field.annotation
-            parent = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
-            parts.append(part)
-        elif parent is None and field is not None and isinstance(part, str):
-            return parts, field, None, True
-        else:
-            parts.append(_cut(str(part), 40))
-    return parts, field, parent, False
-
-
-def _format_error(error: Mapping[str, Any], model: type[BaseModel]) -> tuple[str, str]:
-    """One pydantic error as (key path, 'key.path: what is wrong, got VALUE')."""
-    parts, field, parent, union = _locate(error["loc"], model)
-    key = ".".join(parts) or "(top level)"
-    kind = error["type"]
-    got = f"got {_quote(error.get('input'))}"
-    if kind == "missing":
-        return key, f"{key}: required key is missing"
-    if kind == "model_type" and parent is not None:
-        return key, f"{key}: must be a section (a mapping of keys: {', '.join(parent.model_fields)}), {got}"
-    if union:
-        plain = ".".join(p for p in parts if not p.isdigit())
-        return key, f"{key}: {_UNION_HELP.get(plain, 'does not fit any allowed form')}, {got}"
-    bounds = _bounds(field)
-    if bounds and kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal", "finite_number"):
-        what = f"{field.description} " if field.description else ""
-        return key, f"{key}: must be {what}{' and '.join(bounds)}, {got}"
-    message = str(error["msg"]).removeprefix("Value error, ")
-    return key, f"{key}: {message}, {got}"
-
-
-def _format_errors(exc: ValidationError, model: type[BaseModel]) -> str:
-    """Every problem on one line: unknown keys grouped by section, at most ``_LISTED_ERRORS`` problems."""
-    lines: dict[str, Any] = {}  # key -> its line, or a section's list of unknown keys
-    allowed: dict[str, str] = {}
-    for error in exc.errors(include_url=False):
-        if error["type"] == "extra_forbidden":
-            parts, _, parent, _ = _locate(error["loc"], model)
-            section = ".".join(parts[:-1])
-            allowed[section] = ", ".join(parent.model_fields) if parent is not None else "none"
-            lines.setdefault("\0" + section, []).append(parts[-1])
-        else:
-            key, line = _format_error(error, model)
-            lines.setdefault(key, line)  # a union reports one error per member: keep the first
-    listed = []
-    for key, line in lines.items():
-        if isinstance(line, list):  # unknown keys of one section
-            section = key[1:]
-            if len(line) == 1:
-                where, what = ".".join(filter(None, (section, line[0]))), "unknown key"
-            else:
-                names = ", ".join(line[:8]) + (f" and {len(line) - 8} more" if len(line) > 8 else "")
-                where, what = section or "(top level)", f"unknown keys {names}"
-            line = f"{where}: {what}; allowed keys here: {allowed[section]}"
-        listed.append(line)
-    more = len(listed) - _LISTED_ERRORS
-    return "; ".join(listed[:_LISTED_ERRORS]) + (f"; and {more} more" if more > 0 else "")
-
 
 #: Keys whose values are paths, as (section, key).
 _PATH_KEYS = (("source", "root"), ("source", "manifest"), ("source", "files"), ("train", "checkpoint"))
@@ -393,20 +259,20 @@ def parse_config(data: Any, *, base_dir: str | os.PathLike[str] | None = None,
         ConfigError: naming the key path, the value and what is allowed.
     """
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{origin}: expected a mapping of sections (source, decode, ...), got {_quote(data)}")
+        raise ConfigError(f"{origin}: expected a mapping of sections (source, decode, ...), got {quote(data)}")
     try:
         config = PipelineConfig.model_validate(dict(data))
     except ValidationError as exc:
-        raise ConfigError(f"{origin}: {_format_errors(exc, PipelineConfig)}") from None
+        raise ConfigError(f"{origin}: {format_errors(exc, PipelineConfig)}") from None
     base = Path(base_dir) if base_dir is not None else Path.cwd()
     src = config.source
     if src.duration_column is not None and config.loader.max_batch_seconds is None:
         raise ConfigError(f"{origin}: source.duration_column: read for batches by duration, set "
-                          f"loader.max_batch_seconds too, got {_quote(src.duration_column)}")
+                          f"loader.max_batch_seconds too, got {quote(src.duration_column)}")
 
     def missing(key: str, given: str, resolved: str, what: str) -> ConfigError:
-        where = f" (resolved to {_quote(resolved, 2 * _QUOTE_CHARS)})" if resolved != given else ""
-        return ConfigError(f"{origin}: source.{key}: no such {what}, got {_quote(given, 2 * _QUOTE_CHARS)}{where}")
+        where = f" (resolved to {quote(resolved, 2 * QUOTE_CHARS)})" if resolved != given else ""
+        return ConfigError(f"{origin}: source.{key}: no such {what}, got {quote(given, 2 * QUOTE_CHARS)}{where}")
 
     update: dict[str, Any] = {}
     if src.root is not None:
@@ -444,12 +310,12 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str], *,
     for override in overrides:
         key, sep, raw = override.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(f"--set {_quote(override)}: expected key.path=value, e.g. buffer.producers=8")
+            raise ConfigError(f"--set {quote(override)}: expected key.path=value, e.g. buffer.producers=8")
         try:
             value = _load_yaml(raw) if raw.strip() else None
         except (yaml.YAMLError, ValueError, RecursionError) as exc:
-            problem = " ".join(_yaml_problem(exc).split())
-            raise ConfigError(f"--set {_quote(override)}: the value is {problem}") from None
+            problem = " ".join(yaml_problem(exc).split())
+            raise ConfigError(f"--set {quote(override)}: the value is {problem}") from None
         parts = key.strip().split(".")
         wrapped: Any = value
         for part in reversed(parts):
@@ -461,29 +327,10 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str], *,
         for i, part in enumerate(parts[:-1]):
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
-                raise ConfigError(f"--set {_quote(override)}: {'.'.join(parts[:i + 1])} is not a section")
+                raise ConfigError(f"--set {quote(override)}: {'.'.join(parts[:i + 1])} is not a section")
             node = child
         node[parts[-1]] = wrapped
     return data
-
-
-def _yaml_problem(exc: BaseException) -> str:
-    """What is wrong with a YAML text, on one line: 'not valid YAML at line 2, column 4: ...'."""
-    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
-        mark = exc.problem_mark
-        text = f"not valid YAML at line {mark.line + 1}, column {mark.column + 1}: {_cut(str(exc.problem), 200)}"
-        if exc.context:
-            text += f" ({exc.context}"
-            if exc.context_mark is not None:
-                text += f" at line {exc.context_mark.line + 1}, column {exc.context_mark.column + 1}"
-            text += ")"
-    elif isinstance(exc, RecursionError):
-        text = "not valid YAML: nested too deeply"
-    elif isinstance(exc, yaml.YAMLError):
-        text = f"not valid YAML: {_cut(str(exc), 200)}"
-    else:  # a scalar that PyYAML recognised but cannot convert: a 5000-digit integer, 2020-13-45
-        text = f"not valid YAML: a value cannot be converted: {_cut(str(exc).split(';')[0], 200)}"
-    return " ".join(text.split())
 
 
 def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> PipelineConfig:
@@ -511,11 +358,11 @@ def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> 
     try:
         data = _load_yaml(text)
     except (yaml.YAMLError, ValueError, RecursionError) as exc:
-        raise ConfigError(f"{path}: {_yaml_problem(exc)}") from None
+        raise ConfigError(f"{path}: {yaml_problem(exc)}") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of sections (source, decode, ...), got {_quote(data)}")
+        raise ConfigError(f"{path}: expected a mapping of sections (source, decode, ...), got {quote(data)}")
     try:
         apply_overrides(data, overrides)
     except ConfigError as exc:
