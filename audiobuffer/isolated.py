@@ -13,16 +13,13 @@ See NOTE [ Helper process lifecycle ] in ``audiobuffer/_helper.py`` for the prot
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import pickle
-import signal
 import subprocess
 import sys
 import threading
 import time
-import types
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -34,6 +31,7 @@ import torch
 from . import _shm
 from ._batched import EpochBatches, PaddingMeter, count_header_failures
 from ._cancel import on_cancel
+from ._channel import RemoteTraceback, death_message, pickle_by_reference, read_messages, shutdown_helper, torch_dtype
 from ._epoch import record_skip
 from ._plan import (
     STATE_BATCHING,
@@ -63,143 +61,6 @@ DEFAULT_SLOT_BYTES = 4 << 20
 START_TIMEOUT = 60.0
 #: Extra seconds the trainer waits past ``timeout`` before it gives up on a helper that sends nothing.
 SILENCE_GRACE = 5.0
-
-
-class _RemoteTraceback(Exception):
-    """The traceback of an exception raised in the helper process (as ``concurrent.futures`` does)."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__(text)
-        self.text = text
-
-    def __str__(self) -> str:
-        return f"\n\"\"\"\n{self.text}\"\"\""
-
-
-class _ByReference(pickle.Pickler):
-    """A pickler that refuses what the helper process could not import: lambdas, locals, ``__main__``."""
-
-    def __init__(self, file: io.BytesIO, what: str) -> None:
-        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-        self._what = what
-
-    def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, (types.FunctionType, type)):
-            module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", "?")
-            if "<lambda>" in qualname or "<locals>" in qualname:
-                self._refuse(f"{qualname!r} is a lambda or a function defined inside another function")
-            if module == "__main__":
-                self._refuse(f"{qualname!r} is defined in the script being run (__main__)")
-        elif type(obj).__module__ == "__main__":
-            self._refuse(f"it is an instance of {type(obj).__qualname__!r}, a class defined in the script being run "
-                         f"(__main__)")
-        return NotImplemented
-
-    def _refuse(self, why: str) -> None:
-        raise TypeError(
-            f"IsolatedLoader sends the {self._what} to its helper process by reference, and {why}, which the "
-            f"helper cannot import: move it to a module of its own (a .py file beside your script) and import it "
-            f"from there")
-
-
-def _pickle_by_reference(obj: Any, what: str) -> bytes:
-    out = io.BytesIO()
-    try:
-        _ByReference(out, what).dump(obj)
-    except TypeError:
-        raise
-    except Exception as exc:
-        raise TypeError(f"IsolatedLoader cannot send the {what} {obj!r} to its helper process: "
-                        f"{type(exc).__name__}: {exc}") from exc
-    return out.getvalue()
-
-
-_TORCH_DTYPES: dict[str, torch.dtype] = {}
-
-
-def _torch_dtype(dtype: str) -> torch.dtype:
-    found = _TORCH_DTYPES.get(dtype)
-    if found is None:
-        found = _TORCH_DTYPES[dtype] = torch.from_numpy(np.empty(0, dtype=np.dtype(dtype))).dtype
-    return found
-
-
-def _shutdown(proc: subprocess.Popen[bytes], inbox: Buffer[Any], closing: threading.Event,
-              segments: dict[str, Any], reader: threading.Thread) -> None:
-    """Stop the helper and free what it held. Runs once: from close(), from GC or at interpreter exit."""
-    closing.set()
-    inbox.abort(BufferClosed("the IsolatedLoader was closed"))
-    try:
-        if proc.poll() is None:
-            try:
-                proc.stdin.write(pickle.dumps(("close",)))  # type: ignore[union-attr]
-                proc.stdin.flush()  # type: ignore[union-attr]
-            except (OSError, ValueError):
-                pass
-        try:
-            proc.stdin.close()  # type: ignore[union-attr]
-        except (OSError, ValueError):
-            pass
-        try:
-            proc.wait(JOIN_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(JOIN_TIMEOUT)
-    finally:
-        if reader is not threading.current_thread():
-            reader.join(JOIN_TIMEOUT)
-        if proc.stdout is not None:
-            proc.stdout.close()
-        for name, segment in list(segments.items()):
-            if segment is not None:
-                try:
-                    segment.close()
-                except BufferError:  # a batch view still points into it; the OS frees it with the mapping
-                    pass
-            _shm.unlink(name)  # the helper unlinks its own; this covers a helper that died
-        segments.clear()
-
-
-def _death_message(proc: subprocess.Popen[bytes] | None) -> str:
-    code = proc.poll() if proc is not None else None
-    pid = proc.pid if proc is not None else "?"
-    if code is None:
-        how = "closed its channel"
-    elif code < 0:
-        try:
-            how = f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            how = f"was killed by signal {-code}"
-    else:
-        how = f"exited with code {code}"
-    return (f"the helper process (pid {pid}) {how}; a crash in native decoder code or the system's "
-            f"out-of-memory killer can do this (its stderr, above, may say more)")
-
-
-def _read(proc: subprocess.Popen[bytes], inbox: Buffer[Any], closing: threading.Event) -> None:
-    """The reader thread: every message from the helper into the inbox; the helper's death into an error.
-
-    A function, not a method: the thread must not keep the loader alive (its finalizer stops the helper).
-    """
-    try:
-        while True:
-            message = pickle.load(proc.stdout)  # type: ignore[arg-type]
-            if message[0] == "log":
-                logger.log(message[1], "helper process: %s", message[3])
-                continue
-            inbox.put(message)
-    except BufferClosed:
-        return  # the trainer closed the loader
-    except Exception:  # EOFError (the helper exited), or a frame cut short by its death
-        pass
-    if closing.is_set():
-        inbox.close()
-        return
-    try:
-        proc.wait(JOIN_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        pass
-    inbox.abort(HelperError(_death_message(proc)))
 
 
 class _Run:
@@ -330,10 +191,10 @@ class IsolatedLoader:
             "batch_size": batch_size, "drop_last": self.drop_last, "num_slots": num_slots,
             "slot_bytes": slot_bytes, "key": key, "background": bool(background),
         }  # with max_batch_seconds, each epoch's message carries its batches
-        _pickle_by_reference(ds.decoder, "decoder")
+        pickle_by_reference(ds.decoder, "decoder")
         if ds.transform is not None:
-            _pickle_by_reference(ds.transform, "transform")
-        self._spec = _pickle_by_reference(spec, "pipeline")
+            pickle_by_reference(ds.transform, "transform")
+        self._spec = pickle_by_reference(spec, "pipeline")
         self._proc: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
         self._inbox: Buffer[Any] | None = None
@@ -385,7 +246,7 @@ class IsolatedLoader:
         if self._proc is not None:
             if self._proc.poll() is None:
                 return
-            raise HelperError(_death_message(self._proc))
+            raise HelperError(death_message(self._proc))
         env = dict(os.environ)
         here = str(Path(__file__).resolve().parent.parent)  # so the helper imports this very package
         env["PYTHONPATH"] = os.pathsep.join([here] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
@@ -393,9 +254,9 @@ class IsolatedLoader:
                                 stdout=subprocess.PIPE, env=env)
         self._proc = proc
         self._inbox = Buffer(self.num_slots + 64)
-        self._reader = threading.Thread(target=_read, args=(proc, self._inbox, self._closing),
+        self._reader = threading.Thread(target=read_messages, args=(proc, self._inbox, self._closing),
                                         name="audiobuffer-helper-reader", daemon=True)
-        self._finalizer = weakref.finalize(self, _shutdown, proc, self._inbox, self._closing, self._segments,
+        self._finalizer = weakref.finalize(self, shutdown_helper, proc, self._inbox, self._closing, self._segments,
                                            self._reader)
         self._reader.start()
         self._send(("setup", list(sys.path), self._spec))
@@ -410,7 +271,7 @@ class IsolatedLoader:
         if message[0] != "ready":
             self.close()
             raise HelperError(f"the helper process could not load the pipeline: {message[2]}") \
-                from _RemoteTraceback(message[3])
+                from RemoteTraceback(message[3])
         self.helper_info = message[1]
         self._segments.update((name, None) for name in self.helper_info["segments"])
         self._slot_names.update(enumerate(self.helper_info["segments"]))
@@ -425,7 +286,7 @@ class IsolatedLoader:
                 proc.stdin.write(data)
                 proc.stdin.flush()
         except (OSError, ValueError) as exc:
-            raise HelperError(_death_message(proc)) from exc
+            raise HelperError(death_message(proc)) from exc
 
     def _attach(self, slot: int, name: str) -> Any:
         old = self._slot_names.get(slot)
@@ -500,7 +361,7 @@ class IsolatedLoader:
                 elif kind == "stall":
                     raise StallError(f"{message[2]} (in the helper process)")
                 elif kind == "error":
-                    raise HelperError(f"the helper process failed: {message[2]}") from _RemoteTraceback(message[3])
+                    raise HelperError(f"the helper process failed: {message[2]}") from RemoteTraceback(message[3])
         finally:
             unregister()
             run.end = time.perf_counter()
@@ -547,7 +408,7 @@ class IsolatedLoader:
                 continue
             _, offset, shape, dtype = spec
             source = np.ndarray(shape, dtype=np.dtype(dtype), buffer=buf, offset=offset)
-            tensor = torch.empty(shape, dtype=_torch_dtype(dtype), pin_memory=self.pin_memory)
+            tensor = torch.empty(shape, dtype=torch_dtype(dtype), pin_memory=self.pin_memory)
             np.copyto(tensor.numpy(), source)  # numpy's copy: wakes no torch thread pool
             batch[field] = tensor
         source = None  # type: ignore[assignment]  # no view into the slot outlives the hand-back
@@ -566,7 +427,7 @@ class IsolatedLoader:
         _, _, fatal, index, path, producer, type_name, text, payload, trace = message
         summary = f"item {index} ({path!r}) failed in {producer} (helper process): {type_name}: {text}"
         if fatal:
-            cause: BaseException = _RemoteTraceback(trace)
+            cause: BaseException = RemoteTraceback(trace)
             if payload is not None:
                 try:
                     original = pickle.loads(payload)
