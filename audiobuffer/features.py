@@ -18,7 +18,12 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["LogMel", "MelSpectrogram", "Spectrogram", "mel_filterbank"]
+from ._checks import check_choice
+
+__all__ = ["LogMel", "MelNorm", "MelSpectrogram", "Spectrogram", "mel_filterbank"]
+
+#: How mel filters are normalised: ``"slaney"`` (each filter's area is constant, as librosa does) or ``None``.
+MelNorm = Literal["slaney"] | None
 
 
 def _hz_to_mel(freq: np.ndarray, htk: bool) -> np.ndarray:
@@ -51,8 +56,9 @@ def _mel_to_hz(mels: np.ndarray, htk: bool) -> np.ndarray:
 
 def mel_filterbank(sample_rate: int, n_fft: int, n_mels: int = 128, *, f_min: float = 0.0,
                    f_max: float | None = None, htk: bool = False,
-                   norm: Literal["slaney"] | None = "slaney") -> np.ndarray:
+                   norm: MelNorm = "slaney") -> np.ndarray:
     """Triangular mel filters, ``(n_mels, n_fft // 2 + 1)`` float64, as ``librosa.filters.mel`` makes them."""
+    check_choice("norm", norm, MelNorm)
     f_max = sample_rate / 2.0 if f_max is None else f_max
     if not 0 <= f_min < f_max <= sample_rate / 2.0:
         raise ValueError(f"need 0 <= f_min < f_max <= sample_rate / 2, got f_min={f_min}, f_max={f_max}")
@@ -66,8 +72,6 @@ def mel_filterbank(sample_rate: int, n_fft: int, n_mels: int = 128, *, f_min: fl
     weights = np.maximum(0.0, np.minimum(lower, upper))
     if norm == "slaney":
         weights *= (2.0 / (mel_f[2:n_mels + 2] - mel_f[:n_mels]))[:, None]
-    elif norm is not None:
-        raise ValueError(f"norm must be 'slaney' or None, got {norm!r}")
     return weights
 
 
@@ -141,7 +145,7 @@ class MelSpectrogram(nn.Module):
     def __init__(self, sample_rate: int, n_fft: int = 2048, *, hop_length: int | None = None,
                  win_length: int | None = None, n_mels: int = 128, f_min: float = 0.0,
                  f_max: float | None = None, power: float = 2.0, center: bool = True,
-                 htk: bool = False, norm: Literal["slaney"] | None = "slaney") -> None:
+                 htk: bool = False, norm: MelNorm = "slaney") -> None:
         super().__init__()
         self.spectrogram = Spectrogram(n_fft, hop_length=hop_length, win_length=win_length, power=power,
                                        center=center)
