@@ -26,17 +26,20 @@ __all__ = ["LogMel", "MelNorm", "MelSpectrogram", "Spectrogram", "mel_filterbank
 MelNorm = Literal["slaney"] | None
 
 
+# The Slaney mel scale (librosa's default): linear below 1 kHz, logarithmic above.
+_F_SP = 200.0 / 3  # Hz per mel in the linear part
+_MIN_LOG_HZ = 1000.0
+_MIN_LOG_MEL = _MIN_LOG_HZ / _F_SP
+_LOGSTEP = math.log(6.4) / 27.0
+
+
 def _hz_to_mel(freq: np.ndarray, htk: bool) -> np.ndarray:
     freq = np.asarray(freq, dtype=np.float64)
     if htk:
         return 2595.0 * np.log10(1.0 + freq / 700.0)
-    f_sp = 200.0 / 3
-    min_log_hz = 1000.0
-    min_log_mel = min_log_hz / f_sp
-    logstep = math.log(6.4) / 27.0
-    mels = freq / f_sp
-    log_region = freq >= min_log_hz
-    mels[log_region] = min_log_mel + np.log(freq[log_region] / min_log_hz) / logstep
+    mels = freq / _F_SP
+    log_region = freq >= _MIN_LOG_HZ
+    mels[log_region] = _MIN_LOG_MEL + np.log(freq[log_region] / _MIN_LOG_HZ) / _LOGSTEP
     return mels
 
 
@@ -44,13 +47,9 @@ def _mel_to_hz(mels: np.ndarray, htk: bool) -> np.ndarray:
     mels = np.asarray(mels, dtype=np.float64)
     if htk:
         return 700.0 * (10.0 ** (mels / 2595.0) - 1.0)
-    f_sp = 200.0 / 3
-    min_log_hz = 1000.0
-    min_log_mel = min_log_hz / f_sp
-    logstep = math.log(6.4) / 27.0
-    freqs = f_sp * mels
-    log_region = mels >= min_log_mel
-    freqs[log_region] = min_log_hz * np.exp(logstep * (mels[log_region] - min_log_mel))
+    freqs = _F_SP * mels
+    log_region = mels >= _MIN_LOG_MEL
+    freqs[log_region] = _MIN_LOG_HZ * np.exp(_LOGSTEP * (mels[log_region] - _MIN_LOG_MEL))
     return freqs
 
 
@@ -192,9 +191,7 @@ class LogMel(MelSpectrogram):
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The log-mel spectrogram of each waveform in the batch, in decibels.
 
-        Args:
-            audio: float waveforms ``(..., T)`` on any device (padded with zeros).
-            lengths: each example's length in samples, shape ``audio.shape[:-1]``, or ``None``.
+        Takes ``audio`` and ``lengths`` as :meth:`MelSpectrogram.forward` does.
 
         Returns:
             ``(db, frames)``: ``db`` is ``(..., n_mels, frames)``, ``10 * log10(max(mel, amin))``,
