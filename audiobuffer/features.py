@@ -191,7 +191,9 @@ class LogMel(MelSpectrogram):
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The log-mel spectrogram of each waveform in the batch, in decibels.
 
-        Takes ``audio`` and ``lengths`` as :meth:`MelSpectrogram.forward` does.
+        Args:
+            audio: float waveforms ``(..., T)`` on any device (padded with zeros).
+            lengths: each example's length in samples, shape ``audio.shape[:-1]``, or ``None``.
 
         Returns:
             ``(db, frames)``: ``db`` is ``(..., n_mels, frames)``, ``10 * log10(max(mel, amin))``,
