@@ -91,7 +91,7 @@ class SlotWriter:
 
     It delivers whole batches itself (NOTE [ Delivering decoders ] in ``_producers.py``): it returns
     the slot for the item that completes it and ``DELIVERED`` for the others. See also NOTE [ Slot
-    reuse safety ], NOTE [ Slot rows ] and NOTE [ Slots across epochs ].
+    reuse safety ], NOTE [ Slots across epochs ] and NOTE [ Slot rows ] (in ``_slot_rows.py``).
     """
 
     delivers_itself = True
