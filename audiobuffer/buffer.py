@@ -16,9 +16,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Iterator
-from dataclasses import asdict, dataclass
 from typing import Any, Generic, TypeVar
 
+from ._buffer_stats import BufferStats, payload_nbytes
+from ._checks import check_int
 from .errors import BufferClosed
 
 __all__ = ["Buffer", "BufferClosed", "BufferStats", "payload_nbytes"]
@@ -44,55 +45,6 @@ def _check_timeout(timeout: float) -> None:
         raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
 
 
-def payload_nbytes(item: Any) -> int:
-    """Bytes held by the array payloads of ``item``, walking dicts, lists and tuples.
-
-    Objects with an ``nbytes`` attribute (numpy arrays, torch tensors, memoryviews) count that;
-    ``bytes`` and ``bytearray`` their length; anything else counts as 0.
-    """
-    if isinstance(item, (bytes, bytearray)):
-        return len(item)
-    nbytes = getattr(item, "nbytes", None)
-    if isinstance(nbytes, int):
-        return nbytes
-    if isinstance(item, dict):
-        return sum(payload_nbytes(value) for value in item.values())
-    if isinstance(item, (list, tuple)):
-        return sum(payload_nbytes(value) for value in item)
-    return 0
-
-
-@dataclass(frozen=True)
-class BufferStats:
-    """A snapshot of a :class:`Buffer`'s counters.
-
-    Attributes:
-        capacity: the item bound.
-        max_bytes: the byte bound, or ``None``.
-        puts: items put so far.
-        gets: items taken so far.
-        put_wait_s: total seconds producers spent waiting for room (the consumer was the bottleneck).
-        get_wait_s: total seconds consumers spent waiting for data (the producers were the bottleneck).
-        mean_fill: mean number of items in the buffer as each ``get`` / ``get_many`` call found it.
-        peak_fill: the most items the buffer ever held.
-        peak_bytes: the most payload bytes it ever held (counted only with ``max_bytes``).
-    """
-
-    capacity: int
-    max_bytes: int | None
-    puts: int
-    gets: int
-    put_wait_s: float
-    get_wait_s: float
-    mean_fill: float
-    peak_fill: int
-    peak_bytes: int
-
-    def as_dict(self) -> dict[str, Any]:
-        """The snapshot as a plain dict."""
-        return asdict(self)
-
-
 class Buffer(Generic[T]):
     """A bounded FIFO buffer with blocking, timed ``put`` and ``get``, ``close`` and ``abort``.
 
@@ -113,15 +65,9 @@ class Buffer(Generic[T]):
     """
 
     def __init__(self, capacity: int, *, max_bytes: int | None = None) -> None:
-        if isinstance(capacity, bool) or not isinstance(capacity, int):
-            raise TypeError(f"capacity must be an integer >= 1, got {capacity!r}")
-        if capacity < 1:
-            raise ValueError(f"capacity must be an integer >= 1, got {capacity!r}")
+        check_int("capacity", capacity, 1)
         if max_bytes is not None:
-            if isinstance(max_bytes, bool) or not isinstance(max_bytes, int):
-                raise TypeError(f"max_bytes must be None or an integer >= 1, got {max_bytes!r}")
-            if max_bytes < 1:
-                raise ValueError(f"max_bytes must be None or an integer >= 1, got {max_bytes!r}")
+            check_int("max_bytes", max_bytes, 1, also="or None")
         self._capacity = capacity
         self._max_bytes = max_bytes
         self._items: deque[T] = deque()

@@ -18,20 +18,28 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["LogMel", "MelSpectrogram", "Spectrogram", "mel_filterbank"]
+from ._checks import check_choice
+
+__all__ = ["LogMel", "MelNorm", "MelSpectrogram", "Spectrogram", "mel_filterbank"]
+
+#: How mel filters are normalised: ``"slaney"`` (each filter's area is constant, as librosa does) or ``None``.
+MelNorm = Literal["slaney"] | None
+
+
+# The Slaney mel scale (librosa's default): linear below 1 kHz, logarithmic above.
+_F_SP = 200.0 / 3  # Hz per mel in the linear part
+_MIN_LOG_HZ = 1000.0
+_MIN_LOG_MEL = _MIN_LOG_HZ / _F_SP
+_LOGSTEP = math.log(6.4) / 27.0
 
 
 def _hz_to_mel(freq: np.ndarray, htk: bool) -> np.ndarray:
     freq = np.asarray(freq, dtype=np.float64)
     if htk:
         return 2595.0 * np.log10(1.0 + freq / 700.0)
-    f_sp = 200.0 / 3
-    min_log_hz = 1000.0
-    min_log_mel = min_log_hz / f_sp
-    logstep = math.log(6.4) / 27.0
-    mels = freq / f_sp
-    log_region = freq >= min_log_hz
-    mels[log_region] = min_log_mel + np.log(freq[log_region] / min_log_hz) / logstep
+    mels = freq / _F_SP
+    log_region = freq >= _MIN_LOG_HZ
+    mels[log_region] = _MIN_LOG_MEL + np.log(freq[log_region] / _MIN_LOG_HZ) / _LOGSTEP
     return mels
 
 
@@ -39,20 +47,17 @@ def _mel_to_hz(mels: np.ndarray, htk: bool) -> np.ndarray:
     mels = np.asarray(mels, dtype=np.float64)
     if htk:
         return 700.0 * (10.0 ** (mels / 2595.0) - 1.0)
-    f_sp = 200.0 / 3
-    min_log_hz = 1000.0
-    min_log_mel = min_log_hz / f_sp
-    logstep = math.log(6.4) / 27.0
-    freqs = f_sp * mels
-    log_region = mels >= min_log_mel
-    freqs[log_region] = min_log_hz * np.exp(logstep * (mels[log_region] - min_log_mel))
+    freqs = _F_SP * mels
+    log_region = mels >= _MIN_LOG_MEL
+    freqs[log_region] = _MIN_LOG_HZ * np.exp(_LOGSTEP * (mels[log_region] - _MIN_LOG_MEL))
     return freqs
 
 
 def mel_filterbank(sample_rate: int, n_fft: int, n_mels: int = 128, *, f_min: float = 0.0,
                    f_max: float | None = None, htk: bool = False,
-                   norm: Literal["slaney"] | None = "slaney") -> np.ndarray:
+                   norm: MelNorm = "slaney") -> np.ndarray:
     """Triangular mel filters, ``(n_mels, n_fft // 2 + 1)`` float64, as ``librosa.filters.mel`` makes them."""
+    check_choice("norm", norm, MelNorm)
     f_max = sample_rate / 2.0 if f_max is None else f_max
     if not 0 <= f_min < f_max <= sample_rate / 2.0:
         raise ValueError(f"need 0 <= f_min < f_max <= sample_rate / 2, got f_min={f_min}, f_max={f_max}")
@@ -66,8 +71,6 @@ def mel_filterbank(sample_rate: int, n_fft: int, n_mels: int = 128, *, f_min: fl
     weights = np.maximum(0.0, np.minimum(lower, upper))
     if norm == "slaney":
         weights *= (2.0 / (mel_f[2:n_mels + 2] - mel_f[:n_mels]))[:, None]
-    elif norm is not None:
-        raise ValueError(f"norm must be 'slaney' or None, got {norm!r}")
     return weights
 
 
@@ -141,7 +144,7 @@ class MelSpectrogram(nn.Module):
     def __init__(self, sample_rate: int, n_fft: int = 2048, *, hop_length: int | None = None,
                  win_length: int | None = None, n_mels: int = 128, f_min: float = 0.0,
                  f_max: float | None = None, power: float = 2.0, center: bool = True,
-                 htk: bool = False, norm: Literal["slaney"] | None = "slaney") -> None:
+                 htk: bool = False, norm: MelNorm = "slaney") -> None:
         super().__init__()
         self.spectrogram = Spectrogram(n_fft, hop_length=hop_length, win_length=win_length, power=power,
                                        center=center)

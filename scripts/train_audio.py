@@ -1,6 +1,7 @@
 """Train a small CNN on log-mel features, fed by audiobuffer from a YAML pipeline config.
 
-Copy it and change the model. One process:
+Copy it and change the model: the model (``SpeechCNN``), its optimiser, its training step and its
+evaluation are the ones ``audiobuffer demo`` uses, in ``audiobuffer/tools/_model.py``. One process:
 
     python scripts/train_audio.py --config configs/fsdd.yaml
 
@@ -50,33 +51,10 @@ from tqdm import tqdm
 from audiobuffer.config import build_dataset, build_isolated, build_loader, build_source, load_config
 from audiobuffer.device import DevicePrefetcher, resolve_device
 from audiobuffer.errors import AudioBufferError, ResumeError
-from audiobuffer.features import LogMel
+from audiobuffer.tools._model import SpeechCNN, evaluate, make_optimizer, train_step
 
 CHECKPOINT_NAME = "last.pt"
 CHECKPOINT_FORMAT = 2  # 1: the model only, after each epoch (cannot be resumed)
-
-
-class SpeechCNN(nn.Module):
-    """Log-mel in, class scores out: four conv blocks, average and max pooling over time and frequency."""
-
-    def __init__(self, classes: int, sample_rate: int, *, n_fft: int, hop_length: int, n_mels: int,
-                 channels: int) -> None:
-        super().__init__()
-        self.features = LogMel(sample_rate, n_fft, hop_length=hop_length, n_mels=n_mels, top_db=80.0)
-        self.norm = nn.BatchNorm2d(1)
-        layers: list[nn.Module] = []
-        c_in = 1
-        for c_out in (channels, channels * 2, channels * 4, channels * 4):
-            layers += [nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(),
-                       nn.MaxPool2d(2, ceil_mode=True)]
-            c_in = c_out
-        self.body = nn.Sequential(*layers)
-        self.head = nn.Sequential(nn.Dropout(0.2), nn.Linear(2 * c_in, classes))
-
-    def forward(self, audio: torch.Tensor) -> torch.Tensor:
-        spec, _ = self.features(audio)
-        x = self.body(self.norm(spec.unsqueeze(1)))
-        return self.head(torch.cat([x.mean(dim=(2, 3)), x.amax(dim=(2, 3))], dim=1))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -195,13 +173,12 @@ def _train(args: argparse.Namespace, config: Any, device: torch.device, distribu
     t = config.train
     model: nn.Module = SpeechCNN(len(source.classes), sample_rate, n_fft=t.n_fft, hop_length=t.hop_length,
                                  n_mels=t.n_mels, channels=t.channels).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
     # Every rank must take the same number of steps, or the last gradient all-reduce waits forever.
     steps = _agree_min(len(train_loader), distributed)
     if args.max_steps is not None:
         steps = min(steps, args.max_steps)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=t.lr, epochs=config.epochs,
-                                                   steps_per_epoch=max(1, steps))
+    optimizer, schedule = make_optimizer(model, lr=t.lr, weight_decay=t.weight_decay, epochs=config.epochs,
+                                         steps_per_epoch=steps)
     metrics: dict = {"world_size": world_size, "epochs": [], "stopped_at": None}
     start_epoch, start_step, mine = 0, 0, None
     if resume is not None:
@@ -261,12 +238,7 @@ def _train(args: argparse.Namespace, config: Any, device: torch.device, distribu
                                                    start=first_step):
             if step >= steps:
                 break  # leaving the loop stops this epoch's producers
-            loss = nn.functional.cross_entropy(model(batch["audio"]), batch["label"])
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            schedule.step()
-            value = loss.item()
+            value = train_step(model, batch, optimizer, schedule)
             loss_sum += torch.tensor([value * len(batch["label"]), len(batch["label"])], dtype=torch.float64)
             done = step + 1
             bar.set_postfix(loss=f"{value:.4f}", refresh=False)
@@ -286,7 +258,8 @@ def _train(args: argparse.Namespace, config: Any, device: torch.device, distribu
             log(f"stopped at epoch {epoch + 1}, step {done} of {steps}; continue with --resume {save_to}")
             break
         loss_sum = _sum(loss_sum, distributed)
-        accuracy = evaluate(model, test_loader, device, distributed) if test_loader is not None else None
+        accuracy = (evaluate(model, test_loader, device, reduce=lambda counts: _sum(counts, distributed))
+                    if test_loader is not None else None)
         entry = {"epoch": epoch, "loss": float(loss_sum[0] / max(1.0, float(loss_sum[1]))),
                  "test_accuracy": accuracy, "seconds": time.perf_counter() - start,
                  "train_stats": train_set.stats().as_dict()}
@@ -359,18 +332,6 @@ def _log_seen(folder: Path, rank: int, epoch: int, step: int, paths: list[str]) 
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / f"rank{rank}.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps({"epoch": epoch, "step": step, "paths": list(paths)}) + "\n")
-
-
-@torch.no_grad()
-def evaluate(model: nn.Module, loader, device: torch.device, distributed: bool) -> float:
-    """Accuracy over the test set, summed across ranks."""
-    model.eval()
-    counts = torch.zeros(2, dtype=torch.float64)
-    for batch in DevicePrefetcher(loader, device):
-        predicted = model(batch["audio"]).argmax(dim=1)
-        counts += torch.tensor([float((predicted == batch["label"]).sum()), len(batch["label"])], dtype=torch.float64)
-    counts = _sum(counts, distributed)
-    return float(counts[0] / max(1.0, float(counts[1])))
 
 
 def _sum(values: torch.Tensor, distributed: bool) -> torch.Tensor:

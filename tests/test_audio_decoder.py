@@ -7,6 +7,7 @@ import sys
 import threading
 import warnings
 import weakref
+from typing import get_args
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from helpers import write_tone
 
 from audiobuffer import AudioDecoder, BufferedDataset, DecodeError, WorkItem
 from audiobuffer.decoders import audio as audio_module
+from audiobuffer.decoders.audio import CropMode, Quality
 
 
 @pytest.fixture
@@ -165,14 +167,14 @@ def test_short_read_is_reported(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
-    ({"sample_rate": 0}, ValueError, "sample_rate"),
-    ({"sample_rate": 16000.0}, TypeError, "sample_rate"),
-    ({"crop_seconds": 0}, ValueError, "crop_seconds"),
-    ({"crop_seconds": float("inf")}, ValueError, "crop_seconds"),
-    ({"crop_seconds": "1s"}, TypeError, "crop_seconds"),
-    ({"crop": "middle"}, ValueError, "crop must be one of"),
-    ({"quality": "best"}, ValueError, "quality"),
-    ({"fallback": "ffmpeg"}, ValueError, "fallback"),
+    ({"sample_rate": 0}, ValueError, r"^sample_rate must be an integer >= 1 or None, got 0$"),
+    ({"sample_rate": 16000.0}, TypeError, r"^sample_rate must be an integer >= 1 or None, got 16000\.0$"),
+    ({"crop_seconds": 0}, ValueError, r"^crop_seconds must be None or a number of seconds > 0 and <= 86400, got 0$"),
+    ({"crop_seconds": float("inf")}, ValueError, r"^crop_seconds must be .* <= 86400, got inf$"),
+    ({"crop_seconds": "1s"}, TypeError, r"^crop_seconds must be None or a number of seconds > 0 .*, got '1s'$"),
+    ({"crop": "middle"}, ValueError, r"^crop must be one of 'random', 'start', 'center', got 'middle'$"),
+    ({"quality": "best"}, ValueError, r"^quality must be one of 'QQ', 'LQ', 'MQ', 'HQ', 'VHQ', got 'best'$"),
+    ({"fallback": "ffmpeg"}, ValueError, r"^fallback must be 'librosa', None or a callable, got 'ffmpeg'$"),
 ])
 def test_validation(kwargs, error, match):
     with pytest.raises(error, match=match):
@@ -445,13 +447,23 @@ def test_a_float_rate_from_the_fallback_is_an_int_in_the_sample(tmp_path):
 
 @pytest.mark.parametrize("seconds", [1e9, 1e300, 86400.5, float("nan"), float("-inf"), -1.0])
 def test_crop_seconds_out_of_range_is_refused_up_front(seconds):
-    with pytest.raises(ValueError, match=r"crop_seconds must be None or a number of seconds in \(0, 86400\]"
+    with pytest.raises(ValueError, match=r"crop_seconds must be None or a number of seconds > 0 and <= 86400"
                                          rf".*got {re.escape(repr(seconds))}"):
         AudioDecoder(crop_seconds=seconds)
 
 
 def test_crop_seconds_of_one_day_is_accepted():
     assert AudioDecoder(crop_seconds=86400).crop_seconds == 86400
+
+
+def test_choices_come_from_the_literal_types():
+    # One list per option: the Literal type annotates it and the check reads it (typing.get_args).
+    assert get_args(CropMode) == ("random", "start", "center")
+    assert get_args(Quality) == ("QQ", "LQ", "MQ", "HQ", "VHQ")
+    for crop in get_args(CropMode):
+        assert AudioDecoder(crop=crop).crop == crop
+    for quality in get_args(Quality):
+        assert AudioDecoder(quality=quality).quality == quality
 
 
 def test_yaml_crop_seconds_has_the_same_range(tmp_path):

@@ -267,7 +267,7 @@ def test_capacity_validation(capacity, error):
 
 @pytest.mark.parametrize("max_bytes, error", [(0, ValueError), ("1MB", TypeError)])
 def test_max_bytes_validation(max_bytes, error):
-    with pytest.raises(error, match="max_bytes"):
+    with pytest.raises(error, match=r"^max_bytes must be an integer >= 1 or None, got (0|'1MB')$"):
         Buffer(1, max_bytes=max_bytes)
 
 

@@ -66,6 +66,11 @@ def test_channels_dimension_is_kept(signals):
 def test_filterbank_validation():
     with pytest.raises(ValueError, match="f_min"):
         mel_filterbank(8000, 256, 40, f_max=5000)
+    with pytest.raises(ValueError, match=r"^norm must be one of 'slaney', None, got 'l2'$"):
+        mel_filterbank(8000, 256, 40, norm="l2")
+    with pytest.raises(ValueError, match=r"^norm must be one of 'slaney', None, got 'area'$"):
+        MelSpectrogram(8000, 256, norm="area")
+    assert mel_filterbank(8000, 256, 40, norm=None).shape == (40, 129)
 
 
 @pytest.mark.parametrize("module", [Spectrogram, MelSpectrogram, LogMel])

@@ -1,6 +1,7 @@
 import subprocess
 import sys
 from pathlib import Path
+from typing import get_args
 
 import numpy as np
 import pytest
@@ -8,6 +9,7 @@ import torch
 from helpers import write_tone
 
 from audiobuffer import IMAGE_PATTERNS, AudioDecoder, BufferedDataset, DecodeError, ImageDecoder, WorkItem
+from audiobuffer.decoders.image import Resample
 
 Image = pytest.importorskip("PIL.Image", reason="ImageDecoder needs Pillow (pip install 'audiobuffer[image]')")
 
@@ -155,6 +157,14 @@ def test_several_frames_give_the_first(tmp_path):
 def test_exif_option_validation():
     with pytest.raises(TypeError, match="apply_exif_orientation"):
         ImageDecoder(apply_exif_orientation="yes")
+
+
+def test_resample_validation_names_the_choices():
+    with pytest.raises(ValueError, match=r"^resample must be one of 'nearest', 'bilinear', 'bicubic', 'lanczos', "
+                                         r"'box', 'hamming', got 'cubic'$"):
+        ImageDecoder(resample="cubic")
+    for resample in get_args(Resample):
+        assert ImageDecoder(resample=resample).resample == resample
 
 
 # -- default patterns follow the decoder ----------------------------------------------------------

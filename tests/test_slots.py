@@ -9,7 +9,9 @@ from helpers import JOIN_TIMEOUT, IndexDecoder, fake_paths, make_corpus, wait_no
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from audiobuffer import AudioBufferError, AudioDecoder, DecodeError, SampleError, WorkItem, pad_collate, slots
+from audiobuffer import AudioBufferError, AudioDecoder, DecodeError, SampleError, WorkItem, pad_collate
+from audiobuffer._slot_rows import convert as convert_row
+from audiobuffer._slot_writer import Slot
 from audiobuffer.device import DevicePrefetcher
 from audiobuffer.slots import BatchSlotLoader
 
@@ -242,13 +244,13 @@ def test_a_second_epoch_while_one_runs_is_refused():
 def test_a_slot_is_not_refilled_while_its_batch_is_being_made(monkeypatch):
     # A producer woken by a hand-out used to find the slot unreferenced before the batch's views
     # were made, and refill it under them (rows lost and others yielded twice).
-    make_batch = slots._Slot.batch
+    make_batch = Slot.batch
 
     def slow_batch(slot, rows):
         time.sleep(0.02)  # a slow moment between the hand-out and the views
         return make_batch(slot, rows)
 
-    monkeypatch.setattr(slots._Slot, "batch", slow_batch)
+    monkeypatch.setattr(Slot, "batch", slow_batch)
     loader = BatchSlotLoader(fake_paths(48), fixed, batch_size=4, num_slots=2, num_producers=3)
     seen = []
     for batch in loader:
@@ -324,19 +326,17 @@ def test_values_of_a_kind_the_column_takes_are_converted_exactly():
 def test_a_row_write_that_fails_ends_the_epoch_and_leaves_no_stale_row(monkeypatch):
     # NOTE [ Slot rows ]: a claimed row cannot fail to be written; if it does, the epoch ends loudly
     # (whatever on_error says) and the next epoch gets none of that slot's rows.
-    convert = slots._convert
-
     class Unwritable:
         def __array__(self, *args, **kwargs):
             raise RuntimeError("injected write failure")
 
     def failing_convert(sample, fields, item):
-        values = convert(sample, fields, item)
+        values = convert_row(sample, fields, item)
         if item.index == 5:
             values[0] = Unwritable()  # the 'audio' column
         return values
 
-    monkeypatch.setattr(slots, "_convert", failing_convert)
+    monkeypatch.setattr("audiobuffer._slot_rows.convert", failing_convert)
     loader = BatchSlotLoader(fake_paths(24), fixed, batch_size=4, num_slots=2, num_producers=2, on_error="skip")
     with pytest.raises(AudioBufferError, match=r"item_00005\.wav"):
         for batch in loader:

@@ -23,15 +23,19 @@ import numpy as np
 import soundfile as sf
 import soxr
 
+from .._checks import MAX_SECONDS, check_choice, check_int, check_seconds
 from ..errors import DecodeError
 from ..sources import AUDIO_PATTERNS
 from . import _wav
 from ._common import ItemLike, as_item, as_tensor, describe, sample_fields
 from ._sndfile import read_to_end
 
-__all__ = ["MAX_CROP_SECONDS", "AudioDecoder", "CropMode"]
+__all__ = ["MAX_CROP_SECONDS", "AudioDecoder", "CropMode", "Quality"]
 
+#: Where a crop starts (``AudioDecoder(crop=...)``).
 CropMode = Literal["random", "start", "center"]
+#: soxr's resampling quality (``AudioDecoder(quality=...)``).
+Quality = Literal["QQ", "LQ", "MQ", "HQ", "VHQ"]
 #: A fallback reader: ``(path) -> (audio as (frames, channels) float32, sample_rate)``; the rate may be
 #: a float (librosa gives one) and is checked and rounded to an int.
 FallbackReader = Callable[[str], tuple[np.ndarray, float]]
@@ -43,13 +47,11 @@ _BLOCK_FRAMES = 65536
 # Formats whose header frame count is an estimate (MP3: from the bit rate and the encoder's delay
 # and padding), so a read that ends a little early is normal there and not a truncated file.
 _ESTIMATED_LENGTH_FORMATS = frozenset({"MP3"})
-_CROP_MODES = ("random", "start", "center")
 # Read ``.wav`` files with the native PCM reader first (``_wav.py``); False sends every file to libsndfile.
 _NATIVE_WAV = True
-_QUALITIES = ("QQ", "LQ", "MQ", "HQ", "VHQ")
 #: The longest ``crop_seconds`` accepted: one day. Longer values are typos (``1e9``), and padding
 #: a file to them would need more memory than any machine has.
-MAX_CROP_SECONDS = 24 * 3600
+MAX_CROP_SECONDS = MAX_SECONDS
 # What librosa warns for every file it hands on to audioread: nothing that the decode error does
 # not say already.
 _KNOWN_LIBROSA_WARNINGS = ("PySoundFile failed",)
@@ -198,23 +200,13 @@ class AudioDecoder:
 
     def __init__(self, sample_rate: int | None = None, *, mono: bool = True,
                  crop_seconds: float | None = None, crop: CropMode = "random", pad: bool = True,
-                 quality: str = "HQ", fallback: Literal["librosa"] | FallbackReader | None = "librosa"
+                 quality: Quality = "HQ", fallback: Literal["librosa"] | FallbackReader | None = "librosa"
                  ) -> None:
         if sample_rate is not None:
-            if isinstance(sample_rate, bool) or not isinstance(sample_rate, int):
-                raise TypeError(f"sample_rate must be None or a positive integer, got {sample_rate!r}")
-            if sample_rate <= 0:
-                raise ValueError(f"sample_rate must be None or a positive integer, got {sample_rate!r}")
-        if crop_seconds is not None:
-            if isinstance(crop_seconds, bool) or not isinstance(crop_seconds, (int, float)):
-                raise TypeError(f"crop_seconds must be None or a positive number, got {crop_seconds!r}")
-            if not 0 < crop_seconds <= MAX_CROP_SECONDS:  # also False for NaN
-                raise ValueError(f"crop_seconds must be None or a number of seconds in (0, {MAX_CROP_SECONDS}] "
-                                 f"(one day), got {crop_seconds!r}")
-        if crop not in _CROP_MODES:
-            raise ValueError(f"crop must be one of {_CROP_MODES}, got {crop!r}")
-        if quality not in _QUALITIES:
-            raise ValueError(f"quality must be one of {_QUALITIES}, got {quality!r}")
+            check_int("sample_rate", sample_rate, 1, also="or None")
+        check_seconds("crop_seconds", crop_seconds, maximum=MAX_CROP_SECONDS)
+        check_choice("crop", crop, CropMode)
+        check_choice("quality", quality, Quality)
         if fallback == "librosa":
             self._fallback: FallbackReader | None = _librosa_reader
         elif fallback is None or callable(fallback):

@@ -11,13 +11,15 @@ from typing import Any, Literal
 
 import numpy as np
 
+from .._checks import check_choice
 from ..errors import DecodeError
 from ..sources import IMAGE_PATTERNS
 from ._common import ItemLike, as_item, as_tensor, describe, sample_fields
 
-__all__ = ["ImageDecoder"]
+__all__ = ["ImageDecoder", "Resample"]
 
-_RESAMPLE = ("nearest", "bilinear", "bicubic", "lanczos", "box", "hamming")
+#: The resize filter (``ImageDecoder(resample=...)``), a Pillow ``Image.Resampling`` in lower case.
+Resample = Literal["nearest", "bilinear", "bicubic", "lanczos", "box", "hamming"]
 _EXIF_ORIENTATION = 0x0112  # the EXIF tag; 1 is upright, 2 to 8 are mirrored and/or rotated
 # Integer greyscale modes with 16 bits per pixel. Pillow opens 16-bit PNGs and TIFFs as "I;16"
 # (older versions as "I", 32-bit signed, holding the same 0..65535 values).
@@ -64,7 +66,7 @@ class ImageDecoder:
     patterns = IMAGE_PATTERNS
 
     def __init__(self, size: int | tuple[int, int] | None = None, *,
-                 resample: Literal["nearest", "bilinear", "bicubic", "lanczos", "box", "hamming"] = "bilinear",
+                 resample: Resample = "bilinear",
                  apply_exif_orientation: bool = True) -> None:
         try:
             from PIL import Image
@@ -75,8 +77,7 @@ class ImageDecoder:
             if len(pair) != 2 or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in pair):
                 raise ValueError(f"size must be None, an int >= 1 or (height, width), got {size!r}")
             size = pair
-        if resample not in _RESAMPLE:
-            raise ValueError(f"resample must be one of {_RESAMPLE}, got {resample!r}")
+        check_choice("resample", resample, Resample)
         if not isinstance(apply_exif_orientation, bool):
             raise TypeError(f"apply_exif_orientation must be True or False, got {apply_exif_orientation!r}")
         self._filter = getattr(Image.Resampling, resample.upper())

@@ -19,14 +19,13 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 import torch
-from torch import nn
 from torch.utils.data import DataLoader
 
 from ..collate import pad_collate
 from ..dataset import BufferedDataset
 from ..decoders import AudioDecoder
 from ..device import DevicePrefetcher, resolve_device
-from ..features import LogMel
+from ._model import SpeechCNN, evaluate, make_optimizer, train_step
 from .report import RunSummary, Timer
 
 __all__ = ["default_cache_dir", "make_demo_corpus", "run_demo"]
@@ -92,27 +91,6 @@ def make_demo_corpus(root: Path | None = None, *, per_class: int = 50, seed: int
     return root
 
 
-class TinyAudioNet(nn.Module):
-    """Log-mel features, three small conv blocks, global average pooling, a linear classifier."""
-
-    def __init__(self, classes: int, n_mels: int = 40, width: int = 24) -> None:
-        super().__init__()
-        self.features = LogMel(SAMPLE_RATE, 256, hop_length=80, n_mels=n_mels, top_db=80.0)
-        self.norm = nn.BatchNorm2d(1)
-        blocks: list[nn.Module] = []
-        channels = 1
-        for out in (width, width * 2, width * 2):
-            blocks += [nn.Conv2d(channels, out, 3, padding=1), nn.BatchNorm2d(out), nn.ReLU(), nn.MaxPool2d(2)]
-            channels = out
-        self.body = nn.Sequential(*blocks)
-        self.head = nn.Linear(channels, classes)
-
-    def forward(self, audio: torch.Tensor) -> torch.Tensor:
-        spec, _ = self.features(audio)
-        x = self.body(self.norm(spec.unsqueeze(1)))
-        return self.head(x.mean(dim=(2, 3)))
-
-
 def _split(root: Path, test_per_class: int) -> tuple[list[str], list[str]]:
     train: list[str] = []
     test: list[str] = []
@@ -144,10 +122,9 @@ def run_demo(*, epochs: int = 12, per_class: int = 50, producers: int = 2, batch
     train_loader = DataLoader(train, batch_size=batch_size, collate_fn=pad_collate, pin_memory=pin)
     test_loader = DataLoader(test, batch_size=64, collate_fn=pad_collate, pin_memory=pin)
 
-    model = TinyAudioNet(len(train.classes)).to(dev)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, epochs=epochs,
-                                                   steps_per_epoch=-(-len(train) // batch_size))
+    model = SpeechCNN(len(train.classes), SAMPLE_RATE, n_fft=256, hop_length=80, n_mels=40, channels=16).to(dev)
+    optimizer, schedule = make_optimizer(model, lr=lr, weight_decay=1e-4, epochs=epochs,
+                                         steps_per_epoch=-(-len(train) // batch_size))
     summary = RunSummary()
     history = []
     steps = Timer()
@@ -159,12 +136,7 @@ def run_demo(*, epochs: int = 12, per_class: int = 50, producers: int = 2, batch
         batches = DevicePrefetcher(train_loader, dev)  # copies the next batches while this one trains
         for batch in _progress(batches, progress, f"epoch {epoch + 1}/{epochs}"):
             with steps:
-                loss = nn.functional.cross_entropy(model(batch["audio"]), batch["label"])
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                schedule.step()
-                total_loss += loss.item() * len(batch["label"])
+                total_loss += train_step(model, batch, optimizer, schedule) * len(batch["label"])
                 seen += len(batch["label"])
             summary.add_batch(batch)
         summary.add_epoch(train.stats())
@@ -181,17 +153,6 @@ def run_demo(*, epochs: int = 12, per_class: int = 50, producers: int = 2, batch
         "history": history, "test_accuracy": history[-1]["test_accuracy"] if history else 0.0,
         "summary": summary.as_dict(), "summary_lines": summary.lines(),
     }
-
-
-@torch.no_grad()
-def evaluate(model: nn.Module, loader: DataLoader, device: torch.device) -> float:
-    """Accuracy of ``model`` over ``loader``."""
-    model.eval()
-    correct = total = 0
-    for batch in DevicePrefetcher(loader, device):
-        correct += int((model(batch["audio"]).argmax(dim=1) == batch["label"]).sum())
-        total += len(batch["label"])
-    return correct / max(1, total)
 
 
 def _progress(iterable: Any, enabled: bool, desc: str) -> Any:
