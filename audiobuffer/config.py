@@ -34,6 +34,8 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from ._config_errors import QUOTE_CHARS, format_errors, quote, yaml_problem
 from .collate import image_collate, pad_collate
+from .decoders.audio import CropMode, Quality
+from .decoders.image import Resample
 from .errors import ConfigError, SourceError
 
 if TYPE_CHECKING:  # for the build_* signatures; each build_* imports what it builds
@@ -114,12 +116,12 @@ class DecodeConfig(_Section):
     mono: bool = True
     crop_seconds: float | None = Field(default=None, gt=0, le=_MAX_SECONDS, allow_inf_nan=False,
                                           description="a number of seconds")
-    crop: Literal["random", "start", "center"] = "random"
+    crop: CropMode = "random"
     pad: bool = True
-    quality: Literal["QQ", "LQ", "MQ", "HQ", "VHQ"] = "HQ"
+    quality: Quality = "HQ"
     fallback: Literal["librosa"] | None = "librosa"
     size: int | tuple[int, int] | None = None
-    resample: Literal["nearest", "bilinear", "bicubic", "lanczos", "box", "hamming"] = "bilinear"
+    resample: Resample = "bilinear"
 
     @field_validator("size", mode="before")
     @classmethod
