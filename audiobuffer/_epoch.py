@@ -1,5 +1,6 @@
-"""One epoch of a :class:`~audiobuffer.BufferedDataset` as it runs: its counts, its stats, its error
-policy, and the check that tells the main process its epochs ran in DataLoader workers."""
+"""One epoch of a :class:`~audiobuffer.BufferedDataset` as it runs: how it starts (plan, items, pool),
+its counts, its stats, its error policy, and the check that tells the main process its epochs ran in
+DataLoader workers."""
 
 from __future__ import annotations
 
@@ -8,19 +9,22 @@ import multiprocessing
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from multiprocessing.context import get_spawning_popen
 from typing import Any, cast
 
 import numpy as np
 
 from ._options import ErrorPolicy
+from ._plan import plan_epoch, shard_length
 from ._producers import Failure, ProducerPool
+from ._stream import ReadClock, ShardReader, ShardStream
 from .buffer import Buffer, BufferStats
 from .errors import DecodeError, SampleError
 from .sources import WorkItem
 
-__all__ = ["MAX_LISTED_FAILURES", "Compose", "DatasetStats", "EpochRun", "WorkerEpochs", "record_skip"]
+__all__ = ["MAX_LISTED_FAILURES", "Compose", "DatasetStats", "EpochRun", "WorkerEpochs", "epoch_length",
+           "record_skip", "start_run"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +45,9 @@ class DatasetStats:
         yielded: samples handed to the consumer.
         failed: items whose decoder or transform raised (skipped with "warn" or "skip").
         failures: ``(index, path, message)`` of the first 100 failed items.
-        decode_s: seconds the producers spent decoding, summed over producers.
+        decode_s: seconds the producers spent decoding, summed over producers, without ``read_s``.
+        read_s: seconds the producers spent waiting for bytes (shard members, remote objects, streamed
+            shards), summed over producers: I/O, not decoding.
         wall_s: seconds from the epoch's start to its end (or to now, while it runs).
         done: whether the epoch ran to its end.
         buffer: the buffer's counters (waits on both sides, fill).
@@ -62,6 +68,7 @@ class DatasetStats:
     failed: int = 0
     failures: list[tuple[int, str, str]] = field(default_factory=list)
     decode_s: float = 0.0
+    read_s: float = 0.0
     wall_s: float = 0.0
     done: bool = False
     buffer: BufferStats | None = None
@@ -77,8 +84,11 @@ class EpochRun:
 
     def __init__(self, number: int, rank: int, world_size: int, worker: int, num_workers: int,
                  pool: ProducerPool, buffer: Buffer[Any], consumed: bytearray,
-                 positions: np.ndarray | None) -> None:
+                 positions: np.ndarray | None, *, clock: ReadClock | None = None, streamed: bool = False) -> None:
         self.number = number
+        self.clock = clock if clock is not None else ReadClock()
+        #: Marks the consumer's ``seq`` consumed (a streamed epoch: a shard, by its last sample).
+        self.mark: Callable[[Any], None] = self._mark_shard if streamed else self._mark_item
         #: One byte per position of this shard's epoch order: 1 once yielded or failed.
         self.consumed = consumed
         #: The shard positions the pool's sequence numbers stand for (a resumed epoch skips some).
@@ -98,6 +108,18 @@ class EpochRun:
         self.start = time.perf_counter()
         self.end: float | None = None
 
+    def _mark_item(self, seq: int) -> None:
+        self.consumed[seq if self.positions is None else self.positions[seq]] = 1
+
+    def _mark_shard(self, tag: Any) -> None:
+        # (shard position, last) from a ShardReader (NOTE [ Streamed shards ] in _stream.py); a bare seq
+        # is the pool's own failure for a shard whose reader itself crashed
+        if tag.__class__ is tuple:
+            if tag[1]:
+                self.consumed[tag[0]] = 1
+        else:
+            self._mark_item(tag)
+
     def snapshot(self) -> DatasetStats:
         """The epoch's stats now."""
         end = self.end if self.end is not None else time.perf_counter()
@@ -105,7 +127,8 @@ class EpochRun:
             epoch=self.number, rank=self.rank, world_size=self.world_size, worker=self.worker,
             num_workers=self.num_workers, items=self.items, resumed=self.resumed, num_producers=len(self.pool.threads),
             yielded=self.yielded, failed=self.failed, failures=list(self.failures),
-            decode_s=self.pool.decode_seconds, wall_s=end - self.start, done=self.done,
+            decode_s=max(0.0, self.pool.decode_seconds - self.clock.seconds), read_s=self.clock.seconds,
+            wall_s=end - self.start, done=self.done,
             buffer=self.buffer.stats)
 
     def fail(self, failure: Failure, policy: ErrorPolicy) -> None:
@@ -182,3 +205,46 @@ def record_skip(run: Any, index: int, path: str, reason: str, summary: str, poli
         run.failures.append((index, path, reason))
     if policy == "warn":
         logger.warning("skipping %s", summary)
+
+
+def start_run(ds: Any, number: int, rank: int, world_size: int, worker: int, num_workers: int,
+              resume: bytes | None) -> EpochRun:
+    """Plan epoch ``number`` of dataset ``ds`` for this shard and build its pool (not started yet).
+
+    A :class:`~audiobuffer.Source` plans its files; a :class:`~audiobuffer._stream.ShardStream` plans its
+    shards, each streamed whole by one producer (NOTE [ Streamed shards ] in ``_stream.py``).
+    """
+    source, seed, clock = ds.source, ds.seed, ReadClock()
+    streamed = isinstance(source, ShardStream)
+    plan = plan_epoch(len(source.shards) if streamed else len(source), shuffle=ds.shuffle, seed=seed, epoch=number,
+                      rank=rank, world_size=world_size, worker=worker, num_workers=num_workers,
+                      even_shards=ds.even_shards, consumed=resume)
+    indices = plan.indices
+    decode = ds.decoder if ds.transform is None else Compose(ds.decoder, ds.transform)
+    buffer: Buffer[Any] = Buffer(ds.buffer_size, max_bytes=ds.max_bytes)
+
+    def make_item(seq: int) -> WorkItem:
+        # A resumed epoch's items keep the positions they had in the full epoch.
+        item = source.item(int(indices[seq]), epoch=number, seed=seed, seq=plan.position(seq))
+        if item.read is None:
+            return item
+        return replace(item, read=clock.timed(item.read))  # I/O time counted apart from decoding
+
+    def make_shard(seq: int) -> WorkItem:
+        return source.shard_item(int(indices[seq]), epoch=number, seed=seed, seq=plan.position(seq))
+
+    if streamed:
+        decode = ShardReader(source, decode, buffer, clock, shuffle=ds.shuffle)
+    pool = ProducerPool(make_shard if streamed else make_item, len(plan), decode, buffer,
+                        num_producers=min(ds.num_producers, max(1, len(plan))), ordered=ds.ordered,
+                        warn_after=ds.warn_after, timeout=ds.timeout)
+    return EpochRun(number, rank, world_size, worker, num_workers, pool, buffer, bytearray(plan.consumed),
+                    plan.positions, clock=clock, streamed=streamed)
+
+
+def epoch_length(ds: Any, rank: int, world_size: int) -> int:
+    """Items rank ``rank`` of dataset ``ds`` yields in its current epoch (its DataLoader workers together)."""
+    if isinstance(ds.source, ShardStream):
+        return ds.source.epoch_length(shuffle=ds.shuffle, seed=ds.seed, epoch=ds.epoch, rank=rank,
+                                      world_size=world_size, even_shards=ds.even_shards)
+    return shard_length(len(ds.source), rank=rank, world_size=world_size, even_shards=ds.even_shards)

@@ -8,7 +8,7 @@ dataclass's fields, checked here and nowhere else, so a new loader adds no copy 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
@@ -58,6 +58,7 @@ class LoaderOptions:
     even_shards: EvenShards = "pad"
     warn_after: float | None = None
     timeout: float | None = None
+    storage_options: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.num_producers is not None:
@@ -83,6 +84,9 @@ class LoaderOptions:
             check_int("rank", self.rank, 0, self.world_size - 1)
         for name in ("warn_after", "timeout"):
             check_seconds(name, getattr(self, name))  # None or float("inf"): never
+        if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
+            raise TypeError(f"storage_options must be a mapping of fsspec options or None, got "
+                            f"{self.storage_options!r}")
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import tarfile
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO, TypeVar
 
@@ -63,7 +63,7 @@ class ShardSample:
 
 
 def iter_shard(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None,
-               retry: RetrySpec = None, block_size: int = storage.STREAM_BLOCK) -> Iterator[ShardSample]:
+               retry: RetrySpec = None, block_size: int = storage.STREAM_BLOCK) -> Generator[ShardSample, None, None]:
     """The samples of one tar shard, read from start to end (any WebDataset shard; no index needed).
 
     Members are grouped into samples by key, WebDataset's way: consecutive members whose names agree

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -17,10 +17,10 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from . import _plan
 from ._checks import check_int
-from ._epoch import MAX_LISTED_FAILURES, Compose, DatasetStats, EpochRun, WorkerEpochs
+from ._epoch import MAX_LISTED_FAILURES, DatasetStats, EpochRun, WorkerEpochs, epoch_length, start_run
 from ._options import ErrorPolicy, EvenShards, LoaderOptions, usable_cores
-from ._producers import Failure, ProducerPool, delivers_itself
-from .buffer import Buffer
+from ._producers import Failure, delivers_itself
+from ._stream import ShardStream, check_streamable
 from .errors import BufferClosed
 from .sources import AUDIO_PATTERNS, LabelSpec, Source, SourceSpec, WorkItem, as_source
 
@@ -59,7 +59,10 @@ class BufferedDataset(IterableDataset):
         SourceError: the source cannot be listed.
 
     Args:
-        source: a directory, a CSV/TSV/JSONL manifest with a path column, or a list of paths.
+        source: a directory, a CSV/TSV/JSONL manifest with a path column, the ``index.json`` of packed
+            shards (random access), tar shards (a brace pattern ``shard-{000000..000011}.tar``, a glob or
+            a list; streamed, NOTE [ Streamed shards ] in ``_stream.py``), a list of paths, or a ready
+            ``Source``; each may be a URL (``s3://``, ``gs://``, ``https://``) read through fsspec.
         decoder: a callable from :class:`~audiobuffer.WorkItem` to sample (``AudioDecoder``,
             ``ImageDecoder`` or your own); it runs in the producer threads.
         num_producers: decoding threads per epoch; default: the usable cores, at most 8.
@@ -93,6 +96,8 @@ class BufferedDataset(IterableDataset):
         timeout: raise :class:`~audiobuffer.StallError` when no sample arrives for this many seconds
             (a decoder stuck on a file); the error names each producer's file and how long it has
             been at it. ``None`` or ``float("inf")``: wait as long as it takes.
+        storage_options: options for fsspec's filesystem of the URLs read (``{"endpoint_url": ...,
+            "key": ..., "secret": ...}``), passed to every remote read.
     """
 
     #: Keys of :meth:`state_dict` (the strings of ``audiobuffer/_plan.py``).
@@ -108,7 +113,7 @@ class BufferedDataset(IterableDataset):
                  patterns: Sequence[str] | None = None, path_column: str = "path",
                  rank: int | None = None, world_size: int | None = None,
                  even_shards: EvenShards = "pad", warn_after: float | None = None,
-                 timeout: float | None = None) -> None:
+                 timeout: float | None = None, storage_options: Mapping[str, Any] | None = None) -> None:
         super().__init__()
         if not callable(decoder):
             raise TypeError(f"decoder must be callable (WorkItem -> sample), got {decoder!r}")
@@ -116,12 +121,15 @@ class BufferedDataset(IterableDataset):
             num_producers=num_producers, buffer_size=buffer_size, max_bytes=max_bytes, shuffle=shuffle, seed=seed,
             ordered=ordered, on_error=on_error, transform=transform, labels=labels, patterns=patterns,
             path_column=path_column, rank=rank, world_size=world_size, even_shards=even_shards,
-            warn_after=warn_after, timeout=timeout)
+            warn_after=warn_after, timeout=timeout, storage_options=storage_options)
         if delivers_itself(decoder) and (ordered or transform is not None):
             raise ValueError(f"{decoder!r} delivers its samples itself: it takes no ordered=True and no transform "
                              f"(NOTE [ Delivering decoders ] in audiobuffer/_producers.py)")
         self.source = as_source(source, patterns=patterns if patterns is not None else getattr(
-            decoder, "patterns", AUDIO_PATTERNS), labels=labels, path_column=path_column, explicit_patterns=patterns)
+            decoder, "patterns", AUDIO_PATTERNS), labels=labels, path_column=path_column, explicit_patterns=patterns,
+            storage_options=storage_options)
+        if isinstance(self.source, ShardStream):
+            check_streamable(decoder, ordered)
         #: The validated options (shared with BatchSlotLoader and IsolatedLoader).
         self.options = options
         self.decoder = decoder
@@ -194,7 +202,7 @@ class BufferedDataset(IterableDataset):
     def __len__(self) -> int:
         """Items this rank yields per epoch (all its DataLoader workers together), failures included."""
         rank, world_size = self.shard_info()
-        return _plan.shard_length(len(self.source), rank=rank, world_size=world_size, even_shards=self.even_shards)
+        return epoch_length(self, rank, world_size)
 
     # -- iteration -----------------------------------------------------------------------------
 
@@ -202,11 +210,11 @@ class BufferedDataset(IterableDataset):
         # A generator: its finally runs on exhaustion, on an exception, on close() and when the
         # generator is garbage-collected. NOTE [ Producer shutdown protocol ] in _producers.py.
         epoch = self._start_epoch()
-        consumed, positions = epoch.consumed, epoch.positions
+        mark = epoch.mark
         try:
             epoch.pool.start()  # inside the try: threads started before a failed start are stopped
             for seq, out in epoch.pool:
-                consumed[seq if positions is None else positions[seq]] = 1
+                mark(seq)
                 if out.__class__ is Failure:
                     epoch.fail(out, self.on_error)
                     continue
@@ -224,29 +232,13 @@ class BufferedDataset(IterableDataset):
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         self._worker_epochs.started(in_worker=info is not None)
-        number, source, seed = self._epoch, self.source, self.seed
         with self._lock:
-            resume = self._resume[1] if self._resume is not None and self._resume[0] == number else None
+            resume = self._resume[1] if self._resume is not None and self._resume[0] == self._epoch else None
             self._resume = None  # a loaded state resumes one epoch, once
-        plan = _plan.plan_epoch(len(source), shuffle=self.shuffle, seed=seed, epoch=number, rank=rank,
-                                world_size=world_size, worker=worker, num_workers=num_workers,
-                                even_shards=self.even_shards, consumed=resume)
-        indices = plan.indices
-
-        def make_item(seq: int) -> WorkItem:
-            # A resumed epoch's items keep the positions they had in the full epoch.
-            return source.item(int(indices[seq]), epoch=number, seed=seed, seq=plan.position(seq))
-
-        decode = self.decoder if self.transform is None else Compose(self.decoder, self.transform)
-        buffer: Buffer[Any] = Buffer(self.buffer_size, max_bytes=self.max_bytes)
-        pool = ProducerPool(make_item, len(plan), decode, buffer,
-                            num_producers=min(self.num_producers, max(1, len(plan))), ordered=self.ordered,
-                            warn_after=self.warn_after, timeout=self.timeout)
-        epoch = EpochRun(number, rank, world_size, worker, num_workers, pool, buffer, bytearray(plan.consumed),
-                         plan.positions)
+        epoch = start_run(self, self._epoch, rank, world_size, worker, num_workers, resume)
         with self._lock:
             if self._closed:
-                pool.close()
+                epoch.pool.close()
                 raise BufferClosed("iter() on a closed BufferedDataset")
             self._running.add(epoch)
             self._last = epoch
