@@ -24,9 +24,10 @@ samples before the cut, then one failure naming the shard and the member cut (``
 a shard that cannot be read at all is one such failure.
 
 The listing (samples per shard, their names and labels: what ``len()`` and ``classes`` need) comes
-from the ``index.json`` beside the shards when it lists them all, else from reading every shard once
-(a pass over the data: pack with an index to skip it). It is made when asked for, or at once when
-``labels`` is given (the classes must be known before the first epoch).
+from the ``index.json`` beside the shards when it lists them all. With ``labels`` (the classes must be
+known before the first epoch) and no such index, every shard is read through once when the source is
+made (a pass over the data: pack with an index to skip it). Without either, ``len()`` is unknown (a
+``TypeError``, as for any iterable without a length) and nothing is read before the first epoch.
 """
 
 from __future__ import annotations
@@ -104,10 +105,15 @@ class ShardStream:
         self.shards = storage.expand_urls(shards, storage_options=storage_options, retry=retry)
         if not self.shards:
             raise SourceError(f"no shards in {shards!r}")
+        missing = [s for s in self.shards if not storage.is_url(s) and not os.path.isfile(s)]
+        if missing:  # local ones are checked here; a remote one missing is its epoch's failure, named
+            raise SourceError(f"shard {missing[0]!r} does not exist ({len(missing)} of {len(self.shards)} "
+                              f"shards missing)")
         self.description = (f"{len(self.shards)} tar shards streamed ({self.shards[0]!r}"
                             f"{' ...' if len(self.shards) > 1 else ''})")
         self.labels = labels
         self._listed: _Listed | None = None
+        self._index_tried = False
         names: set[str] = set()
         if labels is not None:
             listed = self.listing()
@@ -118,8 +124,12 @@ class ShardStream:
         self.class_to_idx: dict[str, int] = {name: i for i, name in enumerate(self.classes)}
 
     def __len__(self) -> int:
-        """Samples in all the shards (from the listing: see NOTE [ Streamed shards ])."""
-        return sum(self.listing().counts)
+        """Samples in all the shards, from the listing (see NOTE [ Streamed shards ]).
+
+        Raises:
+            TypeError: the length is unknown: no index lists the shards and no ``labels`` had them read.
+        """
+        return sum(self._counts())
 
     def __repr__(self) -> str:
         return f"ShardStream({self.description}, classes={len(self.classes)})"
@@ -134,7 +144,7 @@ class ShardStream:
     def epoch_length(self, *, shuffle: bool, seed: int, epoch: int, rank: int, world_size: int,
                      even_shards: str | None) -> int:
         """Samples rank ``rank`` streams in ``epoch`` (its shards' samples; ranks differ with shard sizes)."""
-        counts = self.listing().counts
+        counts = self._counts()
         plan = plan_epoch(len(self.shards), shuffle=shuffle, seed=seed, epoch=epoch, rank=rank,
                           world_size=world_size, even_shards=even_shards)
         return sum(counts[int(i)] for i in plan.indices)
@@ -170,9 +180,24 @@ class ShardStream:
 
     def listing(self) -> _Listed:
         """Samples per shard with their paths and sidecars: from the index beside the shards, else a scan."""
-        if self._listed is None:
-            self._listed = self._from_index() or self._scan()
+        listed = self._indexed()
+        if listed is None:
+            listed = self._listed = self._scan()
+        return listed
+
+    def _indexed(self) -> _Listed | None:
+        """The listing if it was made, else from the index beside the shards (looked for once), else ``None``."""
+        if self._listed is None and not self._index_tried:
+            self._index_tried = True
+            self._listed = self._from_index()
         return self._listed
+
+    def _counts(self) -> tuple[int, ...]:
+        listed = self._indexed()
+        if listed is None:
+            raise TypeError(f"the length of {self.description} is unknown: no index.json beside them lists them "
+                            f"(audiobuffer pack writes one), and without labels= they were not read through")
+        return listed.counts
 
     def _from_index(self) -> _Listed | None:
         url = storage.sibling(self.shards[0], INDEX_NAME)

@@ -35,38 +35,9 @@ from audiobuffer.storage import (
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
-from storage_helpers import FaultProxy, MotoS3  # noqa: E402  (needs moto)
+from storage_helpers import BUCKET, FAST, MotoS3  # noqa: E402  (needs moto)
 
-#: Retries in tests: quick, so that a test of giving up takes a fraction of a second.
-FAST = Retry(attempts=3, base_delay=0.01, max_delay=0.02)
-BUCKET = "audio"
-
-
-# -- fixtures ------------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def s3():
-    server = MotoS3()
-    try:
-        server.make_bucket(BUCKET)
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def proxies(s3):
-    """A factory of fault proxies in front of the S3 server; all are stopped at teardown."""
-    made: list[FaultProxy] = []
-
-    def make(**kwargs) -> FaultProxy:
-        proxy = FaultProxy((s3.host, s3.port), **kwargs)
-        made.append(proxy)
-        return proxy
-
-    yield make
-    for proxy in made:
-        proxy.stop()
+# The s3 (a moto server with the bucket BUCKET, one per module) and proxies fixtures: conftest.py.
 
 
 @pytest.fixture(scope="module")
