@@ -316,3 +316,18 @@ def test_yaml_errors_name_the_key(packed, tmp_path):
     config = parse_config({"source": {"root": str(tmp_path / "shard-{0..3}.tar")}})
     with pytest.raises(ConfigError, match=r"source.root: .*shard-0\.tar.*does not exist"):
         build_source(config)
+
+
+@pytest.mark.shared_data
+def test_fsdd_packed_by_index_and_pattern(fsdd, tmp_path):
+    """Real recordings: 300 files packed, read back by index and by pattern, each exactly once, as decoded from
+    the files."""
+    files = sorted(fsdd.glob("*.wav"))[::10]
+    index = pack(files, tmp_path / "p", shard_size=500_000, labels=r"^(\d+)_", progress=False)
+    decode = AudioDecoder(sample_rate=8000)
+    expected = {f.name: decode(str(f))["audio"] for f in files}
+    for spec in (str(tmp_path / "p" / INDEX_NAME), _pattern(tmp_path / "p", index)):
+        ds = BufferedDataset(spec, decode, shuffle=True, labels=r"^(\d+)_", num_producers=4)
+        samples = list(ds)
+        assert sorted(_names(samples)) == sorted(expected) and ds.classes == [str(d) for d in range(10)]
+        assert all(s["audio"].equal(expected[_names([s])[0]]) for s in samples)
