@@ -9,7 +9,7 @@ import multiprocessing
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from multiprocessing.context import get_spawning_popen
 from typing import Any, cast
 
@@ -18,10 +18,10 @@ import numpy as np
 from ._options import ErrorPolicy
 from ._plan import plan_epoch, shard_length
 from ._producers import Failure, ProducerPool
-from ._stream import ReadClock, ShardReader, ShardStream
+from ._stream import ShardReader, ShardStream
 from .buffer import Buffer, BufferStats
 from .errors import DecodeError, SampleError
-from .sources import WorkItem
+from .sources import ReadClock, WorkItem
 
 __all__ = ["MAX_LISTED_FAILURES", "Compose", "DatasetStats", "EpochRun", "WorkerEpochs", "epoch_length",
            "record_skip", "start_run"]
@@ -225,10 +225,8 @@ def start_run(ds: Any, number: int, rank: int, world_size: int, worker: int, num
 
     def make_item(seq: int) -> WorkItem:
         # A resumed epoch's items keep the positions they had in the full epoch.
-        item = source.item(int(indices[seq]), epoch=number, seed=seed, seq=plan.position(seq))
-        if item.read is None:
-            return item
-        return replace(item, read=clock.timed(item.read))  # I/O time counted apart from decoding
+        # I/O time counted apart from decoding (read_s)
+        return source.item(int(indices[seq]), epoch=number, seed=seed, seq=plan.position(seq), clock=clock)
 
     def make_shard(seq: int) -> WorkItem:
         return source.shard_item(int(indices[seq]), epoch=number, seed=seed, seq=plan.position(seq))

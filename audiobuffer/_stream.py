@@ -52,10 +52,10 @@ from ._shard_index import INDEX_NAME, read_index
 from ._tar import ShardSample, Truncated, iter_shard, shuffle_buffer
 from .buffer import Buffer
 from .errors import DecodeError, SourceError, StorageError
-from .sources import LabelSpec, WorkItem, _natural_key, _resolve_labels
+from .sources import LabelSpec, ReadClock, WorkItem, _natural_key, _resolve_labels
 from .storage import RetrySpec
 
-__all__ = ["MEMBER_STRIDE", "SHUFFLE_BUFFER", "ReadClock", "ShardReader", "ShardStream", "check_streamable"]
+__all__ = ["MEMBER_STRIDE", "SHUFFLE_BUFFER", "ShardReader", "ShardStream", "check_streamable"]
 
 logger = logging.getLogger(__name__)
 
@@ -269,28 +269,6 @@ def check_streamable(decoder: Any, ordered: bool) -> None:
     if getattr(decoder, "delivers_itself", False) is True:
         raise ValueError(f"{decoder!r} delivers its samples itself, and so do streamed shards: give the "
                          f"shards' index.json (audiobuffer pack writes one) instead of the shards")
-
-
-class ReadClock:
-    """Seconds producers spent waiting for bytes (reads of members, objects and shard blocks). Thread-safe."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.seconds = 0.0
-
-    def add(self, seconds: float) -> None:
-        with self._lock:
-            self.seconds += seconds
-
-    def timed(self, read: Callable[[], bytes]) -> Callable[[], bytes]:
-        """``read``, its time counted here."""
-        def timed_read() -> bytes:
-            start = time.perf_counter()
-            try:
-                return read()
-            finally:
-                self.add(time.perf_counter() - start)
-        return timed_read
 
 
 class ShardReader:

@@ -13,6 +13,8 @@ import functools
 import hashlib
 import os
 import re
+import threading
+import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +33,7 @@ __all__ = [
     "AUDIO_PATTERNS",
     "IMAGE_PATTERNS",
     "LabelSpec",
+    "ReadClock",
     "Source",
     "SourceSpec",
     "WorkItem",
@@ -88,6 +91,28 @@ class WorkItem:
         the item and in whatever order.
         """
         return np.random.default_rng([self.seed, self.epoch, self.index])
+
+
+class ReadClock:
+    """Seconds producers spent waiting for bytes (reads of members, objects and shard blocks). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.seconds = 0.0
+
+    def add(self, seconds: float) -> None:
+        with self._lock:
+            self.seconds += seconds
+
+    def timed(self, read: Callable[[], bytes]) -> Callable[[], bytes]:
+        """``read``, its time counted here."""
+        def timed_read() -> bytes:
+            start = time.perf_counter()
+            try:
+                return read()
+            finally:
+                self.add(time.perf_counter() - start)
+        return timed_read
 
 
 def _natural_key(name: str) -> tuple[int, Any]:
@@ -184,8 +209,10 @@ class Source:
             raise SourceError(f"an empty subset of {self.description}")
         return part
 
-    def item(self, index: int, *, epoch: int = 0, seed: int = 0, seq: int = 0) -> WorkItem:
-        """The work item for the source's ``index``-th file (with ``read`` set for an index member or a URL)."""
+    def item(self, index: int, *, epoch: int = 0, seed: int = 0, seq: int = 0,
+             clock: ReadClock | None = None) -> WorkItem:
+        """The work item for the source's ``index``-th file (with ``read`` set for an index member or a URL,
+        its time counted by ``clock`` when given)."""
         name = self.label_names[index] if self.label_names else None
         path = self.paths[index]
         read: Callable[[], bytes] | None = None
@@ -193,6 +220,8 @@ class Source:
             read = self._members[index].reader(storage_options=self.storage_options, retry=self.retry)
         elif is_url(path):
             read = functools.partial(read_bytes, path, storage_options=self.storage_options, retry=self.retry)
+        if read is not None and clock is not None:
+            read = clock.timed(read)
         return WorkItem(
             index=index,
             path=path,

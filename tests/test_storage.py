@@ -385,3 +385,34 @@ def test_s3_truncated_shard_yields_members_before_the_cut(s3, packed):
         for sample in iter_shard(url, storage_options=s3.options(), retry=FAST):
             got.append(sample.name)
     assert got == [m.name for m in shard_members[:3]]
+
+
+@pytest.mark.skipif(not hasattr(os, "pread") or not os.path.isdir("/proc/self/fd"), reason="POSIX pread, Linux /proc")
+def test_local_ranged_reads_keep_files_open_per_thread_and_close_them_with_it(tmp_path):
+    import threading
+
+    from audiobuffer import storage
+
+    paths = []
+    for i in range(storage.OPEN_PER_THREAD + 5):
+        paths.append(tmp_path / f"{i}.bin")
+        paths[-1].write_bytes(bytes([i]) * 10)
+    before = len(os.listdir("/proc/self/fd"))
+    seen = {}
+
+    def work():
+        for path in paths:
+            assert read_range(path, 2, 3) == bytes([int(path.stem)]) * 3
+        seen["open"] = len(os.listdir("/proc/self/fd")) - before
+        paths[-1].write_bytes(b"\x07" * 4)  # truncated in place: the descriptor kept open sees it
+        try:
+            read_range(paths[-1], 2, 3)
+        except StorageError as exc:
+            seen["error"] = str(exc)
+
+    thread = threading.Thread(target=work, name="audiobuffer-test-reader")
+    thread.start()
+    thread.join(10)
+    assert seen["open"] == storage.OPEN_PER_THREAD  # the least recently used were closed
+    assert "ends early" in seen["error"]
+    assert len(os.listdir("/proc/self/fd")) == before  # and the rest with the thread
