@@ -17,7 +17,7 @@ import numpy as np
 
 from ._options import ErrorPolicy
 from ._plan import plan_epoch, shard_length
-from ._producers import Failure, ProducerPool
+from ._producers import CHUNK_ITEMS, Failure, ProducerPool
 from ._stream import ShardReader, ShardStream
 from .buffer import Buffer, BufferStats
 from .errors import DecodeError, SampleError
@@ -231,11 +231,12 @@ def start_run(ds: Any, number: int, rank: int, world_size: int, worker: int, num
     def make_shard(seq: int) -> WorkItem:
         return source.shard_item(int(indices[seq]), epoch=number, seed=seed, seq=plan.position(seq))
 
-    if streamed:
-        decode = ShardReader(source, decode, buffer, clock, shuffle=ds.shuffle)
-    pool = ProducerPool(make_shard if streamed else make_item, len(plan), decode, buffer,
-                        num_producers=min(ds.num_producers, max(1, len(plan))), ordered=ds.ordered,
-                        warn_after=ds.warn_after, timeout=ds.timeout)
+    producers = min(ds.num_producers, max(1, len(plan)))
+    if streamed:  # chunks as a pool's own: no more than a producer's share of the buffer
+        decode = ShardReader(source, decode, buffer, clock, shuffle=ds.shuffle,
+                             chunk=max(1, min(CHUNK_ITEMS, ds.buffer_size // (2 * producers))))
+    pool = ProducerPool(make_shard if streamed else make_item, len(plan), decode, buffer, num_producers=producers,
+                        ordered=ds.ordered, warn_after=ds.warn_after, timeout=ds.timeout)
     return EpochRun(number, rank, world_size, worker, num_workers, pool, buffer, bytearray(plan.consumed),
                     plan.positions, clock=clock, streamed=streamed)
 

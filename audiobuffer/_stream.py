@@ -47,7 +47,7 @@ import numpy as np
 from . import storage
 from ._listing import LABEL_COLUMN
 from ._plan import plan_epoch
-from ._producers import DELIVERED, Failure
+from ._producers import CHUNK_SECONDS, DELIVERED, Failure
 from ._shard_index import INDEX_NAME, read_index
 from ._tar import ShardSample, Truncated, iter_shard, shuffle_buffer
 from .buffer import Buffer
@@ -276,15 +276,18 @@ class ShardReader:
     puts into the epoch's buffer itself (see NOTE [ Streamed shards ]).
 
     Each output goes in as ``((shard position, last), sample or Failure)``: ``last`` on the shard's
-    final output, so that the consumer marks the shard consumed when it hands that one on.
+    final output, so that the consumer marks the shard consumed when it hands that one on. Outputs go
+    in chunks of up to ``chunk`` (a chunk waits at most ``CHUNK_SECONDS``), as a pool's producers
+    hand theirs over; it waits only for room in the buffer, never for the consumer otherwise.
     Thread safety: one instance serves every producer of an epoch.
     """
 
     delivers_itself = True
 
     def __init__(self, stream: ShardStream, decode: Callable[[WorkItem], Any], buffer: Buffer[Any],
-                 clock: ReadClock, *, shuffle: bool) -> None:
+                 clock: ReadClock, *, shuffle: bool, chunk: int = 1) -> None:
         self._stream = stream
+        self._chunk = chunk
         self._decode = decode
         self._buffer = buffer
         self._clock = clock
@@ -296,16 +299,26 @@ class ShardReader:
         self._stopped.set()
 
     def __call__(self, shard: WorkItem) -> Any:
-        put = self._buffer.put
+        put_many, size = self._buffer.put_many, self._chunk
         held = None  # each output is put once the next one is known, so that the last is tagged
+        chunk: list[tuple[tuple[int, bool], Any]] = []  # handed over together (NOTE [ Producer shutdown protocol ])
+        oldest = 0.0
         outputs = self._outputs(shard)
         try:
             for out in outputs:
                 if held is not None:
-                    put(((shard.seq, False), held))
+                    now = time.perf_counter()
+                    if not chunk:
+                        oldest = now
+                    chunk.append(((shard.seq, False), held))
+                    if len(chunk) >= size or now - oldest >= CHUNK_SECONDS:
+                        put_many(chunk)
+                        chunk = []
                 held = out
             if held is not None and not self._stopped.is_set():
-                put(((shard.seq, True), held))
+                chunk.append(((shard.seq, True), held))
+            if chunk:
+                put_many(chunk)
         finally:
             outputs.close()  # a stop or a closed buffer: the shard's stream is closed now, not when collected
         return DELIVERED
