@@ -40,7 +40,8 @@ class DatasetStats:
         epoch: the epoch number.
         rank: this process's rank; world_size: how many ranks share the epoch.
         worker: the DataLoader worker id (0 without workers); num_workers: how many workers share it.
-        items: this shard's items in the epoch (those left to do, in a resumed epoch).
+        items: this shard's items in the epoch (those left to do, in a resumed epoch); of streamed tar
+            shards, the shards.
         resumed: items already consumed before a resume (0 in a fresh epoch).
         yielded: samples handed to the consumer.
         failed: items whose decoder or transform raised (skipped with "warn" or "skip").

@@ -31,14 +31,20 @@ The path of a sample (:attr:`Member.path`, :attr:`ShardSample.path`) is ``<shard
 relative path>``: it names the shard and ends with the original file name, so label expressions
 and ``"parent"`` labels apply as they did to the original files.
 
+As a dataset's source: ``BufferedDataset("packed/index.json", ...)`` reads members by range (a
+:class:`~audiobuffer.Source` of the index), ``BufferedDataset("packed/shard-{000000..000011}.tar", ...)``
+streams the shards (a :class:`ShardStream`, NOTE [ Streamed shards ] in ``_stream.py``).
+
 The code, by concept: ``_shard_index.py`` (the index and ranged member reads), ``_tar.py`` (reading
-shards from start to end), ``_pack.py`` (packing); this module gathers their public names.
+shards from start to end), ``_pack.py`` (packing), ``_stream.py`` (streamed shards as a source); this
+module gathers their public names.
 """
 
 from __future__ import annotations
 
 from ._pack import pack
 from ._shard_index import INDEX_NAME, Member, ShardIndex, read_index, shard_name
+from ._stream import ShardStream
 from ._tar import ShardSample, iter_shard, shuffle_buffer, stream_shards
 
 __all__ = [
@@ -46,6 +52,7 @@ __all__ = [
     "Member",
     "ShardIndex",
     "ShardSample",
+    "ShardStream",
     "iter_shard",
     "pack",
     "read_index",
