@@ -29,6 +29,7 @@ from typing import Any, Literal, TypeGuard, Union
 import numpy as np
 import soundfile as sf
 
+from ._names import is_url
 from .decoders._sndfile import read_to_end
 from .errors import DecodeError, SourceError
 
@@ -134,8 +135,15 @@ def read_durations(source: Any, *, duration_column: str | None = None, crop_seco
         raise ValueError(f"on_error must be one of {_POLICIES}, got {on_error!r}")
     if not (cache_dir is None or cache_dir is False or isinstance(cache_dir, (str, os.PathLike))):
         raise TypeError(f"cache_dir must be a folder, None (the default folder) or False (no cache), got {cache_dir!r}")
+    known = getattr(source, "known_durations", None)
     if duration_column is not None:
         durations, failures = _from_column(source, duration_column), []
+    elif known is not None and None not in known:  # an index of packed shards
+        durations, failures = np.asarray(known, dtype=np.float64), []
+    elif known is not None or any(is_url(path) for path in source.paths):
+        raise SourceError(f"batches by duration need each item's duration, and {source.description} has none "
+                          f"to read a header from locally: give duration_column (a manifest column), or pack the "
+                          f"files with `audiobuffer pack`, whose index records each member's duration")
     else:
         folder = None if cache_dir is False else Path(default_cache_dir() if cache_dir is None else cache_dir)
         durations, failures = _from_headers(list(source.paths), num_threads, folder, on_error)

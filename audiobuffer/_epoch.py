@@ -1,5 +1,6 @@
-"""One epoch of a :class:`~audiobuffer.BufferedDataset` as it runs: its counts, its stats, its error
-policy, and the check that tells the main process its epochs ran in DataLoader workers."""
+"""One epoch of a :class:`~audiobuffer.BufferedDataset` as it runs: how it starts (plan, items, pool),
+its counts, its stats, its error policy, and the check that tells the main process its epochs ran in
+DataLoader workers."""
 
 from __future__ import annotations
 
@@ -14,14 +15,17 @@ from typing import Any, cast
 
 import numpy as np
 
-from ._options import ErrorPolicy
-from ._plan import plan_epoch
-from ._producers import Failure, ProducerPool
+from ._options import ErrorPolicy, LoaderOptions
+from ._plan import plan_epoch, shard_length
+from ._producers import CHUNK_ITEMS, Failure, ProducerPool, delivers_itself
+from ._stream import ShardReader, ShardStream, check_streamable
 from .buffer import Buffer, BufferStats
 from .errors import DecodeError, SampleError
-from .sources import WorkItem
+from .sources import ReadClock, WorkItem
 
-__all__ = ["MAX_LISTED_FAILURES", "Compose", "DatasetStats", "EpochRun", "WorkerEpochs", "record_skip", "start_epoch"]
+__all__ = ["MAX_LISTED_FAILURES", "Compose", "DatasetStats", "EpochRun", "WorkerEpochs", "check_combination",
+           "epoch_length",
+           "record_skip", "start_epoch"]
 
 logger = logging.getLogger(__name__)
 
@@ -37,12 +41,15 @@ class DatasetStats:
         epoch: the epoch number.
         rank: this process's rank; world_size: how many ranks share the epoch.
         worker: the DataLoader worker id (0 without workers); num_workers: how many workers share it.
-        items: this shard's items in the epoch (those left to do, in a resumed epoch).
+        items: this shard's items in the epoch (those left to do, in a resumed epoch); of streamed tar
+            shards, the shards.
         resumed: items already consumed before a resume (0 in a fresh epoch).
         yielded: samples handed to the consumer.
         failed: items whose decoder or transform raised (skipped with "warn" or "skip").
         failures: ``(index, path, message)`` of the first 100 failed items.
-        decode_s: seconds the producers spent decoding, summed over producers.
+        decode_s: seconds the producers spent decoding, summed over producers, without ``read_s``.
+        read_s: seconds the producers spent waiting for bytes (shard members, remote objects, streamed
+            shards), summed over producers: I/O, not decoding.
         wall_s: seconds from the epoch's start to its end (or to now, while it runs).
         done: whether the epoch ran to its end.
         buffer: the buffer's counters (waits on both sides, fill).
@@ -70,6 +77,7 @@ class DatasetStats:
     failed: int = 0
     failures: list[tuple[int, str, str]] = field(default_factory=list)
     decode_s: float = 0.0
+    read_s: float = 0.0
     wall_s: float = 0.0
     done: bool = False
     buffer: BufferStats | None = None
@@ -88,8 +96,11 @@ class EpochRun:
 
     def __init__(self, number: int, rank: int, world_size: int, worker: int, num_workers: int,
                  pool: ProducerPool, buffer: Buffer[Any], consumed: bytearray,
-                 positions: np.ndarray | None) -> None:
+                 positions: np.ndarray | None, *, clock: ReadClock | None = None, streamed: bool = False) -> None:
         self.number = number
+        self.clock = clock if clock is not None else ReadClock()
+        #: Marks the consumer's ``seq`` consumed (a streamed epoch: a shard, by its last sample).
+        self.mark: Callable[[Any], None] = self._mark_shard if streamed else self._mark_item
         #: One byte per position of this shard's epoch order: 1 once yielded or failed.
         self.consumed = consumed
         #: The shard positions the pool's sequence numbers stand for (a resumed epoch skips some).
@@ -109,6 +120,18 @@ class EpochRun:
         self.start = time.perf_counter()
         self.end: float | None = None
 
+    def _mark_item(self, seq: int) -> None:
+        self.consumed[seq if self.positions is None else self.positions[seq]] = 1
+
+    def _mark_shard(self, tag: Any) -> None:
+        # (shard position, last) from a ShardReader (NOTE [ Streamed shards ] in _stream.py); a bare seq
+        # is the pool's own failure for a shard whose reader itself crashed
+        if tag.__class__ is tuple:
+            if tag[1]:
+                self.consumed[tag[0]] = 1
+        else:
+            self._mark_item(tag)
+
     def snapshot(self) -> DatasetStats:
         """The epoch's stats now."""
         end = self.end if self.end is not None else time.perf_counter()
@@ -116,14 +139,15 @@ class EpochRun:
             epoch=self.number, rank=self.rank, world_size=self.world_size, worker=self.worker,
             num_workers=self.num_workers, items=self.items, resumed=self.resumed, num_producers=len(self.pool.threads),
             yielded=self.yielded, failed=self.failed, failures=list(self.failures),
-            decode_s=self.pool.decode_seconds, wall_s=end - self.start, done=self.done,
+            decode_s=max(0.0, self.pool.decode_seconds - self.clock.seconds), read_s=self.clock.seconds,
+            wall_s=end - self.start, done=self.done,
             buffer=self.buffer.stats)
 
     def consume(self, policy: ErrorPolicy) -> Iterator[Any]:
         """Yield each sample from the pool once, marking its position consumed; apply ``policy`` to failures."""
-        consumed, positions = self.consumed, self.positions
+        mark = self.mark
         for seq, out in self.pool:
-            consumed[seq if positions is None else positions[seq]] = 1
+            mark(seq)
             if out.__class__ is Failure:
                 self.fail(out, policy)
                 continue
@@ -198,23 +222,35 @@ class Compose:
 
 def start_epoch(dataset: Any, decode: Callable[[WorkItem], Any], *, number: int, rank: int, world_size: int,
                 worker: int, num_workers: int, resume: bytes | None) -> EpochRun:
-    """The (not yet started) epoch of one shard of ``dataset`` (a ``BufferedDataset``), one sample at a time."""
-    source, seed = dataset.source, dataset.seed
-    plan = plan_epoch(len(source), shuffle=dataset.shuffle, seed=seed, epoch=number, rank=rank,
-                      world_size=world_size, worker=worker, num_workers=num_workers,
+    """The (not yet started) epoch of one shard of ``dataset`` (a ``BufferedDataset``), one sample at a time.
+
+    A :class:`~audiobuffer.Source` plans its files; a :class:`~audiobuffer._stream.ShardStream` plans its
+    shards, each streamed whole by one producer (NOTE [ Streamed shards ] in ``_stream.py``).
+    """
+    source, seed, clock = dataset.source, dataset.seed, ReadClock()
+    streamed = isinstance(source, ShardStream)
+    plan = plan_epoch(len(source.shards) if streamed else len(source), shuffle=dataset.shuffle, seed=seed,
+                      epoch=number, rank=rank, world_size=world_size, worker=worker, num_workers=num_workers,
                       even_shards=dataset.even_shards, consumed=resume)
     indices = plan.indices
+    buffer: Buffer[Any] = Buffer(dataset.buffer_size, max_bytes=dataset.max_bytes)
 
     def make_item(seq: int) -> WorkItem:
-        # A resumed epoch's items keep the positions they had in the full epoch.
-        return source.item(int(indices[seq]), epoch=number, seed=seed, seq=plan.position(seq))
+        # A resumed epoch's items keep the positions they had in the full epoch; I/O time is counted
+        # apart from decoding (read_s).
+        return source.item(int(indices[seq]), epoch=number, seed=seed, seq=plan.position(seq), clock=clock)
 
-    buffer: Buffer[Any] = Buffer(dataset.buffer_size, max_bytes=dataset.max_bytes)
-    pool = ProducerPool(make_item, len(plan), decode, buffer,
-                        num_producers=min(dataset.num_producers, max(1, len(plan))), ordered=dataset.ordered,
-                        warn_after=dataset.warn_after, timeout=dataset.timeout)
+    def make_shard(seq: int) -> WorkItem:
+        return source.shard_item(int(indices[seq]), epoch=number, seed=seed, seq=plan.position(seq))
+
+    producers = min(dataset.num_producers, max(1, len(plan)))
+    if streamed:  # chunks as a pool's own: no more than a producer's share of the buffer
+        decode = ShardReader(source, decode, buffer, clock, shuffle=dataset.shuffle,
+                             chunk=max(1, min(CHUNK_ITEMS, dataset.buffer_size // (2 * producers))))
+    pool = ProducerPool(make_shard if streamed else make_item, len(plan), decode, buffer, num_producers=producers,
+                        ordered=dataset.ordered, warn_after=dataset.warn_after, timeout=dataset.timeout)
     return EpochRun(number, rank, world_size, worker, num_workers, pool, buffer, bytearray(plan.consumed),
-                    plan.positions)
+                    plan.positions, clock=clock, streamed=streamed)
 
 
 def record_skip(run: Any, index: int, path: str, reason: str, summary: str, policy: ErrorPolicy) -> None:
@@ -225,3 +261,35 @@ def record_skip(run: Any, index: int, path: str, reason: str, summary: str, poli
         run.failures.append((index, path, reason))
     if policy == "warn":
         logger.warning("skipping %s", summary)
+
+
+def check_combination(source: Any, decoder: Any, options: LoaderOptions) -> None:
+    """Refuse options that do not fit together with this source and decoder (each valid on its own).
+
+    Raises:
+        ValueError: a delivering decoder (NOTE [ Delivering decoders ] in ``_producers.py``) with
+            ``ordered``, a ``transform`` or ``max_batch_seconds``; streamed shards with ``ordered``, a
+            delivering decoder or ``max_batch_seconds``.
+    """
+    if isinstance(source, ShardStream):
+        check_streamable(decoder, options.ordered)
+        if options.max_batch_seconds is not None:
+            raise ValueError("max_batch_seconds plans each epoch's batches from every item's duration, which "
+                             "streamed shards do not give: read them through their index.json (audiobuffer pack "
+                             "writes one, with each member's duration)")
+    if delivers_itself(decoder) and (options.ordered or options.transform is not None
+                                     or options.max_batch_seconds is not None):
+        raise ValueError(f"{decoder!r} delivers its samples itself: it takes no ordered=True, no transform and "
+                         f"no max_batch_seconds (NOTE [ Delivering decoders ] in audiobuffer/_producers.py)")
+
+
+def epoch_length(ds: Any, rank: int, world_size: int) -> int:
+    """Items rank ``rank`` of dataset ``ds`` yields in its current epoch (its DataLoader workers together);
+    batches, when it batches by duration."""
+    if ds.batching is not None:
+        return len(ds.batching.plan(shuffle=ds.shuffle, seed=ds.seed, epoch=ds.epoch, rank=rank,
+                                    world_size=world_size, even_shards=ds.even_shards))
+    if isinstance(ds.source, ShardStream):
+        return ds.source.epoch_length(shuffle=ds.shuffle, seed=ds.seed, epoch=ds.epoch, rank=rank,
+                                      world_size=world_size, even_shards=ds.even_shards)
+    return shard_length(len(ds.source), rank=rank, world_size=world_size, even_shards=ds.even_shards)

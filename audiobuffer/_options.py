@@ -8,7 +8,7 @@ dataclass's fields, checked here and nowhere else, so a new loader adds no copy 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
@@ -64,6 +64,7 @@ class LoaderOptions:
     buckets: int | None = None
     max_batch_size: int | None = None
     duration_column: str | None = None
+    storage_options: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.num_producers is not None:
@@ -103,6 +104,9 @@ class LoaderOptions:
             if given:
                 raise ValueError(f"{', '.join(given)} shape batches by duration: give max_batch_seconds too, "
                                  f"got {given[0]}={short_repr(getattr(self, given[0]))}")
+        if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
+            raise TypeError(f"storage_options must be a mapping of fsspec options or None, got "
+                            f"{self.storage_options!r}")
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

@@ -36,11 +36,13 @@ from ._config_errors import QUOTE_CHARS, format_errors, quote, yaml_problem
 from .collate import image_collate, pad_collate
 from .decoders.audio import CropMode, Quality
 from .decoders.image import Resample
-from .errors import ConfigError, SourceError
+from .errors import ConfigError, SourceError, StorageError
+from .storage import is_url as _is_url
 
 if TYPE_CHECKING:  # for the build_* signatures; each build_* imports what it builds
     from torch.utils.data import DataLoader
 
+    from ._stream import ShardStream
     from .dataset import BufferedDataset
     from .decoders import AudioDecoder, ImageDecoder
     from .isolated import IsolatedLoader
@@ -99,6 +101,7 @@ class SourceConfig(_Section):
     labels: str | None = None
     path_column: str = "path"
     duration_column: str | None = None
+    storage_options: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _one_kind(self) -> SourceConfig:
@@ -229,6 +232,8 @@ _PATH_KEYS = (("source", "root"), ("source", "manifest"), ("source", "files"), (
 
 
 def _resolve_path(value: str, base: Path) -> str:
+    if _is_url(value):  # s3://, gs://, https://...: read through fsspec, not resolved
+        return value
     path = Path(os.path.expanduser(value))
     return str(path if path.is_absolute() else base / path)
 
@@ -278,12 +283,15 @@ def parse_config(data: Any, *, base_dir: str | os.PathLike[str] | None = None,
 
     update: dict[str, Any] = {}
     if src.root is not None:
-        update["root"] = _resolve_path(src.root, base)
-        if not Path(update["root"]).is_dir():
-            raise missing("root", src.root, update["root"], "directory")
+        update["root"] = root = _resolve_path(src.root, base)
+        # a folder, an index of shards (.json), shards (.tar, maybe a brace pattern or a glob) or a URL
+        kind = "file" if root.lower().endswith((".json", ".tar")) else "directory"
+        if not (_is_url(root) or re.search(r"[{*?\[]", root) or (Path(root).is_file() if kind == "file"
+                                                                 else Path(root).is_dir())):
+            raise missing("root", src.root, root, kind)
     if src.manifest is not None:
         update["manifest"] = _resolve_path(src.manifest, base)
-        if not Path(update["manifest"]).is_file():
+        if not _is_url(update["manifest"]) and not Path(update["manifest"]).is_file():
             raise missing("manifest", src.manifest, update["manifest"], "file")
     if src.files is not None:
         update["files"] = [_resolve_path(f, base) for f in src.files]
@@ -380,8 +388,8 @@ def reference_config() -> str:
     return (resources.files("audiobuffer") / "reference.yaml").read_text(encoding="utf-8")
 
 
-def source_error(config: PipelineConfig, exc: SourceError) -> ConfigError:
-    """A :class:`ConfigError` naming the source key for a source that lists no usable file."""
+def source_error(config: PipelineConfig, exc: SourceError | StorageError) -> ConfigError:
+    """A :class:`ConfigError` naming the source key for a source that lists no usable file or cannot be read."""
     src = config.source
     key = "source.root" if src.root is not None else "source.manifest" if src.manifest is not None else "source.files"
     return ConfigError(f"{config.origin}: {key}: {exc}")
@@ -407,21 +415,22 @@ def build_decoder(config: PipelineConfig) -> AudioDecoder | ImageDecoder:
         raise ConfigError(f"{config.origin}: decode: {exc}") from None
 
 
-def build_source(config: PipelineConfig) -> Source:
-    """The :class:`~audiobuffer.Source` the ``source`` section describes.
+def build_source(config: PipelineConfig) -> Source | ShardStream:
+    """The :class:`~audiobuffer.Source` the ``source`` section describes (tar shards: a ``ShardStream``).
 
     Raises:
         ConfigError: the source lists no usable file or a label expression does not fit.
     """
-    from .sources import AUDIO_PATTERNS, IMAGE_PATTERNS, Source
+    from .sources import AUDIO_PATTERNS, IMAGE_PATTERNS, as_source
 
     src = config.source
     spec: Any = src.root if src.root is not None else src.manifest if src.manifest is not None else src.files
     patterns = src.patterns if src.patterns is not None else (
         AUDIO_PATTERNS if config.decode.kind == "audio" else IMAGE_PATTERNS)
     try:
-        return Source(spec, patterns=patterns, labels=src.labels, path_column=src.path_column)
-    except SourceError as exc:
+        return as_source(spec, patterns=patterns, labels=src.labels, path_column=src.path_column,
+                         storage_options=src.storage_options)
+    except (SourceError, StorageError) as exc:
         raise source_error(config, exc) from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{config.origin}: source.labels: {exc}") from None

@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from . import _batched, _plan
+from . import _batched, _epoch, _plan
 from ._checks import check_int
 from ._epoch import MAX_LISTED_FAILURES, Compose, DatasetStats, EpochRun, WorkerEpochs, start_epoch
 from ._options import ErrorPolicy, EvenShards, LoaderOptions, usable_cores
-from ._producers import delivers_itself
 from .errors import BufferClosed
 from .sources import AUDIO_PATTERNS, LabelSpec, Source, SourceSpec, WorkItem, as_source
 
@@ -59,7 +58,10 @@ class BufferedDataset(IterableDataset):
         SourceError: the source cannot be listed.
 
     Args:
-        source: a directory, a CSV/TSV/JSONL manifest with a path column, or a list of paths.
+        source: a directory, a CSV/TSV/JSONL manifest with a path column, the ``index.json`` of packed
+            shards (random access), tar shards (a brace pattern ``shard-{000000..000011}.tar``, a glob or
+            a list; streamed, NOTE [ Streamed shards ] in ``_stream.py``), a list of paths, or a ready
+            ``Source``; each may be a URL (``s3://``, ``gs://``, ``https://``) read through fsspec.
         decoder: a callable from :class:`~audiobuffer.WorkItem` to sample (``AudioDecoder``,
             ``ImageDecoder`` or your own); it runs in the producer threads.
         num_producers: decoding threads per epoch; default: the usable cores, at most 8.
@@ -103,6 +105,8 @@ class BufferedDataset(IterableDataset):
         max_batch_size: also at most this many samples in a batch.
         duration_column: a manifest column holding each item's duration in seconds, read instead of
             the file headers.
+        storage_options: options for fsspec's filesystem of the URLs read (``{"endpoint_url": ...,
+            "key": ..., "secret": ...}``), passed to every remote read.
     """
 
     #: Keys of :meth:`state_dict` (the strings of ``audiobuffer/_plan.py``).
@@ -119,7 +123,8 @@ class BufferedDataset(IterableDataset):
                  rank: int | None = None, world_size: int | None = None,
                  even_shards: EvenShards = "pad", warn_after: float | None = None,
                  timeout: float | None = None, max_batch_seconds: float | None = None, buckets: int | None = None,
-                 max_batch_size: int | None = None, duration_column: str | None = None) -> None:
+                 max_batch_size: int | None = None, duration_column: str | None = None,
+                 storage_options: Mapping[str, Any] | None = None) -> None:
         super().__init__()
         if not callable(decoder):
             raise TypeError(f"decoder must be callable (WorkItem -> sample), got {decoder!r}")
@@ -128,12 +133,11 @@ class BufferedDataset(IterableDataset):
             ordered=ordered, on_error=on_error, transform=transform, labels=labels, patterns=patterns,
             path_column=path_column, rank=rank, world_size=world_size, even_shards=even_shards,
             warn_after=warn_after, timeout=timeout, max_batch_seconds=max_batch_seconds, buckets=buckets,
-            max_batch_size=max_batch_size, duration_column=duration_column)
-        if delivers_itself(decoder) and (ordered or transform is not None or max_batch_seconds is not None):
-            raise ValueError(f"{decoder!r} delivers its samples itself: it takes no ordered=True, no transform and "
-                             f"no max_batch_seconds (NOTE [ Delivering decoders ] in audiobuffer/_producers.py)")
+            max_batch_size=max_batch_size, duration_column=duration_column, storage_options=storage_options)
         self.source = as_source(source, patterns=patterns if patterns is not None else getattr(
-            decoder, "patterns", AUDIO_PATTERNS), labels=labels, path_column=path_column, explicit_patterns=patterns)
+            decoder, "patterns", AUDIO_PATTERNS), labels=labels, path_column=path_column, explicit_patterns=patterns,
+            storage_options=storage_options)
+        _epoch.check_combination(self.source, decoder, options)
         #: The validated options (shared with BatchSlotLoader and IsolatedLoader).
         self.options = options
         self.decoder = decoder
@@ -211,10 +215,7 @@ class BufferedDataset(IterableDataset):
         """Items this rank yields per epoch (all its DataLoader workers together), failures included; with
         ``max_batch_seconds``, batches of the epoch :meth:`set_epoch` set (their count varies by epoch)."""
         rank, world_size = self.shard_info()
-        if self.batching is not None:
-            return len(self.batching.plan(shuffle=self.shuffle, seed=self.seed, epoch=self._epoch, rank=rank,
-                                          world_size=world_size, even_shards=self.even_shards))
-        return _plan.shard_length(len(self.source), rank=rank, world_size=world_size, even_shards=self.even_shards)
+        return _epoch.epoch_length(self, rank, world_size)
 
     # -- iteration -----------------------------------------------------------------------------
 

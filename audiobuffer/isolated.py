@@ -178,6 +178,9 @@ class IsolatedLoader:
         # never runs an epoch in this process.
         self.dataset = BufferedDataset(source, decoder, **options)
         ds = self.dataset
+        if not isinstance(ds.source, Source):  # a ShardStream: its epochs are not plans of items
+            raise ValueError(f"IsolatedLoader reads files or an index, not {ds.source.description}: give the "
+                             f"shards' index.json (audiobuffer pack writes one)")
         self.batch_size = batch_size
         self.drop_last = bool(drop_last)
         self.num_slots = num_slots

@@ -1,30 +1,39 @@
-"""Where the work items come from: files, manifests and labels.
+"""Where the work items come from: files, manifests, indexes of shards, and labels.
 
-A :class:`Source` is built once (listing a directory or reading a manifest, resolving labels) and is
-immutable afterwards. Each epoch's order and shard come from ``_plan.plan_epoch``; the source turns
-their indices into :class:`WorkItem` objects as producers ask for them.
+A :class:`Source` is built once (listing a directory, reading a manifest or an index of shards,
+resolving labels; ``_listing.py``) and is immutable afterwards. Each epoch's order and shard come
+from ``_plan.plan_epoch``; the source turns their indices into :class:`WorkItem` objects as producers
+ask for them. Tar shards without an index are a source of another kind, streamed shard by shard
+(:class:`~audiobuffer._stream.ShardStream`); :func:`as_source` picks the kind.
 """
 
 from __future__ import annotations
 
-import csv
+import functools
 import hashlib
-import json
 import os
 import re
+import threading
+import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
 
+from ._listing import list_source
 from .errors import SourceError
+from .storage import RetrySpec, as_retry, is_url, read_bytes
+
+if TYPE_CHECKING:
+    from ._stream import ShardStream
 
 __all__ = [
     "AUDIO_PATTERNS",
     "IMAGE_PATTERNS",
     "LabelSpec",
+    "ReadClock",
     "Source",
     "SourceSpec",
     "WorkItem",
@@ -43,7 +52,6 @@ IMAGE_PATTERNS: tuple[str, ...] = (
 )
 #: Characters that make a ``labels`` string a regular expression rather than a manifest column name.
 _REGEX_CHARS = frozenset(".^$*+?{}[]|()\\")
-_MANIFEST_SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 
 SourceSpec = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]]
 LabelSpec = Union[None, str, "re.Pattern[str]", Callable[[str], Hashable]]
@@ -85,6 +93,28 @@ class WorkItem:
         return np.random.default_rng([self.seed, self.epoch, self.index])
 
 
+class ReadClock:
+    """Seconds producers spent waiting for bytes (reads of members, objects and shard blocks). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.seconds = 0.0
+
+    def add(self, seconds: float) -> None:
+        with self._lock:
+            self.seconds += seconds
+
+    def timed(self, read: Callable[[], bytes]) -> Callable[[], bytes]:
+        """``read``, its time counted here."""
+        def timed_read() -> bytes:
+            start = time.perf_counter()
+            try:
+                return read()
+            finally:
+                self.add(time.perf_counter() - start)
+        return timed_read
+
+
 def _natural_key(name: str) -> tuple[int, Any]:
     """Sort numbers numerically and before words, so class "10" comes after class "9"."""
     try:
@@ -94,60 +124,50 @@ def _natural_key(name: str) -> tuple[int, Any]:
 
 
 class Source:
-    """The files of a dataset with their labels and fields.
+    """The files of a dataset with their labels and fields, local or remote.
 
     Args:
         source: a directory (matched with ``patterns``), a CSV/TSV/JSONL manifest with a path column,
-            or a list of file paths.
+            the ``index.json`` of packed shards (members read by byte range), or a list of file
+            paths; each may be a URL (``s3://``, ``gs://``, ``https://``...) read through fsspec.
         patterns: glob patterns, relative to a directory source (``**`` recurses).
         labels: where labels come from: ``None`` (no labels); ``"parent"`` (the parent folder's name);
-            the name of a manifest column; a regular expression searched in the file name (its first
-            group, or the whole match without groups); or a callable from path to label.
+            the name of a manifest column (of an index: ``"label"``, the label it was packed with, or
+            a packed manifest's column); a regular expression searched in the file name (its first
+            group, or the whole match without groups; a member's original name); or a callable from
+            path to label.
         path_column: the manifest column that holds the file paths; relative paths are resolved
-            against the manifest's folder.
+            against the manifest's folder (or URL).
+        storage_options: options for the fsspec filesystem of URLs (``{"endpoint_url": ..., "key":
+            ..., "secret": ...}``), passed to every remote read.
+        retry: how transient storage failures are retried (:class:`~audiobuffer.storage.Retry`).
+
+    A remote file's or index member's work item reads its bytes in the producer thread that decodes
+    it (:attr:`WorkItem.read`): one request per file, one ranged request sized to the member.
 
     Raises:
         SourceError: the source does not exist, a manifest is malformed, no file matched, or a file
             name does not match the label expression.
+        StorageError: a remote manifest, index or listing cannot be read.
     """
 
     def __init__(self, source: SourceSpec, *, patterns: Sequence[str] = AUDIO_PATTERNS,
-                 labels: LabelSpec = None, path_column: str = "path") -> None:
-        self.description: str
-        self.paths: list[str]
-        self.fields: list[dict[str, Any]] | None = None
-        columns: list[str] = []
-        if isinstance(source, (str, os.PathLike)):
-            root = Path(source)
-            if root.is_dir():
-                self.paths = _list_dir(root, patterns)
-                self.description = f"{str(root)!r} (patterns {list(patterns)})"
-            elif root.suffix.lower() in _MANIFEST_SUFFIXES:
-                if not root.is_file():
-                    raise SourceError(f"manifest {str(root)!r} does not exist")
-                self.paths, self.fields, columns = _read_manifest(root, path_column)
-                self.description = f"manifest {str(root)!r}"
-            elif root.exists():
-                raise SourceError(
-                    f"source {str(root)!r} is neither a directory nor a manifest "
-                    f"(expected one of {sorted(_MANIFEST_SUFFIXES)}); pass a list to use single files")
-            else:
-                raise SourceError(f"source {str(root)!r} does not exist")
-        elif isinstance(source, Sequence) and not isinstance(source, (bytes, bytearray)):
-            bad = [p for p in source if not isinstance(p, (str, os.PathLike))]
-            if bad:
-                raise TypeError(f"a source list must hold file paths, got {bad[0]!r}")
-            self.paths = [os.fspath(p) for p in source]
-            for n, p in enumerate(self.paths):
-                if "\0" in p:
-                    raise SourceError(f"source list entry {n}: the path {p[:80]!r} holds a NUL character")
-            self.description = f"a list of {len(self.paths)} paths"
-        else:
-            raise TypeError(
-                f"source must be a directory, a manifest file or a list of paths, got {source!r}")
+                 labels: LabelSpec = None, path_column: str = "path",
+                 storage_options: Mapping[str, Any] | None = None, retry: RetrySpec = None) -> None:
+        if storage_options is not None and not isinstance(storage_options, Mapping):
+            raise TypeError(f"storage_options must be a mapping of fsspec options or None, got {storage_options!r}")
+        listing = list_source(source, patterns=patterns, path_column=path_column,
+                              storage_options=storage_options, retry=retry)
+        self.description: str = listing.description
+        self.paths: list[str] = listing.paths
+        self.fields: list[dict[str, Any]] | None = listing.fields
+        #: fsspec options for the URLs this source reads (``None``: none).
+        self.storage_options = None if storage_options is None else dict(storage_options)
+        self.retry = as_retry(retry)
+        self._members = listing.members  # an index's members: read by range
         if not self.paths:
             raise SourceError(f"no files in {self.description}")
-        self.label_names = _resolve_labels(labels, self.paths, self.fields, columns)
+        self.label_names = _resolve_labels(labels, self.paths, listing.rows, listing.columns)
         names = {n for n in self.label_names if n is not None} if self.label_names else set()
         #: The sorted label names; a sample's ``label`` is an index into this list.
         self.classes: list[str] = sorted(names, key=_natural_key)
@@ -160,6 +180,12 @@ class Source:
     def __repr__(self) -> str:
         labels = f", classes={len(self.classes)}" if self.label_names is not None else ""
         return f"Source({self.description}, items={len(self.paths)}{labels})"
+
+    @property
+    def known_durations(self) -> list[float | None] | None:
+        """Each item's duration in seconds where the source knows it without reading the file (an
+        index's members, measured by ``audiobuffer pack``; ``None`` where unknown), else ``None``."""
+        return None if self._members is None else [m.duration for m in self._members]
 
     def fingerprint(self) -> str:
         """A digest of the file list (its order included): a saved state names the source it came from."""
@@ -180,6 +206,8 @@ class Source:
         part.description = f"{len(indices)} files of {self.description}"
         part.paths = [self.paths[i] for i in indices]
         part.fields = None if self.fields is None else [self.fields[i] for i in indices]
+        part.storage_options, part.retry = self.storage_options, self.retry
+        part._members = None if self._members is None else tuple(self._members[i] for i in indices)
         part.label_names = None if self.label_names is None else [self.label_names[i] for i in indices]
         part.classes = list(self.classes)
         part.class_to_idx = dict(self.class_to_idx)
@@ -187,73 +215,30 @@ class Source:
             raise SourceError(f"an empty subset of {self.description}")
         return part
 
-    def item(self, index: int, *, epoch: int = 0, seed: int = 0, seq: int = 0) -> WorkItem:
-        """The work item for the source's ``index``-th file."""
+    def item(self, index: int, *, epoch: int = 0, seed: int = 0, seq: int = 0,
+             clock: ReadClock | None = None) -> WorkItem:
+        """The work item for the source's ``index``-th file (with ``read`` set for an index member or a URL,
+        its time counted by ``clock`` when given)."""
         name = self.label_names[index] if self.label_names else None
+        path = self.paths[index]
+        read: Callable[[], bytes] | None = None
+        if self._members is not None:  # one ranged request, sized to the member
+            read = self._members[index].reader(storage_options=self.storage_options, retry=self.retry)
+        elif is_url(path):
+            read = functools.partial(read_bytes, path, storage_options=self.storage_options, retry=self.retry)
+        if read is not None and clock is not None:
+            read = clock.timed(read)
         return WorkItem(
             index=index,
-            path=self.paths[index],
+            path=path,
             label=None if name is None else self.class_to_idx[name],
             label_name=name,
             fields=self.fields[index] if self.fields is not None else {},
             epoch=epoch,
             seed=seed,
             seq=seq,
+            read=read,
         )
-
-
-def _list_dir(root: Path, patterns: Sequence[str]) -> list[str]:
-    if isinstance(patterns, str):
-        patterns = [patterns]
-    found: set[str] = set()
-    for pattern in patterns:
-        if not isinstance(pattern, str) or not pattern:
-            raise TypeError(f"patterns must be non-empty glob strings, got {pattern!r}")
-        found.update(str(p) for p in root.glob(pattern) if p.is_file())
-    return sorted(found)
-
-
-def _read_manifest(path: Path, path_column: str) -> tuple[list[str], list[dict[str, Any]], list[str]]:
-    kind = _MANIFEST_SUFFIXES[path.suffix.lower()]
-    rows: list[dict[str, Any]] = []
-    columns: list[str] = []
-    try:
-        # utf-8-sig: the byte order mark that spreadsheet programs write is not part of the first column.
-        with open(path, newline="", encoding="utf-8-sig") as f:
-            if kind == "jsonl":
-                for lineno, line in enumerate(f, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        row = json.loads(line)
-                    except json.JSONDecodeError as exc:
-                        raise SourceError(f"manifest {str(path)!r} line {lineno}: invalid JSON ({exc})") from exc
-                    if not isinstance(row, dict):
-                        raise SourceError(
-                            f"manifest {str(path)!r} line {lineno}: expected a JSON object, got {row!r}")
-                    rows.append(row)
-                    columns.extend(k for k in row if k not in columns)
-            else:
-                reader = csv.DictReader(f, delimiter="\t" if kind == "tsv" else ",")
-                columns = list(reader.fieldnames or [])
-                rows = list(reader)
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise SourceError(f"cannot read manifest {str(path)!r}: {exc}") from exc
-    if path_column not in columns:
-        raise SourceError(
-            f"manifest {str(path)!r} has no path column {path_column!r}; its columns are {columns}")
-    paths: list[str] = []
-    fields: list[dict[str, Any]] = []
-    for n, row in enumerate(rows):
-        value = row.get(path_column)
-        if not isinstance(value, str) or not value:
-            raise SourceError(f"manifest {str(path)!r} row {n + 1}: empty or missing {path_column!r}")
-        if "\0" in value:  # the C libraries would open the path cut at the NUL
-            raise SourceError(f"manifest {str(path)!r} row {n + 1}: the path {value[:80]!r} holds a NUL character")
-        file = Path(value)
-        paths.append(str(file if file.is_absolute() else path.parent / file))
-        fields.append({k: v for k, v in row.items() if k != path_column})
-    return paths, fields, columns
 
 
 def _resolve_labels(labels: LabelSpec, paths: list[str], fields: list[dict[str, Any]] | None,
@@ -298,17 +283,28 @@ def _label_str(value: Any) -> str | None:
     return None if value is None or value == "" else str(value)
 
 
-def as_source(source: SourceSpec | Source, *, patterns: Sequence[str], labels: LabelSpec, path_column: str,
-              explicit_patterns: Sequence[str] | None = None) -> Source:
-    """``source`` itself if it is a :class:`Source`, else the :class:`Source` it describes.
+def as_source(source: SourceSpec | Source | ShardStream, *, patterns: Sequence[str], labels: LabelSpec,
+              path_column: str, explicit_patterns: Sequence[str] | None = None,
+              storage_options: Mapping[str, Any] | None = None) -> Source | ShardStream:
+    """``source`` itself if it is ready, else the :class:`Source` it describes, or the
+    :class:`~audiobuffer._stream.ShardStream` of the tar shards it names (a path, URL, brace pattern or
+    glob ending in ``.tar``, or a list of them).
 
-    ``labels``, ``patterns`` (``explicit_patterns``, as the caller was given them) and ``path_column``
-    describe how to list a source: with a ready ``Source`` they would be ignored, so they are refused.
+    ``labels``, ``patterns`` (``explicit_patterns``, as the caller was given them), ``path_column`` and
+    ``storage_options`` describe how to list a source: with a ready one they would be ignored, so they
+    are refused.
     """
-    if not isinstance(source, Source):
-        return Source(source, patterns=patterns, labels=labels, path_column=path_column)
+    from ._listing import names_shards
+    from ._stream import ShardStream
+
+    if not isinstance(source, (Source, ShardStream)):
+        if names_shards(source):
+            return ShardStream(source, labels=labels, storage_options=storage_options)
+        return Source(source, patterns=patterns, labels=labels, path_column=path_column,
+                      storage_options=storage_options)
     given = [name for name, value, default in (("labels", labels, None), ("patterns", explicit_patterns, None),
-                                               ("path_column", path_column, "path")) if value != default]
+                                               ("path_column", path_column, "path"),
+                                               ("storage_options", storage_options, None)) if value != default]
     if given:
         raise ValueError(f"{', '.join(given)} describe how to list a source; give them to Source(...), not together "
                          f"with a ready Source")

@@ -34,3 +34,36 @@ def no_thread_left_alive():
     yield
     alive = wait_no_threads()
     assert not alive, f"threads left alive: {alive}"
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """moto's S3 server on 127.0.0.1 (one per test module) with the bucket ``storage_helpers.BUCKET``."""
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto.server")
+    from storage_helpers import BUCKET, MotoS3
+
+    server = MotoS3()
+    try:
+        server.make_bucket(BUCKET)
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def proxies(s3):
+    """A factory of fault proxies (``storage_helpers.FaultProxy``) in front of the S3 server; all are
+    stopped at teardown."""
+    from storage_helpers import FaultProxy
+
+    made = []
+
+    def make(**kwargs):
+        proxy = FaultProxy((s3.host, s3.port), **kwargs)
+        made.append(proxy)
+        return proxy
+
+    yield make
+    for proxy in made:
+        proxy.stop()

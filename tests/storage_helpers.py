@@ -16,10 +16,16 @@ from pathlib import Path
 
 from helpers import JOIN_TIMEOUT
 
+from audiobuffer.storage import Retry
+
 #: Seconds a proxy socket waits for its peer before it gives the connection up.
 SOCKET_TIMEOUT = 5.0
 KEY = SECRET = "testing"
 REGION = "us-east-1"
+#: The bucket the ``s3`` fixture (conftest.py) makes.
+BUCKET = "audio"
+#: Retries in tests: quick, so that a test of giving up takes a fraction of a second.
+FAST = Retry(attempts=3, base_delay=0.01, max_delay=0.02)
 
 
 class MotoS3:

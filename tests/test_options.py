@@ -26,6 +26,7 @@ from audiobuffer.buffer import Buffer
     (dict(timeout=0), ValueError, "timeout must be None or a number of seconds > 0"),
     (dict(warn_after=math.nan), ValueError, "warn_after must be None or a number of seconds > 0"),
     (dict(transform=3), TypeError, "transform must be None or callable"),
+    (dict(storage_options="anon"), TypeError, "storage_options must be a mapping of fsspec options or None"),
 ])
 def test_every_loader_refuses_the_same_bad_options(kwargs, error, match):
     with pytest.raises(error, match=match):

@@ -334,3 +334,27 @@ def test_fsdd_packed_read_back_exactly(fsdd, tmp_path):
     assert streamed == Counter(originals.keys())
     for m in index.members[:20]:
         assert m.duration == pytest.approx(sf.info(fsdd / m.name).duration)
+
+
+@pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+@pytest.mark.parametrize("name", ["a.wav", "dir/" * 30 + "long.wav", "d" * 99 + "/x.wav", "caf\u00e9.wav", "dir/"])
+def test_fast_header_parse_agrees_with_tarfile(fmt, name):
+    from audiobuffer._tar import ENCODING, ERRORS, _header
+
+    info = tarfile.TarInfo(name)
+    info.size = 12345
+    info.type = tarfile.DIRTYPE if name.endswith("/") else tarfile.REGTYPE
+    raw = info.tobuf(fmt, ENCODING, ERRORS)
+    pos = 0
+    while pos < len(raw):  # the extended headers (a long name, PAX records) before the member's own, then its own
+        block = raw[pos:pos + tarfile.BLOCKSIZE]
+        expected = tarfile.TarInfo.frombuf(block, ENCODING, ERRORS)
+        got = _header(block)
+        assert got is not None
+        assert got[1:] == (expected.size, expected.type)
+        if not expected.isdir():
+            assert got[0] == expected.name
+        pos += tarfile.BLOCKSIZE * (1 + (-(-expected.size // tarfile.BLOCKSIZE) if pos + 512 < len(raw) else 0))
+    bad = bytearray(block)
+    bad[0] ^= 1  # the checksum no longer fits: left to tarfile (which refuses it)
+    assert _header(bytes(bad)) is None

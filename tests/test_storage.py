@@ -35,38 +35,9 @@ from audiobuffer.storage import (
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
-from storage_helpers import FaultProxy, MotoS3  # noqa: E402  (needs moto)
+from storage_helpers import BUCKET, FAST, MotoS3  # noqa: E402  (needs moto)
 
-#: Retries in tests: quick, so that a test of giving up takes a fraction of a second.
-FAST = Retry(attempts=3, base_delay=0.01, max_delay=0.02)
-BUCKET = "audio"
-
-
-# -- fixtures ------------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def s3():
-    server = MotoS3()
-    try:
-        server.make_bucket(BUCKET)
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def proxies(s3):
-    """A factory of fault proxies in front of the S3 server; all are stopped at teardown."""
-    made: list[FaultProxy] = []
-
-    def make(**kwargs) -> FaultProxy:
-        proxy = FaultProxy((s3.host, s3.port), **kwargs)
-        made.append(proxy)
-        return proxy
-
-    yield make
-    for proxy in made:
-        proxy.stop()
+# The s3 (a moto server with the bucket BUCKET, one per module) and proxies fixtures: conftest.py.
 
 
 @pytest.fixture(scope="module")
@@ -414,3 +385,34 @@ def test_s3_truncated_shard_yields_members_before_the_cut(s3, packed):
         for sample in iter_shard(url, storage_options=s3.options(), retry=FAST):
             got.append(sample.name)
     assert got == [m.name for m in shard_members[:3]]
+
+
+@pytest.mark.skipif(not hasattr(os, "pread") or not os.path.isdir("/proc/self/fd"), reason="POSIX pread, Linux /proc")
+def test_local_ranged_reads_keep_files_open_per_thread_and_close_them_with_it(tmp_path):
+    import threading
+
+    from audiobuffer import storage
+
+    paths = []
+    for i in range(storage.OPEN_PER_THREAD + 5):
+        paths.append(tmp_path / f"{i}.bin")
+        paths[-1].write_bytes(bytes([i]) * 10)
+    before = len(os.listdir("/proc/self/fd"))
+    seen = {}
+
+    def work():
+        for path in paths:
+            assert read_range(path, 2, 3) == bytes([int(path.stem)]) * 3
+        seen["open"] = len(os.listdir("/proc/self/fd")) - before
+        paths[-1].write_bytes(b"\x07" * 4)  # truncated in place: the descriptor kept open sees it
+        try:
+            read_range(paths[-1], 2, 3)
+        except StorageError as exc:
+            seen["error"] = str(exc)
+
+    thread = threading.Thread(target=work, name="audiobuffer-test-reader")
+    thread.start()
+    thread.join(10)
+    assert seen["open"] == storage.OPEN_PER_THREAD  # the least recently used were closed
+    assert "ends early" in seen["error"]
+    assert len(os.listdir("/proc/self/fd")) == before  # and the rest with the thread

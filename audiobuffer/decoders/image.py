@@ -7,6 +7,7 @@ decodes and resizes, so producer threads decode images in parallel.
 
 from __future__ import annotations
 
+import io
 from typing import Any, Literal
 
 import numpy as np
@@ -30,7 +31,8 @@ class ImageDecoder:
     """Decode an image file into a ``(3, H, W)`` uint8 tensor.
 
     The sample dict holds ``image``, ``path``, ``index``, and the ``label`` and ``label_name`` when the
-    source has labels, plus a manifest's other columns.
+    source has labels, plus a manifest's other columns. A work item whose ``read`` is set (a shard
+    member, a remote object) is decoded from the bytes it returns.
 
     What it does with images that are not plain 8-bit RGB:
 
@@ -93,9 +95,11 @@ class ImageDecoder:
         from PIL import Image, ImageOps  # imported in __init__ already; kept out of the instance so it pickles
 
         item = as_item(item)
+        # a shard member's or a remote object's bytes (a StorageError is raised as it is, not as a DecodeError)
+        source = item.path if item.read is None else io.BytesIO(item.read())
         im: Image.Image  # opened as an ImageFile; a transpose or conversion gives a plain Image
         try:
-            with Image.open(item.path) as im:  # the first frame of a multi-frame file
+            with Image.open(source) as im:  # the first frame of a multi-frame file
                 if self.apply_exif_orientation and im.getexif().get(_EXIF_ORIENTATION, 1) != 1:
                     im = ImageOps.exif_transpose(im)
                 im = _to_rgb(im, item.path)

@@ -1,0 +1,209 @@
+"""BufferedDataset reading from a real S3-compatible server (moto) on 127.0.0.1: shards by index and by
+pattern, single files, folders and manifests by URL, resume, and named errors for what fails.
+
+The server (the ``s3`` fixture, conftest.py) runs in a thread of the test process; faults come from a
+proxy in front of it (the ``proxies`` fixture; storage_helpers.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from helpers import make_corpus
+
+from audiobuffer import AudioDecoder, BufferedDataset, SampleError, Source, StorageError
+from audiobuffer._stream import ShardStream
+from audiobuffer.shards import pack
+
+pytest.importorskip("s3fs")
+pytest.importorskip("moto.server")
+from storage_helpers import BUCKET, FAST, MotoS3  # noqa: E402  (needs moto)
+
+N = 30
+
+
+@pytest.fixture(scope="module")
+def remote(s3, tmp_path_factory):
+    """30 tones uploaded as files (with a manifest of relative paths) and packed into shards with an index."""
+    root = tmp_path_factory.mktemp("remote")
+    files = make_corpus(root / "src", N, seconds=0.05)
+    index = pack(root / "src", root / "out", shard_size=20_000, labels="parent", progress=False)
+    base = s3.upload_dir(root / "out", BUCKET, "packed")
+    names = {Path(f).relative_to(root / "src").as_posix(): f for f in files}
+    for name, path in names.items():
+        s3.put(BUCKET, f"files/{name}", Path(path).read_bytes())
+    s3.put(BUCKET, "files/lists/train.csv",
+           ("path,speaker\n" + "".join(f"../{name},s{i % 2}\n" for i, name in enumerate(sorted(names)))).encode())
+    return base, index, names
+
+
+def _names(samples) -> list[str]:
+    return [s["path"].split(".tar/", 1)[1] if ".tar/" in s["path"] else s["path"].split("/files/", 1)[1]
+            for s in samples]
+
+
+def _decode():
+    return AudioDecoder(sample_rate=8000)
+
+
+def _pattern(base: str, index) -> str:
+    return f"{base}/shard-{{000000..{len(index.shards) - 1:06d}}}.tar"
+
+
+@pytest.mark.parametrize("kind", ["index", "pattern"])
+def test_s3_shards_every_sample_once(s3, remote, kind):
+    base, index, names = remote
+    spec = f"{base}/index.json" if kind == "index" else _pattern(base, index)
+    ds = BufferedDataset(spec, _decode(), shuffle=True, num_producers=8, labels=r"^(\d+)_",
+                         storage_options=s3.options())
+    assert len(ds) == N and ds.classes == ["0", "1", "2"]
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        samples = list(ds)
+        assert sorted(_names(samples)) == sorted(names)
+        for s in samples:
+            assert s["path"].startswith(base + "/shard-")
+            assert s["label_name"] == Path(s["path"]).name.split("_")[0]
+            assert s["audio"].equal(_decode()(str(names[_names([s])[0]]))["audio"])
+    assert ds.stats().read_s > 0
+
+
+def test_s3_streamed_labels_from_the_sidecars(s3, remote):
+    base, index, _ = remote
+    ds = BufferedDataset(_pattern(base, index), _decode(), labels="label", storage_options=s3.options())
+    assert ds.classes == ["class0", "class1", "class2"]
+    assert all(s["label_name"] == Path(s["path"]).parent.name for s in ds)
+
+
+def test_s3_files_folders_and_manifests(s3, remote):
+    _, _, names = remote
+    options = s3.options()
+    urls = [f"s3://{BUCKET}/files/{name}" for name in sorted(names)]
+    by_list = BufferedDataset(urls, _decode(), labels="parent", storage_options=options)
+    by_folder = BufferedDataset(f"s3://{BUCKET}/files", _decode(), labels="parent", storage_options=options)
+    assert by_folder.source.paths == urls
+    manifest = Source(f"s3://{BUCKET}/files/lists/train.csv", labels="speaker", storage_options=options)
+    assert manifest.paths == urls  # "../class0/..." resolved against the manifest's URL
+    by_manifest = BufferedDataset(manifest, _decode())
+    for ds in (by_list, by_folder, by_manifest):
+        samples = list(ds)
+        assert sorted(_names(samples)) == sorted(names)
+    assert {s["label_name"] for s in by_manifest} == {"s0", "s1"}
+
+
+def test_s3_resume_by_index(s3, remote):
+    base, _, names = remote
+    spec, options = f"{base}/index.json", s3.options()
+    ds = BufferedDataset(spec, _decode(), shuffle=True, num_producers=4, storage_options=options)
+    it = iter(ds)
+    first = [next(it) for _ in range(13)]
+    state = ds.state_dict()
+    it.close()
+    resumed = BufferedDataset(spec, _decode(), shuffle=True, num_producers=4, storage_options=options)
+    resumed.load_state_dict(state)
+    assert sorted(_names(first) + _names(resumed)) == sorted(names)
+
+
+def test_s3_yaml_with_storage_options(s3, remote, tmp_path):
+    from audiobuffer.config import build_dataset, load_config
+
+    base, _, names = remote
+    opts = s3.options()
+    config_file = tmp_path / "remote.yaml"
+    config_file.write_text(
+        "source:\n"
+        f"  root: {base}/index.json\n"
+        "  labels: label\n"
+        "  storage_options:\n"
+        f"    endpoint_url: {opts['endpoint_url']}\n"
+        f"    key: {opts['key']}\n"
+        f"    secret: {opts['secret']}\n"
+        f"    client_kwargs: {{region_name: {opts['client_kwargs']['region_name']}}}\n"
+        "decode: {sample_rate: 8000}\n"
+        "buffer: {producers: 4}\n", encoding="utf-8")
+    config = load_config(config_file)
+    assert config.source.root == f"{base}/index.json"  # a URL is not resolved against the file's folder
+    ds = build_dataset(config)
+    assert sorted(_names(ds)) == sorted(names) and ds.classes == ["class0", "class1", "class2"]
+
+
+# -- failures -------------------------------------------------------------------------------------
+
+def test_s3_missing_objects_are_named(s3, remote, tmp_path):
+    _, index, _ = remote
+    options = s3.options()
+    with pytest.raises(StorageError, match=r"'s3://audio/nowhere/index\.json'.*no such file"):
+        BufferedDataset(f"s3://{BUCKET}/nowhere/index.json", _decode(), storage_options=options)
+    base = s3.upload_dir(Path(index.shards[0]).parent, BUCKET, "holes")
+    s3.client.delete_object(Bucket=BUCKET, Key="holes/shard-000002.tar")
+    lost = [m for m in index.members if Path(m.shard).name == "shard-000002.tar"]
+    by_index = BufferedDataset(f"{base}/index.json", _decode(), storage_options=options)
+    with pytest.raises(SampleError, match=rf"member '[^']+' of '{base}/shard-000002\.tar': no such file") as info:
+        list(by_index)
+    cause = info.value.__cause__
+    assert isinstance(cause, StorageError) and cause.attempts == 1 and cause.member in {m.member for m in lost}
+    by_pattern = BufferedDataset(f"{base}/shard-{{000000..000003}}.tar", _decode(), storage_options=options,
+                                 on_error="skip")
+    samples = list(by_pattern)
+    assert len(samples) == sum(Path(m.shard).name in {f"shard-{i:06d}.tar" for i in (0, 1, 3)}
+                               for m in index.members)
+    (failure,) = by_pattern.stats().failures
+    assert failure[1] == f"{base}/shard-000002.tar" and "no such file" in failure[2]
+
+
+def test_s3_stopped_server_gives_named_errors(s3, remote):
+    base, index, _ = remote
+    server = MotoS3()  # a second server on another port, same objects (moto's state is per process)
+    try:
+        options = s3.options(server.endpoint)
+        source = Source(f"{base}/index.json", storage_options=options, retry=FAST)
+        stream = ShardStream(_pattern(base, index), storage_options=options, retry=FAST)
+        assert len(stream) == N  # listed from the index while the server runs
+    finally:
+        server.stop()
+    with pytest.raises(StorageError, match=r"'s3://audio/packed/index\.json'.*gave up after 3 tries"):
+        len(ShardStream(_pattern(base, index), storage_options=options, retry=FAST))
+    with pytest.raises(SampleError, match=r"member '.*' of 's3://audio/packed/shard-.*gave up after 3 tries") as info:
+        list(BufferedDataset(source, _decode(), num_producers=2))
+    assert info.value.__cause__.transient and info.value.__cause__.attempts == 3
+    with pytest.raises(SampleError, match=r"'s3://audio/packed/shard-.*gave up after 3 tries"):
+        list(BufferedDataset(stream, _decode(), num_producers=2))
+
+
+@pytest.mark.parametrize("mode", ["503", "reset"])
+@pytest.mark.parametrize("kind", ["index", "pattern"])
+def test_s3_transient_failures_mid_epoch_are_retried(s3, remote, proxies, kind, mode):
+    base, index, names = remote
+    proxy = proxies(faults={4, 9, 15}, mode=mode)
+    spec = f"{base}/index.json" if kind == "index" else _pattern(base, index)
+    ds = BufferedDataset(spec, _decode(), num_producers=4, shuffle=True,
+                         storage_options=s3.options(proxy.endpoint))
+    samples = list(ds)
+    assert sorted(_names(samples)) == sorted(names)
+    assert proxy.faulted == 3 and ds.stats().failed == 0
+
+
+def test_s3_truncated_shard_streamed(s3, remote):
+    base, index, names = remote
+    members = [m for m in index.members if m.shard == index.shards[0]]
+    cut = members[1]
+    data = Path(index.shards[0]).read_bytes()[:cut.offset + cut.size // 2]
+    url = s3.put(BUCKET, "cut/shard-000000.tar", data)
+    ds = BufferedDataset([url, *[f"{base}/{Path(s).name}" for s in index.shards[1:]]], _decode(),
+                         storage_options=s3.options(), on_error="skip")
+    got = _names(ds)
+    assert sorted(got) == sorted(set(names) - {m.name for m in members[1:]})
+    (failure,) = ds.stats().failures
+    assert cut.member in failure[1] and "truncated" in failure[2]
+
+
+def test_s3_by_index_one_ranged_request_per_member(s3, remote, proxies):
+    """No read-ahead beyond the member and no listing: the index (s3fs: a HEAD and a GET), then one ranged
+    GET per member."""
+    base, _, names = remote
+    proxy = proxies()
+    ds = BufferedDataset(f"{base}/index.json", _decode(), num_producers=8,
+                         storage_options=s3.options(proxy.endpoint))
+    assert sorted(_names(ds)) == sorted(names)
+    assert proxy.requests == 2 + N
