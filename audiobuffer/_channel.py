@@ -1,7 +1,7 @@
 """The trainer's end of the helper process's channel: what may cross it, the reader thread, the shutdown.
 
-These are functions rather than :class:`~audiobuffer.IsolatedLoader` methods because the reader thread
-and the finalizer must not keep the loader alive (the finalizer is what stops the helper). See
+:class:`HelperChannel` owns the process; the reader thread and the shutdown are functions because
+they must not keep the channel (or the loader) alive: the finalizer is what stops the helper. See
 NOTE [ Helper process lifecycle ] in ``audiobuffer/_helper.py``.
 """
 
@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import pickle
 import signal
 import subprocess
+import sys
 import threading
+import time
 import types
+import weakref
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,7 +29,10 @@ from ._producers import JOIN_TIMEOUT
 from .buffer import Buffer
 from .errors import BufferClosed, HelperError
 
-__all__ = ["ByReference", "RemoteTraceback", "death_message", "pickle_by_reference", "read_messages",
+#: Seconds to wait for the helper to say it is ready (it imports numpy and soundfile, not torch).
+START_TIMEOUT = 60.0
+
+__all__ = ["ByReference", "HelperChannel", "RemoteTraceback", "death_message", "pickle_by_reference", "read_messages",
            "shutdown_helper", "torch_dtype"]
 
 
@@ -164,3 +172,116 @@ def read_messages(proc: subprocess.Popen[bytes], inbox: Buffer[Any], closing: th
     except subprocess.TimeoutExpired:
         pass
     inbox.abort(HelperError(death_message(proc)))
+
+
+class HelperChannel:
+    """One helper process and the trainer's end of its channel: start, send, receive, attach, stop.
+
+    The reader thread and the finalizer hold the process, the inbox and the segments, never this
+    object, so a channel nobody references is collected and its finalizer stops the helper.
+
+    Args:
+        inbox_size: messages the reader may queue ahead of the consumer.
+    """
+
+    def __init__(self, inbox_size: int) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.inbox: Buffer[Any] = Buffer(inbox_size)
+        #: What the helper reported when it started: ``pid``, ``torch`` (whether it imported torch), ``gil``.
+        self.info: dict[str, Any] = {}
+        self._segments: dict[str, Any] = {}  # every segment the helper made: name -> SharedMemory once attached
+        self._slot_names: dict[int, str] = {}
+        self._send_lock = threading.Lock()
+        self._closing = threading.Event()  # set when the helper is being stopped on purpose
+        self._finalizer: weakref.finalize | None = None
+
+    @property
+    def running(self) -> bool:
+        """Whether the helper was started and has not exited."""
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self, spec: bytes) -> None:
+        """Start ``python -m audiobuffer._helper``, send it the pickled pipeline ``spec`` and wait for it.
+
+        Raises:
+            HelperError: the helper died, did not answer within ``START_TIMEOUT`` or could not load the
+                pipeline (its traceback chained); the channel is closed then.
+        """
+        env = dict(os.environ)
+        here = str(Path(__file__).resolve().parent.parent)  # so the helper imports this very package
+        env["PYTHONPATH"] = os.pathsep.join([here] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        proc = subprocess.Popen([sys.executable, "-m", "audiobuffer._helper"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, env=env)
+        self.proc = proc
+        reader = threading.Thread(target=read_messages, args=(proc, self.inbox, self._closing),
+                                  name="audiobuffer-helper-reader", daemon=True)
+        self._finalizer = weakref.finalize(self, shutdown_helper, proc, self.inbox, self._closing, self._segments,
+                                           reader)
+        reader.start()
+        self.send(("setup", list(sys.path), spec))
+        try:
+            message = self.inbox.get(timeout=START_TIMEOUT)
+        except TimeoutError:
+            self.close()
+            raise HelperError(f"the helper process did not start within {START_TIMEOUT:.0f} s") from None
+        except HelperError:
+            self.close()
+            raise
+        if message[0] != "ready":
+            self.close()
+            raise HelperError(f"the helper process could not load the pipeline: {message[2]}") \
+                from RemoteTraceback(message[3])
+        self.info = message[1]
+        self._segments.update((name, None) for name in self.info["segments"])
+        self._slot_names.update(enumerate(self.info["segments"]))
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        """Send one message to the helper (any thread).
+
+        Raises:
+            HelperError: the helper is not running or its channel broke.
+        """
+        proc = self.proc
+        if proc is None or proc.stdin is None:
+            raise HelperError("the helper process is not running")
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            with self._send_lock:
+                proc.stdin.write(data)
+                proc.stdin.flush()
+        except (OSError, ValueError) as exc:
+            raise HelperError(death_message(proc)) from exc
+
+    def attach(self, slot: int, name: str) -> Any:
+        """The shared memory of ``slot``, now segment ``name`` (attached once, re-attached when it grew)."""
+        old = self._slot_names.get(slot)
+        if old != name:  # the helper grew this slot into a new segment and unlinked the old one
+            segment = self._segments.pop(old, None) if old is not None else None
+            if segment is not None:
+                segment.close()
+            self._slot_names[slot] = name
+        if self._segments.get(name) is None:
+            self._segments[name] = _shm.attach(name)
+        return self._segments[name]
+
+    def stop_epoch(self, gen: int) -> None:
+        """Ask the helper to stop epoch ``gen`` and wait for its confirmation (bounded by ``JOIN_TIMEOUT``)."""
+        if not self.running:
+            return
+        try:
+            self.send(("stop", gen))
+        except HelperError:
+            return
+        deadline = time.monotonic() + JOIN_TIMEOUT
+        while True:
+            try:
+                message = self.inbox.get(timeout=max(0.0, deadline - time.monotonic()))
+            except (TimeoutError, BufferClosed, HelperError):
+                return
+            if message[0] == "stopped" and message[1] == gen:
+                return
+
+    def close(self) -> None:
+        """Stop the helper and free its shared memory. Idempotent, any thread."""
+        if self._finalizer is not None:
+            self._finalizer()

@@ -13,26 +13,18 @@ See NOTE [ Helper process lifecycle ] in ``audiobuffer/_helper.py`` for the prot
 
 from __future__ import annotations
 
-import logging
-import os
-import pickle
-import subprocess
-import sys
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from . import _shm
-from ._batched import EpochBatches, PaddingMeter, count_header_failures
+from ._batched import EpochBatches, count_header_failures
 from ._cancel import on_cancel
-from ._channel import RemoteTraceback, death_message, pickle_by_reference, read_messages, shutdown_helper, torch_dtype
-from ._epoch import record_skip
+from ._channel import HelperChannel, RemoteTraceback, death_message, pickle_by_reference, torch_dtype
+from ._isolated_run import TrainerRun
 from ._plan import (
     STATE_BATCHING,
     STATE_EVEN_SHARDS,
@@ -45,64 +37,17 @@ from ._plan import (
     encode_state,
     plan_epoch,
 )
-from ._producers import JOIN_TIMEOUT
-from .buffer import Buffer, BufferStats
 from .dataset import BufferedDataset, DatasetStats
-from .errors import BufferClosed, DecodeError, HelperError, SampleError, StallError
+from .errors import BufferClosed, HelperError, StallError
 from .sources import Source, SourceSpec, WorkItem
 
 __all__ = ["IsolatedLoader"]
 
-logger = logging.getLogger(__name__)
 
 #: Bytes each slot starts with; a batch that does not fit grows its slot.
 DEFAULT_SLOT_BYTES = 4 << 20
-#: Seconds to wait for the helper to say it is ready (it imports numpy and soundfile, not torch).
-START_TIMEOUT = 60.0
 #: Extra seconds the trainer waits past ``timeout`` before it gives up on a helper that sends nothing.
 SILENCE_GRACE = 5.0
-
-
-class _Run:
-    """One epoch as the trainer sees it: its generation, consumed mask and counters."""
-
-    def __init__(self, gen: int, epoch: int, rank: int, world_size: int, consumed: bytearray, items: int,
-                 num_producers: int) -> None:
-        self.gen = gen
-        self.epoch = epoch
-        self.rank = rank
-        self.world_size = world_size
-        self.consumed = consumed
-        self.items = items
-        self.resumed = len(consumed) - items
-        self.num_producers = num_producers
-        self.yielded = 0
-        self.failed = 0
-        self.failures: list[tuple[int, str, str]] = []
-        self.decode_s = 0.0
-        self.wait_s = 0.0  # the trainer waiting for a full slot
-        self.copy_s = 0.0  # the trainer copying slots out
-        self.helper: dict[str, Any] = {}
-        self.batches: int | None = None  # batches by duration: batches handed out, padding, all-failed batches
-        self.padding = PaddingMeter()
-        self.empty_batches = 0
-        self.done = False
-        self.cancelled = False
-        self.start = time.perf_counter()
-        self.end: float | None = None
-
-    def snapshot(self) -> DatasetStats:
-        end = self.end if self.end is not None else time.perf_counter()
-        buffer = self.helper.get("buffer")
-        return DatasetStats(
-            epoch=self.epoch, rank=self.rank, world_size=self.world_size, worker=0, num_workers=1, items=self.items,
-            num_producers=self.num_producers, resumed=self.resumed, yielded=self.yielded, failed=self.failed,
-            failures=list(self.failures), decode_s=self.decode_s, wall_s=end - self.start, done=self.done,
-            buffer=BufferStats(**buffer) if buffer else None,
-            transfer={"trainer_wait_s": self.wait_s, "trainer_copy_s": self.copy_s,
-                      "helper_slot_wait_s": self.helper.get("slot_wait_s", 0.0)},
-            batches=self.batches, empty_batches=self.empty_batches,
-            padding=None if self.batches is None else self.padding.fraction)
 
 
 class IsolatedLoader:
@@ -198,21 +143,12 @@ class IsolatedLoader:
         if ds.transform is not None:
             pickle_by_reference(ds.transform, "transform")
         self._spec = pickle_by_reference(spec, "pipeline")
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._reader: threading.Thread | None = None
-        self._inbox: Buffer[Any] | None = None
-        self._segments: dict[str, Any] = {}  # every segment the helper made: name -> SharedMemory once attached
-        self._slot_names: dict[int, str] = {}
-        self._send_lock = threading.Lock()
+        self._channel: HelperChannel | None = None
         self._lock = threading.Lock()
         self._gen = 0
-        self._run: _Run | None = None
+        self._run: TrainerRun | None = None
         self._resume: tuple[int, bytes] | None = None
         self._closed = False
-        self._closing = threading.Event()  # set when the helper is being stopped on purpose
-        self._finalizer: weakref.finalize | None = None
-        #: What the helper reported when it started: ``pid``, ``torch`` (whether it imported torch), ``gil``.
-        self.helper_info: dict[str, Any] = {}
 
     # -- the dataset's view --------------------------------------------------------------------
 
@@ -243,69 +179,27 @@ class IsolatedLoader:
 
     # -- the helper process --------------------------------------------------------------------
 
-    def _start(self) -> None:
+    @property
+    def helper_info(self) -> dict[str, Any]:
+        """What the helper reported when it started: ``pid``, ``torch`` (whether it imported torch), ``gil``."""
+        return self._channel.info if self._channel is not None else {}
+
+    def _start(self) -> HelperChannel:
         if self._closed:
             raise BufferClosed("iter() on a closed IsolatedLoader")
-        if self._proc is not None:
-            if self._proc.poll() is None:
-                return
-            raise HelperError(death_message(self._proc))
-        env = dict(os.environ)
-        here = str(Path(__file__).resolve().parent.parent)  # so the helper imports this very package
-        env["PYTHONPATH"] = os.pathsep.join([here] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-        proc = subprocess.Popen([sys.executable, "-m", "audiobuffer._helper"], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, env=env)
-        self._proc = proc
-        self._inbox = Buffer(self.num_slots + 64)
-        self._reader = threading.Thread(target=read_messages, args=(proc, self._inbox, self._closing),
-                                        name="audiobuffer-helper-reader", daemon=True)
-        self._finalizer = weakref.finalize(self, shutdown_helper, proc, self._inbox, self._closing, self._segments,
-                                           self._reader)
-        self._reader.start()
-        self._send(("setup", list(sys.path), self._spec))
-        try:
-            message = self._inbox.get(timeout=START_TIMEOUT)
-        except TimeoutError:
-            self.close()
-            raise HelperError(f"the helper process did not start within {START_TIMEOUT:.0f} s") from None
-        except HelperError:
-            self.close()
-            raise
-        if message[0] != "ready":
-            self.close()
-            raise HelperError(f"the helper process could not load the pipeline: {message[2]}") \
-                from RemoteTraceback(message[3])
-        self.helper_info = message[1]
-        self._segments.update((name, None) for name in self.helper_info["segments"])
-        self._slot_names.update(enumerate(self.helper_info["segments"]))
-
-    def _send(self, message: tuple[Any, ...]) -> None:
-        proc = self._proc
-        if proc is None or proc.stdin is None:
-            raise HelperError("the helper process is not running")
-        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        try:
-            with self._send_lock:
-                proc.stdin.write(data)
-                proc.stdin.flush()
-        except (OSError, ValueError) as exc:
-            raise HelperError(death_message(proc)) from exc
-
-    def _attach(self, slot: int, name: str) -> Any:
-        old = self._slot_names.get(slot)
-        if old != name:  # the helper grew this slot into a new segment and unlinked the old one
-            segment = self._segments.pop(old, None) if old is not None else None
-            if segment is not None:
-                segment.close()
-            self._slot_names[slot] = name
-        if self._segments.get(name) is None:
-            self._segments[name] = _shm.attach(name)
-        return self._segments[name]
+        channel = self._channel
+        if channel is not None:
+            if channel.running:
+                return channel
+            raise HelperError(death_message(channel.proc))
+        channel = self._channel = HelperChannel(self.num_slots + 64)
+        channel.start(self._spec)
+        return channel
 
     # -- iteration -----------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        self._start()
+        channel = self._start()
         ds = self.dataset
         rank, world_size = ds.shard_info()
         epoch = ds.epoch
@@ -325,32 +219,31 @@ class IsolatedLoader:
                                layout.seqs)
         else:
             plan = layout = plan_epoch(len(ds.source), consumed=resume, **setup)
-        run = _Run(gen, epoch, rank, world_size, bytearray(plan.consumed), len(layout),
+        run = TrainerRun(gen, epoch, rank, world_size, bytearray(plan.consumed), len(layout),
                    min(ds.num_producers, max(1, len(layout))))
         if ds.batching is not None:
             run.batches, run.resumed = 0, layout.resumed
             count_header_failures(run, ds.batching, rank)
         with self._lock:
             self._run = run
-        self._send(("epoch", gen, args))
-        return self._epoch(run)
+        channel.send(("epoch", gen, args))
+        return self._epoch(run, channel)
 
-    def _epoch(self, run: _Run) -> Iterator[dict[str, Any]]:
+    def _epoch(self, run: TrainerRun, channel: HelperChannel) -> Iterator[dict[str, Any]]:
         # A generator: its finally runs on exhaustion, break, an exception and garbage collection.
         # Under a DevicePrefetcher, leaving its loop cancels this epoch from the consumer's thread
         # (NOTE [ Prefetch cancellation ] in _cancel.py).
-        unregister = on_cancel(lambda: self._cancel(run))
+        unregister = on_cancel(lambda: self._cancel(run, channel))
         try:
             while not run.cancelled:
-                message = self._next(run)
+                message = self._next(run, channel)
                 kind = message[0]
                 if kind == "cancel":
                     return
                 if kind == "batch":
-                    batch = self._unpack(run, message)
-                    yield batch
+                    yield self._unpack(run, channel, message)
                 elif kind == "failure":
-                    self._on_failure(run, message)
+                    run.on_failure(message, self.dataset.on_error)
                 elif kind == "skipped":  # a batch by duration whose samples all failed
                     run.consumed[message[2]] = 1
                     run.empty_batches += 1
@@ -368,23 +261,21 @@ class IsolatedLoader:
         finally:
             unregister()
             run.end = time.perf_counter()
-            if not run.done:
-                self._stop(run.gen)
+            if not run.done:  # leave the epoch early: the helper stops it and confirms
+                channel.stop_epoch(run.gen)
 
-    def _cancel(self, run: _Run) -> None:
+    @staticmethod
+    def _cancel(run: TrainerRun, channel: HelperChannel) -> None:
         """Wake the consumer of ``run`` and end its epoch early; returns at once, any thread."""
         run.cancelled = True
-        inbox = self._inbox
-        if inbox is not None:
-            try:
-                inbox.put(("cancel", run.gen), timeout=0)
-            except (TimeoutError, BufferClosed):
-                pass  # a full inbox: the consumer is not waiting, and sees the flag next
+        try:
+            channel.inbox.put(("cancel", run.gen), timeout=0)
+        except (TimeoutError, BufferClosed):
+            pass  # a full inbox: the consumer is not waiting, and sees the flag next
 
-    def _next(self, run: _Run) -> Any:
+    def _next(self, run: TrainerRun, channel: HelperChannel) -> Any:
         """The next message of ``run``'s epoch (stale ones of an abandoned epoch are dropped)."""
-        inbox = self._inbox
-        assert inbox is not None  # started
+        inbox = channel.inbox
         timeout = None if self.dataset.timeout is None else self.dataset.timeout + SILENCE_GRACE
         while True:
             start = time.perf_counter()
@@ -400,10 +291,10 @@ class IsolatedLoader:
             if message[1] == run.gen:
                 return message
 
-    def _unpack(self, run: _Run, message: tuple[Any, ...]) -> dict[str, Any]:
+    def _unpack(self, run: TrainerRun, channel: HelperChannel, message: tuple[Any, ...]) -> dict[str, Any]:
         _, gen, slot, name, fields, positions, rows, decode_s, indices = message
         start = time.perf_counter()
-        buf = self._attach(slot, name).buf
+        buf = channel.attach(slot, name).buf
         batch: dict[str, Any] = {}
         for field, spec in fields:
             if spec[0] == "v":
@@ -415,7 +306,7 @@ class IsolatedLoader:
             np.copyto(tensor.numpy(), source)  # numpy's copy: wakes no torch thread pool
             batch[field] = tensor
         source = None  # type: ignore[assignment]  # no view into the slot outlives the hand-back
-        self._send(("free", gen, slot))
+        channel.send(("free", gen, slot))
         run.copy_s += time.perf_counter() - start
         for position in positions:
             run.consumed[position] = 1
@@ -425,40 +316,6 @@ class IsolatedLoader:
             run.batches = (run.batches or 0) + 1
             run.padding.add(self.dataset.batching.durations[indices])
         return batch
-
-    def _on_failure(self, run: _Run, message: tuple[Any, ...]) -> None:
-        _, _, fatal, index, path, producer, type_name, text, payload, trace = message
-        summary = f"item {index} ({path!r}) failed in {producer} (helper process): {type_name}: {text}"
-        if fatal:
-            cause: BaseException = RemoteTraceback(trace)
-            if payload is not None:
-                try:
-                    original = pickle.loads(payload)
-                    original.__cause__ = cause
-                    cause = original
-                except Exception:
-                    pass
-            cls = DecodeError if type_name == "DecodeError" or isinstance(cause, DecodeError) else SampleError
-            raise cls(summary, path=path, index=index, producer=producer) from cause
-        record_skip(run, index, path, f"{type_name}: {text}", summary, self.dataset.on_error)
-
-    def _stop(self, gen: int) -> None:
-        """Leave epoch ``gen`` early: the helper stops it and confirms (bounded by ``JOIN_TIMEOUT``)."""
-        inbox = self._inbox
-        if inbox is None or self._proc is None or self._proc.poll() is not None:
-            return
-        try:
-            self._send(("stop", gen))
-        except HelperError:
-            return
-        deadline = time.monotonic() + JOIN_TIMEOUT
-        while True:
-            try:
-                message = inbox.get(timeout=max(0.0, deadline - time.monotonic()))
-            except (TimeoutError, BufferClosed, HelperError):
-                return
-            if message[0] == "stopped" and message[1] == gen:
-                return
 
     # -- inspection, resume, shutdown ----------------------------------------------------------
 
@@ -505,8 +362,8 @@ class IsolatedLoader:
     def close(self) -> None:
         """Stop the helper process and free its shared memory. Idempotent, any thread."""
         self._closed = True
-        if self._finalizer is not None:
-            self._finalizer()
+        if self._channel is not None:
+            self._channel.close()
 
     @property
     def closed(self) -> bool:
@@ -520,8 +377,8 @@ class IsolatedLoader:
         self.close()
 
     def __repr__(self) -> str:
-        proc = self._proc
-        state = "closed" if self._closed else ("running" if proc is not None and proc.poll() is None else "idle")
+        channel = self._channel
+        state = "closed" if self._closed else ("running" if channel is not None and channel.running else "idle")
         return (f"IsolatedLoader({self.dataset.source.description}, {self.dataset.decoder!r}, "
                 f"batch_size={self.batch_size}, num_slots={self.num_slots}, "
                 f"num_producers={self.dataset.num_producers}, helper={state})")
