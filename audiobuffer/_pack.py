@@ -12,7 +12,8 @@ into key and extension); a key already taken gets ``-1``, ``-2``... The ``<key>.
 ``{"name": the original relative path, "label": the label name or null, "duration": seconds or null,
 "fields": the manifest's other columns}``. Packing the same source twice gives the same bytes: the
 input order is the source's (sorted for a folder), every tar header has mtime 0, uid and gid 0, no
-user or group name and mode 0644. :mod:`audiobuffer.shards` re-exports :func:`pack`.
+user or group name and mode 0644. :mod:`audiobuffer.shards` re-exports :func:`pack`
+and reads the shards back.
 """
 
 from __future__ import annotations

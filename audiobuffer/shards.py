@@ -1,18 +1,7 @@
 """Tar shards in WebDataset's layout: packing a source into them, and reading them back.
 
-Layout (what :func:`pack` writes)::
-
-    OUT/shard-000000.tar   <key>.<ext> (the original file, byte for byte) and <key>.json, per sample
-    OUT/shard-000001.tar   ...
-    OUT/index.json         every member: shard, member name, offset and size of its data, duration, label
-
-A sample's ``<key>`` is its path relative to the source's folder, without the extension, with ``/``
-made ``__`` and dots made ``_`` (WebDataset splits a member's name at the first dot of its base name
-into key and extension); a key already taken gets ``-1``, ``-2``... The ``<key>.json`` sidecar holds
-``{"name": the original relative path, "label": the label name or null, "duration": seconds or null,
-"fields": the manifest's other columns}``. Packing the same source twice gives the same bytes: the
-input order is the source's (sorted for a folder), every tar header has mtime 0, uid and gid 0, no
-user or group name and mode 0644.
+The layout :func:`pack` writes (WebDataset's: ``OUT/shard-NNNNNN.tar`` with each sample's original
+file and a ``<key>.json`` sidecar, and ``OUT/index.json``) is described in ``audiobuffer/_pack.py``.
 
 Reading, two ways:
 
