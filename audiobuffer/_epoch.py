@@ -14,8 +14,9 @@ from typing import Any, cast
 
 import numpy as np
 
-from ._options import ErrorPolicy
-from ._producers import Failure, ProducerPool
+from ._options import ErrorPolicy, gil_enabled
+from ._outcomes import Failure
+from ._producers import ProducerPool
 from .buffer import Buffer, BufferStats
 from .errors import DecodeError, SampleError
 from .sources import WorkItem
@@ -37,6 +38,8 @@ class DatasetStats:
         rank: this process's rank; world_size: how many ranks share the epoch.
         worker: the DataLoader worker id (0 without workers); num_workers: how many workers share it.
         items: this shard's items in the epoch (those left to do, in a resumed epoch).
+        num_producers: the producer threads decoding now (or at the end): the pinned count, or the
+            count ``"auto"`` has settled on; 0 means the consumer decodes in its own thread.
         resumed: items already consumed before a resume (0 in a fresh epoch).
         yielded: samples handed to the consumer.
         failed: items whose decoder or transform raised (skipped with "warn" or "skip").
@@ -48,6 +51,10 @@ class DatasetStats:
         transfer: an :class:`~audiobuffer.IsolatedLoader`'s hand-over between its processes: seconds the
             trainer waited for a batch (``trainer_wait_s``) and copied slots out (``trainer_copy_s``), and
             seconds the helper waited for a free slot (``helper_slot_wait_s``); ``None`` in process.
+        producer_history: the producer count over time, as ``(seconds since the epoch started, count,
+            reason)``: each decision of ``num_producers="auto"`` (the first is the start), or one
+            ``"pinned"`` entry.
+        gil_enabled: whether the GIL was enabled (``sys._is_gil_enabled()``; always before 3.13).
     """
 
     epoch: int
@@ -66,6 +73,8 @@ class DatasetStats:
     done: bool = False
     buffer: BufferStats | None = None
     transfer: dict[str, float] | None = None
+    producer_history: list[tuple[float, int, str]] = field(default_factory=list)
+    gil_enabled: bool = True
 
     def as_dict(self) -> dict[str, Any]:
         """The stats as plain builtins."""
@@ -103,10 +112,10 @@ class EpochRun:
         end = self.end if self.end is not None else time.perf_counter()
         return DatasetStats(
             epoch=self.number, rank=self.rank, world_size=self.world_size, worker=self.worker,
-            num_workers=self.num_workers, items=self.items, resumed=self.resumed, num_producers=len(self.pool.threads),
+            num_workers=self.num_workers, items=self.items, resumed=self.resumed, num_producers=self.pool.num_producers,
             yielded=self.yielded, failed=self.failed, failures=list(self.failures),
             decode_s=self.pool.decode_seconds, wall_s=end - self.start, done=self.done,
-            buffer=self.buffer.stats)
+            buffer=self.buffer.stats, producer_history=self.pool.history, gil_enabled=gil_enabled())
 
     def fail(self, failure: Failure, policy: ErrorPolicy) -> None:
         """Apply the error policy to a failed item: raise it, or count (and log) it and go on."""

@@ -48,8 +48,10 @@ from typing import Any, BinaryIO, cast
 
 from . import _shm
 from ._batch import SlotArena, collate_numpy
+from ._options import gil_enabled
+from ._outcomes import Failure
 from ._plan import plan_epoch
-from ._producers import Failure, ProducerPool
+from ._producers import ProducerPool
 from .buffer import Buffer
 from .errors import BufferClosed, StallError
 from .sources import WorkItem
@@ -220,9 +222,8 @@ class Helper:
             return source.item(int(plan.indices[seq]), epoch=epoch, seed=seed, seq=plan.position(seq))
 
         buffer: Buffer[Any] = Buffer(spec["buffer_size"], max_bytes=spec["max_bytes"])
-        pool = ProducerPool(make_item, len(plan), decode, buffer,
-                            num_producers=min(spec["num_producers"], max(1, len(plan))), ordered=spec["ordered"],
-                            warn_after=spec["warn_after"], timeout=spec["timeout"])
+        pool = ProducerPool(make_item, len(plan), decode, buffer, num_producers=spec["num_producers"],
+                            ordered=spec["ordered"], warn_after=spec["warn_after"], timeout=spec["timeout"])
         with self._lock:
             if gen != self._gen:
                 return
@@ -248,7 +249,8 @@ class Helper:
                 positions = []
             if done:  # what only the helper knows; the trainer counts samples and failures itself
                 stats = {"decode_s": pool.decode_seconds, "buffer": buffer.stats.as_dict(),
-                         "slot_wait_s": self.slots.wait_s}
+                         "slot_wait_s": self.slots.wait_s, "num_producers": pool.num_producers,
+                         "producer_history": pool.history, "gil_enabled": gil_enabled()}
                 self.channel.send(("end", gen, stats, positions))
         finally:
             pool.close()

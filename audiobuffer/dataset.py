@@ -18,8 +18,9 @@ from torch.utils.data import IterableDataset, get_worker_info
 from . import _plan
 from ._checks import check_int
 from ._epoch import MAX_LISTED_FAILURES, Compose, DatasetStats, EpochRun, WorkerEpochs
-from ._options import ErrorPolicy, EvenShards, LoaderOptions, usable_cores
-from ._producers import Failure, ProducerPool, delivers_itself
+from ._options import ErrorPolicy, EvenShards, LoaderOptions, ProducerCount
+from ._outcomes import Failure, delivers_itself
+from ._producers import ProducerPool
 from .buffer import Buffer
 from .errors import BufferClosed
 from .sources import AUDIO_PATTERNS, LabelSpec, Source, SourceSpec, WorkItem, as_source
@@ -30,8 +31,8 @@ __all__ = ["MAX_LISTED_FAILURES", "BufferedDataset", "DatasetStats", "ErrorPolic
 class BufferedDataset(IterableDataset):
     """An ``IterableDataset`` whose samples are decoded ahead of time by a pool of producer threads.
 
-    Each ``iter()`` is one epoch: it starts ``num_producers`` threads that decode this shard's work
-    items into a bounded :class:`~audiobuffer.Buffer` while the consumer (a ``DataLoader`` with
+    Each ``iter()`` is one epoch: producer threads decode this shard's work items into a
+    bounded :class:`~audiobuffer.Buffer` while the consumer (a ``DataLoader`` with
     ``num_workers=0``, usually) takes samples out. Leaving the loop early, an exception in the
     training loop, garbage collection of the iterator or :meth:`close` stop the threads (see
     NOTE [ Producer shutdown protocol ] in ``audiobuffer/_producers.py``).
@@ -62,7 +63,8 @@ class BufferedDataset(IterableDataset):
         source: a directory, a CSV/TSV/JSONL manifest with a path column, or a list of paths.
         decoder: a callable from :class:`~audiobuffer.WorkItem` to sample (``AudioDecoder``,
             ``ImageDecoder`` or your own); it runs in the producer threads.
-        num_producers: decoding threads per epoch; default: the usable cores, at most 8.
+        num_producers: decoding threads per epoch, or ``"auto"`` (the default; ``None`` too): tuned as the
+            epoch runs, from decoding in the consumer's thread up to the usable cores (see ``stats()``).
         buffer_size: the most samples decoded ahead (the buffer's capacity).
         max_bytes: also bound the buffer by payload bytes (``None``: no byte bound). A sample larger
             than the bound still passes, alone; samples a producer has finished and not yet put
@@ -101,7 +103,7 @@ class BufferedDataset(IterableDataset):
     STATE_SEED, STATE_SHUFFLE, STATE_RANK, STATE_WORLD_SIZE, STATE_EVEN_SHARDS, STATE_SOURCE = _plan.SETUP_KEYS
 
     def __init__(self, source: SourceSpec | Source, decoder: Callable[[WorkItem], Any], *,
-                 num_producers: int | None = None, buffer_size: int = 64,
+                 num_producers: ProducerCount | None = "auto", buffer_size: int = 64,
                  max_bytes: int | None = None, shuffle: bool = False, seed: int = 0,
                  ordered: bool = False, on_error: ErrorPolicy = "raise",
                  transform: Callable[[Any], Any] | None = None, labels: LabelSpec = None,
@@ -119,14 +121,14 @@ class BufferedDataset(IterableDataset):
             warn_after=warn_after, timeout=timeout)
         if delivers_itself(decoder) and (ordered or transform is not None):
             raise ValueError(f"{decoder!r} delivers its samples itself: it takes no ordered=True and no transform "
-                             f"(NOTE [ Delivering decoders ] in audiobuffer/_producers.py)")
+                             f"(NOTE [ Delivering decoders ] in audiobuffer/_outcomes.py)")
         self.source = as_source(source, patterns=patterns if patterns is not None else getattr(
             decoder, "patterns", AUDIO_PATTERNS), labels=labels, path_column=path_column, explicit_patterns=patterns)
         #: The validated options (shared with BatchSlotLoader and IsolatedLoader).
         self.options = options
         self.decoder = decoder
         self.transform = transform
-        self.num_producers = num_producers if num_producers is not None else max(1, min(8, usable_cores()))
+        self.num_producers: ProducerCount = "auto" if num_producers is None else num_producers
         self.buffer_size = buffer_size
         self.max_bytes = max_bytes
         self.shuffle = shuffle
@@ -239,9 +241,8 @@ class BufferedDataset(IterableDataset):
 
         decode = self.decoder if self.transform is None else Compose(self.decoder, self.transform)
         buffer: Buffer[Any] = Buffer(self.buffer_size, max_bytes=self.max_bytes)
-        pool = ProducerPool(make_item, len(plan), decode, buffer,
-                            num_producers=min(self.num_producers, max(1, len(plan))), ordered=self.ordered,
-                            warn_after=self.warn_after, timeout=self.timeout)
+        pool = ProducerPool(make_item, len(plan), decode, buffer, num_producers=self.num_producers,
+                            ordered=self.ordered, warn_after=self.warn_after, timeout=self.timeout)
         epoch = EpochRun(number, rank, world_size, worker, num_workers, pool, buffer, bytearray(plan.consumed),
                          plan.positions)
         with self._lock:

@@ -40,7 +40,7 @@ A slot is free, handed out (its batch may still be held), or busy: being filled,
 the buffer, or waiting in it. However an epoch ends (run out, loop left, an exception, ``close()``),
 the producer pool's close aborts the buffer (dropping the full slots in it), calls
 :meth:`_SlotWriter.stop_waiting`, which wakes producers waiting for a slot, and joins them
-(NOTE [ Producer shutdown protocol ] and NOTE [ Delivering decoders ] in ``_producers.py``). The loader then
+(NOTE [ Producer shutdown protocol ] in ``_producers.py``, NOTE [ Delivering decoders ] in ``_outcomes.py``). The loader then
 returns every busy slot to the free list, so the next epoch starts with all of them. Each epoch has a
 generation number: a producer that outlived the join (a decoder stuck past ``JOIN_TIMEOUT``) carries the old one and
 gets no row in a later epoch, and a slot with a row still being written at the end is forgotten, not reused.
@@ -58,7 +58,7 @@ import numpy as np
 import torch
 
 from ._checks import check_choice, check_int
-from ._producers import DELIVERED
+from ._outcomes import DELIVERED
 from .dataset import BufferedDataset, DatasetStats
 from .errors import BufferClosed, SampleError
 from .sources import Source, SourceSpec, WorkItem
@@ -232,7 +232,7 @@ class SlotStats:
 class _SlotWriter:
     """The decoder the producers run: decode, convert, then write into a slot row.
 
-    It delivers whole batches itself (NOTE [ Delivering decoders ] in ``_producers.py``): it returns
+    It delivers whole batches itself (NOTE [ Delivering decoders ] in ``_outcomes.py``): it returns
     the slot for the item that completes it and ``DELIVERED`` for the others. See also NOTE [ Slot
     reuse safety ], NOTE [ Slot rows ] and NOTE [ Slots across epochs ].
     """
@@ -395,7 +395,7 @@ class _SlotWriter:
     def stop_waiting(self) -> None:
         """Wake producers of the running epoch that wait for a slot: the pool is stopping.
 
-        The pool calls it (NOTE [ Delivering decoders ] in ``_producers.py``) before joining its
+        The pool calls it (NOTE [ Delivering decoders ] in ``_outcomes.py``) before joining its
         threads; :meth:`end_epoch` opens the next generation only after that join.
         """
         with self._cond:
@@ -490,7 +490,7 @@ class BatchSlotLoader:
         self.slot_stats = SlotStats()
         self._writer = _SlotWriter(decoder, transform, batch_size, num_slots, pin, self.slot_stats)
         # The slots cover the buffer: producers never hold more complete slots than there are.
-        # The writer delivers whole batches itself (NOTE [ Delivering decoders ] in _producers.py).
+        # The writer delivers whole batches itself (NOTE [ Delivering decoders ] in _outcomes.py).
         self.dataset = BufferedDataset(source, self._writer, buffer_size=num_slots, **options)
         self._lock = threading.Lock()
         self._running = False

@@ -210,7 +210,7 @@ def test_ordered_byte_bound_counts_the_items_waiting_for_their_turn():
     def decode(item):
         if item.index == 0:
             # Stay slow until every other producer waits (for its turn or for room), then count.
-            wait_until_blocked(pool._turn, producers - 1)
+            wait_until_blocked(pool._feed.turn, producers - 1)
             while_stuck.append(live[0])
         out = np.zeros(size, np.uint8)
         with lock:
@@ -276,7 +276,7 @@ def test_ordered_byte_bound_yields_each_item_once_in_order_and_holds(count, prod
 # -- validation (issue 9, item 8) -----------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs, error, message", [
-    ({"num_producers": 0}, ValueError, "num_producers must be an integer >= 1, got 0"),
+    ({"num_producers": 0}, ValueError, "num_producers must be an integer >= 1 or 'auto', got 0"),
     ({"count": -1}, ValueError, "count must be an integer >= 0"),
     ({"chunk_items": 0}, ValueError, "chunk_items"),
     ({"timeout": float("nan")}, ValueError, "timeout must be None or a number of seconds > 0"),

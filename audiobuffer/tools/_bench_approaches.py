@@ -25,6 +25,8 @@ from typing import Any, cast
 
 import numpy as np
 
+from .._options import gil_enabled  # noqa: F401  (bench.py imports it from here)
+
 APPROACHES = [
     "loop", "dataloader-0", "dataloader-1", "dataloader-2", "dataloader-4", "dataloader-2-pin",
     "dataloader-2-spawn", "audiobuffer-1", "audiobuffer-2", "audiobuffer-4", "audiobuffer-8", "audiobuffer-auto",
@@ -325,11 +327,6 @@ def generated_corpora(formats: Sequence[tuple[str, str | None]], files: int, cac
 
 
 # -- the output ----------------------------------------------------------------------------------
-
-
-def gil_enabled() -> bool:
-    """Whether the GIL is enabled in this process (always, before Python 3.13's free-threaded build)."""
-    return bool(getattr(sys, "_is_gil_enabled", lambda: True)())
 
 
 def gil_line(results: dict[str, list[dict[str, Any]]]) -> str:
