@@ -164,8 +164,6 @@ class ProducerPool:
         self._started = True
         try:
             self._set_target(self._tuning.begin() if self._tuning is not None else cast(int, self._pinned))
-            if self._feed.leave(None):  # nothing to decode: no producer will close the buffer
-                self._buffer.close()
         except BaseException:
             # The threads started so far would wait for the consumer forever: stop them first.
             self.close()
@@ -240,8 +238,9 @@ class ProducerPool:
     def _set_target(self, count: int) -> None:
         """Want ``count`` producers from now on and start those missing; see NOTE [ Producer shutdown protocol ].
 
-        Producers above the target retire by themselves (``Feed.take``). Raises what ``Thread.start``
-        raises; the target then stays at the producers that did start.
+        Producers above the target retire by themselves (``Feed.take``). With nothing left to take and
+        no producer left, it closes the buffer (none would). Raises what ``Thread.start`` raises; the
+        target then stays at the producers that did start.
         """
         feed = self._feed
         with feed.lock:
@@ -260,6 +259,8 @@ class ProducerPool:
                 self._producers.append(me)
                 feed.active += 1
                 feed.live += 1
+        if feed.leave(None):  # an empty epoch, or the consumer took the last item inline
+            self._buffer.close()
 
     def _tune(self) -> None:
         """(Consumer.) Let the tuner look when an observation is due, and apply its count."""

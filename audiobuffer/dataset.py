@@ -342,5 +342,5 @@ class BufferedDataset(IterableDataset):
 
     def __repr__(self) -> str:
         return (f"BufferedDataset({self.source.description}, {self.decoder!r}, items={len(self.source)}, "
-                f"num_producers={self.num_producers}, buffer_size={self.buffer_size}, "
+                f"num_producers={self.num_producers!r}, buffer_size={self.buffer_size}, "
                 f"shuffle={self.shuffle}, ordered={self.ordered}, on_error={self.on_error!r})")

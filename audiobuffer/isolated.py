@@ -623,6 +623,6 @@ class IsolatedLoader:
         state = "closed" if self._closed else ("running" if proc is not None and proc.poll() is None else "idle")
         return (f"IsolatedLoader({self.dataset.source.description}, {self.dataset.decoder!r}, "
                 f"batch_size={self.batch_size}, num_slots={self.num_slots}, "
-                f"num_producers={self.dataset.num_producers}, helper={state})")
+                f"num_producers={self.dataset.num_producers!r}, helper={state})")
 
 

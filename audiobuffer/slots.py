@@ -39,8 +39,8 @@ NOTE [ Slots across epochs ]
 A slot is free, handed out (its batch may still be held), or busy: being filled, full on its way to
 the buffer, or waiting in it. However an epoch ends (run out, loop left, an exception, ``close()``),
 the producer pool's close aborts the buffer (dropping the full slots in it), calls
-:meth:`_SlotWriter.stop_waiting`, which wakes producers waiting for a slot, and joins them
-(NOTE [ Producer shutdown protocol ] in ``_producers.py``, NOTE [ Delivering decoders ] in ``_outcomes.py``). The loader then
+:meth:`_SlotWriter.stop_waiting`, which wakes producers waiting for a slot, and joins them (NOTE [ Producer
+shutdown protocol ] in ``_producers.py``, NOTE [ Delivering decoders ] in ``_outcomes.py``). The loader then
 returns every busy slot to the free list, so the next epoch starts with all of them. Each epoch has a
 generation number: a producer that outlived the join (a decoder stuck past ``JOIN_TIMEOUT``) carries the old one and
 gets no row in a later epoch, and a slot with a row still being written at the end is forgotten, not reused.
@@ -504,7 +504,7 @@ class BatchSlotLoader:
         ds = self.dataset
         return (f"BatchSlotLoader({ds.source.description}, {self._writer.decoder!r}, items={len(ds.source)}, "
                 f"batch_size={self.batch_size}, num_slots={self.num_slots}, drop_last={self.drop_last}, "
-                f"pin_memory={self.pin_memory}, num_producers={ds.num_producers}, shuffle={ds.shuffle}, "
+                f"pin_memory={self.pin_memory}, num_producers={ds.num_producers!r}, shuffle={ds.shuffle}, "
                 f"on_error={ds.on_error!r})")
 
     @property
