@@ -4,7 +4,7 @@ A config file describes a whole pipeline::
 
     source:  {root: data/fsdd/recordings, labels: '^(\\d+)_'}
     decode:  {kind: audio, sample_rate: 8000, crop_seconds: 1.0}
-    buffer:  {producers: 2, capacity: 64, on_error: warn}
+    buffer:  {producers: auto, capacity: 64, on_error: warn}
     loader:  {batch_size: 32, pin_memory: true}
     device:  auto
     epochs:  3
@@ -27,7 +27,7 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
@@ -142,7 +142,7 @@ class DecodeConfig(_Section):
 class BufferConfig(_Section):
     """The producer pool and its buffer."""
 
-    producers: int = Field(default=2, ge=1, le=_MAX_PRODUCERS)
+    producers: Annotated[int, Field(ge=1, le=_MAX_PRODUCERS)] | Literal["auto"] = "auto"
     capacity: int = Field(default=64, ge=1)
     max_bytes: int | None = Field(default=None, ge=1)
     ordered: bool = False
@@ -256,7 +256,8 @@ def _cut(text: str, limit: int = _QUOTE_CHARS) -> str:
 
 
 #: What a union-typed key accepts, said for people (pydantic reports each branch of the union).
-_UNION_HELP = {"decode.size": "must be an integer or a list [height, width] of two integers"}
+_UNION_HELP = {"decode.size": "must be an integer or a list [height, width] of two integers",
+               "buffer.producers": f"must be an integer in [1, {_MAX_PRODUCERS}] or 'auto'"}
 
 
 def _bounds(field: Any) -> list[str]:
