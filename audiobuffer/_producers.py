@@ -173,9 +173,8 @@ class ProducerPool:
         """Tell the producers and the consumer to stop, and return at once. Idempotent, any thread.
         Producers finish the item in hand and take no more; the consumer's iteration ends as after
         :meth:`close`, which still has to be called to join the threads."""
-        if self._feed.stop():  # the first stop
-            if not self._buffer.closed or len(self._buffer):
-                self._buffer.abort(BufferClosed("the producer pool was closed"))
+        if self._feed.stop():  # the first stop; the abort also when closed: no unlocked peek decides it
+            self._buffer.abort(BufferClosed("the producer pool was closed"))
             if self._delivering:
                 # wake producers waiting inside it for the consumer (NOTE [ Delivering decoders ])
                 cast(Any, self._decode).stop_waiting()

@@ -560,3 +560,29 @@ def test_a_pinned_count_through_the_dataset():
     assert sorted(s["index"] for s in ds) == list(range(50))
     stats = ds.stats()
     assert stats.num_producers == 3 and stats.producer_history == [(0.0, 3, "pinned")]
+
+
+# -- free-threaded readiness (issue 12, part 5) ---------------------------------------------------
+
+class StaleView(Buffer):
+    """A buffer whose unlocked reads are stale, as they may be without the GIL: closed, and empty."""
+
+    def __len__(self):
+        return 0
+
+    @property
+    def closed(self):
+        return True
+
+
+def test_stop_ends_the_consumer_whatever_unlocked_reads_of_the_buffer_say():
+    buffer = StaleView(16)
+    pool = ProducerPool(make_item, 10, lambda item: item.index, buffer, num_producers=1, ordered=True)
+    pool.start()
+    try:
+        for thread in pool.threads:
+            thread.join(JOIN_TIMEOUT)  # all ten items are in the buffer, which the producer closed
+        pool.stop()
+        assert list(pool) == []  # stopped: nothing more is handed out, in order or not
+    finally:
+        pool.close()
