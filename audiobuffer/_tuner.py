@@ -25,7 +25,10 @@ Start small: inline when it is allowed, else one producer. On each closed interv
   workload (a warm page cache, a slower step) be tried again.
 - Producers waited for room more than ``idle`` of the interval each (the consumer is the
   bottleneck) and there are at least two: retire one.
-- Inline: try one producer (inline gives no sign of starving: the consumer never waits).
+- Inline: try one producer (inline gives no sign of starving: the consumer never waits). One producer
+  alone only overlaps decoding with the consumer's own work; if it is not faster by ``gain`` but the
+  consumer waited for it (decoding is the bottleneck), the trial goes on to two producers, judged
+  against inline as well, since two may decode in parallel where one cannot gain.
 - The consumer waited for data more than ``starved`` of the interval (the producers are the
   bottleneck): try one producer more.
 
@@ -111,9 +114,9 @@ class ProducerTuner:
         now = sample.time
         if self.cap < self.max_producers and now >= self._cap_until:
             self.cap = self.max_producers
-        if self._trial is not None and not self._judge(now, rate):
-            return self.count  # back to the count before the trial
         consumer_wait = (sample.consumer_wait_s - last.consumer_wait_s) / span
+        if self._trial is not None and not self._judge(now, rate, consumer_wait):
+            return self.count  # back to the count before the trial, or on to the next one
         producer_wait = (sample.producer_wait_s - last.producer_wait_s) / span / max(1, self.count)
         if self.count > 1 and producer_wait > self.idle:
             return self._change(now, self.count - 1, f"producers waited {producer_wait:.0%} for room")
@@ -128,14 +131,20 @@ class ProducerTuner:
         self._trial = (self.count, rate)
         return self._change(now, self.count + 1, reason)
 
-    def _judge(self, now: float, rate: float) -> bool:
-        """Keep the trial's count (``True``) or go back to the one before it."""
+    def _judge(self, now: float, rate: float, consumer_wait: float) -> bool:
+        """Keep the trial's count (``True``), or go back to the one before it (or on from inline to two)."""
         before, before_rate = self._trial  # type: ignore[misc]
         self._trial = None
         verdict = f"{rate:.0f}/s against {before_rate:.0f}/s"
         if rate >= before_rate * self.gain:
             self.history.append((now, self.count, f"kept: {verdict}"))
             return True
+        if before == 0 and self.count == 1 and consumer_wait > self.starved and self.cap >= 2:
+            # One producer decodes about as fast as the consumer alone and the consumer waits for it:
+            # two may decode in parallel. Judged against inline too.
+            self._trial = (0, before_rate)
+            self._change(now, 2, f"one producer: {verdict}, consumer waited {consumer_wait:.0%}: trying two")
+            return False
         self.cap = before
         self._cap_until = now + self._retry
         self._retry = min(2 * self._retry, self._max_retry)

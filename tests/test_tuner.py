@@ -43,9 +43,9 @@ def test_starts_inline_and_stays_when_a_hand_over_costs_more_than_it_gains():
     tuner = ProducerTuner(4, retry=60.0)
     counts = drive(tuner, lambda c: {0: 3000, 1: 2000}.get(c, 1900), consumer_wait=lambda c: 0.0 if c == 0 else 0.6)
     assert tuner.history[0][1:] == (0, "start")
-    assert counts[:2] == [1, 0]  # one trial of a producer, judged on the next interval
-    assert set(counts[1:]) == {0}
-    assert tuner.history[-1][2].startswith("back: 2000/s against 3000/s")
+    assert counts[:3] == [1, 2, 0]  # one producer, then two (the consumer waited for one), then back
+    assert set(counts[2:]) == {0}
+    assert tuner.history[-1][2].startswith("back: 1900/s against 3000/s")
 
 
 def test_inline_is_left_when_threads_are_faster():
@@ -55,6 +55,24 @@ def test_inline_is_left_when_threads_are_faster():
     assert counts[-1] == 2
     assert [reason.split(":")[0] for _, _, reason in tuner.history][:5] == [
         "start", "trying a producer instead of inline", "kept", "consumer waited 50%", "kept"]
+
+
+def test_from_inline_a_flat_first_producer_that_starves_the_consumer_leads_to_two():
+    # Compressed audio on two cores: one producer is barely faster than inline (the hand-over eats the
+    # overlap), two decode in parallel. The trial goes on to two, judged against inline.
+    tuner = ProducerTuner(2, retry=60.0)
+    counts = drive(tuner, lambda c: {0: 1000, 1: 1060, 2: 1900}[c], consumer_wait=lambda c: 0.0 if c == 0 else 0.5)
+    assert counts[:3] == [1, 2, 2]
+    reasons = [reason for _, _, reason in tuner.history]
+    assert reasons[2].startswith("one producer: 1060/s against 1000/s, consumer waited 50%: trying two")
+    assert reasons[3].startswith("kept: 1900/s against 1000/s")
+
+
+def test_from_inline_two_that_do_not_beat_inline_go_back_to_inline():
+    tuner = ProducerTuner(4, retry=60.0)
+    counts = drive(tuner, lambda c: {0: 1000, 1: 900}.get(c, 1000), consumer_wait=lambda c: 0.0 if c == 0 else 0.5)
+    assert counts[:3] == [1, 2, 0] and set(counts[2:]) == {0}
+    assert tuner.cap == 0
 
 
 def test_without_inline_it_starts_with_one_producer_and_never_goes_to_zero():
