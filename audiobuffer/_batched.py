@@ -39,7 +39,8 @@ from ._durations import Failure as HeaderFailure
 from ._durations import read_durations
 from ._epoch import MAX_LISTED_FAILURES, DatasetStats, EpochRun
 from ._options import DEFAULT_BUCKETS, ErrorPolicy
-from ._producers import Failure, ProducerPool
+from ._outcomes import Failure
+from ._producers import ProducerPool
 from .buffer import Buffer
 
 __all__ = ["Assembler", "BatchEpochRun", "DurationBatching", "EpochBatches", "PaddingMeter", "count_header_failures",
@@ -272,6 +273,6 @@ def start_epoch(dataset: Any, decode: Any, *, number: int, rank: int, world_size
     capacity = max(dataset.buffer_size, 2 * max(layout.sizes, default=0))
     buffer: Buffer[Any] = Buffer(capacity, max_bytes=dataset.max_bytes)
     pool = ProducerPool(make_item, len(layout), decode, buffer,
-                        num_producers=min(dataset.num_producers, max(1, len(layout))), ordered=dataset.ordered,
+                        num_producers=dataset.num_producers, ordered=dataset.ordered,
                         warn_after=dataset.warn_after, timeout=dataset.timeout)
     return BatchEpochRun(number, rank, world_size, worker, num_workers, pool, buffer, layout, batching)

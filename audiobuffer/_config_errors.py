@@ -12,6 +12,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from ._options import MAX_PRODUCERS
+
 __all__ = ["QUOTE_CHARS", "format_errors", "quote", "yaml_problem"]
 
 #: How many characters of a value an error message quotes, and how many problems it lists.
@@ -67,7 +69,8 @@ def _cut(text: str, limit: int = QUOTE_CHARS) -> str:
 
 
 #: What a union-typed key accepts, said for people (pydantic reports each branch of the union).
-_UNION_HELP = {"decode.size": "must be an integer or a list [height, width] of two integers"}
+_UNION_HELP = {"decode.size": "must be an integer or a list [height, width] of two integers",
+               "buffer.producers": f"must be an integer in [1, {MAX_PRODUCERS}] or 'auto'"}
 
 
 def _bounds(field: Any) -> list[str]:

@@ -15,9 +15,10 @@ from typing import Any, cast
 
 import numpy as np
 
-from ._options import ErrorPolicy, LoaderOptions
+from ._options import ErrorPolicy, LoaderOptions, gil_enabled, usable_cores
+from ._outcomes import Failure, delivers_itself
 from ._plan import plan_epoch, shard_length
-from ._producers import CHUNK_ITEMS, Failure, ProducerPool, delivers_itself
+from ._producers import CHUNK_ITEMS, ProducerPool
 from ._stream import ShardReader, ShardStream, check_streamable
 from .buffer import Buffer, BufferStats
 from .errors import DecodeError, SampleError
@@ -43,6 +44,8 @@ class DatasetStats:
         worker: the DataLoader worker id (0 without workers); num_workers: how many workers share it.
         items: this shard's items in the epoch (those left to do, in a resumed epoch); of streamed tar
             shards, the shards.
+        num_producers: the producer threads decoding now (or at the end): the pinned count, or the
+            count ``"auto"`` has settled on; 0 means the consumer decodes in its own thread.
         resumed: items already consumed before a resume (0 in a fresh epoch).
         yielded: samples handed to the consumer.
         failed: items whose decoder or transform raised (skipped with "warn" or "skip").
@@ -56,6 +59,10 @@ class DatasetStats:
         transfer: an :class:`~audiobuffer.IsolatedLoader`'s hand-over between its processes: seconds the
             trainer waited for a batch (``trainer_wait_s``) and copied slots out (``trainer_copy_s``), and
             seconds the helper waited for a free slot (``helper_slot_wait_s``); ``None`` in process.
+        producer_history: the producer count over time, as ``(seconds since the epoch started, count,
+            reason)``: each decision of ``num_producers="auto"`` (the first is the start), or one
+            ``"pinned"`` entry.
+        gil_enabled: whether the GIL was enabled (``sys._is_gil_enabled()``; always before 3.13).
         batches: with ``max_batch_seconds``, the batches handed out (``None`` without).
         empty_batches: batches whose samples all failed (skipped).
         padding: with ``max_batch_seconds``, the padding of the batches handed out: padded seconds /
@@ -85,6 +92,8 @@ class DatasetStats:
     batches: int | None = None
     empty_batches: int = 0
     padding: float | None = None
+    producer_history: list[tuple[float, int, str]] = field(default_factory=list)
+    gil_enabled: bool = True
 
     def as_dict(self) -> dict[str, Any]:
         """The stats as plain builtins."""
@@ -137,11 +146,12 @@ class EpochRun:
         end = self.end if self.end is not None else time.perf_counter()
         return DatasetStats(
             epoch=self.number, rank=self.rank, world_size=self.world_size, worker=self.worker,
-            num_workers=self.num_workers, items=self.items, resumed=self.resumed, num_producers=len(self.pool.threads),
+            num_workers=self.num_workers, items=self.items, resumed=self.resumed,
+            num_producers=self.pool.num_producers,
             yielded=self.yielded, failed=self.failed, failures=list(self.failures),
             decode_s=max(0.0, self.pool.decode_seconds - self.clock.seconds), read_s=self.clock.seconds,
-            wall_s=end - self.start, done=self.done,
-            buffer=self.buffer.stats)
+            wall_s=end - self.start, done=self.done, buffer=self.buffer.stats,
+            producer_history=self.pool.history, gil_enabled=gil_enabled())
 
     def consume(self, policy: ErrorPolicy) -> Iterator[Any]:
         """Yield each sample from the pool once, marking its position consumed; apply ``policy`` to failures."""
@@ -243,11 +253,12 @@ def start_epoch(dataset: Any, decode: Callable[[WorkItem], Any], *, number: int,
     def make_shard(seq: int) -> WorkItem:
         return source.shard_item(int(indices[seq]), epoch=number, seed=seed, seq=plan.position(seq))
 
-    producers = min(dataset.num_producers, max(1, len(plan)))
-    if streamed:  # chunks as a pool's own: no more than a producer's share of the buffer
+    if streamed:  # chunks as a pool's own: no more than a producer's share of the buffer (at its most)
+        most = usable_cores() if dataset.num_producers == "auto" else dataset.num_producers
         decode = ShardReader(source, decode, buffer, clock, shuffle=dataset.shuffle,
-                             chunk=max(1, min(CHUNK_ITEMS, dataset.buffer_size // (2 * producers))))
-    pool = ProducerPool(make_shard if streamed else make_item, len(plan), decode, buffer, num_producers=producers,
+                             chunk=max(1, min(CHUNK_ITEMS, dataset.buffer_size // (2 * min(most, max(1, len(plan)))))))
+    pool = ProducerPool(make_shard if streamed else make_item, len(plan), decode, buffer,
+                        num_producers=dataset.num_producers,
                         ordered=dataset.ordered, warn_after=dataset.warn_after, timeout=dataset.timeout)
     return EpochRun(number, rank, world_size, worker, num_workers, pool, buffer, bytearray(plan.consumed),
                     plan.positions, clock=clock, streamed=streamed)
@@ -267,7 +278,7 @@ def check_combination(source: Any, decoder: Any, options: LoaderOptions) -> None
     """Refuse options that do not fit together with this source and decoder (each valid on its own).
 
     Raises:
-        ValueError: a delivering decoder (NOTE [ Delivering decoders ] in ``_producers.py``) with
+        ValueError: a delivering decoder (NOTE [ Delivering decoders ] in ``_outcomes.py``) with
             ``ordered``, a ``transform`` or ``max_batch_seconds``; streamed shards with ``ordered``, a
             delivering decoder or ``max_batch_seconds``.
     """
@@ -280,7 +291,7 @@ def check_combination(source: Any, decoder: Any, options: LoaderOptions) -> None
     if delivers_itself(decoder) and (options.ordered or options.transform is not None
                                      or options.max_batch_seconds is not None):
         raise ValueError(f"{decoder!r} delivers its samples itself: it takes no ordered=True, no transform and "
-                         f"no max_batch_seconds (NOTE [ Delivering decoders ] in audiobuffer/_producers.py)")
+                         f"no max_batch_seconds (NOTE [ Delivering decoders ] in audiobuffer/_outcomes.py)")
 
 
 def epoch_length(ds: Any, rank: int, world_size: int) -> int:

@@ -54,8 +54,10 @@ import numpy as np
 from . import _shm
 from ._batch import SlotArena, collate_numpy
 from ._batched import Assembler
+from ._options import gil_enabled
+from ._outcomes import Failure
 from ._plan import plan_epoch
-from ._producers import Failure, ProducerPool
+from ._producers import ProducerPool
 from .buffer import Buffer
 from .errors import BufferClosed, StallError
 from .sources import WorkItem
@@ -225,8 +227,7 @@ class Helper:
             capacity = max(capacity, 2 * max(sizes, default=0))  # as in process: two batches ahead
         else:
             plan = plan_epoch(len(source), shuffle=spec["shuffle"], seed=seed, epoch=epoch, rank=args["rank"],
-                              world_size=args["world_size"], even_shards=spec["even_shards"],
-                              consumed=args["consumed"])
+                              world_size=args["world_size"], even_shards=spec["even_shards"], consumed=args["consumed"])
             indices = plan.indices
             seqs = plan.positions if plan.positions is not None else np.arange(len(plan))
 
@@ -234,9 +235,8 @@ class Helper:
             return source.item(int(indices[seq]), epoch=epoch, seed=seed, seq=int(seqs[seq]))
 
         buffer: Buffer[Any] = Buffer(capacity, max_bytes=spec["max_bytes"])
-        pool = ProducerPool(make_item, len(indices), decode, buffer,
-                            num_producers=min(spec["num_producers"], max(1, len(indices))), ordered=spec["ordered"],
-                            warn_after=spec["warn_after"], timeout=spec["timeout"])
+        pool = ProducerPool(make_item, len(indices), decode, buffer, num_producers=spec["num_producers"],
+                            ordered=spec["ordered"], warn_after=spec["warn_after"], timeout=spec["timeout"])
         with self._lock:
             if gen != self._gen:
                 return
@@ -266,7 +266,8 @@ class Helper:
                 positions = []
             if done:  # what only the helper knows; the trainer counts samples and failures itself
                 stats = {"decode_s": pool.decode_seconds, "buffer": buffer.stats.as_dict(),
-                         "slot_wait_s": self.slots.wait_s}
+                         "slot_wait_s": self.slots.wait_s, "num_producers": pool.num_producers,
+                         "producer_history": pool.history, "gil_enabled": gil_enabled()}
                 self.channel.send(("end", gen, stats, positions))
         finally:
             pool.close()

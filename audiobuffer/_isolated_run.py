@@ -54,13 +54,15 @@ class TrainerRun:
         buffer = self.helper.get("buffer")
         return DatasetStats(
             epoch=self.epoch, rank=self.rank, world_size=self.world_size, worker=0, num_workers=1, items=self.items,
-            num_producers=self.num_producers, resumed=self.resumed, yielded=self.yielded, failed=self.failed,
+            num_producers=self.helper.get("num_producers", self.num_producers), resumed=self.resumed,
+            yielded=self.yielded, failed=self.failed,
             failures=list(self.failures), decode_s=self.decode_s, wall_s=end - self.start, done=self.done,
             buffer=BufferStats(**buffer) if buffer else None,
             transfer={"trainer_wait_s": self.wait_s, "trainer_copy_s": self.copy_s,
                       "helper_slot_wait_s": self.helper.get("slot_wait_s", 0.0)},
             batches=self.batches, empty_batches=self.empty_batches,
-            padding=None if self.batches is None else self.padding.fraction)
+            padding=None if self.batches is None else self.padding.fraction,
+            producer_history=self.helper.get("producer_history", []), gil_enabled=self.helper.get("gil_enabled", True))
 
     def on_failure(self, message: tuple[Any, ...], policy: ErrorPolicy) -> None:
         """A sample that failed in the helper: raise it (``fatal``: the policy is ``raise``) with the

@@ -8,6 +8,7 @@ dataclass's fields, checked here and nowhere else, so a new loader adds no copy 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal
@@ -15,10 +16,12 @@ from typing import Any, Literal
 from ._checks import MAX_SECONDS, check_choice, check_int, check_seconds, short_repr
 from .sources import LabelSpec
 
-__all__ = ["ErrorPolicy", "EvenShards", "LoaderOptions", "usable_cores"]
+__all__ = ["ErrorPolicy", "EvenShards", "LoaderOptions", "ProducerCount", "gil_enabled", "usable_cores"]
 
 ErrorPolicy = Literal["raise", "warn", "skip"]
 EvenShards = Literal["pad", "drop"] | None
+#: ``num_producers``: a pinned count of threads, or ``"auto"`` (tuned as the epoch runs).
+ProducerCount = int | Literal["auto"]
 #: The most producer threads a loader accepts.
 MAX_PRODUCERS = 1024
 #: The largest buffer (items).
@@ -35,6 +38,11 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def gil_enabled() -> bool:
+    """Whether the GIL is enabled in this process (always, before Python 3.13's free-threaded build)."""
+    return bool(getattr(sys, "_is_gil_enabled", lambda: True)())
+
+
 @dataclass(frozen=True)
 class LoaderOptions:
     """How a loader runs its pipeline; every field is one of ``BufferedDataset``'s keywords.
@@ -44,7 +52,7 @@ class LoaderOptions:
         ValueError: a value out of range, or an unknown choice.
     """
 
-    num_producers: int | None = None
+    num_producers: ProducerCount | None = "auto"  # None: "auto" too
     buffer_size: int = 64
     max_bytes: int | None = None
     shuffle: bool = False
@@ -67,8 +75,8 @@ class LoaderOptions:
     storage_options: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        if self.num_producers is not None:
-            check_int("num_producers", self.num_producers, 1, MAX_PRODUCERS, also="or None")
+        if self.num_producers is not None and self.num_producers != "auto":
+            check_int("num_producers", self.num_producers, 1, MAX_PRODUCERS, also="or 'auto'")
         check_int("buffer_size", self.buffer_size, 1, MAX_BUFFER)
         if self.max_bytes is not None:
             check_int("max_bytes", self.max_bytes, 1, also="or None")

@@ -22,10 +22,11 @@ A slot is free, handed out (its batch may still be held), or busy: being filled,
 the buffer, or waiting in it. However an epoch ends (run out, loop left, an exception, ``close()``),
 the producer pool's close aborts the buffer (dropping the full slots in it), calls
 :meth:`SlotWriter.stop_waiting`, which wakes producers waiting for a slot, and joins them
-(NOTE [ Producer shutdown protocol ] and NOTE [ Delivering decoders ] in ``_producers.py``). The loader then
-returns every busy slot to the free list, so the next epoch starts with all of them. Each epoch has a
-generation number: a producer that outlived the join (a decoder stuck past ``JOIN_TIMEOUT``) carries the old one and
-gets no row in a later epoch, and a slot with a row still being written at the end is forgotten, not reused.
+(NOTE [ Producer shutdown protocol ] in ``_producers.py``, NOTE [ Delivering decoders ] in
+``_outcomes.py``). The loader then returns every busy slot to the free list, so the next epoch starts
+with all of them. Each epoch has a generation number: a producer that outlived the join (a decoder
+stuck past ``JOIN_TIMEOUT``) carries the old one and gets no row in a later epoch, and a slot with a
+row still being written at the end is forgotten, not reused.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import numpy as np
 import torch
 
 from . import _slot_rows
-from ._producers import DELIVERED
+from ._outcomes import DELIVERED
 from ._slot_rows import Field, RowWriteFailed, layout
 from .errors import BufferClosed, SampleError
 from .sources import WorkItem
@@ -89,7 +90,7 @@ class Slot:
 class SlotWriter:
     """The decoder the producers run: decode, convert, then write into a slot row.
 
-    It delivers whole batches itself (NOTE [ Delivering decoders ] in ``_producers.py``): it returns
+    It delivers whole batches itself (NOTE [ Delivering decoders ] in ``_outcomes.py``): it returns
     the slot for the item that completes it and ``DELIVERED`` for the others. See also NOTE [ Slot
     reuse safety ], NOTE [ Slots across epochs ] and NOTE [ Slot rows ] (in ``_slot_rows.py``).
     """
@@ -252,7 +253,7 @@ class SlotWriter:
     def stop_waiting(self) -> None:
         """Wake producers of the running epoch that wait for a slot: the pool is stopping.
 
-        The pool calls it (NOTE [ Delivering decoders ] in ``_producers.py``) before joining its
+        The pool calls it (NOTE [ Delivering decoders ] in ``_outcomes.py``) before joining its
         threads; :meth:`end_epoch` opens the next generation only after that join.
         """
         with self._cond:

@@ -9,7 +9,7 @@ whole and in order (:func:`~audiobuffer.shards.iter_shard`; remote shards in ran
 ``STREAM_BLOCK`` bytes), with ``shuffle=True`` through a shuffle buffer of :data:`SHUFFLE_BUFFER`
 samples seeded by (seed, epoch, shard) (WebDataset's ``shuffle(n)``), decoding each sample as it
 comes and putting it into the epoch's buffer itself (:class:`ShardReader` is a delivering decoder,
-NOTE [ Delivering decoders ] in ``_producers.py``). Producers waiting on the network hold no GIL,
+NOTE [ Delivering decoders ] in ``_outcomes.py``). Producers waiting on the network hold no GIL,
 so shards stream in parallel. Every sample of the shards an epoch plans is yielded exactly once.
 
 Resume is at shard boundaries. One producer puts a shard's samples into the FIFO buffer in order,
@@ -46,8 +46,9 @@ import numpy as np
 
 from . import storage
 from ._listing import LABEL_COLUMN
+from ._outcomes import DELIVERED, Failure
 from ._plan import plan_epoch
-from ._producers import CHUNK_SECONDS, DELIVERED, Failure
+from ._producers import CHUNK_SECONDS
 from ._shard_index import INDEX_NAME, read_index
 from ._tar import ShardSample, Truncated, iter_shard, shuffle_buffer
 from .buffer import Buffer

@@ -1,27 +1,40 @@
 """The producer-count tuner behind ``num_producers="auto"``: decisions from observations, nothing else.
 
-The pool feeds it what it sees every ``interval`` seconds (items finished, seconds the consumer waited
-for data, seconds producers waited for room); the tuner answers with the count it wants. It owns no
-thread and reads no clock, so every decision can be tested with scripted observations.
+The pool feeds it what it has seen (items finished, seconds the consumer waited for data, seconds
+producers waited for room) whenever :meth:`ProducerTuner.due` says so; the tuner answers with the count
+it wants. It owns no thread and reads no clock, so every decision can be tested with scripted
+observations (``tests/test_tuner.py``); ``audiobuffer/_tuning.py`` drives it for a pool.
 
 NOTE [ Producer tuning ]
 ========================
-Start with one producer. Each interval the tuner looks at the last one:
+Counts. 0 means the consumer decodes in its own thread ("inline": no hand-over at all, the fastest
+when a decode is mostly GIL-held Python, as for tiny WAV files); 1 and more are producer threads, at
+most ``max_producers`` (the usable cores).
 
-- The consumer waited for data for more than ``starved`` of the interval (the producers are the
-  bottleneck) and the count is below the ceiling: add a producer, remembering the rate (items/s)
-  before the addition. One interval later (``settle``: the new thread warms up), the next interval's
-  rate is compared with the remembered one. Below ``gain`` times it, the addition did not help (the
-  GIL or the cores are the limit): the producer is retired and the ceiling drops to the count before,
-  so the tuner stops adding.
-- With one producer and a starved consumer, the tuner also tries decoding in the consumer's own
-  thread (count 0, "inline"): no hand-over at all, which is fastest when a decode is mostly
-  GIL-held Python (tiny WAV files). Inline stays only if its rate beats one producer's by ``gain``.
-- Producers waited for room for more than ``idle`` of the interval each (the consumer is the
-  bottleneck): retire one, down to one.
+Intervals. An observation closes an interval once it spans at least ``interval`` seconds *and* at
+least ``min_items`` items finished since the last one closed; before that the window keeps growing,
+so slow decodes get decisions too, just later. An interval's rate is its items per second.
 
-A decision is never taken on an interval with fewer than ``min_items`` finished items (too noisy).
-Every change is recorded in :attr:`ProducerTuner.history` as ``(time, count, reason)``.
+Start small: inline when it is allowed, else one producer. On each closed interval, in this order:
+
+- A trial is pending (the count changed when the last interval closed): keep the new count if its
+  rate is at least ``gain`` times the rate before the change, and go on with the rules below on the
+  same interval (so a climb takes one interval a step); else go back, and cap the count at the old
+  one for ``retry`` seconds (doubled after each failed trial, at most ``max_retry``), since the
+  addition did not help (the GIL or the cores are the limit). The cap lifting lets a changed
+  workload (a warm page cache, a slower step) be tried again.
+- Producers waited for room more than ``idle`` of the interval each (the consumer is the
+  bottleneck) and there are at least two: retire one.
+- Inline: try one producer (inline gives no sign of starving: the consumer never waits). One producer
+  alone only overlaps decoding with the consumer's own work; if it is not faster by ``gain`` but the
+  consumer waited for it (decoding is the bottleneck), the trial goes on to two producers, judged
+  against inline as well, since two may decode in parallel where one cannot gain.
+- The consumer waited for data more than ``starved`` of the interval (the producers are the
+  bottleneck): try one producer more.
+
+A trial is judged on the very next interval: a new thread starts in well under a millisecond, and
+the buffer is near empty when the consumer starves, so there is nothing to let settle. Every change is
+recorded in :attr:`ProducerTuner.history` as ``(time, count, reason)``, the first entry being the start.
 """
 
 from __future__ import annotations
@@ -33,7 +46,7 @@ __all__ = ["ProducerTuner", "TunerSample"]
 
 @dataclass(frozen=True)
 class TunerSample:
-    """What the pool saw over one interval (all counters cumulative since the epoch started)."""
+    """What the pool has seen so far (all counters cumulative since the pool started)."""
 
     time: float  # seconds, any monotonic clock
     items: int  # items finished (decoded or failed)
@@ -44,81 +57,101 @@ class TunerSample:
 class ProducerTuner:
     """Chooses how many producer threads decode (0: the consumer decodes inline), from observations.
 
+    See NOTE [ Producer tuning ] at the top of this module.
+
     Args:
         max_producers: the ceiling (the usable cores).
-        start: the count to start with.
-        interval: seconds between decisions.
+        start: the count to start with; ``None``: 0 if ``allow_inline``, else 1.
+        interval: the fewest seconds an interval spans.
+        min_items: the fewest finished items an interval has.
         starved: fraction of an interval the consumer may wait for data before a producer is added.
         idle: fraction of an interval each producer may wait for room before one is retired.
-        gain: the least rate ratio that keeps an addition (or inline decoding).
-        min_items: the fewest items an interval must have finished for a decision.
-        allow_inline: whether count 0 (decoding in the consumer's thread) may be tried.
+        gain: the least rate ratio that keeps a trial.
+        retry: seconds a failed trial caps the count (doubled after each failed trial) ...
+        max_retry: ... up to this many.
+        allow_inline: whether count 0 (decoding in the consumer's thread) may be used.
     """
 
-    def __init__(self, max_producers: int, *, start: int = 1, interval: float = 0.25, starved: float = 0.1,
-                 idle: float = 0.5, gain: float = 1.1, min_items: int = 8, allow_inline: bool = True) -> None:
+    def __init__(self, max_producers: int, *, start: int | None = None, interval: float = 0.02,
+                 min_items: int = 32, starved: float = 0.1, idle: float = 0.5, gain: float = 1.1,
+                 retry: float = 2.0, max_retry: float = 60.0, allow_inline: bool = True) -> None:
         self.max_producers = max(1, max_producers)
-        self.count = max(0, min(start, self.max_producers))
+        low = 0 if allow_inline else 1
+        self.count = max(low, min(low if start is None else start, self.max_producers))
         self.interval = interval
+        self.min_items = min_items
         self.starved = starved
         self.idle = idle
         self.gain = gain
-        self.min_items = min_items
         self.allow_inline = allow_inline
-        self.ceiling = self.max_producers
+        #: The largest count allowed now (lowered by a failed trial until ``_cap_until``).
+        self.cap = self.max_producers
+        self._retry = retry
+        self._max_retry = max_retry
+        self._cap_until = 0.0
         #: ``(time, count, reason)`` of every change, the first entry being the start.
         self.history: list[tuple[float, int, str]] = []
         self._last: TunerSample | None = None
         self._trial: tuple[int, float] | None = None  # (count before the trial, its rate)
-        self._settling = False
-        self._inline_tried = False
 
     def due(self, now: float) -> bool:
         """Whether an observation is due (the pool calls :meth:`observe` only then)."""
         return self._last is None or now - self._last.time >= self.interval
 
     def observe(self, sample: TunerSample) -> int:
-        """Take one interval's counters; return the count wanted from now on."""
-        last, self._last = self._last, sample
+        """Take the counters seen so far; return the count wanted from now on."""
+        last = self._last
         if last is None:
+            self._last = sample
             self.history.append((sample.time, self.count, "start"))
             return self.count
         span = sample.time - last.time
         items = sample.items - last.items
-        if span <= 0 or items < self.min_items:
-            return self.count
+        if span < self.interval or items < self.min_items:
+            return self.count  # the interval goes on until it has enough of both
+        self._last = sample
         rate = items / span
-        if self._settling:  # the interval right after a change: the new setup warms up
-            self._settling = False
-            return self.count
-        if self._trial is not None:
-            return self._judge(sample.time, rate)
+        now = sample.time
+        if self.cap < self.max_producers and now >= self._cap_until:
+            self.cap = self.max_producers
         consumer_wait = (sample.consumer_wait_s - last.consumer_wait_s) / span
+        if self._trial is not None and not self._judge(now, rate, consumer_wait):
+            return self.count  # back to the count before the trial, or on to the next one
         producer_wait = (sample.producer_wait_s - last.producer_wait_s) / span / max(1, self.count)
         if self.count > 1 and producer_wait > self.idle:
-            return self._change(sample.time, self.count - 1, f"producers waited {producer_wait:.0%} for room")
-        if consumer_wait > self.starved:
-            if self.count == 1 and self.allow_inline and not self._inline_tried:
-                self._inline_tried = True
-                self._trial = (1, rate)
-                return self._change(sample.time, 0, f"consumer waited {consumer_wait:.0%}: trying inline")
-            if 0 < self.count < self.ceiling:
-                self._trial = (self.count, rate)
-                return self._change(sample.time, self.count + 1, f"consumer waited {consumer_wait:.0%}")
+            return self._change(now, self.count - 1, f"producers waited {producer_wait:.0%} for room")
+        if self.count < self.cap:
+            if self.count == 0:
+                return self._try(now, rate, "trying a producer instead of inline")
+            if consumer_wait > self.starved:
+                return self._try(now, rate, f"consumer waited {consumer_wait:.0%}")
         return self.count
 
-    def _judge(self, now: float, rate: float) -> int:
+    def _try(self, now: float, rate: float, reason: str) -> int:
+        self._trial = (self.count, rate)
+        return self._change(now, self.count + 1, reason)
+
+    def _judge(self, now: float, rate: float, consumer_wait: float) -> bool:
+        """Keep the trial's count (``True``), or go back to the one before it (or on from inline to two)."""
         before, before_rate = self._trial  # type: ignore[misc]
         self._trial = None
+        verdict = f"{rate:.0f}/s against {before_rate:.0f}/s"
         if rate >= before_rate * self.gain:
-            self.history.append((now, self.count, f"kept: {rate:.0f}/s against {before_rate:.0f}/s"))
-            return self.count
-        if self.count > before:
-            self.ceiling = before
-        return self._change(now, before, f"back: {rate:.0f}/s against {before_rate:.0f}/s")
+            self.history.append((now, self.count, f"kept: {verdict}"))
+            return True
+        if before == 0 and self.count == 1 and consumer_wait > self.starved and self.cap >= 2:
+            # One producer decodes about as fast as the consumer alone and the consumer waits for it:
+            # two may decode in parallel. Judged against inline too.
+            self._trial = (0, before_rate)
+            self._change(now, 2, f"one producer: {verdict}, consumer waited {consumer_wait:.0%}: trying two")
+            return False
+        self.cap = before
+        self._cap_until = now + self._retry
+        self._retry = min(2 * self._retry, self._max_retry)
+        self._change(now, before, f"back: {verdict}")
+        return False
 
     def _change(self, now: float, count: int, reason: str) -> int:
         self.count = count
-        self._settling = True
         self.history.append((now, count, reason))
         return count

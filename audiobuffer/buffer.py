@@ -31,10 +31,10 @@ def _waiters_of(cond: threading.Condition) -> Collection[Any]:
     """The threads waiting on ``cond``, a live collection: empty means nobody waits.
 
     ``Condition.notify()`` costs an ownership check and a walk of its waiters even when there are
-    none, the common case while data flows, so the hot paths read this (with the lock held) and
-    notify only when it is not empty. Waiters register under that same lock, so none is missed.
-    ``_waiters`` is a private attribute of CPython's ``threading.Condition``, a deque made once in
-    its constructor and changed in place (PyPy has it too); this is the one place that reads it.
+    none, the common case while data flows, so the hot paths read this (with the lock held) and notify
+    only when it is not empty. Waiters register and leave under that same lock, so none is missed, GIL
+    or no GIL. ``_waiters`` is a private attribute of CPython's ``threading.Condition``, a deque made
+    once in its constructor and changed in place (PyPy has it too); this is the one place reading it.
     """
     return cond._waiters  # type: ignore[attr-defined]
 
@@ -118,7 +118,7 @@ class Buffer(Generic[T]):
         return self._nbytes
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._items)  # without the lock: a hint that may be stale at once, never a decision
 
     def __repr__(self) -> str:
         with self._lock:

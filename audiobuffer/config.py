@@ -4,7 +4,7 @@ A config file describes a whole pipeline::
 
     source:  {root: data/fsdd/recordings, labels: '^(\\d+)_'}
     decode:  {kind: audio, sample_rate: 8000, crop_seconds: 1.0}
-    buffer:  {producers: 2, capacity: 64, on_error: warn}
+    buffer:  {producers: auto, capacity: 64, on_error: warn}
     loader:  {batch_size: 32, pin_memory: true}
     device:  auto
     epochs:  3
@@ -27,13 +27,14 @@ import re
 from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from ._builders import build_dataset, build_decoder, build_isolated, build_loader, build_source, source_error
 from ._config_errors import QUOTE_CHARS, format_errors, quote, yaml_problem
+from ._options import MAX_PRODUCERS
 from .decoders.audio import CropMode, Quality
 from .decoders.image import Resample
 from .errors import ConfigError
@@ -62,8 +63,6 @@ _MAX_SECONDS = 86400.0
 _MAX_SEED = 2**63 - 1
 #: The largest batch: a bigger one only allocates (or spins) until memory runs out.
 _MAX_BATCH_SIZE = 1 << 20
-#: The most producer threads: beyond this, starting threads fails on common systems.
-_MAX_PRODUCERS = 1024
 
 
 class _Loader(yaml.SafeLoader):
@@ -139,7 +138,7 @@ class DecodeConfig(_Section):
 class BufferConfig(_Section):
     """The producer pool and its buffer."""
 
-    producers: int = Field(default=2, ge=1, le=_MAX_PRODUCERS)
+    producers: Annotated[int, Field(ge=1, le=MAX_PRODUCERS)] | Literal["auto"] = "auto"
     capacity: int = Field(default=64, ge=1)
     max_bytes: int | None = Field(default=None, ge=1)
     ordered: bool = False

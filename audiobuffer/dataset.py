@@ -19,7 +19,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from . import _batched, _epoch, _plan
 from ._checks import check_int
 from ._epoch import MAX_LISTED_FAILURES, Compose, DatasetStats, EpochRun, WorkerEpochs, start_epoch
-from ._options import ErrorPolicy, EvenShards, LoaderOptions, usable_cores
+from ._options import ErrorPolicy, EvenShards, LoaderOptions, ProducerCount, usable_cores
 from .errors import BufferClosed
 from .sources import AUDIO_PATTERNS, LabelSpec, Source, SourceSpec, WorkItem, as_source
 
@@ -29,8 +29,8 @@ __all__ = ["MAX_LISTED_FAILURES", "BufferedDataset", "DatasetStats", "ErrorPolic
 class BufferedDataset(IterableDataset):
     """An ``IterableDataset`` whose samples are decoded ahead of time by a pool of producer threads.
 
-    Each ``iter()`` is one epoch: it starts ``num_producers`` threads that decode this shard's work
-    items into a bounded :class:`~audiobuffer.Buffer` while the consumer (a ``DataLoader`` with
+    Each ``iter()`` is one epoch: producer threads decode this shard's work items into a
+    bounded :class:`~audiobuffer.Buffer` while the consumer (a ``DataLoader`` with
     ``num_workers=0``, usually) takes samples out. Leaving the loop early, an exception in the
     training loop, garbage collection of the iterator or :meth:`close` stop the threads (see
     NOTE [ Producer shutdown protocol ] in ``audiobuffer/_producers.py``).
@@ -64,7 +64,8 @@ class BufferedDataset(IterableDataset):
             ``Source``; each may be a URL (``s3://``, ``gs://``, ``https://``) read through fsspec.
         decoder: a callable from :class:`~audiobuffer.WorkItem` to sample (``AudioDecoder``,
             ``ImageDecoder`` or your own); it runs in the producer threads.
-        num_producers: decoding threads per epoch; default: the usable cores, at most 8.
+        num_producers: decoding threads per epoch, or ``"auto"`` (the default; ``None`` too): tuned as the
+            epoch runs, from decoding in the consumer's thread up to the usable cores (see ``stats()``).
         buffer_size: the most samples decoded ahead (the buffer's capacity).
         max_bytes: also bound the buffer by payload bytes (``None``: no byte bound). A sample larger
             than the bound still passes, alone; samples a producer has finished and not yet put
@@ -115,7 +116,7 @@ class BufferedDataset(IterableDataset):
     STATE_SEED, STATE_SHUFFLE, STATE_RANK, STATE_WORLD_SIZE, STATE_EVEN_SHARDS, STATE_SOURCE = _plan.SETUP_KEYS
 
     def __init__(self, source: SourceSpec | Source, decoder: Callable[[WorkItem], Any], *,
-                 num_producers: int | None = None, buffer_size: int = 64,
+                 num_producers: ProducerCount | None = "auto", buffer_size: int = 64,
                  max_bytes: int | None = None, shuffle: bool = False, seed: int = 0,
                  ordered: bool = False, on_error: ErrorPolicy = "raise",
                  transform: Callable[[Any], Any] | None = None, labels: LabelSpec = None,
@@ -142,7 +143,7 @@ class BufferedDataset(IterableDataset):
         self.options = options
         self.decoder = decoder
         self.transform = transform
-        self.num_producers = num_producers if num_producers is not None else max(1, min(8, usable_cores()))
+        self.num_producers: ProducerCount = "auto" if num_producers is None else num_producers
         self.buffer_size = buffer_size
         self.max_bytes = max_bytes
         self.shuffle = shuffle
@@ -160,7 +161,8 @@ class BufferedDataset(IterableDataset):
         #: Batches by duration: their setup and the items' durations, or ``None`` (one sample at a time).
         self.batching = None if max_batch_seconds is None else _batched.DurationBatching.read(
             self.source, decoder, max_batch_seconds=max_batch_seconds, buckets=buckets, max_batch_size=max_batch_size,
-            duration_column=duration_column, on_error=on_error, num_threads=max(8, self.num_producers))
+            duration_column=duration_column, on_error=on_error,
+            num_threads=max(8, usable_cores() if self.num_producers == "auto" else self.num_producers))
         self._init_runtime()
 
     def _init_runtime(self) -> None:
@@ -345,5 +347,5 @@ class BufferedDataset(IterableDataset):
 
     def __repr__(self) -> str:
         return (f"BufferedDataset({self.source.description}, {self.decoder!r}, items={len(self.source)}, "
-                f"num_producers={self.num_producers}, buffer_size={self.buffer_size}, "
+                f"num_producers={self.num_producers!r}, buffer_size={self.buffer_size}, "
                 f"shuffle={self.shuffle}, ordered={self.ordered}, on_error={self.on_error!r})")

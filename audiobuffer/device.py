@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from ._cancel import CancelScope, cancel_scope, on_cancel
-from ._producers import Failure
+from ._outcomes import Failure
 from .buffer import Buffer
 from .errors import BufferClosed
 

@@ -219,8 +219,8 @@ class IsolatedLoader:
                                layout.seqs)
         else:
             plan = layout = plan_epoch(len(ds.source), consumed=resume, **setup)
-        run = TrainerRun(gen, epoch, rank, world_size, bytearray(plan.consumed), len(layout),
-                   min(ds.num_producers, max(1, len(layout))))
+        pinned = 0 if ds.num_producers == "auto" else min(ds.num_producers, max(1, len(layout)))  # auto: at the end
+        run = TrainerRun(gen, epoch, rank, world_size, bytearray(plan.consumed), len(layout), pinned)
         if ds.batching is not None:
             run.batches, run.resumed = 0, layout.resumed
             count_header_failures(run, ds.batching, rank)
@@ -381,6 +381,6 @@ class IsolatedLoader:
         state = "closed" if self._closed else ("running" if channel is not None and channel.running else "idle")
         return (f"IsolatedLoader({self.dataset.source.description}, {self.dataset.decoder!r}, "
                 f"batch_size={self.batch_size}, num_slots={self.num_slots}, "
-                f"num_producers={self.dataset.num_producers}, helper={state})")
+                f"num_producers={self.dataset.num_producers!r}, helper={state})")
 
 

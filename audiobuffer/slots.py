@@ -115,7 +115,7 @@ class BatchSlotLoader:
         self.slot_stats = SlotStats()
         self._writer = SlotWriter(decoder, transform, batch_size, num_slots, pin, self.slot_stats)
         # The slots cover the buffer: producers never hold more complete slots than there are.
-        # The writer delivers whole batches itself (NOTE [ Delivering decoders ] in _producers.py).
+        # The writer delivers whole batches itself (NOTE [ Delivering decoders ] in _outcomes.py).
         self.dataset = BufferedDataset(source, self._writer, buffer_size=num_slots, **options)
         self._lock = threading.Lock()
         self._running = False
@@ -129,7 +129,7 @@ class BatchSlotLoader:
         ds = self.dataset
         return (f"BatchSlotLoader({ds.source.description}, {self._writer.decoder!r}, items={len(ds.source)}, "
                 f"batch_size={self.batch_size}, num_slots={self.num_slots}, drop_last={self.drop_last}, "
-                f"pin_memory={self.pin_memory}, num_producers={ds.num_producers}, shuffle={ds.shuffle}, "
+                f"pin_memory={self.pin_memory}, num_producers={ds.num_producers!r}, shuffle={ds.shuffle}, "
                 f"on_error={ds.on_error!r})")
 
     @property

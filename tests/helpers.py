@@ -119,3 +119,28 @@ def run_torchrun(script: Path, *args: object, nproc: int = 2, timeout: float = 2
            "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                            str(script), *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+class ScriptedTuner:
+    """A stand-in for ``ProducerTuner`` that answers from a script, for ``ProducerPool(tuner=...)``.
+
+    The first count is the start; each observation takes the next one (the last repeats). Every
+    observation is due, so the count can change after each chunk or item the consumer takes.
+    """
+
+    def __init__(self, counts: Iterable[int]) -> None:
+        self.counts = list(counts)
+        self.count = self.counts[0]
+        self.observed = 0
+        self.history: list[tuple[float, int, str]] = []
+
+    def due(self, now: float) -> bool:
+        return True
+
+    def observe(self, sample: Any) -> int:
+        count = self.counts[min(self.observed, len(self.counts) - 1)]
+        self.observed += 1
+        if count != self.count or not self.history:
+            self.history.append((sample.time, count, "scripted"))
+        self.count = count
+        return count

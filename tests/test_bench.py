@@ -41,7 +41,7 @@ def test_decode_bench_quick_counts_every_file(tmp_path):
 
 
 #: The approaches added beside the first ones (peers whose package is missing are left out).
-NEW_APPROACHES = ["loop", "audiobuffer-auto", "isolated-2", "spdl-pipeline-2", "spdl-load_wav"]
+NEW_APPROACHES = ["loop", "loop-libsndfile", "audiobuffer-auto", "isolated-2", "spdl-pipeline-2", "spdl-load_wav"]
 
 
 def test_decode_bench_quick_fills_every_row_of_the_new_approaches_and_corpora(tmp_path):
@@ -440,3 +440,17 @@ def test_stress_says_its_units_and_what_jittered_means(capsys):
     header = out.splitlines()[0]
     assert header.count("items/s") == 4
     assert "Jittered rounds make each producer and consumer pause" in out
+
+
+def test_loop_libsndfile_reads_wav_through_libsndfile(tmp_path, monkeypatch):
+    """The baseline of the issue's targets: the loop as it was before AudioDecoder's own WAV reader."""
+    from audiobuffer.decoders import audio as audio_module
+    from audiobuffer.tools.bench import loader
+
+    monkeypatch.setattr(audio_module, "_NATIVE_WAV", True)  # restored after the test
+    path = write_tone(tmp_path / "a.wav")
+    native = next(loader("loop", [str(path)]))
+    assert audio_module._NATIVE_WAV is True
+    plain = next(loader("loop-libsndfile", [str(path)]))
+    assert audio_module._NATIVE_WAV is False
+    assert np.array_equal(native["audio"].numpy(), plain["audio"].numpy())

@@ -7,6 +7,7 @@ import pytest
 import yaml
 from helpers import REPO, make_corpus
 
+from audiobuffer.dataset import DatasetStats
 from audiobuffer.tools.report import RunSummary
 
 pytestmark = pytest.mark.timeout(300)
@@ -51,6 +52,33 @@ def test_run_counts_skipped_files_and_overrides(pipeline):
     assert (summary["samples"], summary["failed"], summary["producers"]) == (12, 1, 3)
     assert summary["failures"][0]["path"].endswith("0_9999.wav")
     assert "skipped files 1" in result.stderr and "0_9999.wav" in result.stderr
+    assert "producers 3," in result.stderr and "producers     3 (pinned); GIL " in result.stderr
+    assert summary["auto"] is False and isinstance(summary["gil_enabled"], bool)
+
+
+def test_run_with_producers_auto_says_what_it_settled_on(pipeline):
+    root, config = pipeline
+    result = audiobuffer("run", config, "--set", "epochs=1", "--set", "buffer.producers=auto", "--json", "-",
+                         "--no-progress")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["auto"] is True and summary["samples"] == 12 and summary["producers"] in (0, 1, 2, 3, 4)
+    assert "producers auto," in result.stderr
+    assert f"producers     auto, settled on {summary['producers']}" in result.stderr
+
+
+def test_summary_of_a_tuned_epoch():
+    stats = DatasetStats(epoch=0, rank=0, world_size=1, worker=0, num_workers=1, items=10, num_producers=0,
+                         producer_history=[(0.0, 0, "start"), (0.1, 1, "trying"), (0.2, 1, "kept"), (0.3, 0, "back")],
+                         gil_enabled=False)
+    summary = RunSummary(wall_s=1.0, consumer_wait_s=0.5, samples=10)
+    summary.add_epoch(stats)
+    summary.judge()
+    assert (summary.auto, summary.changes, summary.producers, summary.gil_enabled) == (True, 2, 0, False)
+    line = next(x for x in summary.lines() if x.startswith("producers"))
+    assert line == ("producers     auto, settled on 0 (decoding in the loop's thread) after 2 change(s) in the "
+                    "last epoch; GIL disabled (free-threaded)")
+    assert "auto, which settled on 0" in summary.advice and "raise" not in summary.advice
 
 
 def test_run_isolated_gives_the_same_counts_and_names_failures(pipeline):
@@ -103,7 +131,7 @@ def assert_config_error(result, *parts):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--set", "buffer.producers=eight"], "buffer.producers: Input should be a valid integer, got 'eight'"),
+    (["--set", "buffer.producers=eight"], "buffer.producers: must be an integer in [1, 1024] or 'auto', got 'eight'"),
     (["--set", "buffer.prodcers=8"], "buffer.prodcers: unknown key"),
     (["--set", "source.root=missing"], "source.root: no such directory"),
     (["--set", "device=cuda:0"], "device:"),

@@ -54,8 +54,18 @@ def test_relative_paths_resolve_against_the_config_file(corpus, monkeypatch):
 
 def test_defaults(corpus):
     config = load_config(write(corpus, {"source": {"root": "audio"}}))
-    assert (config.buffer.producers, config.buffer.capacity, config.buffer.on_error) == (2, 64, "raise")
+    assert (config.buffer.producers, config.buffer.capacity, config.buffer.on_error) == ("auto", 64, "raise")
     assert (config.loader.batch_size, config.device, config.epochs, config.decode.kind) == (32, "auto", 1, "audio")
+
+
+def test_producers_auto_or_pinned_reach_the_dataset(corpus):
+    config = load_config(write(corpus, {"source": {"root": "audio"}, "buffer": {"producers": "auto"}}))
+    dataset = build_dataset(config)
+    assert dataset.num_producers == "auto"
+    assert sorted(s["path"] for s in dataset) == sorted(str(p) for p in (corpus / "audio").rglob("*.wav"))
+    assert dataset.stats().producer_history[0][2] == "start"
+    pinned = build_dataset(load_config(write(corpus, {"source": {"root": "audio"}, "buffer": {"producers": 3}})))
+    assert pinned.num_producers == 3
 
 
 def test_overrides_apply_and_are_validated(corpus):
@@ -64,8 +74,10 @@ def test_overrides_apply_and_are_validated(corpus):
                                 "source.patterns=['class1/*.wav']", "epochs=3"])
     assert (config.buffer.producers, config.loader.pin_memory, config.decode.crop_seconds) == (8, False, 0.5)
     assert config.epochs == 3 and len(build_dataset(config)) == 2
-    with pytest.raises(ConfigError, match=r"buffer\.producers: Input should be a valid integer, got 'eight'"):
+    with pytest.raises(ConfigError,
+                       match=r"buffer\.producers: must be an integer in \[1, 1024\] or 'auto', got 'eight'"):
         load_config(path, ["buffer.producers=eight"])
+    assert load_config(path, ["buffer.producers=auto"]).buffer.producers == "auto"
 
 
 @pytest.mark.parametrize("override, match", [
@@ -84,10 +96,10 @@ BAD_CONFIGS = [
      r"buffer\.prodcers: unknown key; allowed keys here: producers, capacity"),
     ("unknown section", {"source": {"root": "audio"}, "model": {}}, r"model: unknown key; allowed keys here: source"),
     ("wrong type", {"source": {"root": "audio"}, "buffer": {"producers": "eight"}},
-     r"buffer\.producers: Input should be a valid integer, got 'eight'"),
+     r"buffer\.producers: must be an integer in \[1, 1024\] or 'auto', got 'eight'"),
     ("float for int", {"source": {"root": "audio"}, "loader": {"batch_size": 3.5}}, r"loader\.batch_size: .*got 3\.5"),
     ("too small", {"source": {"root": "audio"}, "buffer": {"producers": 0}},
-     r"buffer\.producers: must be >= 1 and <= 1024, got 0"),
+     r"buffer\.producers: must be an integer in \[1, 1024\] or 'auto', got 0"),
     ("bad choice", {"source": {"root": "audio"}, "buffer": {"on_error": "ignore"}},
      r"buffer\.on_error: Input should be 'raise', 'warn' or 'skip', got 'ignore'"),
     ("bad device", {"source": {"root": "audio"}, "device": "tpu"},
@@ -137,7 +149,8 @@ OUT_OF_RANGE = [
     ("crop 1e9", {"decode": {"crop_seconds": 1e9}}, r"decode\.crop_seconds: .* <= 86400, got 1000000000\.0"),
     ("batch_size", {"loader": {"batch_size": 100000000000}},
      r"loader\.batch_size: must be >= 1 and <= 1048576, got 100000000000"),
-    ("producers", {"buffer": {"producers": 100000}}, r"buffer\.producers: must be >= 1 and <= 1024, got 100000"),
+    ("producers", {"buffer": {"producers": 100000}},
+     r"buffer\.producers: must be an integer in \[1, 1024\] or 'auto', got 100000"),
 ]
 
 

@@ -295,8 +295,8 @@ def test_pickles_without_runtime_state(tmp_path):
 # -- validation -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs, error, message", [
-    ({"num_producers": 0}, ValueError, r"num_producers must be an integer in \[1, 1024\] or None, got 0"),
-    ({"num_producers": "eight"}, TypeError, r"num_producers must be an integer in \[1, 1024\] or None, got 'eight'"),
+    ({"num_producers": 0}, ValueError, r"num_producers must be an integer in \[1, 1024\] or 'auto', got 0"),
+    ({"num_producers": "eight"}, TypeError, r"num_producers must be an integer in \[1, 1024\] or 'auto', got 'eight'"),
     ({"buffer_size": 0}, ValueError, "buffer_size"),
     ({"max_bytes": -5}, ValueError, "max_bytes"),
     ({"on_error": "ignore"}, ValueError, "on_error must be one of"),

@@ -374,12 +374,14 @@ def test_under_a_device_prefetcher():
 
 
 def test_stats_carry_the_transfer_counters():
-    with IsolatedLoader(fake_paths(16), IndexDecoder(), batch_size=4) as loader:
+    # Two pinned producers: every item goes through the helper's buffer (auto may decode inline).
+    with IsolatedLoader(fake_paths(16), IndexDecoder(), batch_size=4, num_producers=2) as loader:
         assert loader.stats() is None
         list(loader)
         stats = loader.stats()
     assert set(stats.transfer) == {"trainer_wait_s", "trainer_copy_s", "helper_slot_wait_s"}
     assert stats.buffer is not None and stats.buffer.puts == 16
+    assert (stats.num_producers, stats.producer_history) == (2, [(0.0, 2, "pinned")])
     assert "helper=closed" in repr(loader)
 
 

@@ -3,12 +3,12 @@ import time
 
 import numpy as np
 import pytest
-from helpers import JOIN_TIMEOUT, wait_no_threads, wait_until_blocked
+from helpers import JOIN_TIMEOUT, IndexDecoder, ScriptedTuner, fake_paths, wait_no_threads, wait_until_blocked
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from audiobuffer import AudioBufferError, Buffer, SampleError, WorkItem
-from audiobuffer._producers import Failure, ProducerPool
+from audiobuffer import AudioBufferError, BatchSlotLoader, Buffer, BufferedDataset, SampleError, WorkItem, _producers
+from audiobuffer._producers import DELIVERED, Failure, ProducerPool
 
 
 def make_item(seq):
@@ -210,7 +210,7 @@ def test_ordered_byte_bound_counts_the_items_waiting_for_their_turn():
     def decode(item):
         if item.index == 0:
             # Stay slow until every other producer waits (for its turn or for room), then count.
-            wait_until_blocked(pool._turn, producers - 1)
+            wait_until_blocked(pool._feed.turn, producers - 1)
             while_stuck.append(live[0])
         out = np.zeros(size, np.uint8)
         with lock:
@@ -276,7 +276,7 @@ def test_ordered_byte_bound_yields_each_item_once_in_order_and_holds(count, prod
 # -- validation (issue 9, item 8) -----------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs, error, message", [
-    ({"num_producers": 0}, ValueError, "num_producers must be an integer >= 1, got 0"),
+    ({"num_producers": 0}, ValueError, "num_producers must be an integer >= 1 or 'auto', got 0"),
     ({"count": -1}, ValueError, "count must be an integer >= 0"),
     ({"chunk_items": 0}, ValueError, "chunk_items"),
     ({"timeout": float("nan")}, ValueError, "timeout must be None or a number of seconds > 0"),
@@ -307,3 +307,282 @@ def test_infinite_and_huge_waits_mean_no_limit(ordered):
     finally:
         pool.close()
     assert got == list(range(10))
+
+
+# -- a changing count: num_producers="auto" (issue 12) ----------------------------------------------
+
+def auto_pool(count, decode, script, *, capacity=4, ordered=False, max_bytes=None, **kwargs):
+    return ProducerPool(make_item, count, decode, Buffer(capacity, max_bytes=max_bytes), num_producers="auto",
+                        ordered=ordered, tuner=ScriptedTuner(script), **kwargs)
+
+
+def drain(pool):
+    """Every pair of the pool; a watchdog stops a pool that hangs, so a hang fails instead."""
+    fired = []
+    watchdog = threading.Timer(3 * JOIN_TIMEOUT, lambda: (fired.append(True), pool.stop()))
+    watchdog.name = "test-watchdog"
+    watchdog.start()
+    pool.start()
+    try:
+        pairs = list(pool)
+        assert not fired, "the pool hung: the watchdog stopped it"
+        return pairs
+    finally:
+        watchdog.cancel()
+        watchdog.join(JOIN_TIMEOUT)
+        pool.close()
+
+
+@pytest.mark.timeout(120)
+@settings(deadline=None, max_examples=40)
+@given(count=st.integers(0, 80), script=st.lists(st.integers(0, 3), min_size=1, max_size=12),
+       capacity=st.integers(1, 6), ordered=st.booleans(), bound=st.booleans(),
+       delays=st.lists(st.sampled_from([0, 0, 0, 0.001]), min_size=80, max_size=80))
+def test_each_item_once_while_the_count_changes(count, script, capacity, ordered, bound, delays):
+    def decode(item):
+        if delays[item.index]:
+            time.sleep(delays[item.index])  # simulated decode time
+        return np.full(1 + item.index % 3, item.index, np.int64)
+
+    # A byte bound of two small items: ordered pools also hold items back for their bytes.
+    pool = auto_pool(count, decode, script, capacity=capacity, ordered=ordered, max_bytes=16 if bound else None)
+    pairs = drain(pool)
+    got = [int(out[0]) for _, out in pairs]
+    assert all(seq == int(out[0]) for seq, out in pairs)
+    assert got == list(range(count)) if ordered else sorted(got) == list(range(count))
+    assert pool.decoded == count
+    assert not wait_no_threads()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("ordered", [False, True])
+def test_added_producers_start_and_every_one_ends(ordered):
+    pool = auto_pool(120, lambda item: item.index, [1, 3], ordered=ordered, capacity=8)
+    got = [out for _, out in drain(pool)]
+    assert sorted(got) == list(range(120))
+    assert [t.name for t in pool.threads] == [f"audiobuffer-producer-{i}" for i in range(3)]
+    assert pool.num_producers == 3 and [c for _, c, _ in pool.history] == [1, 3]
+    assert not any(t.is_alive() for t in pool.threads)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("ordered", [False, True])
+def test_retired_producers_exit_at_an_item_boundary_while_the_epoch_runs(ordered):
+    first, second = threading.Event(), threading.Event()
+
+    def decode(item):
+        if 1 <= item.index < 50:
+            first.wait(JOIN_TIMEOUT)  # held until the pool wants one producer
+        elif item.index >= 50:
+            second.wait(JOIN_TIMEOUT)  # held until the test has looked at the retired threads
+        return item.index
+
+    def release_when_one():
+        deadline = time.monotonic() + JOIN_TIMEOUT
+        while pool.num_producers != 1 and time.monotonic() < deadline:
+            time.sleep(0.001)  # the consumer sets the count after it takes item 0
+        first.set()
+
+    # Chunks of one: a producer holding item 0 in its chunk while it waits on item 3 would hold it back.
+    pool = auto_pool(100, decode, [3, 1], ordered=ordered, capacity=64, chunk_items=1)
+    releaser = threading.Thread(target=release_when_one, name="test-releaser")
+    pool.start()
+    releaser.start()
+    got = []
+    try:
+        for _, out in pool:
+            got.append(out)
+            if len(got) == 50:  # items 50.. are held: the epoch is still running
+                retired = [p for p in pool._producers if p.retired]
+                assert len(retired) == 2
+                for p in retired:
+                    p.thread.join(JOIN_TIMEOUT)
+                assert not any(p.thread.is_alive() for p in retired)
+                assert sum(p.thread.is_alive() for p in pool._producers) == 1
+                second.set()
+    finally:
+        first.set()
+        second.set()
+        pool.close()
+        releaser.join(JOIN_TIMEOUT)
+    assert sorted(got) == list(range(100)) and (got == sorted(got) or not ordered)
+    assert pool.num_producers == 1 and len(pool.threads) == 3
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("ordered", [False, True])
+def test_count_zero_decodes_in_the_consumers_thread(ordered):
+    where = set()
+
+    def decode(item):
+        where.add(threading.current_thread().name)
+        if item.index == 5:
+            raise ValueError("bad item")
+        return item.index
+
+    pool = auto_pool(40, decode, [0], ordered=ordered)
+    pairs = drain(pool)
+    assert where == {threading.current_thread().name} and pool.threads == []
+    assert [seq for seq, _ in pairs] == list(range(40))  # inline: in order even when unordered
+    failure = pairs[5][1]
+    assert isinstance(failure, Failure) and failure.producer == "audiobuffer-producer-inline"
+    assert pool.decoded == 40 and pool.num_producers == 0
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("ordered", [False, True])
+def test_inline_after_producers_drains_what_they_left(ordered):
+    # Producers first, then inline, then producers again: nothing lost, nothing twice.
+    where = []
+    lock = threading.Lock()
+
+    def decode(item):
+        time.sleep(0.0005)  # simulated decode time, so that producers have items in hand
+        with lock:
+            where.append(threading.current_thread().name)
+        return item.index
+
+    pool = auto_pool(200, decode, [2, 2, 0, 0, 0, 0, 0, 0, 2, 2, 0], ordered=ordered, capacity=8)
+    got = [out for _, out in drain(pool)]
+    assert sorted(got) == list(range(200)) and (got == list(range(200)) or not ordered)
+    assert threading.current_thread().name in where  # some decoded inline ...
+    assert any(name.startswith("audiobuffer-producer-") for name in where)  # ... some by producers
+    assert not wait_no_threads()
+
+
+def test_inline_crash_names_the_item_and_keyboard_interrupt_stays():
+    def decode(item):
+        if item.index == 2:
+            raise SystemExit("interpreter-level failure")
+        return item.index
+
+    with pytest.raises(SampleError, match=r"decoding inline crashed on item 2 \('item2'\): SystemExit") as info:
+        drain(auto_pool(5, decode, [0]))
+    assert isinstance(info.value.__cause__, SystemExit)
+
+    def interrupted(item):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        drain(auto_pool(5, interrupted, [0]))
+
+
+class Delivering:
+    """A delivering decoder (NOTE [ Delivering decoders ]) that keeps every other item."""
+
+    delivers_itself = True
+
+    def __call__(self, item):
+        return DELIVERED if item.index % 2 else item.index
+
+    def stop_waiting(self):
+        pass
+
+
+@pytest.mark.parametrize("decode, kwargs", [(Delivering(), {}), (lambda item: item.index, {"timeout": 30.0})])
+def test_no_inline_for_a_delivering_decoder_or_under_a_timeout(decode, kwargs):
+    pool = auto_pool(20, decode, [0], **kwargs)
+    got = sorted(out for _, out in drain(pool))
+    assert got == (list(range(0, 20, 2)) if isinstance(decode, Delivering) else list(range(20)))
+    assert pool.num_producers == 1 and len(pool.threads) == 1
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("ordered", [False, True])
+def test_producers_asked_for_after_the_last_item_went_inline(ordered):
+    # The consumer took the last item inline, then the count rose: no producer starts (nothing is
+    # left to take), so the pool itself must end the epoch.
+    pool = auto_pool(3, lambda item: item.index, [0, 0, 0, 2], ordered=ordered)
+    assert [out for _, out in drain(pool)] == [0, 1, 2]
+    assert pool.threads == [] and pool.num_producers == 2
+
+
+def test_an_empty_epoch_ends_at_once_pinned_or_auto():
+    for num_producers in (2, "auto"):
+        pool = ProducerPool(make_item, 0, lambda item: 0, Buffer(2), num_producers=num_producers)
+        assert drain(pool) == []
+
+
+def test_a_pinned_count_pins():
+    pool = pool_of(200, lambda item: item.index, producers=2, capacity=4)
+    assert sorted(out for _, out in drain(pool)) == list(range(200))
+    assert len(pool.threads) == 2 and pool.num_producers == 2 and pool.history == [(0.0, 2, "pinned")]
+
+
+@pytest.mark.timeout(60)
+def test_the_real_tuner_keeps_every_item_once():
+    def decode(item):
+        time.sleep(0.0002)  # simulated decode time that releases the GIL
+        return item.index
+
+    pool = ProducerPool(make_item, 3000, decode, Buffer(16), num_producers="auto")
+    assert sorted(out for _, out in drain(pool)) == list(range(3000))
+    history = pool.history
+    assert history[0] == (0.0, 0, "start") and all(0 <= count <= 2 ** 10 for _, count, _ in history)
+    assert not wait_no_threads()
+
+
+# -- "auto" through the loaders ----------------------------------------------------------------
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("ordered", [False, True])
+def test_buffered_dataset_defaults_to_auto_and_yields_each_item_once(monkeypatch, ordered):
+    script = [0, 2, 0, 1, 3, 0, 2, 1, 0]
+    monkeypatch.setattr(_producers, "default_tuner", lambda most, allow_inline: ScriptedTuner(script))
+    ds = BufferedDataset(fake_paths(300), IndexDecoder(), ordered=ordered, buffer_size=8)
+    assert ds.num_producers == "auto" and "num_producers='auto'" in repr(ds)
+    got = [s["index"] for s in ds]
+    assert got == list(range(300)) if ordered else sorted(got) == list(range(300))
+    stats = ds.stats()
+    assert stats.done and stats.yielded == 300
+    assert [c for _, c, _ in stats.producer_history] == [0, 2, 0, 1, 3, 0, 2, 1, 0]
+    assert stats.num_producers == 0 and stats.gil_enabled in (True, False)
+
+
+def test_batch_slot_loader_with_auto_never_decodes_inline(monkeypatch):
+    monkeypatch.setattr(_producers, "default_tuner", lambda most, allow_inline: ScriptedTuner([0, 2, 0]))
+    where = set()
+    index = IndexDecoder()
+
+    def decode(item):
+        where.add(threading.current_thread().name)
+        return index(item)
+
+    loader = BatchSlotLoader(fake_paths(64), decode, batch_size=8, num_slots=3)
+    rows = [int(i) for batch in loader for i in batch["index"]]
+    assert sorted(rows) == list(range(64))
+    assert threading.current_thread().name not in where  # the slot writer runs in producers only
+    assert loader.stats().num_producers == 1  # the tuner's 0 means 1 here
+
+
+def test_a_pinned_count_through_the_dataset():
+    ds = BufferedDataset(fake_paths(50), IndexDecoder(), num_producers=3)
+    assert sorted(s["index"] for s in ds) == list(range(50))
+    stats = ds.stats()
+    assert stats.num_producers == 3 and stats.producer_history == [(0.0, 3, "pinned")]
+
+
+# -- free-threaded readiness (issue 12, part 5) ---------------------------------------------------
+
+class StaleView(Buffer):
+    """A buffer whose unlocked reads are stale, as they may be without the GIL: closed, and empty."""
+
+    def __len__(self):
+        return 0
+
+    @property
+    def closed(self):
+        return True
+
+
+def test_stop_ends_the_consumer_whatever_unlocked_reads_of_the_buffer_say():
+    buffer = StaleView(16)
+    pool = ProducerPool(make_item, 10, lambda item: item.index, buffer, num_producers=1, ordered=True)
+    pool.start()
+    try:
+        for thread in pool.threads:
+            thread.join(JOIN_TIMEOUT)  # all ten items are in the buffer, which the producer closed
+        pool.stop()
+        assert list(pool) == []  # stopped: nothing more is handed out, in order or not
+    finally:
+        pool.close()

@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from audiobuffer._tuner import ProducerTuner, TunerSample
+from audiobuffer._tuning import PoolTuning
+
+STEP = 0.05  # seconds per simulated step: 1000 items/s make 50 items, above min_items
 
 
 def drive(tuner: ProducerTuner, rate: Callable[[int], float], *, consumer_wait: Callable[[int], float],
-          producer_wait: Callable[[int], float] = lambda c: 0.0, steps: int = 40) -> list[int]:
-    """Feed ``steps`` intervals of a simulated pool whose rate and waits depend on the count."""
+          producer_wait: Callable[[int], float] = lambda c: 0.0, steps: int = 40,
+          step: float = STEP) -> list[int]:
+    """Feed ``steps`` steps of a simulated pool whose rate and waits depend on the count."""
     t = items = cwait = pwait = 0.0
     counts = []
     count = tuner.observe(TunerSample(t, 0, 0.0, 0.0))
     for _ in range(steps):
-        t += tuner.interval
-        items += rate(count) * tuner.interval
-        cwait += consumer_wait(count) * tuner.interval
-        pwait += producer_wait(count) * tuner.interval * max(1, count)
+        t += step
+        items += rate(count) * step
+        cwait += consumer_wait(count) * step
+        pwait += producer_wait(count) * step * max(1, count)
         count = tuner.observe(TunerSample(t, int(items), cwait, pwait))
         counts.append(count)
     return counts
@@ -25,45 +30,108 @@ def drive(tuner: ProducerTuner, rate: Callable[[int], float], *, consumer_wait: 
 
 def test_scales_up_to_the_cores_and_stops_where_adding_does_not_help():
     # Two cores: 2 producers decode twice as fast as one; a third adds nothing.
-    tuner = ProducerTuner(4, allow_inline=False)
+    tuner = ProducerTuner(4, allow_inline=False, retry=60.0)
     counts = drive(tuner, lambda c: 1000 * min(c, 2), consumer_wait=lambda c: 0.5)
-    assert counts[-1] == 2
-    assert tuner.ceiling == 2
-    assert max(counts) == 3  # it tried a third and took it back
+    assert counts[:3] == [2, 3, 2]  # kept a second, tried a third at once, took it back; stays
+    assert set(counts[2:]) == {2}
+    assert tuner.cap == 2
     assert [c for _, c, _ in tuner.history][:1] == [1]
 
 
-def test_decodes_inline_when_a_hand_over_costs_more_than_it_gains():
-    # GIL-bound tiny files: more threads do not help and the consumer alone is fastest.
-    tuner = ProducerTuner(4)
+def test_starts_inline_and_stays_when_a_hand_over_costs_more_than_it_gains():
+    # GIL-bound tiny files: the consumer alone is fastest.
+    tuner = ProducerTuner(4, retry=60.0)
     counts = drive(tuner, lambda c: {0: 3000, 1: 2000}.get(c, 1900), consumer_wait=lambda c: 0.0 if c == 0 else 0.6)
-    assert counts[-1] == 0
-    assert any("inline" in reason for _, _, reason in tuner.history)
+    assert tuner.history[0][1:] == (0, "start")
+    assert counts[:3] == [1, 2, 0]  # one producer, then two (the consumer waited for one), then back
+    assert set(counts[2:]) == {0}
+    assert tuner.history[-1][2].startswith("back: 1900/s against 3000/s")
 
 
-def test_inline_is_dropped_when_threads_are_faster():
+def test_inline_is_left_when_threads_are_faster():
     tuner = ProducerTuner(2)
-    counts = drive(tuner, lambda c: {0: 900, 1: 1000}.get(c, 1900), consumer_wait=lambda c: 0.0 if c == 0 else 0.5)
+    counts = drive(tuner, lambda c: {0: 800, 1: 1000}.get(c, 1900), consumer_wait=lambda c: 0.0 if c == 0 else 0.5)
+    assert counts[:3] == [1, 2, 2]
     assert counts[-1] == 2
-    assert 0 in counts  # it tried inline and went back
+    assert [reason.split(":")[0] for _, _, reason in tuner.history][:5] == [
+        "start", "trying a producer instead of inline", "kept", "consumer waited 50%", "kept"]
+
+
+def test_from_inline_a_flat_first_producer_that_starves_the_consumer_leads_to_two():
+    # Compressed audio on two cores: one producer is barely faster than inline (the hand-over eats the
+    # overlap), two decode in parallel. The trial goes on to two, judged against inline.
+    tuner = ProducerTuner(2, retry=60.0)
+    counts = drive(tuner, lambda c: {0: 1000, 1: 1060, 2: 1900}[c], consumer_wait=lambda c: 0.0 if c == 0 else 0.5)
+    assert counts[:3] == [1, 2, 2]
+    reasons = [reason for _, _, reason in tuner.history]
+    assert reasons[2].startswith("one producer: 1060/s against 1000/s, consumer waited 50%: trying two")
+    assert reasons[3].startswith("kept: 1900/s against 1000/s")
+
+
+def test_from_inline_two_that_do_not_beat_inline_go_back_to_inline():
+    tuner = ProducerTuner(4, retry=60.0)
+    counts = drive(tuner, lambda c: {0: 1000, 1: 900}.get(c, 1000), consumer_wait=lambda c: 0.0 if c == 0 else 0.5)
+    assert counts[:3] == [1, 2, 0] and set(counts[2:]) == {0}
+    assert tuner.cap == 0
+
+
+def test_without_inline_it_starts_with_one_producer_and_never_goes_to_zero():
+    tuner = ProducerTuner(4, allow_inline=False)
+    counts = drive(tuner, lambda c: 5000 if c == 0 else 1000, consumer_wait=lambda c: 0.0)
+    assert tuner.history[0][1] == 1 and set(counts) == {1}
 
 
 def test_retires_producers_that_wait_for_room():
     # The consumer is the bottleneck: producers mostly wait for room in the buffer.
     tuner = ProducerTuner(8, start=4)
-    counts = drive(tuner, lambda c: 500, consumer_wait=lambda c: 0.0, producer_wait=lambda c: 0.8)
-    assert counts[-1] == 1
-    assert sorted(set(counts), reverse=True) == [3, 2, 1]
+    counts = drive(tuner, lambda c: 1000, consumer_wait=lambda c: 0.0, producer_wait=lambda c: 0.8)
+    assert counts[:3] == [3, 2, 1]
+    assert set(counts[2:]) == {1}  # never below one by retiring: inline would slow the consumer more
 
 
-def test_no_decision_on_too_few_items():
-    tuner = ProducerTuner(4, min_items=50)
-    counts = drive(tuner, lambda c: 10, consumer_wait=lambda c: 0.9)  # 2.5 items an interval
+def test_an_interval_waits_for_enough_items():
+    # 10 items/s and min_items=50: an interval closes only after 5 s; then the decision comes.
+    tuner = ProducerTuner(4, min_items=50, allow_inline=False)
+    counts = drive(tuner, lambda c: 10, consumer_wait=lambda c: 0.9, steps=120)  # 6 s
+    first_change = counts.index(2)
+    assert (first_change + 1) * STEP >= 5.0  # not before the interval had 50 items
+    assert [reason for _, _, reason in tuner.history][:2] == ["start", "consumer waited 90%"]
+
+
+def test_no_decision_before_the_interval_has_passed():
+    tuner = ProducerTuner(4, interval=1.0, allow_inline=False)
+    counts = drive(tuner, lambda c: 10_000, consumer_wait=lambda c: 0.9, steps=19)  # 0.95 s
     assert set(counts) == {1}
-    assert [reason for _, _, reason in tuner.history] == ["start"]
 
 
 def test_never_above_the_ceiling():
     tuner = ProducerTuner(2, allow_inline=False)
     counts = drive(tuner, lambda c: 1000 * c, consumer_wait=lambda c: 0.9)
     assert max(counts) == 2
+
+
+def test_a_failed_trial_is_tried_again_after_a_growing_wait():
+    # Adding never helps: each trial goes back, and the next one waits twice as long.
+    tuner = ProducerTuner(4, allow_inline=False, retry=1.0, max_retry=3.0)
+    drive(tuner, lambda c: 1000, consumer_wait=lambda c: 0.5, steps=400)  # 20 s
+    trials = [t for t, count, reason in tuner.history if count == 2 and reason.startswith("consumer waited")]
+    gaps = [b - a for a, b in zip(trials, trials[1:])]
+    # retry 1 s, 2 s, then capped at 3 s, each after the step that judged the trial (float steps: +1)
+    for gap, retry in zip(gaps, [1.0, 2.0, 3.0, 3.0, 3.0]):
+        assert retry + STEP - 1e-6 <= gap <= retry + 2 * STEP + 1e-6
+    assert len(gaps) >= 5
+
+
+def test_pool_tuning_logs_each_decision_and_keeps_seconds_since_the_start(caplog):
+    clock = iter([10.0, 10.05, 10.1, 10.15]).__next__
+    counters = iter([(0, 0.0, 0.0), (100, 0.0, 0.0), (140, 0.0, 0.0)]).__next__
+    tuning = PoolTuning(ProducerTuner(2), "pool", counters, clock=clock)
+    with caplog.at_level(logging.DEBUG, logger="audiobuffer._tuning"):
+        assert tuning.begin() == 0
+        assert tuning.check() == 1  # inline at 2000/s: try a producer
+        assert tuning.check() == 0  # 800/s: back
+    assert [(round(t, 2), n) for t, n, _ in tuning.history] == [(0.0, 0), (0.05, 1), (0.1, 0)]
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages[0] == "pool: decoding inline at 0.000 s (start)"
+    assert messages[1].startswith("pool: 1 producer at 0.050 s (trying a producer")
+    assert messages[2].startswith("pool: decoding inline at 0.100 s (back: 800/s against 2000/s")

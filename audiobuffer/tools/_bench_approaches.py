@@ -25,8 +25,10 @@ from typing import Any, cast
 
 import numpy as np
 
+from .._options import gil_enabled  # noqa: F401  (bench.py imports it from here)
+
 APPROACHES = [
-    "loop", "dataloader-0", "dataloader-1", "dataloader-2", "dataloader-4", "dataloader-2-pin",
+    "loop", "loop-libsndfile", "dataloader-0", "dataloader-1", "dataloader-2", "dataloader-4", "dataloader-2-pin",
     "dataloader-2-spawn", "audiobuffer-1", "audiobuffer-2", "audiobuffer-4", "audiobuffer-8", "audiobuffer-auto",
     "isolated-2", "torchdata-2", "prefetch_generator", "spdl-pipeline-2", "spdl-pipeline-4", "spdl-load_wav",
 ]
@@ -232,7 +234,10 @@ def loader(approach: str, paths: list[str], transform: Callable[..., Any] | None
         def decode(path: str) -> dict[str, Any]:
             return transform(decoder(path))
 
-    if approach == "loop":
+    if approach in ("loop", "loop-libsndfile"):  # -libsndfile: WAV too through libsndfile, as before the own reader
+        from ..decoders import audio as audio_module
+
+        audio_module._NATIVE_WAV = approach == "loop"  # a fresh process per approach: nothing else sees it
         return _batches_of(decode(p) for p in paths)
     if approach.startswith("dataloader-"):
         parts = approach.split("-")
@@ -325,11 +330,6 @@ def generated_corpora(formats: Sequence[tuple[str, str | None]], files: int, cac
 
 
 # -- the output ----------------------------------------------------------------------------------
-
-
-def gil_enabled() -> bool:
-    """Whether the GIL is enabled in this process (always, before Python 3.13's free-threaded build)."""
-    return bool(getattr(sys, "_is_gil_enabled", lambda: True)())
 
 
 def gil_line(results: dict[str, list[dict[str, Any]]]) -> str:

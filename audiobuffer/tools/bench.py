@@ -4,7 +4,7 @@ Every approach runs in a fresh subprocess (so its memory, start-up and CPU time 
 same files with the same decoder (:class:`AudioDecoder`), per-sample transform (the ``flac+mel``
 corpus: a librosa log-mel spectrogram, which holds the GIL) and collate (:func:`pad_collate`, numpy):
 
-- ``loop``: decode and collate in the training thread;
+- ``loop``: decode and collate in the training thread (``loop-libsndfile``: WAV through libsndfile too);
 - ``dataloader-N``: ``DataLoader(num_workers=N)`` (fork), ``-spawn`` with the ``spawn`` start method
   (what Windows and macOS users get), ``-pin`` with ``pin_memory=True``;
 - ``audiobuffer-N``: ``BufferedDataset(num_producers=N)`` into ``DataLoader(num_workers=0)``;

@@ -113,7 +113,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     summary = RunSummary(kind=config.decode.kind)
     own_work = Timer()
     out = sys.stderr if args.json == "-" else sys.stdout
-    print(f"{args.config}: {files} files, {config.buffer.producers} producers{where}, "
+    print(f"{args.config}: {files} files, producers {config.buffer.producers}{where}, "
           f"{config.epochs} epoch(s), device {device}", file=out)
     start = time.perf_counter()
     with dataset:

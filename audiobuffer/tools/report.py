@@ -48,6 +48,10 @@ class RunSummary:
         step_s: seconds the loop spent on its own work (the train step, device copies).
         padding: with batches by duration, each epoch's padding fraction (padded seconds / seconds in
             batches, from ``DatasetStats.padding``); empty otherwise.
+        producers: the last epoch's producer count: pinned, or what ``producers: auto`` settled on (0:
+            decoding in the loop's thread); auto: whether it was tuned; changes: how often the count
+            changed in the last epoch.
+        gil_enabled: whether the GIL was enabled (a free-threaded build can run without it).
     """
 
     kind: str = "audio"
@@ -64,6 +68,9 @@ class RunSummary:
     step_s: float = 0.0
     producers: int = 0
     padding: list[float] = field(default_factory=list)
+    auto: bool = False
+    changes: int = 0
+    gil_enabled: bool = True
     verdict: str = ""
     advice: str = ""
 
@@ -79,6 +86,10 @@ class RunSummary:
         self.producers = stats.num_producers
         if stats.padding is not None:
             self.padding.append(stats.padding)
+        history = stats.producer_history
+        self.auto = bool(history) and history[0][2] != "pinned"
+        self.changes = sum(1 for (_, a, _), (_, b, _) in zip(history, history[1:]) if a != b)
+        self.gil_enabled = stats.gil_enabled
         if stats.buffer is not None:
             self.consumer_wait_s += stats.buffer.get_wait_s
             self.producer_wait_s += stats.buffer.put_wait_s
@@ -114,7 +125,11 @@ class RunSummary:
             cheapest = f"{cheaper}, fewer channels"
         if waited >= INPUT_BOUND_SHARE:
             self.verdict = "input-bound"
-            if self.producers < cores:
+            if self.auto:
+                self.advice = (f"the loop waited for data {waited:.0%} of the time with {producers_key}: auto, "
+                               f"which settled on {self.producers} ({cores} cores here): make decoding cheaper "
+                               f"({cheapest})")
+            elif self.producers < cores:
                 self.advice = (f"the loop waited for data {waited:.0%} of the time: raise {producers_key} "
                                f"(now {self.producers}, {cores} cores here) or make decoding cheaper ({cheaper})")
             else:
@@ -146,6 +161,7 @@ class RunSummary:
             f"time split    loop waited for data {self.consumer_wait_s:.2f} s | producers waited for room "
             f"{self.producer_wait_s:.2f} s ({self.producers} producers) | decoding {self.decode_s:.2f} s "
             f"(summed over producers) | loop's own work {self.step_s:.2f} s",
+            f"producers     {self._producers_line()}",
             f"verdict       {self.verdict}: {self.advice}",
             *([f"padding       {sum(self.padding) / len(self.padding):.1%} of the batches' audio (batches by "
                f"duration; per epoch: {', '.join(f'{p:.1%}' for p in self.padding)})"] if self.padding else []),
@@ -153,6 +169,14 @@ class RunSummary:
         ]
         out.extend(f"  {f['path']}: {f['error']}" for f in self.failures)
         return out
+
+    def _producers_line(self) -> str:
+        gil = "GIL enabled" if self.gil_enabled else "GIL disabled (free-threaded)"
+        if not self.auto:
+            return f"{self.producers} (pinned); {gil}"
+        where = " (decoding in the loop's thread)" if self.producers == 0 else ""
+        return (f"auto, settled on {self.producers}{where} after {self.changes} change(s) in the last epoch; "
+                f"{gil}")
 
 
 def write_json(target: str | os.PathLike[str] | None, data: Any) -> None:
