@@ -227,16 +227,15 @@ class _Run:
 
     def snapshot(self) -> DatasetStats:
         end = self.end if self.end is not None else time.perf_counter()
-        buffer = self.helper.get("buffer")
+        helper = self.helper  # the helper's own counts, from the epoch's end
         return DatasetStats(
             epoch=self.epoch, rank=self.rank, world_size=self.world_size, worker=0, num_workers=1, items=self.items,
-            num_producers=self.helper.get("num_producers", self.num_producers), resumed=self.resumed,
-            yielded=self.yielded, failed=self.failed,
-            failures=list(self.failures), decode_s=self.decode_s, wall_s=end - self.start, done=self.done,
-            buffer=BufferStats(**buffer) if buffer else None,
+            num_producers=helper.get("num_producers", self.num_producers), resumed=self.resumed, yielded=self.yielded,
+            failed=self.failed, failures=list(self.failures), decode_s=self.decode_s, wall_s=end - self.start,
+            done=self.done, buffer=BufferStats(**helper["buffer"]) if helper.get("buffer") else None,
             transfer={"trainer_wait_s": self.wait_s, "trainer_copy_s": self.copy_s,
-                      "helper_slot_wait_s": self.helper.get("slot_wait_s", 0.0)},
-            producer_history=self.helper.get("producer_history", []), gil_enabled=self.helper.get("gil_enabled", True))
+                      "helper_slot_wait_s": helper.get("slot_wait_s", 0.0)},
+            producer_history=helper.get("producer_history", []), gil_enabled=helper.get("gil_enabled", True))
 
 
 class IsolatedLoader:
@@ -434,8 +433,8 @@ class IsolatedLoader:
             gen = self._gen
         plan = plan_epoch(len(ds.source), shuffle=ds.shuffle, seed=ds.seed, epoch=epoch, rank=rank,
                           world_size=world_size, even_shards=ds.even_shards, consumed=resume)
-        pinned = ds.num_producers if ds.num_producers != "auto" else 0  # auto: the helper's count at the end
-        run = _Run(gen, epoch, rank, world_size, bytearray(plan.consumed), len(plan), min(pinned, max(1, len(plan))))
+        pinned = 0 if ds.num_producers == "auto" else min(ds.num_producers, max(1, len(plan)))  # auto: at the end
+        run = _Run(gen, epoch, rank, world_size, bytearray(plan.consumed), len(plan), pinned)
         with self._lock:
             self._run = run
         self._send(("epoch", gen, {"epoch": epoch, "rank": rank, "world_size": world_size, "consumed": resume}))
