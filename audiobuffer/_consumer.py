@@ -1,6 +1,6 @@
 """What a pool's consumer thread does besides yielding: wait for data (the "waiting for data" warning
-and the stall timeout), and decode inline when the producer count is 0 (NOTE [ Producer shutdown
-protocol ] in ``_producers.py``)."""
+and the stall timeout), and decode inline when the producer count is 0 (NOTE [ Changing the producer
+count ] in ``_feed.py``)."""
 
 from __future__ import annotations
 

@@ -74,7 +74,7 @@ class ProducerTuner:
 
     def __init__(self, max_producers: int, *, start: int | None = None, interval: float = 0.02,
                  min_items: int = 32, starved: float = 0.1, idle: float = 0.5, gain: float = 1.1,
-                 retry: float = 2.0, max_retry: float = 60.0, allow_inline: bool = True) -> None:
+                 retry: float = 0.5, max_retry: float = 60.0, allow_inline: bool = True) -> None:
         self.max_producers = max(1, max_producers)
         low = 0 if allow_inline else 1
         self.count = max(low, min(low if start is None else start, self.max_producers))
