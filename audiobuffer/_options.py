@@ -116,6 +116,10 @@ class LoaderOptions:
             raise TypeError(f"storage_options must be a mapping of fsspec options or None, got "
                             f"{self.storage_options!r}")
 
+    def most_producers(self) -> int:
+        """The most producer threads these options allow: the pinned count, or the usable cores for "auto"."""
+        return usable_cores() if self.num_producers in (None, "auto") else int(self.num_producers)
+
     @classmethod
     def names(cls) -> tuple[str, ...]:
         """The option names (the keywords a loader passes on to this class)."""

@@ -19,7 +19,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from . import _batched, _epoch, _plan
 from ._checks import check_int
 from ._epoch import MAX_LISTED_FAILURES, Compose, DatasetStats, EpochRun, WorkerEpochs, start_epoch
-from ._options import ErrorPolicy, EvenShards, LoaderOptions, ProducerCount, usable_cores
+from ._options import ErrorPolicy, EvenShards, LoaderOptions, ProducerCount
 from .errors import BufferClosed
 from .sources import AUDIO_PATTERNS, LabelSpec, Source, SourceSpec, WorkItem, as_source
 
@@ -161,8 +161,7 @@ class BufferedDataset(IterableDataset):
         #: Batches by duration: their setup and the items' durations, or ``None`` (one sample at a time).
         self.batching = None if max_batch_seconds is None else _batched.DurationBatching.read(
             self.source, decoder, max_batch_seconds=max_batch_seconds, buckets=buckets, max_batch_size=max_batch_size,
-            duration_column=duration_column, on_error=on_error,
-            num_threads=max(8, usable_cores() if self.num_producers == "auto" else self.num_producers))
+            duration_column=duration_column, on_error=on_error, num_threads=max(8, options.most_producers()))
         self._init_runtime()
 
     def _init_runtime(self) -> None:

@@ -86,3 +86,11 @@ def test_a_dataset_refuses_what_a_delivering_decoder_cannot_do():
         BufferedDataset(fake_paths(4), Delivering(), transform=lambda s: s)
     with pytest.raises(TypeError, match="BatchSlotLoader takes no ordered"):
         BatchSlotLoader(fake_paths(4), IndexDecoder(), batch_size=2, ordered=True)
+
+
+def test_most_producers_is_the_pinned_count_or_the_usable_cores():
+    from audiobuffer._options import usable_cores
+
+    assert LoaderOptions(num_producers=3).most_producers() == 3
+    assert LoaderOptions(num_producers="auto").most_producers() == usable_cores()
+    assert LoaderOptions().most_producers() == usable_cores()
