@@ -27,10 +27,13 @@ def _as_array(value: Any) -> np.ndarray | None:
     if isinstance(value, np.ndarray):
         return value
     numpy = getattr(value, "numpy", None)  # a torch.Tensor, without importing torch
-    if numpy is not None and getattr(getattr(value, "device", None), "type", None) == "cpu" \
-            and not getattr(value, "requires_grad", False):
-        return numpy()
-    return None
+    if numpy is None:
+        return None
+    try:  # torch refuses a tensor on a GPU (TypeError) and one that requires grad (RuntimeError)
+        array = numpy()
+    except (TypeError, RuntimeError):
+        return None
+    return array if isinstance(array, np.ndarray) else None
 
 
 def _empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -98,11 +101,16 @@ def _pad(values: list[Any], key: str, pad_value: float, allocate: Allocate) -> t
 
 
 def _collate_field(values: list[Any], allocate: Allocate) -> Any:
-    if all(isinstance(v, _NUMBER_TYPES) for v in values):
+    first = values[0]
+    if isinstance(first, _NUMBER_TYPES):
+        if not all(isinstance(v, _NUMBER_TYPES) for v in values):
+            return values
         numbers = np.asarray(values)
         out = allocate(numbers.shape, numbers.dtype)
         out[...] = numbers
         return out
+    if isinstance(first, str) or _as_array(first) is None:  # paths, label names: a list
+        return values
     arrays = [_as_array(v) for v in values]
     if all(a is not None for a in arrays):
         checked: list[np.ndarray] = arrays  # type: ignore[assignment]

@@ -7,6 +7,7 @@ libsndfile and its errors stay the same.
 """
 
 import io
+import os
 import struct
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from audiobuffer import AudioDecoder, DecodeError, WorkItem
-from audiobuffer.decoders import _wav
+from audiobuffer.decoders import _wav, _wav_header
 from audiobuffer.decoders import audio as audio_module
 
 SUBTYPES = ["PCM_U8", "PCM_16", "PCM_24", "PCM_32", "FLOAT", "DOUBLE"]
@@ -282,26 +283,51 @@ def test_window_callable_picks_the_frames(tmp_path):
     assert _wav.read_wav(b"not a wav at all", window=window) is None and len(seen) == 1
 
 
-def test_a_crop_reads_the_header_and_the_window_only(tmp_path, monkeypatch):
+def test_a_crop_reads_the_head_and_the_window_only(tmp_path, monkeypatch):
     path = tmp_path / "ramp.wav"
     sf.write(path, (np.arange(80000) / 80000).astype(np.float32), 8000, subtype="FLOAT")
     reads = []
+    os_read = os.read
+
+    def counting_read(fd, n):
+        data = os_read(fd, n)
+        reads.append(("read", len(data)))
+        return data
 
     class CountingFile(io.FileIO):
         def read(self, n=-1):
             data = super().read(n)
-            reads.append(len(data))
+            reads.append(("file.read", len(data)))
             return data
 
         def readinto(self, b):
             n = super().readinto(b)
-            reads.append(n)
+            reads.append(("file.readinto", n))
             return n
 
-    monkeypatch.setattr(_wav, "open", lambda p, mode, buffering: CountingFile(p, mode), raising=False)
+    monkeypatch.setattr(os, "read", counting_read)
+    monkeypatch.setattr(_wav, "open", lambda fd, mode, buffering, closefd: CountingFile(fd, mode, closefd=closefd),
+                        raising=False)
     sample = AudioDecoder(crop_seconds=0.5, crop="center")(path)
-    assert reads == [4096, 4000 * 4]
+    assert reads == [("read", _wav._HEAD), ("file.readinto", 4000 * 4)]  # the first 64 KiB, then the crop
     assert round(float(sample["audio"][0]) * 80000) == 38000
+
+
+def test_a_small_file_is_read_whole_in_one_read_and_one_more_at_its_end(tmp_path, monkeypatch):
+    path = tmp_path / "short.wav"
+    sf.write(path, noise(1000, 2), 8000, subtype="PCM_16")
+    reads = []
+    os_read = os.read
+
+    def counting_read(fd, n):
+        data = os_read(fd, n)
+        reads.append(len(data))
+        return data
+
+    monkeypatch.setattr(os, "read", counting_read)
+    audio, rate = _wav.read_wav(path)
+    assert reads == [44 + 4000, 0] and rate == 8000
+    np.testing.assert_array_equal(audio, libsndfile(path)[0])
 
 
 def test_negative_start_or_frames_is_an_error(tmp_path):
@@ -481,6 +507,43 @@ def damaged_wavs(draw):
 @given(damaged_wavs())
 def test_damaged_files_are_read_as_libsndfile_reads_them_or_declined(tmp_path, data):
     assert_same_as_libsndfile(data, tmp_path, must_read=False)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(damaged_wavs())
+def test_the_plain_header_shortcut_agrees_with_the_chunk_walk(data):
+    reader = _wav_header.Reader(data, len(data))
+    plain = _wav_header._plain(reader)
+    if plain is not None:  # the shortcut answers only for files the walk reads the same way
+        assert plain == _wav_header._walk(reader)
+
+
+def plain_header_cases():
+    """Plain 44-byte headers at the edges of the shortcut: sizes, pad bytes, bytes after data, codecs."""
+    body = pcm16(10)
+    yield riff(fmt(), chunk(b"data", body))
+    yield riff(fmt(), chunk(b"data", body)) + b"xyz"  # 3 stray bytes: within 4 of the end
+    yield riff(fmt(), chunk(b"data", body)) + b"wxyz"  # 4: the walk looks for a chunk there
+    yield riff(fmt(), chunk(b"data", body)) + chunk(b"LIST", b"INFO" + chunk(b"ISFT", b"ab"))
+    yield riff(fmt(bits=8, block_align=1), chunk(b"data", b"\x80" * 7))  # odd size, padded
+    yield riff(fmt(bits=8, block_align=1), chunk(b"data", b"\x80" * 7, pad=False))
+    yield riff(fmt(), chunk(b"data", b""))  # data size 0
+    yield riff(fmt(tag=6, bits=8, block_align=1), chunk(b"data", body))  # A-law
+    yield riff(fmt(), chunk(b"data", b"wvpk" + body))
+    yield riff(fmt(), chunk(b"data", body))[:50]  # truncated data
+    yield riff(fmt(), chunk(b"data", body))[:44]  # no data at all
+
+
+@pytest.mark.parametrize("data", list(plain_header_cases()))
+def test_the_plain_header_shortcut_at_its_edges(data):
+    reader = _wav_header.Reader(data, len(data))
+    assert _wav_header.parse(reader) == _wav_header._walk(reader)
+
+
+def test_the_plain_header_shortcut_is_taken_for_a_plain_file():
+    data = riff(fmt(channels=2), chunk(b"data", pcm16(10, channels=2)))
+    info = _wav_header._plain(_wav_header.Reader(data, len(data)))
+    assert info == _wav_header.WavInfo(10, 2, 8000, "PCM_16", "WAV", 44, 4)
 
 
 # -- real files ------------------------------------------------------------------------------------------

@@ -45,6 +45,8 @@ _u32 = struct.Struct("<I").unpack_from
 _header = struct.Struct("<4sI").unpack_from
 _fmt = struct.Struct("<HHIIHH").unpack_from
 _ds64 = struct.Struct("<QQQI").unpack_from
+# RIFF, size, WAVE, "fmt ", 16, the fmt body, "data", size: the 44-byte header most WAV files have
+_plain_header = struct.Struct("<4sI4s4sI16s4sI").unpack_from
 
 
 class WavInfo(NamedTuple):
@@ -93,9 +95,34 @@ class Reader:
 def parse(reader: Reader) -> WavInfo | None:
     """Walk the chunks as libsndfile's wav.c / rf64.c do; ``None`` at the first thing not handled."""
     try:
-        return _walk(reader)
+        return _plain(reader) or _walk(reader)
     except (struct.error, IndexError, KeyError, ValueError):  # bytes no branch below expects
         return None
+
+
+def _plain(reader: Reader) -> WavInfo | None:
+    """What :func:`_walk` gives for the plain 44-byte header (a 16-byte ``fmt `` chunk, then ``data``
+    running to the end of the file), without the walk; ``None`` for every other file (walk it).
+
+    The walk, step by step, for such a file of at least 44 bytes: it reads ``fmt `` and then ``data``,
+    and stops there, because the data chunk (plus its pad byte) reaches within 4 bytes of the end.
+    A data size of 0 (which may mean "to the end of the file") is left to the walk.
+    """
+    head, size = reader.head, reader.size
+    if size < 44 or len(head) < 44:
+        return None
+    riff, _, wave, fmt_id, fmt_size, fmt_body, data_id, length = _plain_header(head)
+    if (riff != b"RIFF" or wave != b"WAVE" or fmt_id != b"fmt " or fmt_size != 16 or data_id != b"data"
+            or length == 0 or 44 + min(length, size - 44) + (length & 1) < size - 4
+            or bytes(head[44:48]) in (b"wvpk", b"OggS")):
+        return None
+    fmt = _parse_fmt(fmt_body, 16)
+    if fmt is None:
+        return None
+    channels, samplerate, bytewidth, is_float, container = fmt
+    block = channels * bytewidth
+    return WavInfo(min(length, size - 44) // block, channels, samplerate, _SUBTYPES[bytewidth, is_float],
+                   container, 44, block)
 
 
 def _walk(reader: Reader) -> WavInfo | None:

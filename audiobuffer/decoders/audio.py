@@ -275,8 +275,8 @@ class AudioDecoder:
     def _read_soundfile(self, path: str, rng: np.random.Generator | None,
                         raw: bytes | None = None) -> tuple[np.ndarray, int]:
         if _NATIVE_WAV and _wav.is_wav_path(path):  # None: not a WAV it reads exactly, so libsndfile
-            read = _wav.read_wav(path if raw is None else raw,
-                                 window=lambda frames, sr: self._window(frames, sr, rng))
+            window = None if self.crop_seconds is None else lambda frames, sr: self._window(frames, sr, rng)
+            read = _wav.read_wav(path if raw is None else raw, window=window)  # no window: the whole file
             if read is not None:
                 return read
         with sf.SoundFile(path if raw is None else io.BytesIO(raw)) as f:  # bytes: libsndfile's virtual I/O
