@@ -187,6 +187,13 @@ class Source:
         index's members, measured by ``audiobuffer pack``; ``None`` where unknown), else ``None``."""
         return None if self._members is None else [m.duration for m in self._members]
 
+    def _has_urls(self) -> bool:
+        """Whether any path is a URL (looked at once; local paths then skip the test per item)."""
+        has = self.__dict__.get("_urls")
+        if has is None:
+            has = self.__dict__["_urls"] = any(is_url(p) for p in self.paths)
+        return has
+
     def fingerprint(self) -> str:
         """A digest of the file list (its order included): a saved state names the source it came from."""
         fingerprint = self.__dict__.get("_fingerprint")
@@ -224,7 +231,7 @@ class Source:
         read: Callable[[], bytes] | None = None
         if self._members is not None:  # one ranged request, sized to the member
             read = self._members[index].reader(storage_options=self.storage_options, retry=self.retry)
-        elif is_url(path):
+        elif self._has_urls() and is_url(path):
             read = functools.partial(read_bytes, path, storage_options=self.storage_options, retry=self.retry)
         if read is not None and clock is not None:
             read = clock.timed(read)
