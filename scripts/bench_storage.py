@@ -201,14 +201,12 @@ def local(files: list[Path], work: Path, runs: int, shard_size: int) -> dict[str
             sf.read(path, dtype="float32")
 
     fns: dict[str, Callable[[], object]] = {"soundfile loop over the files": loop}
-    for producers in (1, 2):
-        ds = BufferedDataset(str(work / "local" / "index.json"), decode, shuffle=True, num_producers=producers,
-                             buffer_size=256)
-        fns[f"index, {producers} producer{'s' * (producers > 1)}"] = _epoch(ds)
-    for producers in (1, 2):
-        ds = BufferedDataset(str(work / "local" / "shard-*.tar"), decode, shuffle=True, num_producers=producers,
-                             buffer_size=256)
-        fns[f"streamed shards, {producers} producer{'s' * (producers > 1)}"] = _epoch(ds)
+    for kind, source in (("index", "index.json"), ("streamed shards", "shard-*.tar")):
+        for producers in ("auto", 1, 2):
+            count = ({} if producers == "auto" else {"num_producers": producers})
+            ds = BufferedDataset(str(work / "local" / source), decode, shuffle=True, buffer_size=256, **count)
+            name = "auto (the default)" if producers == "auto" else f"{producers} producer{'s' * (producers != 1)}"
+            fns[f"{kind}, {name}"] = _epoch(ds)
     for fn in fns.values():
         fn()  # warm: imports, page cache
     times = interleaved(fns, runs)
@@ -337,13 +335,13 @@ def report(loc: dict, rem: dict | None, runs: int) -> str:
         "",
         "A recording here is under a second of 8 kHz audio: `soundfile.read` of the file is mostly Python "
         "work in python-soundfile's wrappers, and the page cache holds the files, so the per-file loop pays "
-        "no disk seek that the shards could save. The index reads a member in a few microseconds "
-        "(pread on a file each producer keeps open) and decodes it from bytes with the native WAV reader; "
-        "the parts add up to well under half of a `soundfile.read`, but inside an epoch the same work "
-        "takes about twice its single-thread time (the producer and the consuming thread share the GIL, "
-        "on two cores other processes use too), and almost all of it holds the GIL, so a second producer "
-        "does not help. On a file system where opening a file costs a round trip (network storage, "
-        "millions of files) the per-file loop pays that per file and the shards do not.",
+        "no disk seek that the shards could save. The index reads a member with one pread on a file each "
+        "thread keeps open and decodes it from bytes with the native WAV reader. Almost all of that holds "
+        "the GIL, so producer threads add hand-overs and GIL switches without adding parallel work: with "
+        "`num_producers=\"auto\"` the pool finds that out in its first intervals and decodes in the "
+        "consuming thread (see the tuner's history in `stats().producer_history`). On a file system where "
+        "opening a file costs a round trip (network storage, millions of files) the per-file loop pays "
+        "that per file and the shards do not.",
     ]
     if rem is not None:
         loop = statistics.median(rem["loop"])

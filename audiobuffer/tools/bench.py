@@ -138,7 +138,7 @@ def _measure(approach: str, file_list: Path, timeout: float, transform: str | No
 def run_bench(corpora: dict[str, list[str]], approaches: Sequence[str], runs: int, *, workdir: Path,
               timeout: float = 600.0, progress: bool = True, transforms: dict[str, str] | None = None
               ) -> dict[str, list[dict[str, Any]]]:
-    """Measure every approach on every corpus ``runs`` times; return the medians per corpus.
+    """Measure every approach on every corpus ``runs`` times, taking turns; return the medians per corpus.
 
     ``transforms`` maps a corpus name to the per-sample transform its samples get (one of
     ``TRANSFORMS``). Approaches whose package is missing, or that do not apply to a corpus
@@ -149,18 +149,26 @@ def run_bench(corpora: dict[str, list[str]], approaches: Sequence[str], runs: in
         transform = (transforms or {}).get(corpus)
         file_list = workdir / f"corpus-{number}.txt"
         file_list.write_text("\n".join(paths))
-        rows = []
+        usable = []
         for approach in approaches:
             why = ("not installed" if not available(approach) else
                    "not for this corpus" if not applies(approach, paths, transform) else None)
             if why:
                 if progress:
                     print(f"  {corpus}: {approach}: {why}, left out", file=sys.stderr)
-                continue
-            measured = [_measure(approach, file_list, timeout, transform) for _ in range(runs)]
-            median = {k: statistics.median(getattr(m, k) for m in measured) for k in asdict(measured[0])
+            else:
+                usable.append(approach)
+        # The approaches take turns within each round, so that a busy spell of a shared machine
+        # slows them alike instead of one approach's runs.
+        measured: dict[str, list[Any]] = {approach: [] for approach in usable}
+        for _ in range(runs):
+            for approach in usable:
+                measured[approach].append(_measure(approach, file_list, timeout, transform))
+        rows = []
+        for approach, runs_of in measured.items():
+            median = {k: statistics.median(getattr(m, k) for m in runs_of) for k in asdict(runs_of[0])
                       if k not in ("approach", "gil_enabled")}
-            median["gil_enabled"] = any(m.gil_enabled for m in measured)
+            median["gil_enabled"] = any(m.gil_enabled for m in runs_of)
             median["approach"] = approach
             median["runs"] = runs
             rows.append(median)
