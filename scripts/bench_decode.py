@@ -36,7 +36,8 @@ def main() -> int:
     runs = next(iter(results.values()))[0]["runs"]
     body = "\n\n".join([
         "## Decoding an epoch: audiobuffer against the alternatives (`scripts/bench_decode.py`)",
-        f"Machine: {machine()}. Command: `python scripts/bench_decode.py {' '.join(args)}`. Medians of {runs} runs (the approaches taking turns in each round), "
+        f"Machine: {machine()}. Command: `python scripts/bench_decode.py {' '.join(args)}`. Medians of {runs} runs "
+        "(the approaches taking turns in each round), "
         "each approach in a fresh process; batches of 16 through the same `AudioDecoder` and numpy `pad_collate` "
         "(`spdl-load_wav` alone decodes with SPDL's WAV parser; the log-mel corpus adds the same librosa transform "
         "per sample in every approach). "
