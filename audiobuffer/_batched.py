@@ -273,6 +273,6 @@ def start_epoch(dataset: Any, decode: Any, *, number: int, rank: int, world_size
     capacity = max(dataset.buffer_size, 2 * max(layout.sizes, default=0))
     buffer: Buffer[Any] = Buffer(capacity, max_bytes=dataset.max_bytes)
     pool = ProducerPool(make_item, len(layout), decode, buffer,
-                        num_producers=dataset.num_producers, ordered=dataset.ordered,
+                        num_producers=dataset.num_producers, memory=dataset._tuned, ordered=dataset.ordered,
                         warn_after=dataset.warn_after, timeout=dataset.timeout)
     return BatchEpochRun(number, rank, world_size, worker, num_workers, pool, buffer, layout, batching)

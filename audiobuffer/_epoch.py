@@ -258,7 +258,7 @@ def start_epoch(dataset: Any, decode: Callable[[WorkItem], Any], *, number: int,
         decode = ShardReader(source, decode, buffer, clock, shuffle=dataset.shuffle,
                              chunk=max(1, min(CHUNK_ITEMS, dataset.buffer_size // (2 * min(most, max(1, len(plan)))))))
     pool = ProducerPool(make_shard if streamed else make_item, len(plan), decode, buffer,
-                        num_producers=dataset.num_producers,
+                        num_producers=dataset.num_producers, memory=dataset._tuned,
                         ordered=dataset.ordered, warn_after=dataset.warn_after, timeout=dataset.timeout)
     return EpochRun(number, rank, world_size, worker, num_workers, pool, buffer, bytearray(plan.consumed),
                     plan.positions, clock=clock, streamed=streamed)

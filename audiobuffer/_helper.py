@@ -6,10 +6,9 @@ every OS. Nothing here imports torch; decoders hand numpy arrays over (``decoder
 
 NOTE [ Helper process lifecycle ]
 =================================
-Channel. Frames are pickles: trainer -> helper on the helper's stdin, helper -> trainer on the
-helper's original stdout. ``sys.stdout`` is pointed at stderr first, so a ``print`` in a user's decoder
-cannot corrupt the channel. Pickles come from the trainer that started this process, never from
-elsewhere.
+Channel. Frames are pickles, only ever from the trainer that started this process: trainer -> helper
+on the helper's stdin, helper -> trainer on its original stdout. ``sys.stdout`` is pointed at stderr
+first, so a ``print`` in a user's decoder cannot corrupt the channel.
 
 Start. The trainer sends ``("setup", sys_path, spec_bytes)``; the helper puts the trainer's
 ``sys.path`` in place (so the user's modules import as they do in the trainer), unpickles the spec and
@@ -25,10 +24,10 @@ free shared-memory slot and sends ``("batch", gen, ...)``; the trainer copies th
 epoch; the helper decodes a batch's samples in parallel, collates each batch once it is complete
 (``_batched.Assembler``) and sends ``("skipped", gen, position)`` for one whose samples all failed.
 The free and full slot lists are caffe's ``prefetch_free_`` and ``prefetch_full_``; the helper waits
-for a free slot on a condition that ``free`` and ``stop`` notify.
-An epoch ends with ``("end", gen, stats)``, or, when the trainer leaves it early, with ``("stop",
-gen)`` -> the pool is closed and ``("stopped", gen)`` confirms it. Every slot is free again at the
-start of the next epoch.
+for a free slot on a condition that ``free`` and ``stop`` notify. An epoch ends with ``("end", gen,
+stats)``, or, when the trainer leaves it early, with ``("stop", gen)`` -> the pool is closed and
+``("stopped", gen)`` confirms it. Every slot is free again at the start of the next epoch. The pools
+of successive epochs share a ``TunerMemory`` (NOTE [ Producer tuning ] in ``_tuner.py``).
 
 Exit. ``("close",)`` or end of file on stdin ends the helper: the trainer closed it, exited or was
 killed (a killed trainer's pipe closes with it). Either way the epoch's pool is stopped, every
@@ -58,6 +57,7 @@ from ._options import gil_enabled
 from ._outcomes import Failure
 from ._plan import plan_epoch
 from ._producers import ProducerPool
+from ._tuner import TunerMemory
 from .buffer import Buffer
 from .errors import BufferClosed, StallError
 from .sources import WorkItem
@@ -177,6 +177,7 @@ class Helper:
         self._gen = -1
         self._pool: ProducerPool | None = None
         self._lock = threading.Lock()
+        self._tuned = TunerMemory()
 
     # -- commands (main thread) ----------------------------------------------------------------
 
@@ -235,8 +236,8 @@ class Helper:
             return source.item(int(indices[seq]), epoch=epoch, seed=seed, seq=int(seqs[seq]))
 
         buffer: Buffer[Any] = Buffer(capacity, max_bytes=spec["max_bytes"])
-        pool = ProducerPool(make_item, len(indices), decode, buffer, num_producers=spec["num_producers"],
-                            ordered=spec["ordered"], warn_after=spec["warn_after"], timeout=spec["timeout"])
+        pool = ProducerPool(make_item, len(indices), decode, buffer, memory=self._tuned, ordered=spec["ordered"],
+                            num_producers=spec["num_producers"], warn_after=spec["warn_after"], timeout=spec["timeout"])
         with self._lock:
             if gen != self._gen:
                 return
@@ -342,9 +343,8 @@ def _lower_priority() -> None:
         if os.name == "nt":
             import ctypes
 
-            below_normal = 0x4000  # BELOW_NORMAL_PRIORITY_CLASS
             kernel32 = ctypes.windll.kernel32  # type: ignore[attr-defined]
-            kernel32.SetPriorityClass(kernel32.GetCurrentProcess(), below_normal)
+            kernel32.SetPriorityClass(kernel32.GetCurrentProcess(), 0x4000)  # BELOW_NORMAL_PRIORITY_CLASS
         else:
             os.nice(10)
     except (OSError, AttributeError):  # not allowed, or not on this platform: run as the trainer runs

@@ -64,7 +64,7 @@ from ._consumer import ConsumerWait, InlineDecoder
 from ._feed import Feed, Producer
 from ._options import usable_cores
 from ._outcomes import DELIVERED, Failure, delivers_itself
-from ._tuning import PoolTuning, default_tuner
+from ._tuning import PoolTuning, TunerMemory, default_tuner
 from .buffer import Buffer, payload_nbytes
 from .errors import AudioBufferError, BufferClosed, ProducerError, SampleError
 from .sources import WorkItem
@@ -107,13 +107,14 @@ class ProducerPool:
         chunk_items: the most finished items a producer hands over at once; ``None``: up to
             ``CHUNK_ITEMS``, no more than its share of the buffer. Ordered pools use 1.
         name: the threads' name prefix (``{name}-{i}``).
-        tuner: with ``"auto"``, the tuner to use instead of the default one (tests script one).
+        tuner, memory: with ``"auto"``, a tuner instead of the default (tests script one); a TunerMemory.
     """
 
     def __init__(self, make_item: Callable[[int], WorkItem], count: int,
                  decode: Callable[[WorkItem], Any], buffer: Buffer, *, num_producers: int | Literal["auto"],
                  ordered: bool = False, warn_after: float | None = None, timeout: float | None = None,
-                 chunk_items: int | None = None, name: str = "audiobuffer-producer", tuner: Any = None) -> None:
+                 chunk_items: int | None = None, name: str = "audiobuffer-producer", tuner: Any = None,
+                 memory: TunerMemory | None = None) -> None:
         check_int("count", count, 0)
         auto = num_producers == "auto"
         if not auto:
@@ -137,8 +138,8 @@ class ProducerPool:
         # Inline decoding: never for a delivering decoder or under a stall timeout (see the NOTE).
         self._allow_inline = auto and not self._delivering and timeout is None
         most = max(1, min(usable_cores() if auto else cast(int, num_producers), count))
-        self._tuning = PoolTuning(tuner or default_tuner(most, allow_inline=self._allow_inline), name,
-                                  self._counters) if auto else None
+        self._tuning = PoolTuning(tuner or default_tuner(most, allow_inline=self._allow_inline, memory=memory),
+                                  name, self._counters, memory=memory) if auto else None
         self._pinned = None if auto else most
         # Chunks: 1 in ordered mode and for a delivering decoder (see the NOTEs), else no larger than a
         # producer's share of the buffer.
@@ -183,6 +184,8 @@ class ProducerPool:
         """Stop and join the producers; see NOTE [ Producer shutdown protocol ]. Idempotent."""
         self.stop()
         self._unregister()
+        if self._tuning is not None:
+            self._tuning.finish()
         deadline = time.monotonic() + timeout
         current = threading.current_thread()
         threads = self.threads  # complete: no thread starts once the feed stops

@@ -32,6 +32,11 @@ Start small: inline when it is allowed, else one producer. On each closed interv
 - The consumer waited for data more than ``starved`` of the interval (the producers are the
   bottleneck): try one producer more.
 
+Across epochs. A dataset hands each epoch's pool the :class:`TunerMemory` the previous epoch's pool
+left: the new tuner starts at the count the last one settled on, and if a trial had failed there, it
+stays capped at that count for the current back-off before trying again (the back-off keeps
+doubling across epochs). So a training run pays the trials of its first epoch, not of every epoch.
+
 A trial is judged on the very next interval: a new thread starts in well under a millisecond, and
 the buffer is near empty when the consumer starves, so there is nothing to let settle. Every change is
 recorded in :attr:`ProducerTuner.history` as ``(time, count, reason)``, the first entry being the start.
@@ -40,8 +45,9 @@ recorded in :attr:`ProducerTuner.history` as ``(time, count, reason)``, the firs
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["ProducerTuner", "TunerSample"]
+__all__ = ["ProducerTuner", "TunerMemory", "TunerSample"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,31 @@ class TunerSample:
     items: int  # items finished (decoded or failed)
     consumer_wait_s: float  # seconds the consumer waited for data
     producer_wait_s: float  # seconds producers waited for room, summed over producers
+
+
+class TunerMemory:
+    """What one pool's tuner settled on, for the next pool of the same dataset (its next epoch).
+
+    Attributes:
+        count: the count the last tuner settled on (``None``: no epoch has run yet).
+        retry: the back-off in seconds after the last tuner's failed trial, ``None`` if none failed.
+
+    Thread safety: a pool writes it as it closes, the next pool reads it as it starts; one epoch of a
+    dataset runs at a time in each process.
+    """
+
+    def __init__(self) -> None:
+        self.count: int | None = None
+        self.retry: float | None = None
+
+    def __repr__(self) -> str:
+        return f"TunerMemory(count={self.count}, retry={self.retry})"
+
+    def remember(self, tuner: Any) -> None:
+        """Keep what ``tuner`` settled on (any object without :meth:`ProducerTuner.settled` is ignored)."""
+        settled = getattr(tuner, "settled", None)
+        if settled is not None:
+            self.count, self.retry = settled()
 
 
 class ProducerTuner:
@@ -70,13 +101,19 @@ class ProducerTuner:
         retry: seconds a failed trial caps the count (doubled after each failed trial) ...
         max_retry: ... up to this many.
         allow_inline: whether count 0 (decoding in the consumer's thread) may be used.
+        memory: what the previous epoch's tuner settled on: start there instead of at ``start``.
     """
 
     def __init__(self, max_producers: int, *, start: int | None = None, interval: float = 0.02,
                  min_items: int = 32, starved: float = 0.1, idle: float = 0.5, gain: float = 1.1,
-                 retry: float = 0.5, max_retry: float = 60.0, allow_inline: bool = True) -> None:
+                 retry: float = 0.5, max_retry: float = 60.0, allow_inline: bool = True,
+                 memory: TunerMemory | None = None) -> None:
         self.max_producers = max(1, max_producers)
         low = 0 if allow_inline else 1
+        self._resumed = memory is not None and memory.count is not None
+        if self._resumed:
+            assert memory is not None and memory.count is not None
+            start = memory.count
         self.count = max(low, min(low if start is None else start, self.max_producers))
         self.interval = interval
         self.min_items = min_items
@@ -89,6 +126,9 @@ class ProducerTuner:
         self._retry = retry
         self._max_retry = max_retry
         self._cap_until = 0.0
+        self._failed = False  # a trial failed (the back-off was used)
+        if self._resumed and memory is not None and memory.retry is not None:
+            self._retry, self._failed = memory.retry, True  # capped from the first observation
         #: ``(time, count, reason)`` of every change, the first entry being the start.
         self.history: list[tuple[float, int, str]] = []
         self._last: TunerSample | None = None
@@ -103,7 +143,13 @@ class ProducerTuner:
         last = self._last
         if last is None:
             self._last = sample
-            self.history.append((sample.time, self.count, "start"))
+            reason = "start"
+            if self._resumed:
+                reason = "start where the last epoch settled"
+                if self._failed:  # as if its failed trial had just happened
+                    self.cap, self._cap_until = self.count, sample.time + self._retry
+                    reason += f", no trial for {self._retry:g} s"
+            self.history.append((sample.time, self.count, reason))
             return self.count
         span = sample.time - last.time
         items = sample.items - last.items
@@ -148,8 +194,15 @@ class ProducerTuner:
         self.cap = before
         self._cap_until = now + self._retry
         self._retry = min(2 * self._retry, self._max_retry)
+        self._failed = True
         self._change(now, before, f"back: {verdict}")
         return False
+
+    def settled(self) -> tuple[int, float | None]:
+        """``(count, back-off)`` for :class:`TunerMemory`: the count now (the one before a trial still
+        being judged), and the back-off for the next trial if a trial failed, else ``None``."""
+        count = self._trial[0] if self._trial is not None else self.count
+        return count, (self._retry if self._failed else None)
 
     def _change(self, now: float, count: int, reason: str) -> int:
         self.count = count

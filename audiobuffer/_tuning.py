@@ -13,16 +13,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ._tuner import ProducerTuner, TunerSample
+from ._tuner import ProducerTuner, TunerMemory, TunerSample
 
-__all__ = ["PoolTuning", "default_tuner"]
+__all__ = ["PoolTuning", "TunerMemory", "default_tuner"]
 
 logger = logging.getLogger(__name__)
 
 
-def default_tuner(max_producers: int, *, allow_inline: bool) -> ProducerTuner:
-    """The tuner a pool with ``num_producers="auto"`` gets."""
-    return ProducerTuner(max_producers, allow_inline=allow_inline)
+def default_tuner(max_producers: int, *, allow_inline: bool, memory: TunerMemory | None = None) -> ProducerTuner:
+    """The tuner a pool with ``num_producers="auto"`` gets (starting where ``memory`` says)."""
+    return ProducerTuner(max_producers, allow_inline=allow_inline, memory=memory)
 
 
 class PoolTuning:
@@ -37,11 +37,13 @@ class PoolTuning:
         name: the pool's name, for the log.
         counters: returns ``(items finished, consumer wait s, producer wait s)`` so far.
         clock: a monotonic clock in seconds.
+        memory: where :meth:`finish` leaves what the tuner settled on, for the next pool.
     """
 
     def __init__(self, tuner: Any, name: str, counters: Callable[[], tuple[int, float, float]], *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, memory: TunerMemory | None = None) -> None:
         self.tuner = tuner
+        self._memory = memory
         self._name = name
         self._counters = counters
         self._clock = clock
@@ -70,6 +72,11 @@ class PoolTuning:
             self._logged += 1
             logger.debug("%s: %s at %.3f s (%s)", self._name, _describe(n), at - self._start, reason)
         return count
+
+    def finish(self) -> None:
+        """The pool is closing: leave what the tuner settled on in the memory (if any)."""
+        if self._memory is not None:
+            self._memory.remember(self.tuner)
 
     def tick(self, current: int, apply: Callable[[int], None]) -> None:
         """:meth:`check`, then ``apply(count)`` if the count wanted is not ``current``.

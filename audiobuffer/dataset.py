@@ -20,6 +20,7 @@ from . import _batched, _epoch, _plan
 from ._checks import check_int
 from ._epoch import MAX_LISTED_FAILURES, Compose, DatasetStats, EpochRun, WorkerEpochs, start_epoch
 from ._options import ErrorPolicy, EvenShards, LoaderOptions, ProducerCount
+from ._tuner import TunerMemory
 from .errors import BufferClosed
 from .sources import AUDIO_PATTERNS, LabelSpec, Source, SourceSpec, WorkItem, as_source
 
@@ -158,6 +159,7 @@ class BufferedDataset(IterableDataset):
         self._epoch = 0
         self._resume: tuple[int, bytes] | None = None  # (epoch, consumed) from load_state_dict
         self._worker_epochs = WorkerEpochs()
+        self._tuned = TunerMemory()  # NOTE [ Producer tuning ]: where the last epoch's tuner settled
         #: Batches by duration: their setup and the items' durations, or ``None`` (one sample at a time).
         self.batching = None if max_batch_seconds is None else _batched.DurationBatching.read(
             self.source, decoder, max_batch_seconds=max_batch_seconds, buckets=buckets, max_batch_size=max_batch_size,

@@ -528,7 +528,7 @@ def test_the_real_tuner_keeps_every_item_once():
 @pytest.mark.parametrize("ordered", [False, True])
 def test_buffered_dataset_defaults_to_auto_and_yields_each_item_once(monkeypatch, ordered):
     script = [0, 2, 0, 1, 3, 0, 2, 1, 0]
-    monkeypatch.setattr(_producers, "default_tuner", lambda most, allow_inline: ScriptedTuner(script))
+    monkeypatch.setattr(_producers, "default_tuner", lambda most, allow_inline, memory: ScriptedTuner(script))
     ds = BufferedDataset(fake_paths(300), IndexDecoder(), ordered=ordered, buffer_size=8)
     assert ds.num_producers == "auto" and "num_producers='auto'" in repr(ds)
     got = [s["index"] for s in ds]
@@ -539,8 +539,24 @@ def test_buffered_dataset_defaults_to_auto_and_yields_each_item_once(monkeypatch
     assert stats.num_producers == 0 and stats.gil_enabled in (True, False)
 
 
+@pytest.mark.timeout(120)
+def test_each_epoch_of_a_dataset_starts_where_the_last_one_settled():
+    ds = BufferedDataset(fake_paths(2000), IndexDecoder(), buffer_size=16)
+    for epoch in range(3):
+        ds.set_epoch(epoch)
+        assert sorted(s["index"] for s in ds) == list(range(2000))
+        history = ds.stats().producer_history
+        if epoch == 0:
+            assert history[0][1:] == (0, "start")
+        else:
+            assert history[0][1] == settled and history[0][2].startswith("start where the last epoch settled")
+        settled = ds._tuned.count
+        assert settled is not None and 0 <= settled <= 2 ** 10
+    assert not wait_no_threads()
+
+
 def test_batch_slot_loader_with_auto_never_decodes_inline(monkeypatch):
-    monkeypatch.setattr(_producers, "default_tuner", lambda most, allow_inline: ScriptedTuner([0, 2, 0]))
+    monkeypatch.setattr(_producers, "default_tuner", lambda most, allow_inline, memory: ScriptedTuner([0, 2, 0]))
     where = set()
     index = IndexDecoder()
 

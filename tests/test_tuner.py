@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from audiobuffer._tuner import ProducerTuner, TunerSample
+from audiobuffer._tuner import ProducerTuner, TunerMemory, TunerSample
 from audiobuffer._tuning import PoolTuning
 
 STEP = 0.05  # seconds per simulated step: 1000 items/s make 50 items, above min_items
@@ -135,3 +135,44 @@ def test_pool_tuning_logs_each_decision_and_keeps_seconds_since_the_start(caplog
     assert messages[0] == "pool: decoding inline at 0.000 s (start)"
     assert messages[1].startswith("pool: 1 producer at 0.050 s (trying a producer")
     assert messages[2].startswith("pool: decoding inline at 0.100 s (back: 800/s against 2000/s")
+
+
+# -- across epochs: TunerMemory --------------------------------------------------------------------
+
+def test_the_next_epoch_starts_where_the_last_settled_and_waits_out_the_back_off():
+    memory = TunerMemory()
+    first = ProducerTuner(4, retry=0.5)
+    drive(first, lambda c: {0: 3000, 1: 2000}.get(c, 1900), consumer_wait=lambda c: 0.0 if c == 0 else 0.6,
+          steps=6)  # 0.3 s: inline, a failed trial of one and two producers, back to inline
+    memory.remember(first)
+    assert (memory.count, memory.retry) == (0, 1.0)  # the back-off doubled by the failed trial
+    second = ProducerTuner(4, retry=0.5, memory=memory)
+    counts = drive(second, lambda c: {0: 3000, 1: 2000}.get(c, 1900), consumer_wait=lambda c: 0.0 if c == 0 else 0.6,
+                   steps=30)
+    assert second.history[0][1:] == (0, "start where the last epoch settled, no trial for 1 s")
+    assert set(counts[:19]) == {0}  # no trial within the back-off (1 s = 20 steps)
+    assert 1 in counts[19:]  # then it tries again, and goes back
+    assert second.settled() == (0, 2.0)
+
+
+def test_a_count_that_was_kept_is_where_the_next_epoch_starts_without_a_cap():
+    memory = TunerMemory()
+    first = ProducerTuner(2)
+    drive(first, lambda c: {0: 800, 1: 1000}.get(c, 1900), consumer_wait=lambda c: 0.0 if c == 0 else 0.5, steps=5)
+    memory.remember(first)
+    assert (memory.count, memory.retry) == (2, None)
+    second = ProducerTuner(2, memory=memory)
+    counts = drive(second, lambda c: 1000 * max(c, 1), consumer_wait=lambda c: 0.5, steps=3)
+    assert second.history[0][1:] == (2, "start where the last epoch settled") and set(counts) == {2}
+    assert second.cap == 2
+
+
+def test_a_trial_cut_short_is_not_remembered():
+    tuner = ProducerTuner(4)
+    drive(tuner, lambda c: 1000, consumer_wait=lambda c: 0.0, steps=1)  # inline -> trying one producer
+    assert tuner.count == 1
+    memory = TunerMemory()
+    memory.remember(tuner)
+    assert memory.count == 0  # the count before the unjudged trial
+    memory.remember(object())  # a scripted tuner without settled(): ignored
+    assert memory.count == 0
