@@ -542,6 +542,7 @@ def test_buffered_dataset_defaults_to_auto_and_yields_each_item_once(monkeypatch
 @pytest.mark.timeout(120)
 def test_each_epoch_of_a_dataset_starts_where_the_last_one_settled():
     ds = BufferedDataset(fake_paths(2000), IndexDecoder(), buffer_size=16)
+    settled = None
     for epoch in range(3):
         ds.set_epoch(epoch)
         assert sorted(s["index"] for s in ds) == list(range(2000))
