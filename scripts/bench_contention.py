@@ -12,8 +12,10 @@ Each corpus is fed, in batches of 16, by:
 
 - ``step-alone``: the data is already there (one decoded batch, reused): the step's own time;
 - ``loop``: decode and collate in the training thread, then the step;
-- ``buffered-1``, ``buffered-2``: ``BufferedDataset(num_producers=N)`` into ``DataLoader(num_workers=0)``;
-- ``isolated-2``: ``IsolatedLoader(num_producers=2)``: the producers in one helper process;
+- ``buffered-1``, ``buffered-2``, ``buffered-auto``: ``BufferedDataset(num_producers=N)`` into
+  ``DataLoader(num_workers=0)`` (``auto``: the default, tuned as the epoch runs);
+- ``isolated-2``, ``isolated-auto``: ``IsolatedLoader(num_producers=2)`` and with its default count:
+  the producers in one helper process;
 - ``dataloader-2``, ``dataloader-2-spawn``: ``DataLoader(num_workers=2)``, fork and spawn.
 
 Corpora: FSDD (all its recordings, where ``../shared/data/fsdd/recordings`` exists), generated WAV
@@ -51,17 +53,22 @@ from benchmd import machine, table, write_section  # noqa: E402
 
 from audiobuffer.tools.bench import BATCH_SIZE, make_corpus, run_with_peak_rss  # noqa: E402
 
-APPROACHES = ["step-alone", "loop", "buffered-1", "buffered-2", "isolated-2", "dataloader-2", "dataloader-2-spawn"]
+APPROACHES = ["step-alone", "loop", "buffered-1", "buffered-2", "buffered-auto", "isolated-2", "isolated-auto",
+              "dataloader-2", "dataloader-2-spawn"]
 #: The approaches that take a per-sample transform (the DataLoader ones decode in ``PathDataset``).
-TRANSFORM_APPROACHES = ["step-alone", "loop", "buffered-1", "buffered-2", "isolated-2"]
-IN_PROCESS = ["loop", "buffered-1", "buffered-2"]
-THREADS = ["buffered-1", "buffered-2"]
+TRANSFORM_APPROACHES = ["step-alone", "loop", "buffered-1", "buffered-2", "buffered-auto", "isolated-2",
+                        "isolated-auto"]
+IN_PROCESS = ["loop", "buffered-1", "buffered-2", "buffered-auto"]
+THREADS = ["buffered-1", "buffered-2", "buffered-auto"]
+ISOLATED = ["isolated-2", "isolated-auto"]
 LABELS = {
     "step-alone": "step alone (data already there)",
     "loop": "sequential loop",
     "buffered-1": "BufferedDataset, 1 producer",
     "buffered-2": "BufferedDataset, 2 producers",
+    "buffered-auto": "BufferedDataset, auto (the default)",
     "isolated-2": "IsolatedLoader, 2 producers",
+    "isolated-auto": "IsolatedLoader, auto (the default)",
     "dataloader-2": "DataLoader(num_workers=2), fork",
     "dataloader-2-spawn": "DataLoader(num_workers=2), spawn",
 }
@@ -133,13 +140,14 @@ def _loader(approach: str, paths: list[str], transform: Any) -> tuple[Iterator[d
     decoder = AudioDecoder()
     if approach == "loop":
         return _batches(paths, decoder, transform), lambda: None
+    count = approach.rsplit("-", 1)[1]
+    producers: Any = count if count == "auto" else int(count) if count.isdigit() else None
     if approach.startswith("buffered-"):
-        ds = BufferedDataset(paths, decoder, num_producers=int(approach.split("-")[1]), buffer_size=BUFFER_SIZE,
-                             transform=transform)
+        ds = BufferedDataset(paths, decoder, num_producers=producers, buffer_size=BUFFER_SIZE, transform=transform)
         return iter(DataLoader(ds, batch_size=BATCH_SIZE, collate_fn=pad_collate)), ds.close
-    if approach == "isolated-2":
-        loader = IsolatedLoader(paths, decoder, batch_size=BATCH_SIZE, num_producers=2, buffer_size=BUFFER_SIZE,
-                                transform=transform, pin_memory=False)
+    if approach.startswith("isolated-"):
+        loader = IsolatedLoader(paths, decoder, batch_size=BATCH_SIZE, num_producers=producers,
+                                buffer_size=BUFFER_SIZE, transform=transform, pin_memory=False)
         return iter(loader), loader.close
     if approach.startswith("dataloader-2"):
         if transform is not None:
@@ -289,17 +297,17 @@ def goals(results: Sequence[dict[str, Any]]) -> list[list[object]]:
     def add(goal: str, where: str, value: str, target: str, met: bool) -> None:
         out.append([goal, where, value, target, "yes" if met else "**no**"])
 
-    for corpus in results:
+    for corpus, isolated in itertools.product(results, ISOLATED):
         rows = {r["approach"]: r for r in corpus["rows"]}
-        iso = rows.get("isolated-2")
+        iso = rows.get(isolated)
         if iso is None:
             continue
-        name = corpus["name"]
+        name, count = corpus["name"], isolated.split("-")[1]
         for step in corpus["steps"]:
             m = iso[step]
             where = f"{name}, {step} step"
             if m["vs_alone"] is not None:
-                add("step with IsolatedLoader / step alone", where, _x(m["vs_alone"]), "<= 1.05x",
+                add(f"step with IsolatedLoader ({count}) / step alone", where, _x(m["vs_alone"]), "<= 1.05x",
                     m["vs_alone"] <= 1.05)
             # FSDD and FLAC: against the best in-process setting; with a GIL-holding transform, against
             # the in-process threads (goal 3).
@@ -307,7 +315,7 @@ def goals(results: Sequence[dict[str, Any]]) -> list[list[object]]:
             in_process = [(rows[a][step]["epoch_s"], a) for a in rivals if a in rows]
             if in_process:
                 best, which = min(in_process)
-                add(f"epoch time / best in-process ({LABELS[which]})", where, f"{m['epoch_s'] / best:.2f}x",
+                add(f"epoch time ({count}) / best in-process ({LABELS[which]})", where, f"{m['epoch_s'] / best:.2f}x",
                     "<= 1.00x", m["epoch_s"] <= best)
             if corpus["transform"]:
                 # The helper loads the transform's libraries in its start, which the in-process settings
@@ -316,18 +324,18 @@ def goals(results: Sequence[dict[str, Any]]) -> list[list[object]]:
                 if steady and m["first_batch_s"] is not None:
                     best, which = min(steady)
                     mine = m["epoch_s"] - m["first_batch_s"]
-                    add(f"epoch after its first batch / best in-process ({LABELS[which]})", where,
+                    add(f"epoch after its first batch ({count}) / best in-process ({LABELS[which]})", where,
                         f"{mine / best:.2f}x", "<= 1.00x", mine <= best)
         first_step = corpus["steps"][0]
         spawn = rows.get("dataloader-2-spawn")
         if spawn is not None and iso[first_step]["first_batch_s"] and spawn[first_step]["first_batch_s"]:
             ratio = iso[first_step]["first_batch_s"] / spawn[first_step]["first_batch_s"]
-            add("first batch / DataLoader(2) spawn", f"{name}, {first_step} step", f"{ratio:.2f}", "<= 0.20",
+            add(f"first batch ({count}) / DataLoader(2) spawn", f"{name}, {first_step} step", f"{ratio:.2f}", "<= 0.20",
                 ratio <= 0.2)
         fork = rows.get("dataloader-2")
         if fork is not None:
             ratio = iso["peak_rss_mb"] / fork["peak_rss_mb"]
-            add("peak tree RSS / DataLoader(2) fork", name, f"{ratio:.2f}", "<= 0.60", ratio <= 0.6)
+            add(f"peak tree RSS ({count}) / DataLoader(2) fork", name, f"{ratio:.2f}", "<= 0.60", ratio <= 0.6)
     return out
 
 

@@ -290,16 +290,24 @@ def test_contention_goals_are_checked_against_their_targets(contention):
                     row("buffered-2", 4e-3, 3.0, 0.5, 220), row("isolated-2", 1.2e-3, 2.0, 0.4, 300)]}
     checked = {(goal, where): (measured, met) for goal, where, measured, _, met in contention.goals([flac, mel])}
     assert checked == {
-        ("step with IsolatedLoader / step alone", "flac, light step"): ("1.04x", "yes"),
-        ("epoch time / best in-process (BufferedDataset, 2 producers)", "flac, light step"): ("1.17x", "**no**"),
-        ("first batch / DataLoader(2) spawn", "flac, light step"): ("0.15", "yes"),
-        ("peak tree RSS / DataLoader(2) fork", "flac"): ("0.75", "**no**"),
-        ("step with IsolatedLoader / step alone", "flac+mel, light step"): ("1.20x", "**no**"),
+        ("step with IsolatedLoader (2) / step alone", "flac, light step"): ("1.04x", "yes"),
+        ("epoch time (2) / best in-process (BufferedDataset, 2 producers)", "flac, light step"): ("1.17x", "**no**"),
+        ("first batch (2) / DataLoader(2) spawn", "flac, light step"): ("0.15", "yes"),
+        ("peak tree RSS (2) / DataLoader(2) fork", "flac"): ("0.75", "**no**"),
+        ("step with IsolatedLoader (2) / step alone", "flac+mel, light step"): ("1.20x", "**no**"),
         # With the transform the rivals are the in-process threads, not the loop (which is faster here).
-        ("epoch time / best in-process (BufferedDataset, 2 producers)", "flac+mel, light step"): ("0.67x", "yes"),
-        ("epoch after its first batch / best in-process (BufferedDataset, 2 producers)",
+        ("epoch time (2) / best in-process (BufferedDataset, 2 producers)", "flac+mel, light step"): ("0.67x", "yes"),
+        ("epoch after its first batch (2) / best in-process (BufferedDataset, 2 producers)",
          "flac+mel, light step"): ("0.64x", "yes"),
     }
+    # IsolatedLoader with its default count: checked the same way, each goal named with its count.
+    flac["rows"].append(row("isolated-auto", 1.01e-3, 0.5, 0.2, 250))
+    checked = {(goal, where): (measured, met) for goal, where, measured, _, met in contention.goals([flac])}
+    assert checked[("step with IsolatedLoader (auto) / step alone", "flac, light step")] == ("1.01x", "yes")
+    assert checked[("epoch time (auto) / best in-process (BufferedDataset, 2 producers)", "flac, light step")] \
+        == ("0.83x", "yes")
+    assert checked[("peak tree RSS (auto) / DataLoader(2) fork", "flac")] == ("0.62", "**no**")
+    assert len(checked) == 8
 
 
 def test_contention_flags(contention, tmp_path, capsys):
