@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from . import storage
 from ._feed import Feed
 from ._outcomes import Failure
 from .buffer import Buffer
@@ -87,6 +88,7 @@ class InlineDecoder:
         self.name = name
         self.busy = 0.0  # seconds in the decoder
         self.decoded = 0  # items finished, decoded or failed
+        storage.forget_open_files()  # this thread outlives the epoch: no shard read through a stale file
 
     def next(self, expected: int | None) -> tuple[int, Any] | None:
         """Take the next sequence number (ordered: only if it is ``expected``) and decode it here;

@@ -416,3 +416,40 @@ def test_local_ranged_reads_keep_files_open_per_thread_and_close_them_with_it(tm
     assert seen["open"] == storage.OPEN_PER_THREAD  # the least recently used were closed
     assert "ends early" in seen["error"]
     assert len(os.listdir("/proc/self/fd")) == before  # and the rest with the thread
+
+
+@pytest.mark.skipif(not hasattr(os, "pread"), reason="POSIX pread: files are kept open only there")
+def test_a_file_replaced_between_epochs_is_read_anew_by_a_thread_that_lives_on(tmp_path):
+    from audiobuffer import storage
+
+    path = tmp_path / "shard.bin"
+    path.write_bytes(b"old-bytes")
+    assert read_range(path, 0, 3) == b"old"  # this (the consumer's) thread keeps the file open
+    replacement = tmp_path / "new.bin"
+    replacement.write_bytes(b"new-bytes")
+    os.replace(replacement, path)
+    assert read_range(path, 0, 3) == b"old"  # the kept descriptor still reads the replaced file
+    storage.forget_open_files()  # what each epoch's pool does as it is made
+    assert read_range(path, 0, 3) == b"new"
+
+
+@pytest.mark.skipif(not hasattr(os, "pread"), reason="POSIX pread: files are kept open only there")
+def test_an_index_shard_replaced_between_epochs_is_read_anew_when_decoding_inline(tmp_path):
+    from audiobuffer import BufferedDataset
+    from audiobuffer.shards import pack
+
+    files = []
+    for i in range(8):
+        files.append(tmp_path / "in" / f"{i}.bin")
+        files[-1].parent.mkdir(exist_ok=True)
+        files[-1].write_bytes(b"A%d" % i)
+    pack(files, tmp_path / "packed", shard_size=1 << 20, patterns=["*.bin"], progress=False)
+    ds = BufferedDataset(str(tmp_path / "packed" / "index.json"), lambda item: item.read(),
+                         patterns=["*.bin"])  # 8 items: the tuner never leaves the consumer's thread
+    assert sorted(ds) == [b"A%d" % i for i in range(8)]
+    assert ds.stats().num_producers == 0
+    shard = next((tmp_path / "packed").glob("*.tar"))
+    data = shard.read_bytes().replace(b"A", b"B")
+    shard.with_suffix(".new").write_bytes(data)
+    os.replace(shard.with_suffix(".new"), shard)
+    assert sorted(ds) == [b"B%d" % i for i in range(8)]
