@@ -15,7 +15,9 @@ Intervals. An observation closes an interval once it spans at least ``interval``
 least ``min_items`` items finished since the last one closed; before that the window keeps growing,
 so slow decodes get decisions too, just later. An interval's rate is its items per second.
 
-Start small: inline when it is allowed, else one producer. On each closed interval, in this order:
+Start small: inline when it is allowed, else one producer. The first interval only warms up: the
+start of an epoch (first calls, cold caches, a DataLoader's first batch) is slower than what follows,
+and judged against it a trial would look better than it is. On each later interval, in this order:
 
 - A trial is pending (the count changed when the last interval closed): keep the new count if its
   rate is at least ``gain`` times the rate before the change, and go on with the rules below on the
@@ -102,12 +104,13 @@ class ProducerTuner:
         max_retry: ... up to this many.
         allow_inline: whether count 0 (decoding in the consumer's thread) may be used.
         memory: what the previous epoch's tuner settled on: start there instead of at ``start``.
+        warmup: let the first interval pass without a decision (see the NOTE).
     """
 
     def __init__(self, max_producers: int, *, start: int | None = None, interval: float = 0.02,
                  min_items: int = 32, starved: float = 0.1, idle: float = 0.5, gain: float = 1.1,
                  retry: float = 0.5, max_retry: float = 60.0, allow_inline: bool = True,
-                 memory: TunerMemory | None = None) -> None:
+                 memory: TunerMemory | None = None, warmup: bool = True) -> None:
         self.max_producers = max(1, max_producers)
         low = 0 if allow_inline else 1
         self._resumed = memory is not None and memory.count is not None
@@ -127,6 +130,7 @@ class ProducerTuner:
         self._max_retry = max_retry
         self._cap_until = 0.0
         self._failed = False  # a trial failed (the back-off was used)
+        self._warming = warmup  # the first interval decides nothing
         if self._resumed and memory is not None and memory.retry is not None:
             self._retry, self._failed = memory.retry, True  # capped from the first observation
         #: ``(time, count, reason)`` of every change, the first entry being the start.
@@ -156,6 +160,9 @@ class ProducerTuner:
         if span < self.interval or items < self.min_items:
             return self.count  # the interval goes on until it has enough of both
         self._last = sample
+        if self._warming:
+            self._warming = False
+            return self.count
         rate = items / span
         now = sample.time
         if self.cap < self.max_producers and now >= self._cap_until:

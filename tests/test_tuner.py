@@ -30,7 +30,7 @@ def drive(tuner: ProducerTuner, rate: Callable[[int], float], *, consumer_wait: 
 
 def test_scales_up_to_the_cores_and_stops_where_adding_does_not_help():
     # Two cores: 2 producers decode twice as fast as one; a third adds nothing.
-    tuner = ProducerTuner(4, allow_inline=False, retry=60.0)
+    tuner = ProducerTuner(4, allow_inline=False, retry=60.0, warmup=False)
     counts = drive(tuner, lambda c: 1000 * min(c, 2), consumer_wait=lambda c: 0.5)
     assert counts[:3] == [2, 3, 2]  # kept a second, tried a third at once, took it back; stays
     assert set(counts[2:]) == {2}
@@ -40,7 +40,7 @@ def test_scales_up_to_the_cores_and_stops_where_adding_does_not_help():
 
 def test_starts_inline_and_stays_when_a_hand_over_costs_more_than_it_gains():
     # GIL-bound tiny files: the consumer alone is fastest.
-    tuner = ProducerTuner(4, retry=60.0)
+    tuner = ProducerTuner(4, retry=60.0, warmup=False)
     counts = drive(tuner, lambda c: {0: 3000, 1: 2000}.get(c, 1900), consumer_wait=lambda c: 0.0 if c == 0 else 0.6)
     assert tuner.history[0][1:] == (0, "start")
     assert counts[:3] == [1, 2, 0]  # one producer, then two (the consumer waited for one), then back
@@ -49,7 +49,7 @@ def test_starts_inline_and_stays_when_a_hand_over_costs_more_than_it_gains():
 
 
 def test_inline_is_left_when_threads_are_faster():
-    tuner = ProducerTuner(2)
+    tuner = ProducerTuner(2, warmup=False)
     counts = drive(tuner, lambda c: {0: 800, 1: 1000}.get(c, 1900), consumer_wait=lambda c: 0.0 if c == 0 else 0.5)
     assert counts[:3] == [1, 2, 2]
     assert counts[-1] == 2
@@ -60,7 +60,7 @@ def test_inline_is_left_when_threads_are_faster():
 def test_from_inline_a_flat_first_producer_that_starves_the_consumer_leads_to_two():
     # Compressed audio on two cores: one producer is barely faster than inline (the hand-over eats the
     # overlap), two decode in parallel. The trial goes on to two, judged against inline.
-    tuner = ProducerTuner(2, retry=60.0)
+    tuner = ProducerTuner(2, retry=60.0, warmup=False)
     counts = drive(tuner, lambda c: {0: 1000, 1: 1060, 2: 1900}[c], consumer_wait=lambda c: 0.0 if c == 0 else 0.5)
     assert counts[:3] == [1, 2, 2]
     reasons = [reason for _, _, reason in tuner.history]
@@ -69,21 +69,21 @@ def test_from_inline_a_flat_first_producer_that_starves_the_consumer_leads_to_tw
 
 
 def test_from_inline_two_that_do_not_beat_inline_go_back_to_inline():
-    tuner = ProducerTuner(4, retry=60.0)
+    tuner = ProducerTuner(4, retry=60.0, warmup=False)
     counts = drive(tuner, lambda c: {0: 1000, 1: 900}.get(c, 1000), consumer_wait=lambda c: 0.0 if c == 0 else 0.5)
     assert counts[:3] == [1, 2, 0] and set(counts[2:]) == {0}
     assert tuner.cap == 0
 
 
 def test_without_inline_it_starts_with_one_producer_and_never_goes_to_zero():
-    tuner = ProducerTuner(4, allow_inline=False)
+    tuner = ProducerTuner(4, allow_inline=False, warmup=False)
     counts = drive(tuner, lambda c: 5000 if c == 0 else 1000, consumer_wait=lambda c: 0.0)
     assert tuner.history[0][1] == 1 and set(counts) == {1}
 
 
 def test_retires_producers_that_wait_for_room():
     # The consumer is the bottleneck: producers mostly wait for room in the buffer.
-    tuner = ProducerTuner(8, start=4)
+    tuner = ProducerTuner(8, start=4, warmup=False)
     counts = drive(tuner, lambda c: 1000, consumer_wait=lambda c: 0.0, producer_wait=lambda c: 0.8)
     assert counts[:3] == [3, 2, 1]
     assert set(counts[2:]) == {1}  # never below one by retiring: inline would slow the consumer more
@@ -91,7 +91,7 @@ def test_retires_producers_that_wait_for_room():
 
 def test_an_interval_waits_for_enough_items():
     # 10 items/s and min_items=50: an interval closes only after 5 s; then the decision comes.
-    tuner = ProducerTuner(4, min_items=50, allow_inline=False)
+    tuner = ProducerTuner(4, min_items=50, allow_inline=False, warmup=False)
     counts = drive(tuner, lambda c: 10, consumer_wait=lambda c: 0.9, steps=120)  # 6 s
     first_change = counts.index(2)
     assert (first_change + 1) * STEP >= 5.0  # not before the interval had 50 items
@@ -99,20 +99,20 @@ def test_an_interval_waits_for_enough_items():
 
 
 def test_no_decision_before_the_interval_has_passed():
-    tuner = ProducerTuner(4, interval=1.0, allow_inline=False)
+    tuner = ProducerTuner(4, interval=1.0, allow_inline=False, warmup=False)
     counts = drive(tuner, lambda c: 10_000, consumer_wait=lambda c: 0.9, steps=19)  # 0.95 s
     assert set(counts) == {1}
 
 
 def test_never_above_the_ceiling():
-    tuner = ProducerTuner(2, allow_inline=False)
+    tuner = ProducerTuner(2, allow_inline=False, warmup=False)
     counts = drive(tuner, lambda c: 1000 * c, consumer_wait=lambda c: 0.9)
     assert max(counts) == 2
 
 
 def test_a_failed_trial_is_tried_again_after_a_growing_wait():
     # Adding never helps: each trial goes back, and the next one waits twice as long.
-    tuner = ProducerTuner(4, allow_inline=False, retry=1.0, max_retry=3.0)
+    tuner = ProducerTuner(4, allow_inline=False, retry=1.0, max_retry=3.0, warmup=False)
     drive(tuner, lambda c: 1000, consumer_wait=lambda c: 0.5, steps=400)  # 20 s
     trials = [t for t, count, reason in tuner.history if count == 2 and reason.startswith("consumer waited")]
     gaps = [b - a for a, b in zip(trials, trials[1:])]
@@ -125,7 +125,7 @@ def test_a_failed_trial_is_tried_again_after_a_growing_wait():
 def test_pool_tuning_logs_each_decision_and_keeps_seconds_since_the_start(caplog):
     clock = iter([10.0, 10.05, 10.1, 10.15]).__next__
     counters = iter([(0, 0.0, 0.0), (100, 0.0, 0.0), (140, 0.0, 0.0)]).__next__
-    tuning = PoolTuning(ProducerTuner(2), "pool", counters, clock=clock)
+    tuning = PoolTuning(ProducerTuner(2, warmup=False), "pool", counters, clock=clock)
     with caplog.at_level(logging.DEBUG, logger="audiobuffer._tuning"):
         assert tuning.begin() == 0
         assert tuning.check() == 1  # inline at 2000/s: try a producer
@@ -141,12 +141,12 @@ def test_pool_tuning_logs_each_decision_and_keeps_seconds_since_the_start(caplog
 
 def test_the_next_epoch_starts_where_the_last_settled_and_waits_out_the_back_off():
     memory = TunerMemory()
-    first = ProducerTuner(4, retry=0.5)
+    first = ProducerTuner(4, retry=0.5, warmup=False)
     drive(first, lambda c: {0: 3000, 1: 2000}.get(c, 1900), consumer_wait=lambda c: 0.0 if c == 0 else 0.6,
           steps=6)  # 0.3 s: inline, a failed trial of one and two producers, back to inline
     memory.remember(first)
     assert (memory.count, memory.retry) == (0, 1.0)  # the back-off doubled by the failed trial
-    second = ProducerTuner(4, retry=0.5, memory=memory)
+    second = ProducerTuner(4, retry=0.5, memory=memory, warmup=False)
     counts = drive(second, lambda c: {0: 3000, 1: 2000}.get(c, 1900), consumer_wait=lambda c: 0.0 if c == 0 else 0.6,
                    steps=30)
     assert second.history[0][1:] == (0, "start where the last epoch settled, no trial for 1 s")
@@ -157,18 +157,18 @@ def test_the_next_epoch_starts_where_the_last_settled_and_waits_out_the_back_off
 
 def test_a_count_that_was_kept_is_where_the_next_epoch_starts_without_a_cap():
     memory = TunerMemory()
-    first = ProducerTuner(2)
+    first = ProducerTuner(2, warmup=False)
     drive(first, lambda c: {0: 800, 1: 1000}.get(c, 1900), consumer_wait=lambda c: 0.0 if c == 0 else 0.5, steps=5)
     memory.remember(first)
     assert (memory.count, memory.retry) == (2, None)
-    second = ProducerTuner(2, memory=memory)
+    second = ProducerTuner(2, memory=memory, warmup=False)
     counts = drive(second, lambda c: 1000 * max(c, 1), consumer_wait=lambda c: 0.5, steps=3)
     assert second.history[0][1:] == (2, "start where the last epoch settled") and set(counts) == {2}
     assert second.cap == 2
 
 
 def test_a_trial_cut_short_is_not_remembered():
-    tuner = ProducerTuner(4)
+    tuner = ProducerTuner(4, warmup=False)
     drive(tuner, lambda c: 1000, consumer_wait=lambda c: 0.0, steps=1)  # inline -> trying one producer
     assert tuner.count == 1
     memory = TunerMemory()
@@ -176,3 +176,20 @@ def test_a_trial_cut_short_is_not_remembered():
     assert memory.count == 0  # the count before the unjudged trial
     memory.remember(object())  # a scripted tuner without settled(): ignored
     assert memory.count == 0
+
+
+def test_the_first_interval_only_warms_up():
+    # The epoch's start is slow (first calls, cold caches): judged against it, one producer would be kept.
+    tuner = ProducerTuner(4, retry=60.0)
+    t = 0.0
+    assert tuner.observe(TunerSample(t, 0, 0.0, 0.0)) == 0
+    items = 0
+    counts = []
+    for step, rate in enumerate([1000, 3000, 2000, 1900] + [3000] * 4):  # the first interval: the slow start
+        t += STEP
+        items += int(rate * STEP)
+        counts.append(tuner.observe(TunerSample(t, items, 0.0 if step < 2 or step > 3 else STEP * 0.6, 0.0)))
+    assert counts[:4] == [0, 1, 2, 0]  # no decision on the start; then inline is judged at its real rate
+    assert [reason.split(":")[0] for _, _, reason in tuner.history] == [
+        "start", "trying a producer instead of inline", "one producer", "back"]
+    assert "2000/s against 3000/s" in tuner.history[2][2]
