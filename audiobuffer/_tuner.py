@@ -113,9 +113,9 @@ class ProducerTuner:
                  memory: TunerMemory | None = None, warmup: bool = True) -> None:
         self.max_producers = max(1, max_producers)
         low = 0 if allow_inline else 1
-        self._resumed = memory is not None and memory.count is not None
-        if self._resumed:
-            assert memory is not None and memory.count is not None
+        memory = memory if memory is not None and memory.count is not None else None
+        self._resumed = memory is not None
+        if memory is not None:
             start = memory.count
         self.count = max(low, min(low if start is None else start, self.max_producers))
         self.interval = interval
@@ -131,7 +131,7 @@ class ProducerTuner:
         self._cap_until = 0.0
         self._failed = False  # a trial failed (the back-off was used)
         self._warming = warmup  # the first interval decides nothing
-        if self._resumed and memory is not None and memory.retry is not None:
+        if memory is not None and memory.retry is not None:
             self._retry, self._failed = memory.retry, True  # capped from the first observation
         #: ``(time, count, reason)`` of every change, the first entry being the start.
         self.history: list[tuple[float, int, str]] = []
