@@ -109,9 +109,10 @@ def _collate_field(values: list[Any], allocate: Allocate) -> Any:
         out = allocate(numbers.shape, numbers.dtype)
         out[...] = numbers
         return out
-    if isinstance(first, str) or _as_array(first) is None:  # paths, label names: a list
+    head = None if isinstance(first, str) else _as_array(first)
+    if head is None:  # paths, label names: a list
         return values
-    arrays = [_as_array(v) for v in values]
+    arrays = [head] + [_as_array(v) for v in values[1:]]
     if all(a is not None for a in arrays):
         checked: list[np.ndarray] = arrays  # type: ignore[assignment]
         if len({(a.shape, a.dtype) for a in checked}) == 1 and checked[0].dtype != object:

@@ -41,6 +41,7 @@ from ._epoch import MAX_LISTED_FAILURES, DatasetStats, EpochRun
 from ._options import DEFAULT_BUCKETS, ErrorPolicy
 from ._outcomes import Failure
 from ._producers import ProducerPool
+from ._tuner import TunerMemory
 from .buffer import Buffer
 
 __all__ = ["Assembler", "BatchEpochRun", "DurationBatching", "EpochBatches", "PaddingMeter", "count_header_failures",
@@ -257,7 +258,7 @@ def count_header_failures(run: Any, batching: DurationBatching, rank: int) -> No
 
 
 def start_epoch(dataset: Any, decode: Any, *, number: int, rank: int, world_size: int, worker: int,
-                num_workers: int, resume: bytes | None) -> BatchEpochRun:
+                num_workers: int, resume: bytes | None, memory: TunerMemory | None = None) -> BatchEpochRun:
     """The (not yet started) epoch of batches of one shard of ``dataset`` (a ``BufferedDataset``)."""
     batching: DurationBatching = dataset.batching
     source, seed = dataset.source, dataset.seed
@@ -273,6 +274,6 @@ def start_epoch(dataset: Any, decode: Any, *, number: int, rank: int, world_size
     capacity = max(dataset.buffer_size, 2 * max(layout.sizes, default=0))
     buffer: Buffer[Any] = Buffer(capacity, max_bytes=dataset.max_bytes)
     pool = ProducerPool(make_item, len(layout), decode, buffer,
-                        num_producers=dataset.num_producers, memory=dataset._tuned, ordered=dataset.ordered,
+                        num_producers=dataset.num_producers, memory=memory, ordered=dataset.ordered,
                         warn_after=dataset.warn_after, timeout=dataset.timeout)
     return BatchEpochRun(number, rank, world_size, worker, num_workers, pool, buffer, layout, batching)

@@ -88,7 +88,7 @@ class InlineDecoder:
         self.name = name
         self.busy = 0.0  # seconds in the decoder
         self.decoded = 0  # items finished, decoded or failed
-        storage.forget_open_files()  # this thread outlives the epoch: no shard read through a stale file
+        storage.close_kept_files()  # this thread outlives the epoch: its shard files must not (made in it)
 
     def next(self, expected: int | None) -> tuple[int, Any] | None:
         """Take the next sequence number (ordered: only if it is ``expected``) and decode it here;

@@ -20,6 +20,7 @@ from ._outcomes import Failure, delivers_itself
 from ._plan import plan_epoch, shard_length
 from ._producers import CHUNK_ITEMS, ProducerPool
 from ._stream import ShardReader, ShardStream, check_streamable
+from ._tuner import TunerMemory
 from .buffer import Buffer, BufferStats
 from .errors import DecodeError, SampleError
 from .sources import ReadClock, WorkItem
@@ -231,7 +232,7 @@ class Compose:
 
 
 def start_epoch(dataset: Any, decode: Callable[[WorkItem], Any], *, number: int, rank: int, world_size: int,
-                worker: int, num_workers: int, resume: bytes | None) -> EpochRun:
+                worker: int, num_workers: int, resume: bytes | None, memory: TunerMemory | None = None) -> EpochRun:
     """The (not yet started) epoch of one shard of ``dataset`` (a ``BufferedDataset``), one sample at a time.
 
     A :class:`~audiobuffer.Source` plans its files; a :class:`~audiobuffer._stream.ShardStream` plans its
@@ -258,7 +259,7 @@ def start_epoch(dataset: Any, decode: Callable[[WorkItem], Any], *, number: int,
         decode = ShardReader(source, decode, buffer, clock, shuffle=dataset.shuffle,
                              chunk=max(1, min(CHUNK_ITEMS, dataset.buffer_size // (2 * min(most, max(1, len(plan)))))))
     pool = ProducerPool(make_shard if streamed else make_item, len(plan), decode, buffer,
-                        num_producers=dataset.num_producers, memory=dataset._tuned,
+                        num_producers=dataset.num_producers, memory=memory,
                         ordered=dataset.ordered, warn_after=dataset.warn_after, timeout=dataset.timeout)
     return EpochRun(number, rank, world_size, worker, num_workers, pool, buffer, bytearray(plan.consumed),
                     plan.positions, clock=clock, streamed=streamed)

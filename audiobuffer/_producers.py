@@ -64,7 +64,8 @@ from ._consumer import ConsumerWait, InlineDecoder
 from ._feed import Feed, Producer
 from ._options import usable_cores
 from ._outcomes import DELIVERED, Failure, delivers_itself
-from ._tuning import PoolTuning, TunerMemory, default_tuner
+from ._tuner import TunerMemory
+from ._tuning import PoolTuning, default_tuner
 from .buffer import Buffer, payload_nbytes
 from .errors import AudioBufferError, BufferClosed, ProducerError, SampleError
 from .sources import WorkItem
@@ -181,7 +182,7 @@ class ProducerPool:
                 cast(Any, self._decode).stop_waiting()
 
     def close(self, timeout: float = JOIN_TIMEOUT) -> None:
-        """Stop and join the producers; see NOTE [ Producer shutdown protocol ]. Idempotent."""
+        """Stop and join the producers (NOTE [ Producer shutdown protocol ]); remember the tuned count. Idempotent."""
         self.stop()
         self._unregister()
         if self._tuning is not None:
@@ -288,8 +289,7 @@ class ProducerPool:
         name = cast(threading.Thread, me.thread).name
         feed, buffer = self._feed, self._buffer
         chunk: list[tuple[int, Any]] = []
-        chunk_size = self._chunk
-        oldest = 0.0  # when the oldest item in the chunk was finished
+        chunk_size, oldest = self._chunk, 0.0  # oldest: when the oldest item in the chunk was finished
         decoding: WorkItem | None = None  # the item in the decoder, for a crash report
         try:
             while True:

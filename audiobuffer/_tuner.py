@@ -65,26 +65,35 @@ class TunerSample:
 class TunerMemory:
     """What one pool's tuner settled on, for the next pool of the same dataset (its next epoch).
 
-    Attributes:
-        count: the count the last tuner settled on (``None``: no epoch has run yet).
-        retry: the back-off in seconds after the last tuner's failed trial, ``None`` if none failed.
-
-    Thread safety: a pool writes it as it closes, the next pool reads it as it starts; one epoch of a
-    dataset runs at a time in each process.
+    Thread safety: the pair is one attribute, replaced whole, so a reader never sees half of two
+    writes; where epochs of a dataset overlap (or a pool is closed from another thread), the last
+    pool to close wins.
     """
 
     def __init__(self) -> None:
-        self.count: int | None = None
-        self.retry: float | None = None
+        self._settled: tuple[int | None, float | None] = (None, None)
 
     def __repr__(self) -> str:
         return f"TunerMemory(count={self.count}, retry={self.retry})"
 
+    @property
+    def count(self) -> int | None:
+        """The count the last tuner settled on (``None``: none has settled yet)."""
+        return self._settled[0]
+
+    @property
+    def retry(self) -> float | None:
+        """The back-off in seconds before trying again, when the last tuner went back to ``count``
+        after a failed trial and stayed there; else ``None``."""
+        return self._settled[1]
+
     def remember(self, tuner: Any) -> None:
-        """Keep what ``tuner`` settled on (any object without :meth:`ProducerTuner.settled` is ignored)."""
+        """Keep what ``tuner`` settled on; a tuner that judged no interval (an epoch too short), or an
+        object without :meth:`ProducerTuner.settled` (a scripted tuner), leaves the memory as it is."""
         settled = getattr(tuner, "settled", None)
-        if settled is not None:
-            self.count, self.retry = settled()
+        found = settled() if settled is not None else None
+        if found is not None:
+            self._settled = found
 
 
 class ProducerTuner:
@@ -129,10 +138,11 @@ class ProducerTuner:
         self._retry = retry
         self._max_retry = max_retry
         self._cap_until = 0.0
-        self._failed = False  # a trial failed (the back-off was used)
+        self._failed_at: int | None = None  # the count a failed trial went back to, while it stays there
+        self._judged = False  # an interval past the warm-up closed
         self._warming = warmup  # the first interval decides nothing
         if memory is not None and memory.retry is not None:
-            self._retry, self._failed = memory.retry, True  # capped from the first observation
+            self._retry, self._failed_at = memory.retry, self.count  # capped from the first observation
         #: ``(time, count, reason)`` of every change, the first entry being the start.
         self.history: list[tuple[float, int, str]] = []
         self._last: TunerSample | None = None
@@ -150,7 +160,7 @@ class ProducerTuner:
             reason = "start"
             if self._resumed:
                 reason = "start where the last epoch settled"
-                if self._failed:  # as if its failed trial had just happened
+                if self._failed_at is not None:  # as if its failed trial had just happened
                     self.cap, self._cap_until = self.count, sample.time + self._retry
                     reason += f", no trial for {self._retry:g} s"
             self.history.append((sample.time, self.count, reason))
@@ -163,6 +173,7 @@ class ProducerTuner:
         if self._warming:
             self._warming = False
             return self.count
+        self._judged = True
         rate = items / span
         now = sample.time
         if self.cap < self.max_producers and now >= self._cap_until:
@@ -190,6 +201,7 @@ class ProducerTuner:
         self._trial = None
         verdict = f"{rate:.0f}/s against {before_rate:.0f}/s"
         if rate >= before_rate * self.gain:
+            self._failed_at = None
             self.history.append((now, self.count, f"kept: {verdict}"))
             return True
         if before == 0 and self.count == 1 and consumer_wait > self.starved and self.cap >= 2:
@@ -201,17 +213,23 @@ class ProducerTuner:
         self.cap = before
         self._cap_until = now + self._retry
         self._retry = min(2 * self._retry, self._max_retry)
-        self._failed = True
         self._change(now, before, f"back: {verdict}")
+        self._failed_at = before
         return False
 
-    def settled(self) -> tuple[int, float | None]:
-        """``(count, back-off)`` for :class:`TunerMemory`: the count now (the one before a trial still
-        being judged), and the back-off for the next trial if a trial failed, else ``None``."""
+    def settled(self) -> tuple[int, float | None] | None:
+        """``(count, back-off)`` for :class:`TunerMemory`, or ``None`` if no interval was judged.
+
+        The count is the one now (the one before a trial still being judged); the back-off is the
+        wait before the next trial when the count is where a failed trial went back to, else ``None``.
+        """
+        if not self._judged:
+            return None
         count = self._trial[0] if self._trial is not None else self.count
-        return count, (self._retry if self._failed else None)
+        return count, (self._retry if self._failed_at == count else None)
 
     def _change(self, now: float, count: int, reason: str) -> int:
+        self._failed_at = None
         self.count = count
         self.history.append((now, count, reason))
         return count

@@ -15,7 +15,7 @@ from typing import Any
 
 from ._tuner import ProducerTuner, TunerMemory, TunerSample
 
-__all__ = ["PoolTuning", "TunerMemory", "default_tuner"]
+__all__ = ["PoolTuning", "default_tuner"]
 
 logger = logging.getLogger(__name__)
 

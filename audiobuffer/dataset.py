@@ -248,7 +248,7 @@ class BufferedDataset(IterableDataset):
         decode = self.decoder if self.transform is None else Compose(self.decoder, self.transform)
         start = start_epoch if self.batching is None else _batched.start_epoch
         epoch = start(self, decode, number=number, rank=rank, world_size=world_size, worker=worker,
-                      num_workers=num_workers, resume=resume)
+                      num_workers=num_workers, resume=resume, memory=self._tuned)
         with self._lock:
             if self._closed:
                 epoch.pool.close()

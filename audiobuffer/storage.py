@@ -227,31 +227,29 @@ _PREAD = getattr(os, "pread", None)  # POSIX; Windows reads with open, seek and 
 #: Local files each thread keeps open for ranged reads (the least recently used is closed past this).
 OPEN_PER_THREAD = 32
 _OPEN = threading.local()
-_generation = 0  # bumped by forget_open_files(): each thread's kept files are stale from then on
 
 
-def forget_open_files() -> None:
-    """Make every thread open its local files anew at its next ranged read (closing the old ones then).
+def close_kept_files() -> None:
+    """Close the local files this thread keeps open for ranged reads (it opens them anew when it next reads).
 
-    Called as each epoch's pool is made: producer threads last one epoch, but the consumer's thread,
-    which decodes inline, lives on, and a shard replaced between epochs must be read anew.
+    Each epoch's pool calls it in the consumer's thread, which decodes inline and, unlike producer
+    threads, outlives the epoch: a shard replaced between epochs is read anew, and the files of an
+    epoch stay open no longer than the next one's start.
     """
-    global _generation
-    _generation += 1
+    _OPEN.files = {}  # the descriptors close as their dict goes
 
 
 def _open_local(path: str) -> int:
-    """The descriptor of ``path``, kept open by this thread (closed with the thread, or at its first read
-    after :func:`forget_open_files`).
+    """The descriptor of ``path``, kept open by this thread (closed with the thread, or by
+    :func:`close_kept_files`).
 
     Per thread, so no thread closes a file another is reading. A shard replaced between epochs is
-    read anew: producer threads last one epoch, and every pool calls :func:`forget_open_files` for
-    the consumer's thread, which decodes inline and lives on.
+    read anew: producer threads last one epoch, and every pool closes the consumer thread's files as
+    it is made (that thread decodes inline and lives on).
     """
     files: dict[str, _Descriptor] | None = getattr(_OPEN, "files", None)
-    if files is None or _OPEN.generation != _generation:
-        files = _OPEN.files = {}  # the stale descriptors close as their dict goes
-        _OPEN.generation = _generation
+    if files is None:
+        files = _OPEN.files = {}
     kept = files.pop(path, None)
     if kept is None:
         kept = _Descriptor(os.open(path, os.O_RDONLY))

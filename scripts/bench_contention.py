@@ -13,7 +13,8 @@ Each corpus is fed, in batches of 16, by:
 - ``step-alone``: the data is already there (one decoded batch, reused): the step's own time;
 - ``loop``: decode and collate in the training thread, then the step;
 - ``buffered-1``, ``buffered-2``, ``buffered-auto``: ``BufferedDataset(num_producers=N)`` into
-  ``DataLoader(num_workers=0)`` (``auto``: the default, tuned as the epoch runs);
+  ``DataLoader(num_workers=0)`` (``auto``: the default, tuned as the epoch runs; each run is a first
+  epoch, so it pays the tuner's trials, which later epochs skip);
 - ``isolated-2``, ``isolated-auto``: ``IsolatedLoader(num_producers=2)`` and with its default count:
   the producers in one helper process;
 - ``dataloader-2``, ``dataloader-2-spawn``: ``DataLoader(num_workers=2)``, fork and spawn.

@@ -338,8 +338,9 @@ def report(loc: dict, rem: dict | None, runs: int) -> str:
         "no disk seek that the shards could save. The index reads a member with one pread on a file each "
         "thread keeps open and decodes it from bytes with the native WAV reader. Almost all of that holds "
         "the GIL, so producer threads add hand-overs and GIL switches without adding parallel work: with "
-        "`num_producers=\"auto\"` the pool finds that out in its first intervals and decodes in the "
-        "consuming thread (see the tuner's history in `stats().producer_history`). On a file system where "
+        "`num_producers=\"auto\"` the pool finds that out in the first epoch's first intervals and decodes in "
+        "the consuming thread; the timed epochs start there (each dataset ran one warm-up epoch first, and an "
+        "epoch starts where the last one settled). On a file system where "
         "opening a file costs a round trip (network storage, millions of files) the per-file loop pays "
         "that per file and the shards do not.",
     ]

@@ -121,6 +121,25 @@ def test_bench_corpus_and_approach_rules(capsys):
     assert "--formats takes FORMAT or FORMAT+TRANSFORM" in capsys.readouterr().err
 
 
+def test_decode_bench_approaches_take_turns_within_each_round(monkeypatch, tmp_path):
+    """A busy spell of a shared machine must slow every approach alike, not one approach's runs."""
+    from audiobuffer.tools import bench
+
+    calls = []
+
+    def fake_measure(approach, file_list, timeout, transform=None):
+        calls.append(approach)
+        seconds = {"loop": 1.0, "audiobuffer-2": 0.5}[approach] + len(calls) / 100
+        return bench.Run(approach, seconds, 0.01, 10, 5.0, 100.0, 200.0, 10.0, 5.0, True)
+
+    monkeypatch.setattr(bench, "_measure", fake_measure)
+    results = bench.run_bench({"c": ["a.flac", "b.flac"]}, ["loop", "audiobuffer-2"], 3, workdir=tmp_path,
+                              progress=False)
+    assert calls == ["loop", "audiobuffer-2"] * 3
+    rows = {r["approach"]: r for r in results["c"]}
+    assert rows["loop"]["total_s"] == 1.03 and rows["audiobuffer-2"]["total_s"] == 0.54  # medians of each's runs
+
+
 def test_decode_bench_rejects_unknown_approaches(capsys):
     with pytest.raises(SystemExit):
         bench_main(["--approaches", "magic"])

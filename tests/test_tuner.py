@@ -157,14 +157,34 @@ def test_the_next_epoch_starts_where_the_last_settled_and_waits_out_the_back_off
 
 def test_a_count_that_was_kept_is_where_the_next_epoch_starts_without_a_cap():
     memory = TunerMemory()
-    first = ProducerTuner(2, warmup=False)
+    first = ProducerTuner(4, warmup=False, retry=1.0)
+    # Two cores: one and two producers are kept, a third fails: back to two, capped there.
     drive(first, lambda c: {0: 800, 1: 1000}.get(c, 1900), consumer_wait=lambda c: 0.0 if c == 0 else 0.5, steps=5)
+    assert [c for _, c, _ in first.history] == [0, 1, 1, 2, 2, 3, 2] and first.cap == 2
     memory.remember(first)
-    assert (memory.count, memory.retry) == (2, None)
-    second = ProducerTuner(2, memory=memory, warmup=False)
-    counts = drive(second, lambda c: 1000 * max(c, 1), consumer_wait=lambda c: 0.5, steps=3)
-    assert second.history[0][1:] == (2, "start where the last epoch settled") and set(counts) == {2}
-    assert second.cap == 2
+    assert (memory.count, memory.retry) == (2, 2.0)
+    # A later trial of three that pays (a changed workload) is kept: nothing failed where it settled.
+    third = ProducerTuner(4, memory=memory, warmup=False)
+    drive(third, lambda c: 1000 * c, consumer_wait=lambda c: 0.5, steps=60)  # past the 2 s back-off
+    assert third.history[0][2] == "start where the last epoch settled, no trial for 2 s"
+    assert third.count == 4 and third.settled() == (4, None)
+    memory.remember(third)
+    fourth = ProducerTuner(4, memory=memory, warmup=False)
+    drive(fourth, lambda c: 1000 * c, consumer_wait=lambda c: 0.5, steps=2)
+    assert fourth.history[0][1:] == (4, "start where the last epoch settled") and fourth.cap == 4
+
+
+def test_an_epoch_too_short_to_judge_leaves_the_memory_as_it_was():
+    memory = TunerMemory()
+    first = ProducerTuner(4, warmup=False)
+    drive(first, lambda c: 1000, consumer_wait=lambda c: 0.0, steps=3)
+    memory.remember(first)
+    before = (memory.count, memory.retry)
+    short = ProducerTuner(1, memory=memory)  # a short tail: one item's worth of producers, no interval judged
+    short.observe(TunerSample(0.0, 0, 0.0, 0.0))
+    short.observe(TunerSample(0.05, 10, 0.0, 0.0))  # fewer than min_items
+    memory.remember(short)
+    assert (memory.count, memory.retry) == before
 
 
 def test_a_trial_cut_short_is_not_remembered():

@@ -519,24 +519,25 @@ def test_the_plain_header_shortcut_agrees_with_the_chunk_walk(data):
 
 
 def plain_header_cases():
-    """Plain 44-byte headers at the edges of the shortcut: sizes, pad bytes, bytes after data, codecs."""
+    """Plain 44-byte headers at the edges of the shortcut, and whether it answers for each (else the walk)."""
     body = pcm16(10)
-    yield riff(fmt(), chunk(b"data", body))
-    yield riff(fmt(), chunk(b"data", body)) + b"xyz"  # 3 stray bytes: within 4 of the end
-    yield riff(fmt(), chunk(b"data", body)) + b"wxyz"  # 4: the walk looks for a chunk there
-    yield riff(fmt(), chunk(b"data", body)) + chunk(b"LIST", b"INFO" + chunk(b"ISFT", b"ab"))
-    yield riff(fmt(bits=8, block_align=1), chunk(b"data", b"\x80" * 7))  # odd size, padded
-    yield riff(fmt(bits=8, block_align=1), chunk(b"data", b"\x80" * 7, pad=False))
-    yield riff(fmt(), chunk(b"data", b""))  # data size 0
-    yield riff(fmt(tag=6, bits=8, block_align=1), chunk(b"data", body))  # A-law
-    yield riff(fmt(), chunk(b"data", b"wvpk" + body))
-    yield riff(fmt(), chunk(b"data", body))[:50]  # truncated data
-    yield riff(fmt(), chunk(b"data", body))[:44]  # no data at all
+    yield riff(fmt(), chunk(b"data", body)), True
+    yield riff(fmt(), chunk(b"data", body)) + b"wxyz", True  # 4 stray bytes: the walk stops there
+    yield riff(fmt(), chunk(b"data", body)) + b"vwxyz", False  # 5: the walk looks for a chunk there
+    yield riff(fmt(), chunk(b"data", body)) + chunk(b"LIST", b"INFO" + chunk(b"ISFT", b"ab")), False
+    yield riff(fmt(bits=8, block_align=1), chunk(b"data", b"\x80" * 7)), True  # odd size, padded
+    yield riff(fmt(bits=8, block_align=1), chunk(b"data", b"\x80" * 7, pad=False)), True
+    yield riff(fmt(), chunk(b"data", b"")), False  # data size 0: maybe "to the end of the file"
+    yield riff(fmt(tag=6, bits=8, block_align=1), chunk(b"data", body)), False  # A-law
+    yield riff(fmt(), chunk(b"data", b"wvpk" + body)), False
+    yield riff(fmt(), chunk(b"data", body))[:50], True  # truncated data
+    yield riff(fmt(), chunk(b"data", body))[:44], True  # no data at all
 
 
-@pytest.mark.parametrize("data", list(plain_header_cases()))
-def test_the_plain_header_shortcut_at_its_edges(data):
+@pytest.mark.parametrize("data, shortcut", list(plain_header_cases()))
+def test_the_plain_header_shortcut_at_its_edges(data, shortcut):
     reader = _wav_header.Reader(data, len(data))
+    assert (_wav_header._plain(reader) is not None) == shortcut
     assert _wav_header.parse(reader) == _wav_header._walk(reader)
 
 
@@ -578,3 +579,13 @@ def test_every_fsdd_file_equals_libsndfile(fsdd):
         if i % 10 == 0:  # the whole decoder on every tenth file
             native, plain = decode_both(decoder, WorkItem(index=i, path=str(path), seed=1))
             assert same_result(native, plain), path
+
+
+def test_a_window_past_the_end_reads_what_there_is(tmp_path):
+    path = tmp_path / "short.wav"
+    sf.write(path, noise(100, 1), 8000, subtype="PCM_16")
+    for source in (path, path.read_bytes()):
+        audio, _ = _wav.read_wav(source, window=lambda frames, sr: (90, 50))
+        np.testing.assert_array_equal(audio, libsndfile(path)[0][90:])
+        audio, _ = _wav.read_wav(source, window=lambda frames, sr: (500, 10))
+        assert audio.shape == (0, 1)

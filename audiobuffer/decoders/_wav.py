@@ -127,8 +127,9 @@ def _read(reader: Reader, start: int, frames: int | None,
     if window is not None:
         start, length = window(info.frames, info.samplerate)
     else:
-        start = min(start, info.frames)
-        length = info.frames - start if frames is None else min(frames, info.frames - start)
+        length = info.frames if frames is None else frames
+    start = min(start, info.frames)  # a window past the end reads what there is, as libsndfile does
+    length = max(0, min(length, info.frames - start))
     bytewidth = info.block_align // info.channels
     offset = info.data_offset + start * info.block_align
     nbytes = length * info.block_align
