@@ -422,6 +422,7 @@ def test_local_ranged_reads_keep_files_open_per_thread_and_close_them_with_it(tm
 def test_a_file_replaced_between_epochs_is_read_anew_by_a_thread_that_lives_on(tmp_path):
     from audiobuffer import storage
 
+    storage.close_kept_files()  # what earlier tests left open in this thread
     path = tmp_path / "shard.bin"
     path.write_bytes(b"old-bytes")
     assert read_range(path, 0, 3) == b"old"  # this (the consumer's) thread keeps the file open
