@@ -481,3 +481,17 @@ def test_loop_libsndfile_reads_wav_through_libsndfile(tmp_path, monkeypatch):
     plain = next(loader("loop-libsndfile", [str(path)]))
     assert audio_module._NATIVE_WAV is False
     assert np.array_equal(native["audio"].numpy(), plain["audio"].numpy())
+
+
+def test_epochs_bench_runs_every_setting_for_every_epoch(tmp_path):
+    result = run_script("bench_epochs.py", "--files", "16", "--epochs", "2", "--rounds", "1",
+                        "--fsdd", str(tmp_path / "absent"), "--cache-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "FSDD not found" in result.stderr
+    tables = markdown_tables(result.stdout)
+    assert len(tables) == 2  # FLAC and WAV
+    for rows in tables:
+        assert rows[0] == ["setting", "epoch 1 s", "epoch 2 s", "epoch 2 vs best fixed"]
+        assert [r[0] for r in rows[1:]] == ["`auto` (the default)", "1 producer", "2 producers"]
+        for row in rows[1:]:
+            assert float(row[1]) > 0 and float(row[2]) > 0 and float(row[3].rstrip("x")) > 0
