@@ -38,6 +38,10 @@ Across epochs. A dataset hands each epoch's pool the :class:`TunerMemory` the pr
 left: the new tuner starts at the count the last one settled on, and if a trial had failed there, it
 stays capped at that count for the current back-off before trying again (the back-off keeps
 doubling across epochs). So a training run pays the trials of its first epoch, not of every epoch.
+Since trials only add producers, a count carried over is checked downwards once: on its first
+judged interval the tuner tries one fewer (inline after one), keeps it if its rate is within
+``gain`` of the rate before, and then tries one fewer again; else it goes back, uncapped. So a
+workload that got cheaper (a warm page cache) is not held at the first epoch's count.
 
 A trial is judged on the very next interval: a new thread starts in well under a millisecond, and
 the buffer is near empty when the consumer starves, so there is nothing to let settle. Every change is
@@ -140,6 +144,9 @@ class ProducerTuner:
         self._cap_until = 0.0
         self._failed_at: int | None = None  # the count a failed trial went back to, while it stays there
         self._judged = False  # an interval past the warm-up closed
+        self._low = low
+        self._down = memory is not None and self.count > low  # check one fewer (a count carried over)
+        self._down_trial = False  # the pending trial is one of those checks
         self._warming = warmup  # the first interval decides nothing
         if memory is not None and memory.retry is not None:
             self._retry, self._failed_at = memory.retry, self.count  # capped from the first observation
@@ -181,6 +188,9 @@ class ProducerTuner:
         consumer_wait = (sample.consumer_wait_s - last.consumer_wait_s) / span
         if self._trial is not None and not self._judge(now, rate, consumer_wait):
             return self.count  # back to the count before the trial, or on to the next one
+        if self._down and self.count > self._low:
+            self._trial, self._down_trial = (self.count, rate), True
+            return self._change(now, self.count - 1, "checking one fewer than the count carried over")
         producer_wait = (sample.producer_wait_s - last.producer_wait_s) / span / max(1, self.count)
         if self.count > 1 and producer_wait > self.idle:
             return self._change(now, self.count - 1, f"producers waited {producer_wait:.0%} for room")
@@ -200,6 +210,14 @@ class ProducerTuner:
         before, before_rate = self._trial  # type: ignore[misc]
         self._trial = None
         verdict = f"{rate:.0f}/s against {before_rate:.0f}/s"
+        if self._down_trial:  # one fewer than before: kept unless clearly slower, then one fewer again
+            self._down_trial = False
+            if rate * self.gain >= before_rate:
+                self.history.append((now, self.count, f"kept one fewer: {verdict}"))
+                return True
+            self._down = False
+            self._change(now, before, f"back up: {verdict}")
+            return False
         if rate >= before_rate * self.gain:
             self._failed_at = None
             self.history.append((now, self.count, f"kept: {verdict}"))

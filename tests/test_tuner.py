@@ -213,3 +213,37 @@ def test_the_first_interval_only_warms_up():
     assert [reason.split(":")[0] for _, _, reason in tuner.history] == [
         "start", "trying a producer instead of inline", "one producer", "back"]
     assert "2000/s against 3000/s" in tuner.history[2][2]
+
+
+def _memory(count, retry=None):
+    memory = TunerMemory()
+    memory._settled = (count, retry)
+    return memory
+
+
+def test_a_count_carried_over_is_checked_downwards_when_the_work_got_cheaper():
+    # The first epoch settled on two producers; now decoding is cheap and threads only cost.
+    tuner = ProducerTuner(4, memory=_memory(2), warmup=False, retry=60.0)
+    counts = drive(tuner, lambda c: {0: 9000, 1: 6000, 2: 3000}.get(c, 2500),
+                   consumer_wait=lambda c: 0.0 if c == 0 else 0.5, steps=8)
+    # One fewer, kept; one fewer again, kept; then inline's own trials (one, two), which go back.
+    assert counts[:5] == [1, 0, 1, 2, 0]
+    reasons = [reason.split(":")[0] for _, _, reason in tuner.history]
+    assert reasons == ["start where the last epoch settled", "checking one fewer than the count carried over",
+                       "kept one fewer", "checking one fewer than the count carried over", "kept one fewer",
+                       "trying a producer instead of inline", "one producer", "back"]
+    assert set(counts[4:]) == {0}
+
+
+def test_a_count_carried_over_that_is_right_stays_after_one_check():
+    tuner = ProducerTuner(2, memory=_memory(2), warmup=False)
+    counts = drive(tuner, lambda c: {0: 500, 1: 1000, 2: 1900}[c], consumer_wait=lambda c: 0.5, steps=10)
+    assert counts[:2] == [1, 2] and set(counts[1:]) == {2}
+    assert tuner.history[-1][2].startswith("back up: 1000/s against 1900/s")
+    assert tuner.cap == 2 and tuner.settled() == (2, None)
+
+
+def test_a_count_carried_over_at_the_lowest_is_not_checked_downwards():
+    tuner = ProducerTuner(4, memory=_memory(1), allow_inline=False, warmup=False)
+    counts = drive(tuner, lambda c: 1000, consumer_wait=lambda c: 0.0, steps=4)
+    assert set(counts) == {1} and len(tuner.history) == 1

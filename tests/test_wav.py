@@ -589,3 +589,16 @@ def test_a_window_past_the_end_reads_what_there_is(tmp_path):
         np.testing.assert_array_equal(audio, libsndfile(path)[0][90:])
         audio, _ = _wav.read_wav(source, window=lambda frames, sr: (500, 10))
         assert audio.shape == (0, 1)
+
+
+def test_a_strided_view_a_negative_window_and_a_signalling_nan():
+    data = riff(fmt(), chunk(b"data", pcm16(10)))
+    doubled = np.frombuffer(data, np.uint8).repeat(2)
+    audio, rate = _wav.read_wav(memoryview(doubled)[::2])  # a strided view: copied, then read
+    np.testing.assert_array_equal(audio, _wav.read_wav(data)[0])
+    with pytest.raises(ValueError, match="the window gave start=-5"):
+        _wav.read_wav(data, window=lambda frames, sr: (-5, 10))
+    snan = riff(fmt(tag=3, bits=64), chunk(b"data", b"\x01\0\0\0\0\0\xf0\x7f" + struct.pack("<d", 0.5)))
+    with np.errstate(all="raise"):
+        audio, _ = _wav.read_wav(snan)  # a signalling NaN becomes a NaN, as libsndfile's cast gives, no error
+    assert np.isnan(audio[0, 0]) and audio[1, 0] == 0.5

@@ -57,7 +57,7 @@ def read_wav_info(source: str | os.PathLike[str] | Buffer) -> WavInfo | None:
         libsndfile does (read it with libsndfile), or a path that cannot be opened.
     """
     if isinstance(source, (bytes, bytearray, memoryview)):
-        view = memoryview(source).cast("B")
+        view = _bytes_view(source)
         return parse(Reader(view, len(view)))
     try:
         return _from_file(source, parse)
@@ -89,13 +89,19 @@ def read_wav(source: str | os.PathLike[str] | Buffer, start: int = 0,
     if start < 0 or (frames is not None and frames < 0):
         raise ValueError(f"start and frames must be >= 0, got start={start!r}, frames={frames!r}")
     if isinstance(source, (bytes, bytearray, memoryview)):
-        view = memoryview(source).cast("B")
+        view = _bytes_view(source)
         reader = Reader(view, len(view))
         return _read(reader, start, frames, window)
     try:
         return _from_file(source, lambda reader: _read(reader, start, frames, window))
     except OSError:  # libsndfile reports it in its own words
         return None
+
+
+def _bytes_view(source: Buffer) -> memoryview:
+    """``source`` as a flat view of bytes (a strided view is copied first)."""
+    view = memoryview(source)
+    return (view if view.c_contiguous else memoryview(view.tobytes())).cast("B")
 
 
 def _from_file(path: str | os.PathLike[str], use: Callable[[Reader], Any]) -> Any:
@@ -126,6 +132,8 @@ def _read(reader: Reader, start: int, frames: int | None,
         return None
     if window is not None:
         start, length = window(info.frames, info.samplerate)
+        if start < 0 or length < 0:
+            raise ValueError(f"the window gave start={start!r}, length={length!r}; both must be >= 0")
     else:
         length = info.frames if frames is None else frames
     start = min(start, info.frames)  # a window past the end reads what there is, as libsndfile does
@@ -168,7 +176,7 @@ def _convert(raw: np.ndarray, bytewidth: int, is_float: bool, channels: int,
         if bytewidth == 4:
             out = raw.view("<f4").astype(np.float32, copy=not fresh)
         else:
-            with np.errstate(over="ignore"):  # out of float32's range: inf, as the C cast gives
+            with np.errstate(over="ignore", invalid="ignore"):  # out of range: inf; a NaN stays NaN (C cast)
                 out = raw.view("<f8").astype(np.float32)
     elif bytewidth == 1:
         out = _U8_SCALE[raw]
