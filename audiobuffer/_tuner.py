@@ -213,6 +213,7 @@ class ProducerTuner:
         if self._down_trial:  # one fewer than before: kept unless clearly slower, then one fewer again
             self._down_trial = False
             if rate * self.gain >= before_rate:
+                self._down = self.count > self._low  # done at the lowest count: trials may only climb again
                 self.history.append((now, self.count, f"kept one fewer: {verdict}"))
                 return True
             self._down = False

@@ -233,6 +233,7 @@ def test_a_count_carried_over_is_checked_downwards_when_the_work_got_cheaper():
                        "kept one fewer", "checking one fewer than the count carried over", "kept one fewer",
                        "trying a producer instead of inline", "one producer", "back"]
     assert set(counts[4:]) == {0}
+    assert sum("checking one fewer" in reason for _, _, reason in tuner.history) == 2
 
 
 def test_a_count_carried_over_that_is_right_stays_after_one_check():
@@ -247,3 +248,15 @@ def test_a_count_carried_over_at_the_lowest_is_not_checked_downwards():
     tuner = ProducerTuner(4, memory=_memory(1), allow_inline=False, warmup=False)
     counts = drive(tuner, lambda c: 1000, consumer_wait=lambda c: 0.0, steps=4)
     assert set(counts) == {1} and len(tuner.history) == 1
+
+
+def test_after_the_check_reaches_inline_a_climb_that_pays_is_not_checked_again():
+    steps = iter(range(1000))
+
+    def rate(count):  # cheap at first; from the fifth step on, producers pay
+        return (9000 if count == 0 else 6000) if next(steps) < 4 else 1000 * (count + 1) ** 2
+
+    tuner = ProducerTuner(4, memory=_memory(1), warmup=False, retry=0.05)
+    counts = drive(tuner, rate, consumer_wait=lambda c: 0.5, steps=20)
+    reasons = [reason for _, _, reason in tuner.history]
+    assert sum("checking one fewer" in r for r in reasons) == 1 and counts[-1] == 4
