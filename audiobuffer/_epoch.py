@@ -15,7 +15,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from ._options import ErrorPolicy, LoaderOptions, gil_enabled, usable_cores
+from ._options import ErrorPolicy, LoaderOptions, gil_enabled
 from ._outcomes import Failure, delivers_itself
 from ._plan import plan_epoch, shard_length
 from ._producers import CHUNK_ITEMS, ProducerPool
@@ -255,9 +255,9 @@ def start_epoch(dataset: Any, decode: Callable[[WorkItem], Any], *, number: int,
         return source.shard_item(int(indices[seq]), epoch=number, seed=seed, seq=plan.position(seq))
 
     if streamed:  # chunks as a pool's own: no more than a producer's share of the buffer (at its most)
-        most = usable_cores() if dataset.num_producers == "auto" else dataset.num_producers
+        most = min(dataset.options.most_producers(), max(1, len(plan)))
         decode = ShardReader(source, decode, buffer, clock, shuffle=dataset.shuffle,
-                             chunk=max(1, min(CHUNK_ITEMS, dataset.buffer_size // (2 * min(most, max(1, len(plan)))))))
+                             chunk=max(1, min(CHUNK_ITEMS, dataset.buffer_size // (2 * most))))
     pool = ProducerPool(make_shard if streamed else make_item, len(plan), decode, buffer,
                         num_producers=dataset.num_producers, memory=memory,
                         ordered=dataset.ordered, warn_after=dataset.warn_after, timeout=dataset.timeout)

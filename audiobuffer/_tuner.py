@@ -146,7 +146,6 @@ class ProducerTuner:
         self._judged = False  # an interval past the warm-up closed
         self._low = low
         self._down = memory is not None and self.count > low  # check one fewer (a count carried over)
-        self._down_trial = False  # the pending trial is one of those checks
         self._warming = warmup  # the first interval decides nothing
         if memory is not None and memory.retry is not None:
             self._retry, self._failed_at = memory.retry, self.count  # capped from the first observation
@@ -189,7 +188,7 @@ class ProducerTuner:
         if self._trial is not None and not self._judge(now, rate, consumer_wait):
             return self.count  # back to the count before the trial, or on to the next one
         if self._down and self.count > self._low:
-            self._trial, self._down_trial = (self.count, rate), True
+            self._trial = (self.count, rate)
             return self._change(now, self.count - 1, "checking one fewer than the count carried over")
         producer_wait = (sample.producer_wait_s - last.producer_wait_s) / span / max(1, self.count)
         if self.count > 1 and producer_wait > self.idle:
@@ -210,8 +209,7 @@ class ProducerTuner:
         before, before_rate = self._trial  # type: ignore[misc]
         self._trial = None
         verdict = f"{rate:.0f}/s against {before_rate:.0f}/s"
-        if self._down_trial:  # one fewer than before: kept unless clearly slower, then one fewer again
-            self._down_trial = False
+        if before > self.count:  # a check of one fewer: kept unless clearly slower, then one fewer again
             if rate * self.gain >= before_rate:
                 self._down = self.count > self._low  # done at the lowest count: trials may only climb again
                 self.history.append((now, self.count, f"kept one fewer: {verdict}"))

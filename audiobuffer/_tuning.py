@@ -53,8 +53,7 @@ class PoolTuning:
     def begin(self) -> int:
         """The pool starts now: the first observation; returns the count to start with."""
         self._start = self._clock()
-        count = self._observe(self._start)
-        return count
+        return self._observe(self._start)
 
     def check(self) -> int | None:
         """The count wanted now if an observation was due, else ``None``. Cheap when none is."""

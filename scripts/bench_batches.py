@@ -20,12 +20,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmd import machine, table, write_section  # noqa: E402
+from benchmd import FSDD, machine, table, write_section  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from audiobuffer import AudioDecoder, BufferedDataset, pad_collate  # noqa: E402
 
-FSDD = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "fsdd" / "recordings"
 RATE = 8000
 
 

@@ -50,7 +50,7 @@ from typing import Any
 SCRIPTS = Path(__file__).resolve().parent
 REPO = SCRIPTS.parent
 sys.path[:0] = [str(SCRIPTS), str(REPO)]  # benchmd and the transforms; this checkout's audiobuffer
-from benchmd import machine, table, write_section  # noqa: E402
+from benchmd import FSDD, machine, table, write_section  # noqa: E402
 
 from audiobuffer.tools.bench import BATCH_SIZE, make_corpus, run_with_peak_rss  # noqa: E402
 
@@ -76,7 +76,6 @@ LABELS = {
 #: Rounds of ``relu(h @ W) + 0.1`` per step.
 STEPS = {"light": 50, "heavy": 500}
 CORPORA = ["fsdd", "wav", "flac", "flac+mel"]
-FSDD = Path(os.environ.get("AUDIOBUFFER_SHARED", REPO.parent / "shared")) / "data" / "fsdd" / "recordings"
 WARMUP_STEPS = 20
 BUFFER_SIZE = 64
 CHILD_TIMEOUT = 300.0

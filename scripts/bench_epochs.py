@@ -23,13 +23,12 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmd import machine, table, write_section  # noqa: E402
+from benchmd import FSDD, machine, table, write_section  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from audiobuffer import AudioDecoder, BufferedDataset, pad_collate  # noqa: E402
 from audiobuffer.tools.bench import make_corpus  # noqa: E402
 
-FSDD = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "fsdd" / "recordings"
 SETTINGS: list[Any] = ["auto", 1, 2]
 BATCH_SIZE = 16
 BUFFER_SIZE = 64

@@ -21,13 +21,12 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmd import table, write_section  # noqa: E402
+from benchmd import FSDD, table, write_section  # noqa: E402
 
 from audiobuffer._batching import padding_fraction, plan_batches  # noqa: E402
 from audiobuffer._durations import read_durations  # noqa: E402
 from audiobuffer.sources import Source  # noqa: E402
 
-FSDD = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "fsdd" / "recordings"
 #: The issue's goal: at most this share of padding.
 GOAL = 0.10
 

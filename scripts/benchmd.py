@@ -14,6 +14,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "BENCHMARKS.md"
+#: The FSDD recordings in the shared data beside the repository (``AUDIOBUFFER_SHARED`` overrides the folder).
+FSDD = Path(os.environ.get("AUDIOBUFFER_SHARED", Path(__file__).resolve().parents[2] / "shared")) / "data" / "fsdd" \
+    / "recordings"
 
 
 def median_time(fn: Callable[[], object], runs: int) -> tuple[float, list[float]]:

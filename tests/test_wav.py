@@ -313,6 +313,33 @@ def test_a_crop_reads_the_head_and_the_window_only(tmp_path, monkeypatch):
     assert round(float(sample["audio"][0]) * 80000) == 38000
 
 
+def test_a_large_file_read_whole_reads_its_first_64_kib_once(tmp_path, monkeypatch):
+    path = tmp_path / "long.wav"
+    sf.write(path, noise(80000, 1), 8000, subtype="FLOAT")
+    reads = []
+    os_read = os.read
+
+    def counting_read(fd, n):
+        data = os_read(fd, n)
+        reads.append(("read", len(data)))
+        return data
+
+    class CountingFile(io.FileIO):
+        def readinto(self, b):
+            n = super().readinto(b)
+            reads.append(("file.readinto", n))
+            return n
+
+    monkeypatch.setattr(os, "read", counting_read)
+    monkeypatch.setattr(_wav, "open", lambda fd, mode, buffering, closefd: CountingFile(fd, mode, closefd=closefd),
+                        raising=False)
+    audio, _ = _wav.read_wav(path)
+    size = path.stat().st_size
+    assert reads == [("read", _wav._HEAD), ("file.readinto", size - _wav._HEAD)]  # the rest, not the head again
+    monkeypatch.undo()
+    np.testing.assert_array_equal(audio, libsndfile(path)[0])
+
+
 def test_a_small_file_is_read_whole_in_one_read_and_one_more_at_its_end(tmp_path, monkeypatch):
     path = tmp_path / "short.wav"
     sf.write(path, noise(1000, 2), 8000, subtype="PCM_16")

@@ -110,13 +110,11 @@ def _from_file(path: str | os.PathLike[str], use: Callable[[Reader], Any]) -> An
     fd = os.open(path, _O_RDONLY)
     try:
         head = os.read(fd, _HEAD)
-        while 0 < len(head) < _HEAD:  # a short read is the end of a regular file, but not always elsewhere
+        while len(head) < _HEAD:  # a short read is the end of a regular file, but not always elsewhere
             more = os.read(fd, _HEAD - len(head))
             if not more:
                 return use(Reader(head, len(head)))  # the whole file
             head += more
-        if not head:
-            return use(Reader(head, 0))
         with open(fd, "rb", buffering=0, closefd=False) as f:
             return use(Reader(head, os.fstat(fd).st_size, f))
     finally:
@@ -147,7 +145,10 @@ def _read(reader: Reader, start: int, frames: int | None,
         fresh = False
     else:
         raw = np.empty(nbytes, np.uint8)
-        if not _read_into(reader.file, offset, raw):
+        have = max(0, min(len(head) - offset, nbytes))  # the part the first read already holds
+        if have:
+            raw[:have] = np.frombuffer(head, np.uint8, have, offset)
+        if not _read_into(reader.file, offset + have, raw[have:]):
             return None
         fresh = True
     is_float = info.subtype in ("FLOAT", "DOUBLE")
