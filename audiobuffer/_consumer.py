@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any
 
 from . import storage
@@ -99,12 +99,33 @@ class InlineDecoder:
             if done:
                 self._buffer.close()
             return None
+        return seq, self._decode_one(seq)
+
+    def run(self, until: Callable[[], bool]) -> Generator[tuple[int, Any], None, int]:
+        """Decode the next items here one after another, yielding each ``(seq, sample or Failure)``,
+        until ``until()`` is true (asked after each item: the tuner wants to look) or none is left
+        to take; return how many. Closes the buffer as :meth:`next` does."""
+        take, decode_one = self._feed.take_inline, self._decode_one
+        count = 0
+        while True:
+            seq, done = take(None)
+            if seq is None:
+                if done:
+                    self._buffer.close()
+                return count
+            yield seq, decode_one(seq)
+            count += 1
+            if until():
+                return count
+
+    def _decode_one(self, seq: int) -> Any:
+        """The sample of item ``seq``, or its :class:`Failure`; counted in :attr:`busy` and :attr:`decoded`."""
         item = self._make_item(seq)
         start = time.perf_counter()
         try:
-            out: Any = self._decode(item)
+            return self._decode(item)
         except Exception as exc:  # as from a producer: the consumer applies on_error
-            out = Failure(exc, item, self.name)
+            return Failure(exc, item, self.name)
         except KeyboardInterrupt:
             raise  # Ctrl-C reaches the main thread, which may be this one: it stays what it is
         except BaseException as exc:
@@ -114,4 +135,3 @@ class InlineDecoder:
         finally:
             self.busy += time.perf_counter() - start
             self.decoded += 1
-        return seq, out

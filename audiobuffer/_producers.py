@@ -353,13 +353,12 @@ class ProducerPool:
         """``__iter__`` of an unordered pool: pairs in the order they were finished."""
         feed, buffer = self._feed, self._buffer
         get_many = buffer.get_many  # one lock acquisition for all that is ready
+        due = self._tuning.due if self._tuning is not None else (lambda: True)  # inline runs only with a tuner
         while True:
-            if feed.target == 0 and not len(buffer):  # inline, once what producers left is drained
-                pair = self._inline.next(None)
-                if pair is not None:
-                    yield pair
-                    self._tune()
-                    continue
+            # inline, once what producers left is drained, until the tuner wants to look
+            if feed.target == 0 and not len(buffer) and (yield from self._inline.run(due)):
+                self._tune()
+                continue
             try:
                 chunk = self._wait.get(get_many)
             except BufferClosed:

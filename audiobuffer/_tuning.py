@@ -1,9 +1,11 @@
 """Drives a :class:`~audiobuffer._tuner.ProducerTuner` for one producer pool: the clock, the log, the history.
 
-The pool's consumer thread calls :meth:`PoolTuning.check` each time it takes an item; nothing else
-polls. An observation reads the pool's counters only when the tuner says one is due (every
-``interval`` seconds at most), and every decision is logged at debug level on this module's logger
-(``audiobuffer._tuning``). See NOTE [ Producer tuning ] in ``audiobuffer/_tuner.py``.
+The pool's consumer thread calls :meth:`PoolTuning.check` each time it takes a chunk of items from
+the buffer; decoding inline, it asks :meth:`PoolTuning.due` after each item and calls ``check`` only
+when an observation is due. Nothing else polls. An observation reads the pool's counters only when
+the tuner says one is due (every ``interval`` seconds at most), and every decision is logged at
+debug level on this module's logger (``audiobuffer._tuning``). See NOTE [ Producer tuning ] in
+``audiobuffer/_tuner.py``.
 """
 
 from __future__ import annotations
@@ -54,6 +56,10 @@ class PoolTuning:
         """The pool starts now: the first observation; returns the count to start with."""
         self._start = self._clock()
         return self._observe(self._start)
+
+    def due(self) -> bool:
+        """Whether an observation is due now (:meth:`check` would make one)."""
+        return bool(self.tuner.due(self._clock()))
 
     def check(self) -> int | None:
         """The count wanted now if an observation was due, else ``None``. Cheap when none is."""

@@ -450,6 +450,33 @@ def test_inline_after_producers_drains_what_they_left(ordered):
     assert not wait_no_threads()
 
 
+class DueEvery(ScriptedTuner):
+    """A scripted tuner that is due once it has been asked ``every`` times since it last observed (as a
+    clock's interval passes: it stays due until it observes)."""
+
+    def __init__(self, counts, every):
+        super().__init__(counts)
+        self.every, self.asked = every, 0
+
+    def due(self, now):
+        self.asked += 1
+        return self.asked >= self.every
+
+    def observe(self, sample):
+        self.asked = 0
+        return super().observe(sample)
+
+
+@pytest.mark.parametrize("every, observations", [(1, 31), (10, 4), (1000, 1)])
+def test_inline_decoding_asks_the_tuner_only_when_it_is_due(every, observations):
+    # Inline, the consumer decodes item after item without looking at the tuner until it is due
+    # (one question per item), then lets it observe; every item still comes once.
+    tuner = DueEvery([0], every)
+    pool = ProducerPool(make_item, 30, lambda item: item.index, Buffer(4), num_producers="auto", tuner=tuner)
+    assert sorted(out for _, out in drain(pool)) == list(range(30))
+    assert pool.threads == [] and tuner.observed == observations
+
+
 def test_inline_crash_names_the_item_and_keyboard_interrupt_stays():
     def decode(item):
         if item.index == 2:
