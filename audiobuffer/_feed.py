@@ -36,7 +36,8 @@ So an item is taken once, by one thread, and delivered once, whatever the count 
 consumer decodes inline (``_consumer.InlineDecoder``): it takes the next sequence number itself
 (ordered: only when it is the one it waits for; any lower one is held by a producer and arrives
 through the buffer, so the window is never needed and nothing enters the buffer or ``held``) and
-yields what it decoded without a hand-over, after draining what the buffer holds. The last producer
+yields what it decoded without a hand-over, after draining what the buffer holds; unordered, it
+decodes item after item and lets the tuner look only when an observation is due. The last producer
 out closes the buffer when nothing is left to take, and so does the inline consumer when it finds
 nothing to take and no producer left. Inline decoding is never used with a delivering decoder (it
 would wait for a slot only the consumer frees) or with a ``timeout`` (a decode stuck in the
