@@ -41,7 +41,10 @@ doubling across epochs). So a training run pays the trials of its first epoch, n
 Since trials only add producers, a count carried over is checked downwards once: on its first
 judged interval the tuner tries one fewer (inline after one), keeps it if its rate is within
 ``gain`` of the rate before, and then tries one fewer again; else it goes back, uncapped. So a
-workload that got cheaper (a warm page cache) is not held at the first epoch's count.
+workload that got cheaper (a warm page cache) is not held at the first epoch's count. Keeping one
+fewer says what a failed trial of the count above would say (it was not ``gain`` times faster), so
+it caps the count for the back-off just as that failed trial would: the count just left is not
+tried again at once.
 
 A trial is judged on the very next interval: a new thread starts in well under a millisecond, and
 the buffer is near empty when the consumer starves, so there is nothing to let settle. Every change is
@@ -213,6 +216,7 @@ class ProducerTuner:
             if rate * self.gain >= before_rate:
                 self._down = self.count > self._low  # done at the lowest count: trials may only climb again
                 self.history.append((now, self.count, f"kept one fewer: {verdict}"))
+                self._back_off(now, self.count)  # the count above did not pay: as after its failed trial
                 return True
             self._down = False
             self._change(now, before, f"back up: {verdict}")
@@ -227,12 +231,15 @@ class ProducerTuner:
             self._trial = (0, before_rate)
             self._change(now, 2, f"one producer: {verdict}, consumer waited {consumer_wait:.0%}: trying two")
             return False
-        self.cap = before
-        self._cap_until = now + self._retry
-        self._retry = min(2 * self._retry, self._max_retry)
         self._change(now, before, f"back: {verdict}")
-        self._failed_at = before
+        self._back_off(now, before)
         return False
+
+    def _back_off(self, now: float, count: int) -> None:
+        """One more than ``count`` did not pay: stay at most at ``count`` for the back-off, then double it."""
+        self.cap, self._cap_until = count, now + self._retry
+        self._retry = min(2 * self._retry, self._max_retry)
+        self._failed_at = count
 
     def settled(self) -> tuple[int, float | None] | None:
         """``(count, back-off)`` for :class:`TunerMemory`, or ``None`` if no interval was judged.

@@ -226,14 +226,25 @@ def test_a_count_carried_over_is_checked_downwards_when_the_work_got_cheaper():
     tuner = ProducerTuner(4, memory=_memory(2), warmup=False, retry=60.0)
     counts = drive(tuner, lambda c: {0: 9000, 1: 6000, 2: 3000}.get(c, 2500),
                    consumer_wait=lambda c: 0.0 if c == 0 else 0.5, steps=8)
-    # One fewer, kept; one fewer again, kept; then inline's own trials (one, two), which go back.
-    assert counts[:5] == [1, 0, 1, 2, 0]
+    # One fewer, kept; one fewer again, kept. Each kept step is as a failed trial of the count above:
+    # one producer, just measured slower than inline, is not tried again within the back-off.
+    assert counts[:2] == [1, 0] and set(counts[1:]) == {0}
     reasons = [reason.split(":")[0] for _, _, reason in tuner.history]
     assert reasons == ["start where the last epoch settled", "checking one fewer than the count carried over",
-                       "kept one fewer", "checking one fewer than the count carried over", "kept one fewer",
-                       "trying a producer instead of inline", "one producer", "back"]
-    assert set(counts[4:]) == {0}
-    assert sum("checking one fewer" in reason for _, _, reason in tuner.history) == 2
+                       "kept one fewer", "checking one fewer than the count carried over", "kept one fewer"]
+    assert tuner.cap == 0 and tuner.settled() == (0, 60.0)  # the back-off doubled by each kept step, at most 60 s
+
+
+def test_after_keeping_one_fewer_the_count_above_is_tried_again_once_the_back_off_has_passed():
+    tuner = ProducerTuner(4, memory=_memory(1), warmup=False, retry=0.5)
+    counts = drive(tuner, lambda c: {0: 9000}.get(c, 6000), consumer_wait=lambda c: 0.0 if c == 0 else 0.5,
+                   steps=20)
+    assert set(counts[:11]) == {0}  # kept at once; then 0.5 s (ten steps) with no trial
+    reasons = [r.split(":")[0] for _, _, r in tuner.history]
+    assert reasons[:4] == ["start where the last epoch settled", "checking one fewer than the count carried over",
+                           "kept one fewer", "trying a producer instead of inline"]
+    kept_at, tried_at = tuner.history[2][0], tuner.history[3][0]
+    assert tried_at - kept_at >= 0.5  # inline's own trial, once the back-off has passed
 
 
 def test_a_count_carried_over_that_is_right_stays_after_one_check():
