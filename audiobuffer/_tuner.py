@@ -33,6 +33,10 @@ and judged against it a trial would look better than it is. On each later interv
   against inline as well, since two may decode in parallel where one cannot gain.
 - The consumer waited for data more than ``starved`` of the interval (the producers are the
   bottleneck): try one producer more.
+- No producer is added (nor the trial of one taken on to two) while the process used more than
+  ``saturated`` of the usable cores in the interval: a thread more finds no CPU to run on. This is
+  the case of a transform that already runs on every core (numpy's BLAS threads in a spectrogram's
+  filter bank), where every trial would be paid for and fail.
 
 Across epochs. A dataset hands each epoch's pool the :class:`TunerMemory` the previous epoch's pool
 left: the new tuner starts at the count the last one settled on, and if a trial had failed there, it
@@ -67,6 +71,7 @@ class TunerSample:
     items: int  # items finished (decoded or failed)
     consumer_wait_s: float  # seconds the consumer waited for data
     producer_wait_s: float  # seconds producers waited for room, summed over producers
+    cpu_s: float = 0.0  # CPU seconds the process used (all its threads)
 
 
 class TunerMemory:
@@ -121,13 +126,19 @@ class ProducerTuner:
         allow_inline: whether count 0 (decoding in the consumer's thread) may be used.
         memory: what the previous epoch's tuner settled on: start there instead of at ``start``.
         warmup: let the first interval pass without a decision (see the NOTE).
+        cores: the cores the process may use; ``None``: ``max_producers``.
+        saturated: the share of ``cores`` the process may use in an interval before no producer is
+            added (there is no CPU left for one).
     """
 
     def __init__(self, max_producers: int, *, start: int | None = None, interval: float = 0.02,
                  min_items: int = 32, starved: float = 0.1, idle: float = 0.5, gain: float = 1.1,
                  retry: float = 0.5, max_retry: float = 60.0, allow_inline: bool = True,
-                 memory: TunerMemory | None = None, warmup: bool = True) -> None:
+                 memory: TunerMemory | None = None, warmup: bool = True, cores: int | None = None,
+                 saturated: float = 0.9) -> None:
         self.max_producers = max(1, max_producers)
+        self.cores = max(1, cores if cores is not None else self.max_producers)
+        self.saturated = saturated
         low = 0 if allow_inline else 1
         memory = memory if memory is not None and memory.count is not None else None
         self._resumed = memory is not None
@@ -188,7 +199,8 @@ class ProducerTuner:
         if self.cap < self.max_producers and now >= self._cap_until:
             self.cap = self.max_producers
         consumer_wait = (sample.consumer_wait_s - last.consumer_wait_s) / span
-        if self._trial is not None and not self._judge(now, rate, consumer_wait):
+        spare = (sample.cpu_s - last.cpu_s) / span / self.cores < self.saturated  # CPU for one more thread
+        if self._trial is not None and not self._judge(now, rate, consumer_wait, spare):
             return self.count  # back to the count before the trial, or on to the next one
         if self._down and self.count > self._low:
             self._trial = (self.count, rate)
@@ -196,7 +208,7 @@ class ProducerTuner:
         producer_wait = (sample.producer_wait_s - last.producer_wait_s) / span / max(1, self.count)
         if self.count > 1 and producer_wait > self.idle:
             return self._change(now, self.count - 1, f"producers waited {producer_wait:.0%} for room")
-        if self.count < self.cap:
+        if self.count < self.cap and spare:
             if self.count == 0:
                 return self._try(now, rate, "trying a producer instead of inline")
             if consumer_wait > self.starved:
@@ -207,7 +219,7 @@ class ProducerTuner:
         self._trial = (self.count, rate)
         return self._change(now, self.count + 1, reason)
 
-    def _judge(self, now: float, rate: float, consumer_wait: float) -> bool:
+    def _judge(self, now: float, rate: float, consumer_wait: float, spare: bool) -> bool:
         """Keep the trial's count (``True``), or go back to the one before it (or on from inline to two)."""
         before, before_rate = self._trial  # type: ignore[misc]
         self._trial = None
@@ -225,7 +237,7 @@ class ProducerTuner:
             self._failed_at = None
             self.history.append((now, self.count, f"kept: {verdict}"))
             return True
-        if before == 0 and self.count == 1 and consumer_wait > self.starved and self.cap >= 2:
+        if before == 0 and self.count == 1 and consumer_wait > self.starved and self.cap >= 2 and spare:
             # One producer decodes about as fast as the consumer alone and the consumer waits for it:
             # two may decode in parallel. Judged against inline too.
             self._trial = (0, before_rate)

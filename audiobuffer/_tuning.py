@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ._options import usable_cores
 from ._tuner import ProducerTuner, TunerMemory, TunerSample
 
 __all__ = ["PoolTuning", "default_tuner"]
@@ -24,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 def default_tuner(max_producers: int, *, allow_inline: bool, memory: TunerMemory | None = None) -> ProducerTuner:
     """The tuner a pool with ``num_producers="auto"`` gets (starting where ``memory`` says)."""
-    return ProducerTuner(max_producers, allow_inline=allow_inline, memory=memory)
+    return ProducerTuner(max_producers, allow_inline=allow_inline, memory=memory, cores=usable_cores())
 
 
 class PoolTuning:
@@ -39,12 +40,15 @@ class PoolTuning:
         name: the pool's name, for the log.
         counters: returns ``(items finished, consumer wait s, producer wait s)`` so far.
         clock: a monotonic clock in seconds.
+        cpu_clock: the CPU seconds the process has used (all its threads).
         memory: where :meth:`finish` leaves what the tuner settled on, for the next pool.
     """
 
     def __init__(self, tuner: Any, name: str, counters: Callable[[], tuple[int, float, float]], *,
-                 clock: Callable[[], float] = time.monotonic, memory: TunerMemory | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, cpu_clock: Callable[[], float] = time.process_time,
+                 memory: TunerMemory | None = None) -> None:
         self.tuner = tuner
+        self._cpu_clock = cpu_clock
         self._memory = memory
         self._name = name
         self._counters = counters
@@ -70,7 +74,7 @@ class PoolTuning:
 
     def _observe(self, now: float) -> int:
         items, consumer_wait, producer_wait = self._counters()
-        count: int = self.tuner.observe(TunerSample(now, items, consumer_wait, producer_wait))
+        count: int = self.tuner.observe(TunerSample(now, items, consumer_wait, producer_wait, self._cpu_clock()))
         history = self.tuner.history
         while self._logged < len(history):
             at, n, reason = history[self._logged]

@@ -12,10 +12,10 @@ STEP = 0.05  # seconds per simulated step: 1000 items/s make 50 items, above min
 
 
 def drive(tuner: ProducerTuner, rate: Callable[[int], float], *, consumer_wait: Callable[[int], float],
-          producer_wait: Callable[[int], float] = lambda c: 0.0, steps: int = 40,
-          step: float = STEP) -> list[int]:
-    """Feed ``steps`` steps of a simulated pool whose rate and waits depend on the count."""
-    t = items = cwait = pwait = 0.0
+          producer_wait: Callable[[int], float] = lambda c: 0.0, cpu: Callable[[int], float] = lambda c: 0.0,
+          steps: int = 40, step: float = STEP) -> list[int]:
+    """Feed ``steps`` steps of a simulated pool whose rate, waits and CPU use (cores busy) depend on the count."""
+    t = items = cwait = pwait = cpu_s = 0.0
     counts = []
     count = tuner.observe(TunerSample(t, 0, 0.0, 0.0))
     for _ in range(steps):
@@ -23,7 +23,8 @@ def drive(tuner: ProducerTuner, rate: Callable[[int], float], *, consumer_wait: 
         items += rate(count) * step
         cwait += consumer_wait(count) * step
         pwait += producer_wait(count) * step * max(1, count)
-        count = tuner.observe(TunerSample(t, int(items), cwait, pwait))
+        cpu_s += cpu(count) * step
+        count = tuner.observe(TunerSample(t, int(items), cwait, pwait, cpu_s))
         counts.append(count)
     return counts
 
@@ -271,3 +272,47 @@ def test_after_the_check_reaches_inline_a_climb_that_pays_is_not_checked_again()
     counts = drive(tuner, rate, consumer_wait=lambda c: 0.5, steps=20)
     reasons = [reason for _, _, reason in tuner.history]
     assert sum("checking one fewer" in r for r in reasons) == 1 and counts[-1] == 4
+
+
+def test_no_producer_is_added_while_the_process_uses_every_core():
+    # A transform whose numpy already keeps both cores busy: a thread more would find no CPU.
+    tuner = ProducerTuner(2, cores=2, warmup=False)
+    counts = drive(tuner, lambda c: 180, consumer_wait=lambda c: 0.0 if c == 0 else 0.9,
+                   cpu=lambda c: 1.93, steps=40, step=0.2)
+    assert set(counts) == {0} and len(tuner.history) == 1
+    # The same with a core to spare: inline's trials run (one producer, then two), and go back.
+    tuner = ProducerTuner(2, cores=2, warmup=False)
+    counts = drive(tuner, lambda c: 180, consumer_wait=lambda c: 0.0 if c == 0 else 0.9,
+                   cpu=lambda c: 1.0, steps=4, step=0.2)
+    assert counts[:3] == [1, 2, 0]
+
+
+def test_a_starved_consumer_gets_no_producer_more_without_cpu_for_it():
+    tuner = ProducerTuner(4, start=2, allow_inline=False, cores=4, warmup=False)
+    counts = drive(tuner, lambda c: 1000 * c, consumer_wait=lambda c: 0.5, cpu=lambda c: 3.8 if c >= 2 else 1.9)
+    assert set(counts) == {2}
+
+
+def test_one_producer_that_saturates_the_cores_is_not_taken_on_to_two():
+    tuner = ProducerTuner(2, cores=2, warmup=False)
+    counts = drive(tuner, lambda c: 1000, consumer_wait=lambda c: 0.0 if c == 0 else 0.9,
+                   cpu=lambda c: 1.0 if c == 0 else 1.95, steps=3)
+    assert counts[:2] == [1, 0]
+    assert tuner.history[-1][2].startswith("back: 1000/s against 1000/s")
+
+
+def test_pool_tuning_hands_the_tuner_the_process_cpu_time():
+    seen = []
+
+    class Recording(ProducerTuner):
+        def observe(self, sample):
+            seen.append(sample.cpu_s)
+            return super().observe(sample)
+
+    now = iter([0.0, 1.0])
+    cpu = iter([5.0, 6.5])
+    tuning = PoolTuning(Recording(2), "pool", lambda: (0, 0.0, 0.0), clock=lambda: next(now),
+                        cpu_clock=lambda: next(cpu))
+    tuning.begin()
+    tuning.check()
+    assert seen == [5.0, 6.5]
