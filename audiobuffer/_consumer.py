@@ -76,7 +76,8 @@ class InlineDecoder:
         buffer: the pool's buffer, closed here when nothing is left to take and no producer is left.
         name: the name failures carry as their producer's.
 
-    Thread safety: the consumer thread alone calls :meth:`next`; the counters may be read anywhere.
+    Thread safety: the consumer thread alone calls :meth:`next` and :meth:`run`; the counters may be read
+    anywhere.
     """
 
     def __init__(self, make_item: Callable[[int], WorkItem], decode: Callable[[WorkItem], Any], feed: Feed,

@@ -1,9 +1,10 @@
 """The producer-count tuner behind ``num_producers="auto"``: decisions from observations, nothing else.
 
 The pool feeds it what it has seen (items finished, seconds the consumer waited for data, seconds
-producers waited for room) whenever :meth:`ProducerTuner.due` says so; the tuner answers with the count
-it wants. It owns no thread and reads no clock, so every decision can be tested with scripted
-observations (``tests/test_tuner.py``); ``audiobuffer/_tuning.py`` drives it for a pool.
+producers waited for room, CPU seconds the process used) whenever :meth:`ProducerTuner.due` says so;
+the tuner answers with the count it wants. It owns no thread and reads no clock, so every decision
+can be tested with scripted observations (``tests/test_tuner.py``); ``audiobuffer/_tuning.py``
+drives it for a pool.
 
 NOTE [ Producer tuning ]
 ========================
@@ -36,7 +37,8 @@ and judged against it a trial would look better than it is. On each later interv
 - No producer is added (nor the trial of one taken on to two) while the process used more than
   ``saturated`` of the usable cores in the interval: a thread more finds no CPU to run on. This is
   the case of a transform that already runs on every core (numpy's BLAS threads in a spectrogram's
-  filter bank), where every trial would be paid for and fail.
+  filter bank), where every trial would be paid for and fail. An interval judged so offers at
+  least ``cpu_window`` core-seconds (the process CPU clock ticks every 15.6 ms on Windows).
 
 Across epochs. A dataset hands each epoch's pool the :class:`TunerMemory` the previous epoch's pool
 left: the new tuner starts at the count the last one settled on, and if a trial had failed there, it
@@ -44,11 +46,12 @@ stays capped at that count for the current back-off before trying again (the bac
 doubling across epochs). So a training run pays the trials of its first epoch, not of every epoch.
 Since trials only add producers, a count carried over is checked downwards once: on its first
 judged interval the tuner tries one fewer (inline after one), keeps it if its rate is within
-``gain`` of the rate before, and then tries one fewer again; else it goes back, uncapped. So a
+``gain`` of the rate before, and then tries one fewer again; else it goes back (capped only by an
+earlier kept step of the same walk). So a
 workload that got cheaper (a warm page cache) is not held at the first epoch's count. Keeping one
 fewer says what a failed trial of the count above would say (it was not ``gain`` times faster), so
-it caps the count for the back-off just as that failed trial would: the count just left is not
-tried again at once.
+it caps the count for the back-off just as that failed trial would (without doubling it: one walk
+down is one finding): the count just left is not tried again at once.
 
 A trial is judged on the very next interval: a new thread starts in well under a millisecond, and
 the buffer is near empty when the consumer starves, so there is nothing to let settle. Every change is
@@ -128,17 +131,20 @@ class ProducerTuner:
         warmup: let the first interval pass without a decision (see the NOTE).
         cores: the cores the process may use; ``None``: ``max_producers``.
         saturated: the share of ``cores`` the process may use in an interval before no producer is
-            added (there is no CPU left for one).
+            added (there is no CPU left for one) ...
+        cpu_window: ... judged only on an interval offering at least this many core-seconds
+            (``interval length x cores``): a process CPU clock ticks every 15.6 ms on Windows.
     """
 
     def __init__(self, max_producers: int, *, start: int | None = None, interval: float = 0.02,
                  min_items: int = 32, starved: float = 0.1, idle: float = 0.5, gain: float = 1.1,
                  retry: float = 0.5, max_retry: float = 60.0, allow_inline: bool = True,
                  memory: TunerMemory | None = None, warmup: bool = True, cores: int | None = None,
-                 saturated: float = 0.9) -> None:
+                 saturated: float = 0.9, cpu_window: float = 0.2) -> None:
         self.max_producers = max(1, max_producers)
         self.cores = max(1, cores if cores is not None else self.max_producers)
         self.saturated = saturated
+        self.cpu_window = cpu_window
         low = 0 if allow_inline else 1
         memory = memory if memory is not None and memory.count is not None else None
         self._resumed = memory is not None
@@ -199,7 +205,9 @@ class ProducerTuner:
         if self.cap < self.max_producers and now >= self._cap_until:
             self.cap = self.max_producers
         consumer_wait = (sample.consumer_wait_s - last.consumer_wait_s) / span
-        spare = (sample.cpu_s - last.cpu_s) / span / self.cores < self.saturated  # CPU for one more thread
+        # CPU for one more thread; an interval too short for the process clock's ticks is not judged
+        spare = (span * self.cores < self.cpu_window
+                 or (sample.cpu_s - last.cpu_s) / span / self.cores < self.saturated)
         if self._trial is not None and not self._judge(now, rate, consumer_wait, spare):
             return self.count  # back to the count before the trial, or on to the next one
         if self._down and self.count > self._low:
@@ -228,10 +236,12 @@ class ProducerTuner:
             if rate * self.gain >= before_rate:
                 self._down = self.count > self._low  # done at the lowest count: trials may only climb again
                 self.history.append((now, self.count, f"kept one fewer: {verdict}"))
-                self._back_off(now, self.count)  # the count above did not pay: as after its failed trial
+                self._back_off(now, self.count, double=False)  # the count above did not pay (one walk: no doubling)
                 return True
             self._down = False
             self._change(now, before, f"back up: {verdict}")
+            if self.cap == before < self.max_producers:  # an earlier kept step's cap: its back-off goes on
+                self._failed_at = before
             return False
         if rate >= before_rate * self.gain:
             self._failed_at = None
@@ -247,10 +257,11 @@ class ProducerTuner:
         self._back_off(now, before)
         return False
 
-    def _back_off(self, now: float, count: int) -> None:
-        """One more than ``count`` did not pay: stay at most at ``count`` for the back-off, then double it."""
+    def _back_off(self, now: float, count: int, *, double: bool = True) -> None:
+        """One more than ``count`` did not pay: stay at most at ``count`` for the back-off (then double it)."""
         self.cap, self._cap_until = count, now + self._retry
-        self._retry = min(2 * self._retry, self._max_retry)
+        if double:
+            self._retry = min(2 * self._retry, self._max_retry)
         self._failed_at = count
 
     def settled(self) -> tuple[int, float | None] | None:

@@ -1,11 +1,11 @@
 """Drives a :class:`~audiobuffer._tuner.ProducerTuner` for one producer pool: the clock, the log, the history.
 
 The pool's consumer thread calls :meth:`PoolTuning.check` each time it takes a chunk of items from
-the buffer; decoding inline, it asks :meth:`PoolTuning.due` after each item and calls ``check`` only
-when an observation is due. Nothing else polls. An observation reads the pool's counters only when
-the tuner says one is due (every ``interval`` seconds at most), and every decision is logged at
-debug level on this module's logger (``audiobuffer._tuning``). See NOTE [ Producer tuning ] in
-``audiobuffer/_tuner.py``.
+the buffer (an ordered pool: each item); decoding inline unordered, it asks :meth:`PoolTuning.due`
+after each item and calls ``check`` only when an observation is due. Nothing else polls. An
+observation reads the pool's counters only when the tuner says one is due (every ``interval``
+seconds at most), and every decision is logged at debug level on this module's logger
+(``audiobuffer._tuning``). See NOTE [ Producer tuning ] in ``audiobuffer/_tuner.py``.
 """
 
 from __future__ import annotations

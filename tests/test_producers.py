@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from audiobuffer import AudioBufferError, BatchSlotLoader, Buffer, BufferedDataset, SampleError, WorkItem, _producers
 from audiobuffer._producers import DELIVERED, Failure, ProducerPool
+from audiobuffer._tuning import PoolTuning
 
 
 def make_item(seq):
@@ -467,14 +468,17 @@ class DueEvery(ScriptedTuner):
         return super().observe(sample)
 
 
-@pytest.mark.parametrize("every, observations", [(1, 31), (10, 4), (1000, 1)])
-def test_inline_decoding_asks_the_tuner_only_when_it_is_due(every, observations):
-    # Inline, the consumer decodes item after item without looking at the tuner until it is due
-    # (one question per item), then lets it observe; every item still comes once.
+@pytest.mark.parametrize("every, observations, checks", [(1, 31, 30), (10, 4, 3), (1000, 1, 1)])
+def test_inline_decoding_asks_the_tuner_only_when_it_is_due(every, observations, checks, monkeypatch):
+    # Inline, the consumer decodes item after item, asking only whether the tuner is due (one question
+    # per item), and lets it look (check) only then; every item still comes once.
+    calls = []
+    check = PoolTuning.check
+    monkeypatch.setattr(PoolTuning, "check", lambda self: (calls.append(1), check(self))[1])
     tuner = DueEvery([0], every)
     pool = ProducerPool(make_item, 30, lambda item: item.index, Buffer(4), num_producers="auto", tuner=tuner)
     assert sorted(out for _, out in drain(pool)) == list(range(30))
-    assert pool.threads == [] and tuner.observed == observations
+    assert pool.threads == [] and tuner.observed == observations and len(calls) == checks
 
 
 def test_inline_crash_names_the_item_and_keyboard_interrupt_stays():

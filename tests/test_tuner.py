@@ -233,7 +233,25 @@ def test_a_count_carried_over_is_checked_downwards_when_the_work_got_cheaper():
     reasons = [reason.split(":")[0] for _, _, reason in tuner.history]
     assert reasons == ["start where the last epoch settled", "checking one fewer than the count carried over",
                        "kept one fewer", "checking one fewer than the count carried over", "kept one fewer"]
-    assert tuner.cap == 0 and tuner.settled() == (0, 60.0)  # the back-off doubled by each kept step, at most 60 s
+    assert tuner.cap == 0 and tuner.settled() == (0, 60.0)  # a walk down keeps the back-off it had
+
+
+def test_a_walk_down_caps_without_doubling_and_a_step_back_up_keeps_the_cap():
+    # From three: two kept, one kept, inline clearly slower: back up to one, still capped there.
+    tuner = ProducerTuner(4, memory=_memory(3), warmup=False, retry=0.5)
+    counts = drive(tuner, lambda c: {0: 1000, 1: 5000, 2: 5000}.get(c, 5000), consumer_wait=lambda c: 0.0,
+                   steps=4)
+    assert counts[:4] == [2, 1, 0, 1]
+    assert tuner.history[-1][2].startswith("back up")
+    assert tuner.cap == 1 and tuner.settled() == (1, 0.5)  # the next epoch starts capped, the back-off not doubled
+
+
+def test_short_intervals_are_not_judged_by_cpu_time():
+    # 20 ms on two cores is 40 ms of CPU time: a few ticks of a coarse process clock. Not trusted.
+    tuner = ProducerTuner(2, cores=2, warmup=False)
+    counts = drive(tuner, lambda c: 1000, consumer_wait=lambda c: 0.0 if c == 0 else 0.9, cpu=lambda c: 2.0,
+                   steps=3, step=0.04)
+    assert counts[0] == 1  # the trial runs as if no CPU were measured
 
 
 def test_after_keeping_one_fewer_the_count_above_is_tried_again_once_the_back_off_has_passed():
@@ -289,14 +307,15 @@ def test_no_producer_is_added_while_the_process_uses_every_core():
 
 def test_a_starved_consumer_gets_no_producer_more_without_cpu_for_it():
     tuner = ProducerTuner(4, start=2, allow_inline=False, cores=4, warmup=False)
-    counts = drive(tuner, lambda c: 1000 * c, consumer_wait=lambda c: 0.5, cpu=lambda c: 3.8 if c >= 2 else 1.9)
+    counts = drive(tuner, lambda c: 1000 * c, consumer_wait=lambda c: 0.5, cpu=lambda c: 3.8 if c >= 2 else 1.9,
+                   step=0.2)
     assert set(counts) == {2}
 
 
 def test_one_producer_that_saturates_the_cores_is_not_taken_on_to_two():
     tuner = ProducerTuner(2, cores=2, warmup=False)
     counts = drive(tuner, lambda c: 1000, consumer_wait=lambda c: 0.0 if c == 0 else 0.9,
-                   cpu=lambda c: 1.0 if c == 0 else 1.95, steps=3)
+                   cpu=lambda c: 1.0 if c == 0 else 1.95, steps=3, step=0.2)
     assert counts[:2] == [1, 0]
     assert tuner.history[-1][2].startswith("back: 1000/s against 1000/s")
 
