@@ -35,10 +35,12 @@ and judged against it a trial would look better than it is. On each later interv
 - The consumer waited for data more than ``starved`` of the interval (the producers are the
   bottleneck): try one producer more.
 - No producer is added (nor the trial of one taken on to two) while the process used more than
-  ``saturated`` of the usable cores in the interval: a thread more finds no CPU to run on. This is
-  the case of a transform that already runs on every core (numpy's BLAS threads in a spectrogram's
-  filter bank), where every trial would be paid for and fail. An interval judged so offers at
-  least ``cpu_window`` core-seconds (the process CPU clock ticks every 15.6 ms on Windows).
+  ``saturated`` of the usable cores in its last CPU window: a thread more finds no CPU to run on.
+  This is the case of a transform that already runs on every core (numpy's BLAS threads in a
+  spectrogram's filter bank), where every trial would be paid for and fail. A CPU window spans
+  whole intervals (the warm-up counts) until it offers ``cpu_window`` core-seconds, since the
+  process CPU clock ticks every 15.6 ms on Windows; until the first window closes there is CPU to
+  spare.
 
 Across epochs. A dataset hands each epoch's pool the :class:`TunerMemory` the previous epoch's pool
 left: the new tuner starts at the count the last one settled on, and if a trial had failed there, it
@@ -61,7 +63,7 @@ recorded in :attr:`ProducerTuner.history` as ``(time, count, reason)``, the firs
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 __all__ = ["ProducerTuner", "TunerMemory", "TunerSample"]
 
@@ -130,10 +132,10 @@ class ProducerTuner:
         memory: what the previous epoch's tuner settled on: start there instead of at ``start``.
         warmup: let the first interval pass without a decision (see the NOTE).
         cores: the cores the process may use; ``None``: ``max_producers``.
-        saturated: the share of ``cores`` the process may use in an interval before no producer is
-            added (there is no CPU left for one) ...
-        cpu_window: ... judged only on an interval offering at least this many core-seconds
-            (``interval length x cores``): a process CPU clock ticks every 15.6 ms on Windows.
+        saturated: the share of ``cores`` the process may use before no producer is added (there
+            is no CPU left for one) ...
+        cpu_window: ... measured over windows of whole intervals offering at least this many
+            core-seconds (``length x cores``): a process CPU clock ticks every 15.6 ms on Windows.
     """
 
     def __init__(self, max_producers: int, *, start: int | None = None, interval: float = 0.02,
@@ -145,6 +147,8 @@ class ProducerTuner:
         self.cores = max(1, cores if cores is not None else self.max_producers)
         self.saturated = saturated
         self.cpu_window = cpu_window
+        self._cpu_from: TunerSample | None = None  # where the current CPU window started
+        self._spare = True  # whether the last CPU window left CPU for one more thread
         low = 0 if allow_inline else 1
         memory = memory if memory is not None and memory.count is not None else None
         self._resumed = memory is not None
@@ -182,7 +186,7 @@ class ProducerTuner:
         """Take the counters seen so far; return the count wanted from now on."""
         last = self._last
         if last is None:
-            self._last = sample
+            self._last = self._cpu_from = sample
             reason = "start"
             if self._resumed:
                 reason = "start where the last epoch settled"
@@ -205,9 +209,7 @@ class ProducerTuner:
         if self.cap < self.max_producers and now >= self._cap_until:
             self.cap = self.max_producers
         consumer_wait = (sample.consumer_wait_s - last.consumer_wait_s) / span
-        # CPU for one more thread; an interval too short for the process clock's ticks is not judged
-        spare = (span * self.cores < self.cpu_window
-                 or (sample.cpu_s - last.cpu_s) / span / self.cores < self.saturated)
+        spare = self._cpu_spare(sample)
         if self._trial is not None and not self._judge(now, rate, consumer_wait, spare):
             return self.count  # back to the count before the trial, or on to the next one
         if self._down and self.count > self._low:
@@ -222,6 +224,15 @@ class ProducerTuner:
             if consumer_wait > self.starved:
                 return self._try(now, rate, f"consumer waited {consumer_wait:.0%}")
         return self.count
+
+    def _cpu_spare(self, sample: TunerSample) -> bool:
+        """Whether the last closed CPU window left CPU for one more thread (closing one if ``sample`` ends it)."""
+        start = cast(TunerSample, self._cpu_from)
+        window = sample.time - start.time
+        if window * self.cores >= self.cpu_window:
+            self._spare = (sample.cpu_s - start.cpu_s) / window / self.cores < self.saturated
+            self._cpu_from = sample
+        return self._spare
 
     def _try(self, now: float, rate: float, reason: str) -> int:
         self._trial = (self.count, rate)

@@ -254,6 +254,15 @@ def test_short_intervals_are_not_judged_by_cpu_time():
     assert counts[0] == 1  # the trial runs as if no CPU were measured
 
 
+def test_short_intervals_add_up_to_a_cpu_window():
+    # Every core busy, intervals of 40 ms: the first window closes after three (0.24 core-seconds);
+    # the trial started before it goes back, and none follows, even once its back-off has passed.
+    tuner = ProducerTuner(2, cores=2, warmup=False, retry=0.2)
+    counts = drive(tuner, lambda c: 1000, consumer_wait=lambda c: 0.0 if c == 0 else 0.9, cpu=lambda c: 2.0,
+                   steps=30, step=0.04)
+    assert counts[:3] == [1, 2, 0] and set(counts[2:]) == {0}
+
+
 def test_after_keeping_one_fewer_the_count_above_is_tried_again_once_the_back_off_has_passed():
     tuner = ProducerTuner(4, memory=_memory(1), warmup=False, retry=0.5)
     counts = drive(tuner, lambda c: {0: 9000}.get(c, 6000), consumer_wait=lambda c: 0.0 if c == 0 else 0.5,
