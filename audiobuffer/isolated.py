@@ -275,12 +275,11 @@ class IsolatedLoader:
 
     def _next(self, run: TrainerRun, channel: HelperChannel) -> Any:
         """The next message of ``run``'s epoch (stale ones of an abandoned epoch are dropped)."""
-        inbox = channel.inbox
         timeout = None if self.dataset.timeout is None else self.dataset.timeout + SILENCE_GRACE
         while True:
             start = time.perf_counter()
             try:
-                message = inbox.get(timeout=timeout)
+                message = channel.receive(timeout)
             except TimeoutError:
                 raise StallError(f"the helper process sent nothing for {timeout:.1f} s (timeout "
                                  f"{self.dataset.timeout} s plus {SILENCE_GRACE:.0f} s)") from None

@@ -385,6 +385,20 @@ def test_stats_carry_the_transfer_counters():
     assert "helper=closed" in repr(loader)
 
 
+def test_the_trainer_reads_from_the_helper_only_when_it_waits():
+    # NOTE [ Reading the helper on demand ]: while the training step runs, no thread of the trainer
+    # reads (and unpickles) what the helper sends meanwhile; it waits in the pipe until asked for.
+    with IsolatedLoader(fake_paths(64), IndexDecoder(), batch_size=4, num_producers=1, num_slots=4) as loader:
+        batches = iter(loader)
+        first = next(batches)
+        # Time for the helper to fill its three other slots and send them; what is checked is that none
+        # of them was read, so a slow helper cannot make this fail, only a trainer that reads ahead.
+        time.sleep(0.5)
+        assert len(loader._channel.inbox) == 0
+        rest = list(batches)
+    assert sorted(indices([first] + rest)) == list(range(64))
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.cuda
 def test_pinned_batches_copy_to_the_gpu():
