@@ -11,6 +11,8 @@ training process hold the GIL for the Python part of every decode, and the step 
 Each corpus is fed, in batches of 16, by:
 
 - ``step-alone``: the data is already there (one decoded batch, reused): the step's own time;
+- ``step-copy``: every batch decoded before the clock, each copied into fresh tensors just before its
+  step, as a loader hands a batch over: what receiving a batch costs the step with no loader at all;
 - ``loop``: decode and collate in the training thread, then the step;
 - ``buffered-1``, ``buffered-2``, ``buffered-auto``: ``BufferedDataset(num_producers=N)`` into
   ``DataLoader(num_workers=0)`` (``auto``: the default, tuned as the epoch runs; each run is a first
@@ -54,16 +56,17 @@ from benchmd import FSDD, machine, table, write_section  # noqa: E402
 
 from audiobuffer.tools.bench import BATCH_SIZE, make_corpus, run_with_peak_rss  # noqa: E402
 
-APPROACHES = ["step-alone", "loop", "buffered-1", "buffered-2", "buffered-auto", "isolated-2", "isolated-auto",
-              "dataloader-2", "dataloader-2-spawn"]
+APPROACHES = ["step-alone", "step-copy", "loop", "buffered-1", "buffered-2", "buffered-auto", "isolated-2",
+              "isolated-auto", "dataloader-2", "dataloader-2-spawn"]
 #: The approaches that take a per-sample transform (the DataLoader ones decode in ``PathDataset``).
-TRANSFORM_APPROACHES = ["step-alone", "loop", "buffered-1", "buffered-2", "buffered-auto", "isolated-2",
+TRANSFORM_APPROACHES = ["step-alone", "step-copy", "loop", "buffered-1", "buffered-2", "buffered-auto", "isolated-2",
                         "isolated-auto"]
 IN_PROCESS = ["loop", "buffered-1", "buffered-2", "buffered-auto"]
 THREADS = ["buffered-1", "buffered-2", "buffered-auto"]
 ISOLATED = ["isolated-2", "isolated-auto"]
 LABELS = {
     "step-alone": "step alone (data already there)",
+    "step-copy": "step alone, each batch a fresh copy (no loader)",
     "loop": "sequential loop",
     "buffered-1": "BufferedDataset, 1 producer",
     "buffered-2": "BufferedDataset, 2 producers",
@@ -126,6 +129,21 @@ def _batches(paths: Sequence[str], decoder: Any, transform: Any) -> Iterator[dic
         yield pad_collate(samples)
 
 
+def _fresh_copy(batch: dict[str, Any]) -> dict[str, Any]:
+    """``batch`` with each tensor copied into a new one, as ``IsolatedLoader`` copies a slot out."""
+    import numpy as np
+    import torch
+
+    out: dict[str, Any] = {}
+    for name, value in batch.items():
+        if isinstance(value, torch.Tensor):
+            fresh = torch.empty(value.shape, dtype=value.dtype)
+            np.copyto(fresh.numpy(), value.numpy())
+            value = fresh
+        out[name] = value
+    return out
+
+
 def _nothing_to_close() -> None:
     """The close of the step-alone approach: it holds no threads."""
 
@@ -167,14 +185,19 @@ def _epoch(approach: str, step_name: str, paths: list[str], transform: Any) -> d
     for _ in range(WARMUP_STEPS):
         step(None)
     n_batches = -(-len(paths) // BATCH_SIZE)
-    ready = None
+    ready = decoded = None
     if approach == "step-alone":  # decoded before the clock: the data is already there
         ready = next(_batches(paths[:BATCH_SIZE], AudioDecoder(), transform))
+    elif approach == "step-copy":
+        decoded = list(_batches(paths, AudioDecoder(), transform))
     gc.collect()
     start = time.perf_counter()
+    batches: Iterator[dict[str, Any]]
+    close: Callable[[], None] = _nothing_to_close
     if ready is not None:
-        batches: Iterator[dict[str, Any]] = itertools.repeat(ready, n_batches)
-        close: Callable[[], None] = _nothing_to_close
+        batches = itertools.repeat(ready, n_batches)
+    elif decoded is not None:
+        batches = (_fresh_copy(batch) for batch in decoded)
     else:
         batches, close = _loader(approach, paths, transform)
     first = None
@@ -192,7 +215,8 @@ def _epoch(approach: str, step_name: str, paths: list[str], transform: Any) -> d
     finally:
         close()
     return {"step_s": statistics.median(step_s), "epoch_s": total,
-            "first_batch_s": None if ready is not None else first, "batches": len(step_s), "files": files}
+            "first_batch_s": None if ready is not None or decoded is not None else first, "batches": len(step_s),
+            "files": files}
 
 
 def child(approach: str, steps: Sequence[str], paths: list[str], transform_name: str | None) -> dict[str, Any]:
@@ -357,7 +381,10 @@ def markdown(results: Sequence[dict[str, Any]], runs: int) -> str:
         "`relu(h @ W) + 0.1` on an (8, 64) tensor, then `.item()`: Python launching small kernels, as a GPU "
         f"step does. Batches of {BATCH_SIZE}; buffers of {BUFFER_SIZE} samples. Each subprocess runs one epoch "
         "per step (light first), each with a fresh loader. *step ms*: the median step call alone, timed once "
-        "its batch is in hand; *vs alone*: over the step with the data already there, same run; *epoch s*: the "
+        "its batch is in hand; *vs alone*: over the step with the data already there (one batch reused, steps "
+        "back to back), same run; the second row copies each of the corpus's batches, decoded before the clock, "
+        "into fresh tensors before its step, as a loader hands a batch over: what receiving batches costs the "
+        "step with no loader running at all; *epoch s*: the "
         "whole epoch, loading included; *first batch ms*: from starting to build the loader to the first batch "
         "in hand (worker or helper start included); *peak RSS*: the subprocess's whole tree over its run "
         "(DataLoader workers and the IsolatedLoader's helper included; forked workers' shared pages count in "
