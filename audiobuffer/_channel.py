@@ -19,7 +19,7 @@ import time
 import types
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 import numpy as np
 import torch
@@ -150,18 +150,25 @@ def death_message(proc: subprocess.Popen[bytes] | None) -> str:
 
 # NOTE [ Reading the helper on demand ]
 # =====================================
-# The reader thread reads the helper's pipe only while the trainer waits for a message: one message
-# for each time the trainer asks (HelperChannel.receive sets ``wanted`` when the inbox is empty; the
-# reader clears it, then reads until a message that is not a log line). A reader that read ahead would
-# wake, take the GIL and unpickle each batch's message while the training step runs, the very
-# contention the helper process exists to avoid: measured on 2 cores, a reader woken once per batch
-# slowed a 1 ms Python-bound step by about 5%. Read on demand, the trainer process runs nothing beside
-# the training loop, and each message costs one hand-over between two threads while the trainer waits.
-# What the helper sends meanwhile waits in the pipe, whose size and the slots bound it: when the pipe is
-# full the helper's sender blocks until the trainer asks again (the trainer asks whenever it waits for
-# anything, so this cannot deadlock). No lost wake-up: ``wanted`` is cleared before the read, so a
-# request made during a read is served by the next one. The helper's death is seen at the next request
-# (an end of file), and close() sets ``wanted`` so that the reader runs into the end and exits.
+# The reader thread reads the helper's pipe only while the trainer waits for a message (HelperChannel.
+# receive sets ``wanted`` when the inbox is empty; the reader clears it, then reads until a message that
+# is not a log line and puts that one in the inbox). A reader that read ahead would wake, take the GIL
+# and unpickle each batch's message while the training step runs, the very contention the helper process
+# exists to avoid: measured on 2 cores, a reader woken once per batch slowed a 1 ms Python-bound step by
+# about 5%. Read on demand, no thread of the loader runs in the trainer's process while it trains (a
+# DevicePrefetcher's thread receives and copies the next batch meanwhile: that is its purpose), and each
+# message costs one hand-over between two threads while the trainer waits.
+# - What the helper sends meanwhile waits in the pipe and, behind it, in the helper's outgoing queue,
+#   which its writer thread empties into the pipe: no other thread of the helper ever blocks on a full
+#   pipe, so the helper always reads what the trainer sends (``free``, ``stop``, ``close``) and a send
+#   of the trainer never waits for long (NOTE [ Helper process lifecycle ], Channel).
+# - No lost wake-up: ``wanted`` is cleared before the read, so a request made during a read is served by
+#   the next one. A request that ends without its message (a cancel, a timeout) leaves one message read
+#   ahead in the inbox, which the next request takes without reading.
+# - The helper's death is seen at the next request, as an end of file. Its warnings ("log" messages)
+#   are logged when the trainer next asks for a message, not as they happen.
+# - Closing: close() aborts the inbox and sets ``wanted``; the reader then reads the pipe to its end
+#   (discarding), so that a helper whose writer is blocked on a full pipe can finish and exit.
 def read_messages(proc: subprocess.Popen[bytes], inbox: Buffer[Any], closing: threading.Event,
                   wanted: threading.Event) -> None:
     """The reader thread: a message from the helper into the inbox each time one is wanted (NOTE [ Reading
@@ -169,19 +176,21 @@ def read_messages(proc: subprocess.Popen[bytes], inbox: Buffer[Any], closing: th
 
     A function, not a method: the thread must not keep the loader alive (its finalizer stops the helper).
     """
+    stream = cast(BinaryIO, proc.stdout)
     try:
         while True:
             wanted.wait()
             wanted.clear()
             while True:
-                message = pickle.load(proc.stdout)  # type: ignore[arg-type]
+                message = pickle.load(stream)
                 if message[0] != "log":
                     break
                 # under the helper's own logger name, so that the user's logging setup applies as in process
                 logging.getLogger(message[2]).log(message[1], "helper process: %s", message[3])
             inbox.put(message)
-    except BufferClosed:
-        return  # the trainer closed the loader
+    except BufferClosed:  # the trainer closed the loader: let the helper write what it still has, and end
+        _drain(stream)
+        return
     except Exception:  # EOFError (the helper exited), or a frame cut short by its death
         pass
     if closing.is_set():
@@ -194,6 +203,15 @@ def read_messages(proc: subprocess.Popen[bytes], inbox: Buffer[Any], closing: th
     inbox.abort(HelperError(death_message(proc)))
 
 
+def _drain(stream: BinaryIO) -> None:
+    """Read ``stream`` to its end, discarding: the helper is being closed."""
+    try:
+        while stream.read(1 << 16):
+            pass
+    except (OSError, ValueError):  # closed under us, after the helper was killed
+        pass
+
+
 class HelperChannel:
     """One helper process and the trainer's end of its channel: start, send, receive, attach, stop.
 
@@ -201,7 +219,7 @@ class HelperChannel:
     object, so a channel nobody references is collected and its finalizer stops the helper.
 
     Args:
-        inbox_size: messages the reader may queue ahead of the consumer.
+        inbox_size: room in the inbox, which holds what the reader read and cancels from other threads.
     """
 
     def __init__(self, inbox_size: int) -> None:
@@ -239,8 +257,8 @@ class HelperChannel:
         self._finalizer = weakref.finalize(self, shutdown_helper, proc, self.inbox, self._closing, self._wanted,
                                            self._segments, reader)
         reader.start()
-        self.send(("setup", list(sys.path), spec))
         try:
+            self.send(("setup", list(sys.path), spec))
             message = self.receive(START_TIMEOUT)
         except TimeoutError:
             self.close()
@@ -281,7 +299,7 @@ class HelperChannel:
             TimeoutError: nothing came within ``timeout`` seconds (``None``: no limit).
             HelperError: the helper died. BufferClosed: the channel was closed.
         """
-        if not len(self.inbox):
+        if not len(self.inbox):  # only this thread takes from the inbox, so a message seen stays there
             self._wanted.set()
         return self.inbox.get(timeout=timeout)
 

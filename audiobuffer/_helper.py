@@ -8,7 +8,11 @@ NOTE [ Helper process lifecycle ]
 =================================
 Channel. Frames are pickles, only ever from the trainer that started this process: trainer -> helper
 on the helper's stdin, helper -> trainer on its original stdout. ``sys.stdout`` is pointed at stderr
-first, so a ``print`` in a user's decoder cannot corrupt the channel.
+first, so a ``print`` in a user's decoder cannot corrupt the channel. The trainer reads only while it
+waits for a message (NOTE [ Reading the helper on demand ] in ``_channel.py``), so the pipe is often
+full: every thread here sends into a queue that one writer thread empties into the pipe, and only that
+thread ever waits on it. The main thread is then always free to read ``free``, ``stop`` and ``close``,
+and the epoch thread collates into every free slot whatever the pipe holds.
 
 Start. The trainer sends ``("setup", sys_path, spec_bytes)``; the helper puts the trainer's
 ``sys.path`` in place (so the user's modules import as they do in the trainer), unpickles the spec and
@@ -31,9 +35,11 @@ of successive epochs share a ``TunerMemory`` (NOTE [ Producer tuning ] in ``_tun
 
 Exit. ``("close",)`` or end of file on stdin ends the helper: the trainer closed it, exited or was
 killed (a killed trainer's pipe closes with it). Either way the epoch's pool is stopped, every
-segment this process created is unlinked, and the process exits with ``os._exit`` after at most
-``EXIT_GRACE`` seconds, without waiting for a producer stuck in a decode. SIGINT is ignored: Ctrl-C in
-a terminal reaches the whole process group, and the trainer decides when its helper stops.
+segment this process created is unlinked, what is queued for the trainer is written (for at most
+``EXIT_GRACE`` seconds: a trainer that closed the loader reads the pipe to its end), and the process
+exits with ``os._exit``, without waiting for a producer stuck in a decode beyond ``EXIT_GRACE``.
+SIGINT is ignored: Ctrl-C in a terminal reaches the whole process group, and the trainer decides when
+its helper stops.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import queue
 import signal
 import sys
 import threading
@@ -66,22 +73,41 @@ from .sources import WorkItem
 EXIT_GRACE = 1.0
 
 class Channel:
-    """Pickled frames over a pair of binary streams; :meth:`send` is thread-safe."""
+    """Pickled frames over a pair of binary streams (NOTE [ Helper process lifecycle ], Channel).
+
+    :meth:`send` never blocks, from any thread: frames queue up for one writer thread, which alone waits
+    when the trainer is not reading. Only the main thread calls :meth:`recv`.
+    """
 
     def __init__(self, incoming: BinaryIO, outgoing: BinaryIO) -> None:
         self._in = incoming
         self._out = outgoing
-        self._lock = threading.Lock()
+        self._queue: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._broken = False  # the trainer's end has gone: frames are for nobody
+        self._writer = threading.Thread(target=self._write, name="audiobuffer-helper-writer", daemon=True)
+        self._writer.start()
 
     def send(self, message: tuple[Any, ...]) -> None:
-        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        with self._lock:
-            self._out.write(data)
-            self._out.flush()
+        if not self._broken:
+            self._queue.put(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
 
     def recv(self) -> Any:
         """The next message; ``EOFError`` when the other side has gone."""
         return pickle.load(self._in)
+
+    def close(self, timeout: float) -> None:
+        """Let the writer write what was sent, then stop it; give up after ``timeout`` seconds."""
+        self._queue.put(None)
+        self._writer.join(timeout)
+
+    def _write(self) -> None:
+        while (data := self._queue.get()) is not None:
+            try:
+                self._out.write(data)
+                self._out.flush()
+            except (OSError, ValueError):
+                self._broken = True
+                return
 
 
 class _ChannelLog(logging.Handler):
@@ -392,6 +418,7 @@ def main() -> None:
     finally:
         if helper is not None:
             helper.shutdown()
+        channel.close(EXIT_GRACE)  # what is still queued (a setup error, a last warning) reaches the trainer
         sys.stderr.flush()
         os._exit(0)  # do not wait for a producer stuck in a decode (daemon threads)
 

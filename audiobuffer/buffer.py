@@ -118,7 +118,9 @@ class Buffer(Generic[T]):
         return self._nbytes
 
     def __len__(self) -> int:
-        return len(self._items)  # without the lock: a hint that may be stale at once, never a decision
+        # Without the lock: a hint that may be stale at once. Only the one thread that takes items may
+        # act on it, and only on a non-zero count (what it saw stays there until it takes it).
+        return len(self._items)
 
     def __repr__(self) -> str:
         with self._lock:

@@ -261,7 +261,12 @@ class IsolatedLoader:
         finally:
             unregister()
             run.end = time.perf_counter()
-            if not run.done:  # leave the epoch early: the helper stops it and confirms
+            with self._lock:
+                latest = run.gen == self._gen
+            # Leave the epoch early: the helper stops it and confirms. An epoch that a newer one replaced
+            # (its iterator collected late) was stopped by the helper when the newer one began, and
+            # waiting for its confirmation here would drop the newer epoch's messages.
+            if not run.done and latest:
                 channel.stop_epoch(run.gen)
 
     @staticmethod

@@ -54,6 +54,24 @@ class Exit:
         return {"audio": np.zeros(2, dtype=np.float32), "index": item.index}
 
 
+class Flood:
+    """Fails every item from ``first_failure`` on with a long message (more failures than a pipe holds);
+    item ``stuck`` first sleeps ``stuck_s`` seconds (a decode stuck on a file)."""
+
+    def __init__(self, first_failure: int, stuck: int, stuck_s: float, message_bytes: int = 4096) -> None:
+        self.first_failure = first_failure
+        self.stuck = stuck
+        self.stuck_s = stuck_s
+        self.message_bytes = message_bytes
+
+    def __call__(self, item: Any) -> dict[str, Any]:
+        if item.index == self.stuck:
+            time.sleep(self.stuck_s)
+        if item.index >= self.first_failure:
+            raise ValueError(f"injected failure on item {item.index}: " + "x" * self.message_bytes)
+        return {"audio": np.zeros(2, dtype=np.float32), "index": item.index}
+
+
 def add_one(sample: dict[str, Any]) -> dict[str, Any]:
     """A module-level transform."""
     sample["audio"] = sample["audio"] + 1

@@ -18,7 +18,7 @@ import psutil
 import pytest
 import torch
 from helpers import JOIN_TIMEOUT, REPO, duration_manifest, fake_paths, make_corpus
-from plain_decoders import Exit, IndexDecoder, add_one
+from plain_decoders import Exit, Flood, IndexDecoder, add_one
 
 from audiobuffer import (
     AudioDecoder,
@@ -397,6 +397,33 @@ def test_the_trainer_reads_from_the_helper_only_when_it_waits():
         assert len(loader._channel.inbox) == 0
         rest = list(batches)
     assert sorted(indices([first] + rest)) == list(range(64))
+
+
+def test_closing_with_a_full_pipe_and_a_stuck_decode_lets_the_helper_exit_by_itself():
+    # The trainer reads on demand, so at close the helper may have far more to send than the pipe holds,
+    # and a producer stuck in a decode makes it log a warning as it stops. Its writer thread alone waits
+    # on the pipe, which the closing trainer reads to its end: the helper exits on its own, not killed.
+    loader = IsolatedLoader(fake_paths(300), Flood(first_failure=4, stuck=150, stuck_s=3.0), batch_size=4,
+                            num_producers=2, on_error="skip")
+    batches = iter(loader)
+    assert sorted(indices([next(batches)])) == [0, 1, 2, 3]
+    proc = loader._channel.proc
+    time.sleep(1.0)  # the helper queues about 300 failures of 4 KiB meanwhile, 20 times what a pipe holds
+    loader.close()
+    batches.close()
+    assert proc.returncode == 0  # exited by itself: a helper that hung would have been killed after JOIN_TIMEOUT
+
+
+def test_an_old_epochs_iterator_closed_late_leaves_the_new_epoch_alone():
+    with IsolatedLoader(fake_paths(40), IndexDecoder(), batch_size=4, num_producers=1) as loader:
+        old = iter(loader)
+        next(old)
+        new = iter(loader)  # the helper stops the old epoch as it starts this one
+        got = [next(new)]
+        old.close()  # the old epoch's end runs now, in the middle of the new one (a late garbage collection)
+        got += list(new)
+        assert sorted(indices(got)) == list(range(40))
+        assert loader.stats().done
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
