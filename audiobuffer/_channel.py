@@ -162,9 +162,9 @@ def death_message(proc: subprocess.Popen[bytes] | None) -> str:
 #   which its writer thread empties into the pipe: no other thread of the helper ever blocks on a full
 #   pipe, so the helper always reads what the trainer sends (``free``, ``stop``, ``close``) and a send
 #   of the trainer never waits for long (NOTE [ Helper process lifecycle ], Channel).
-# - No lost wake-up: ``wanted`` is cleared before the read, so a request made during a read is served by
-#   the next one. A request that ends without its message (a cancel, a timeout) leaves one message read
-#   ahead in the inbox, which the next request takes without reading.
+# - No lost wake-up: ``wanted`` is cleared before the read, so a request made after that is seen at the
+#   reader's next turn: at worst it reads one message ahead, into the inbox, as it does when a request
+#   ends without its message (a cancel, a timeout); the next request takes that one without reading.
 # - The helper's death is seen at the next request, as an end of file. Its warnings ("log" messages)
 #   are logged when the trainer next asks for a message, not as they happen.
 # - Closing: close() aborts the inbox and sets ``wanted``; the reader then reads the pipe to its end

@@ -12,7 +12,10 @@ first, so a ``print`` in a user's decoder cannot corrupt the channel. The traine
 waits for a message (NOTE [ Reading the helper on demand ] in ``_channel.py``), so the pipe is often
 full: every thread here sends into a queue that one writer thread empties into the pipe, and only that
 thread ever waits on it. The main thread is then always free to read ``free``, ``stop`` and ``close``,
-and the epoch thread collates into every free slot whatever the pipe holds.
+and the epoch thread collates into every free slot whatever the pipe holds. The epoch's data frames
+(batches, failures) wait for room once ``Channel.DATA_FRAMES`` of them are queued, so that a corpus
+failing file after file while the trainer trains holds back as it did behind a full pipe; control
+frames and log lines never wait.
 
 Start. The trainer sends ``("setup", sys_path, spec_bytes)``; the helper puts the trainer's
 ``sys.path`` in place (so the user's modules import as they do in the trainer), unpickles the spec and
@@ -75,23 +78,34 @@ EXIT_GRACE = 1.0
 class Channel:
     """Pickled frames over a pair of binary streams (NOTE [ Helper process lifecycle ], Channel).
 
-    :meth:`send` never blocks, from any thread: frames queue up for one writer thread, which alone waits
-    when the trainer is not reading. Only the main thread calls :meth:`recv`.
+    Frames queue up for one writer thread, which alone waits when the trainer is not reading. Only the
+    main thread calls :meth:`receive`.
     """
+
+    #: Frames of an epoch's data (batches, failures) that may wait for the writer at once; the sender
+    #: of one more waits for room, so that a flood of failures while the trainer trains stays bounded.
+    DATA_FRAMES = 64
 
     def __init__(self, incoming: BinaryIO, outgoing: BinaryIO) -> None:
         self._in = incoming
         self._out = outgoing
-        self._queue: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[bytes, bool] | None] = queue.SimpleQueue()
+        self._room = threading.Semaphore(self.DATA_FRAMES)
         self._broken = False  # the trainer's end has gone: frames are for nobody
         self._writer = threading.Thread(target=self._write, name="audiobuffer-helper-writer", daemon=True)
         self._writer.start()
 
-    def send(self, message: tuple[Any, ...]) -> None:
-        if not self._broken:
-            self._queue.put(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+    def send(self, message: tuple[Any, ...], *, data: bool = False) -> None:
+        """Queue ``message`` for the trainer (any thread). Control frames and log lines never wait; a
+        ``data`` frame (a batch, a failure) waits while :data:`DATA_FRAMES` of them are queued."""
+        if self._broken:
+            return
+        frame = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        if data:
+            self._room.acquire()
+        self._queue.put((frame, data))
 
-    def recv(self) -> Any:
+    def receive(self) -> Any:
         """The next message; ``EOFError`` when the other side has gone."""
         return pickle.load(self._in)
 
@@ -101,13 +115,17 @@ class Channel:
         self._writer.join(timeout)
 
     def _write(self) -> None:
-        while (data := self._queue.get()) is not None:
+        while (entry := self._queue.get()) is not None:
+            frame, data = entry
             try:
-                self._out.write(data)
+                self._out.write(frame)
                 self._out.flush()
-            except (OSError, ValueError):
+            except (OSError, ValueError):  # the trainer has gone
                 self._broken = True
+                self._room.release(self.DATA_FRAMES)  # no sender waits for room that never comes
                 return
+            if data:
+                self._room.release()
 
 
 class _ChannelLog(logging.Handler):
@@ -120,7 +138,7 @@ class _ChannelLog(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             self._channel.send(("log", record.levelno, record.name, record.getMessage()))
-        except Exception:  # the trainer has gone; nothing to tell
+        except Exception:  # a message that cannot be formatted or pickled: logging must not raise
             pass
 
 
@@ -308,7 +326,7 @@ class Helper:
         b, outs = done
         kept = [i for i, sample in enumerate(outs) if sample.__class__ is not Failure]
         if not kept:
-            self.channel.send(("skipped", gen, batch_positions[b]))
+            self.channel.send(("skipped", gen, batch_positions[b]), data=True)
             return
         first = assembler.start(b)
         self._send_batch(gen, [outs[i] for i in kept], [batch_positions[b]], pool.decode_seconds,
@@ -325,7 +343,7 @@ class Helper:
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         item = cast(WorkItem, failure.item)  # a producer's Failure always has its item
         self.channel.send(("failure", gen, fatal, item.index, item.path, failure.producer,
-                           type(exc).__name__, str(exc), payload, text))
+                           type(exc).__name__, str(exc), payload, text), data=True)
 
     def _send_batch(self, gen: int, samples: list[Any], positions: list[int], decode_s: float,
                     rows: list[int] | None = None) -> None:
@@ -347,7 +365,8 @@ class Helper:
             else:
                 fields.append((name, ("a", offset, value.shape, value.dtype.str)))
         del batch  # no view into the slot outlives the hand-over
-        self.channel.send(("batch", gen, slot, slots.name(slot), fields, positions, len(samples), decode_s, rows))
+        self.channel.send(("batch", gen, slot, slots.name(slot), fields, positions, len(samples), decode_s, rows),
+                          data=True)
 
     def free(self, gen: int, slot: int) -> None:
         if gen == self._gen:
@@ -383,8 +402,9 @@ def main() -> None:
     sys.stdout = sys.stderr  # a print() in a decoder must not corrupt the channel
     logging.getLogger("audiobuffer").addHandler(_ChannelLog(channel))
     helper: Helper | None = None
+    code = 0
     try:
-        kind, sys_path, spec_bytes = channel.recv()
+        kind, sys_path, spec_bytes = channel.receive()
         if kind != "setup":
             raise RuntimeError(f"expected setup, got {kind!r}")
         sys.path[:] = [p for p in sys_path if p] + [p for p in sys.path if p not in sys_path]
@@ -403,7 +423,7 @@ def main() -> None:
                                 "gil": getattr(sys, "_is_gil_enabled", lambda: True)(),
                                 "segments": [helper.slots.name(i) for i in range(spec["num_slots"])]}))
         while True:
-            message = channel.recv()
+            message = channel.receive()
             kind = message[0]
             if kind == "free":
                 helper.free(message[1], message[2])
@@ -415,12 +435,19 @@ def main() -> None:
                 break
     except (EOFError, OSError):
         pass  # the trainer closed the pipe: it exited or was killed
+    except BaseException:  # a bug of ours, or a frame that is not ours: say so on stderr and exit non-zero
+        traceback.print_exc()
+        code = 1
     finally:
-        if helper is not None:
-            helper.shutdown()
-        channel.close(EXIT_GRACE)  # what is still queued (a setup error, a last warning) reaches the trainer
-        sys.stderr.flush()
-        os._exit(0)  # do not wait for a producer stuck in a decode (daemon threads)
+        try:
+            if helper is not None:
+                helper.shutdown()
+        finally:
+            # A setup error reaches the trainer; anything else is written so that the writer can end (a
+            # closing trainer reads the pipe to its end and discards it).
+            channel.close(EXIT_GRACE)
+            sys.stderr.flush()
+            os._exit(code)  # do not wait for a producer stuck in a decode (daemon threads)
 
 
 if __name__ == "__main__":

@@ -118,8 +118,8 @@ class Buffer(Generic[T]):
         return self._nbytes
 
     def __len__(self) -> int:
-        # Without the lock: a hint that may be stale at once. Only the one thread that takes items may
-        # act on it, and only on a non-zero count (what it saw stays there until it takes it).
+        # Without the lock: a hint that may be stale at once. Where one thread alone takes items, a
+        # non-zero count it sees stays until it takes them; a zero may be stale.
         return len(self._items)
 
     def __repr__(self) -> str:

@@ -145,7 +145,7 @@ def _fresh_copy(batch: dict[str, Any]) -> dict[str, Any]:
 
 
 def _nothing_to_close() -> None:
-    """The close of the step-alone approach: it holds no threads."""
+    """The close of the step-alone and step-copy approaches: they hold no threads."""
 
 
 def _loader(approach: str, paths: list[str], transform: Any) -> tuple[Iterator[dict[str, Any]], Callable[[], None]]:
@@ -341,7 +341,6 @@ def goals(results: Sequence[dict[str, Any]]) -> list[list[object]]:
                 best, which = min(in_process)
                 add(f"epoch time ({count}) / best in-process ({LABELS[which]})", where, f"{m['epoch_s'] / best:.2f}x",
                     "<= 1.00x", m["epoch_s"] <= best)
-            if in_process:
                 # The helper's start (a fresh interpreter, and the transform's libraries, which the
                 # in-process settings loaded before their clock) is in this one-epoch measurement, where
                 # training pays it once per run: the epoch after the first batch compares the steady rates.

@@ -56,16 +56,21 @@ class Exit:
 
 class Flood:
     """Fails every item from ``first_failure`` on with a long message (more failures than a pipe holds);
-    item ``stuck`` first sleeps ``stuck_s`` seconds (a decode stuck on a file)."""
+    item ``stuck`` first creates the file ``marker`` (when given), then sleeps ``stuck_s`` seconds (a
+    decode stuck on a file)."""
 
-    def __init__(self, first_failure: int, stuck: int, stuck_s: float, message_bytes: int = 4096) -> None:
+    def __init__(self, first_failure: int, stuck: int, stuck_s: float, message_bytes: int = 4096,
+                 marker: str | None = None) -> None:
         self.first_failure = first_failure
         self.stuck = stuck
         self.stuck_s = stuck_s
         self.message_bytes = message_bytes
+        self.marker = marker
 
     def __call__(self, item: Any) -> dict[str, Any]:
         if item.index == self.stuck:
+            if self.marker is not None:
+                open(self.marker, "x").close()
             time.sleep(self.stuck_s)
         if item.index >= self.first_failure:
             raise ValueError(f"injected failure on item {item.index}: " + "x" * self.message_bytes)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -391,7 +393,7 @@ def test_the_trainer_reads_from_the_helper_only_when_it_waits():
     with IsolatedLoader(fake_paths(64), IndexDecoder(), batch_size=4, num_producers=1, num_slots=4) as loader:
         batches = iter(loader)
         first = next(batches)
-        # Time for the helper to fill its three other slots and send them; what is checked is that none
+        # Time for the helper to fill its slots and send them; what is checked is that none
         # of them was read, so a slow helper cannot make this fail, only a trainer that reads ahead.
         time.sleep(0.5)
         assert len(loader._channel.inbox) == 0
@@ -399,19 +401,54 @@ def test_the_trainer_reads_from_the_helper_only_when_it_waits():
     assert sorted(indices([first] + rest)) == list(range(64))
 
 
-def test_closing_with_a_full_pipe_and_a_stuck_decode_lets_the_helper_exit_by_itself():
+def test_closing_with_a_full_pipe_and_a_stuck_decode_lets_the_helper_exit_by_itself(tmp_path):
     # The trainer reads on demand, so at close the helper may have far more to send than the pipe holds,
     # and a producer stuck in a decode makes it log a warning as it stops. Its writer thread alone waits
     # on the pipe, which the closing trainer reads to its end: the helper exits on its own, not killed.
-    loader = IsolatedLoader(fake_paths(300), Flood(first_failure=4, stuck=150, stuck_s=3.0), batch_size=4,
-                            num_producers=2, on_error="skip")
+    stuck = tmp_path / "stuck"
+    loader = IsolatedLoader(fake_paths(300), Flood(first_failure=4, stuck=150, stuck_s=3.0, marker=str(stuck)),
+                            batch_size=4, num_producers=2, on_error="skip")
     batches = iter(loader)
-    assert sorted(indices([next(batches)])) == [0, 1, 2, 3]
-    proc = loader._channel.proc
-    time.sleep(1.0)  # the helper queues about 300 failures of 4 KiB meanwhile, 20 times what a pipe holds
-    loader.close()
-    batches.close()
+    try:
+        assert sorted(indices([next(batches)])) == [0, 1, 2, 3]
+        proc = loader._channel.proc
+        # By the time item 150 is stuck, about 146 failures of 12 KiB each (message, traceback, pickled
+        # exception) were sent, 25 times what a pipe holds. Another process's file: nothing to wait on.
+        deadline = time.monotonic() + JOIN_TIMEOUT
+        while not stuck.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert stuck.exists()
+    finally:
+        loader.close()
+        batches.close()
     assert proc.returncode == 0  # exited by itself: a helper that hung would have been killed after JOIN_TIMEOUT
+
+
+def test_the_helpers_channel_holds_back_data_frames_but_never_control_frames():
+    from audiobuffer._helper import Channel
+
+    read_fd, write_fd = os.pipe()
+    with open(read_fd, "rb") as incoming, open(write_fd, "wb") as outgoing:
+        channel = Channel(io.BytesIO(), outgoing)
+        big = "x" * 70_000  # a frame larger than a pipe holds: the writer waits on the first one
+        flooded = threading.Event()
+
+        def flood():
+            for i in range(Channel.DATA_FRAMES + 2):
+                channel.send(("failure", i, big), data=True)
+            flooded.set()
+
+        thread = threading.Thread(target=flood, name="test-flood", daemon=True)
+        thread.start()
+        channel.send(("stopped", 1))  # a control frame is queued at once, whatever is waiting
+        # Time for an unbounded sender to queue them all; what is checked is that it did not.
+        assert not flooded.wait(0.5)
+        kinds = [pickle.load(incoming)[0] for _ in range(Channel.DATA_FRAMES + 3)]
+        assert flooded.wait(JOIN_TIMEOUT)
+        thread.join(JOIN_TIMEOUT)
+        assert not thread.is_alive()
+        channel.close(JOIN_TIMEOUT)
+    assert kinds.count("failure") == Channel.DATA_FRAMES + 2 and kinds.count("stopped") == 1
 
 
 def test_an_old_epochs_iterator_closed_late_leaves_the_new_epoch_alone():
