@@ -16,7 +16,8 @@ import math
 import reprlib
 from typing import Any, Literal, get_args
 
-__all__ = ["MAX_SECONDS", "MAX_SEED", "check_choice", "check_int", "check_seconds", "choices", "short_repr"]
+__all__ = ["MAX_SECONDS", "MAX_SEED", "check_choice", "check_decoder", "check_int", "check_seconds", "choices",
+           "short_repr"]
 
 #: The longest wait or duration accepted, in seconds (a day): ``threading`` waits overflow past
 #: ``threading.TIMEOUT_MAX``, and no sensible timeout or crop is longer.
@@ -57,6 +58,15 @@ def check_choice(name: str, value: Any, literal: Any) -> Any:
         listed = ", ".join(repr(a) for a in allowed)
         raise ValueError(f"{name} must be one of {listed}, got {short_repr(value)}")
     return value
+
+
+def check_decoder(decoder: Any) -> None:
+    """Refuse a decoder that is not callable, or that is a class (``AudioDecoder`` for ``AudioDecoder()``)."""
+    if isinstance(decoder, type):
+        raise TypeError(f"decoder must be a callable (WorkItem -> sample), got the class {decoder.__qualname__}: "
+                        f"pass an instance, {decoder.__qualname__}(...)")
+    if not callable(decoder):
+        raise TypeError(f"decoder must be callable (WorkItem -> sample), got {decoder!r}")
 
 
 def check_int(name: str, value: Any, minimum: int | None = None, maximum: int | None = None, *,

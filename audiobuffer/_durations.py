@@ -33,7 +33,7 @@ from ._names import is_url
 from .decoders._sndfile import read_to_end
 from .errors import DecodeError, SourceError
 
-__all__ = ["CACHE_ENV", "Failure", "default_cache_dir", "header_seconds", "read_durations"]
+__all__ = ["CACHE_ENV", "Failure", "cache_root", "default_cache_dir", "header_seconds", "read_durations"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,10 +55,18 @@ _WARN_LISTED = 10
 _POLICIES = ("raise", "warn", "skip")
 
 
-def default_cache_dir() -> Path:
-    """``$AUDIOBUFFER_CACHE_DIR`` when set, else ``~/.cache/audiobuffer``; durations go to ``durations/`` in it."""
+def cache_root() -> Path:
+    """audiobuffer's cache folder: ``$AUDIOBUFFER_CACHE_DIR`` when set, else ``$XDG_CACHE_HOME/audiobuffer``,
+    else ``~/.cache/audiobuffer`` (the header cache and the demo's corpus live in it)."""
     root = os.environ.get(CACHE_ENV)
-    return (Path(root) if root else Path.home() / ".cache" / "audiobuffer") / "durations"
+    if root:
+        return Path(root)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "audiobuffer"
+
+
+def default_cache_dir() -> Path:
+    """The header cache: ``durations/`` in :func:`cache_root`."""
+    return cache_root() / "durations"
 
 
 def header_seconds(path: str) -> float:

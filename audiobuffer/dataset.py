@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from . import _batched, _epoch, _plan
-from ._checks import check_int
+from ._checks import check_decoder, check_int
 from ._epoch import MAX_LISTED_FAILURES, Compose, DatasetStats, EpochRun, WorkerEpochs, start_epoch
 from ._options import ErrorPolicy, EvenShards, LoaderOptions, ProducerCount
 from ._tuner import TunerMemory
@@ -128,8 +128,7 @@ class BufferedDataset(IterableDataset):
                  max_batch_size: int | None = None, duration_column: str | None = None,
                  storage_options: Mapping[str, Any] | None = None) -> None:
         super().__init__()
-        if not callable(decoder):
-            raise TypeError(f"decoder must be callable (WorkItem -> sample), got {decoder!r}")
+        check_decoder(decoder)
         options = LoaderOptions(
             num_producers=num_producers, buffer_size=buffer_size, max_bytes=max_bytes, shuffle=shuffle, seed=seed,
             ordered=ordered, on_error=on_error, transform=transform, labels=labels, patterns=patterns,

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import torch
 
-from ._checks import check_choice, check_int
+from ._checks import check_choice, check_decoder, check_int
 from ._slot_writer import SlotWriter
 from .dataset import BufferedDataset, DatasetStats
 from .sources import Source, SourceSpec, WorkItem
@@ -100,8 +100,7 @@ class BatchSlotLoader:
         check_int("batch_size", batch_size, 1)
         check_int("num_slots", num_slots, 2)
         check_choice("pin_memory", pin_memory, Literal["auto", True, False])
-        if not callable(decoder):
-            raise TypeError(f"decoder must be callable (WorkItem -> sample), got {decoder!r}")
+        check_decoder(decoder)
         if transform is not None and not callable(transform):
             raise TypeError(f"transform must be None or callable, got {transform!r}")
         for name, why in (("buffer_size", "num_slots sizes it"), ("ordered", "rows come as producers finish")):

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import os
 import subprocess
@@ -7,6 +8,7 @@ import pytest
 import yaml
 from helpers import REPO, make_corpus
 
+from audiobuffer.buffer import BufferStats
 from audiobuffer.dataset import DatasetStats
 from audiobuffer.tools.report import RunSummary
 
@@ -79,6 +81,20 @@ def test_summary_of_a_tuned_epoch():
     assert line == ("producers     auto, settled on 0 (decoding in the loop's thread) after 2 change(s) in the "
                     "last epoch; GIL disabled (free-threaded)")
     assert "auto, which settled on 0" in summary.advice and "raise" not in summary.advice
+
+
+def test_summary_of_an_isolated_loader_counts_the_trainers_wait():
+    """The helper's buffer is drained by the helper: the loop's wait is the trainer's, from ``transfer``."""
+    buffer = BufferStats(capacity=8, max_bytes=None, puts=10, gets=10, put_wait_s=0.3, get_wait_s=0.1,
+                         mean_fill=1.0, peak_fill=4, peak_bytes=0)
+    stats = DatasetStats(epoch=0, rank=0, world_size=1, worker=0, num_workers=1, items=10, num_producers=2,
+                         buffer=buffer, transfer={"trainer_wait_s": 0.7, "trainer_copy_s": 0.01,
+                                                  "helper_slot_wait_s": 0.0})
+    summary = RunSummary(wall_s=1.0, samples=10)
+    summary.add_epoch(stats)
+    assert (summary.consumer_wait_s, summary.producer_wait_s) == (0.7, 0.3)
+    summary.add_epoch(dataclasses.replace(stats, transfer=None))  # in process: the buffer's consumer is the loop
+    assert summary.consumer_wait_s == pytest.approx(0.8)
 
 
 def test_run_isolated_gives_the_same_counts_and_names_failures(pipeline):

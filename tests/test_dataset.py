@@ -317,6 +317,9 @@ def test_validation(kwargs, error, message):
 def test_decoder_must_be_callable():
     with pytest.raises(TypeError, match="decoder must be callable"):
         BufferedDataset(fake_paths(3), "AudioDecoder")
+    # The class for an instance: refused when the dataset is made, not at the first sample.
+    with pytest.raises(TypeError, match=r"got the class AudioDecoder: pass an instance, AudioDecoder\(\.\.\.\)"):
+        BufferedDataset(fake_paths(3), AudioDecoder)
 
 
 def test_set_epoch_validation():

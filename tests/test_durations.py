@@ -14,6 +14,7 @@ from audiobuffer import DecodeError, SourceError
 from audiobuffer._batching import plan_batches
 from audiobuffer._durations import CACHE_ENV, default_cache_dir, header_seconds, read_durations
 from audiobuffer.sources import Source
+from audiobuffer.tools.demo import default_cache_dir as default_demo_dir
 
 # (name, seconds, sample rate): WAV and FLAC, several lengths and rates.
 FILES = [("a.wav", 0.25, 8000), ("b.flac", 1.3, 16000), ("c.wav", 0.7, 22050), ("d.flac", 2.0, 8000),
@@ -169,8 +170,12 @@ def test_bad_cache_entries_are_read_again(corpus, tmp_path, opens):
 
 def test_cache_folder_from_the_environment_or_none(corpus, tmp_path, monkeypatch, opens):
     root, expected = corpus
+    monkeypatch.delenv(CACHE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_dir() == tmp_path / "xdg" / "audiobuffer" / "durations"
+    assert default_demo_dir() == tmp_path / "xdg" / "audiobuffer"  # one cache folder for the demo too
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "env"))
-    assert default_cache_dir() == tmp_path / "env" / "durations"
+    assert default_cache_dir() == tmp_path / "env" / "durations" and default_demo_dir() == tmp_path / "env"
     read_durations(Source(root))
     assert len(list((tmp_path / "env" / "durations").glob("*.json"))) == 1
     opens.clear()

@@ -21,6 +21,7 @@ import soundfile as sf
 import torch
 from torch.utils.data import DataLoader
 
+from .._durations import cache_root
 from ..collate import pad_collate
 from ..dataset import BufferedDataset
 from ..decoders import AudioDecoder
@@ -44,11 +45,9 @@ _TEST_FILES = re.compile(r"_(\d+)\.flac$")
 
 
 def default_cache_dir() -> Path:
-    """``$AUDIOBUFFER_CACHE``, else ``$XDG_CACHE_HOME/audiobuffer``, else ``~/.cache/audiobuffer``."""
-    if os.environ.get("AUDIOBUFFER_CACHE"):
-        return Path(os.environ["AUDIOBUFFER_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "audiobuffer"
+    """Where the demo corpus is made: audiobuffer's cache folder (``$AUDIOBUFFER_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/audiobuffer``, else ``~/.cache/audiobuffer``)."""
+    return cache_root()
 
 
 def _utterance(label: int, rng: np.random.Generator) -> np.ndarray:

@@ -90,8 +90,11 @@ class RunSummary:
         self.auto = bool(history) and history[0][2] != "pinned"
         self.changes = sum(1 for (_, a, _), (_, b, _) in zip(history, history[1:]) if a != b)
         self.gil_enabled = stats.gil_enabled
-        if stats.buffer is not None:
+        if stats.transfer:  # an IsolatedLoader: the buffer's consumer is the helper; the loop is the trainer
+            self.consumer_wait_s += stats.transfer["trainer_wait_s"]
+        elif stats.buffer is not None:
             self.consumer_wait_s += stats.buffer.get_wait_s
+        if stats.buffer is not None:
             self.producer_wait_s += stats.buffer.put_wait_s
 
     def add_batch(self, batch: Any) -> None:
