@@ -13,6 +13,8 @@ See NOTE [ Helper process lifecycle ] in ``audiobuffer/_helper.py`` for the prot
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -48,6 +50,22 @@ __all__ = ["IsolatedLoader"]
 DEFAULT_SLOT_BYTES = 4 << 20
 #: Extra seconds the trainer waits past ``timeout`` before it gives up on a helper that sends nothing.
 SILENCE_GRACE = 5.0
+
+
+def _check_keywords(options: dict[str, Any]) -> None:
+    """Refuse a keyword that neither IsolatedLoader nor BufferedDataset takes, naming the closest ones."""
+    known = [name for name in inspect.signature(BufferedDataset.__init__).parameters
+             if name not in ("self", "source", "decoder")]
+    for name in options:
+        if name not in known:
+            close = difflib.get_close_matches(name, known + list(_OWN_KEYWORDS), n=2)
+            hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+            raise TypeError(f"IsolatedLoader got an unexpected keyword argument {name!r} (it takes BufferedDataset's "
+                            f"keywords and {', '.join(_OWN_KEYWORDS)}){hint}")
+
+
+#: The keywords IsolatedLoader takes besides BufferedDataset's.
+_OWN_KEYWORDS = ("batch_size", "drop_last", "num_slots", "pin_memory", "key", "slot_bytes", "background")
 
 
 class IsolatedLoader:
@@ -102,10 +120,12 @@ class IsolatedLoader:
                  batch_size: int | None = None, drop_last: bool = False, num_slots: int = 4,
                  pin_memory: bool | str = "auto", key: str = "audio", slot_bytes: int = DEFAULT_SLOT_BYTES,
                  background: bool = True, **options: Any) -> None:
+        _check_keywords(options)
         by_duration = options.get("max_batch_seconds") is not None
         if by_duration and (batch_size is not None or drop_last):
-            raise ValueError(f"max_batch_seconds makes batches by duration: leave batch_size and drop_last out, got "
-                             f"batch_size={batch_size!r}, drop_last={drop_last!r}")
+            pairs = (("batch_size", batch_size), ("drop_last", drop_last))
+            given = ", ".join(f"{name}={value!r}" for name, value in pairs if value not in (None, False))
+            raise ValueError(f"max_batch_seconds makes batches by duration: leave out {given}")
         if batch_size is None and not by_duration:
             raise TypeError("IsolatedLoader needs batch_size (samples per batch) or max_batch_seconds (batches by "
                             "duration), got neither")

@@ -554,8 +554,10 @@ def test_batches_by_duration_lose_failed_samples_and_skip_all_failed_batches(tmp
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
-    (dict(max_batch_seconds=2.0, batch_size=4), ValueError, "leave batch_size and drop_last out, got batch_size=4"),
-    (dict(max_batch_seconds=2.0, drop_last=True), ValueError, "leave batch_size and drop_last out"),
+    (dict(max_batch_seconds=2.0, batch_size=4), ValueError, "by duration: leave out batch_size=4$"),
+    (dict(max_batch_seconds=2.0, drop_last=True), ValueError, "by duration: leave out drop_last=True$"),
+    (dict(max_batch_seconds=2.0, num_producer=2), TypeError, "unexpected keyword argument 'num_producer'.*did you "
+                                                             "mean 'num_producers'"),
     (dict(), TypeError, "needs batch_size .* or max_batch_seconds"),
 ])
 def test_batches_by_duration_options(kwargs, error, match):
