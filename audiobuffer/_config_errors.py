@@ -123,6 +123,8 @@ def _format_error(error: Mapping[str, Any], model: type[BaseModel]) -> tuple[str
     if bounds and kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal", "finite_number"):
         what = f"{field.description} " if field.description else ""
         return key, f"{key}: must be {what}{' and '.join(bounds)}, {got}"
+    if kind in ("bool_parsing", "bool_type"):
+        return key, f"{key}: must be true or false, {got}"
     message = str(error["msg"]).removeprefix("Value error, ")
     return key, f"{key}: {message}, {got}"
 

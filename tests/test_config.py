@@ -98,6 +98,8 @@ BAD_CONFIGS = [
     ("wrong type", {"source": {"root": "audio"}, "buffer": {"producers": "eight"}},
      r"buffer\.producers: must be an integer in \[1, 1024\] or 'auto', got 'eight'"),
     ("float for int", {"source": {"root": "audio"}, "loader": {"batch_size": 3.5}}, r"loader\.batch_size: .*got 3\.5"),
+    ("not a bool", {"source": {"root": "audio"}, "buffer": {"isolate": "maybe"}},
+     r"buffer\.isolate: must be true or false, got 'maybe'"),
     ("too small", {"source": {"root": "audio"}, "buffer": {"producers": 0}},
      r"buffer\.producers: must be an integer in \[1, 1024\] or 'auto', got 0"),
     ("bad choice", {"source": {"root": "audio"}, "buffer": {"on_error": "ignore"}},
