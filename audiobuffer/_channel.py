@@ -144,6 +144,8 @@ def death_message(proc: subprocess.Popen[bytes] | None) -> str:
             how = f"was killed by signal {-code}"
     else:
         how = f"exited with code {code}"
+    if code == 1:  # the helper's own error: it printed its traceback
+        return f"the helper process (pid {pid}) {how}: it failed, and its traceback is on stderr, above"
     return (f"the helper process (pid {pid}) {how}; a crash in native decoder code or the system's "
             f"out-of-memory killer can do this (its stderr, above, may say more)")
 

@@ -19,7 +19,7 @@ frames and log lines never wait.
 
 Start. The trainer sends ``("setup", sys_path, spec_bytes)``; the helper puts the trainer's
 ``sys.path`` in place (so the user's modules import as they do in the trainer), unpickles the spec and
-answers ``("ready", info)`` or ``("error", text)``. With ``background`` (the default) it lowers its own
+answers ``("ready", info)`` or ``("error", -1, text, traceback)``. With ``background`` (the default) it lowers its own
 scheduling priority (``nice 10``, or below-normal on Windows): its producers use the cores the trainer
 leaves idle, and a Python-bound training step is not slowed by decoding on a machine with few cores.
 
@@ -32,7 +32,7 @@ epoch; the helper decodes a batch's samples in parallel, collates each batch onc
 (``_batched.Assembler``) and sends ``("skipped", gen, position)`` for one whose samples all failed.
 The free and full slot lists are caffe's ``prefetch_free_`` and ``prefetch_full_``; the helper waits
 for a free slot on a condition that ``free`` and ``stop`` notify. An epoch ends with ``("end", gen,
-stats)``, or, when the trainer leaves it early, with ``("stop", gen)`` -> the pool is closed and
+stats, positions)``, or, when the trainer leaves it early, with ``("stop", gen)`` -> the pool is closed and
 ``("stopped", gen)`` confirms it. Every slot is free again at the start of the next epoch. The pools
 of successive epochs share a ``TunerMemory`` (NOTE [ Producer tuning ] in ``_tuner.py``).
 
@@ -41,8 +41,9 @@ killed (a killed trainer's pipe closes with it). Either way the epoch's pool is 
 segment this process created is unlinked, what is queued for the trainer is written (for at most
 ``EXIT_GRACE`` seconds: a trainer that closed the loader reads the pipe to its end), and the process
 exits with ``os._exit``, without waiting for a producer stuck in a decode beyond ``EXIT_GRACE``.
-SIGINT is ignored: Ctrl-C in a terminal reaches the whole process group, and the trainer decides when
-its helper stops.
+An error of the helper's own (a frame it cannot read, a bug) is printed on stderr with its
+traceback and the exit code is 1. SIGINT is ignored: Ctrl-C in a terminal reaches the whole process
+group, and the trainer decides when its helper stops.
 """
 
 from __future__ import annotations
@@ -78,8 +79,9 @@ EXIT_GRACE = 1.0
 class Channel:
     """Pickled frames over a pair of binary streams (NOTE [ Helper process lifecycle ], Channel).
 
-    Frames queue up for one writer thread, which alone waits when the trainer is not reading. Only the
-    main thread calls :meth:`receive`.
+    Frames queue up for one writer thread, which alone waits on the pipe when the trainer is not reading;
+    a sender of data frames waits only for room in the queue (:data:`DATA_FRAMES`). Only the main thread
+    calls :meth:`receive`.
     """
 
     #: Frames of an epoch's data (batches, failures) that may wait for the writer at once; the sender
@@ -442,6 +444,9 @@ def main() -> None:
         try:
             if helper is not None:
                 helper.shutdown()
+        except BaseException:
+            traceback.print_exc()
+            code = 1
         finally:
             # A setup error reaches the trainer; anything else is written so that the writer can end (a
             # closing trainer reads the pipe to its end and discards it).

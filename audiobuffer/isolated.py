@@ -124,7 +124,7 @@ class IsolatedLoader:
         by_duration = options.get("max_batch_seconds") is not None
         if by_duration and (batch_size is not None or drop_last):
             pairs = (("batch_size", batch_size), ("drop_last", drop_last))
-            given = ", ".join(f"{name}={value!r}" for name, value in pairs if value not in (None, False))
+            given = ", ".join(f"{name}={value!r}" for name, value in pairs if value is not None and value is not False)
             raise ValueError(f"max_batch_seconds makes batches by duration: leave out {given}")
         if batch_size is None and not by_duration:
             raise TypeError("IsolatedLoader needs batch_size (samples per batch) or max_batch_seconds (batches by "

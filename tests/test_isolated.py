@@ -264,6 +264,24 @@ def test_the_helper_dies_with_a_clear_error():
 
 
 @pytest.mark.skipif(os.name == "nt", reason="SIGKILL is POSIX")
+def test_the_helpers_death_is_described_by_how_it_ended():
+    from audiobuffer._channel import death_message
+
+    class Ended:  # what death_message reads of a subprocess.Popen
+        pid = 42
+
+        def __init__(self, code):
+            self.code = code
+
+        def poll(self):
+            return self.code
+
+    assert death_message(Ended(1)) == ("the helper process (pid 42) exited with code 1: it failed, and its "
+                                       "traceback is on stderr, above")
+    assert "exited with code 3; a crash in native decoder code" in death_message(Ended(3))
+    assert "was killed by SIGKILL" in death_message(Ended(-9))
+
+
 def test_the_helper_killed_is_a_clear_error():
     with IsolatedLoader(fake_paths(200), IndexDecoder(delay=0.01), batch_size=4) as loader:
         it = iter(loader)
@@ -406,14 +424,16 @@ def test_closing_with_a_full_pipe_and_a_stuck_decode_lets_the_helper_exit_by_its
     # and a producer stuck in a decode makes it log a warning as it stops. Its writer thread alone waits
     # on the pipe, which the closing trainer reads to its end: the helper exits on its own, not killed.
     stuck = tmp_path / "stuck"
-    loader = IsolatedLoader(fake_paths(300), Flood(first_failure=4, stuck=150, stuck_s=3.0, marker=str(stuck)),
+    loader = IsolatedLoader(fake_paths(300), Flood(first_failure=4, stuck=100, stuck_s=3.0, marker=str(stuck)),
                             batch_size=4, num_producers=2, on_error="skip")
     batches = iter(loader)
     try:
         assert sorted(indices([next(batches)])) == [0, 1, 2, 3]
         proc = loader._channel.proc
-        # By the time item 150 is stuck, about 146 failures of 12 KiB each (message, traceback, pickled
-        # exception) were sent, 25 times what a pipe holds. Another process's file: nothing to wait on.
+        # By the time item 100 is stuck, about 70 failures of 12 KiB each (message, traceback, pickled
+        # exception) wait in the pipe and the helper's queue (its bound: 64 queued, the epoch thread then
+        # waits), over 10 times what a pipe holds; the producers reach item 100 whatever the epoch thread
+        # took last. Another process's file: nothing to wait on.
         deadline = time.monotonic() + JOIN_TIMEOUT
         while not stuck.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -556,6 +576,7 @@ def test_batches_by_duration_lose_failed_samples_and_skip_all_failed_batches(tmp
 @pytest.mark.parametrize("kwargs, error, match", [
     (dict(max_batch_seconds=2.0, batch_size=4), ValueError, "by duration: leave out batch_size=4$"),
     (dict(max_batch_seconds=2.0, drop_last=True), ValueError, "by duration: leave out drop_last=True$"),
+    (dict(max_batch_seconds=2.0, batch_size=0), ValueError, "by duration: leave out batch_size=0$"),
     (dict(max_batch_seconds=2.0, num_producer=2), TypeError, "unexpected keyword argument 'num_producer'.*did you "
                                                              "mean 'num_producers'"),
     (dict(), TypeError, "needs batch_size .* or max_batch_seconds"),

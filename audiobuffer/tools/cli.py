@@ -72,7 +72,8 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--per-class", type=int, default=50, help="files per class (default 50)")
     demo.add_argument("--device", default="auto", help="'auto', 'cpu' or 'cuda[:N]' (default auto)")
     demo.add_argument("--cache-dir", type=Path, default=None,
-                      help="where the corpus is made (default $AUDIOBUFFER_CACHE_DIR or ~/.cache/audiobuffer)")
+                      help="where the corpus is made (default $AUDIOBUFFER_CACHE_DIR, else "
+                           "$XDG_CACHE_HOME/audiobuffer, else ~/.cache/audiobuffer)")
     demo.add_argument("--seed", type=int, default=0)
     common(demo)
 

@@ -43,7 +43,8 @@ class RunSummary:
     Attributes:
         kind: ``"audio"`` or ``"image"``: what the samples are; it picks the throughput unit (seconds of
             audio per second, or images per second) and the advice on making decoding cheaper.
-        consumer_wait_s: seconds the consumer waited for samples (the buffer was empty).
+        consumer_wait_s: seconds the loop waited for data: for samples from the buffer (it was empty), or
+            with an ``IsolatedLoader`` for batches from its helper process.
         producer_wait_s: seconds the producers waited for room, summed over producers (it was full).
         step_s: seconds the loop spent on its own work (the train step, device copies).
         padding: with batches by duration, each epoch's padding fraction (padded seconds / seconds in
