@@ -56,16 +56,14 @@ def _check_keywords(options: dict[str, Any]) -> None:
     """Refuse a keyword that neither IsolatedLoader nor BufferedDataset takes, naming the closest ones."""
     known = [name for name in inspect.signature(BufferedDataset.__init__).parameters
              if name not in ("self", "source", "decoder")]
+    own = [name for name, parameter in inspect.signature(IsolatedLoader.__init__).parameters.items()
+           if parameter.kind is parameter.KEYWORD_ONLY]
     for name in options:
         if name not in known:
-            close = difflib.get_close_matches(name, known + list(_OWN_KEYWORDS), n=2)
+            close = difflib.get_close_matches(name, known + own, n=2)
             hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
             raise TypeError(f"IsolatedLoader got an unexpected keyword argument {name!r} (it takes BufferedDataset's "
-                            f"keywords and {', '.join(_OWN_KEYWORDS)}){hint}")
-
-
-#: The keywords IsolatedLoader takes besides BufferedDataset's.
-_OWN_KEYWORDS = ("batch_size", "drop_last", "num_slots", "pin_memory", "key", "slot_bytes", "background")
+                            f"keywords and {', '.join(own)}){hint}")
 
 
 class IsolatedLoader:
