@@ -61,43 +61,63 @@ def collate_numpy(samples: Sequence[Mapping[str, Any]], *, key: str = "audio", p
         raise TypeError(f"pad_collate takes sample dicts, got {type(first).__name__}")
     if key not in first:
         raise KeyError(f"pad_collate: samples have no {key!r} (keys: {sorted(first)}); set key=")
+    names = first.keys()
     for sample in samples:
-        missing = [k for k in first if k not in sample]
-        if missing:
+        if not names <= sample.keys():
+            missing = [k for k in first if k not in sample]
             raise KeyError(f"pad_collate: sample {sample.get('path', '?')!r} lacks {missing}")
     batch: dict[str, Any] = {}
     batch[key], lengths = _pad([s[key] for s in samples], key, pad_value, allocate)
     if "num_frames" in first:
-        lengths = np.fromiter((s["num_frames"] for s in samples), dtype=np.int64, count=len(samples))
-    out = allocate(lengths.shape, lengths.dtype)
-    out[...] = lengths
-    batch["lengths"] = out
+        lengths = [s["num_frames"] for s in samples]
+    batch["lengths"] = _numbers(lengths, np.int64, allocate)
     for name in first:
         if name != key:
             batch[name] = _collate_field([s[name] for s in samples], allocate)
     return batch
 
 
-def _pad(values: list[Any], key: str, pad_value: float, allocate: Allocate) -> tuple[np.ndarray, np.ndarray]:
-    arrays = [_as_array(v) for v in values]
-    for value, a in zip(values, arrays):
+def _pad(values: list[Any], key: str, pad_value: float, allocate: Allocate) -> tuple[np.ndarray, list[int]]:
+    """``values`` padded along their last axis into one array, and each one's length."""
+    checked: list[np.ndarray] = []
+    for value in values:
+        a = value if value.__class__ is np.ndarray else _as_array(value)
         if a is None:
             raise TypeError(f"pad_collate: {key!r} must hold CPU tensors or numpy arrays, got {type(value).__name__}")
-    checked: list[np.ndarray] = arrays  # type: ignore[assignment]
-    lead = checked[0].shape[:-1]
-    for a in checked:
-        if a.ndim == 0 or a.shape[:-1] != lead:
-            raise ValueError(f"pad_collate: {key!r} arrays must differ only in their last axis, got "
-                             f"shapes {[x.shape for x in checked]}")
-    lengths = np.fromiter((a.shape[-1] for a in checked), dtype=np.int64, count=len(checked))
-    longest = int(lengths.max())
-    # Each byte written once: the samples into their rows, the pad value into the tails only.
-    out = allocate((len(checked), *lead, longest), checked[0].dtype)
-    for row, a, n in zip(out, checked, lengths.tolist()):
-        row[..., :n] = a
-        if n < longest:
-            row[..., n:] = pad_value
+        checked.append(a)
+    shapes = [a.shape for a in checked]
+    lead = shapes[0][:-1]
+    if not all(shape and shape[:-1] == lead for shape in shapes):
+        raise ValueError(f"pad_collate: {key!r} arrays must differ only in their last axis, got shapes {shapes}")
+    lengths = [shape[-1] for shape in shapes]
+    longest = max(lengths)
+    shape, dtype = (len(checked), *lead, longest), checked[0].dtype
+    # pad_collate's default: calloc's zeros, then the rows (for a large batch the kernel zeroes the
+    # fresh pages as they are first written); else each byte written once, the pad value into the
+    # tails only
+    zeroed = allocate is _empty and pad_value == 0 and not dtype.hasobject
+    out = np.zeros(shape, dtype) if zeroed else allocate(shape, dtype)
+    if lead:
+        for row, a, n in zip(out, checked, lengths):
+            row[..., :n] = a
+            if n < longest and not zeroed:
+                row[..., n:] = pad_value
+    else:  # (frames,) samples, the common case: plain slices are cheaper than the ellipsis
+        for row, a, n in zip(out, checked, lengths):
+            row[:n] = a
+            if n < longest and not zeroed:
+                row[n:] = pad_value
     return out, lengths
+
+
+def _numbers(values: list[Any], dtype: Any, allocate: Allocate) -> np.ndarray:
+    """Numbers as one array (of ``dtype``, or numpy's choice where ``None``), written where ``allocate`` says."""
+    numbers = np.array(values, dtype=dtype)
+    if allocate is _empty:  # pad_collate's: the array numpy just made is already where it belongs
+        return numbers
+    out = allocate(numbers.shape, numbers.dtype)
+    out[...] = numbers
+    return out
 
 
 def _collate_field(values: list[Any], allocate: Allocate) -> Any:
@@ -105,10 +125,7 @@ def _collate_field(values: list[Any], allocate: Allocate) -> Any:
     if isinstance(first, _NUMBER_TYPES):
         if not all(isinstance(v, _NUMBER_TYPES) for v in values):
             return values
-        numbers = np.asarray(values)
-        out = allocate(numbers.shape, numbers.dtype)
-        out[...] = numbers
-        return out
+        return _numbers(values, None, allocate)
     head = None if isinstance(first, str) else _as_array(first)
     if head is None:  # paths, label names: a list
         return values

@@ -97,11 +97,8 @@ def read_range(url: str | os.PathLike[str], offset: int, size: int, *,
         ValueError: a negative ``offset`` or ``size``.
     """
     url = os.fspath(url)
-    for name, value in (("offset", offset), ("size", size)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an integer >= 0, got {value!r}")
-        if value < 0:
-            raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    if offset.__class__ is not int or size.__class__ is not int or offset < 0 or size < 0:
+        _check_range(offset, size)  # once per member read: the plain test first, the errors apart
     if size == 0:
         return b""
     if is_url(url):
@@ -115,6 +112,14 @@ def read_range(url: str | os.PathLike[str], offset: int, size: int, *,
             f"{_where(url, member)} ends early: bytes {offset}..{offset + size} asked, {len(data)} read "
             f"(a truncated or replaced file)", url=url, member=member)
     return data
+
+
+def _check_range(offset: Any, size: Any) -> None:
+    for name, value in (("offset", offset), ("size", size)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an integer >= 0, got {value!r}")
+        if value < 0:
+            raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
 
 
 def size(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None,
@@ -208,7 +213,12 @@ def _read_local(path: str, offset: int, size: int | None) -> bytes:
         # A ranged read of a shard member: pread on a file this thread keeps open, a fraction of the
         # time of open, seek, read and close (which shows when a member is as small as a short WAV).
         fd = _open_local(path)
-        parts = []
+        data = _PREAD(fd, size, offset)
+        if len(data) == size or not data:  # one pread, almost always
+            return data
+        parts = [data]
+        offset += len(data)
+        size -= len(data)
         while size > 0:
             chunk = _PREAD(fd, size, offset)
             if not chunk:

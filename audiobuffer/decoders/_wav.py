@@ -98,8 +98,10 @@ def read_wav(source: str | os.PathLike[str] | Buffer, start: int = 0,
         return None
 
 
-def _bytes_view(source: Buffer) -> memoryview:
-    """``source`` as a flat view of bytes (a strided view is copied first)."""
+def _bytes_view(source: Buffer) -> Buffer:
+    """``source`` as flat bytes: ``bytes`` itself, else a view (a strided view is copied first)."""
+    if source.__class__ is bytes:  # a shard member's or an object's bytes: already flat
+        return source
     view = memoryview(source)
     return (view if view.c_contiguous else memoryview(view.tobytes())).cast("B")
 
@@ -128,31 +130,29 @@ def _read(reader: Reader, start: int, frames: int | None,
     info = parse(reader)
     if info is None:
         return None
+    total, channels, samplerate, subtype, _, data_offset, block_align = info
     if window is not None:
-        start, length = window(info.frames, info.samplerate)
+        start, length = window(total, samplerate)
         if start < 0 or length < 0:
             raise ValueError(f"the window gave start={start!r}, length={length!r}; both must be >= 0")
     else:
-        length = info.frames if frames is None else frames
-    start = min(start, info.frames)  # a window past the end reads what there is, as libsndfile does
-    length = max(0, min(length, info.frames - start))
-    bytewidth = info.block_align // info.channels
-    offset = info.data_offset + start * info.block_align
-    nbytes = length * info.block_align
+        length = total if frames is None else frames
+    if start > total:  # a window past the end reads what there is, as libsndfile does
+        start = total
+    if length > total - start:
+        length = total - start
+    offset = data_offset + start * block_align
+    count = length * channels
     head = reader.head
-    if offset + nbytes <= len(head):
-        raw = np.frombuffer(head, np.uint8, nbytes, offset)
-        fresh = False
-    else:
-        raw = np.empty(nbytes, np.uint8)
-        have = max(0, min(len(head) - offset, nbytes))  # the part the first read already holds
-        if have:
-            raw[:have] = np.frombuffer(head, np.uint8, have, offset)
-        if not _read_into(reader.file, offset + have, raw[have:]):
-            return None
-        fresh = True
-    is_float = info.subtype in ("FLOAT", "DOUBLE")
-    return _convert(raw, bytewidth, is_float, info.channels, fresh), info.samplerate
+    if offset + length * block_align <= len(head):  # most files: the first read holds it all
+        return _convert(head, offset, count, subtype, False).reshape(-1, channels), samplerate
+    raw = np.empty(length * block_align, np.uint8)
+    have = max(0, min(len(head) - offset, len(raw)))  # the part the first read already holds
+    if have:
+        raw[:have] = np.frombuffer(head, np.uint8, have, offset)
+    if not _read_into(reader.file, offset + have, raw[have:]):
+        return None
+    return _convert(raw, 0, count, subtype, True).reshape(-1, channels), samplerate
 
 
 def _read_into(f, offset: int, out: np.ndarray) -> bool:
@@ -167,25 +167,22 @@ def _read_into(f, offset: int, out: np.ndarray) -> bool:
     return True
 
 
-def _convert(raw: np.ndarray, bytewidth: int, is_float: bool, channels: int,
-             fresh: bool) -> np.ndarray:
-    """Little-endian samples in ``raw`` (uint8) as a (frames, channels) float32 array.
+def _convert(buf: Any, offset: int, count: int, subtype: str, fresh: bool) -> np.ndarray:
+    """``count`` little-endian samples of ``subtype`` in ``buf`` from byte ``offset``, as float32.
 
-    ``fresh``: ``raw`` was allocated for this read, so the result may share its memory.
+    ``fresh``: ``buf`` was allocated for this read, so the result may share its memory.
     """
-    if is_float:
-        if bytewidth == 4:
-            out = raw.view("<f4").astype(np.float32, copy=not fresh)
-        else:
-            with np.errstate(over="ignore", invalid="ignore"):  # out of range: inf; a NaN stays NaN (C cast)
-                out = raw.view("<f8").astype(np.float32)
-    elif bytewidth == 1:
-        out = _U8_SCALE[raw]
-    elif bytewidth == 3:
-        wide = np.zeros((len(raw) // 3, 4), np.uint8)
-        wide[:, 1:] = raw.reshape(-1, 3)  # the 24 bits in the top of an int32, as libsndfile does
-        out = np.multiply(wide.view("<i4").reshape(-1), _SCALE[3], dtype=np.float32)
-    else:
-        out = np.multiply(raw.view("<i2" if bytewidth == 2 else "<i4"), _SCALE[bytewidth],
-                          dtype=np.float32)
-    return out.reshape(-1, channels)
+    if subtype == "PCM_16":  # most WAV files: one view and one multiply
+        return np.multiply(np.frombuffer(buf, "<i2", count, offset), _SCALE[2], dtype=np.float32)
+    if subtype == "FLOAT":
+        return np.frombuffer(buf, "<f4", count, offset).astype(np.float32, copy=not fresh)
+    if subtype == "DOUBLE":
+        with np.errstate(over="ignore", invalid="ignore"):  # out of range: inf; a NaN stays NaN (C cast)
+            return np.frombuffer(buf, "<f8", count, offset).astype(np.float32)
+    if subtype == "PCM_U8":
+        return _U8_SCALE[np.frombuffer(buf, np.uint8, count, offset)]
+    if subtype == "PCM_24":
+        wide = np.zeros((count, 4), np.uint8)
+        wide[:, 1:] = np.frombuffer(buf, np.uint8, 3 * count, offset).reshape(-1, 3)  # the 24 bits in the top
+        return np.multiply(wide.view("<i4").reshape(-1), _SCALE[3], dtype=np.float32)  # of an int32, as libsndfile
+    return np.multiply(np.frombuffer(buf, "<i4", count, offset), _SCALE[4], dtype=np.float32)  # PCM_32

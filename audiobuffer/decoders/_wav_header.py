@@ -45,8 +45,14 @@ _u32 = struct.Struct("<I").unpack_from
 _header = struct.Struct("<4sI").unpack_from
 _fmt = struct.Struct("<HHIIHH").unpack_from
 _ds64 = struct.Struct("<QQQI").unpack_from
-# RIFF, size, WAVE, "fmt ", 16, the fmt body, "data", size: the 44-byte header most WAV files have
-_plain_header = struct.Struct("<4sI4s4sI16s4sI").unpack_from
+# RIFF, size, "WAVEfmt ", 16, tag, channels, rate, bytes/s, block align, bits, "data", size: the
+# 44-byte header most WAV files have
+_plain_header = struct.Struct("<4sI8sIHHIIHH4sI").unpack_from
+# (tag, bits) -> (bytes per sample, subtype) for the common layouts of a plain header
+_PLAIN_KINDS = {(_PCM, 8): (1, "PCM_U8"), (_PCM, 16): (2, "PCM_16"), (_PCM, 24): (3, "PCM_24"),
+                (_PCM, 32): (4, "PCM_32"), (_FLOAT, 32): (4, "FLOAT"), (_FLOAT, 64): (8, "DOUBLE")}
+# The first bytes of a data chunk that is WavPack or Ogg inside a RIFF wrapper: libsndfile's own.
+_WRAPPED = (b"wvpk", b"OggS")
 
 
 class WavInfo(NamedTuple):
@@ -107,22 +113,30 @@ def _plain(reader: Reader) -> WavInfo | None:
     The walk, step by step, for such a file of at least 44 bytes: it reads ``fmt `` and then ``data``,
     and stops there, because the data chunk (plus its pad byte) reaches within 4 bytes of the end.
     A data size of 0 (which may mean "to the end of the file") is left to the walk.
+    Most WAV files have this header, so it is one ``unpack`` and a dict lookup, with no call
+    it can avoid: it runs once per file, with the GIL held.
     """
     head, size = reader.head, reader.size
     if size < 44 or len(head) < 44:
         return None
-    riff, _, wave, fmt_id, fmt_size, fmt_body, data_id, length = _plain_header(head)
-    if (riff != b"RIFF" or wave != b"WAVE" or fmt_id != b"fmt " or fmt_size != 16 or data_id != b"data"
+    riff, _, wave_fmt, fmt_size, tag, channels, samplerate, _, block_align, bits, data_id, length = (
+        _plain_header(head))
+    if (riff != b"RIFF" or wave_fmt != b"WAVEfmt " or fmt_size != 16 or data_id != b"data"
             or length == 0 or 44 + min(length, size - 44) + (length & 1) < size - 4
-            or bytes(head[44:48]) in (b"wvpk", b"OggS")):
+            or bytes(head[44:48]) in _WRAPPED):
         return None
-    fmt = _parse_fmt(fmt_body, 16)
-    if fmt is None:
-        return None
-    channels, samplerate, bytewidth, is_float, container = fmt
+    kind = _PLAIN_KINDS.get((tag, bits))
+    if kind is None:  # PCM of 1-7, 9-15, ... bits (held in whole bytes), or what the walk declines
+        fmt = _parse_fmt(head[20:36], 16)
+        if fmt is None:
+            return None
+        channels, samplerate, bytewidth, is_float, _ = fmt
+        kind = bytewidth, _SUBTYPES[bytewidth, is_float]
+    bytewidth, subtype = kind
     block = channels * bytewidth
-    return WavInfo(min(length, size - 44) // block, channels, samplerate, _SUBTYPES[bytewidth, is_float],
-                   container, 44, block)
+    if block_align != block or not 0 < channels <= _MAX_CHANNELS or not 0 < samplerate < 2 ** 31:
+        return None
+    return WavInfo(min(length, size - 44) // block, channels, samplerate, subtype, "WAV", 44, block)
 
 
 def _walk(reader: Reader) -> WavInfo | None:
@@ -173,7 +187,7 @@ def _walk(reader: Reader) -> WavInfo | None:
                 consumed = min(length, size - body) + (chunk_size & 1)
             chunk_size = 0  # libsndfile skips its "chunk larger than the file" test for data
             peek = bytes(reader.get(body, 4))
-            if peek in (b"wvpk", b"OggS"):
+            if peek in _WRAPPED:
                 return None
         elif marker == b"fmt ":
             if fmt is not None:

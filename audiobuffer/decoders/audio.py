@@ -333,21 +333,24 @@ class AudioDecoder:
     # -- shaping -------------------------------------------------------------------------------
 
     def _finish(self, data: np.ndarray, sr: int) -> tuple[np.ndarray, int, int]:
-        """Mix down, resample, trim and pad ``data`` (frames, channels); return (audio, valid frames, rate)."""
-        if self.mono:
-            data = data.mean(axis=1, keepdims=True, dtype=np.float32) if data.shape[1] > 1 else data
+        """Mix down, resample, trim and pad ``data`` (frames, channels) float32; return (audio, valid
+        frames, rate). Each step is skipped where it would change nothing: a tiny file spends more
+        time here in Python than in numpy."""
+        if self.mono and data.shape[1] > 1:
+            data = data.mean(axis=1, keepdims=True, dtype=np.float32)
         out_sr = sr if self.sample_rate is None else self.sample_rate
         if out_sr != sr and len(data):
             data = soxr.resample(data, sr, out_sr, quality=self.quality)
+        num_frames = len(data)
         if self.crop_seconds is not None:
             target = self._target(out_sr)
-            data = data[:target]
-            num_frames = len(data)
-            if self.pad and num_frames < target:
+            if num_frames > target:
+                data = data[:target]
+                num_frames = target
+            elif self.pad and num_frames < target:
                 data = np.pad(data, ((0, target - num_frames), (0, 0)))
-        else:
-            num_frames = len(data)
-        audio = np.ascontiguousarray(data[:, 0] if self.mono else data.T, dtype=np.float32)
+        # mono: (frames, 1) as (frames,), a view where it is contiguous (every reader's output is)
+        audio = data.reshape(-1) if self.mono else np.ascontiguousarray(data.T)
         base = audio.base
         if base is not None and (not isinstance(base, np.ndarray) or base.nbytes > audio.nbytes):
             audio = audio.copy()  # a view into a longer array (a trimmed resample): keep only the crop
