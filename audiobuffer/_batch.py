@@ -9,6 +9,7 @@ in a sample (from a user's decoder that made one) is read through its ``numpy()`
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -63,6 +64,8 @@ def collate_numpy(samples: Sequence[Mapping[str, Any]], *, key: str = "audio", p
         raise KeyError(f"pad_collate: samples have no {key!r} (keys: {sorted(first)}); set key=")
     names = first.keys()
     for sample in samples:
+        if not isinstance(sample, dict) and not isinstance(sample, Mapping):  # the dict test is the cheap one
+            raise TypeError(f"pad_collate takes sample dicts, got {type(sample).__name__}")
         if not names <= sample.keys():
             missing = [k for k in first if k not in sample]
             raise KeyError(f"pad_collate: sample {sample.get('path', '?')!r} lacks {missing}")
@@ -70,7 +73,12 @@ def collate_numpy(samples: Sequence[Mapping[str, Any]], *, key: str = "audio", p
     batch[key], lengths = _pad([s[key] for s in samples], key, pad_value, allocate)
     if "num_frames" in first:
         lengths = [s["num_frames"] for s in samples]
-    batch["lengths"] = _numbers(lengths, np.int64, allocate)
+    counts = np.fromiter(lengths, dtype=np.int64, count=len(samples))  # each one int(): a 1-element tensor too
+    if allocate is _empty:
+        batch["lengths"] = counts
+    else:
+        batch["lengths"] = out = allocate(counts.shape, counts.dtype)
+        out[...] = counts
     for name in first:
         if name != key:
             batch[name] = _collate_field([s[name] for s in samples], allocate)
@@ -95,7 +103,8 @@ def _pad(values: list[Any], key: str, pad_value: float, allocate: Allocate) -> t
     # pad_collate's default: calloc's zeros, then the rows (for a large batch the kernel zeroes the
     # fresh pages as they are first written); else each byte written once, the pad value into the
     # tails only
-    zeroed = allocate is _empty and pad_value == 0 and not dtype.hasobject
+    zeroed = (allocate is _empty and dtype.kind in "biuf" and pad_value.__class__ in (int, float)
+              and pad_value == 0 and math.copysign(1.0, pad_value) > 0)  # not -0.0
     out = np.zeros(shape, dtype) if zeroed else allocate(shape, dtype)
     if lead:
         for row, a, n in zip(out, checked, lengths):
@@ -110,9 +119,9 @@ def _pad(values: list[Any], key: str, pad_value: float, allocate: Allocate) -> t
     return out, lengths
 
 
-def _numbers(values: list[Any], dtype: Any, allocate: Allocate) -> np.ndarray:
-    """Numbers as one array (of ``dtype``, or numpy's choice where ``None``), written where ``allocate`` says."""
-    numbers = np.array(values, dtype=dtype)
+def _numbers(values: list[Any], allocate: Allocate) -> np.ndarray:
+    """Numbers as one array (numpy's choice of dtype), written where ``allocate`` says."""
+    numbers = np.asarray(values)
     if allocate is _empty:  # pad_collate's: the array numpy just made is already where it belongs
         return numbers
     out = allocate(numbers.shape, numbers.dtype)
@@ -125,7 +134,7 @@ def _collate_field(values: list[Any], allocate: Allocate) -> Any:
     if isinstance(first, _NUMBER_TYPES):
         if not all(isinstance(v, _NUMBER_TYPES) for v in values):
             return values
-        return _numbers(values, None, allocate)
+        return _numbers(values, allocate)
     head = None if isinstance(first, str) else _as_array(first)
     if head is None:  # paths, label names: a list
         return values

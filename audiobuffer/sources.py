@@ -66,7 +66,8 @@ class WorkItem:
         path: the file to decode.
         label: the class index of the label (into ``Source.classes``), or ``None`` without labels.
         label_name: the label as found (folder name, regex match or manifest value), or ``None``.
-        fields: the other columns of a manifest row (empty for directories and file lists).
+        fields: the other columns of a manifest row (empty for directories and file lists; ``None``
+            given to the constructor means empty).
         epoch: the epoch this item belongs to.
         seed: the dataset's seed.
         seq: the item's position in this shard's order for this epoch (0, 1, 2, ...).

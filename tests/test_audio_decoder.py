@@ -443,6 +443,17 @@ def test_a_float_rate_from_the_fallback_is_an_int_in_the_sample(tmp_path):
     assert sample["sample_rate"] == 8000 and type(sample["sample_rate"]) is int
 
 
+@pytest.mark.parametrize("make", [lambda y: y[::-1], lambda y: np.broadcast_to(y[:1], (len(y), 1))])
+def test_a_fallback_array_of_any_layout_becomes_a_contiguous_writable_tensor(tmp_path, make):
+    path = tmp_path / "odd.bin"
+    path.write_bytes(b"no header")
+    audio = np.arange(50, dtype=np.float32)
+    sample = AudioDecoder(fallback=lambda p: (make(audio), 8000))(path)
+    expected = make(audio).reshape(-1)
+    assert sample["audio"].is_contiguous() and sample["audio"].tolist() == expected.tolist()
+    sample["audio"][0] = -1.0  # writable, and none of the reader's array
+
+
 # -- crop_seconds range (item 8) ------------------------------------------------------------------
 
 @pytest.mark.parametrize("seconds", [1e9, 1e300, 86400.5, float("nan"), float("-inf"), -1.0])

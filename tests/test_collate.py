@@ -44,12 +44,27 @@ def test_custom_key():
     ([torch.ones(3)], TypeError, "sample dicts"),
     ([{"x": torch.ones(1)}], KeyError, "no 'audio'"),
     ([{"audio": torch.ones(1), "a": 1}, {"audio": torch.ones(1)}], KeyError, "lacks"),
+    ([{"audio": torch.ones(1)}, ["audio"]], TypeError, "sample dicts, got list"),
     ([{"audio": torch.ones(2, 3)}, {"audio": torch.ones(3, 3)}], ValueError, "only in their last axis"),
     ([{"audio": "abc"}], TypeError, "CPU tensors or numpy"),
 ])
 def test_errors(samples, error, match):
     with pytest.raises(error, match=match):
         pad_collate(samples)
+
+
+def test_padding_keeps_the_sign_of_a_negative_zero_and_the_dtype_of_any_pad():
+    batch = pad_collate([{"audio": torch.ones(1)}, {"audio": torch.ones(3)}], pad_value=-0.0)
+    assert torch.signbit(batch["audio"][0]).tolist() == [False, True, True]
+    ints = pad_collate([{"audio": np.ones(1, np.int16)}, {"audio": np.ones(2, np.int16)}])
+    assert ints["audio"].dtype == torch.int16 and ints["audio"].tolist() == [[1, 0], [1, 1]]
+
+
+def test_lengths_are_one_number_per_sample_whatever_num_frames_holds():
+    samples = [{"audio": torch.ones(4), "num_frames": torch.tensor([2])},
+               {"audio": torch.ones(4), "num_frames": np.int32(4)}]
+    lengths = pad_collate(samples)["lengths"]
+    assert lengths.shape == (2,) and lengths.dtype == torch.int64 and lengths.tolist() == [2, 4]
 
 
 def test_result_is_not_a_view_of_the_samples():

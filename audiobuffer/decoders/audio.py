@@ -349,8 +349,9 @@ class AudioDecoder:
                 num_frames = target
             elif self.pad and num_frames < target:
                 data = np.pad(data, ((0, target - num_frames), (0, 0)))
-        # mono: (frames, 1) as (frames,), a view where it is contiguous (every reader's output is)
-        audio = data.reshape(-1) if self.mono else np.ascontiguousarray(data.T)
+        # mono: (frames, 1) as (frames,), a view where it is contiguous (every built-in reader's output
+        # is; a fallback reader's may not be)
+        audio = np.ascontiguousarray(data.reshape(-1) if self.mono else data.T)
         base = audio.base
         if base is not None and (not isinstance(base, np.ndarray) or base.nbytes > audio.nbytes):
             audio = audio.copy()  # a view into a longer array (a trimmed resample): keep only the crop
