@@ -47,7 +47,8 @@ def collate_numpy(samples: Sequence[Mapping[str, Any]], *, key: str = "audio", p
 
     ``key`` is padded along its last axis to the longest in the batch; ``lengths`` holds each sample's
     ``num_frames`` (else its length); numbers and equal-shape arrays are stacked; anything else stays
-    a list. Arrays are written into what ``allocate`` returns, each byte once.
+    a list. Arrays are written into what ``allocate`` returns, each byte once (with the default
+    allocator and a zero pad, the padded array starts as zeroed memory and only the samples are copied).
 
     Raises:
         TypeError: ``samples`` is empty, holds something other than mappings, or ``key`` holds a
