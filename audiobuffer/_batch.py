@@ -74,12 +74,8 @@ def collate_numpy(samples: Sequence[Mapping[str, Any]], *, key: str = "audio", p
     batch[key], lengths = _pad([s[key] for s in samples], key, pad_value, allocate)
     if "num_frames" in first:
         lengths = [s["num_frames"] for s in samples]
-    counts = np.fromiter(lengths, dtype=np.int64, count=len(samples))  # each one int(): a 1-element tensor too
-    if allocate is _empty:
-        batch["lengths"] = counts
-    else:
-        batch["lengths"] = out = allocate(counts.shape, counts.dtype)
-        out[...] = counts
+    # each one int(): a 1-element tensor too
+    batch["lengths"] = _place(np.fromiter(lengths, dtype=np.int64, count=len(samples)), allocate)
     for name in first:
         if name != key:
             batch[name] = _collate_field([s[name] for s in samples], allocate)
@@ -120,13 +116,13 @@ def _pad(values: list[Any], key: str, pad_value: float, allocate: Allocate) -> t
     return out, lengths
 
 
-def _numbers(values: list[Any], allocate: Allocate) -> np.ndarray:
-    """Numbers as one array (numpy's choice of dtype), written where ``allocate`` says."""
-    numbers = np.asarray(values)
-    if allocate is _empty:  # pad_collate's: the array numpy just made is already where it belongs
-        return numbers
-    out = allocate(numbers.shape, numbers.dtype)
-    out[...] = numbers
+def _place(array: np.ndarray, allocate: Allocate) -> np.ndarray:
+    """``array`` written where ``allocate`` says (with pad_collate's allocator, ``array`` itself:
+    it is already a fresh array of its own)."""
+    if allocate is _empty:
+        return array
+    out = allocate(array.shape, array.dtype)
+    out[...] = array
     return out
 
 
@@ -135,7 +131,7 @@ def _collate_field(values: list[Any], allocate: Allocate) -> Any:
     if isinstance(first, _NUMBER_TYPES):
         if not all(isinstance(v, _NUMBER_TYPES) for v in values):
             return values
-        return _numbers(values, allocate)
+        return _place(np.asarray(values), allocate)
     head = None if isinstance(first, str) else _as_array(first)
     if head is None:  # paths, label names: a list
         return values
