@@ -57,7 +57,7 @@ def read_wav_info(source: str | os.PathLike[str] | Buffer) -> WavInfo | None:
         libsndfile does (read it with libsndfile), or a path that cannot be opened.
     """
     if isinstance(source, (bytes, bytearray, memoryview)):
-        view = _bytes_view(source)
+        view = _flat_bytes(source)
         return parse(Reader(view, len(view)))
     try:
         return _from_file(source, parse)
@@ -89,7 +89,7 @@ def read_wav(source: str | os.PathLike[str] | Buffer, start: int = 0,
     if start < 0 or (frames is not None and frames < 0):
         raise ValueError(f"start and frames must be >= 0, got start={start!r}, frames={frames!r}")
     if isinstance(source, (bytes, bytearray, memoryview)):
-        view = _bytes_view(source)
+        view = _flat_bytes(source)
         reader = Reader(view, len(view))
         return _read(reader, start, frames, window)
     try:
@@ -98,7 +98,7 @@ def read_wav(source: str | os.PathLike[str] | Buffer, start: int = 0,
         return None
 
 
-def _bytes_view(source: Buffer) -> Buffer:
+def _flat_bytes(source: Buffer) -> Buffer:
     """``source`` as flat bytes: ``bytes`` itself, else a view (a strided view is copied first)."""
     if source.__class__ is bytes:  # a shard member's or an object's bytes: already flat
         return source

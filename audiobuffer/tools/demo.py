@@ -44,10 +44,9 @@ _FORMANTS = [
 _TEST_FILES = re.compile(r"_(\d+)\.flac$")
 
 
-def default_cache_dir() -> Path:
-    """Where the demo corpus is made: audiobuffer's cache folder (``$AUDIOBUFFER_CACHE_DIR``, else
-    ``$XDG_CACHE_HOME/audiobuffer``, else ``~/.cache/audiobuffer``)."""
-    return cache_root()
+#: Where the demo corpus is made: audiobuffer's cache folder (``$AUDIOBUFFER_CACHE_DIR``, else
+#: ``$XDG_CACHE_HOME/audiobuffer``, else ``~/.cache/audiobuffer``).
+default_cache_dir = cache_root
 
 
 def _utterance(label: int, rng: np.random.Generator) -> np.ndarray:
