@@ -38,17 +38,47 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def bench_prefetch(device: torch.device, batches: int, runs: int) -> list:
-    batch_size, width = 32, 32768  # 4 MiB of float32 per batch
-    data = TensorDataset(torch.randn(batch_size * batches, width))
+def make_step(device: torch.device, width: int, layers: int):
+    """A model step: one projection from ``width`` to 512, then ``layers`` square layers."""
     weight = torch.randn(width, 512, device=device) / width ** 0.5
-    pin = device.type == "cuda"
+    square = weight[:512]
 
     def step(x: torch.Tensor) -> None:
-        y = x @ weight  # a few ms on this machine's device
-        for _ in range(4):
-            y = torch.tanh(y @ weight[:512])
+        y = x @ weight
+        for _ in range(layers):
+            y = torch.tanh(y @ square)
         y.sum().item() if device.type == "cpu" else None
+
+    return step
+
+
+def bench_prefetch(device: torch.device, batches: int, runs: int, step_ms: float) -> tuple[list, float, int]:
+    """Rows of the prefetch table, the step's ms and its layers.
+
+    The step is grown (layers doubled from 4) until it takes ``step_ms`` on ``device``: a fixed step
+    is a few ms on a CPU and well under one on a GPU, where the loop would then measure the loader.
+    """
+    batch_size, width = 32, 32768  # 4 MiB of float32 per batch
+    data = TensorDataset(torch.randn(batch_size * batches, width))
+    pin = device.type == "cuda"
+    x_on_device = data.tensors[0][:batch_size].to(device)
+
+    def step_alone(step) -> None:
+        for _ in range(batches):
+            step(x_on_device)
+        sync(device)
+
+    def seconds_per_step(step) -> float:
+        start = time.perf_counter()
+        step_alone(step)
+        return (time.perf_counter() - start) / batches
+
+    layers = 4
+    step = make_step(device, width, layers)
+    step_alone(step)  # warm up
+    while seconds_per_step(step) < step_ms / 1000 and layers < 4096:
+        layers *= 2
+        step = make_step(device, width, layers)
 
     def plain() -> None:
         for (x,) in DataLoader(data, batch_size=batch_size, pin_memory=pin):
@@ -60,20 +90,13 @@ def bench_prefetch(device: torch.device, batches: int, runs: int) -> list:
             step(x)
         sync(device)
 
-    def step_only() -> None:
-        x = data.tensors[0][:batch_size].to(device)
-        for _ in range(batches):
-            step(x)
-        sync(device)
-
     plain(), prefetched()  # warm up
-    rows = []
     results = {name: median_time(fn, runs)[0] for name, fn in
-               (("step alone (data already there)", step_only), ("loop copies each batch", plain),
+               (("step alone (data already there)", lambda: step_alone(step)), ("loop copies each batch", plain),
                 ("DevicePrefetcher", prefetched))}
-    for name, seconds in results.items():
-        rows.append((name, f"{1000 * seconds / batches:.2f}", f"{results['loop copies each batch'] / seconds:.2f}x"))
-    return rows
+    rows = [(name, f"{1000 * seconds / batches:.2f}", f"{results['loop copies each batch'] / seconds:.2f}x")
+            for name, seconds in results.items()]
+    return rows, 1000 * results["step alone (data already there)"] / batches, layers
 
 
 def bench_tensor_loader(device: torch.device, samples: int, runs: int) -> list:
@@ -166,19 +189,24 @@ def main() -> int:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--runs", type=int, default=5, help="runs per measurement (median)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one run: a smoke test")
+    parser.add_argument("--step-ms", type=float, default=4.0,
+                        help="the prefetch table's step is grown until it takes at least this long")
     parser.add_argument("--write", action="store_true", help="rewrite the device section of BENCHMARKS.md")
     args = parser.parse_args()
     device = resolve_device(args.device)
     runs = 1 if args.quick else args.runs
     batches, samples, files = (4, 2048, 40) if args.quick else (40, 60000, 640)
 
-    prefetch = [(f"{name} (intra-op threads {torch.get_num_threads()})", *rest)
-                for name, *rest in bench_prefetch(device, batches, runs)]
+    rows, step_ms, layers = bench_prefetch(device, batches, runs, args.step_ms)
+    prefetch = [(f"{name} (intra-op threads {torch.get_num_threads()})", *rest) for name, *rest in rows]
+    steps = [f"{step_ms:.1f} ms ({layers} layers)"]
     if device.type == "cpu":
         # On the CPU the step and the prefetch thread share the cores: measure with a free core too.
         default_threads = torch.get_num_threads()
         torch.set_num_threads(1)
-        prefetch += [(f"{name} (intra-op threads 1)", *rest) for name, *rest in bench_prefetch(device, batches, runs)]
+        rows, step_ms, layers = bench_prefetch(device, batches, runs, args.step_ms)
+        prefetch += [(f"{name} (intra-op threads 1)", *rest) for name, *rest in rows]
+        steps.append(f"{step_ms:.1f} ms ({layers} layers) on one thread")
         torch.set_num_threads(default_threads)
     tensors = bench_tensor_loader(device, samples, runs)
     with tempfile.TemporaryDirectory() as tmp:
@@ -187,7 +215,7 @@ def main() -> int:
     body = "\n\n".join([
         f"## Device path (`scripts/bench_device.py`, device `{device}`)",
         f"Machine: {machine()}. Medians of {runs} runs.",
-        f"### Prefetch: a step of a few ms, batches of 4 MiB ({batches} batches)",
+        f"### Prefetch: a step of {', '.join(steps)}, batches of 4 MiB ({batches} batches)",
         table(["loop", "ms per step", "vs copying in the loop"], prefetch),
         f"### {samples} x 784 float32 tensors, batches of 128, shuffled, one epoch",
         table(["loader", "epoch s", "speed-up"], tensors),
