@@ -2,11 +2,14 @@
 
     python scripts/bench_contention.py --write    # the full run; rewrites the "contention" section of BENCHMARKS.md
     python scripts/bench_contention.py --quick    # a smoke run (32 files, 1 run, light step): prints Markdown
+    python scripts/bench_contention.py --device cuda --write   # the step on a GPU: the "contention-cuda" section
 
 The step stands for a GPU training step, which is Python launching many small kernels: ``rounds``
 times ``relu(h @ W) + 0.1`` on an (8, 64) tensor, then ``.item()``, with one intra-op thread. The
 light step is 50 rounds (about 0.5 ms), the heavy one 500 (about 5 ms). Producer threads in the
-training process hold the GIL for the Python part of every decode, and the step waits for it.
+training process hold the GIL for the Python part of every decode, and the step waits for it. With
+``--device cuda`` the step's tensors are on the GPU, so it is a GPU step: the same Python, launching
+kernels there.
 
 Each corpus is fed, in batches of 16, by:
 
@@ -58,6 +61,8 @@ from audiobuffer.tools.bench import BATCH_SIZE, make_corpus, run_with_peak_rss  
 
 APPROACHES = ["step-alone", "step-copy", "loop", "buffered-1", "buffered-2", "buffered-auto", "isolated-2",
               "isolated-auto", "dataloader-2", "dataloader-2-spawn"]
+#: Approaches that run only when ``--approaches`` names them.
+OPTIONAL = ["isolated-1"]
 #: The approaches that take a per-sample transform (the DataLoader ones decode in ``PathDataset``).
 TRANSFORM_APPROACHES = ["step-alone", "step-copy", "loop", "buffered-1", "buffered-2", "buffered-auto", "isolated-2",
                         "isolated-auto"]
@@ -71,6 +76,7 @@ LABELS = {
     "buffered-1": "BufferedDataset, 1 producer",
     "buffered-2": "BufferedDataset, 2 producers",
     "buffered-auto": "BufferedDataset, auto (the default)",
+    "isolated-1": "IsolatedLoader, 1 producer",
     "isolated-2": "IsolatedLoader, 2 producers",
     "isolated-auto": "IsolatedLoader, auto (the default)",
     "dataloader-2": "DataLoader(num_workers=2), fork",
@@ -88,16 +94,18 @@ SECTION = "contention"
 # -- the subprocess ----------------------------------------------------------------------------
 
 
-def make_step(rounds: int) -> Callable[[Any], float]:
-    """The Python-bound step: ``rounds`` small matmuls, then ``.item()`` (the batch is not read).
+def make_step(rounds: int, device: str = "cpu") -> Callable[[Any], float]:
+    """The Python-bound step: ``rounds`` small matmuls on ``device``, then ``.item()`` (the batch is not
+    read).
 
     Every approach runs the very same work, so a slower step can only be waiting for the GIL or a core.
+    On a GPU each round launches three small kernels, and ``.item()`` waits for them.
     """
     import torch
 
     gen = torch.Generator().manual_seed(0)
-    h0 = torch.randn(8, 64, generator=gen)
-    weight = torch.randn(64, 64, generator=gen) / 64  # keeps h bounded (>= 0.1) over any number of rounds
+    h0 = torch.randn(8, 64, generator=gen).to(device)
+    weight = (torch.randn(64, 64, generator=gen) / 64).to(device)  # keeps h bounded (>= 0.1) over any rounds
 
     def step(batch: Any) -> float:
         h = h0
@@ -177,11 +185,11 @@ def _loader(approach: str, paths: list[str], transform: Any) -> tuple[Iterator[d
     raise ValueError(f"unknown approach {approach!r}; known: {APPROACHES}")
 
 
-def _epoch(approach: str, step_name: str, paths: list[str], transform: Any) -> dict[str, Any]:
-    """One epoch of ``step_name`` steps fed by ``approach``, measured in this process."""
+def _epoch(approach: str, step_name: str, paths: list[str], transform: Any, device: str) -> dict[str, Any]:
+    """One epoch of ``step_name`` steps on ``device`` fed by ``approach``, measured in this process."""
     from audiobuffer import AudioDecoder
 
-    step = make_step(STEPS[step_name])
+    step = make_step(STEPS[step_name], device)
     for _ in range(WARMUP_STEPS):
         step(None)
     n_batches = -(-len(paths) // BATCH_SIZE)
@@ -219,7 +227,8 @@ def _epoch(approach: str, step_name: str, paths: list[str], transform: Any) -> d
             "files": files}
 
 
-def child(approach: str, steps: Sequence[str], paths: list[str], transform_name: str | None) -> dict[str, Any]:
+def child(approach: str, steps: Sequence[str], paths: list[str], transform_name: str | None,
+          device: str) -> dict[str, Any]:
     """The body of the subprocess: one epoch per step, each with a fresh loader."""
     import torch  # everything is imported before any clock starts, as in a training script
     import torch.utils.data
@@ -229,17 +238,17 @@ def child(approach: str, steps: Sequence[str], paths: list[str], transform_name:
 
     torch.set_num_threads(1)
     transform = _transform(transform_name)
-    return {name: _epoch(approach, name, paths, transform) for name in steps}
+    return {name: _epoch(approach, name, paths, transform, device) for name in steps}
 
 
 # -- the parent --------------------------------------------------------------------------------
 
 
 def measure(approach: str, steps: Sequence[str], file_list: Path, transform: str | None, out: Path,
-            timeout: float = CHILD_TIMEOUT) -> dict[str, Any]:
+            device: str = "cpu", timeout: float = CHILD_TIMEOUT) -> dict[str, Any]:
     """Run one fresh subprocess; its per-step results plus ``peak_rss_mb`` of its whole tree."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", approach, "--steps", ",".join(steps),
-           "--file-list", str(file_list), "--child-out", str(out)]
+           "--file-list", str(file_list), "--child-out", str(out), "--device", device]
     if transform:
         cmd += ["--transform", transform]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -258,7 +267,7 @@ def _median(values: Sequence[float | None]) -> float | None:
 
 
 def run_corpus(name: str, paths: list[str], approaches: Sequence[str], steps: Sequence[str], runs: int, *,
-               transform: str | None, workdir: Path, progress: bool = True) -> dict[str, Any]:
+               transform: str | None, workdir: Path, device: str = "cpu", progress: bool = True) -> dict[str, Any]:
     """Measure every approach ``runs`` times on one corpus (runs interleaved); the medians per step."""
     file_list = workdir / f"{name.replace('+', '-')}.txt"
     file_list.write_text("\n".join(paths))
@@ -266,7 +275,7 @@ def run_corpus(name: str, paths: list[str], approaches: Sequence[str], steps: Se
     for run in range(runs):  # interleaved, so a slow spell of the machine touches every approach alike
         for approach in approaches:
             out = workdir / f"{file_list.stem}.{approach}.{run}.json"
-            measured[approach].append(measure(approach, steps, file_list, transform, out))
+            measured[approach].append(measure(approach, steps, file_list, transform, out, device))
     rows: dict[str, dict[str, Any]] = {}
     for approach, results in measured.items():
         row: dict[str, Any] = {"approach": approach, "runs": len(results),
@@ -363,7 +372,7 @@ def goals(results: Sequence[dict[str, Any]]) -> list[list[object]]:
     return out
 
 
-def markdown(results: Sequence[dict[str, Any]], runs: int) -> str:
+def markdown(results: Sequence[dict[str, Any]], runs: int, device: str = "cpu") -> str:
     """The section: what was measured, the goals, then one table per corpus."""
     import torch
 
@@ -378,7 +387,8 @@ def markdown(results: Sequence[dict[str, Any]], runs: int) -> str:
         "every (corpus, approach, run) "
         "is a fresh subprocess with one intra-op thread. The step: 50 (light) or 500 (heavy) rounds of "
         "`relu(h @ W) + 0.1` on an (8, 64) tensor, then `.item()`: Python launching small kernels, as a GPU "
-        f"step does. Batches of {BATCH_SIZE}; buffers of {BUFFER_SIZE} samples. Each subprocess runs one epoch "
+        f"step does{'' if device == 'cpu' else f'; here the tensors are on `{device}`: it is a GPU step'}. "
+        f"Batches of {BATCH_SIZE}; buffers of {BUFFER_SIZE} samples. Each subprocess runs one epoch "
         "per step (light first), each with a fresh loader. *step ms*: the median step call alone, timed once "
         "its batch is in hand; *vs alone*: over the step with the data already there (one batch reused, steps "
         "back to back), same run; the second row copies each of the corpus's batches, decoded before the clock, "
@@ -397,7 +407,8 @@ def markdown(results: Sequence[dict[str, Any]], runs: int) -> str:
         "training it is paid once per run (the helper persists across epochs): the goals table also compares "
         "the epochs after their first batch."
     )
-    parts = ["## Contention: a Python-bound step fed by each loader (`scripts/bench_contention.py`)", intro]
+    on = "" if device == "cpu" else f", the step on `{device}`"
+    parts = [f"## Contention: a Python-bound step fed by each loader{on} (`scripts/bench_contention.py`)", intro]
     checked = goals(results)
     if checked:
         parts += ["### Goals (this run)", table(["goal", "where", "measured", "target", "met"], checked)]
@@ -428,9 +439,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fsdd", type=Path, default=FSDD, help=f"the FSDD recordings (default {FSDD})")
     parser.add_argument("--corpora", default=",".join(CORPORA), help=f"subset of {','.join(CORPORA)}")
     parser.add_argument("--steps", default=None, help="light,heavy (default both; --quick: light)")
-    parser.add_argument("--approaches", default=",".join(APPROACHES), help=f"subset of {','.join(APPROACHES)}")
+    parser.add_argument("--approaches", default=",".join(APPROACHES),
+                        help=f"subset of {','.join(APPROACHES + OPTIONAL)} (default: all but {','.join(OPTIONAL)})")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 32 files, 1 run, the light step "
                         "(its numbers mean little)")
+    parser.add_argument("--device", default="cpu", help="where the step's tensors live: cpu (default) or cuda; "
+                        f"cuda writes the {SECTION + '-cuda'!r} section")
     parser.add_argument("--write", action="store_true", help=f"write the {SECTION!r} section of BENCHMARKS.md")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--cache-dir", type=Path, default=None, help="where corpora are made (default: a temp folder)")
@@ -442,7 +456,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     steps = _csv(args.steps or ("light" if args.quick else "light,heavy"), list(STEPS), "--steps", parser)
     if args.child:
         paths = [p for p in args.file_list.read_text().splitlines() if p]
-        args.child_out.write_text(json.dumps(child(args.child, steps, paths, args.transform)))
+        args.child_out.write_text(json.dumps(child(args.child, steps, paths, args.transform, args.device)))
         return 0
     files = args.files if args.files is not None else 32 if args.quick else 300
     runs = args.runs if args.runs is not None else 1 if args.quick else 3
@@ -451,7 +465,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.write and args.quick:
         parser.error("--write takes a full run; --quick is a smoke test whose numbers mean little")
     corpora = _csv(args.corpora, CORPORA, "--corpora", parser)
-    approaches = _csv(args.approaches, APPROACHES, "--approaches", parser)
+    approaches = _csv(args.approaches, APPROACHES + OPTIONAL, "--approaches", parser)
+    if args.device not in ("cpu", "cuda"):
+        parser.error(f"--device must be cpu or cuda, got {args.device!r}")
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.error("--device cuda: torch sees no CUDA device here")
     results = []
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="audiobuffer-contention-") as tmp:
@@ -471,14 +492,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             chosen = [a for a in approaches if not transform or a in TRANSFORM_APPROACHES]
             print(f"{name}: {len(paths)} files, {', '.join(chosen)}; steps {', '.join(corpus_steps)}", file=sys.stderr)
             results.append(run_corpus(name, paths, chosen, corpus_steps, runs, transform=transform,
-                                      workdir=Path(tmp)))
+                                      workdir=Path(tmp), device=args.device))
     print(f"took {time.perf_counter() - started:.0f} s", file=sys.stderr)
-    text = markdown(results, runs)
+    text = markdown(results, runs, args.device)
     print(text)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     if args.write:
-        write_section(SECTION, text)
+        write_section(SECTION if args.device == "cpu" else f"{SECTION}-{args.device}", text)
     return 0
 
 

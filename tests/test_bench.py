@@ -341,10 +341,15 @@ def test_contention_flags(contention, tmp_path, capsys):
     for argv, message in ((["--quick", "--write"], "--write takes a full run"),
                           (["--approaches", "magic"], "--approaches takes"),
                           (["--corpora", "flac,ogg"], "--corpora takes"),
-                          (["--files", "3"], "--files >= 16")):
+                          (["--files", "3"], "--files >= 16"),
+                          (["--device", "tpu"], "--device must be cpu or cuda, got 'tpu'")):
         with pytest.raises(SystemExit):
             contention.main(argv)
         assert message in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit):
+            contention.main(["--device", "cuda"])
+        assert "--device cuda: torch sees no CUDA device here" in capsys.readouterr().err
     # No FSDD where it is looked for: that corpus is left out with a note, and nothing runs.
     assert contention.main(["--corpora", "fsdd", "--fsdd", str(tmp_path / "absent")]) == 0
     captured = capsys.readouterr()
