@@ -18,6 +18,7 @@ import argparse
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +39,7 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def make_step(device: torch.device, width: int, layers: int):
+def make_step(device: torch.device, width: int, layers: int) -> Callable[[torch.Tensor], None]:
     """A model step: one projection from ``width`` to 512, then ``layers`` square layers."""
     weight = torch.randn(width, 512, device=device) / width ** 0.5
     square = weight[:512]
@@ -63,12 +64,12 @@ def bench_prefetch(device: torch.device, batches: int, runs: int, step_ms: float
     pin = device.type == "cuda"
     x_on_device = data.tensors[0][:batch_size].to(device)
 
-    def step_alone(step) -> None:
+    def step_alone(step: Callable[[torch.Tensor], None]) -> None:
         for _ in range(batches):
             step(x_on_device)
         sync(device)
 
-    def seconds_per_step(step) -> float:
+    def seconds_per_step(step: Callable[[torch.Tensor], None]) -> float:
         start = time.perf_counter()
         step_alone(step)
         return (time.perf_counter() - start) / batches
