@@ -16,6 +16,9 @@ Each corpus is fed, in batches of 16, by:
 - ``step-alone``: the data is already there (one decoded batch, reused): the step's own time;
 - ``step-copy``: every batch decoded before the clock, each copied into fresh tensors just before its
   step, as a loader hands a batch over: what receiving a batch costs the step with no loader at all;
+- ``step-beside``: as ``step-alone``, while another process decodes the corpus over and over in one
+  thread, at the helper's lower priority: what decoding anywhere on the machine costs the step (shared
+  caches, memory, cores), with no loader in the step's process;
 - ``loop``: decode and collate in the training thread, then the step;
 - ``buffered-1``, ``buffered-2``, ``buffered-auto``: ``BufferedDataset(num_producers=N)`` into
   ``DataLoader(num_workers=0)`` (``auto``: the default, tuned as the epoch runs; each run is a first
@@ -45,6 +48,7 @@ import itertools
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -59,19 +63,20 @@ from benchmd import FSDD, machine, table, write_section  # noqa: E402
 
 from audiobuffer.tools.bench import BATCH_SIZE, make_corpus, run_with_peak_rss  # noqa: E402
 
-APPROACHES = ["step-alone", "step-copy", "loop", "buffered-1", "buffered-2", "buffered-auto", "isolated-2",
-              "isolated-auto", "dataloader-2", "dataloader-2-spawn"]
+APPROACHES = ["step-alone", "step-copy", "step-beside", "loop", "buffered-1", "buffered-2", "buffered-auto",
+              "isolated-2", "isolated-auto", "dataloader-2", "dataloader-2-spawn"]
 #: Approaches that run only when ``--approaches`` names them.
 OPTIONAL = ["isolated-1"]
 #: The approaches that take a per-sample transform (the DataLoader ones decode in ``PathDataset``).
-TRANSFORM_APPROACHES = ["step-alone", "step-copy", "loop", "buffered-1", "buffered-2", "buffered-auto", "isolated-2",
-                        "isolated-auto"]
+TRANSFORM_APPROACHES = ["step-alone", "step-copy", "step-beside", "loop", "buffered-1", "buffered-2",
+                        "buffered-auto", "isolated-2", "isolated-auto"]
 IN_PROCESS = ["loop", "buffered-1", "buffered-2", "buffered-auto"]
 THREADS = ["buffered-1", "buffered-2", "buffered-auto"]
 ISOLATED = ["isolated-2", "isolated-auto"]
 LABELS = {
     "step-alone": "step alone (data already there)",
     "step-copy": "step alone, each batch a fresh copy (no loader)",
+    "step-beside": "step alone, beside a process decoding the corpus (no loader)",
     "loop": "sequential loop",
     "buffered-1": "BufferedDataset, 1 producer",
     "buffered-2": "BufferedDataset, 2 producers",
@@ -88,6 +93,7 @@ CORPORA = ["fsdd", "wav", "flac", "flac+mel"]
 WARMUP_STEPS = 20
 BUFFER_SIZE = 64
 CHILD_TIMEOUT = 300.0
+NEIGHBOUR_NICE = 10  # as the IsolatedLoader's helper lowers itself (background=True)
 SECTION = "contention"
 
 
@@ -185,8 +191,52 @@ def _loader(approach: str, paths: list[str], transform: Any) -> tuple[Iterator[d
     raise ValueError(f"unknown approach {approach!r}; known: {APPROACHES}")
 
 
-def _epoch(approach: str, step_name: str, paths: list[str], transform: Any, device: str) -> dict[str, Any]:
-    """One epoch of ``step_name`` steps on ``device`` fed by ``approach``, measured in this process."""
+def neighbour(paths: Sequence[str], transform_name: str | None) -> None:
+    """The body of the ``step-beside`` neighbour: decode ``paths`` over and over, one thread, at the
+    helper's lower priority; print ``ready`` after the first file. Ends when its parent does."""
+    from audiobuffer import AudioDecoder
+
+    if hasattr(os, "nice"):
+        os.nice(NEIGHBOUR_NICE)
+    decoder, transform = AudioDecoder(), _transform(transform_name)
+    parent = os.getppid()
+    ready = False
+    while True:
+        for path in paths:
+            sample = decoder(path)
+            if transform is not None:
+                transform(sample)
+            if not ready:
+                print("ready", flush=True)
+                ready = True
+            if os.getppid() != parent:  # the measuring process is gone: do not outlive it
+                return
+
+
+def _start_neighbour(file_list: Path, transform: str | None) -> subprocess.Popen[bytes]:
+    """Start :func:`neighbour` on ``file_list`` and wait until it decodes."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--neighbour", "--file-list", str(file_list)]
+    if transform:
+        cmd += ["--transform", transform]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE)
+    line = proc.stdout.readline() if proc.stdout is not None else b""
+    if line.strip() != b"ready":
+        _stop_neighbour(proc)
+        raise RuntimeError(f"the step-beside neighbour did not start (exit {proc.returncode})")
+    return proc
+
+
+def _stop_neighbour(proc: subprocess.Popen[bytes]) -> None:
+    proc.kill()
+    proc.wait(timeout=10)
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+def _epoch(approach: str, step_name: str, paths: list[str], transform: Any, device: str,
+           file_list: Path | None = None, transform_name: str | None = None) -> dict[str, Any]:
+    """One epoch of ``step_name`` steps on ``device`` fed by ``approach``, measured in this process
+    (``file_list`` and ``transform_name``: what the ``step-beside`` neighbour decodes)."""
     from audiobuffer import AudioDecoder
 
     step = make_step(STEPS[step_name], device)
@@ -194,10 +244,15 @@ def _epoch(approach: str, step_name: str, paths: list[str], transform: Any, devi
         step(None)
     n_batches = -(-len(paths) // BATCH_SIZE)
     ready = decoded = None
-    if approach == "step-alone":  # decoded before the clock: the data is already there
+    if approach in ("step-alone", "step-beside"):  # decoded before the clock: the data is already there
         ready = next(_batches(paths[:BATCH_SIZE], AudioDecoder(), transform))
     elif approach == "step-copy":
         decoded = list(_batches(paths, AudioDecoder(), transform))
+    busy = None
+    if approach == "step-beside":
+        if file_list is None:
+            raise ValueError("step-beside needs the corpus's file list for its neighbour")
+        busy = _start_neighbour(file_list, transform_name)
     gc.collect()
     start = time.perf_counter()
     batches: Iterator[dict[str, Any]]
@@ -222,13 +277,15 @@ def _epoch(approach: str, step_name: str, paths: list[str], transform: Any, devi
         total = time.perf_counter() - start
     finally:
         close()
+        if busy is not None:
+            _stop_neighbour(busy)
     return {"step_s": statistics.median(step_s), "epoch_s": total,
             "first_batch_s": None if ready is not None or decoded is not None else first, "batches": len(step_s),
             "files": files}
 
 
 def child(approach: str, steps: Sequence[str], paths: list[str], transform_name: str | None,
-          device: str) -> dict[str, Any]:
+          device: str, file_list: Path | None = None) -> dict[str, Any]:
     """The body of the subprocess: one epoch per step, each with a fresh loader."""
     import torch  # everything is imported before any clock starts, as in a training script
     import torch.utils.data
@@ -238,7 +295,7 @@ def child(approach: str, steps: Sequence[str], paths: list[str], transform_name:
 
     torch.set_num_threads(1)
     transform = _transform(transform_name)
-    return {name: _epoch(approach, name, paths, transform, device) for name in steps}
+    return {name: _epoch(approach, name, paths, transform, device, file_list, transform_name) for name in steps}
 
 
 # -- the parent --------------------------------------------------------------------------------
@@ -393,7 +450,9 @@ def markdown(results: Sequence[dict[str, Any]], runs: int, device: str = "cpu") 
         "its batch is in hand; *vs alone*: over the step with the data already there (one batch reused, steps "
         "back to back), same run; the second row copies each of the corpus's batches, decoded before the clock, "
         "into fresh tensors before its step, as a loader hands a batch over: what receiving batches costs the "
-        "step with no loader running at all; *epoch s*: the "
+        "step with no loader running at all; the third runs the step as the first does while another process "
+        "decodes the corpus over and over (one thread, at the helper's lower priority): what decoding anywhere on "
+        "the machine costs the step, with no loader in its process (its peak RSS counts that process); *epoch s*: the "
         "whole epoch, loading included; *first batch ms*: from starting to build the loader to the first batch "
         "in hand (worker or helper start included); *peak RSS*: the subprocess's whole tree over its run "
         "(DataLoader workers and the IsolatedLoader's helper included; forked workers' shared pages count in "
@@ -449,14 +508,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--cache-dir", type=Path, default=None, help="where corpora are made (default: a temp folder)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--neighbour", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--file-list", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--transform", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     steps = _csv(args.steps or ("light" if args.quick else "light,heavy"), list(STEPS), "--steps", parser)
+    if args.neighbour:
+        neighbour([p for p in args.file_list.read_text().splitlines() if p], args.transform)
+        return 0
     if args.child:
         paths = [p for p in args.file_list.read_text().splitlines() if p]
-        args.child_out.write_text(json.dumps(child(args.child, steps, paths, args.transform, args.device)))
+        args.child_out.write_text(json.dumps(child(args.child, steps, paths, args.transform, args.device,
+                                                   args.file_list)))
         return 0
     files = args.files if args.files is not None else 32 if args.quick else 300
     runs = args.runs if args.runs is not None else 1 if args.quick else 3

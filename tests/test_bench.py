@@ -8,6 +8,7 @@ import threading
 import time
 
 import numpy as np
+import psutil
 import pytest
 import torch
 from helpers import JOIN_TIMEOUT, REPO, make_corpus, write_tone
@@ -216,8 +217,8 @@ def test_short_soak_checks_threads_and_files_stay_flat(tmp_path):
 
 # -- scripts/bench_contention.py ------------------------------------------------------------------
 
-CONTENTION_APPROACHES = ["step-alone", "step-copy", "loop", "buffered-1", "isolated-2", "dataloader-2",
-                         "dataloader-2-spawn"]
+CONTENTION_APPROACHES = ["step-alone", "step-copy", "step-beside", "loop", "buffered-1", "isolated-2",
+                         "dataloader-2", "dataloader-2-spawn"]
 
 
 @pytest.fixture
@@ -274,11 +275,12 @@ def test_contention_bench_quick_fills_every_column(tmp_path):
             assert m["step_s"] > 0 and m["epoch_s"] > 0 and m["vs_alone"] > 0 and row["peak_rss_mb"] > 50, row
             if row["approach"] == "step-alone":
                 assert m["first_batch_s"] is None and m["vs_alone"] == 1.0
-            elif row["approach"] == "step-copy":  # no loader: the batches were decoded before the clock
+            elif row["approach"] in ("step-copy", "step-beside"):  # no loader: decoded before the clock
                 assert m["first_batch_s"] is None
             else:
                 assert 0 < m["first_batch_s"] <= m["epoch_s"], row
 
+    assert not [p for p in psutil.process_iter(["cmdline"]) if "--neighbour" in (p.info["cmdline"] or [])]
     goals, flac, mel = markdown_tables(result.stdout)
     assert goals[0] == ["goal", "where", "measured", "target", "met"]
     # FLAC: step ratio, epoch against in-process and the same after the first batch, first batch, RSS;
@@ -292,10 +294,37 @@ def test_contention_bench_quick_fills_every_column(tmp_path):
         for row, approach in zip(rows[1:], approaches):
             assert len(row) == len(rows[0])
             numbers = [cell.rstrip("x") for cell in row[1:]]
-            if approach in ("step-alone", "step-copy"):
+            if approach in ("step-alone", "step-copy", "step-beside"):
                 assert numbers[3] == "-"
                 del numbers[3]
             assert all(float(n) >= 0 for n in numbers), row
+
+
+def test_contention_neighbour_ends_with_its_parent(tmp_path):
+    """The step-beside neighbour decodes until it is stopped, and never outlives the process that
+    started it (a measuring subprocess killed by its timeout, say)."""
+    corpus = make_corpus(tmp_path, 4)
+    file_list = tmp_path / "files.txt"
+    file_list.write_text("\n".join(str(p) for p in corpus))
+    starter = (f"import os, sys; sys.path.insert(0, {str(REPO / 'scripts')!r}); from pathlib import Path; "
+               f"import bench_contention as b; p = b._start_neighbour(Path({str(file_list)!r}), None); "
+               "print(p.pid, flush=True); os._exit(0)")
+    log = tmp_path / "starter.log"
+    with log.open("w") as out:  # a file, not a pipe: the neighbour inherits it and may hold it open
+        status = subprocess.run([sys.executable, "-c", starter], stdout=out, stderr=subprocess.STDOUT, timeout=120)
+    assert status.returncode == 0, log.read_text()[-3000:]
+    pid = int(log.read_text().split()[-1])
+    deadline = time.monotonic() + JOIN_TIMEOUT
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                break
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.05)
+    else:
+        psutil.Process(pid).kill()
+        pytest.fail(f"the neighbour (pid {pid}) outlived its parent by {JOIN_TIMEOUT} s")
 
 
 def test_contention_goals_are_checked_against_their_targets(contention):
