@@ -103,16 +103,10 @@ def _pad(values: list[Any], key: str, pad_value: float, allocate: Allocate) -> t
     zeroed = (allocate is _empty and dtype.kind in "biuf" and pad_value.__class__ in (int, float)
               and pad_value == 0 and math.copysign(1.0, pad_value) > 0)  # not -0.0
     out = np.zeros(shape, dtype) if zeroed else allocate(shape, dtype)
-    if lead:
-        for row, a, n in zip(out, checked, lengths):
-            row[..., :n] = a
-            if n < longest and not zeroed:
-                row[..., n:] = pad_value
-    else:  # (frames,) samples, the common case: plain slices are cheaper than the ellipsis
-        for row, a, n in zip(out, checked, lengths):
-            row[:n] = a
-            if n < longest and not zeroed:
-                row[n:] = pad_value
+    for row, a, n in zip(out, checked, lengths):
+        row[..., :n] = a
+        if n < longest and not zeroed:
+            row[..., n:] = pad_value
     return out, lengths
 
 

@@ -213,19 +213,11 @@ def _read_local(path: str, offset: int, size: int | None) -> bytes:
         # A ranged read of a shard member: pread on a file this thread keeps open, a fraction of the
         # time of open, seek, read and close (which shows when a member is as small as a short WAV).
         fd = _open_local(path)
-        data = _PREAD(fd, size, offset)
-        if len(data) == size or not data:  # one pread, almost always
-            return data
-        parts = [data]
-        offset += len(data)
-        size -= len(data)
-        while size > 0:
-            chunk = _PREAD(fd, size, offset)
-            if not chunk:
-                break
-            parts.append(chunk)
-            offset += len(chunk)
-            size -= len(chunk)
+        parts = [_PREAD(fd, size, offset)]  # one pread, almost always
+        got = len(parts[0])
+        while got < size and parts[-1]:  # a short read: the rest, up to the end of the file
+            parts.append(_PREAD(fd, size - got, offset + got))
+            got += len(parts[-1])
         return parts[0] if len(parts) == 1 else b"".join(parts)
     with open(path, "rb") as f:
         if offset:

@@ -132,6 +132,26 @@ def test_local_reads(tmp_path):
         assert f.read() == path.read_bytes()
 
 
+@pytest.mark.skipif(not hasattr(os, "pread"), reason="POSIX pread: the ranged path that loops on short reads")
+def test_local_ranged_read_gathers_short_preads(tmp_path, monkeypatch):
+    """A pread may return fewer bytes than asked (FUSE, network file systems): the rest is read on."""
+    from audiobuffer import storage
+
+    path = tmp_path / "f.bin"
+    path.write_bytes(bytes(range(256)) * 4)
+    calls = []
+
+    def short_pread(fd, n, offset):
+        calls.append(n)
+        return os.pread(fd, min(n, 7), offset)
+
+    monkeypatch.setattr(storage, "_PREAD", short_pread)
+    assert read_range(path, 3, 50) == path.read_bytes()[3:53]
+    assert len(calls) == 8  # 7 bytes a call: 50 bytes in 8 reads
+    with pytest.raises(StorageError, match="ends early"):  # short, then the end of the file
+        read_range(path, 1020, 10)
+
+
 def test_local_missing_file_fails_at_once_named(tmp_path):
     missing = tmp_path / "nope.tar"
     with pytest.raises(StorageError, match="nope.tar.*no such file") as info:
