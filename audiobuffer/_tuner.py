@@ -29,9 +29,12 @@ and judged against it a trial would look better than it is. On each later interv
 - Producers waited for room more than ``idle`` of the interval each (the consumer is the
   bottleneck) and there are at least two: retire one.
 - Inline: try one producer (inline gives no sign of starving: the consumer never waits). One producer
-  alone only overlaps decoding with the consumer's own work; if it is not faster by ``gain`` but the
-  consumer waited for it (decoding is the bottleneck), the trial goes on to two producers, judged
-  against inline as well, since two may decode in parallel where one cannot gain.
+  alone only overlaps decoding with the consumer's own work; if it is not faster by ``gain`` but about
+  as fast as inline (within ``gain``) and the consumer waited for it (decoding is the bottleneck), the
+  trial goes on to two producers, judged against inline as well, since two may decode in parallel
+  where one cannot gain. One producer clearly slower than inline goes back at once: its hand-over
+  costs more than the overlap gives, which is what a decode holding the GIL does (tiny WAV files),
+  and a second thread holding the same GIL only adds to that cost.
 - The consumer waited for data more than ``starved`` of the interval (the producers are the
   bottleneck): try one producer more.
 - No producer is added (nor the trial of one taken on to two) while the process used more than
@@ -258,7 +261,8 @@ class ProducerTuner:
             self._failed_at = None
             self.history.append((now, self.count, f"kept: {verdict}"))
             return True
-        if before == 0 and self.count == 1 and consumer_wait > self.starved and self.cap >= 2 and spare:
+        if (before == 0 and self.count == 1 and rate * self.gain >= before_rate and consumer_wait > self.starved
+                and self.cap >= 2 and spare):
             # One producer decodes about as fast as the consumer alone and the consumer waits for it:
             # two may decode in parallel. Judged against inline too.
             self._trial = (0, before_rate)

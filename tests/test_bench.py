@@ -120,6 +120,10 @@ def test_bench_corpus_and_approach_rules(capsys):
     with pytest.raises(SystemExit):
         bench_main(["--formats", "flac+magic"])
     assert "--formats takes FORMAT or FORMAT+TRANSFORM" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # refused up front, not a soundfile traceback while making the corpus
+        bench_main(["--formats", "wav,none+mel"])
+    err = capsys.readouterr().err
+    assert "--formats: 'none' is not a format the corpus can be written in" in err and "flac" in err
 
 
 def test_decode_bench_approaches_take_turns_within_each_round(monkeypatch, tmp_path):

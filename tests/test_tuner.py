@@ -44,9 +44,10 @@ def test_starts_inline_and_stays_when_a_hand_over_costs_more_than_it_gains():
     tuner = ProducerTuner(4, retry=60.0, warmup=False)
     counts = drive(tuner, lambda c: {0: 3000, 1: 2000}.get(c, 1900), consumer_wait=lambda c: 0.0 if c == 0 else 0.6)
     assert tuner.history[0][1:] == (0, "start")
-    assert counts[:3] == [1, 2, 0]  # one producer, then two (the consumer waited for one), then back
-    assert set(counts[2:]) == {0}
-    assert tuner.history[-1][2].startswith("back: 1900/s against 3000/s")
+    assert counts[:2] == [1, 0]  # one producer, far slower than inline: back at once, not on to two
+    assert set(counts[1:]) == {0}
+    assert tuner.history[-1][2].startswith("back: 2000/s against 3000/s")
+    assert 2 not in counts
 
 
 def test_inline_is_left_when_threads_are_faster():
@@ -70,10 +71,20 @@ def test_from_inline_a_flat_first_producer_that_starves_the_consumer_leads_to_tw
 
 
 def test_from_inline_two_that_do_not_beat_inline_go_back_to_inline():
+    # One producer within the gain of inline (950 * 1.1 >= 1000) goes on to two, which do not pay either.
     tuner = ProducerTuner(4, retry=60.0, warmup=False)
-    counts = drive(tuner, lambda c: {0: 1000, 1: 900}.get(c, 1000), consumer_wait=lambda c: 0.0 if c == 0 else 0.5)
+    counts = drive(tuner, lambda c: {0: 1000, 1: 950}.get(c, 1000), consumer_wait=lambda c: 0.0 if c == 0 else 0.5)
     assert counts[:3] == [1, 2, 0] and set(counts[2:]) == {0}
     assert tuner.cap == 0
+
+
+def test_from_inline_one_producer_just_outside_the_gain_goes_back_without_trying_two():
+    # 900 * 1.1 < 1000: the hand-over costs more than the overlap gives, so two are not tried.
+    tuner = ProducerTuner(4, retry=60.0, warmup=False)
+    counts = drive(tuner, lambda c: {0: 1000, 1: 900}.get(c, 1000), consumer_wait=lambda c: 0.0 if c == 0 else 0.5)
+    assert counts[:2] == [1, 0] and set(counts[1:]) == {0}
+    assert [reason.split(":")[0] for _, _, reason in tuner.history] == ["start", "trying a producer instead of inline",
+                                                                         "back"]
 
 
 def test_without_inline_it_starts_with_one_producer_and_never_goes_to_zero():
@@ -144,7 +155,7 @@ def test_the_next_epoch_starts_where_the_last_settled_and_waits_out_the_back_off
     memory = TunerMemory()
     first = ProducerTuner(4, retry=0.5, warmup=False)
     drive(first, lambda c: {0: 3000, 1: 2000}.get(c, 1900), consumer_wait=lambda c: 0.0 if c == 0 else 0.6,
-          steps=6)  # 0.3 s: inline, a failed trial of one and two producers, back to inline
+          steps=6)  # 0.3 s: inline, a failed trial of one producer, back to inline
     memory.remember(first)
     assert (memory.count, memory.retry) == (0, 1.0)  # the back-off doubled by the failed trial
     second = ProducerTuner(4, retry=0.5, memory=memory, warmup=False)
@@ -210,9 +221,9 @@ def test_the_first_interval_only_warms_up():
         t += STEP
         items += int(rate * STEP)
         counts.append(tuner.observe(TunerSample(t, items, 0.0 if step < 2 or step > 3 else STEP * 0.6, 0.0)))
-    assert counts[:4] == [0, 1, 2, 0]  # no decision on the start; then inline is judged at its real rate
+    assert counts[:4] == [0, 1, 0, 0]  # no decision on the start; then inline is judged at its real rate
     assert [reason.split(":")[0] for _, _, reason in tuner.history] == [
-        "start", "trying a producer instead of inline", "one producer", "back"]
+        "start", "trying a producer instead of inline", "back"]
     assert "2000/s against 3000/s" in tuner.history[2][2]
 
 

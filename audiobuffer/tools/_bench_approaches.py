@@ -299,14 +299,27 @@ def parse_formats(text: str) -> list[tuple[str, str | None]]:
     """``--formats`` (``flac,wav,flac+mel``) as ``(format, transform or None)`` pairs.
 
     Raises:
-        ValueError: an empty format or a transform that is not one of :data:`TRANSFORMS`.
+        ValueError: an empty format, a format libsndfile cannot write as 16-bit PCM (the corpus could not
+            be made), or a transform that is not one of :data:`TRANSFORMS`.
     """
     formats = [f.strip().lower().partition("+") for f in text.split(",") if f.strip()]
     bad = [base + plus + name for base, plus, name in formats if not base or (plus and name not in TRANSFORMS)]
     if bad:
         raise ValueError(f"--formats takes FORMAT or FORMAT+TRANSFORM (transforms: {', '.join(TRANSFORMS)}), "
                          f"got {bad}")
+    writable = _pcm16_formats()
+    unknown = [base for base, _, _ in formats if base not in writable]
+    if unknown:
+        raise ValueError(f"--formats: {', '.join(map(repr, unknown))} is not a format the corpus can be written in "
+                         f"(16-bit PCM through libsndfile); use one of {', '.join(writable)}")
     return [(base, name or None) for base, _, name in formats]
+
+
+def _pcm16_formats() -> list[str]:
+    """The file extensions (lower case) libsndfile writes 16-bit PCM to, as :func:`make_corpus` writes."""
+    import soundfile as sf
+
+    return sorted(f.lower() for f in sf.available_formats() if sf.check_format(f, "PCM_16"))
 
 
 def generated_corpora(formats: Sequence[tuple[str, str | None]], files: int, cache: Path
