@@ -29,12 +29,15 @@ and judged against it a trial would look better than it is. On each later interv
 - Producers waited for room more than ``idle`` of the interval each (the consumer is the
   bottleneck) and there are at least two: retire one.
 - Inline: try one producer (inline gives no sign of starving: the consumer never waits). One producer
-  alone only overlaps decoding with the consumer's own work; if it is not faster by ``gain`` but about
-  as fast as inline (within ``gain``) and the consumer waited for it (decoding is the bottleneck), the
-  trial goes on to two producers, judged against inline as well, since two may decode in parallel
-  where one cannot gain. One producer clearly slower than inline goes back at once: its hand-over
-  costs more than the overlap gives, which is what a decode holding the GIL does (tiny WAV files),
-  and a second thread holding the same GIL only adds to that cost.
+  alone only overlaps decoding with the consumer's own work; if it is not faster by ``gain`` but the
+  consumer waited for it (decoding is the bottleneck), the trial goes on to two producers, judged
+  against inline as well, since two may decode in parallel where one cannot gain. One producer far
+  slower than inline (under ``slower`` times its rate) goes back at once instead: its hand-over costs
+  more than any overlap gives, which is what a decode holding the GIL does (tiny WAV files: 0.6-0.7
+  times inline's rate), and a second thread holding the same GIL only adds to that cost. The bar is
+  low on purpose: a 20 ms interval of files of different lengths is a noisy rate (compressed audio,
+  where two producers pay off, has shown one producer at 0.87 times inline), and a wrong "back" costs
+  the whole back-off, a wrong "two" one interval.
 - The consumer waited for data more than ``starved`` of the interval (the producers are the
   bottleneck): try one producer more.
 - No producer is added (nor the trial of one taken on to two) while the process used more than
@@ -129,6 +132,8 @@ class ProducerTuner:
         starved: fraction of an interval the consumer may wait for data before a producer is added.
         idle: fraction of an interval each producer may wait for room before one is retired.
         gain: the least rate ratio that keeps a trial.
+        slower: from inline, one producer under this fraction of inline's rate goes back at once
+            (no trial of two producers).
         retry: seconds a failed trial caps the count (doubled after each failed trial) ...
         max_retry: ... up to this many.
         allow_inline: whether count 0 (decoding in the consumer's thread) may be used.
@@ -143,7 +148,7 @@ class ProducerTuner:
 
     def __init__(self, max_producers: int, *, start: int | None = None, interval: float = 0.02,
                  min_items: int = 32, starved: float = 0.1, idle: float = 0.5, gain: float = 1.1,
-                 retry: float = 0.5, max_retry: float = 60.0, allow_inline: bool = True,
+                 slower: float = 0.75, retry: float = 0.5, max_retry: float = 60.0, allow_inline: bool = True,
                  memory: TunerMemory | None = None, warmup: bool = True, cores: int | None = None,
                  saturated: float = 0.9, cpu_window: float = 0.2) -> None:
         self.max_producers = max(1, max_producers)
@@ -163,6 +168,7 @@ class ProducerTuner:
         self.starved = starved
         self.idle = idle
         self.gain = gain
+        self.slower = slower
         self.allow_inline = allow_inline
         #: The largest count allowed now (lowered by a failed trial until ``_cap_until``).
         self.cap = self.max_producers
@@ -261,7 +267,7 @@ class ProducerTuner:
             self._failed_at = None
             self.history.append((now, self.count, f"kept: {verdict}"))
             return True
-        if (before == 0 and self.count == 1 and rate * self.gain >= before_rate and consumer_wait > self.starved
+        if (before == 0 and self.count == 1 and rate >= before_rate * self.slower and consumer_wait > self.starved
                 and self.cap >= 2 and spare):
             # One producer decodes about as fast as the consumer alone and the consumer waits for it:
             # two may decode in parallel. Judged against inline too.
