@@ -124,6 +124,9 @@ def test_bench_corpus_and_approach_rules(capsys):
         bench_main(["--formats", "wav,none+mel"])
     err = capsys.readouterr().err
     assert "--formats: 'none' is not a format the corpus can be written in" in err and "flac" in err
+    with pytest.raises(SystemExit):
+        bench_main(["--formats", "raw,ogg"])  # headerless; Vorbis, not 16-bit PCM
+    assert "--formats: 'raw', 'ogg' are not formats the corpus can be written in" in capsys.readouterr().err
 
 
 def test_decode_bench_approaches_take_turns_within_each_round(monkeypatch, tmp_path):

@@ -310,16 +310,18 @@ def parse_formats(text: str) -> list[tuple[str, str | None]]:
     writable = _pcm16_formats()
     unknown = [base for base, _, _ in formats if base not in writable]
     if unknown:
-        raise ValueError(f"--formats: {', '.join(map(repr, unknown))} is not a format the corpus can be written in "
-                         f"(16-bit PCM through libsndfile); use one of {', '.join(writable)}")
+        verb = "is not a format" if len(unknown) == 1 else "are not formats"
+        raise ValueError(f"--formats: {', '.join(map(repr, unknown))} {verb} the corpus can be written in and read "
+                         f"back (16-bit PCM through libsndfile); use one of {', '.join(writable)}")
     return [(base, name or None) for base, _, name in formats]
 
 
 def _pcm16_formats() -> list[str]:
-    """The file extensions (lower case) libsndfile writes 16-bit PCM to, as :func:`make_corpus` writes."""
+    """The file extensions (lower case) libsndfile writes 16-bit PCM to, as :func:`make_corpus` writes, and
+    reads back from the file alone (not RAW: headerless, its rate and channels would have to be given)."""
     import soundfile as sf
 
-    return sorted(f.lower() for f in sf.available_formats() if sf.check_format(f, "PCM_16"))
+    return sorted(f.lower() for f in sf.available_formats() if f != "RAW" and sf.check_format(f, "PCM_16"))
 
 
 def generated_corpora(formats: Sequence[tuple[str, str | None]], files: int, cache: Path
