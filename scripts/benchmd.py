@@ -33,17 +33,20 @@ def machine() -> str:
     """One line about this machine and the versions that matter."""
     import numpy
     import soundfile
-    import torch
 
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:
         cores = os.cpu_count()
+    versions = (f"numpy {numpy.__version__}, soundfile {soundfile.__version__} "
+                f"(libsndfile {soundfile.__libsndfile_version__})")
+    try:
+        import torch
+    except ImportError:  # an interpreter without torch (bench_free_threaded.py runs the torch-free parts)
+        return f"{platform.machine()}, {cores} cores; Python {platform.python_version()}, no torch, {versions}"
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     return (f"{platform.machine()}, {cores} cores, {gpu}; Python {platform.python_version()}, "
-            f"torch {torch.__version__}, numpy {numpy.__version__}, soundfile {soundfile.__version__} "
-            f"(libsndfile {soundfile.__libsndfile_version__}); "
-            f"intra-op threads {torch.get_num_threads()}")
+            f"torch {torch.__version__}, {versions}; intra-op threads {torch.get_num_threads()}")
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

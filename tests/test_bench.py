@@ -544,3 +544,52 @@ def test_epochs_bench_runs_every_setting_for_every_epoch(tmp_path):
         assert [r[0] for r in rows[1:]] == ["`auto` (the default)", "1 producer", "2 producers"]
         for row in rows[1:]:
             assert float(row[1]) > 0 and float(row[2]) > 0 and float(row[3].rstrip("x")) > 0
+
+
+# -- scripts/bench_free_threaded.py ------------------------------------------------------------------
+
+@pytest.mark.skipif(bool(__import__("sysconfig").get_config_var("Py_GIL_DISABLED")),
+                    reason="this interpreter is a free-threaded build")
+def test_free_threaded_bench_refuses_an_interpreter_that_cannot_turn_the_gil_off():
+    result = run_script("bench_free_threaded.py", "--quick")
+    assert result.returncode == 2
+    assert "cannot turn the GIL off: run this script with a free-threaded build" in result.stderr
+
+
+@pytest.mark.parametrize("approach", ["soundfile-loop", "loop", "pool-1", "pool-2", "pool-auto"])
+def test_free_threaded_bench_child_decodes_every_file_once_without_torch(tmp_path, approach):
+    paths = make_corpus(tmp_path / "corpus", 40)
+    file_list = tmp_path / "files.txt"
+    file_list.write_text("\n".join(map(str, paths)), encoding="utf-8")
+    # The child as the script runs it, in a fresh process that must not import torch (a free-threaded
+    # interpreter has none): a finder that refuses it makes any import of torch fail the child.
+    guard = ("import sys, runpy\n"
+             "class NoTorch:\n"
+             "    def find_spec(self, name, path=None, target=None):\n"
+             "        if name == 'torch' or name.startswith('torch.'):\n"
+             "            raise ImportError('torch imported')\n"
+             "sys.meta_path.insert(0, NoTorch())\n"
+             f"sys.argv = ['bench_free_threaded.py', '--child', {approach!r}, '--file-list', {str(file_list)!r}]\n"
+             f"runpy.run_path({str(REPO / 'scripts' / 'bench_free_threaded.py')!r}, run_name='__main__')\n")
+    result = subprocess.run([sys.executable, "-c", guard], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["seconds"] > 0 and report["gil_enabled"] is True  # this interpreter has a GIL
+    assert report["producers"] == {"pool-1": 1, "pool-2": 2}.get(approach, report["producers"])
+
+
+def test_free_threaded_bench_tables(monkeypatch):
+    import importlib.util
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    spec = importlib.util.spec_from_file_location("bench_free_threaded", REPO / "scripts" / "bench_free_threaded.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = {f"{gil}/{approach}": {"seconds": seconds, "gil_enabled": [gil == "on"], "producers": [0]}
+            for gil, scale in (("on", 1.0), ("off", 0.5))
+            for approach, seconds in zip(module.APPROACHES, [scale * s for s in (0.4, 0.1, 0.3, 0.2, 0.1)])}
+    text = module.markdown({"FSDD, 3000 real recordings (WAV, 8 kHz)": rows}, runs=5)
+    assert "### FSDD, 3000 real recordings (WAV, 8 kHz)" in text
+    assert "GIL as reported: on [True], off [False]." in text
+    assert "| pool-2 | 0.200 | 2.00x | 0.100 | 2.00x | 2.00x |  |" in text
+    assert "| pool-auto | 0.100 | 4.00x | 0.050 | 4.00x | 2.00x | on [0], off [0] |" in text
