@@ -30,6 +30,8 @@ from audiobuffer import AudioDecoder, BufferedDataset, pad_collate  # noqa: E402
 from audiobuffer.tools.bench import make_corpus  # noqa: E402
 
 SETTINGS: list[Any] = ["auto", 1, 2]
+#: Loops in the training thread, timed in turn with the settings as references (no state across epochs).
+LOOPS = ["loop", "loop-libsndfile", "spdl-load_wav"]
 BATCH_SIZE = 16
 BUFFER_SIZE = 64
 
@@ -43,21 +45,58 @@ def epoch(ds: BufferedDataset, number: int) -> float:
     return time.perf_counter() - start
 
 
+def loop_epoch(name: str, paths: list[str]) -> float:
+    """Wall seconds of one epoch of the loop ``name`` (one of :data:`LOOPS`) in this thread: decode and
+    ``pad_collate`` batches of 16, as ``audiobuffer bench`` times it (``loop-libsndfile`` reads WAV through
+    libsndfile, not audiobuffer's own reader; ``spdl-load_wav`` decodes with SPDL's WAV parser)."""
+    from audiobuffer.decoders import audio as audio_module
+    from audiobuffer.tools._bench_approaches import _batches_of, _load_wav
+
+    decoder = AudioDecoder()
+    samples = ((_load_wav(p, i) for i, p in enumerate(paths)) if name == "spdl-load_wav"
+               else (decoder(p) for p in paths))
+    audio_module._NATIVE_WAV = name != "loop-libsndfile"  # no pool runs between two epochs: nothing else reads it
+    try:
+        start = time.perf_counter()
+        for _ in _batches_of(samples):
+            pass
+        return time.perf_counter() - start
+    finally:
+        audio_module._NATIVE_WAV = True
+
+
+def loops_for(paths: list[str]) -> list[str]:
+    """The reference loops that apply to ``paths``: SPDL's ``load_wav`` only for WAV files, when installed."""
+    from audiobuffer.tools._bench_approaches import applies, available
+
+    return [name for name in LOOPS if available(name) and applies(name, paths, None)]
+
+
 def run_corpus(paths: list[str], epochs: int, rounds: int) -> dict[Any, list[list[float]]]:
-    """``times[setting][epoch]``: that epoch's wall time in each round."""
-    times: dict[Any, list[list[float]]] = {s: [[] for _ in range(epochs)] for s in SETTINGS}
+    """``times[setting or loop][epoch]``: that epoch's wall time in each round."""
+    loops = loops_for(paths)
+    times: dict[Any, list[list[float]]] = {s: [[] for _ in range(epochs)] for s in SETTINGS + loops}
     decoder = AudioDecoder()
     for _ in range(rounds):
         datasets = {s: BufferedDataset(paths, decoder, num_producers=s, buffer_size=BUFFER_SIZE) for s in SETTINGS}
         for number in range(epochs):
             for setting, ds in datasets.items():
                 times[setting][number].append(epoch(ds, number))
+            for name in loops:
+                times[name][number].append(loop_epoch(name, paths))
         for ds in datasets.values():
             ds.close()
     return times
 
 
+LOOP_NAMES = {"loop": "plain loop (same decoder, one thread)",
+              "loop-libsndfile": "soundfile loop (WAV through libsndfile too)",
+              "spdl-load_wav": "`spdl.io.load_wav` loop"}
+
+
 def name_of(setting: Any) -> str:
+    if setting in LOOP_NAMES:
+        return str(LOOP_NAMES[setting])
     return "`auto` (the default)" if setting == "auto" else f"{setting} producer{'s' * (setting != 1)}"
 
 
@@ -66,15 +105,19 @@ def report(results: dict[str, dict[Any, list[list[float]]]], epochs: int, rounds
              f"Machine: {machine()}. One `BufferedDataset` per setting runs {epochs} epochs into "
              f"`DataLoader(num_workers=0, collate_fn=pad_collate)` (batches of {BATCH_SIZE}); the settings take "
              f"turns epoch by epoch; medians of {rounds} rounds, each with fresh datasets. From the second epoch "
-             "on, `auto` starts where the last epoch settled (and keeps a failed trial's back-off)."]
+             "on, `auto` starts where the last epoch settled (and keeps a failed trial's back-off). The loops below "
+             "the settings decode and collate in the training thread, timed in turn with them as references; the "
+             "last column is the soundfile loop's epoch over each row's (higher is faster)."]
     for corpus, times in results.items():
         med = {s: [statistics.median(t) for t in per_epoch] for s, per_epoch in times.items()}
         best = [min(med[s][e] for s in SETTINGS if s != "auto") for e in range(epochs)]
+        reference = med.get("loop-libsndfile")
         rows = [[name_of(s)] + [f"{med[s][e]:.3f}" for e in range(epochs)]
-                + [f"{med[s][-1] / best[-1]:.2f}x"] for s in SETTINGS]
+                + [f"{med[s][-1] / best[-1]:.2f}x" if s in SETTINGS else "-"]
+                + [f"{reference[-1] / med[s][-1]:.2f}x" if reference else "-"] for s in med]
         lines += ["", f"### {corpus}", "",
                   table(["setting"] + [f"epoch {e + 1} s" for e in range(epochs)]
-                        + [f"epoch {epochs} vs best fixed"], rows)]
+                        + [f"epoch {epochs} vs best fixed", f"epoch {epochs}: soundfile loop / this"], rows)]
     return "\n".join(lines)
 
 

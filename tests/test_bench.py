@@ -1,5 +1,6 @@
 """The benchmarks run (smoke only: speed is measured by the scripts, never asserted here)."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -539,11 +540,17 @@ def test_epochs_bench_runs_every_setting_for_every_epoch(tmp_path):
     assert "FSDD not found" in result.stderr
     tables = markdown_tables(result.stdout)
     assert len(tables) == 2  # FLAC and WAV
-    for rows in tables:
-        assert rows[0] == ["setting", "epoch 1 s", "epoch 2 s", "epoch 2 vs best fixed"]
-        assert [r[0] for r in rows[1:]] == ["`auto` (the default)", "1 producer", "2 producers"]
+    loops = ["plain loop (same decoder, one thread)", "soundfile loop (WAV through libsndfile too)"]
+    spdl = ["`spdl.io.load_wav` loop"] if importlib.util.find_spec("spdl") is not None else []
+    for rows, wav in zip(tables, (False, True)):  # FLAC, then WAV (SPDL's loop reads WAV only)
+        assert rows[0] == ["setting", "epoch 1 s", "epoch 2 s", "epoch 2 vs best fixed",
+                           "epoch 2: soundfile loop / this"]
+        assert [r[0] for r in rows[1:]] == ["`auto` (the default)", "1 producer", "2 producers"] + loops + (
+            spdl if wav else [])
         for row in rows[1:]:
-            assert float(row[1]) > 0 and float(row[2]) > 0 and float(row[3].rstrip("x")) > 0
+            assert float(row[1]) > 0 and float(row[2]) > 0 and float(row[4].rstrip("x")) > 0
+            assert row[3] == "-" if "loop" in row[0] else float(row[3].rstrip("x")) > 0
+        assert rows[5][4] == "1.00x"  # the soundfile loop against itself
 
 
 # -- scripts/bench_free_threaded.py ------------------------------------------------------------------
