@@ -116,13 +116,14 @@ def measure(approach: str, gil: bool, file_list: Path) -> dict[str, Any]:
 
 
 def corpora(files: int, cache: Path, fsdd: Path | None) -> dict[str, list[str]]:
-    """The corpora by name: generated WAV and FLAC (as ``audiobuffer bench`` makes them) and FSDD."""
+    """The corpora by name: FSDD (its first ``files`` recordings) when ``fsdd`` is given, and generated
+    WAV and FLAC (as ``audiobuffer bench`` makes them, at most 1000 files each)."""
     from audiobuffer.tools._bench_approaches import make_corpus
 
     found: dict[str, list[str]] = {}
-    if fsdd is not None and fsdd.is_dir():
-        found["FSDD, 3000 real recordings (WAV, 8 kHz)" if files >= 3000 else f"FSDD, {files} recordings"] = \
-            sorted(str(p) for p in fsdd.glob("*.wav"))[:files]
+    if fsdd is not None:
+        paths = sorted(str(p) for p in fsdd.glob("*.wav"))[:files]
+        found[f"FSDD, {len(paths)} real recordings (WAV, 8 kHz)"] = paths
     for fmt in ("wav", "flac"):
         found[f"{fmt.upper()}, {min(files, 1000)} generated files of 1-4 s at 16 kHz"] = \
             make_corpus(cache / f"{fmt}-{min(files, 1000)}", min(files, 1000), fmt)
@@ -166,7 +167,7 @@ def markdown(results: dict[str, dict[str, dict[str, Any]]], runs: int) -> str:
         "yielded each item once (checked in each child).",
     ]
     header = ["approach", "GIL on: epoch s", "vs soundfile loop", "GIL off: epoch s", "vs soundfile loop",
-              "off vs on", "producers (auto settled)"]
+              "off vs on", "producers at the epoch's end (auto)"]
     for name, rows in results.items():
         base_on, base_off = rows["on/soundfile-loop"]["seconds"], rows["off/soundfile-loop"]["seconds"]
         lines = []
@@ -175,8 +176,10 @@ def markdown(results: dict[str, dict[str, dict[str, Any]]], runs: int) -> str:
             lines.append([approach, f"{on['seconds']:.3f}", f"{base_on / on['seconds']:.2f}x", f"{off['seconds']:.3f}",
                           f"{base_off / off['seconds']:.2f}x", f"{on['seconds'] / off['seconds']:.2f}x",
                           f"on {on['producers']}, off {off['producers']}" if approach == "pool-auto" else ""])
-        gil = {key.split("/")[0]: value["gil_enabled"] for key, value in rows.items()}
-        parts += ["", f"### {name}", "", f"GIL as reported: on {gil['on']}, off {gil['off']}.", "",
+        gil: dict[str, set[bool]] = {"on": set(), "off": set()}
+        for key, value in rows.items():  # every approach's children, merged
+            gil[key.split("/")[0]].update(value["gil_enabled"])
+        parts += ["", f"### {name}", "", f"GIL as reported: on {sorted(gil['on'])}, off {sorted(gil['off'])}.", "",
                   table(header, lines)]
     return "\n".join(parts) + "\n"
 
@@ -200,9 +203,17 @@ def main(argv: list[str] | None = None) -> int:
     if not free_threaded():
         parser.error(f"{sys.executable} is Python {sys.version.split()[0]}, which cannot turn the GIL off: run "
                      "this script with a free-threaded build (python3.13t, python3.14t)")
+    if args.runs < 1 or args.files < 1:
+        parser.error(f"--runs and --files must be >= 1, got {args.runs} and {args.files}")
+    fsdd: Path | None = args.fsdd
+    if fsdd is not None and not any(fsdd.glob("*.wav")):
+        if args.fsdd != FSDD:  # given: a typo, not a choice
+            parser.error(f"--fsdd {str(fsdd)!r} holds no .wav files (the FSDD recordings folder)")
+        print(f"FSDD not found at {fsdd}: that corpus is left out", file=sys.stderr)
+        fsdd = None
     files, runs = (64, 1) if args.quick else (args.files, args.runs)
     with tempfile.TemporaryDirectory(prefix="audiobuffer-ft-corpora-") as tmp:
-        results = run(files, runs, args.cache_dir or Path(tmp), args.fsdd)
+        results = run(files, runs, args.cache_dir or Path(tmp), fsdd)
     text = markdown(results, runs)
     print(text)
     if args.write:

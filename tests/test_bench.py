@@ -577,7 +577,11 @@ def test_free_threaded_bench_child_decodes_every_file_once_without_torch(tmp_pat
              "            raise ImportError('torch imported')\n"
              "sys.meta_path.insert(0, NoTorch())\n"
              f"sys.argv = ['bench_free_threaded.py', '--child', {approach!r}, '--file-list', {str(file_list)!r}]\n"
-             f"runpy.run_path({str(REPO / 'scripts' / 'bench_free_threaded.py')!r}, run_name='__main__')\n")
+             "try:\n"
+             f"    runpy.run_path({str(REPO / 'scripts' / 'bench_free_threaded.py')!r}, run_name='__main__')\n"
+             "except SystemExit as exit:\n"
+             "    assert not exit.code, exit.code\n"
+             "assert not any(m == 'torch' or m.startswith('torch.') for m in sys.modules), 'torch was imported'\n")
     result = subprocess.run([sys.executable, "-c", guard], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])

@@ -88,6 +88,13 @@ def test_from_inline_one_producer_under_the_slower_bar_goes_back_without_trying_
                                                                          "back"]
 
 
+def test_from_inline_one_producer_just_over_the_slower_bar_still_tries_two():
+    # 760 >= 0.75 * 1000 (740 above goes back): a noisy interval must not cost the whole back-off.
+    tuner = ProducerTuner(4, retry=60.0, warmup=False)
+    counts = drive(tuner, lambda c: {0: 1000, 1: 760}.get(c, 1000), consumer_wait=lambda c: 0.0 if c == 0 else 0.5)
+    assert counts[:2] == [1, 2]
+
+
 def test_without_inline_it_starts_with_one_producer_and_never_goes_to_zero():
     tuner = ProducerTuner(4, allow_inline=False, warmup=False)
     counts = drive(tuner, lambda c: 5000 if c == 0 else 1000, consumer_wait=lambda c: 0.0)

@@ -302,13 +302,13 @@ def parse_formats(text: str) -> list[tuple[str, str | None]]:
         ValueError: an empty format, a format libsndfile cannot write as 16-bit PCM (the corpus could not
             be made), or a transform that is not one of :data:`TRANSFORMS`.
     """
-    formats = [f.strip().lower().partition("+") for f in text.split(",") if f.strip()]
+    formats = list(dict.fromkeys(f.strip().lower().partition("+") for f in text.split(",") if f.strip()))
     bad = [base + plus + name for base, plus, name in formats if not base or (plus and name not in TRANSFORMS)]
     if bad:
         raise ValueError(f"--formats takes FORMAT or FORMAT+TRANSFORM (transforms: {', '.join(TRANSFORMS)}), "
                          f"got {bad}")
     writable = _pcm16_formats()
-    unknown = [base for base, _, _ in formats if base not in writable]
+    unknown = list(dict.fromkeys(base for base, _, _ in formats if base not in writable))
     if unknown:
         verb = "is not a format" if len(unknown) == 1 else "are not formats"
         raise ValueError(f"--formats: {', '.join(map(repr, unknown))} {verb} the corpus can be written in and read "
@@ -317,8 +317,12 @@ def parse_formats(text: str) -> list[tuple[str, str | None]]:
 
 
 def _pcm16_formats() -> list[str]:
-    """The file extensions (lower case) libsndfile writes 16-bit PCM to, as :func:`make_corpus` writes, and
-    reads back from the file alone (not RAW: headerless, its rate and channels would have to be given)."""
+    """The formats a generated corpus can be made in.
+
+    Returns:
+        The file extensions (lower case) libsndfile writes 16-bit PCM to, as :func:`make_corpus` writes,
+        and reads back from the file alone (not RAW: headerless, its rate and channels would be needed).
+    """
     import soundfile as sf
 
     return sorted(f.lower() for f in sf.available_formats() if f != "RAW" and sf.check_format(f, "PCM_16"))
