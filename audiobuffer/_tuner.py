@@ -56,7 +56,11 @@ Since trials only add producers, a count carried over is checked downwards once:
 judged interval the tuner tries one fewer (inline after one), keeps it if its rate is within
 ``gain`` of the rate before, and then tries one fewer again; else it goes back (capped only by an
 earlier kept step of the same walk). So a
-workload that got cheaper (a warm page cache) is not held at the first epoch's count. Keeping one
+workload that got cheaper (a warm page cache) is not held at the first epoch's count. A check that
+goes back up cost an interval at the lower rate and found nothing, so the next epochs that start at
+the same count skip it: one epoch after the first such check, then two, four, up to
+``MAX_CHECK_SKIP`` (a kept check, or a start at another count, begins the count again). A training
+run at a steady count then pays the check in a few epochs, not in every one. Keeping one
 fewer says what a failed trial of the count above would say (it was not ``gain`` times faster), so
 it caps the count for the back-off just as that failed trial would (without doubling it: one walk
 down is one finding): the count just left is not tried again at once.
@@ -71,7 +75,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, cast
 
-__all__ = ["ProducerTuner", "TunerMemory", "TunerSample"]
+__all__ = ["MAX_CHECK_SKIP", "ProducerTuner", "TunerMemory", "TunerSample"]
+
+#: The most epochs in a row that skip the downward check of a count after it went back up.
+MAX_CHECK_SKIP = 8
 
 
 @dataclass(frozen=True)
@@ -88,16 +95,16 @@ class TunerSample:
 class TunerMemory:
     """What one pool's tuner settled on, for the next pool of the same dataset (its next epoch).
 
-    Thread safety: the pair is one attribute, replaced whole, so a reader never sees half of two
+    Thread safety: what it keeps is one attribute, replaced whole, so a reader never sees half of two
     writes; where epochs of a dataset overlap (or a pool is closed from another thread), the last
     pool to close wins.
     """
 
     def __init__(self) -> None:
-        self._settled: tuple[int | None, float | None] = (None, None)
+        self._settled: tuple[int | None, float | None, tuple[int | None, int, int]] = (None, None, (None, 0, 1))
 
     def __repr__(self) -> str:
-        return f"TunerMemory(count={self.count}, retry={self.retry})"
+        return f"TunerMemory(count={self.count}, retry={self.retry}, checks={self.checks})"
 
     @property
     def count(self) -> int | None:
@@ -110,13 +117,20 @@ class TunerMemory:
         after a failed trial and stayed there; else ``None``."""
         return self._settled[1]
 
+    @property
+    def checks(self) -> tuple[int | None, int, int]:
+        """The downward checks (NOTE [ Producer tuning ], across epochs): ``(count, skip, wait)``, the
+        count a check that went back up started from (``None``: none), how many epochs starting there
+        skip the check from now on, and how many the next check that goes back up makes skip."""
+        return self._settled[2]
+
     def remember(self, tuner: Any) -> None:
         """Keep what ``tuner`` settled on; a tuner that judged no interval (an epoch too short), or an
         object without :meth:`ProducerTuner.settled` (a scripted tuner), leaves the memory as it is."""
         settled = getattr(tuner, "settled", None)
         found = settled() if settled is not None else None
         if found is not None:
-            self._settled = found
+            self._settled = (found[0], found[1], getattr(tuner, "checks", (None, 0, 1)))
 
 
 class ProducerTuner:
@@ -179,6 +193,16 @@ class ProducerTuner:
         self._judged = False  # an interval past the warm-up closed
         self._low = low
         self._down = memory is not None and self.count > low  # check one fewer (a count carried over)
+        #: What :class:`TunerMemory` keeps of the downward checks (see its ``checks``).
+        self.checks: tuple[int | None, int, int] = (None, 0, 1)
+        self._check_wait = 1  # epochs the next check that goes back up makes skip
+        self._check_skipped = False
+        if memory is not None and memory.checks[0] == self.count:  # a check from this count went back up
+            _, skip, self._check_wait = memory.checks
+            self.checks = memory.checks
+            if self._down and skip > 0:
+                self._down, self._check_skipped = False, True
+                self.checks = (self.count, skip - 1, self._check_wait)
         self._warming = warmup  # the first interval decides nothing
         if memory is not None and memory.retry is not None:
             self._retry, self._failed_at = memory.retry, self.count  # capped from the first observation
@@ -202,6 +226,8 @@ class ProducerTuner:
                 if self._failed_at is not None:  # as if its failed trial had just happened
                     self.cap, self._cap_until = self.count, sample.time + self._retry
                     reason += f", no trial for {self._retry:g} s"
+                if self._check_skipped:
+                    reason += ", one fewer not checked (it did not pay from here last time)"
             self.history.append((sample.time, self.count, reason))
             return self.count
         span = sample.time - last.time
@@ -255,10 +281,12 @@ class ProducerTuner:
         if before > self.count:  # a check of one fewer: kept unless clearly slower, then one fewer again
             if rate * self.gain >= before_rate:
                 self._down = self.count > self._low  # done at the lowest count: trials may only climb again
+                self.checks = (None, 0, 1)  # it paid: the next epochs check again
                 self.history.append((now, self.count, f"kept one fewer: {verdict}"))
                 self._back_off(now, self.count, double=False)  # the count above did not pay (one walk: no doubling)
                 return True
             self._down = False
+            self.checks = (before, self._check_wait, min(2 * self._check_wait, MAX_CHECK_SKIP))
             self._change(now, before, f"back up: {verdict}")
             if self.cap == before < self.max_producers:  # an earlier kept step's cap: its back-off goes on
                 self._failed_at = before

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from audiobuffer._tuner import ProducerTuner, TunerMemory, TunerSample
+from audiobuffer._tuner import MAX_CHECK_SKIP, ProducerTuner, TunerMemory, TunerSample
 from audiobuffer._tuning import PoolTuning
 
 STEP = 0.05  # seconds per simulated step: 1000 items/s make 50 items, above min_items
@@ -237,7 +237,7 @@ def test_the_first_interval_only_warms_up():
 
 def _memory(count, retry=None):
     memory = TunerMemory()
-    memory._settled = (count, retry)
+    memory._settled = (count, retry, (None, 0, 1))
     return memory
 
 
@@ -363,3 +363,44 @@ def test_pool_tuning_hands_the_tuner_the_process_cpu_time():
     tuning.begin()
     tuning.check()
     assert seen == [5.0, 6.5]
+
+
+def test_a_check_of_one_fewer_that_went_back_up_is_skipped_for_doubling_runs_of_epochs():
+    # Two cores, compressed audio: two producers decode twice as fast as one, epoch after epoch. Each
+    # check of one fewer costs an interval at half the rate, so after one goes back up the next epochs
+    # starting at two skip it: 1, then 2, 4, and at most MAX_CHECK_SKIP epochs in a row.
+    memory = _memory(2)
+    checked = []
+    for _ in range(22):
+        tuner = ProducerTuner(2, memory=memory, warmup=False, retry=60.0)
+        counts = drive(tuner, lambda c: 1000 * c, consumer_wait=lambda c: 0.5 if c < 2 else 0.0, steps=4)
+        reasons = [reason for _, _, reason in tuner.history]
+        checked.append(any(r.startswith("checking one fewer") for r in reasons))
+        assert counts[-1] == 2 and (checked[-1] or "one fewer not checked" in reasons[0])
+        memory.remember(tuner)
+    assert MAX_CHECK_SKIP == 8
+    runs = "".join("c" if c else "." for c in checked)
+    assert runs == "c.c..c....c........c.."  # skips of 1, 2, 4, then 8 (the most)
+    assert memory.checks == (2, 6, 8)  # two of the eight skipped since the last check
+
+
+def test_a_kept_check_or_another_count_checks_again():
+    memory = _memory(2)
+    memory._settled = (2, None, (2, 3, 8))  # a check from two went back up: three epochs skip it
+    cheaper = ProducerTuner(2, memory=memory, warmup=False, retry=60.0)
+    drive(cheaper, lambda c: 1000 * c, consumer_wait=lambda c: 0.0, steps=1)
+    assert "one fewer not checked" in cheaper.history[0][2] and cheaper.checks == (2, 2, 8)
+    # The work got cheaper: the checks are where a changed workload shows, so a kept one starts over.
+    memory._settled = (2, None, (2, 0, 8))
+    tuner = ProducerTuner(2, memory=memory, warmup=False, retry=60.0)
+    drive(tuner, lambda c: 1000, consumer_wait=lambda c: 0.0, steps=3)
+    assert [r.split(":")[0] for _, _, r in tuner.history][:3] == ["start where the last epoch settled",
+                                                                  "checking one fewer than the count carried over",
+                                                                  "kept one fewer"]
+    assert tuner.checks == (None, 0, 1)
+    # A start at another count than the failed check's is checked, its wait starting over.
+    memory._settled = (3, None, (2, 3, 8))
+    other = ProducerTuner(4, memory=memory, warmup=False, retry=60.0)
+    drive(other, lambda c: 1000 * c, consumer_wait=lambda c: 0.5, steps=3)
+    assert [r for _, _, r in other.history][1].startswith("checking one fewer")
+    assert other.checks == (3, 1, 2)
