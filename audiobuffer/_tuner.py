@@ -50,20 +50,20 @@ and judged against it a trial would look better than it is. On each later interv
 
 Across epochs. A dataset hands each epoch's pool the :class:`TunerMemory` the previous epoch's pool
 left: the new tuner starts at the count the last one settled on, and if a trial had failed there, it
-stays capped at that count for the current back-off before trying again (the back-off keeps
-doubling across epochs). So a training run pays the trials of its first epoch, not of every epoch.
-Since trials only add producers, a count carried over is checked downwards once: on its first
-judged interval the tuner tries one fewer (inline after one), keeps it if its rate is within
-``gain`` of the rate before, and then tries one fewer again; else it goes back (capped only by an
-earlier kept step of the same walk). So a
-workload that got cheaper (a warm page cache) is not held at the first epoch's count. A check that
-goes back up cost an interval at the lower rate and found nothing, so the next epochs that start at
-the same count skip it: one epoch after the first such check, then two, four, up to
-``MAX_CHECK_SKIP`` (a kept check, or a start at another count, begins the count again). A training
-run at a steady count then pays the check in a few epochs, not in every one. Keeping one
-fewer says what a failed trial of the count above would say (it was not ``gain`` times faster), so
-it caps the count for the back-off just as that failed trial would (without doubling it: one walk
-down is one finding): the count just left is not tried again at once.
+stays capped at that count for the current back-off before trying again (the back-off keeps doubling
+across epochs). So a training run pays the trials of its first epoch, not of every epoch. Since
+trials only add producers, a count carried over is checked downwards (once, unless skipped as
+below): on its first judged interval the tuner tries one fewer (inline after one), keeps it if its
+rate is within ``gain`` of the rate before, and then tries one fewer again; else it goes back
+(capped only by an earlier kept step of the same walk). So a workload that got cheaper (a warm page
+cache) is not held at the first epoch's count. A check that goes back up cost an interval at the
+lower rate and found nothing, so the next epochs that start at the same count skip it: one epoch
+after the first such check, then two, four, up to ``MAX_CHECK_SKIP`` (a kept check, or a start at
+another count, begins the count again; an epoch too short to judge an interval leaves it as it is,
+as it leaves the memory). A training run at a steady count then pays the check in a few epochs, not
+in every one. Keeping one fewer says what a failed trial of the count above would say (it was not
+``gain`` times faster), so it caps the count for the back-off just as that failed trial would
+(without doubling it: one walk down is one finding): the count just left is not tried again at once.
 
 A trial is judged on the very next interval: a new thread starts in well under a millisecond, and
 the buffer is near empty when the consumer starves, so there is nothing to let settle. Every change is
@@ -281,7 +281,7 @@ class ProducerTuner:
         if before > self.count:  # a check of one fewer: kept unless clearly slower, then one fewer again
             if rate * self.gain >= before_rate:
                 self._down = self.count > self._low  # done at the lowest count: trials may only climb again
-                self.checks = (None, 0, 1)  # it paid: the next epochs check again
+                self.checks, self._check_wait = (None, 0, 1), 1  # it paid: the next epochs check again, afresh
                 self.history.append((now, self.count, f"kept one fewer: {verdict}"))
                 self._back_off(now, self.count, double=False)  # the count above did not pay (one walk: no doubling)
                 return True

@@ -404,3 +404,16 @@ def test_a_kept_check_or_another_count_checks_again():
     drive(other, lambda c: 1000 * c, consumer_wait=lambda c: 0.5, steps=3)
     assert [r for _, _, r in other.history][1].startswith("checking one fewer")
     assert other.checks == (3, 1, 2)
+
+
+def test_a_kept_check_starts_the_skips_over_for_a_later_check_of_the_same_walk():
+    # Three producers carried over, with a long wait from earlier failed checks; two do as well as three
+    # (kept), one does not (back up to two): that failure is the first of its walk, so it skips one epoch.
+    memory = TunerMemory()
+    memory._settled = (3, None, (3, 0, 8))
+    tuner = ProducerTuner(3, memory=memory, warmup=False, retry=60.0, allow_inline=False)
+    drive(tuner, lambda c: {3: 1000, 2: 1000, 1: 500}[c], consumer_wait=lambda c: 0.0, steps=4)
+    assert [r.split(":")[0] for _, _, r in tuner.history][1:5] == [
+        "checking one fewer than the count carried over", "kept one fewer",
+        "checking one fewer than the count carried over", "back up"]
+    assert tuner.checks == (2, 1, 2)
