@@ -52,6 +52,21 @@ def wait_until_blocked(cond: threading.Condition, n: int = 1, timeout: float = J
     return True
 
 
+def open_descriptors(under: Path) -> int:
+    """How many of this process's descriptors are open on files under ``under`` (Linux: /proc/self/fd).
+
+    Counting every descriptor of the process would be flaky: another test's may close at any time,
+    when the garbage collector gets to it.
+    """
+    found, root = 0, os.path.realpath(under)
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            found += os.readlink(f"/proc/self/fd/{fd}").startswith(root)
+        except OSError:  # closed meanwhile (the one listdir itself used, for one)
+            pass
+    return found
+
+
 def write_tone(path: Path, *, seconds: float = 0.5, sample_rate: int = 16000, channels: int = 1,
                freq: float = 440.0, subtype: str | None = None) -> Path:
     """Write a sine tone (channel c at freq * (c + 1)) and return its path."""

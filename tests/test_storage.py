@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from helpers import REPO, make_corpus
+from helpers import REPO, make_corpus, open_descriptors
 
 from audiobuffer.errors import AudioBufferError, DecodeError, SourceError, StorageError
 from audiobuffer.shards import iter_shard, pack, read_index, stream_shards
@@ -417,25 +417,13 @@ def test_local_ranged_reads_keep_files_open_per_thread_and_close_them_with_it(tm
     for i in range(storage.OPEN_PER_THREAD + 5):
         paths.append(tmp_path / f"{i}.bin")
         paths[-1].write_bytes(bytes([i]) * 10)
-
-    def open_here():
-        """Descriptors of this process open on the test's files (other tests' descriptors may close at any
-        time, when the garbage collector gets to them: counting every descriptor would be flaky)."""
-        found, root = 0, os.path.realpath(tmp_path)
-        for fd in os.listdir("/proc/self/fd"):
-            try:
-                found += os.readlink(f"/proc/self/fd/{fd}").startswith(root)
-            except OSError:  # closed meanwhile (the descriptor listdir itself used, for one)
-                pass
-        return found
-
-    assert open_here() == 0
+    assert open_descriptors(tmp_path) == 0
     seen = {}
 
     def work():
         for path in paths:
             assert read_range(path, 2, 3) == bytes([int(path.stem)]) * 3
-        seen["open"] = open_here()
+        seen["open"] = open_descriptors(tmp_path)
         paths[-1].write_bytes(b"\x07" * 4)  # truncated in place: the descriptor kept open sees it
         try:
             read_range(paths[-1], 2, 3)
@@ -447,7 +435,7 @@ def test_local_ranged_reads_keep_files_open_per_thread_and_close_them_with_it(tm
     thread.join(10)
     assert seen["open"] == storage.OPEN_PER_THREAD  # the least recently used were closed
     assert "ends early" in seen["error"]
-    assert open_here() == 0  # and the rest with the thread
+    assert open_descriptors(tmp_path) == 0  # and the rest with the thread
 
 
 @pytest.mark.skipif(not hasattr(os, "pread"), reason="POSIX pread: files are kept open only there")
@@ -462,10 +450,10 @@ def test_a_file_replaced_between_epochs_is_read_anew_by_a_thread_that_lives_on(t
     replacement.write_bytes(b"new-bytes")
     os.replace(replacement, path)
     assert read_range(path, 0, 3) == b"old"  # the kept descriptor still reads the replaced file
-    before = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
+    linux = os.path.isdir("/proc/self/fd")
+    assert not linux or open_descriptors(tmp_path) == 1  # the replaced file, kept open
     storage.close_kept_files()  # what each epoch's pool does in the consuming thread as it is made
-    if before is not None:
-        assert len(os.listdir("/proc/self/fd")) == before - 1  # closed at once
+    assert not linux or open_descriptors(tmp_path) == 0  # closed at once
     assert read_range(path, 0, 3) == b"new"
 
 
