@@ -193,16 +193,14 @@ class ProducerTuner:
         self._judged = False  # an interval past the warm-up closed
         self._low = low
         self._down = memory is not None and self.count > low  # check one fewer (a count carried over)
-        #: What :class:`TunerMemory` keeps of the downward checks (see its ``checks``).
-        self.checks: tuple[int | None, int, int] = (None, 0, 1)
-        self._check_wait = 1  # epochs the next check that goes back up makes skip
-        self._check_skipped = False
-        if memory is not None and memory.checks[0] == self.count:  # a check from this count went back up
-            _, skip, self._check_wait = memory.checks
-            self.checks = memory.checks
-            if self._down and skip > 0:
-                self._down, self._check_skipped = False, True
-                self.checks = (self.count, skip - 1, self._check_wait)
+        #: What :class:`TunerMemory` keeps of the downward checks (see its ``checks``): carried over only
+        #: from a check of this very count that went back up.
+        self.checks: tuple[int | None, int, int] = (
+            memory.checks if memory is not None and memory.checks[0] == self.count else (None, 0, 1))
+        self._check_skipped = self._down and self.checks[1] > 0
+        if self._check_skipped:
+            self._down = False
+            self.checks = (self.count, self.checks[1] - 1, self.checks[2])
         self._warming = warmup  # the first interval decides nothing
         if memory is not None and memory.retry is not None:
             self._retry, self._failed_at = memory.retry, self.count  # capped from the first observation
@@ -281,12 +279,13 @@ class ProducerTuner:
         if before > self.count:  # a check of one fewer: kept unless clearly slower, then one fewer again
             if rate * self.gain >= before_rate:
                 self._down = self.count > self._low  # done at the lowest count: trials may only climb again
-                self.checks, self._check_wait = (None, 0, 1), 1  # it paid: the next epochs check again, afresh
+                self.checks = (None, 0, 1)  # it paid: the next epochs check again, afresh
                 self.history.append((now, self.count, f"kept one fewer: {verdict}"))
                 self._back_off(now, self.count, double=False)  # the count above did not pay (one walk: no doubling)
                 return True
             self._down = False
-            self.checks = (before, self._check_wait, min(2 * self._check_wait, MAX_CHECK_SKIP))
+            wait = self.checks[2]  # the skips this failure earns; the next one earns twice as many
+            self.checks = (before, wait, min(2 * wait, MAX_CHECK_SKIP))
             self._change(now, before, f"back up: {verdict}")
             if self.cap == before < self.max_producers:  # an earlier kept step's cap: its back-off goes on
                 self._failed_at = before

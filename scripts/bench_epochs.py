@@ -50,15 +50,12 @@ def loop_epoch(name: str, paths: list[str]) -> float:
     ``pad_collate`` batches of 16, as ``audiobuffer bench`` times it (``loop-libsndfile`` reads WAV through
     libsndfile, not audiobuffer's own reader; ``spdl-load_wav`` decodes with SPDL's WAV parser)."""
     from audiobuffer.decoders import audio as audio_module
-    from audiobuffer.tools._bench_approaches import _batches_of, _load_wav
+    from audiobuffer.tools._bench_approaches import loader
 
-    decoder = AudioDecoder()
-    samples = ((_load_wav(p, i) for i, p in enumerate(paths)) if name == "spdl-load_wav"
-               else (decoder(p) for p in paths))
-    audio_module._NATIVE_WAV = name != "loop-libsndfile"  # no pool runs between two epochs: nothing else reads it
     try:
+        batches = loader(name, paths)  # loop-libsndfile turns the own WAV reader off: no pool runs meanwhile
         start = time.perf_counter()
-        for _ in _batches_of(samples):
+        for _ in batches:
             pass
         return time.perf_counter() - start
     finally:

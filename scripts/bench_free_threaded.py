@@ -64,31 +64,26 @@ def epoch(approach: str, paths: list[str]) -> dict[str, Any]:
     decoder = audio.AudioDecoder()
     source = Source(paths)
     seen: list[int] = []
-    start = time.perf_counter()
     batch: list[dict[str, Any]] = []
+    pool = None
+    start = time.perf_counter()
     if approach.startswith("pool-"):
         count = approach.split("-")[1]
         pool = ProducerPool(lambda seq: source.item(seq, seq=seq), len(paths), decoder, Buffer(BUFFER_SIZE),
                             num_producers="auto" if count == "auto" else int(count))
         pool.start()
-        try:
-            for seq, sample in pool:
-                seen.append(seq)
-                batch.append(sample)
-                if len(batch) == BATCH_SIZE:
-                    collate_numpy(batch)
-                    batch = []
-            settled = pool.num_producers
-        finally:
-            pool.close()
-    else:
-        for seq in range(len(paths)):
-            batch.append(decoder(source.item(seq, seq=seq)))
+    pairs = pool if pool is not None else ((seq, decoder(source.item(seq, seq=seq))) for seq in range(len(paths)))
+    try:
+        for seq, sample in pairs:
             seen.append(seq)
+            batch.append(sample)
             if len(batch) == BATCH_SIZE:
                 collate_numpy(batch)
                 batch = []
-        settled = 0
+        settled = pool.num_producers if pool is not None else 0
+    finally:
+        if pool is not None:
+            pool.close()
     if batch:
         collate_numpy(batch)
     seconds = time.perf_counter() - start
