@@ -3,7 +3,8 @@
 The design follows CPython's ``Lib/queue.py``: one lock shared by two conditions, ``has_data`` (a
 consumer may proceed) and ``has_pos`` (a producer may proceed); every wait is a
 ``while not predicate: cond.wait(remaining)`` loop with a deadline from ``time.monotonic()``; every
-change of state notifies. Nothing polls and nothing sleeps.
+change of state notifies. Nothing sleeps; a wait wakes at least every ``WAIT_SLICE`` seconds (NOTE
+[ Interruptible waits ]).
 
 The buffer knows nothing of torch or audio: with ``max_bytes`` it counts the bytes of whatever has an
 ``nbytes`` attribute (numpy arrays, torch tensors, memoryviews), ``bytes``, and dicts, lists and tuples
@@ -25,6 +26,16 @@ from .errors import BufferClosed
 __all__ = ["Buffer", "BufferClosed", "BufferStats", "payload_nbytes"]
 
 T = TypeVar("T")
+
+# NOTE [ Interruptible waits ]
+# ============================
+# On Windows, before CPython 3.14 (gh-125541), acquiring a lock without a timeout cannot be
+# interrupted: Ctrl-C does nothing while the trainer's thread waits for a stalled pipeline with
+# ``timeout=None``. So every wait the trainer's thread can make (a buffer's get, the prefetcher's
+# hand-over, the helper's channel, futures the trainer collects) is a loop of waits of at most
+# WAIT_SLICE seconds: the signal handler runs between two of them. A wake-up re-checks its predicate
+# and waits again; nothing is polled for, since every change of state still notifies.
+WAIT_SLICE = 0.25
 
 
 def _waiters_of(cond: threading.Condition) -> Collection[Any]:
@@ -361,7 +372,7 @@ class Buffer(Generic[T]):
         try:
             if timeout is None:
                 while not ready():
-                    cond.wait()
+                    cond.wait(WAIT_SLICE)  # NOTE [ Interruptible waits ]
                 return
             deadline = start + timeout  # checked by the public method (_check_timeout)  # inf for float("inf")
             while not ready():
@@ -369,9 +380,7 @@ class Buffer(Generic[T]):
                 if remaining <= 0:
                     what = "room in the buffer" if side == "put" else "item in the buffer"
                     raise TimeoutError(f"{side}() found no {what} within {timeout} s")
-                # Condition.wait raises OverflowError past TIMEOUT_MAX (about 292 years): wait in
-                # steps of at most that, so that float("inf") or 1e12 just mean "as long as it takes".
-                cond.wait(min(remaining, threading.TIMEOUT_MAX))
+                cond.wait(min(remaining, WAIT_SLICE))  # NOTE [ Interruptible waits ]
         finally:
             if side == "put":
                 self._put_wait += time.monotonic() - start

@@ -1,4 +1,5 @@
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -8,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from audiobuffer import Buffer, BufferClosed, payload_nbytes
+from audiobuffer.buffer import WAIT_SLICE
 
 
 def run_thread(target, *args):
@@ -132,6 +134,37 @@ def test_infinite_and_huge_timeouts_wait_as_long_as_it_takes(timeout, max_bytes)
     finish(putter)
     assert took == {"value": ["b"]} and put == {"value": None}
     assert buf.get(timeout=timeout) == "c"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("timeout", [None, float("inf"), 60.0])
+def test_waits_wake_in_slices_so_ctrl_c_can_break_them(timeout):
+    # NOTE [ Interruptible waits ]: on Windows before 3.14 an untimed lock acquire cannot be interrupted,
+    # so no wait may be longer than WAIT_SLICE, whatever the caller's timeout.
+    buf = Buffer(1)
+    seen = []
+    for cond in (buf._has_data, buf._has_pos):
+        def wait(t=None, real=cond.wait):
+            seen.append(t)
+            return real(t)
+
+        cond.wait = wait
+
+    def blocks_then_ends(blocked, unblock):
+        seen.clear()
+        thread, result = run_thread(blocked)
+        deadline = time.monotonic() + JOIN_TIMEOUT
+        while len(seen) < 3 and time.monotonic() < deadline:  # it woke and waited again, twice
+            time.sleep(0.01)
+        unblock()
+        finish(thread)
+        assert "error" not in result
+        assert len(seen) >= 3
+        assert all(t is not None and t <= WAIT_SLICE for t in seen), seen
+
+    blocks_then_ends(lambda: buf.get(timeout), lambda: buf.put("a"))  # a consumer waiting for an item
+    buf.put("b")
+    blocks_then_ends(lambda: buf.put("c", timeout), buf.get)  # a producer waiting for room
 
 
 def test_repr():
