@@ -22,7 +22,7 @@ import numbers
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal, TypeGuard, Union
 
@@ -30,6 +30,7 @@ import numpy as np
 import soundfile as sf
 
 from ._names import is_url
+from .buffer import WAIT_SLICE
 from .decoders._sndfile import read_to_end
 from .errors import DecodeError, SourceError
 
@@ -53,6 +54,16 @@ _CHUNK = 64
 # Failures named one by one in the warning of on_error="warn"; the rest are counted.
 _WARN_LISTED = 10
 _POLICIES = ("raise", "warn", "skip")
+
+
+def _result(future: Future[Any]) -> Any:
+    """``future.result()``, waited for in slices: the trainer's thread waits here (NOTE [ Interruptible waits ])."""
+    while True:
+        try:
+            return future.result(timeout=WAIT_SLICE)
+        except TimeoutError:
+            if future.done():  # the work itself raised it
+                raise
 
 
 def cache_root() -> Path:
@@ -227,7 +238,7 @@ def _from_headers(paths: list[str], num_threads: int, folder: Path | None,
                               thread_name_prefix="audiobuffer-durations")
     try:
         for future in [pool.submit(read, start) for start in starts]:
-            for i, seconds, entry, exc in future.result():
+            for i, seconds, entry, exc in _result(future):
                 if exc is None:
                     durations[i] = seconds
                     if entry is not None:

@@ -72,6 +72,27 @@ def test_headers_give_each_files_duration(corpus, tmp_path):
     assert by_name(source, durations) == expected  # frames / rate, exactly
 
 
+def test_the_trainer_waits_for_header_reads_in_slices(tmp_path, monkeypatch):
+    # NOTE [ Interruptible waits ]: the trainer's thread collects the reader threads' results; an untimed
+    # wait there could not be broken by Ctrl-C on Windows.
+    from concurrent.futures import Future
+
+    from audiobuffer.buffer import WAIT_SLICE
+
+    timeouts = []
+    real = Future.result
+
+    def result(self, timeout=None):
+        timeouts.append(timeout)
+        return real(self, timeout)
+
+    monkeypatch.setattr(Future, "result", result)
+    paths = [write_tone(tmp_path / f"f{i:03d}.wav", seconds=0.1, sample_rate=8000) for i in range(130)]
+    durations, _ = read_durations(Source(paths), cache_dir=tmp_path / "cache", num_threads=2)
+    assert len(durations) == 130 and len(timeouts) >= 3  # one wait at least for each of the three chunks
+    assert all(t is not None and t <= WAIT_SLICE for t in timeouts), timeouts
+
+
 def test_many_files_keep_their_order_across_threads(tmp_path):
     lengths = [(i % 17 + 1) * 100 for i in range(150)]  # more files than one task's chunk
     paths = [write_tone(tmp_path / f"f{i:03d}.wav", seconds=n / 8000, sample_rate=8000) for i, n in enumerate(lengths)]
