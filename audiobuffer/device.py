@@ -220,13 +220,13 @@ class DevicePrefetcher:
                     buffer.put((moved, event))
                 else:
                     buffer.close()  # the end: the consumer drains what is left, then stops
-        except BufferClosed:
-            pass  # the consumer has gone
-        except BaseException as exc:  # reaches the consumer after the batches before it
-            try:
-                buffer.put(Failure(exc))
-            except BufferClosed:
-                pass
+        except BaseException as exc:
+            # Our buffer closes only when the consumer has gone (run.stop()); anything else, the loader's
+            # own BufferClosed included (closed from another thread), reaches the consumer after the
+            # batches before it.
+            if not run.stopped:
+                with contextlib.suppress(BufferClosed):
+                    buffer.put(Failure(exc))
         finally:
             close = getattr(iterator, "close", None)
             if close is not None:

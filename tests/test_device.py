@@ -7,7 +7,7 @@ import torch
 from helpers import JOIN_TIMEOUT, IndexDecoder, audiobuffer_threads, fake_paths, wait_no_threads
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from audiobuffer import BatchSlotLoader, BufferedDataset, pad_collate
+from audiobuffer import BatchSlotLoader, BufferClosed, BufferedDataset, pad_collate
 from audiobuffer._cancel import CancelScope, cancel_scope, on_cancel
 from audiobuffer.device import DevicePrefetcher, DeviceTensorLoader, map_tensors, resolve_device, to_device
 
@@ -253,6 +253,59 @@ def test_close_from_another_thread():
         got.append(batch.tolist())
     closer.join(JOIN_TIMEOUT)
     assert got[:2] == [[0, 1], [2, 3]] and len(got) < 50
+    assert not wait_no_threads()
+
+
+class ClosableLoader:
+    """Yields batches until ``close()`` from another thread, then raises ``BufferClosed`` in the reader's
+    thread, as ``IsolatedLoader`` does."""
+
+    def __init__(self):
+        self.closed = threading.Event()
+
+    def __iter__(self):
+        yield torch.zeros(2)
+        self.closed.wait(JOIN_TIMEOUT)
+        raise BufferClosed("the loader was closed")
+
+    def close(self):
+        self.closed.set()
+
+
+@pytest.mark.timeout(60)
+def test_the_loaders_own_close_reaches_the_consumer_instead_of_hanging_it():
+    # A BufferClosed from the loader is the loader's: only the prefetcher's own buffer closing means
+    # that the consumer has gone.
+    loader = ClosableLoader()
+    closer = threading.Timer(0.1, loader.close)
+    closer.start()
+    got = []
+    with pytest.raises(BufferClosed, match="the loader was closed"):
+        for batch in DevicePrefetcher(loader, "cpu"):
+            got.append(batch)
+    closer.join(JOIN_TIMEOUT)
+    assert len(got) == 1
+    assert not wait_no_threads()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("when", [0.0, 0.3])
+def test_closing_an_isolated_loader_from_another_thread_ends_the_prefetchers_loop(when):
+    from plain_decoders import IndexDecoder as PlainIndexDecoder
+
+    from audiobuffer import IsolatedLoader
+
+    decoder = PlainIndexDecoder(slow_from=8, slow=5.0)  # the helper gets stuck after two batches
+    with IsolatedLoader(fake_paths(40), decoder, batch_size=4, num_producers=1) as loader:
+        got = []
+        closer = threading.Timer(when, loader.close)
+        with pytest.raises(BufferClosed):
+            for batch in DevicePrefetcher(loader, "cpu"):
+                got.append(batch)
+                if len(got) == 1:
+                    closer.start()
+        closer.join(JOIN_TIMEOUT)
+    assert 1 <= len(got) <= 2
     assert not wait_no_threads()
 
 
