@@ -56,13 +56,17 @@ class DurationBatching:
 
     Attributes:
         max_batch_seconds, buckets, max_batch_size: the batch setup.
-        durations: seconds per source item (``NaN`` where its header could not be read).
+        durations: seconds per source item (``NaN`` where its header could not be read): a sample's
+            length in its batch, the crop where the decoder pads to it.
+        content: seconds of audio per source item, the rest of ``durations`` being padding (the same
+            array as ``durations`` unless the decoder pads samples to its crop).
         failures: the items whose header could not be read, as ``(index, path, message)``.
     """
 
     def __init__(self, durations: np.ndarray, failures: list[HeaderFailure], *, max_batch_seconds: float,
-                 buckets: int, max_batch_size: int | None) -> None:
+                 buckets: int, max_batch_size: int | None, content: np.ndarray | None = None) -> None:
         self.durations = durations
+        self.content = durations if content is None else content
         self.failures = failures
         self.max_batch_seconds = float(max_batch_seconds)
         self.buckets = buckets
@@ -83,10 +87,17 @@ class DurationBatching:
         crop = float(crop) if isinstance(crop, (int, float)) and not isinstance(crop, bool) else None
         durations, failures = read_durations(source, duration_column=duration_column, crop_seconds=crop,
                                              num_threads=num_threads, on_error=on_error)
+        content = durations
         if crop is not None and getattr(decoder, "pad", False) is True:
+            durations = durations.copy()
             durations[~np.isnan(durations)] = crop  # padded to the crop: every sample is that long
         return cls(durations, failures, max_batch_seconds=max_batch_seconds,
-                   buckets=DEFAULT_BUCKETS if buckets is None else buckets, max_batch_size=max_batch_size)
+                   buckets=DEFAULT_BUCKETS if buckets is None else buckets, max_batch_size=max_batch_size,
+                   content=content)
+
+    def add_padding(self, meter: PaddingMeter, indices: np.ndarray) -> None:
+        """Count the batch of source items ``indices`` in ``meter``."""
+        meter.add(self.durations[indices], self.content[indices])
 
     def plan(self, *, shuffle: bool, seed: int, epoch: int, rank: int = 0, world_size: int = 1, worker: int = 0,
              num_workers: int = 1, even_shards: str | None = "pad",
@@ -185,17 +196,18 @@ class Assembler:
 
 class PaddingMeter:
     """The padding of the batches handed out: padded seconds / seconds in batches, each batch padded to
-    its longest item (from the items' durations)."""
+    its longest item, and each item's own padding (a sample padded to a crop) counted too."""
 
     def __init__(self) -> None:
         self.padded = 0.0
         self.real = 0.0
 
-    def add(self, seconds: np.ndarray) -> None:
-        """Count one batch, given its items' durations."""
+    def add(self, seconds: np.ndarray, content: np.ndarray | None = None) -> None:
+        """Count one batch, given its items' lengths and the seconds of audio in them (``seconds``
+        when ``None``)."""
         if len(seconds):
             self.padded += len(seconds) * float(seconds.max())
-            self.real += float(seconds.sum())
+            self.real += float((seconds if content is None else content).sum())
 
     @property
     def fraction(self) -> float:
@@ -213,7 +225,7 @@ class BatchEpochRun(EpochRun):
                          plan.positions)
         self.plan = plan
         self.resumed = layout.resumed
-        self.durations = batching.durations
+        self.batching = batching
         self.assembler = Assembler(layout.sizes)
         self.batches = 0
         self.empty_batches = 0
@@ -237,7 +249,7 @@ class BatchEpochRun(EpochRun):
                 continue
             self.batches += 1
             self.yielded += len(kept)
-            self.padding.add(self.durations[self.plan.batches[b][kept]])
+            self.batching.add_padding(self.padding, self.plan.batches[b][kept])
             yield [outs[i] for i in kept]
 
     def snapshot(self) -> DatasetStats:

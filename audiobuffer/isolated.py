@@ -336,7 +336,7 @@ class IsolatedLoader:
         run.decode_s = decode_s
         if indices is not None and self.dataset.batching is not None:  # a batch by duration: its source indices
             run.batches = (run.batches or 0) + 1
-            run.padding.add(self.dataset.batching.durations[indices])
+            self.dataset.batching.add_padding(run.padding, indices)
         return batch
 
     # -- inspection, resume, shutdown ----------------------------------------------------------

@@ -16,6 +16,7 @@ from audiobuffer import (
     BatchSlotLoader,
     BufferedDataset,
     DecodeError,
+    IsolatedLoader,
     ResumeError,
     SampleError,
     pad_collate,
@@ -159,6 +160,30 @@ def test_a_crop_caps_the_durations(tmp_path, pad):
     assert ds.batching.durations.tolist() == pytest.approx(expected)
     for batch in DataLoader(ds, batch_size=None, collate_fn=pad_collate):
         assert batch["audio"].shape[0] * batch["audio"].shape[1] <= 2.0 * 8000
+
+
+@pytest.mark.parametrize("isolate", [False, True])
+def test_padding_counts_the_zeros_a_decoder_pads_a_crop_with(tmp_path, isolate):
+    # Padded to a 1 s crop, a 0.25 s file is three quarters zeros: the figure must say so.
+    seconds = [0.25, 0.5, 2.0, 0.25, 1.5, 0.5]
+    tones(tmp_path / "audio", seconds)
+    decoder = AudioDecoder(8000, crop_seconds=1.0, crop="start", pad=True)
+    options = dict(max_batch_seconds=3.0, buckets=1)
+    real = padded = 0
+    if isolate:
+        with IsolatedLoader(tmp_path / "audio", decoder, **options) as loader:
+            for batch in loader:
+                real += int(batch["lengths"].sum())
+                padded += batch["audio"].numel()
+            stats = loader.stats()
+    else:
+        ds = BufferedDataset(tmp_path / "audio", decoder, **options)
+        for batch in DataLoader(ds, batch_size=None, collate_fn=pad_collate):
+            real += int(batch["lengths"].sum())
+            padded += batch["audio"].numel()
+        stats = ds.stats()
+    assert real == 8000 * sum(min(s, 1.0) for s in seconds)
+    assert stats.padding == pytest.approx(1 - real / padded) and stats.padding == pytest.approx(1 - 3.5 / 6)
 
 
 def test_durations_are_read_once_per_dataset_and_cached(tmp_path, monkeypatch):
