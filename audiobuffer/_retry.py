@@ -115,15 +115,20 @@ def _chain(exc: BaseException) -> Iterable[BaseException]:
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Whether a failed read may succeed if tried again (timeouts, resets, HTTP 5xx/408/429)."""
-    if isinstance(exc, _PERMANENT_OS):
-        return False
+    """Whether a failed read may succeed if tried again (timeouts, resets, HTTP 5xx/408/429).
+
+    A missing file or a refused access is judged by its explicit cause when it has one: fsspec's HTTP
+    filesystem reports any failure to learn a size (a 500, a reset) as ``FileNotFoundError`` raised
+    ``from`` the real failure.
+    """
     for link in _chain(exc):
         status = _status(link)
         if status is not None:
             return status >= 500 or status in (408, 429)
         if isinstance(link, _PERMANENT_OS):
-            return False
+            if link.__cause__ is None:
+                return False
+            continue  # _chain goes on to the cause
         if isinstance(link, (ConnectionError, TimeoutError)):
             return True
         if any(cls.__name__ in _TRANSIENT_NAMES for cls in type(link).__mro__):
@@ -136,6 +141,8 @@ def where(url: str, member: str | None) -> str:
 
 
 def _reason(exc: BaseException) -> str:
+    if isinstance(exc, _PERMANENT_OS) and exc.__cause__ is not None and is_transient(exc):
+        return _reason(exc.__cause__)  # a transient failure reported as a missing file: say what it was
     if isinstance(exc, FileNotFoundError):
         return "no such file or object"
     if isinstance(exc, PermissionError):

@@ -26,6 +26,8 @@ REGION = "us-east-1"
 BUCKET = "audio"
 #: Retries in tests: quick, so that a test of giving up takes a fraction of a second.
 FAST = Retry(attempts=3, base_delay=0.01, max_delay=0.02)
+#: The statuses a FaultProxy can answer with, and their reason phrases.
+_REASONS = {"500": "Internal Server Error", "503": "Service Unavailable", "403": "Forbidden"}
 
 
 class MotoS3:
@@ -78,8 +80,8 @@ class FaultProxy:
     Each client connection carries one request (the forwarded request says ``Connection: close``, so
     the response ends the connection and the client opens a new one for the next request). Requests
     are numbered from 1 in the order they arrive; those in ``faults`` fail as ``mode`` says:
-    ``"503"`` (a ``503 Service Unavailable``), ``"403"`` (a ``403 Forbidden``) or ``"reset"`` (the
-    connection is reset without an answer).
+    ``"500"`` (a ``500 Internal Server Error``), ``"503"`` (a ``503 Service Unavailable``), ``"403"``
+    (a ``403 Forbidden``) or ``"reset"`` (the connection is reset without an answer).
 
     Attributes:
         requests: requests received so far.
@@ -87,8 +89,8 @@ class FaultProxy:
     """
 
     def __init__(self, upstream: tuple[str, int], *, faults: Container[int] = (), mode: str = "503") -> None:
-        if mode not in ("503", "403", "reset"):
-            raise ValueError(f"mode must be '503', '403' or 'reset', got {mode!r}")
+        if mode not in _REASONS and mode != "reset":
+            raise ValueError(f"mode must be one of {sorted(_REASONS)} or 'reset', got {mode!r}")
         self.upstream = upstream
         self.faults = faults
         self.mode = mode
@@ -155,7 +157,7 @@ class FaultProxy:
                     conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     return  # closing with a zero linger sends a reset
                 if fault:
-                    reason = {"503": "Service Unavailable", "403": "Forbidden"}[self.mode]
+                    reason = _REASONS[self.mode]
                     conn.sendall(f"HTTP/1.1 {self.mode} {reason}\r\nContent-Length: 0\r\n"
                                  f"Connection: close\r\n\r\n".encode())
                     return
@@ -198,3 +200,132 @@ def _read_request(conn: socket.socket) -> bytes | None:
             return None
         body += chunk
     return b"\r\n".join(kept) + b"\r\n\r\n" + body
+
+
+class HttpFiles:
+    """An HTTP server on 127.0.0.1 serving the files of ``root`` (GET and HEAD), one request per connection.
+
+    A ``Range: bytes=a-b`` header gets a ``206`` with those bytes, unless ``ranges=False``: then the whole
+    file comes with a ``200``, as from a server that ignores ranges. Its threads are named
+    ``audiobuffer-test-http*``; ``stop()`` joins them (bounded).
+    """
+
+    def __init__(self, root: Path, *, ranges: bool = True) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        folder = Path(root)
+
+        class Handler(BaseHTTPRequestHandler):
+            timeout = SOCKET_TIMEOUT
+
+            def do_HEAD(self) -> None:
+                self._answer(body=False)
+
+            def do_GET(self) -> None:
+                self._answer(body=True)
+
+            def _answer(self, *, body: bool) -> None:
+                path = folder / self.path.lstrip("/").split("?", 1)[0]
+                if not path.is_file() or folder not in path.resolve().parents:
+                    self.send_error(404)
+                    return
+                data = path.read_bytes()
+                wanted = self.headers.get("Range", "")
+                status = 200
+                if ranges and wanted.startswith("bytes="):
+                    first, _, last = wanted[len("bytes="):].partition("-")
+                    start, end = int(first), min(len(data), int(last) + 1) if last else len(data)
+                    data, status = data[start:end], 206
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if body:
+                    self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:  # no line per request in the test output
+                pass
+
+        handlers: list[threading.Thread] = []
+        self._handlers = handlers
+
+        class Server(ThreadingHTTPServer):
+            def process_request(self, request, client_address):  # type: ignore[no-untyped-def]
+                thread = threading.Thread(target=self.process_request_thread, args=(request, client_address),
+                                          name="audiobuffer-test-http-conn", daemon=True)
+                handlers.append(thread)
+                thread.start()
+
+        self._server = Server(("127.0.0.1", 0), Handler)
+        self.port = self._server.server_address[1]
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="audiobuffer-test-http", daemon=True)
+        self._thread.start()
+
+    def url(self, name: str) -> str:
+        return f"{self.endpoint}/{name}"
+
+    def stop(self) -> None:
+        """Stop serving and join every thread (bounded)."""
+        self._server.shutdown()
+        self._thread.join(JOIN_TIMEOUT)
+        self._server.server_close()
+        for thread in self._handlers:
+            thread.join(JOIN_TIMEOUT)
+        alive = [t.name for t in [self._thread, *self._handlers] if t.is_alive()]
+        if alive:
+            raise RuntimeError(f"HTTP server threads still alive after {JOIN_TIMEOUT} s: {alive}")
+
+    def __enter__(self) -> HttpFiles:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class SilentServer:
+    """A server on 127.0.0.1 that accepts connections and never answers: a hung store.
+
+    The connections it accepted stay open, unread, until ``stop()`` closes them and joins its thread
+    (``audiobuffer-test-silent``). ``connections`` counts them.
+    """
+
+    def __init__(self) -> None:
+        self.connections = 0
+        self._held: list[socket.socket] = []
+        self._stop = threading.Event()
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(64)
+        self._listener.settimeout(0.05)  # the accept loop checks the stop event this often
+        self.port = self._listener.getsockname()[1]
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self._thread = threading.Thread(target=self._accept_loop, name="audiobuffer-test-silent", daemon=True)
+        self._thread.start()
+
+    def _accept_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self._held.append(conn)
+            self.connections += 1
+
+    def stop(self) -> None:
+        """Stop accepting, close every connection and join the thread (bounded)."""
+        self._stop.set()
+        self._thread.join(JOIN_TIMEOUT)
+        self._listener.close()
+        for conn in self._held:
+            conn.close()
+        if self._thread.is_alive():
+            raise RuntimeError(f"the silent server's thread is still alive after {JOIN_TIMEOUT} s")
+
+    def __enter__(self) -> SilentServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

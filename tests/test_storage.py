@@ -35,7 +35,7 @@ from audiobuffer.storage import (
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
-from storage_helpers import BUCKET, FAST, MotoS3  # noqa: E402  (needs moto)
+from storage_helpers import BUCKET, FAST, FaultProxy, HttpFiles, MotoS3  # noqa: E402  (needs moto)
 
 # The s3 (a moto server with the bucket BUCKET, one per module) and proxies fixtures: conftest.py.
 
@@ -362,6 +362,61 @@ def test_s3_transient_failures_give_up_after_the_attempts(s3, proxies, mode):
     assert proxy.requests == (3 if mode == "503" else 6)
     if mode == "503":
         assert "HTTP 503" in str(info.value)
+
+
+# -- HTTP: fsspec's HTTP filesystem ----------------------------------------------------------------
+
+@pytest.fixture
+def http(packed):
+    """The packed shards served over HTTP on 127.0.0.1, byte ranges honoured (one server per test: the
+    thread check of conftest.py sees its threads end)."""
+    out, _, _ = packed
+    with HttpFiles(out) as server:
+        yield server
+
+
+@pytest.mark.parametrize("mode", ["500", "reset"])
+def test_http_streamed_shard_survives_failures_of_its_first_requests(http, packed, mode):
+    """fsspec's HTTP filesystem reports a size it could not learn (a 500, a reset) as FileNotFoundError,
+    the failure chained as its cause: that is transient and retried, not a missing shard."""
+    _, index, originals = packed
+    name = Path(index.shards[0]).name
+    expected = {m.name for m in index.members if m.shard == index.shards[0]}
+    # the first tries at the shard's size fail whole (HEAD, then GET; aiohttp resends one reset request)
+    with FaultProxy(("127.0.0.1", http.port), faults=range(1, 5), mode=mode) as proxy:
+        samples = list(iter_shard(f"{proxy.endpoint}/{name}", retry=Retry(attempts=6, base_delay=0.001)))
+        assert proxy.faulted == 4
+    assert {s.name for s in samples} == expected and all(s.data == originals[s.name] for s in samples)
+
+
+def test_http_missing_object_fails_at_once(http):
+    with FaultProxy(("127.0.0.1", http.port)) as proxy:
+        with pytest.raises(StorageError, match=r"nowhere\.tar'.*no such file") as info:
+            list(iter_shard(f"{proxy.endpoint}/nowhere.tar", retry=FAST))
+    assert info.value.attempts == 1 and not info.value.transient
+
+
+def test_a_missing_file_is_transient_only_through_its_cause():
+    import aiohttp
+
+    def wrapped(cause, *, explicit=True):
+        try:
+            try:
+                raise cause
+            except Exception as exc:
+                if explicit:
+                    raise FileNotFoundError("http://h/x") from exc
+                raise FileNotFoundError("http://h/x")  # noqa: B904 - an implicit context on purpose
+        except FileNotFoundError as exc:
+            return exc
+
+    def status(code):
+        return aiohttp.ClientResponseError(None, (), status=code)
+
+    assert is_transient(wrapped(status(500))) and is_transient(wrapped(aiohttp.ServerDisconnectedError()))
+    assert not is_transient(wrapped(status(404))) and not is_transient(wrapped(ValueError("x")))
+    assert not is_transient(wrapped(status(500), explicit=False))  # raised while handling: not its cause
+    assert not is_transient(FileNotFoundError("x"))
 
 
 def test_s3_streaming_survives_failures_mid_shard(s3, packed, proxies):
