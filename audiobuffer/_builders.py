@@ -25,11 +25,15 @@ if TYPE_CHECKING:
 __all__ = ["build_dataset", "build_decoder", "build_isolated", "build_loader", "build_source", "source_error"]
 
 
+def _source_key(config: PipelineConfig) -> str:
+    """The key that names the source: ``source.root``, ``source.manifest`` or ``source.files``."""
+    src = config.source
+    return "source.root" if src.root is not None else "source.manifest" if src.manifest is not None else "source.files"
+
+
 def source_error(config: PipelineConfig, exc: SourceError | StorageError) -> ConfigError:
     """A :class:`ConfigError` naming the source key for a source that lists no usable file or cannot be read."""
-    src = config.source
-    key = "source.root" if src.root is not None else "source.manifest" if src.manifest is not None else "source.files"
-    return ConfigError(f"{config.origin}: {key}: {exc}")
+    return ConfigError(f"{config.origin}: {_source_key(config)}: {exc}")
 
 
 def build_decoder(config: PipelineConfig) -> AudioDecoder | ImageDecoder:
@@ -56,21 +60,31 @@ def build_source(config: PipelineConfig) -> Source | ShardStream:
     """The :class:`~audiobuffer.Source` the ``source`` section describes (tar shards: a ``ShardStream``).
 
     Raises:
-        ConfigError: the source lists no usable file or a label expression does not fit.
+        ConfigError: the source lists no usable file, a brace pattern of shards is malformed, or a
+            label expression does not fit.
     """
+    from ._listing import names_shards
+    from ._names import expand_braces
     from .sources import AUDIO_PATTERNS, IMAGE_PATTERNS, as_source
 
     src = config.source
     spec: Any = src.root if src.root is not None else src.manifest if src.manifest is not None else src.files
     patterns = src.patterns if src.patterns is not None else (
         AUDIO_PATTERNS if config.decode.kind == "audio" else IMAGE_PATTERNS)
+    if names_shards(spec):  # a bad brace pattern is the source key's fault: checked before the labels are read
+        for name in [spec] if isinstance(spec, str) else spec:
+            try:
+                expand_braces(name)
+            except ValueError as exc:
+                raise ConfigError(f"{config.origin}: {_source_key(config)}: {exc}") from None
     try:
         return as_source(spec, patterns=patterns, labels=src.labels, path_column=src.path_column,
                          storage_options=src.storage_options)
     except (SourceError, StorageError) as exc:
         raise source_error(config, exc) from None
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{config.origin}: source.labels: {exc}") from None
+    except (TypeError, ValueError) as exc:  # the listing's own were checked above: what is left is the labels'
+        key = "source.labels" if src.labels is not None else _source_key(config)
+        raise ConfigError(f"{config.origin}: {key}: {exc}") from None
 
 
 def build_dataset(config: PipelineConfig, *, source: Any = None, shuffle: bool | None = None,

@@ -68,6 +68,9 @@ def _cut(text: str, limit: int = QUOTE_CHARS) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+#: Booleans in YAML 1.1 only: a config reads them as strings (YAML 1.2), and a boolean key says so.
+_YAML_11_BOOLEANS = frozenset({"y", "n", "yes", "no", "on", "off"})
+
 #: What a union-typed key accepts, said for people (pydantic reports each branch of the union).
 _UNION_HELP = {"decode.size": "must be an integer or a list [height, width] of two integers",
                "buffer.producers": f"must be an integer in [1, {MAX_PRODUCERS}] or 'auto'"}
@@ -124,7 +127,12 @@ def _format_error(error: Mapping[str, Any], model: type[BaseModel]) -> tuple[str
         what = f"{field.description} " if field.description else ""
         return key, f"{key}: must be {what}{' and '.join(bounds)}, {got}"
     if kind in ("bool_parsing", "bool_type"):
-        return key, f"{key}: must be true or false, {got}"
+        value = error.get("input")
+        said = isinstance(value, str) and value.lower() in _YAML_11_BOOLEANS
+        hint = " (YAML 1.2's only booleans: yes, no, on and off are not)" if said else ""
+        return key, f"{key}: must be true or false{hint}, {got}"
+    if kind == "string_too_short":
+        return key, f"{key}: must not be empty, {got}"
     message = str(error["msg"]).removeprefix("Value error, ")
     return key, f"{key}: {message}, {got}"
 
@@ -156,6 +164,12 @@ def format_errors(exc: ValidationError, model: type[BaseModel]) -> str:
     more = len(listed) - _LISTED_ERRORS
     return "; ".join(listed[:_LISTED_ERRORS]) + (f"; and {more} more" if more > 0 else "")
 
+
+#: A backslash in double quotes starts an escape: what a Windows path in double quotes needs instead.
+_ESCAPE_HINT = ("in double quotes a backslash starts an escape: write a Windows path in single quotes "
+                "('C:\\data') or with forward slashes (C:/data)")
+
+
 def yaml_problem(exc: BaseException) -> str:
     """What is wrong with a YAML text, on one line: 'not valid YAML at line 2, column 4: ...'."""
     if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
@@ -166,6 +180,8 @@ def yaml_problem(exc: BaseException) -> str:
             if exc.context_mark is not None:
                 text += f" at line {exc.context_mark.line + 1}, column {exc.context_mark.column + 1}"
             text += ")"
+        if "unknown escape character" in str(exc.problem):
+            text += f"; {_ESCAPE_HINT}"
     elif isinstance(exc, RecursionError):
         text = "not valid YAML: nested too deeply"
     elif isinstance(exc, yaml.YAMLError):

@@ -63,16 +63,26 @@ _MAX_SECONDS = 86400.0
 _MAX_SEED = 2**63 - 1
 #: The largest batch: a bigger one only allocates (or spins) until memory runs out.
 _MAX_BATCH_SIZE = 1 << 20
+#: ``source.root`` in the reference config: a placeholder that says what to fill in, so that the file
+#: fails the same way wherever it is saved instead of pointing at a folder beside this repository.
+_REFERENCE_ROOT = "<your audio folder>"
 
 
 class _Loader(yaml.SafeLoader):
-    """PyYAML's safe loader, reading ``1e9`` and ``1.0e-3`` as numbers (YAML 1.2) rather than strings."""
+    """PyYAML's safe loader, reading as YAML 1.2 does: ``1e9`` and ``1.0e-3`` are numbers, and only
+    ``true`` and ``false`` are booleans (``yes``, ``no``, ``on``, ``off`` are strings, refused by a
+    boolean key with a hint)."""
 
 
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
     list("-+0123456789."))
+_BOOL_TAG = "tag:yaml.org,2002:bool"
+# add_implicit_resolver above gave _Loader its own copy of the resolvers: drop YAML 1.1's booleans from it.
+_Loader.yaml_implicit_resolvers = {first: [(tag, rx) for tag, rx in resolvers if tag != _BOOL_TAG]
+                                   for first, resolvers in _Loader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver(_BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
 
 
 def _load_yaml(text: str) -> Any:
@@ -89,7 +99,7 @@ class SourceConfig(_Section):
     root: str | None = None
     manifest: str | None = None
     files: list[str] | None = None
-    patterns: list[str] | None = None
+    patterns: list[Annotated[str, Field(min_length=1)]] | None = None
     labels: str | None = None
     path_column: str = "path"
     duration_column: str | None = None
@@ -274,6 +284,10 @@ def parse_config(data: Any, *, base_dir: str | os.PathLike[str] | None = None,
         return ConfigError(f"{origin}: source.{key}: no such {what}, got {quote(given, 2 * QUOTE_CHARS)}{where}")
 
     update: dict[str, Any] = {}
+    if src.root == _REFERENCE_ROOT:
+        raise ConfigError(f"{origin}: source.root: fill in the folder of your audio files (or their shards' "
+                          f"index.json) in place of the reference config's {quote(_REFERENCE_ROOT)}, or give it "
+                          f"on the command line: --set source.root=PATH")
     if src.root is not None:
         update["root"] = root = _resolve_path(src.root, base)
         # a folder, an index of shards (.json), shards (.tar, maybe a brace pattern or a glob) or a URL

@@ -26,7 +26,8 @@ def test_configs_folder_is_not_empty():
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
 def test_every_shipped_config_loads_and_builds(path, fsdd):
-    config = load_config(path)
+    # the reference config leaves source.root for its user to fill in
+    config = load_config(path, [f"source.root={fsdd}"] if path.name == "reference.yaml" else [])
     dataset = build_dataset(config)
     assert isinstance(dataset, BufferedDataset) and len(dataset) == 3000
     assert build_loader(config, dataset).batch_size == config.loader.batch_size
@@ -124,6 +125,8 @@ BAD_CONFIGS = [
      r"decode\.size: must be an integer or a list \[height, width\] of two integers, got \(1, 'a'\)$"),
     ("unknown keys", {"source": {"root": "audio"}, "buffer": {"a": 1, "b": 2}},
      r"buffer: unknown keys a, b; allowed keys here: producers, capacity"),
+    ("empty pattern", {"source": {"root": "audio", "patterns": ["*.wav", ""]}},
+     r"source\.patterns\.1: must not be empty, got ''$"),
 ]
 
 
@@ -366,3 +369,58 @@ def test_batch_by_duration_keys_are_checked(corpus, data, match):
     data = {**data, "source": {"root": "audio", **data.get("source", {})}}
     with pytest.raises(ConfigError, match=match):
         load_config(write(corpus, data))
+
+
+# -- Windows paths, booleans, the key an error names, the reference config anywhere ------------------
+
+def test_a_double_quoted_windows_path_says_how_to_write_it(corpus):
+    path = write(corpus, 'source: {root: "C:\\data\\audio"}\n')
+    with pytest.raises(ConfigError, match=r"unknown escape character 'd'.*single quotes \('C:\\data'\) or "
+                                          r"with forward slashes \(C:/data\)") as info:
+        load_config(path)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("word", ["yes", "no", "on", "off", "Yes", "OFF", "y", "n"])
+def test_yaml_11_booleans_are_refused_alike_with_a_hint(corpus, word):
+    """YAML 1.2 has only true and false: a config refuses yes/no/on/off in the file and in --set alike."""
+    path = write(corpus, f"source: {{root: audio}}\nbuffer: {{isolate: {word}}}\n")
+    hint = rf"buffer\.isolate: must be true or false \(.*\), got '{word}'"
+    with pytest.raises(ConfigError, match=hint):
+        load_config(path)
+    with pytest.raises(ConfigError, match=hint):
+        load_config(write(corpus, "source: {root: audio}\n", name="plain.yaml"), [f"buffer.isolate={word}"])
+
+
+@pytest.mark.parametrize("word, value", [("true", True), ("false", False), ("True", True), ("FALSE", False)])
+def test_true_and_false_are_booleans(corpus, word, value):
+    path = write(corpus, f"source: {{root: audio}}\nbuffer: {{isolate: {word}}}\nloader: {{shuffle: {word}}}\n")
+    config = load_config(path)
+    assert config.buffer.isolate is value and config.loader.shuffle is value
+
+
+def test_a_bad_brace_pattern_names_source_root(corpus):
+    path = write(corpus, {"source": {"root": "shards/shard-{000..0x1}.tar", "labels": r"^(\d+)_"}})
+    with pytest.raises(ConfigError, match=r"source\.root: brace pattern .*\{000\.\.0x1\}") as info:
+        build_dataset(load_config(path))
+    assert "source.labels" not in str(info.value)
+
+
+def test_a_bad_label_expression_still_names_source_labels(corpus):
+    path = write(corpus, {"source": {"root": "audio", "labels": "(unclosed"}})
+    with pytest.raises(ConfigError, match=r"source\.labels: .*not a valid regular expression"):
+        build_dataset(load_config(path))
+
+
+@pytest.mark.parametrize("where", ["tmp", "configs", "package"])
+def test_the_reference_config_says_what_to_fill_in_wherever_it_is(tmp_path, where):
+    """Saved anywhere (`audiobuffer config --reference > my.yaml`), it fails the same way: naming the key
+    to fill in and how, not with a path that only resolves beside the repository's configs/."""
+    path = {"tmp": tmp_path / "my.yaml", "configs": REPO / "configs" / "reference.yaml",
+            "package": Path(audiobuffer.__file__).parent / "reference.yaml"}[where]
+    if where == "tmp":
+        path.write_text(reference_config(), encoding="utf-8", newline="\n")
+    with pytest.raises(ConfigError, match=r"source\.root: fill in the folder of your audio files .*"
+                                          r"--set source\.root=PATH") as info:
+        load_config(path)
+    assert str(info.value).startswith(f"{path}: ")
