@@ -132,19 +132,45 @@ def shutdown_helper(proc: subprocess.Popen[bytes], inbox: Buffer[Any], closing: 
         segments.clear()
 
 
-def death_message(proc: subprocess.Popen[bytes] | None) -> str:
-    code = proc.poll() if proc is not None else None
-    pid = proc.pid if proc is not None else "?"
+#: Names of the Windows exit statuses (NTSTATUS) a crash ends a process with.
+NTSTATUS_NAMES = {
+    0xC0000005: "access violation",
+    0xC000001D: "illegal instruction",
+    0xC0000017: "out of memory",
+    0xC0000094: "integer division by zero",
+    0xC00000FD: "stack overflow",
+    0xC000013A: "Ctrl-C",
+    0xC0000374: "heap corruption",
+    0xC0000409: "fail-fast exit: a buffer overrun or abort()",
+}
+
+
+def _how_it_ended(code: int | None) -> str:
     if code is None:
-        how = "closed its channel"
+        return "closed its channel"
+    if sys.platform == "win32":
+        status = code & 0xFFFFFFFF
+        if status >= 0xC0000000:  # an NTSTATUS error: a crash, written as Windows writes it
+            name = NTSTATUS_NAMES.get(status)
+            return f"ended with status 0x{status:08X}" + (f" ({name})" if name else "")
     elif code < 0:
         try:
-            how = f"was killed by {signal.Signals(-code).name}"
+            return f"was killed by {signal.Signals(-code).name}"
         except ValueError:
-            how = f"was killed by signal {-code}"
-    else:
-        how = f"exited with code {code}"
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def death_message(proc: subprocess.Popen[bytes] | None) -> str:
+    """How the helper ended, for a :class:`HelperError`: its exit code, signal (POSIX) or status (Windows)."""
+    code = proc.poll() if proc is not None else None
+    pid = proc.pid if proc is not None else "?"
+    how = _how_it_ended(code)
     if code == 1:  # the helper's own error: it printed its traceback
+        if sys.platform == "win32":  # and the code of TerminateProcess too
+            return (f"the helper process (pid {pid}) {how}: it failed, and its traceback is on stderr, above, "
+                    f"or something ended it from outside (TerminateProcess, as the Task Manager and taskkill /F "
+                    f"use, exits with code 1)")
         return f"the helper process (pid {pid}) {how}: it failed, and its traceback is on stderr, above"
     return (f"the helper process (pid {pid}) {how}; a crash in native decoder code or the system's "
             f"out-of-memory killer can do this (its stderr, above, may say more)")
