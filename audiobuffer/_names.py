@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ._fs import filesystem
-from ._retry import RetrySpec, with_retry
+from ._retry import RetrySpec, as_retry, with_retry
 from .errors import SourceError, StorageError
 
 __all__ = ["MAX_EXPANSION", "expand_braces", "expand_urls", "glob_urls", "is_url", "sibling"]
@@ -185,7 +185,7 @@ def glob_urls(pattern: str, *, storage_options: Mapping[str, Any] | None = None,
     """
     if not is_url(pattern):
         return sorted(p for p in _glob.glob(pattern, recursive=True) if os.path.isfile(p))
-    fs, path = filesystem(pattern, storage_options)
+    fs, path = filesystem(pattern, storage_options, as_retry(retry).timeout)
     protocol = pattern.split("://", 1)[0]
     try:
         found = with_retry(lambda: fs.glob(path), url=pattern, retry=retry, action="list")

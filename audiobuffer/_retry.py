@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from ._checks import MAX_SECONDS, check_seconds
 from .errors import StorageError
 
 __all__ = ["Retry", "RetrySpec", "as_retry", "is_transient", "where", "with_retry"]
@@ -28,12 +29,20 @@ class Retry:
     """How transient failures are retried: ``attempts`` tries, waits growing from ``base_delay``.
 
     The wait before try ``k + 1`` (``k`` = 1, 2, ...) is ``min(max_delay, base_delay * 2 ** (k - 1))``
-    seconds: 0.25, 0.5, 1, 2 s by default, so a read that keeps failing gives up after about 4 s.
+    seconds: 0.25, 0.5, 1, 2 s by default, so a read that keeps failing at once gives up after about
+    4 s. A try's request that waits more than ``timeout`` seconds to connect, or for the next bytes of
+    the answer, fails as transient: a store that accepts connections and never answers is given up on
+    after about ``attempts * timeout`` seconds plus the waits (a size over HTTP may take two requests a
+    try), where the HTTP clients' own waits are minutes a try.
 
     Args:
         attempts: tries in all (1: no retry).
         base_delay: seconds to wait after the first failure.
         max_delay: the longest wait between two tries.
+        timeout: seconds a request of a remote read waits to connect, and then for each part of the
+            answer (the socket timeouts of s3fs's, gcsfs's and fsspec's HTTP clients; a steady slow
+            download is not cut); ``None``: the clients' own defaults. Options given in
+            ``storage_options`` (``config_kwargs`` of s3fs, ``client_kwargs`` of HTTP) take precedence.
 
     Example:
         >>> Retry(attempts=3, base_delay=0.1).delay(2)
@@ -43,8 +52,10 @@ class Retry:
     attempts: int = 5
     base_delay: float = 0.25
     max_delay: float = 8.0
+    timeout: float | None = 30.0
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "timeout", check_seconds("retry timeout", self.timeout, maximum=MAX_SECONDS))
         if isinstance(self.attempts, bool) or not isinstance(self.attempts, int):
             raise TypeError(f"retry attempts must be an integer >= 1, got {self.attempts!r}")
         if self.attempts < 1:
@@ -72,9 +83,10 @@ def as_retry(retry: RetrySpec) -> Retry:
     if isinstance(retry, Retry):
         return retry
     if isinstance(retry, Mapping):
-        unknown = set(retry) - {"attempts", "base_delay", "max_delay"}
+        unknown = set(retry) - {"attempts", "base_delay", "max_delay", "timeout"}
         if unknown:
-            raise ValueError(f"retry takes attempts, base_delay and max_delay, got unknown keys {sorted(unknown)}")
+            raise ValueError(f"retry takes attempts, base_delay, max_delay and timeout, got unknown keys "
+                             f"{sorted(unknown)}")
         return Retry(**retry)
     raise TypeError(f"retry must be a Retry, a mapping of its fields or None, got {retry!r}")
 

@@ -20,7 +20,9 @@ backoff; when the attempts run out, a :class:`~audiobuffer.StorageError` names t
 of a shard when known, the attempts and the last cause. A missing object or a refused access (404,
 403) fails at once. For ``s3://``, this policy replaces s3fs's and botocore's own retries
 (``retries`` in ``config_kwargs`` of the storage options keeps botocore's), so a dead server is
-given up on after ``attempts`` tries, not after the product of three retry layers.
+given up on after ``attempts`` tries, not after the product of three retry layers. Every request
+waits at most :attr:`Retry.timeout` (30 s) to connect and for each part of its answer, so a store
+that accepts connections and never answers fails a try instead of holding it for minutes.
 
 Thread safety: every function may be called from any number of threads at once; filesystems are
 built once per process and options, and shared (``audiobuffer/_fs.py``: s3fs, gcsfs and fsspec's
@@ -82,7 +84,7 @@ def read_bytes(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any
     url = os.fspath(url)
     if not is_url(url):
         return _with_retry(lambda: _read_local(url, 0, None), url=url, retry=retry, member=member)
-    fs, path = _filesystem(url, storage_options)
+    fs, path = _filesystem(url, storage_options, as_retry(retry).timeout)
     return _with_retry(lambda: fs.cat_file(path), url=url, retry=retry, member=member)
 
 
@@ -102,7 +104,7 @@ def read_range(url: str | os.PathLike[str], offset: int, size: int, *,
     if size == 0:
         return b""
     if is_url(url):
-        fs, path = _filesystem(url, storage_options)
+        fs, path = _filesystem(url, storage_options, as_retry(retry).timeout)
         data = _with_retry(lambda: fs.cat_file(path, start=offset, end=offset + size), url=url,
                            retry=retry, member=member)
     else:
@@ -132,7 +134,7 @@ def size(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | No
     url = os.fspath(url)
     if not is_url(url):
         return _with_retry(lambda: os.stat(url).st_size, url=url, retry=retry)
-    fs, path = _filesystem(url, storage_options)
+    fs, path = _filesystem(url, storage_options, as_retry(retry).timeout)
     return int(_with_retry(lambda: fs.size(path), url=url, retry=retry))
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO, make_corpus, open_descriptors
 
+from audiobuffer import Source
 from audiobuffer.errors import AudioBufferError, DecodeError, SourceError, StorageError
 from audiobuffer.shards import iter_shard, pack, read_index, stream_shards
 from audiobuffer.storage import (
@@ -35,7 +36,7 @@ from audiobuffer.storage import (
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
-from storage_helpers import BUCKET, FAST, FaultProxy, HttpFiles, MotoS3  # noqa: E402  (needs moto)
+from storage_helpers import BUCKET, FAST, FaultProxy, HttpFiles, MotoS3, SilentServer  # noqa: E402  (needs moto)
 
 # The s3 (a moto server with the bucket BUCKET, one per module) and proxies fixtures: conftest.py.
 
@@ -417,6 +418,55 @@ def test_a_missing_file_is_transient_only_through_its_cause():
     assert not is_transient(wrapped(status(404))) and not is_transient(wrapped(ValueError("x")))
     assert not is_transient(wrapped(status(500), explicit=False))  # raised while handling: not its cause
     assert not is_transient(FileNotFoundError("x"))
+
+
+# -- a store that accepts connections and never answers ------------------------------------------
+
+def _silent_url(server, scheme: str) -> tuple[str, dict | None]:
+    if scheme == "http":
+        return f"{server.endpoint}/data/index.json", None
+    return "s3://audio/data/index.json", {"endpoint_url": server.endpoint, "key": "k", "secret": "s",
+                                          "client_kwargs": {"region_name": "us-east-1"}}
+
+
+@pytest.mark.parametrize("scheme", ["http", "s3"])
+def test_a_store_that_never_answers_fails_each_try_after_the_timeout(scheme):
+    """Each try gives up after Retry.timeout without an answer (the HTTP clients' own waits are minutes),
+    so reads give up after the attempts, whether made by a producer or while the source is listed."""
+    retry = Retry(attempts=2, base_delay=0.01, timeout=0.3)
+    with SilentServer() as server:
+        url, options = _silent_url(server, scheme)
+        with pytest.raises(StorageError, match=r"'.*index\.json'.*gave up after 2 tries") as info:
+            read_range(url, 0, 10, storage_options=options, retry=retry)
+        assert info.value.transient and info.value.attempts == 2
+        with pytest.raises(StorageError, match="gave up after 2 tries"):
+            Source(url, storage_options=options, retry=retry)  # the index is read as the source is made
+        assert server.connections >= 4
+
+
+def test_the_timeout_reaches_each_client_unless_the_options_set_one():
+    from audiobuffer._fs import _make_filesystem
+
+    class Recorder:
+        def __init__(self, **kwargs):
+            self.kwargs = kwargs
+
+    s3 = _make_filesystem(Recorder, "s3", {"config_kwargs": {"read_timeout": 99}}, 5.0).kwargs["config_kwargs"]
+    assert (s3["connect_timeout"], s3["read_timeout"]) == (5.0, 99)
+    http = _make_filesystem(Recorder, "https", {}, 5.0).kwargs["client_kwargs"]["timeout"]
+    assert (http.total, http.sock_connect, http.sock_read) == (None, 5.0, 5.0)
+    gcs = _make_filesystem(Recorder, "gs", {}, 5.0).kwargs["requests_timeout"]
+    assert (gcs.total, gcs.sock_connect, gcs.sock_read) == (None, 5.0, 5.0)
+    assert "client_kwargs" not in _make_filesystem(Recorder, "https", {}, None).kwargs
+
+
+def test_retry_timeout_is_checked():
+    assert Retry().timeout == 30.0 and as_retry({"timeout": 5}).timeout == 5.0
+    assert Retry(timeout=None).timeout is None  # the HTTP client's own defaults
+    with pytest.raises(ValueError, match="retry timeout must be None or a number of seconds > 0"):
+        Retry(timeout=0)
+    with pytest.raises(TypeError, match="retry timeout"):
+        Retry(timeout="30")
 
 
 def test_s3_streaming_survives_failures_mid_shard(s3, packed, proxies):
