@@ -43,6 +43,7 @@ from ._outcomes import Failure
 from ._producers import ProducerPool
 from ._tuner import TunerMemory
 from .buffer import Buffer
+from .sources import ReadClock
 
 __all__ = ["Assembler", "BatchEpochRun", "DurationBatching", "EpochBatches", "PaddingMeter", "count_header_failures",
            "start_epoch"]
@@ -219,10 +220,11 @@ class BatchEpochRun(EpochRun):
     batches and whose consumer yields whole batches (lists of samples)."""
 
     def __init__(self, number: int, rank: int, world_size: int, worker: int, num_workers: int,
-                 pool: ProducerPool, buffer: Buffer[Any], layout: EpochBatches, batching: DurationBatching) -> None:
+                 pool: ProducerPool, buffer: Buffer[Any], layout: EpochBatches, batching: DurationBatching,
+                 clock: ReadClock) -> None:
         plan = layout.plan
         super().__init__(number, rank, world_size, worker, num_workers, pool, buffer, bytearray(plan.consumed),
-                         plan.positions)
+                         plan.positions, clock=clock)
         self.plan = plan
         self.resumed = layout.resumed
         self.batching = batching
@@ -278,9 +280,10 @@ def start_epoch(dataset: Any, decode: Any, *, number: int, rank: int, world_size
                              world_size=world_size, worker=worker, num_workers=num_workers,
                              even_shards=dataset.even_shards)
     indices, seqs = layout.indices, layout.seqs
+    clock = ReadClock()
 
-    def make_item(seq: int) -> Any:
-        return source.item(int(indices[seq]), epoch=number, seed=seed, seq=int(seqs[seq]))
+    def make_item(seq: int) -> Any:  # I/O time is counted apart from decoding (read_s), as in _epoch.py
+        return source.item(int(indices[seq]), epoch=number, seed=seed, seq=int(seqs[seq]), clock=clock)
 
     # Room for two of the largest batches at least, so producers decode ahead while a batch trains.
     capacity = max(dataset.buffer_size, 2 * max(layout.sizes, default=0))
@@ -288,4 +291,4 @@ def start_epoch(dataset: Any, decode: Any, *, number: int, rank: int, world_size
     pool = ProducerPool(make_item, len(layout), decode, buffer,
                         num_producers=dataset.num_producers, memory=memory, ordered=dataset.ordered,
                         warn_after=dataset.warn_after, timeout=dataset.timeout)
-    return BatchEpochRun(number, rank, world_size, worker, num_workers, pool, buffer, layout, batching)
+    return BatchEpochRun(number, rank, world_size, worker, num_workers, pool, buffer, layout, batching, clock)

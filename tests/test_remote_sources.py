@@ -76,6 +76,16 @@ def test_s3_streamed_labels_from_the_sidecars(s3, remote):
     assert all(s["label_name"] == Path(s["path"]).parent.name for s in ds)
 
 
+def test_s3_duration_batches_count_network_waits_as_read_time(s3, remote):
+    base, _, names = remote
+    ds = BufferedDataset(f"{base}/index.json", _decode(), max_batch_seconds=0.2, num_producers=4,
+                         storage_options=s3.options())
+    batches = list(ds)
+    assert sorted(n for b in batches for n in _names(b)) == sorted(names)
+    stats = ds.stats()
+    assert stats.read_s > 0 and stats.batches == len(batches)
+
+
 def test_s3_files_folders_and_manifests(s3, remote):
     _, _, names = remote
     options = s3.options()
