@@ -26,7 +26,7 @@ import torch
 
 from . import _shm
 from ._producers import JOIN_TIMEOUT
-from .buffer import Buffer
+from .buffer import WAIT_SLICE, Buffer
 from .errors import BufferClosed, HelperError
 
 #: Seconds to wait for the helper to say it is ready (it imports numpy and soundfile, not torch).
@@ -95,6 +95,31 @@ def torch_dtype(dtype: str) -> torch.dtype:
     return found
 
 
+def _acquire(lock: threading.Lock) -> None:
+    """Take ``lock``, waking every ``WAIT_SLICE`` seconds (NOTE [ Interruptible waits ] in buffer.py)."""
+    while not lock.acquire(timeout=WAIT_SLICE):
+        pass
+
+
+def _wait_exit(proc: subprocess.Popen[bytes], timeout: float) -> int | None:
+    """``proc``'s exit code once it exits within ``timeout`` seconds, else ``None``; waits in slices of
+    ``WAIT_SLICE`` (NOTE [ Interruptible waits ] in buffer.py)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return proc.wait(max(0.0, min(WAIT_SLICE, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= deadline:
+                return None
+
+
+def _join(thread: threading.Thread, timeout: float) -> None:
+    """``thread.join(timeout)`` in slices of ``WAIT_SLICE`` (NOTE [ Interruptible waits ] in buffer.py)."""
+    deadline = time.monotonic() + timeout
+    while thread.is_alive() and (remaining := deadline - time.monotonic()) > 0:
+        thread.join(min(WAIT_SLICE, remaining))
+
+
 def shutdown_helper(proc: subprocess.Popen[bytes], inbox: Buffer[Any], closing: threading.Event,
                     wanted: threading.Event, segments: dict[str, Any], reader: threading.Thread) -> None:
     """Stop the helper and free what it held. Runs once: from close(), from GC or at interpreter exit."""
@@ -112,14 +137,12 @@ def shutdown_helper(proc: subprocess.Popen[bytes], inbox: Buffer[Any], closing: 
             proc.stdin.close()  # type: ignore[union-attr]
         except (OSError, ValueError):
             pass
-        try:
-            proc.wait(JOIN_TIMEOUT)
-        except subprocess.TimeoutExpired:
+        if _wait_exit(proc, JOIN_TIMEOUT) is None:
             proc.kill()
-            proc.wait(JOIN_TIMEOUT)
+            _wait_exit(proc, JOIN_TIMEOUT)
     finally:
         if reader is not threading.current_thread():
-            reader.join(JOIN_TIMEOUT)
+            _join(reader, JOIN_TIMEOUT)
         if proc.stdout is not None:
             proc.stdout.close()
         for name, segment in list(segments.items()):
@@ -224,10 +247,7 @@ def read_messages(proc: subprocess.Popen[bytes], inbox: Buffer[Any], closing: th
     if closing.is_set():
         inbox.close()
         return
-    try:
-        proc.wait(JOIN_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        pass
+    _wait_exit(proc, JOIN_TIMEOUT)
     inbox.abort(HelperError(death_message(proc)))
 
 
@@ -312,12 +332,14 @@ class HelperChannel:
         if proc is None or proc.stdin is None:
             raise HelperError("the helper process is not running")
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        _acquire(self._send_lock)  # held by another thread's send on a full pipe, maybe: in slices
         try:
-            with self._send_lock:
-                proc.stdin.write(data)
-                proc.stdin.flush()
+            proc.stdin.write(data)
+            proc.stdin.flush()
         except (OSError, ValueError) as exc:
             raise HelperError(death_message(proc)) from exc
+        finally:
+            self._send_lock.release()
 
     def receive(self, timeout: float | None) -> Any:
         """The next message from the helper, read now (NOTE [ Reading the helper on demand ]), or one
@@ -329,7 +351,7 @@ class HelperChannel:
         """
         if not len(self.inbox):  # only this thread takes from the inbox, so a message seen stays there
             self._wanted.set()
-        return self.inbox.get(timeout=timeout)
+        return self.inbox.get(timeout=timeout)  # in slices, so Ctrl-C breaks it (NOTE [ Interruptible waits ])
 
     def attach(self, slot: int, name: str) -> Any:
         """The shared memory of ``slot``, now segment ``name`` (attached once, re-attached when it grew)."""

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import _thread
+import io
 import signal
 import sys
+import threading
 
 import pytest
+from helpers import JOIN_TIMEOUT, fake_paths
+from plain_decoders import IndexDecoder
 
-from audiobuffer._channel import death_message
+from audiobuffer import IsolatedLoader
+from audiobuffer._channel import HelperChannel, death_message
+from audiobuffer.buffer import WAIT_SLICE
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -53,3 +60,101 @@ def test_exit_code_1_on_windows_is_a_failure_or_an_end_from_outside_never_a_sign
     assert message.startswith("the helper process (pid 42) exited with code 1: it failed")
     assert "TerminateProcess" in message
     assert "killed" not in message and "signal" not in message
+
+
+class Interrupted(Exception):
+    """Raised by the test's SIGINT handler, as Ctrl-C raises KeyboardInterrupt."""
+
+
+@pytest.fixture
+def interrupt_main():
+    """``interrupt_main(after)``: in ``after`` seconds, run the main thread's SIGINT handler, which raises
+    :class:`Interrupted`. Like Ctrl-C on Windows before Python 3.14, it only runs once the main thread's
+    wait returns: a simulated signal does not wake a blocked lock acquire."""
+    def handler(signum, frame):
+        raise Interrupted
+
+    previous = signal.signal(signal.SIGINT, handler)
+    timers = []
+
+    def schedule(after):
+        timer = threading.Timer(after, _thread.interrupt_main, args=(signal.SIGINT,))
+        timer.start()
+        timers.append(timer)
+
+    yield schedule
+    for timer in timers:
+        timer.cancel()
+        timer.join(JOIN_TIMEOUT)
+    signal.signal(signal.SIGINT, previous)
+
+
+class Running:
+    """What HelperChannel.send reads of a subprocess.Popen: a live process whose stdin is ``stdin``."""
+
+    pid = 42
+
+    def __init__(self, stdin):
+        self.stdin = stdin
+
+    def poll(self):
+        return None
+
+
+def test_ctrl_c_breaks_a_send_waiting_for_another_threads_send(interrupt_main):
+    # Another thread's send holds the channel's lock (blocked on a full pipe): the trainer's send waits
+    # for it in slices, so that the interrupt is raised before the other send ends.
+    channel = HelperChannel(4)
+    channel.proc = Running(io.BytesIO())
+    held, release, released = threading.Event(), threading.Event(), threading.Event()
+
+    def hold():
+        with channel._send_lock:
+            held.set()
+            release.wait(JOIN_TIMEOUT)
+        released.set()
+
+    holder = threading.Thread(target=hold, name="test-holder", daemon=True)
+    holder.start()
+    try:
+        assert held.wait(JOIN_TIMEOUT)
+        interrupt_main(0.1)
+        with pytest.raises(Interrupted):
+            channel.send(("free", 1, 0))
+        assert not released.is_set(), "the interrupt came only after the other send ended"
+    finally:
+        release.set()
+        holder.join(JOIN_TIMEOUT)
+    assert not holder.is_alive()
+
+
+def test_ctrl_c_breaks_a_receive_from_a_stalled_helper(interrupt_main):
+    channel = HelperChannel(4)  # no helper: nothing ever comes, as from a helper stuck in a decode
+    interrupt_main(0.1)
+    with pytest.raises(Interrupted):
+        channel.receive(None)
+
+
+def test_closing_waits_for_the_helper_and_its_reader_in_slices():
+    # NOTE [ Interruptible waits ]: every wait of the trainer's thread as it closes the loader is at
+    # most WAIT_SLICE long, whatever it waits for in all.
+    waits = []
+    main = threading.main_thread()
+
+    def recording(name, wait):
+        def record(timeout=None):
+            if threading.current_thread() is main:
+                waits.append((name, timeout))
+            return wait(timeout)
+        return record
+
+    with IsolatedLoader(fake_paths(8), IndexDecoder(), batch_size=4) as loader:
+        assert len(list(loader)) == 2
+        proc = loader._channel.proc
+        proc.wait = recording("proc.wait", proc.wait)
+        for thread in threading.enumerate():
+            if thread.name == "audiobuffer-helper-reader":
+                thread.join = recording("reader.join", thread.join)
+    assert proc.returncode == 0
+    assert "proc.wait" in {name for name, _ in waits}  # the reader may have ended before its join
+    assert all(timeout is not None and timeout <= WAIT_SLICE for _, timeout in waits), waits
