@@ -1,6 +1,9 @@
 import dataclasses
+import io
 import json
+import logging
 import os
+import re
 import subprocess
 import sys
 
@@ -279,3 +282,75 @@ def test_demo_rejects_bad_arguments():
 def test_console_script_is_installed():
     result = subprocess.run(["audiobuffer", "--version"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.startswith("audiobuffer ")
+
+
+# -- what every command shares: its help, a stdout that cannot encode every file name ------------------
+
+def test_help_lists_every_command(capsys):
+    from audiobuffer.tools.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    listed = capsys.readouterr().out
+    for command in ("run", "config", "demo", "bench", "stress", "pack"):
+        assert re.search(rf"^\s+{command}\s+\S", listed, re.MULTILINE), (command, listed)
+
+
+#: A file name a Windows console or redirect (cp1252) cannot encode.
+NOT_CP1252 = "7_b\u0142\u0105d_\u65e5\u672c"
+
+
+def cp1252_stdout(monkeypatch):
+    """sys.stdout as Windows gives it to a redirected process: cp1252, strict errors (set in the test's
+    body: pytest sets its own sys.stdout again once the fixtures are set up)."""
+    stdout = io.TextIOWrapper(io.BytesIO(), encoding="cp1252")
+    monkeypatch.setattr(sys, "stdout", stdout)
+    audiobuffer_logger = logging.getLogger("audiobuffer")
+    monkeypatch.setattr(audiobuffer_logger, "level", audiobuffer_logger.level)  # main() sets it
+    return stdout
+
+
+def printed(stdout):
+    stdout.flush()
+    return stdout.buffer.getvalue().decode("cp1252")
+
+
+def test_run_names_a_file_stdout_cannot_encode_and_writes_its_json(tmp_path, monkeypatch):
+    from audiobuffer.tools.cli import main
+
+    make_corpus(tmp_path / "audio", 3, seconds=0.1)
+    (tmp_path / "audio" / f"{NOT_CP1252}.wav").write_bytes(b"RIFF not really a wav file")  # skipped, listed
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(yaml.safe_dump({"source": {"root": "audio"}, "buffer": {"producers": 1, "on_error": "skip"},
+                                      "device": "cpu"}), encoding="utf-8")
+    out = tmp_path / "summary.json"
+    stdout = cp1252_stdout(monkeypatch)
+    assert main(["run", str(config), "--json", str(out), "--no-progress"]) == 0
+    assert json.loads(out.read_text(encoding="utf-8"))["failed"] == 1
+    assert "7_b\\u0142\\u0105d_\\u65e5\\u672c.wav" in printed(stdout)  # escaped, not a crash
+
+
+def test_pack_names_an_output_folder_stdout_cannot_encode(tmp_path, monkeypatch):
+    from audiobuffer.tools.cli import main
+
+    make_corpus(tmp_path / "src", 3, seconds=0.05)
+    out = tmp_path / NOT_CP1252
+    stdout = cp1252_stdout(monkeypatch)
+    assert main(["pack", str(tmp_path / "src"), str(out), "--shard-size", "1MB", "--no-progress"]) == 0
+    assert (out / "index.json").is_file()
+    assert "packed 3 files" in printed(stdout) and "\\u65e5\\u672c" in printed(stdout)
+
+
+def test_the_saved_reference_config_says_what_to_fill_in_and_runs_once_filled(tmp_path):
+    reference = audiobuffer("config", "--reference", cwd=tmp_path)
+    assert reference.returncode == 0, reference.stderr
+    saved = tmp_path / "my.yaml"
+    saved.write_text(reference.stdout, encoding="utf-8")
+    assert_config_error(audiobuffer("run", "my.yaml", cwd=tmp_path), "my.yaml: source.root: fill in the folder",
+                        "--set source.root=PATH")
+    make_corpus(tmp_path / "audio", 4, seconds=0.1)
+    filled = audiobuffer("run", "my.yaml", "--set", "source.root=audio", "--set", "device=cpu", "--json", "-",
+                         "--no-progress", cwd=tmp_path)
+    assert filled.returncode == 0, filled.stderr
+    assert json.loads(filled.stdout)["samples"] == 4

@@ -1,5 +1,5 @@
 """The ``audiobuffer`` command line: ``run`` a YAML pipeline, ``config`` (the reference config, or a
-config checked and filled in), the ``demo``, ``bench`` and ``stress``.
+config checked and filled in), the ``demo``, ``bench``, ``stress`` and ``pack``.
 
 Exit status: 0 on success, 1 when the pipeline fails (a file under ``on_error: raise``), 2 for a bad
 command line or config. Errors go to stderr as one message, without a traceback (``-v`` adds the
@@ -9,6 +9,8 @@ traceback of an unexpected error).
 from __future__ import annotations
 
 import argparse
+import importlib
+import io
 import logging
 import math
 import re
@@ -25,6 +27,14 @@ from .report import write_json
 __all__ = ["main"]
 
 logger = logging.getLogger(__name__)
+
+#: Commands that parse their own arguments (a module of this package with a ``main(argv)``), and their
+#: line in ``audiobuffer --help``.
+_OWN_ARGUMENTS = {
+    "bench": "time an epoch of decoding through each loader (see 'audiobuffer bench -h')",
+    "stress": "many producers and consumers through Buffer, against queue.Queue (see 'audiobuffer stress -h')",
+    "pack": "pack a source into tar shards and an index for random access (see 'audiobuffer pack -h')",
+}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -77,10 +87,8 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0)
     common(demo)
 
-    sub.add_parser("bench", help="time an epoch of decoding through each loader (see 'audiobuffer bench -h')",
-                   add_help=False)
-    sub.add_parser("stress", help="many producers and consumers through Buffer, against queue.Queue "
-                                  "(see 'audiobuffer stress -h')", add_help=False)
+    for name, line in _OWN_ARGUMENTS.items():  # listed here, parsed by their own main()
+        sub.add_parser(name, help=line, add_help=False)
     return parser
 
 
@@ -192,17 +200,21 @@ def _one_line(message: str, limit: int = 4000) -> str:
     return message if len(message) <= limit else message[:limit - 3] + "..."
 
 
+def _tolerant_stdout() -> None:
+    """Let stdout print any file name: a Windows console or redirect (cp1252) cannot encode every
+    character, and a print that raised would end the command before its ``--json`` is written."""
+    stream = sys.stdout
+    if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict":
+        stream.reconfigure(errors="backslashreplace")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("bench", "stress", "pack"):  # these own their arguments
-        if argv[0] == "bench":
-            from .bench import main as sub_main
-        elif argv[0] == "stress":
-            from .stress import main as sub_main
-        else:
-            from .pack import main as sub_main
-        return sub_main(argv[1:])
+    _tolerant_stdout()
+    if argv and argv[0] in _OWN_ARGUMENTS:
+        command: Any = importlib.import_module(f".{argv[0]}", __package__)
+        return int(command.main(argv[1:]))
     parser = _parser()
     args = parser.parse_args(argv)
     _setup_logging(args)
