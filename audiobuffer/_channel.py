@@ -319,8 +319,12 @@ class HelperChannel:
             raise HelperError(f"the helper process could not load the pipeline: {message[2]}") \
                 from RemoteTraceback(message[3])
         self.info = message[1]
-        self._segments.update((name, None) for name in self.info["segments"])
-        self._slot_names.update(enumerate(self.info["segments"]))
+        try:  # every slot now: on Windows a segment goes with its last handle, the helper's if it dies
+            for slot, name in enumerate(self.info["segments"]):
+                self.attach(slot, name)
+        except HelperError:
+            self.close()
+            raise
 
     def send(self, message: tuple[Any, ...]) -> None:
         """Send one message to the helper (any thread).
@@ -354,7 +358,12 @@ class HelperChannel:
         return self.inbox.get(timeout=timeout)  # in slices, so Ctrl-C breaks it (NOTE [ Interruptible waits ])
 
     def attach(self, slot: int, name: str) -> Any:
-        """The shared memory of ``slot``, now segment ``name`` (attached once, re-attached when it grew)."""
+        """The shared memory of ``slot``, now segment ``name`` (attached once, re-attached when it grew).
+
+        Raises:
+            HelperError: the segment is gone: the helper died (on Windows a segment goes with its last
+                handle, so one the helper grew just before it died is gone before the trainer attaches).
+        """
         old = self._slot_names.get(slot)
         if old != name:  # the helper grew this slot into a new segment and unlinked the old one
             segment = self._segments.pop(old, None) if old is not None else None
@@ -362,7 +371,14 @@ class HelperChannel:
                 segment.close()
             self._slot_names[slot] = name
         if self._segments.get(name) is None:
-            self._segments[name] = _shm.attach(name)
+            self._segments[name] = None  # the shutdown unlinks it, whatever happens next
+            try:
+                self._segments[name] = _shm.attach(name)
+            except FileNotFoundError as exc:
+                if self.proc is not None:
+                    _wait_exit(self.proc, JOIN_TIMEOUT)  # for its exit code
+                raise HelperError(f"the shared memory of slot {slot} ({name}) is gone: "
+                                  f"{death_message(self.proc)}") from exc
         return self._segments[name]
 
     def stop_epoch(self, gen: int) -> None:

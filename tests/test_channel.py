@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import _thread
 import io
+import os
+import select
 import signal
 import sys
 import threading
@@ -12,7 +14,7 @@ import pytest
 from helpers import JOIN_TIMEOUT, fake_paths
 from plain_decoders import IndexDecoder
 
-from audiobuffer import IsolatedLoader
+from audiobuffer import HelperError, IsolatedLoader, _shm
 from audiobuffer._channel import HelperChannel, death_message
 from audiobuffer.buffer import WAIT_SLICE
 
@@ -28,6 +30,9 @@ class Ended:
         self.code = code
 
     def poll(self):
+        return self.code
+
+    def wait(self, timeout=None):
         return self.code
 
 
@@ -158,3 +163,44 @@ def test_closing_waits_for_the_helper_and_its_reader_in_slices():
     assert proc.returncode == 0
     assert "proc.wait" in {name for name, _ in waits}  # the reader may have ended before its join
     assert all(timeout is not None and timeout <= WAIT_SLICE for _, timeout in waits), waits
+
+
+def test_every_slot_is_attached_when_the_helper_is_ready():
+    # On Windows a segment lives only as long as a handle to it: the trainer holds one of every slot
+    # from the start, so that a batch the helper sent just before it died can still be read.
+    with IsolatedLoader(fake_paths(8), IndexDecoder(), batch_size=4, num_slots=3) as loader:
+        batches = iter(loader)
+        channel = loader._channel
+        assert len(channel.info["segments"]) == 3
+        assert all(channel._segments[name] is not None for name in channel.info["segments"])
+        assert len(list(batches)) == 2
+
+
+def test_a_slot_gone_with_its_dead_helper_is_a_helper_error():
+    # A slot the helper grew, then died before the trainer attached it: on Windows the segment went
+    # with the helper's last handle.
+    channel = HelperChannel(4)
+    channel.proc = Ended(3)
+    with pytest.raises(HelperError, match=r"slot 1 .*ab_0_gone.* is gone: the helper process \(pid 42\) "
+                                          r"exited with code 3") as info:
+        channel.attach(1, "ab_0_gone")
+    assert isinstance(info.value.__cause__, FileNotFoundError)
+
+
+@pytest.mark.skipif(os.name == "nt", reason="select() takes no pipes on Windows")
+def test_batches_sent_by_a_helper_that_died_are_read_then_its_death_raised():
+    # The helper fills its slots, sends them and dies; its segments go with it (unlinked here, as
+    # Windows frees them with the helper's last handle). What it sent is read from the trainer's own
+    # mapping of each slot, then the death is raised: never FileNotFoundError.
+    with IsolatedLoader(fake_paths(40), IndexDecoder(), batch_size=4, num_slots=3, num_producers=1) as loader:
+        batches = iter(loader)
+        proc = loader._channel.proc
+        ready, _, _ = select.select([proc.stdout], [], [], JOIN_TIMEOUT)  # a batch waits in the pipe
+        assert ready
+        proc.kill()
+        proc.wait(JOIN_TIMEOUT)
+        for name in loader._channel.info["segments"]:
+            _shm.unlink(name)
+        with pytest.raises(HelperError, match="was killed by SIGKILL"):
+            for batch in batches:
+                assert len(batch["index"]) == 4
