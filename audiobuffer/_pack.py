@@ -276,6 +276,6 @@ def _write_index(path: Path, shards: list[dict[str, Any]], members: list[dict[st
         '"members": [\n', ",\n".join(line(m) for m in members), "\n]\n}\n",
     ])
     partial = path.with_name(path.name + _PARTIAL)
-    partial.write_text(text, encoding="utf-8")
+    partial.write_bytes(text.encode("utf-8"))  # bytes: no \r\n on Windows, the same index everywhere
     os.replace(partial, path)  # the index appears last, whole: its presence means the pack finished
 

@@ -159,3 +159,25 @@ class ScriptedTuner:
             self.history.append((sample.time, count, "scripted"))
         self.count = count
         return count
+
+
+def windows_text_files(monkeypatch: Any) -> None:
+    """Make text files behave as on Windows for the rest of a test: ``open``, ``io.open`` (and so
+    ``Path.write_text``, ``os.fdopen``) write ``\\r\\n`` for ``\\n`` unless given ``newline=``, and use
+    the locale's cp1252 when given no ``encoding=``. Binary files are untouched."""
+    import builtins
+    import io
+
+    real_open = io.open
+
+    def windows_open(file: Any, mode: str = "r", buffering: int = -1, encoding: str | None = None,
+                     errors: str | None = None, newline: str | None = None, *args: Any, **kwargs: Any) -> Any:
+        if "b" not in mode:
+            if encoding in (None, "locale"):
+                encoding = "cp1252"
+            if newline is None and any(c in mode for c in "wax+"):
+                newline = "\r\n"
+        return real_open(file, mode, buffering, encoding, errors, newline, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", windows_open)
+    monkeypatch.setattr(io, "open", windows_open)

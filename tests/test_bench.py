@@ -12,7 +12,7 @@ import numpy as np
 import psutil
 import pytest
 import torch
-from helpers import JOIN_TIMEOUT, REPO, make_corpus, write_tone
+from helpers import JOIN_TIMEOUT, REPO, make_corpus, windows_text_files, write_tone
 
 from audiobuffer.tools.bench import main as bench_main
 from audiobuffer.tools.bench import measure_epoch, usable_cores
@@ -604,3 +604,28 @@ def test_free_threaded_bench_tables(monkeypatch):
     assert "GIL as reported: on [True], off [False]." in text
     assert "| pool-2 | 0.200 | 2.00x | 0.100 | 2.00x | 2.00x |  |" in text
     assert "| pool-auto | 0.100 | 4.00x | 0.050 | 4.00x | 2.00x | on [0], off [0] |" in text
+
+
+def test_bench_file_lists_are_utf8_where_the_locale_is_cp1252(monkeypatch, tmp_path):
+    """The corpus's file list and the child's result go through files: written and read as UTF-8 with
+    \\n, they carry any file name on Windows (cp1252 locale, \\r\\n text files) too."""
+    from audiobuffer.tools import bench
+
+    windows_text_files(monkeypatch)
+    paths = [str(tmp_path / "7_b\u0142\u0105d_\u65e5\u672c.wav"), str(tmp_path / "plain.wav")]
+    seen = []
+
+    def fake_child(approach, child_paths, transform_name=None):
+        seen.append(child_paths)
+        return {"total_s": 1.0, "first_batch_s": 0.1, "files": len(child_paths), "first_files": 1, "audio_s": 2.0,
+                "cpu_s": 0.5, "window_s": 1.0, "gil_enabled": True}
+
+    def in_process(cmd, timeout):  # the child's command line, run here
+        assert cmd[1:3] == ["-m", "audiobuffer.tools.bench"]
+        return bench.main(cmd[3:]), "", 2**20
+
+    monkeypatch.setattr(bench, "_child", fake_child)
+    monkeypatch.setattr(bench, "run_with_peak_rss", in_process)
+    results = bench.run_bench({"names": paths}, ["loop"], 1, workdir=tmp_path, progress=False)
+    assert seen == [paths] and results["names"][0]["files"] == 2
+    assert all(b"\r" not in f.read_bytes() for f in tmp_path.iterdir() if f.is_file())

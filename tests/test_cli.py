@@ -9,11 +9,11 @@ import sys
 
 import pytest
 import yaml
-from helpers import REPO, make_corpus
+from helpers import REPO, make_corpus, windows_text_files
 
 from audiobuffer.buffer import BufferStats
 from audiobuffer.dataset import DatasetStats
-from audiobuffer.tools.report import RunSummary
+from audiobuffer.tools.report import RunSummary, write_json
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -354,3 +354,11 @@ def test_the_saved_reference_config_says_what_to_fill_in_and_runs_once_filled(tm
                          "--no-progress", cwd=tmp_path)
     assert filled.returncode == 0, filled.stderr
     assert json.loads(filled.stdout)["samples"] == 4
+
+
+def test_json_report_is_utf8_with_unix_newlines_where_text_files_write_crlf(tmp_path, monkeypatch):
+    windows_text_files(monkeypatch)
+    report = {"failures": [{"path": f"{NOT_CP1252}.wav"}], "samples": 3}
+    write_json(tmp_path / "summary.json", report)
+    data = (tmp_path / "summary.json").read_bytes()
+    assert b"\r" not in data and json.loads(data.decode("utf-8")) == report

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import REPO, make_corpus
+from helpers import REPO, make_corpus, windows_text_files
 
 from audiobuffer.shards import INDEX_NAME, read_index
 from audiobuffer.tools.pack import main, parse_size
@@ -82,3 +82,16 @@ def test_audiobuffer_pack_runs_from_the_command_line(tmp_path):
     assert (tmp_path / "out" / INDEX_NAME).is_file()
     again = subprocess.run(run, env=env, capture_output=True, text=True, timeout=120)
     assert again.returncode == 2 and again.stderr.count("\n") == 1 and "not empty" in again.stderr
+
+
+def test_index_has_the_same_bytes_where_text_files_write_crlf(tmp_path, monkeypatch):
+    """index.json is written as UTF-8 bytes, so packing the same source gives the same bytes on Windows."""
+    make_corpus(tmp_path / "src", 4, seconds=0.05)
+    (tmp_path / "src" / "class0" / "0_\u65e5\u672c.wav").write_bytes((tmp_path / "src" / "class0" / "0_0000.wav")
+                                                                       .read_bytes())
+    assert main([str(tmp_path / "src"), str(tmp_path / "here"), "--shard-size", "1MB", "-q"]) == 0
+    windows_text_files(monkeypatch)
+    assert main([str(tmp_path / "src"), str(tmp_path / "windows"), "--shard-size", "1MB", "-q"]) == 0
+    windows = (tmp_path / "windows" / INDEX_NAME).read_bytes()
+    assert b"\r" not in windows and windows == (tmp_path / "here" / INDEX_NAME).read_bytes()
+    assert len(read_index(tmp_path / "windows" / INDEX_NAME)) == 5

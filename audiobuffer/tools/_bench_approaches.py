@@ -291,7 +291,7 @@ def make_corpus(root: Path, files: int, fmt: str, *, seed: int = 0) -> list[str]
             t = np.arange(n) / 16000
             audio = 0.3 * np.sin(2 * np.pi * rng.uniform(100, 2000) * t) + 0.05 * rng.standard_normal(n)
             sf.write(path, audio.astype(np.float32), 16000, subtype="PCM_16")
-        marker.write_text("ok")
+        marker.write_text("ok", encoding="utf-8", newline="\n")
     return paths
 
 

@@ -126,7 +126,7 @@ def _measure(approach: str, file_list: Path, timeout: float, transform: str | No
     status, err, peak = run_with_peak_rss(cmd, timeout=timeout)
     if status != 0:
         raise RuntimeError(f"{approach} failed (exit {status}): {err}")
-    r = json.loads(out.read_text())
+    r = json.loads(out.read_text(encoding="utf-8"))
     steady_time = max(1e-9, r["total_s"] - r["first_batch_s"])
     steady_files = r["files"] - r["first_files"]
     return Run(approach, r["total_s"], r["first_batch_s"], r["files"], r["audio_s"],
@@ -148,7 +148,7 @@ def run_bench(corpora: dict[str, list[str]], approaches: Sequence[str], runs: in
     for number, (corpus, paths) in enumerate(corpora.items()):
         transform = (transforms or {}).get(corpus)
         file_list = workdir / f"corpus-{number}.txt"
-        file_list.write_text("\n".join(paths))
+        file_list.write_text("\n".join(paths), encoding="utf-8", newline="\n")  # any file name, any locale
         usable = []
         for approach in approaches:
             why = ("not installed" if not available(approach) else
@@ -211,8 +211,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--transform", choices=TRANSFORMS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        paths = args.file_list.read_text().split("\n")
-        args.child_out.write_text(json.dumps(_child(args.child, paths, args.transform)))
+        paths = args.file_list.read_text(encoding="utf-8").split("\n")
+        args.child_out.write_text(json.dumps(_child(args.child, paths, args.transform)), encoding="utf-8",
+                                  newline="\n")
         return 0
     if args.runs < 1 or args.files < 1:
         parser.error("--runs and --files must be >= 1")
@@ -243,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = markdown(results)
     print(text)
     if args.markdown:
-        Path(args.markdown).write_text(text)
+        Path(args.markdown).write_text(text, encoding="utf-8", newline="\n")
     if args.plot:
         plot(results, Path(args.plot))
     write_json(args.json, results)

@@ -85,7 +85,8 @@ def make_demo_corpus(root: Path | None = None, *, per_class: int = 50, seed: int
         for i in range(per_class):
             audio = _utterance(label, np.random.default_rng([seed, label, i]))
             sf.write(root / f"{label}_synth_{i}.flac", audio, SAMPLE_RATE, subtype="PCM_16")
-    marker.write_text(json.dumps({"version": CORPUS_VERSION, "per_class": per_class, "seed": seed}))
+    made = {"version": CORPUS_VERSION, "per_class": per_class, "seed": seed}
+    marker.write_text(json.dumps(made), encoding="utf-8", newline="\n")
     return root
 
 

@@ -191,4 +191,4 @@ def write_json(target: str | os.PathLike[str] | None, data: Any) -> None:
     if str(target) == "-":
         sys.stdout.write(text + "\n")
     else:
-        Path(target).write_text(text + "\n", encoding="utf-8")
+        Path(target).write_text(text + "\n", encoding="utf-8", newline="\n")
