@@ -31,11 +31,17 @@ DEFAULT_BUCKETS = 10
 
 
 def usable_cores() -> int:
-    """The cores this process may run on (its affinity where the OS tells it, else all)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+    """The cores this process may run on: Python's own count where it has one (3.13+:
+    ``os.process_cpu_count``, the affinity where the OS tells it, and ``-X cpu_count``), else the
+    affinity on Linux, else every core."""
+    process_cpu_count = getattr(os, "process_cpu_count", None)
+    if process_cpu_count is not None:
+        count = process_cpu_count()
+    elif sys.platform.startswith("linux"):
+        count = len(os.sched_getaffinity(0))
+    else:
+        count = os.cpu_count()
+    return count or os.cpu_count() or 1
 
 
 def gil_enabled() -> bool:

@@ -94,3 +94,40 @@ def test_most_producers_is_the_pinned_count_or_the_usable_cores():
     assert LoaderOptions(num_producers=3).most_producers() == 3
     assert LoaderOptions(num_producers="auto").most_producers() == usable_cores()
     assert LoaderOptions().most_producers() == usable_cores()
+
+
+def test_usable_cores_is_pythons_process_count_where_it_has_one(monkeypatch):
+    """Python 3.13's os.process_cpu_count (affinity, -X cpu_count) counts on every platform, not
+    os.cpu_count (every core of the machine) off Linux."""
+    import os
+    import sys
+
+    from audiobuffer._options import usable_cores
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5}, raising=False)
+    monkeypatch.setattr(os, "process_cpu_count", lambda: 3, raising=False)
+    for platform in ("linux", "win32", "darwin"):
+        monkeypatch.setattr(sys, "platform", platform)
+        assert usable_cores() == 3
+    monkeypatch.setattr(os, "process_cpu_count", lambda: None)  # undetermined
+    assert usable_cores() == 64
+
+
+def test_usable_cores_before_python_313(monkeypatch):
+    """Without os.process_cpu_count: the affinity on Linux, every core elsewhere."""
+    import os
+    import sys
+
+    from audiobuffer._options import usable_cores
+
+    monkeypatch.delattr(os, "process_cpu_count", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5}, raising=False)
+    monkeypatch.setattr(sys, "platform", "linux")
+    assert usable_cores() == 6
+    monkeypatch.delattr(os, "sched_getaffinity")
+    monkeypatch.setattr(sys, "platform", "win32")
+    assert usable_cores() == 64
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    assert usable_cores() == 1
