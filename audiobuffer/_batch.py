@@ -20,6 +20,7 @@ __all__ = ["Allocate", "SlotArena", "collate_numpy"]
 #: ``(shape, dtype) -> array`` where a batch array is written.
 Allocate = Callable[[tuple[int, ...], np.dtype], np.ndarray]
 _NUMBER_TYPES = (bool, int, float, np.number, np.bool_)
+_NUMBER_KINDS = "biufc"  # the numpy kinds a tensor can hold
 _ALIGN = 64  # every array in a slot starts on a cache line
 
 
@@ -46,13 +47,13 @@ def collate_numpy(samples: Sequence[Mapping[str, Any]], *, key: str = "audio", p
     """Collate sample dicts into a dict of numpy arrays and lists (see :func:`~audiobuffer.pad_collate`).
 
     ``key`` is padded along its last axis to the longest in the batch; ``lengths`` holds each sample's
-    ``num_frames`` (else its length); numbers and equal-shape arrays are stacked; anything else stays
-    a list. Arrays are written into what ``allocate`` returns, each byte once (with the default
+    ``num_frames`` (else its length); numbers and equal-shape arrays of numbers are stacked; anything
+    else stays a list. Arrays are written into what ``allocate`` returns, each byte once (with the default
     allocator and a zero pad, the padded array starts as zeroed memory and only the samples are copied).
 
     Raises:
         TypeError: ``samples`` is empty, holds something other than mappings, or ``key`` holds a
-            non-array.
+            non-array or an array of something other than numbers (an object array, strings).
         KeyError: a sample lacks ``key`` or a key the first sample has.
         ValueError: the ``key`` arrays differ in anything but their last axis.
     """
@@ -89,6 +90,9 @@ def _pad(values: list[Any], key: str, pad_value: float, allocate: Allocate) -> t
         a = value if value.__class__ is np.ndarray else _as_array(value)
         if a is None:
             raise TypeError(f"pad_collate: {key!r} must hold CPU tensors or numpy arrays, got {type(value).__name__}")
+        if a.dtype.kind not in _NUMBER_KINDS:
+            raise TypeError(f"pad_collate: {key!r} must hold numbers, got an array of dtype {a.dtype}: convert it in "
+                            f"the decoder or a transform (np.asarray(audio, dtype=np.float32))")
         checked.append(a)
     shapes = [a.shape for a in checked]
     lead = shapes[0][:-1]
@@ -132,7 +136,7 @@ def _collate_field(values: list[Any], allocate: Allocate) -> Any:
     arrays = [head] + [_as_array(v) for v in values[1:]]
     if all(a is not None for a in arrays):
         checked: list[np.ndarray] = arrays  # type: ignore[assignment]
-        if len({(a.shape, a.dtype) for a in checked}) == 1 and checked[0].dtype != object:
+        if len({(a.shape, a.dtype) for a in checked}) == 1 and checked[0].dtype.kind in _NUMBER_KINDS:
             out = allocate((len(checked), *checked[0].shape), checked[0].dtype)
             for row, a in zip(out, checked):
                 row[...] = a
@@ -144,7 +148,8 @@ class SlotArena:
     """An allocator that carves aligned arrays out of one buffer, for :func:`collate_numpy`.
 
     When the buffer is too small it keeps going with private arrays and records the bytes it would
-    have needed in :attr:`needed`, so the caller can grow the buffer and collate again.
+    have needed in :attr:`needed`, so the caller can grow the buffer and collate again. An array of
+    Python objects cannot live in shared memory, however large: it raises ``TypeError``.
     """
 
     def __init__(self, buf: memoryview | None) -> None:
@@ -162,10 +167,13 @@ class SlotArena:
 
     def __call__(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         dtype = np.dtype(dtype)
+        if dtype.hasobject:
+            raise TypeError(f"an array of dtype {dtype} holds Python objects, which cannot go into a shared-memory "
+                            f"batch slot")
         start = -(-self.offset // _ALIGN) * _ALIGN
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         self.offset = start + nbytes
-        if self.overflow or self._buf is None or self.offset > self._size or dtype.hasobject:
+        if self.overflow or self._buf is None or self.offset > self._size:
             self.overflow = True
             self.placed.clear()
             return np.empty(shape, dtype=dtype)

@@ -25,8 +25,8 @@ def pad_collate(samples: Sequence[Mapping[str, Any]], *, key: str = "audio",
     - ``key`` (``(frames,)`` or ``(channels, frames)`` per sample) becomes ``(B, [channels,] T)``,
       ``T`` the longest in the batch, padded with ``pad_value``; ``lengths`` holds each sample's
       ``num_frames`` when samples carry it (the real audio before any padding), else its length.
-    - Other arrays and tensors of one shape are stacked; numbers become a tensor; anything else
-      (paths, label names, arrays of unequal shapes) stays a list.
+    - Other arrays and tensors of numbers of one shape are stacked; numbers become a tensor; anything
+      else (paths, label names, arrays of unequal shapes, of strings or of objects) stays a list.
 
     Works as ``DataLoader(..., collate_fn=pad_collate, pin_memory=True)``; for another key use
     ``functools.partial(pad_collate, key="wave")``.
@@ -37,7 +37,8 @@ def pad_collate(samples: Sequence[Mapping[str, Any]], *, key: str = "audio",
         (torch.Size([2, 5]), [3, 5])
 
     Raises:
-        TypeError: ``samples`` is empty or holds something other than mappings.
+        TypeError: ``samples`` is empty or holds something other than mappings, or ``key`` holds
+            something other than arrays of numbers (an object array, strings).
         KeyError: a sample lacks ``key`` or a key the first sample has.
         ValueError: the ``key`` arrays differ in anything but their last axis.
     """

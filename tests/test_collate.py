@@ -34,6 +34,15 @@ def test_other_fields():
     assert isinstance(batch["ragged"], list) and len(batch["ragged"]) == 2
 
 
+def test_arrays_of_anything_but_numbers_stay_lists():
+    # A tensor holds numbers only: equal-shape arrays of strings or Python objects are kept as lists.
+    samples = [{"audio": torch.ones(2), "tags": np.array(["a", "b"]), "meta": np.array([None, 1], dtype=object)}
+               for _ in range(2)]
+    batch = pad_collate(samples)
+    assert isinstance(batch["tags"], list) and batch["tags"][1].tolist() == ["a", "b"]
+    assert isinstance(batch["meta"], list) and len(batch["meta"]) == 2
+
+
 def test_custom_key():
     batch = pad_collate([{"wave": torch.ones(1)}, {"wave": torch.ones(2)}], key="wave")
     assert batch["wave"].shape == (2, 2)
@@ -47,6 +56,8 @@ def test_custom_key():
     ([{"audio": torch.ones(1)}, ["audio"]], TypeError, "sample dicts, got list"),
     ([{"audio": torch.ones(2, 3)}, {"audio": torch.ones(3, 3)}], ValueError, "only in their last axis"),
     ([{"audio": "abc"}], TypeError, "CPU tensors or numpy"),
+    ([{"audio": np.array([0.5, 1.5], dtype=object)}], TypeError, "must hold numbers, got an array of dtype object"),
+    ([{"audio": np.array(["a", "b"])}], TypeError, "must hold numbers, got an array of dtype <U1"),
 ])
 def test_errors(samples, error, match):
     with pytest.raises(error, match=match):
