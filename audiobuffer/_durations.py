@@ -34,7 +34,7 @@ from .buffer import WAIT_SLICE
 from .decoders._sndfile import read_to_end
 from .errors import DecodeError, SourceError
 
-__all__ = ["CACHE_ENV", "Failure", "cache_root", "default_cache_dir", "header_seconds", "read_durations"]
+__all__ = ["CACHE_ENV", "Failure", "cache_root", "default_cache_dir", "header_seconds", "read_durations", "seconds_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -185,19 +185,26 @@ def _from_column(source: Any, column: str) -> np.ndarray:
         if column not in row:
             raise SourceError(f"{description} row {n + 1} has no value in column {column!r}")
         value = row[column]
-        seconds = None
-        if isinstance(value, str):
-            try:
-                seconds = float(value)
-            except ValueError:
-                pass
-        elif isinstance(value, numbers.Real) and not isinstance(value, bool):
-            seconds = float(value)
-        if seconds is None or not (math.isfinite(seconds) and seconds >= 0):
+        seconds = seconds_of(value)
+        if seconds is None:
             raise SourceError(f"{description} row {n + 1}: column {column!r} holds {value!r}, not a duration "
                               f"(a finite number of seconds >= 0)")
         durations[n] = seconds
     return durations
+
+
+def seconds_of(value: Any) -> float | None:
+    """A duration column's value (a number, or a string of one: CSV cells are) as seconds; ``None`` when
+    it is not a finite number >= 0. Manifest rows and streamed samples' sidecar fields are read alike."""
+    seconds = None
+    if isinstance(value, str):
+        try:
+            seconds = float(value)
+        except ValueError:
+            pass
+    elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+        seconds = float(value)
+    return seconds if seconds is not None and math.isfinite(seconds) and seconds >= 0 else None
 
 
 # -- headers and their cache --------------------------------------------------------------------
