@@ -266,6 +266,7 @@ def count_header_failures(run: Any, batching: DurationBatching, rank: int) -> No
     if rank != 0:
         return
     for index, path, message in batching.failures:
+        run.items += 1  # an item of the epoch, failed: yielded + failed == items
         run.failed += 1
         if len(run.failures) < MAX_LISTED_FAILURES:
             run.failures.append((index, path, message))

@@ -44,10 +44,14 @@ class DatasetStats:
         rank: this process's rank; world_size: how many ranks share the epoch.
         worker: the DataLoader worker id (0 without workers); num_workers: how many workers share it.
         items: this shard's items in the epoch (those left to do, in a resumed epoch); of streamed tar
-            shards, the shards.
+            shards, the samples read so far (yielded, failed, or waiting for their batch), since a shard's
+            count is known only once it has streamed: final when ``done``.
+        shards: of streamed tar shards, the shards this epoch streams (those left to do, in a resumed
+            epoch); ``None`` for other sources.
         num_producers: the producer threads decoding now (or at the end): the pinned count, or the
             count ``"auto"`` has settled on; 0 means the consumer decodes in its own thread.
-        resumed: items already consumed before a resume (0 in a fresh epoch).
+        resumed: items already consumed before a resume (0 in a fresh epoch); of streamed tar shards,
+            the shards (resume is at shard boundaries).
         yielded: samples handed to the consumer.
         failed: items whose decoder or transform raised (skipped with "warn" or "skip").
         failures: ``(index, path, message)`` of the first 100 failed items.
@@ -69,8 +73,9 @@ class DatasetStats:
         padding: with ``max_batch_seconds``, the padding of the batches handed out: padded seconds /
             seconds in batches, each batch padded to its longest item (``None`` without).
 
-    With ``max_batch_seconds``, ``failed`` and ``failures`` also count the items whose header could not
-    be read (in rank 0's first DataLoader worker, every epoch: those items are in no batch).
+    With ``max_batch_seconds``, ``items``, ``failed`` and ``failures`` also count the items whose header
+    could not be read (in rank 0's first DataLoader worker, every epoch: those items are in no batch).
+    Once an epoch is done, ``yielded + failed == items`` for every source.
     """
 
     epoch: int
@@ -80,6 +85,7 @@ class DatasetStats:
     num_workers: int
     items: int
     num_producers: int
+    shards: int | None = None
     resumed: int = 0
     yielded: int = 0
     failed: int = 0
@@ -121,7 +127,9 @@ class EpochRun:
         self.num_workers = num_workers
         self.pool = pool
         self.buffer = buffer
-        self.items = pool.count
+        #: Streamed shards: the pool's items are shards, and ``items`` counts samples as they come.
+        self.shards = pool.count if streamed else None
+        self.items = 0 if streamed else pool.count
         self.resumed = len(consumed) - pool.count  # consumed before a load_state_dict
         self.yielded = 0
         self.failed = 0
@@ -147,7 +155,7 @@ class EpochRun:
         end = self.end if self.end is not None else time.perf_counter()
         return DatasetStats(
             epoch=self.number, rank=self.rank, world_size=self.world_size, worker=self.worker,
-            num_workers=self.num_workers, items=self.items, resumed=self.resumed,
+            num_workers=self.num_workers, items=self.items, shards=self.shards, resumed=self.resumed,
             num_producers=self.pool.num_producers,
             yielded=self.yielded, failed=self.failed, failures=list(self.failures),
             decode_s=max(0.0, self.pool.decode_seconds - self.clock.seconds), read_s=self.clock.seconds,
@@ -156,9 +164,11 @@ class EpochRun:
 
     def consume(self, policy: ErrorPolicy) -> Iterator[Any]:
         """Yield each sample from the pool once, marking its position consumed; apply ``policy`` to failures."""
-        mark = self.mark
+        mark, streamed = self.mark, self.shards is not None
         for seq, out in self.pool:
             mark(seq)
+            if streamed:
+                self.items += 1
             if out.__class__ is Failure:
                 self.fail(out, policy)
                 continue

@@ -325,10 +325,21 @@ def test_a_bad_file_is_left_out_of_the_batches_and_counted(tmp_path, policy, cap
     assert sorted(seen) == sorted(p for p in ds.source.paths if p != str(bad))
     stats = ds.stats()
     assert stats.failed == 1 and stats.failures[0][1] == str(bad)
+    assert stats.yielded + stats.failed == stats.items == 5  # the file left out is one of the items
     other_rank = BufferedDataset(tmp_path / "audio", AudioDecoder(8000), max_batch_seconds=1.5, on_error=policy,
                                  rank=1, world_size=2)
     list(other_rank)
     assert other_rank.stats().failed == 0  # counted once, on rank 0
+
+
+def test_a_bad_file_is_a_failed_item_of_the_isolated_loader_too(tmp_path):
+    """The isolated loader counts a file whose header failed as the dataset does: yielded + failed == items."""
+    tones(tmp_path / "audio", [0.5, 1.0, 0.7, 0.2])
+    bad_file(tmp_path / "audio")
+    with IsolatedLoader(tmp_path / "audio", AudioDecoder(8000), max_batch_seconds=1.5, on_error="skip") as loader:
+        rows = sum(len(batch["path"]) for batch in loader)
+        stats = loader.stats()
+    assert (rows, stats.yielded, stats.failed, stats.items) == (4, 4, 1, 5)
 
 
 # -- options ------------------------------------------------------------------------------------------

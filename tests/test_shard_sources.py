@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import make_corpus
+from helpers import make_corpus, write_tone
 
 from audiobuffer import AudioDecoder, BufferedDataset, DecodeError, Source, SourceError
 from audiobuffer._plan import epoch_order
@@ -360,3 +360,43 @@ def test_batches_by_duration_refuse_sources_without_durations(packed, tmp_path):
         (tmp_path / Path(shard).name).symlink_to(shard)
     with pytest.raises(SourceError, match="duration_column.*audiobuffer pack"):
         BufferedDataset(str(unknown), _decode(), max_batch_seconds=1.0)
+
+
+SECONDS = [0.05, 0.1, 0.15, 0.3, 0.05, 0.2]  # the tones' lengths, in turn
+TIMED = 36  # tones packed with their lengths
+
+
+@pytest.fixture(scope="module")
+def timed(tmp_path_factory):
+    """36 tones of mixed lengths packed from a manifest: each sidecar's fields carry its ``seconds``."""
+    root = tmp_path_factory.mktemp("timed")
+    rows = []
+    for i in range(TIMED):
+        seconds = SECONDS[i % len(SECONDS)]
+        path = write_tone(root / "src" / f"t{i:03d}.wav", seconds=seconds, sample_rate=8000)
+        rows.append(f"{path},{seconds!r}\n")
+    manifest = root / "manifest.csv"
+    manifest.write_text("path,seconds\n" + "".join(rows), encoding="utf-8", newline="\n")
+    index = pack(manifest, root / "out", shard_size=30_000, progress=False)
+    assert len(index.shards) >= 5
+    return root / "out", index
+
+
+# -- what a streamed epoch counts -----------------------------------------------------------------
+
+@pytest.mark.parametrize("truncated", [False, True])
+def test_streamed_counts_add_up(timed, tmp_path, truncated):
+    """Of streamed shards, ``items`` counts samples (as they stream) and ``shards`` the shards, so that
+    ``yielded + failed == items`` holds there too, a shard cut short included."""
+    out, index = timed
+    spec, lost = _pattern(out, index), 0
+    if truncated:
+        _, members, cut = _truncated_copy(index, tmp_path)
+        spec, lost = str(tmp_path / "shard-*.tar"), len(members) - cut
+    ds = BufferedDataset(spec, _decode(), on_error="skip", num_producers=2)
+    samples = list(ds)
+    stats = ds.stats()
+    assert stats.done and stats.yielded == len(samples) == TIMED - lost
+    assert stats.failed == int(truncated)  # a cut shard: one failure for the rest of it
+    assert stats.yielded + stats.failed == stats.items
+    assert stats.shards == len(index.shards) and stats.resumed == 0
