@@ -281,6 +281,10 @@ class HelperChannel:
         self._closing = threading.Event()  # set when the helper is being stopped on purpose
         self._wanted = threading.Event()  # set while a message is wanted (NOTE [ Reading the helper on demand ])
         self._finalizer: weakref.finalize | None = None
+        #: Set when a frame to the helper was cut short (Ctrl-C in the middle of a send) or the start did
+        #: not finish: the helper would read the next frame as the rest of that one, so this channel is
+        #: never used again and the loader starts a new helper.
+        self.broken = False
 
     @property
     def running(self) -> bool:
@@ -314,6 +318,10 @@ class HelperChannel:
         except HelperError:
             self.close()
             raise
+        except BaseException:  # Ctrl-C: a helper that was not told or not heard in full is not used again
+            self.broken = True
+            self.close()
+            raise
         if message[0] != "ready":
             self.close()
             raise HelperError(f"the helper process could not load the pipeline: {message[2]}") \
@@ -342,6 +350,9 @@ class HelperChannel:
             proc.stdin.flush()
         except (OSError, ValueError) as exc:
             raise HelperError(death_message(proc)) from exc
+        except BaseException:  # Ctrl-C in the middle of the frame, maybe: the helper would misread what follows
+            self.broken = True
+            raise
         finally:
             self._send_lock.release()
 

@@ -207,9 +207,11 @@ class IsolatedLoader:
             raise BufferClosed("iter() on a closed IsolatedLoader")
         channel = self._channel
         if channel is not None:
-            if channel.running:
+            if channel.running and not channel.broken:
                 return channel
-            raise HelperError(death_message(channel.proc))
+            if not channel.broken:
+                raise HelperError(death_message(channel.proc))
+            channel.close()  # stops a helper cut off by Ctrl-C (HelperChannel.broken): it is not used again
         channel = self._channel = HelperChannel(self.num_slots + 64)
         channel.start(self._spec)
         return channel

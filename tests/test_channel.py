@@ -7,6 +7,7 @@ import io
 import os
 import select
 import signal
+import subprocess
 import sys
 import threading
 
@@ -14,11 +15,15 @@ import pytest
 from helpers import JOIN_TIMEOUT, fake_paths
 from plain_decoders import IndexDecoder
 
-from audiobuffer import HelperError, IsolatedLoader, _shm
+from audiobuffer import HelperError, IsolatedLoader, _channel, _shm
 from audiobuffer._channel import HelperChannel, death_message
 from audiobuffer.buffer import WAIT_SLICE
 
 pytestmark = pytest.mark.timeout(120)
+
+
+def indices(batches):
+    return [int(i) for batch in batches for i in batch["index"]]
 
 
 class Ended:
@@ -204,3 +209,67 @@ def test_batches_sent_by_a_helper_that_died_are_read_then_its_death_raised():
         with pytest.raises(HelperError, match="was killed by SIGKILL"):
             for batch in batches:
                 assert len(batch["index"]) == 4
+
+
+class CutWriter:
+    """A helper's stdin whose first frame is cut halfway by Ctrl-C: a large setup frame waits on a full
+    pipe while the helper imports, and the interrupt ends the write with half of it sent."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.cut = False
+
+    def write(self, data):
+        if not self.cut:
+            self.cut = True
+            self.stream.write(data[:len(data) // 2])
+            self.stream.flush()
+            raise KeyboardInterrupt
+        return self.stream.write(data)
+
+    def flush(self):
+        self.stream.flush()
+
+    def close(self):
+        self.stream.close()
+
+
+@pytest.mark.timeout(60)
+def test_iter_after_ctrl_c_cut_the_setup_frame_runs_in_a_new_helper(monkeypatch):
+    # A notebook's "interrupt, run the cell again": the first helper waits for the rest of a frame that
+    # never comes, so the channel is not used again; a new helper runs the epoch.
+    started = []
+
+    class FirstFrameCut(subprocess.Popen):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            if not started:
+                self.stdin = CutWriter(self.stdin)
+            started.append(self)
+
+    monkeypatch.setattr(_channel.subprocess, "Popen", FirstFrameCut)
+    with IsolatedLoader(fake_paths(12), IndexDecoder(), batch_size=4) as loader:
+        with pytest.raises(KeyboardInterrupt):
+            iter(loader)
+        assert sorted(indices(loader)) == list(range(12))
+        assert len(started) == 2 and loader.helper_info["pid"] == started[1].pid
+        assert started[0].wait(JOIN_TIMEOUT) == 0  # the first one left quietly, as when its trainer goes
+
+
+@pytest.mark.timeout(60)
+def test_iter_after_ctrl_c_stopped_the_wait_for_the_helper_runs_in_a_new_helper(monkeypatch):
+    receive = HelperChannel.receive
+    interrupted = []
+
+    def interrupted_once(self, timeout):
+        if not interrupted:
+            interrupted.append(self.proc)
+            raise KeyboardInterrupt
+        return receive(self, timeout)
+
+    monkeypatch.setattr(HelperChannel, "receive", interrupted_once)
+    with IsolatedLoader(fake_paths(12), IndexDecoder(), batch_size=4) as loader:
+        with pytest.raises(KeyboardInterrupt):
+            iter(loader)
+        assert sorted(indices(loader)) == list(range(12))
+        assert loader.helper_info["pid"] != interrupted[0].pid and interrupted[0].wait(JOIN_TIMEOUT) == 0
