@@ -30,6 +30,12 @@ free shared-memory slot and sends ``("batch", gen, ...)``; the trainer copies th
 ``("free", gen, slot)``. With batches by duration the trainer plans the batches and sends them with the
 epoch; the helper decodes a batch's samples in parallel, collates each batch once it is complete
 (``_batched.Assembler``) and sends ``("skipped", gen, position)`` for one whose samples all failed.
+A sample that cannot go into a batch with the batch's first one (not a dict, another rank, an array
+of objects, a value that does not pickle) fails as its item, under the error policy, and the batch
+goes on without it (a batch of ``batch_size`` fills up from the next samples). A slot grows only
+where ``/dev/shm`` has room for the batch, else the epoch ends with a ``HelperError`` that says how to
+make room (``_shm.check_room``; writing past the room would kill the helper with SIGBUS). A stall
+(``timeout``) is sent before the pool is closed: the close waits for the producer stuck in a decode.
 The free and full slot lists are caffe's ``prefetch_free_`` and ``prefetch_full_``; the helper waits
 for a free slot on a condition that ``free`` and ``stop`` notify. An epoch ends with ``("end", gen,
 stats, positions)``, or, when the trainer leaves it early, with ``("stop", gen)`` -> the pool is closed and
@@ -57,6 +63,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any, BinaryIO, cast
 
 import numpy as np
@@ -70,7 +77,7 @@ from ._plan import plan_epoch
 from ._producers import ProducerPool
 from ._tuner import TunerMemory
 from .buffer import Buffer
-from .errors import BufferClosed, StallError
+from .errors import BufferClosed, HelperError, SampleError, StallError
 from .sources import WorkItem
 
 #: Seconds the helper gives its producers to stop before it exits anyway.
@@ -108,14 +115,8 @@ class Channel:
         self._queue.put((frame, data))
 
     def receive(self) -> Any:
-        """The next message; ``EOFError`` when the other side has gone, in the middle of a frame too (a trainer
-        interrupted as it wrote one closes the channel then)."""
-        try:
-            return pickle.load(self._in)
-        except pickle.UnpicklingError as exc:
-            if "truncated" not in str(exc):  # a frame that is not ours
-                raise
-            raise EOFError("the trainer's end closed in the middle of a frame") from exc
+        """The next message; ``EOFError`` when the other side has gone."""
+        return pickle.load(self._in)
 
     def close(self, timeout: float) -> None:
         """Let the writer write what was sent, then stop it; give up after ``timeout`` seconds."""
@@ -155,6 +156,7 @@ class _Slots:
 
     def __init__(self, num_slots: int, slot_bytes: int) -> None:
         self._cond = threading.Condition()
+        _shm.check_room(num_slots * slot_bytes, f"{num_slots} batch slots")
         self._segments = [_shm.create(slot_bytes) for _ in range(num_slots)]
         self._free = list(range(num_slots))
         self._gen = -1
@@ -203,7 +205,13 @@ class _Slots:
         return self._segments[slot].name
 
     def grow(self, slot: int, nbytes: int) -> None:
-        """Replace ``slot``'s segment with one of at least ``nbytes`` (1.5x, so growth is rare)."""
+        """Replace ``slot``'s segment with one of at least ``nbytes`` (1.5x, so growth is rare).
+
+        Raises:
+            HelperError: ``/dev/shm`` has not ``nbytes`` left (the batch's pages are taken as it is
+                written: the extra half costs nothing until a larger batch writes it).
+        """
+        _shm.check_room(nbytes, "a batch slot")
         old = self._segments[slot]
         self._segments[slot] = _shm.create(max(nbytes, int(old.size * 1.5)))
         old.close()
@@ -262,8 +270,6 @@ class Helper:
             self._epoch_body(gen, args)
         except BufferClosed:
             pass  # stopped by the trainer
-        except StallError as exc:
-            self.channel.send(("stall", gen, str(exc)))
         except BaseException as exc:  # a bug of ours: the trainer raises it, never hangs
             self.channel.send(("error", gen, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
 
@@ -296,6 +302,7 @@ class Helper:
             self._pool = pool
         pool.start()
         samples: list[Any] = []
+        taken: list[int] = []  # each sample's sequence number
         positions: list[int] = []  # consumed with the next batch the trainer takes: its samples and failures
         try:
             for seq, out in pool:
@@ -304,41 +311,51 @@ class Helper:
                     if policy == "raise":
                         return
                 if assembler is not None:
-                    self._batch_done(gen, assembler, seq, out, indices, batch_positions, pool)
+                    if not self._batch_done(gen, assembler, seq, out, indices, batch_positions, pool, make_item):
+                        return
                     continue
                 positions.append(int(seqs[seq]))
                 if out.__class__ is Failure:
                     continue
                 samples.append(out)
-                if len(samples) == batch_size:
-                    self._send_batch(gen, samples, positions, pool.decode_seconds)
-                    samples, positions = [], []
+                taken.append(seq)
+                if len(samples) == batch_size and not self._send_batch(gen, samples, taken, positions, pool, make_item):
+                    if policy == "raise":
+                        return
+                    # else the batch, short of its misfits, fills up from the next samples
             done = not pool.stopped
-            if samples and done and not spec["drop_last"]:
-                self._send_batch(gen, samples, positions, pool.decode_seconds)
-                positions = []
+            if done and not spec["drop_last"]:
+                while samples and not self._send_batch(gen, samples, taken, positions, pool, make_item):
+                    if policy == "raise":
+                        return
             if done:  # what only the helper knows; the trainer counts samples and failures itself
                 stats = {"decode_s": pool.decode_seconds, "buffer": buffer.stats.as_dict(),
                          "slot_wait_s": self.slots.wait_s, "num_producers": pool.num_producers,
                          "producer_history": pool.history, "gil_enabled": gil_enabled()}
                 self.channel.send(("end", gen, stats, positions))
+        except StallError as exc:  # said before the close below waits for the producer stuck in a decode
+            self.channel.send(("stall", gen, str(exc)))
         finally:
             pool.close()
 
     def _batch_done(self, gen: int, assembler: Assembler, seq: int, out: Any, indices: Any,
-                    batch_positions: list[int], pool: ProducerPool) -> None:
-        """Send a batch by duration once its last sample is in: collated, or ``skipped`` if all failed."""
+                    batch_positions: list[int], pool: ProducerPool, make_item: Callable[[int], WorkItem]) -> bool:
+        """Send a batch by duration once its last sample is in: collated, less its misfits, or ``skipped``
+        if none is left; ``False`` when a misfit ends the epoch (``on_error="raise"``)."""
         done = assembler.add(seq, out)
         if done is None:
-            return
+            return True
         b, outs = done
-        kept = [i for i, sample in enumerate(outs) if sample.__class__ is not Failure]
-        if not kept:
-            self.channel.send(("skipped", gen, batch_positions[b]), data=True)
-            return
         first = assembler.start(b)
-        self._send_batch(gen, [outs[i] for i in kept], [batch_positions[b]], pool.decode_seconds,
-                         rows=[int(indices[first + i]) for i in kept])
+        samples = [sample for sample in outs if sample.__class__ is not Failure]
+        taken = [first + i for i, sample in enumerate(outs) if sample.__class__ is not Failure]
+        while samples:
+            if self._send_batch(gen, samples, taken, [batch_positions[b]], pool, make_item, indices=indices):
+                return True
+            if self.spec["on_error"] == "raise":
+                return False
+        self.channel.send(("skipped", gen, batch_positions[b]), data=True)
+        return True
 
     def _report_failure(self, gen: int, failure: Failure, *, fatal: bool) -> None:
         exc = failure.exc
@@ -353,18 +370,58 @@ class Helper:
         self.channel.send(("failure", gen, fatal, item.index, item.path, failure.producer,
                            type(exc).__name__, str(exc), payload, text), data=True)
 
-    def _send_batch(self, gen: int, samples: list[Any], positions: list[int], decode_s: float,
-                    rows: list[int] | None = None) -> None:
-        """Collate ``samples`` into a free slot and send it (``rows``: their source indices, batches by duration)."""
-        slots, key = self.slots, self.spec["key"]
+    def _send_batch(self, gen: int, samples: list[Any], taken: list[int], positions: list[int], pool: ProducerPool,
+                    make_item: Callable[[int], WorkItem], *, indices: Any = None) -> bool:
+        """Collate ``samples`` (sequence numbers ``taken``) into a free slot and send it with ``positions``;
+        ``indices``: the epoch's source indices, for the rows of a batch by duration.
+
+        ``True`` once sent; the three lists are emptied then. A sample that cannot go into the batch
+        fails as its item instead (NOTE [ Helper process lifecycle ], Epochs): it is reported and taken
+        out of ``samples`` and ``taken``, and ``False`` returned with nothing sent.
+        """
+        slots = self.slots
         slot = slots.take(gen)
+        try:
+            fields = self._collate(slot, samples)
+            rows = None if indices is None else [int(indices[seq]) for seq in taken]
+            self.channel.send(("batch", gen, slot, slots.name(slot), fields, positions[:], len(samples),
+                               pool.decode_seconds, rows), data=True)
+        except HelperError:  # no room left in /dev/shm
+            slots.release(slot)
+            raise
+        except Exception:  # a sample that cannot be collated, or a field that does not pickle
+            slots.release(slot)
+            misfits = _misfits(samples, self.spec["key"])
+            if not misfits:
+                raise  # not the samples': a bug of ours
+            for i in sorted(misfits, reverse=True):
+                item, cause = make_item(taken[i]), misfits[i]
+                error = SampleError(f"its sample cannot join a batch: {type(cause).__name__}: {cause} (a batch's "
+                                    f"samples are dicts with the keys of its first one, {self.spec['key']!r} an array "
+                                    f"of numbers that differs from the first one's only in its last axis, and values "
+                                    f"that pickle: convert them in the decoder or a transform)",
+                                    path=item.path, index=item.index)
+                error.__cause__ = cause
+                self._report_failure(gen, Failure(error, item, "collate"), fatal=self.spec["on_error"] == "raise")
+                del samples[i], taken[i]
+            return False
+        samples.clear()
+        taken.clear()
+        positions.clear()
+        return True
+
+    def _collate(self, slot: int, samples: list[Any]) -> list[tuple[str, tuple[Any, ...]]]:
+        """Collate ``samples`` into ``slot``, grown once if the batch does not fit; where each field went:
+        ``("a", offset, shape, dtype)`` for an array in the slot, ``("v", values)`` for a list."""
+        slots, key = self.slots, self.spec["key"]
         arena = SlotArena(slots.buffer(slot))
         batch = collate_numpy(samples, key=key, allocate=arena)
         if arena.overflow:  # a batch larger than the slot: grow it once, collate again
-            slots.grow(slot, arena.needed)
+            needed = arena.needed
+            del batch  # no view into the old segment outlives it
+            slots.grow(slot, needed)
             arena = SlotArena(slots.buffer(slot))
             batch = collate_numpy(samples, key=key, allocate=arena)
-        # Per field: ("a", offset, shape, dtype) for an array in the slot, ("v", values) for a list.
         fields: list[tuple[str, tuple[Any, ...]]] = []
         for name, value in batch.items():
             offset = arena.placed.get(id(value)) if hasattr(value, "dtype") else None
@@ -372,9 +429,7 @@ class Helper:
                 fields.append((name, ("v", value)))
             else:
                 fields.append((name, ("a", offset, value.shape, value.dtype.str)))
-        del batch  # no view into the slot outlives the hand-over
-        self.channel.send(("batch", gen, slot, slots.name(slot), fields, positions, len(samples), decode_s, rows),
-                          data=True)
+        return fields  # no view into the slot outlives the hand-over
 
     def free(self, gen: int, slot: int) -> None:
         if gen == self._gen:
@@ -387,6 +442,23 @@ class Helper:
         if pool is not None:
             pool.close(EXIT_GRACE)
         self.slots.unlink_all()
+
+
+def _misfits(samples: list[Any], key: str) -> dict[int, Exception]:
+    """Which of ``samples`` cannot go into a batch with the first one that can, and why: each is collated
+    alone or beside that one, as into a slot, and pickled as the batch message would be."""
+    found: dict[int, Exception] = {}
+    first = None
+    for i, sample in enumerate(samples):
+        try:
+            pickle.dumps(collate_numpy([sample] if first is None else [first, sample], key=key,
+                                       allocate=SlotArena(None)), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            found[i] = exc
+        else:
+            if first is None:
+                first = sample
+    return found
 
 
 def _lower_priority() -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -45,6 +46,7 @@ from .sources import Source, SourceSpec, WorkItem
 
 __all__ = ["IsolatedLoader"]
 
+logger = logging.getLogger(__name__)
 
 #: Bytes each slot starts with; a batch that does not fit grows its slot.
 DEFAULT_SLOT_BYTES = 4 << 20
@@ -72,11 +74,12 @@ class IsolatedLoader:
     Takes :class:`~audiobuffer.BufferedDataset`'s keywords plus the batching ones, and yields
     :func:`~audiobuffer.pad_collate`'s batches (``audio`` ``(B, T)`` padded, ``lengths``, numbers as
     tensors, strings as lists). The helper is a fresh ``python -m audiobuffer._helper`` started on the
-    first ``iter()`` and kept across epochs: it does not import torch or your script, so it is ready in
-    a fraction of a second and needs no ``if __name__ == "__main__":`` guard. What crosses to it: the
-    source, the options, and the decoder and transform, pickled by reference (the built-in decoders, or
-    any importable module-level function or class instance). Batches cross in shared-memory slots
-    and are copied once into (pinned) tensors.
+    first ``iter()`` and kept across epochs (one that died is replaced at the next ``iter()``): it does
+    not import torch or your script, so it is ready in a fraction of a second and needs no
+    ``if __name__ == "__main__":`` guard. What crosses to it: the source, the options, and the decoder
+    and transform, pickled by reference (the built-in decoders, or any importable module-level
+    function or class instance). Batches cross in shared-memory slots and are copied once into
+    (pinned) tensors.
 
     Use it when the training step is Python-bound (a GPU step launching many small kernels) or the
     per-sample work holds the GIL (Python transforms, tiny files); in-process producers are simpler
@@ -207,11 +210,11 @@ class IsolatedLoader:
             raise BufferClosed("iter() on a closed IsolatedLoader")
         channel = self._channel
         if channel is not None:
-            if channel.running and not channel.broken:
+            if channel.running:
                 return channel
-            if not channel.broken:
-                raise HelperError(death_message(channel.proc))
-            channel.close()  # stops a helper cut off by Ctrl-C (HelperChannel.broken): it is not used again
+            # The epoch that saw it die raised its death; this one runs in a new helper.
+            logger.warning("starting a new helper process: %s", death_message(channel.proc))
+            channel.close()  # reaps the dead one and unlinks the segments it left
         channel = self._channel = HelperChannel(self.num_slots + 64)
         channel.start(self._spec)
         return channel

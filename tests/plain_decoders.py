@@ -7,6 +7,7 @@ tests also check that the helper runs without torch.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any
 
@@ -81,3 +82,61 @@ def add_one(sample: dict[str, Any]) -> dict[str, Any]:
     """A module-level transform."""
     sample["audio"] = sample["audio"] + 1
     return sample
+
+
+class Misfit:
+    """1-D float32 ``audio`` for every item but those in ``at`` (``None``: every item), whose sample cannot
+    go into a batch with the others: ``"none"`` (``None``), ``"str"`` (a string), ``"rank"`` (a 2-D
+    ``audio``), ``"unpicklable"`` (a lock as its ``path``), ``"object"`` (an object-dtype ``audio``)."""
+
+    def __init__(self, kind: str, at: tuple[int, ...] | None = (3,)) -> None:
+        self.kind = kind
+        self.at = at
+
+    def __call__(self, item: Any) -> Any:
+        sample: dict[str, Any] = {"audio": np.full(4, item.index, dtype=np.float32), "index": item.index,
+                                  "path": item.path}
+        if self.at is not None and item.index not in self.at:
+            return sample
+        if self.kind == "none":
+            return None
+        if self.kind == "str":
+            return item.path
+        if self.kind == "rank":
+            sample["audio"] = np.zeros((2, 4), dtype=np.float32)
+        elif self.kind == "unpicklable":
+            sample["path"] = threading.Lock()
+        elif self.kind == "object":
+            sample["audio"] = sample["audio"].astype(object)
+        return sample
+
+
+class ExitOnce:
+    """Kills the helper process hard on item ``index`` the first time only: it creates the file ``marker``
+    first, and a later helper that finds it decodes the item (a crash that a restart gets past)."""
+
+    def __init__(self, index: int, marker: str) -> None:
+        self.index = index
+        self.marker = marker
+
+    def __call__(self, item: Any) -> dict[str, Any]:
+        if item.index == self.index and not os.path.exists(self.marker):
+            open(self.marker, "x").close()
+            os._exit(3)
+        return {"audio": np.zeros(2, dtype=np.float32), "index": item.index}
+
+
+class TightShm(IndexDecoder):
+    """:class:`IndexDecoder` in a helper whose shared-memory folder says it has ``free`` bytes of ``total``
+    left: each decode points audiobuffer's free-space probe at those numbers (a small ``/dev/shm``)."""
+
+    def __init__(self, free: int, total: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.free = free
+        self.total = total
+
+    def __call__(self, item: Any) -> dict[str, Any]:
+        from audiobuffer import _shm
+
+        _shm.room = lambda: (self.free, self.total)
+        return super().__call__(item)

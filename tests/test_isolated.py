@@ -20,7 +20,7 @@ import psutil
 import pytest
 import torch
 from helpers import JOIN_TIMEOUT, REPO, duration_manifest, fake_paths, make_corpus
-from plain_decoders import Exit, Flood, IndexDecoder, add_one
+from plain_decoders import Exit, ExitOnce, Flood, IndexDecoder, Misfit, TightShm, add_one
 
 from audiobuffer import (
     AudioDecoder,
@@ -32,6 +32,7 @@ from audiobuffer import (
     IsolatedLoader,
     ResumeError,
     SampleError,
+    StallError,
     pad_collate,
 )
 from audiobuffer._batching import plan_batches
@@ -584,3 +585,83 @@ def test_batches_by_duration_lose_failed_samples_and_skip_all_failed_batches(tmp
 def test_batches_by_duration_options(kwargs, error, match):
     with pytest.raises(error, match=match):
         IsolatedLoader(fake_paths(4), IndexDecoder(), **kwargs)
+
+
+# -- samples that cannot go into a batch slot, stalls, a small /dev/shm, a helper that died -----------
+
+@pytest.mark.parametrize("kind", ["none", "str", "rank", "unpicklable"])
+def test_a_sample_that_cannot_be_collated_fails_as_its_item(kind):
+    # Item 5 cannot go into a batch with item 4, its batch's first sample: it fails alone, under on_error,
+    # and its batch fills up from the next samples, as after a failed decode.
+    paths = fake_paths(12)
+    with IsolatedLoader(paths, Misfit(kind, at=(5,)), batch_size=4, ordered=True, num_producers=1,
+                        on_error="skip") as loader:
+        batches = list(loader)
+        stats = loader.stats()
+        loader.set_epoch(1)
+        assert len(indices(loader)) == 11  # the same helper runs the next epoch
+    assert indices(batches) == [i for i in range(12) if i != 5]
+    assert [len(b["index"]) for b in batches] == [4, 4, 3]
+    assert (stats.failed, stats.yielded, stats.done) == (1, 11, True)
+    assert stats.failures[0][:2] == (5, paths[5]) and "batch" in stats.failures[0][2]
+
+
+def test_a_sample_that_cannot_be_collated_raises_as_its_item():
+    paths = fake_paths(12)
+    with IsolatedLoader(paths, Misfit("rank", at=(5,)), batch_size=4, ordered=True, num_producers=1) as loader:
+        with pytest.raises(SampleError, match=r"item 5 .*item_00005\.wav.*only in their last axis") as info:
+            list(loader)
+        assert info.value.index == 5 and info.value.path == paths[5]
+
+
+def test_an_object_array_fails_as_its_item_and_never_grows_a_slot():
+    # An object array cannot live in shared memory: collating it into a slot used to overflow it, and
+    # the slot grew on every batch without end.
+    with IsolatedLoader(fake_paths(40), Misfit("object", at=None), batch_size=4, on_error="skip",
+                        slot_bytes=4096) as loader:
+        assert list(loader) == []
+        stats = loader.stats()
+        mine = f"{SEGMENT_PREFIX}{loader.helper_info['pid']}_"
+        sizes = {(SHM / name).stat().st_size for name in segments() if name.startswith(mine)}
+    assert (stats.failed, stats.yielded) == (40, 0) and "dtype object" in stats.failures[0][2]
+    assert sizes <= {4096}
+
+
+def test_a_stall_names_the_stuck_file_within_the_trainers_wait():
+    # The helper reports a stall before it stops its producers: the one stuck in the decode outlives
+    # the join, and reporting after it came later than the trainer waits, whose own error names no file.
+    with IsolatedLoader(fake_paths(20), IndexDecoder(slow_from=6, slow=60.0), batch_size=2, num_producers=1,
+                        ordered=True, timeout=1.0) as loader:
+        with pytest.raises(StallError, match=r"stuck in the decoder: .* on '/nonexistent/item_00006\.wav'.*"
+                                             r"\(in the helper process\)"):
+            list(loader)
+
+
+def test_a_batch_slot_that_would_not_fit_in_dev_shm_is_a_clear_error():
+    # Growing a slot past what /dev/shm has left would end the helper with SIGBUS as the batch is written.
+    decoder = TightShm(free=512 << 10, total=64 << 20, length=50_000)
+    with IsolatedLoader(fake_paths(8), decoder, batch_size=4, slot_bytes=1024) as loader:
+        with pytest.raises(HelperError, match=r"no room in /dev/shm for a batch slot of .* \(0\.5 MiB free of "
+                                              r"64\.0 MiB\): .*--shm-size.*num_slots"):
+            list(loader)
+
+
+def test_a_new_helper_starts_after_one_died(tmp_path):
+    with IsolatedLoader(fake_paths(12), ExitOnce(5, str(tmp_path / "died")), batch_size=4, ordered=True) as loader:
+        with pytest.raises(HelperError, match="exited with code 3"):
+            list(loader)
+        first = loader.helper_info["pid"]
+        loader.set_epoch(1)
+        assert sorted(indices(loader)) == list(range(12))
+        assert loader.helper_info["pid"] != first
+
+
+def test_batches_by_duration_lose_samples_that_cannot_be_collated(tmp_path):
+    unit = [1.0] * 12  # unshuffled, one bucket, 3 s: [0 1 2] [3 4 5] [6 7 8] [9 10 11]
+    with by_duration(tmp_path, unit, max_batch_seconds=3.0, buckets=1, decoder=Misfit("none", at=(1, 3, 4, 5)),
+                     on_error="skip") as loader:
+        assert sorted(batch_keys(loader)) == [(0, 2), (6, 7, 8), (9, 10, 11)]
+        stats = loader.stats()
+        assert (stats.failed, stats.empty_batches, stats.batches, stats.yielded) == (4, 1, 3, 8)
+        state = loader.state_dict()
+        assert unpack_consumed(state["consumed"], state["items"]) == b"\x01" * 4
