@@ -465,10 +465,10 @@ def _lower_priority() -> None:
     """Run below the trainer's priority: on a machine with few cores, the scheduler then gives a busy
     training thread its core first and the producers the rest (NOTE [ Helper process lifecycle ], Start)."""
     try:
-        if os.name == "nt":
+        if sys.platform == "win32":  # a check mypy follows: each platform's branch is checked on its own
             import ctypes
 
-            kernel32 = ctypes.windll.kernel32  # type: ignore[attr-defined]
+            kernel32 = ctypes.windll.kernel32
             kernel32.SetPriorityClass(kernel32.GetCurrentProcess(), 0x4000)  # BELOW_NORMAL_PRIORITY_CLASS
         else:
             os.nice(10)
