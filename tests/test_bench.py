@@ -629,3 +629,39 @@ def test_bench_file_lists_are_utf8_where_the_locale_is_cp1252(monkeypatch, tmp_p
     results = bench.run_bench({"names": paths}, ["loop"], 1, workdir=tmp_path, progress=False)
     assert seen == [paths] and results["names"][0]["files"] == 2
     assert all(b"\r" not in f.read_bytes() for f in tmp_path.iterdir() if f.is_file())
+
+
+def test_stress_says_open_files_are_not_measured_where_it_cannot_count_them(monkeypatch, tmp_path, capsys):
+    """Without /proc/self/fd (Windows, macOS) the report says so instead of printing -1 / -1 / -1."""
+    from audiobuffer.tools.stress import main as stress_main
+
+    real_listdir = os.listdir
+
+    def no_proc(path="."):
+        if str(path).startswith("/proc"):
+            raise FileNotFoundError(2, "No such file or directory", path)
+        return real_listdir(path)
+
+    monkeypatch.setattr(os, "listdir", no_proc)
+    out = tmp_path / "stress.json"
+    assert stress_main(["--quick", "--shapes", "1x1x2", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "open files not measured here" in printed and "-1" not in printed
+    report = json.loads(out.read_text(encoding="utf-8"))
+    assert report["fds_start"] is report["fds_peak"] is report["fds_end"] is None
+
+
+@pytest.mark.parametrize("quick, files", [(True, 40), (False, 45)])
+def test_bench_names_the_fsdd_corpus_by_the_files_it_measures(monkeypatch, tmp_path, quick, files):
+    from audiobuffer.tools import bench
+
+    fsdd = tmp_path / "fsdd"
+    for i in range(45):
+        write_tone(fsdd / f"{i % 10}_speaker_{i}.wav", seconds=0.01, sample_rate=8000)
+    measured = {}
+    monkeypatch.setattr(bench, "run_bench", lambda corpora, *args, **kwargs: measured.update(corpora) or {})
+    monkeypatch.setattr(bench, "markdown", lambda results: "")
+    args = ["--formats", "wav", "--files", "2", "--fsdd", str(fsdd), "--cache-dir", str(tmp_path / "cache")]
+    assert bench.main(args + (["--quick"] if quick else [])) == 0
+    (name,) = [n for n in measured if n.startswith("FSDD")]
+    assert name.startswith(f"FSDD, {files} real recordings") and len(measured[name]) == files

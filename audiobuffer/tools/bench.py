@@ -239,7 +239,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             fsdd = sorted(str(p) for p in args.fsdd.glob("*.wav"))
             if not fsdd:
                 parser.error(f"--fsdd {args.fsdd}: no .wav files there")
-            corpora[f"FSDD, {len(fsdd)} real recordings (WAV, 8 kHz)"] = fsdd[:files] if args.quick else fsdd
+            fsdd = fsdd[:files] if args.quick else fsdd  # named by the files measured, not the files there
+            corpora[f"FSDD, {len(fsdd)} real recordings (WAV, 8 kHz)"] = fsdd
         results = run_bench(corpora, approaches, runs, workdir=Path(tmp), transforms=transforms)
     text = markdown(results)
     print(text)

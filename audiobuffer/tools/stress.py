@@ -156,11 +156,12 @@ def run_round(impl: str, *, producers: int, consumers: int, capacity: int, items
                        peak, peak is None or peak <= capacity)
 
 
-def _open_fds() -> int:
+def _open_fds() -> int | None:
+    """The file descriptors this process holds, or ``None`` where they cannot be counted (no /proc)."""
     try:
         return len(os.listdir("/proc/self/fd"))
     except OSError:
-        return -1
+        return None
 
 
 def stress(shapes: Sequence[tuple], *, items: int, payload: int, rounds: int, minutes: float | None = None,
@@ -183,7 +184,8 @@ def stress(shapes: Sequence[tuple], *, items: int, payload: int, rounds: int, mi
                         results.append(run_round(impl, producers=producers, consumers=consumers, capacity=capacity,
                                                  items=n, payload=payload, jitter=jitter, seed=seed))
             threads_peak = max(threads_peak, threading.active_count())
-            fds_peak = max(fds_peak, _open_fds())
+            fds = _open_fds()
+            fds_peak = None if fds is None or fds_peak is None else max(fds_peak, fds)
         passes += 1
         if deadline is None or time.monotonic() >= deadline:
             break
@@ -226,11 +228,12 @@ def markdown(report: dict[str, Any]) -> str:
     lines.append("")
     lines.append(f"Rates are medians of items per second. {JITTER_NOTE}")
     lines.append("")
+    fds = (report["fds_start"], report["fds_peak"], report["fds_end"])
+    files = "open files not measured here" if None in fds else f"open files {fds[0]} / {fds[1]} / {fds[2]}"
     lines.append(f"Checks: {report['rounds']} rounds, {report['items_moved']:,} items moved: {report['lost']} lost, "
                  f"{report['duplicated']} duplicated, {report['bound_violations']} rounds over the bound; "
                  f"threads {report['threads_start']} at start, {report['threads_peak']} at most between passes, "
-                 f"{report['threads_end']} at the end; open files {report['fds_start']} / {report['fds_peak']} / "
-                 f"{report['fds_end']}.")
+                 f"{report['threads_end']} at the end; {files}.")
     return "\n".join(lines)
 
 
