@@ -1,5 +1,6 @@
 """Batches by duration as they run: a dataset's durations and batch setup, one shard's epoch of batches
-laid out for the producer pool, and the consumer side that turns decoded samples back into batches.
+laid out for the producer pool, and the consumer side that turns decoded samples back into batches (or,
+for streamed shards, cuts them as the samples arrive).
 
 NOTE [ Batches by duration ]
 ============================
@@ -23,33 +24,58 @@ samples all failed is counted and skipped; either way the batch counts as consum
 complete. Only the batches with a sample still being decoded are held, so memory stays bounded by
 the buffer plus those batches. The buffer holds at least two of the epoch's largest batches (more
 than ``buffer_size`` if need be), so the producers decode the next batch while one trains.
+
+Streamed shards. A :class:`~audiobuffer._stream.ShardStream` cannot be planned: no duration (not even
+the count) is known before a shard streams, and a shard is read from start to end. Its batches are cut
+in the consumer as the samples arrive (:class:`DynamicBuckets`, as Lhotse's ``DynamicBucketingSampler``
+does). A sample's duration is the ``duration_column`` field of its sidecar, read in the producer before
+decoding (:class:`TimedDecode`; a sample without one fails per ``on_error``, undecoded). The bucket
+edges are estimated from the first samples (``EDGE_SAMPLES`` at most, fewer once they hold ``buckets x
+max_batch_seconds``); a bucket hands its batch on when no more sample may join it within the budget
+(or ``max_batch_size``), and the end of the epoch hands on every bucket. Resume stays at shard
+boundaries (NOTE [ Streamed shards ] in ``_stream.py``): :class:`StreamBatchRun` marks a shard consumed
+once its last sample has come and every one of its samples was handed on in a batch (or failed), so a
+saved state never skips a sample still waiting in a bucket. The number of batches is unknown until the
+epoch ends (no ``len()``); beside the buffer, the buckets hold less than ``buckets x max_batch_seconds``
+of audio.
 """
 
 from __future__ import annotations
 
+import bisect
+import functools
 import hashlib
-from collections.abc import Iterator, Sequence
+import math
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar, cast
 
 import numpy as np
 
-from ._batching import BatchPlan, plan_batches
+from . import _epoch
+from ._batching import BatchPlan, bucket_edges, plan_batches
 from ._durations import Failure as HeaderFailure
-from ._durations import read_durations
+from ._durations import read_durations, seconds_of
 from ._epoch import MAX_LISTED_FAILURES, DatasetStats, EpochRun
 from ._options import DEFAULT_BUCKETS, ErrorPolicy
 from ._outcomes import Failure
 from ._producers import ProducerPool
 from ._tuner import TunerMemory
 from .buffer import Buffer
-from .sources import ReadClock
+from .errors import SourceError
+from .sources import ReadClock, WorkItem
 
-__all__ = ["Assembler", "BatchEpochRun", "DurationBatching", "EpochBatches", "PaddingMeter", "count_header_failures",
-           "start_epoch"]
+__all__ = ["EDGE_SAMPLES", "Assembler", "BatchEpochRun", "DurationBatching", "DynamicBuckets", "EpochBatches",
+           "PaddingMeter", "StreamBatchRun", "TimedDecode", "count_header_failures", "decoder_crop", "start_epoch",
+           "start_streamed_epoch"]
 
 #: How many plans a :class:`DurationBatching` remembers (planning a large corpus takes a while).
 _REMEMBERED_PLANS = 4
+#: The most samples :class:`DynamicBuckets` estimates its bucket edges from (held until then).
+EDGE_SAMPLES = 200
+
+T = TypeVar("T")
 
 
 class DurationBatching:
@@ -84,12 +110,11 @@ class DurationBatching:
             DecodeError: a header failed with ``on_error="raise"``.
             SourceError: ``duration_column`` is missing or holds something other than durations.
         """
-        crop = getattr(decoder, "crop_seconds", None)
-        crop = float(crop) if isinstance(crop, (int, float)) and not isinstance(crop, bool) else None
+        crop, pad = decoder_crop(decoder)
         durations, failures = read_durations(source, duration_column=duration_column, crop_seconds=crop,
                                              num_threads=num_threads, on_error=on_error)
         content = durations
-        if crop is not None and getattr(decoder, "pad", False) is True:
+        if crop is not None and pad:
             durations = durations.copy()
             durations[~np.isnan(durations)] = crop  # padded to the crop: every sample is that long
         return cls(durations, failures, max_batch_seconds=max_batch_seconds,
@@ -124,6 +149,13 @@ class DurationBatching:
         digest = hashlib.sha256(np.ascontiguousarray(self.durations, dtype="<f8").tobytes()).hexdigest()[:16]
         return {"max_batch_seconds": self.max_batch_seconds, "buckets": self.buckets,
                 "max_batch_size": self.max_batch_size, "durations": f"{len(self.durations)}:{digest}"}
+
+
+def decoder_crop(decoder: Any) -> tuple[float | None, bool]:
+    """``decoder``'s ``crop_seconds`` (``None`` without) and whether it pads every sample to that crop."""
+    crop = getattr(decoder, "crop_seconds", None)
+    crop = float(crop) if isinstance(crop, (int, float)) and not isinstance(crop, bool) else None
+    return crop, crop is not None and getattr(decoder, "pad", False) is True
 
 
 @dataclass(frozen=True)
@@ -293,3 +325,175 @@ def start_epoch(dataset: Any, decode: Any, *, number: int, rank: int, world_size
                         num_producers=dataset.num_producers, memory=memory, ordered=dataset.ordered,
                         warn_after=dataset.warn_after, timeout=dataset.timeout)
     return BatchEpochRun(number, rank, world_size, worker, num_workers, pool, buffer, layout, batching, clock)
+
+
+# -- streamed shards: batches cut as the samples arrive ------------------------------------------------
+
+class DynamicBuckets(Generic[T]):
+    """Batches by duration cut as the samples arrive, for what cannot be planned (streamed shards), as
+    Lhotse's ``DynamicBucketingSampler`` cuts them: ``buckets`` duration buckets, each filling one batch.
+
+    The bucket edges are ``_batching.bucket_edges`` of the first samples (up to :data:`EDGE_SAMPLES`,
+    fewer once they hold ``buckets x max_batch_seconds``), which wait until then. A bucket's batch grows
+    while count x longest stays within ``max_batch_seconds`` (and the count within ``max_batch_size``),
+    and is handed on as soon as no sample could join it; a sample longer than the budget is a batch of
+    one. :meth:`flush` hands on what is left. Used by one thread.
+
+    Example:
+        >>> cutter = DynamicBuckets(4.0, 1)
+        >>> cutter.add(1.0, "a"), cutter.add(2.0, "b"), cutter.add(0.5, "c"), cutter.flush()
+        ([], [[(1.0, 'a'), (2.0, 'b')]], [], [[(0.5, 'c')]])
+    """
+
+    def __init__(self, max_batch_seconds: float, buckets: int, max_batch_size: int | None = None) -> None:
+        self._budget = float(max_batch_seconds)
+        self._buckets = buckets
+        self._limit = math.inf if max_batch_size is None else max_batch_size
+        self._edges: list[float] | None = [] if buckets <= 1 else None  # None: still estimating them
+        self._early: list[tuple[float, T]] = []  # the samples the edges are estimated from
+        self._early_seconds = 0.0
+        self._open: list[list[tuple[float, T]]] = [[]]  # each bucket's batch being filled
+        self._longest: list[float] = [0.0]
+
+    @property
+    def held(self) -> int:
+        """Samples waiting for their batch."""
+        return len(self._early) + sum(len(batch) for batch in self._open)
+
+    def add(self, seconds: float, entry: T) -> list[list[tuple[float, T]]]:
+        """Take ``entry``, ``seconds`` long; the batches (as ``(seconds, entry)`` pairs) this completes."""
+        if self._edges is not None:
+            return self._place(seconds, entry)
+        self._early.append((seconds, entry))
+        self._early_seconds += seconds
+        if len(self._early) < EDGE_SAMPLES and self._early_seconds < self._buckets * self._budget:
+            return []
+        return self._settle_edges()
+
+    def flush(self) -> list[list[tuple[float, T]]]:
+        """Every batch not yet handed on (the end of the epoch); each is within the budget."""
+        done = self._settle_edges() if self._edges is None else []
+        done.extend(batch for batch in self._open if batch)
+        self._open = [[] for _ in self._open]
+        self._longest = [0.0] * len(self._open)
+        return done
+
+    def _settle_edges(self) -> list[list[tuple[float, T]]]:
+        early, self._early = self._early, []
+        self._edges = bucket_edges(np.array([seconds for seconds, _ in early]), self._buckets).tolist()
+        self._open = [[] for _ in range(len(self._edges) + 1)]
+        self._longest = [0.0] * len(self._open)
+        return [batch for seconds, entry in early for batch in self._place(seconds, entry)]
+
+    def _place(self, seconds: float, entry: T) -> list[list[tuple[float, T]]]:
+        b = bisect.bisect_left(self._edges or [], seconds)  # as plan_batches: the first edge >= seconds
+        batch, done = self._open[b], []
+        longest = max(self._longest[b], seconds)
+        if batch and ((len(batch) + 1) * longest > self._budget or len(batch) + 1 > self._limit):
+            done.append(batch)
+            batch = self._open[b] = []
+            longest = seconds
+        batch.append((seconds, entry))
+        self._longest[b] = longest
+        if (len(batch) + 1) * longest > self._budget or len(batch) >= self._limit:  # no sample could join
+            done.append(batch)
+            self._open[b], self._longest[b] = [], 0.0
+        return done
+
+
+class TimedDecode:
+    """A streamed sample's decode, its duration read first from its sidecar's ``column`` field (NOTE
+    [ Batches by duration ], Streamed shards): ``(length, content, sample)``, where ``length`` is capped by
+    the decoder's crop (the crop itself where the decoder pads to it) and ``content`` is the audio in it.
+    A sample without a duration there fails (a :class:`~audiobuffer.SourceError`) and is not decoded.
+    Thread safety: any producer thread may call it."""
+
+    def __init__(self, decode: Callable[[WorkItem], Any], column: str, *, crop: float | None, pad: bool) -> None:
+        self.decode = decode
+        self.column = column
+        self.crop = crop
+        self.pad = pad
+
+    def __call__(self, item: WorkItem) -> tuple[float, float, Any]:
+        fields, column = item.fields, self.column
+        if column not in fields:
+            raise SourceError(f"no duration: the fields of its sidecar have no {column!r} (duration_column), "
+                              f"only {sorted(fields)}; pack the files from a manifest with that column, or read "
+                              f"the shards through their index.json")
+        seconds = seconds_of(fields[column])
+        if seconds is None:
+            raise SourceError(f"no duration: the field {column!r} (duration_column) of its sidecar holds "
+                              f"{fields[column]!r}, not a finite number of seconds >= 0")
+        content = seconds if self.crop is None else min(seconds, self.crop)
+        length = self.crop if self.crop is not None and self.pad else content
+        return length, content, self.decode(item)
+
+
+class StreamBatchRun(EpochRun):
+    """One epoch of streamed shards batched by duration as the samples arrive (NOTE [ Batches by duration ],
+    Streamed shards): :class:`~audiobuffer._epoch.EpochRun` whose consumer yields whole batches and marks a
+    shard consumed only once every sample of it was handed on."""
+
+    def __init__(self, *args: Any, buckets: DynamicBuckets[tuple[float, int, Any]], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.buckets = buckets
+        self.batches = 0
+        self.padding = PaddingMeter()
+        self._waiting: Counter[int] = Counter()  # shard position -> its samples in a bucket
+        self._ended: set[int] = set()  # the shards whose last output came
+
+    def consume(self, policy: ErrorPolicy) -> Iterator[list[Any]]:
+        """Yield each batch once, as the buckets fill, then every bucket at the end of the epoch."""
+        for tag, out in self.pool:
+            self.items += 1
+            shard, last = self.shard_of(tag)
+            if last:
+                self._ended.add(shard)
+            if out.__class__ is Failure:
+                self.fail(out, policy)  # raises under "raise"
+                self._settle(shard)
+                continue
+            length, content, sample = out
+            self._waiting[shard] += 1
+            for batch in self.buckets.add(length, (content, shard, sample)):
+                yield self._hand_on(batch)
+        if not self.pool.stopped:  # the epoch's end, not a close(): the batches left in the buckets
+            for batch in self.buckets.flush():
+                yield self._hand_on(batch)
+
+    def _hand_on(self, batch: list[tuple[float, tuple[float, int, Any]]]) -> list[Any]:
+        """Count ``batch`` and mark the shards it completes (before the consumer gets it, as every mark)."""
+        self.batches += 1
+        self.yielded += len(batch)
+        self.padding.add(np.array([length for length, _ in batch]), np.array([entry[0] for _, entry in batch]))
+        for _, (_, shard, _) in batch:
+            self._waiting[shard] -= 1
+        for shard in {entry[1] for _, entry in batch}:
+            self._settle(shard)
+        return [entry[2] for _, entry in batch]
+
+    def _settle(self, shard: int) -> None:
+        """Mark ``shard`` consumed once its last output came and none of its samples waits in a bucket."""
+        if shard in self._ended and self._waiting[shard] <= 0:
+            self.consumed[shard] = 1
+            del self._waiting[shard]
+
+    def snapshot(self) -> DatasetStats:
+        stats = super().snapshot()
+        stats.batches, stats.padding = self.batches, self.padding.fraction
+        return stats
+
+
+def start_streamed_epoch(dataset: Any, decode: Any, *, number: int, rank: int, world_size: int, worker: int,
+                         num_workers: int, resume: bytes | None, memory: TunerMemory | None = None) -> EpochRun:
+    """The (not yet started) epoch of one shard of ``dataset`` (a ``BufferedDataset`` of streamed shards),
+    batched by duration as the samples arrive (NOTE [ Batches by duration ], Streamed shards)."""
+    options = dataset.options
+    crop, pad = decoder_crop(dataset.decoder)
+    buckets: DynamicBuckets[tuple[float, int, Any]] = DynamicBuckets(
+        cast(float, options.max_batch_seconds), DEFAULT_BUCKETS if options.buckets is None else options.buckets,
+        options.max_batch_size)
+    timed = TimedDecode(decode, cast(str, options.duration_column), crop=crop, pad=pad)
+    return _epoch.start_epoch(dataset, timed, number=number, rank=rank, world_size=world_size, worker=worker,
+                              num_workers=num_workers, resume=resume, memory=memory,
+                              make_run=functools.partial(StreamBatchRun, buckets=buckets))

@@ -142,13 +142,17 @@ class EpochRun:
         self.consumed[seq if self.positions is None else self.positions[seq]] = 1
 
     def _mark_shard(self, tag: Any) -> None:
-        # (shard position, last) from a ShardReader (NOTE [ Streamed shards ] in _stream.py); a bare seq
-        # is the pool's own failure for a shard whose reader itself crashed
+        shard, last = self.shard_of(tag)
+        if last:
+            self.consumed[shard] = 1
+
+    def shard_of(self, tag: Any) -> tuple[int, bool]:
+        """A streamed epoch's tag as ``(shard position, whether it is the shard's last output)``: a
+        ShardReader tags each output ``(position, last)`` (NOTE [ Streamed shards ] in ``_stream.py``); a
+        bare seq is the pool's own failure for a shard whose reader itself crashed, its last output."""
         if tag.__class__ is tuple:
-            if tag[1]:
-                self.consumed[tag[0]] = 1
-        else:
-            self._mark_item(tag)
+            return tag[0], tag[1]
+        return (tag if self.positions is None else int(self.positions[tag])), True
 
     def snapshot(self) -> DatasetStats:
         """The epoch's stats now."""
@@ -242,11 +246,13 @@ class Compose:
 
 
 def start_epoch(dataset: Any, decode: Callable[[WorkItem], Any], *, number: int, rank: int, world_size: int,
-                worker: int, num_workers: int, resume: bytes | None, memory: TunerMemory | None = None) -> EpochRun:
+                worker: int, num_workers: int, resume: bytes | None, memory: TunerMemory | None = None,
+                make_run: Callable[..., EpochRun] = EpochRun) -> EpochRun:
     """The (not yet started) epoch of one shard of ``dataset`` (a ``BufferedDataset``), one sample at a time.
 
     A :class:`~audiobuffer.Source` plans its files; a :class:`~audiobuffer._stream.ShardStream` plans its
-    shards, each streamed whole by one producer (NOTE [ Streamed shards ] in ``_stream.py``).
+    shards, each streamed whole by one producer (NOTE [ Streamed shards ] in ``_stream.py``). ``make_run``
+    takes :class:`EpochRun`'s arguments (``_batched`` passes the run that batches streamed samples).
     """
     source, seed, clock = dataset.source, dataset.seed, ReadClock()
     streamed = isinstance(source, ShardStream)
@@ -271,7 +277,7 @@ def start_epoch(dataset: Any, decode: Callable[[WorkItem], Any], *, number: int,
     pool = ProducerPool(make_shard if streamed else make_item, len(plan), decode, buffer,
                         num_producers=dataset.num_producers, memory=memory,
                         ordered=dataset.ordered, warn_after=dataset.warn_after, timeout=dataset.timeout)
-    return EpochRun(number, rank, world_size, worker, num_workers, pool, buffer, bytearray(plan.consumed),
+    return make_run(number, rank, world_size, worker, num_workers, pool, buffer, bytearray(plan.consumed),
                     plan.positions, clock=clock, streamed=streamed)
 
 
@@ -291,14 +297,15 @@ def check_combination(source: Any, decoder: Any, options: LoaderOptions) -> None
     Raises:
         ValueError: a delivering decoder (NOTE [ Delivering decoders ] in ``_outcomes.py``) with
             ``ordered``, a ``transform`` or ``max_batch_seconds``; streamed shards with ``ordered``, a
-            delivering decoder or ``max_batch_seconds``.
+            delivering decoder, or ``max_batch_seconds`` without ``duration_column``.
     """
     if isinstance(source, ShardStream):
         check_streamable(decoder, options.ordered)
-        if options.max_batch_seconds is not None:
-            raise ValueError("max_batch_seconds plans each epoch's batches from every item's duration, which "
-                             "streamed shards do not give: read them through their index.json (audiobuffer pack "
-                             "writes one, with each member's duration)")
+        if options.max_batch_seconds is not None and options.duration_column is None:
+            raise ValueError("max_batch_seconds on streamed shards needs duration_column: the field of each "
+                             "sample's <key>.json sidecar that holds its duration in seconds (streamed shards "
+                             "give no durations before they stream), or read the shards through their "
+                             "index.json (audiobuffer pack writes one, with each member's duration)")
     if delivers_itself(decoder) and (options.ordered or options.transform is not None
                                      or options.max_batch_seconds is not None):
         raise ValueError(f"{decoder!r} delivers its samples itself: it takes no ordered=True, no transform and "
@@ -307,11 +314,19 @@ def check_combination(source: Any, decoder: Any, options: LoaderOptions) -> None
 
 def epoch_length(ds: Any, rank: int, world_size: int) -> int:
     """Items rank ``rank`` of dataset ``ds`` yields in its current epoch (its DataLoader workers together);
-    batches, when it batches by duration."""
+    batches, when it batches by duration.
+
+    Raises:
+        TypeError: the length is unknown: streamed shards without a listing, or batched by duration.
+    """
     if ds.batching is not None:
         return len(ds.batching.plan(shuffle=ds.shuffle, seed=ds.seed, epoch=ds.epoch, rank=rank,
                                     world_size=world_size, even_shards=ds.even_shards))
     if isinstance(ds.source, ShardStream):
+        if ds.options.max_batch_seconds is not None:
+            raise TypeError(f"the number of batches of streamed shards is unknown before they stream (batches are "
+                            f"cut as the samples arrive), so {ds.source.description} batched by duration has no "
+                            f"len(); read the shards through their index.json for planned batches")
         return ds.source.epoch_length(shuffle=ds.shuffle, seed=ds.seed, epoch=ds.epoch, rank=rank,
                                       world_size=world_size, even_shards=ds.even_shards)
     return shard_length(len(ds.source), rank=rank, world_size=world_size, even_shards=ds.even_shards)

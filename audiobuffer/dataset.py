@@ -20,6 +20,7 @@ from . import _batched, _epoch, _plan
 from ._checks import check_decoder, check_int
 from ._epoch import MAX_LISTED_FAILURES, Compose, DatasetStats, EpochRun, WorkerEpochs, start_epoch
 from ._options import ErrorPolicy, EvenShards, LoaderOptions, ProducerCount
+from ._stream import ShardStream
 from ._tuner import TunerMemory
 from .errors import BufferClosed
 from .sources import AUDIO_PATTERNS, LabelSpec, Source, SourceSpec, WorkItem, as_source
@@ -102,11 +103,13 @@ class BufferedDataset(IterableDataset):
             longest) stays within this many seconds; ``len()``, ``state_dict()`` and the shards
             count batches, and the buffer holds at least two of the largest. Durations come from the
             file headers (cached on disk) at construction, capped by the decoder's ``crop_seconds``
-            (NOTE [ Batches by duration ] in ``_batched.py``).
+            (NOTE [ Batches by duration ] in ``_batched.py``). Streamed tar shards are batched as they
+            stream, by ``duration_column``: no ``len()``, and resume stays at shard boundaries.
         buckets: duration buckets batches are cut from (default 10; 1: any mix of lengths).
         max_batch_size: also at most this many samples in a batch.
         duration_column: a manifest column holding each item's duration in seconds, read instead of
-            the file headers.
+            the file headers; of streamed tar shards, the field of each sample's ``<key>.json`` sidecar
+            that holds it (its manifest fields, as ``audiobuffer pack`` writes them).
         storage_options: options for fsspec's filesystem of the URLs read (``{"endpoint_url": ...,
             "key": ..., "secret": ...}``), passed to every remote read.
     """
@@ -159,8 +162,10 @@ class BufferedDataset(IterableDataset):
         self._resume: tuple[int, bytes] | None = None  # (epoch, consumed) from load_state_dict
         self._worker_epochs = WorkerEpochs()
         self._tuned = TunerMemory()  # NOTE [ Producer tuning ]: where the last epoch's tuner settled
-        #: Batches by duration: their setup and the items' durations, or ``None`` (one sample at a time).
-        self.batching = None if max_batch_seconds is None else _batched.DurationBatching.read(
+        #: Batches by duration: their setup and the items' durations, or ``None`` (one sample at a time, or
+        #: streamed shards, whose batches are cut as they stream: ``_batched.start_streamed_epoch``).
+        streamed = isinstance(self.source, ShardStream)
+        self.batching = None if max_batch_seconds is None or streamed else _batched.DurationBatching.read(
             self.source, decoder, max_batch_seconds=max_batch_seconds, buckets=buckets, max_batch_size=max_batch_size,
             duration_column=duration_column, on_error=on_error, num_threads=max(8, options.most_producers()))
         self._init_runtime()
@@ -245,7 +250,13 @@ class BufferedDataset(IterableDataset):
             resume = self._resume[1] if self._resume is not None and self._resume[0] == number else None
             self._resume = None  # a loaded state resumes one epoch, once
         decode = self.decoder if self.transform is None else Compose(self.decoder, self.transform)
-        start = start_epoch if self.batching is None else _batched.start_epoch
+        start: Callable[..., EpochRun]
+        if self.batching is not None:
+            start = _batched.start_epoch
+        elif self.options.max_batch_seconds is not None:  # streamed shards
+            start = _batched.start_streamed_epoch
+        else:
+            start = start_epoch
         epoch = start(self, decode, number=number, rank=rank, world_size=world_size, worker=worker,
                       num_workers=num_workers, resume=resume, memory=self._tuned)
         with self._lock:

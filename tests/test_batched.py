@@ -19,8 +19,11 @@ from audiobuffer import (
     IsolatedLoader,
     ResumeError,
     SampleError,
+    SourceError,
+    WorkItem,
     pad_collate,
 )
+from audiobuffer._batched import DynamicBuckets, TimedDecode
 from audiobuffer._batching import plan_batches
 from audiobuffer._durations import CACHE_ENV
 
@@ -382,3 +385,52 @@ def test_an_epoch_is_planned_once_for_len_and_iter(tmp_path, monkeypatch):
 def test_a_delivering_decoder_takes_no_max_batch_seconds():
     with pytest.raises(ValueError, match="no max_batch_seconds"):
         BatchSlotLoader(fake_paths(4), IndexDecoder(), batch_size=2, max_batch_seconds=2.0)
+
+
+# -- batches cut as samples arrive (streamed shards) --------------------------------------------------
+
+@settings(deadline=None, max_examples=60)
+@given(durations=st.lists(st.floats(0.0, 12.0), max_size=300), budget=st.sampled_from([1.0, 5.0, 20.0]),
+       buckets=st.integers(1, 6), size=st.one_of(st.none(), st.integers(1, 8)))
+def test_dynamic_buckets_hand_on_each_sample_once_within_the_budget(durations, budget, buckets, size):
+    cutter = DynamicBuckets(budget, buckets, size)
+    batches = [b for i, d in enumerate(durations) for b in cutter.add(d, i)]
+    assert cutter.held == len(durations) - sum(len(b) for b in batches)
+    batches += cutter.flush()
+    assert cutter.held == 0 and cutter.flush() == []
+    assert sorted(i for b in batches for _, i in b) == list(range(len(durations)))
+    assert all(seconds == durations[i] for b in batches for seconds, i in b)
+    assert all(len(b) == 1 or len(b) * max(s for s, _ in b) <= budget for b in batches)
+    assert all(size is None or len(b) <= size for b in batches)
+
+
+def test_dynamic_buckets_put_like_lengths_together():
+    """Edges come from the first samples; then a short sample never waits in a batch of long ones."""
+    cutter = DynamicBuckets(8.0, 2)
+    batches = [b for i in range(40) for b in cutter.add(1.0 if i % 2 else 4.0, i)] + cutter.flush()
+    assert all(len({s for s, _ in b}) == 1 for b in batches)
+    assert sorted(len(b) for b in batches if b[0][0] == 4.0) == [2] * 10
+    assert sorted(len(b) for b in batches if b[0][0] == 1.0) == [4] + [8] * 2
+
+
+def test_timed_decode_reads_the_sidecar_field_before_decoding():
+    """A streamed sample's length is its field's seconds capped by the crop (the crop itself when the decoder
+    pads to it); a sample without a duration there fails before it is decoded."""
+    decoded = []
+
+    def decode(item):
+        decoded.append(item.path)
+        return item.path
+
+    def item(value):
+        return WorkItem(index=0, path="s.tar/a.wav", fields={} if value is None else {"seconds": value})
+
+    assert TimedDecode(decode, "seconds", crop=None, pad=False)(item("2.5")) == (2.5, 2.5, "s.tar/a.wav")
+    assert TimedDecode(decode, "seconds", crop=1.0, pad=False)(item(2.5)) == (1.0, 1.0, "s.tar/a.wav")
+    assert TimedDecode(decode, "seconds", crop=1.0, pad=True)(item(0.25)) == (1.0, 0.25, "s.tar/a.wav")
+    decoded.clear()
+    for value, match in ((None, r"no 'seconds' \(duration_column\), only \[\]"), ("x", "holds 'x'"),
+                         (-1, "holds -1"), (True, "holds True")):
+        with pytest.raises(SourceError, match=match):
+            TimedDecode(decode, "seconds", crop=None, pad=False)(item(value))
+    assert decoded == []

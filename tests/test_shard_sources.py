@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from helpers import make_corpus, write_tone
 
-from audiobuffer import AudioDecoder, BufferedDataset, DecodeError, Source, SourceError
-from audiobuffer._plan import epoch_order
+from audiobuffer import AudioDecoder, BufferedDataset, DecodeError, SampleError, Source, SourceError
+from audiobuffer._plan import epoch_order, unpack_consumed
 from audiobuffer._stream import MEMBER_STRIDE, ShardStream
 from audiobuffer.shards import INDEX_NAME, pack
 
@@ -352,7 +352,7 @@ def test_batches_by_duration_from_an_index_use_its_durations(packed, monkeypatch
 
 def test_batches_by_duration_refuse_sources_without_durations(packed, tmp_path):
     out, index, _ = packed
-    with pytest.raises(ValueError, match="max_batch_seconds.*streamed shards.*index.json"):
+    with pytest.raises(ValueError, match="max_batch_seconds on streamed shards needs duration_column.*index.json"):
         BufferedDataset(_pattern(out, index), _decode(), max_batch_seconds=1.0)
     unknown = tmp_path / INDEX_NAME  # an index without durations (packed by another tool)
     unknown.write_text((out / INDEX_NAME).read_text().replace('"duration"', '"length"'))
@@ -364,6 +364,7 @@ def test_batches_by_duration_refuse_sources_without_durations(packed, tmp_path):
 
 SECONDS = [0.05, 0.1, 0.15, 0.3, 0.05, 0.2]  # the tones' lengths, in turn
 TIMED = 36  # tones packed with their lengths
+BUDGET = 0.6  # max_batch_seconds of the tests below: from 2 to 12 tones a batch
 
 
 @pytest.fixture(scope="module")
@@ -382,10 +383,109 @@ def timed(tmp_path_factory):
     return root / "out", index
 
 
+def _by_duration(spec, **kwargs):
+    kwargs = {"max_batch_seconds": BUDGET, "duration_column": "seconds", "buckets": 3, "shuffle": True, **kwargs}
+    return BufferedDataset(spec, _decode(), **kwargs)
+
+
+def _frames(batch) -> list[int]:
+    return [s["audio"].shape[-1] for s in batch]
+
+
+def _shard_sizes(index) -> Counter:
+    return Counter(Path(m.shard).name for m in index.members)
+
+
+def _shard_names(samples) -> Counter:
+    return Counter(Path(s["path"].split(".tar/")[0] + ".tar").name for s in samples)
+
+
+@pytest.mark.parametrize("epoch", [0, 1])
+def test_streamed_shards_batch_by_duration_from_a_sidecar_field(timed, epoch):
+    """Streamed shards are batched as they stream, by the duration in each sample's sidecar: every sample
+    once, every batch within the budget (or alone), and the padding figure is what the batches show."""
+    out, index = timed
+    ds = _by_duration(_pattern(out, index), num_producers=2)
+    with pytest.raises(TypeError, match="batches of streamed shards.*unknown"):
+        len(ds)  # cut as the samples stream: the count is not known before
+    ds.set_epoch(epoch)
+    batches = list(ds)
+    names = [n for batch in batches for n in _names(batch)]
+    assert sorted(names) == sorted(m.name for m in index.members)
+    limit = round(BUDGET * 8000)
+    assert all(len(b) == 1 or len(b) * max(_frames(b)) <= limit for b in batches)
+    assert max(len(b) for b in batches) > 2  # short tones share batches
+    padded = sum(len(b) * max(_frames(b)) for b in batches)
+    real = sum(sum(_frames(b)) for b in batches)
+    stats = ds.stats()
+    assert stats.done and stats.batches == len(batches) and stats.empty_batches == 0
+    assert stats.padding == pytest.approx((padded - real) / padded, abs=1e-6)
+    assert (stats.items, stats.yielded, stats.failed, stats.shards) == (TIMED, TIMED, 0, len(index.shards))
+
+
+def test_streamed_batches_resume_at_shard_boundaries(timed):
+    """A shard counts as consumed once every one of its samples was handed on in a batch: a resumed epoch
+    streams every other shard whole, and no sample is lost."""
+    out, index = timed
+    spec, sizes = _pattern(out, index), _shard_sizes(index)
+    ds = _by_duration(spec, seed=4, num_producers=1, buffer_size=2)
+    first = []
+    it = iter(ds)
+    for batch in it:  # up to the first batch whose hand-on completes a shard
+        first.append(batch)
+        state = ds.state_dict()
+        if any(unpack_consumed(state[ds.STATE_CONSUMED], state[ds.STATE_ITEMS])):
+            break
+    it.close()
+    resumed = _by_duration(spec, seed=4, num_producers=2)
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    first_names = [n for b in first for n in _names(b)]
+    rest_names = [n for b in rest for n in _names(b)]
+    assert rest and set(first_names) | set(rest_names) == {m.name for m in index.members}  # nothing lost
+    assert len(set(rest_names)) == len(rest_names)
+    streamed = _shard_names([s for b in rest for s in b])
+    assert all(n == sizes[shard] for shard, n in streamed.items())  # whole shards again
+    skipped = set(sizes) - set(streamed)
+    assert skipped  # the shards handed on whole before the state was taken
+    skipped_names = {m.name for m in index.members if Path(m.shard).name in skipped}
+    assert skipped_names <= set(first_names)
+    assert resumed.stats().resumed == len(skipped)  # resume counts shards
+
+
+def test_streamed_sample_without_its_duration_fails_alone(tmp_path):
+    """A sample whose sidecar lacks the duration field (or holds no duration there) fails per on_error,
+    named with its shard, its name and the field; the others are batched."""
+    files = [write_tone(tmp_path / "src" / f"u{i}.wav", seconds=0.1, sample_rate=8000) for i in range(6)]
+    manifest = tmp_path / "manifest.csv"
+    manifest.write_text("path,seconds\n" + "".join(f"{f},{'' if i == 2 else 0.1}\n" for i, f in enumerate(files)),
+                        encoding="utf-8", newline="\n")
+    index = pack(manifest, tmp_path / "out", shard_size=6_000, progress=False)
+    spec = _pattern(tmp_path / "out", index)
+    ds = _by_duration(spec, on_error="skip")
+    got = sorted(n for b in ds for n in _names(b))
+    assert got == sorted(f.name for i, f in enumerate(files) if i != 2)
+    stats = ds.stats()
+    assert (stats.items, stats.yielded, stats.failed) == (6, 5, 1)
+    (failure,) = stats.failures
+    assert failure[1].endswith(".tar/u2.wav") and "'seconds'" in failure[2] and "''" in failure[2]
+    with pytest.raises(SampleError, match=r"\.tar/u\d\.wav.*no duration.*'length'"):
+        list(_by_duration(spec, duration_column="length"))
+
+
+def test_isolated_loader_refuses_streamed_batches_by_duration(timed):
+    out, index = timed
+    from audiobuffer import IsolatedLoader
+
+    with pytest.raises(ValueError, match="IsolatedLoader reads files or an index.*index.json"):
+        IsolatedLoader(_pattern(out, index), _decode(), max_batch_seconds=BUDGET, duration_column="seconds")
+
+
 # -- what a streamed epoch counts -----------------------------------------------------------------
 
+@pytest.mark.parametrize("batched", [False, True])
 @pytest.mark.parametrize("truncated", [False, True])
-def test_streamed_counts_add_up(timed, tmp_path, truncated):
+def test_streamed_counts_add_up(timed, tmp_path, batched, truncated):
     """Of streamed shards, ``items`` counts samples (as they stream) and ``shards`` the shards, so that
     ``yielded + failed == items`` holds there too, a shard cut short included."""
     out, index = timed
@@ -393,8 +493,9 @@ def test_streamed_counts_add_up(timed, tmp_path, truncated):
     if truncated:
         _, members, cut = _truncated_copy(index, tmp_path)
         spec, lost = str(tmp_path / "shard-*.tar"), len(members) - cut
-    ds = BufferedDataset(spec, _decode(), on_error="skip", num_producers=2)
-    samples = list(ds)
+    kwargs = {"max_batch_seconds": BUDGET, "duration_column": "seconds"} if batched else {}
+    ds = BufferedDataset(spec, _decode(), on_error="skip", num_producers=2, **kwargs)
+    samples = [s for b in ds for s in b] if batched else list(ds)
     stats = ds.stats()
     assert stats.done and stats.yielded == len(samples) == TIMED - lost
     assert stats.failed == int(truncated)  # a cut shard: one failure for the rest of it
