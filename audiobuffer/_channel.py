@@ -153,6 +153,9 @@ def shutdown_helper(proc: subprocess.Popen[bytes], inbox: Buffer[Any], closing: 
                     pass
             _shm.unlink(name)  # the helper unlinks its own; this covers a helper that died
         segments.clear()
+        if proc.poll() is not None:  # and a slot it grew for a batch the trainer never read, by its name prefix
+            for name in _shm.leftovers(proc.pid):
+                _shm.unlink(name)
 
 
 #: Names of the Windows exit statuses (NTSTATUS) a crash ends a process with.

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from .errors import HelperError
 
-__all__ = ["SEGMENT_PREFIX", "SHM_DIR", "attach", "check_room", "create", "room", "unlink"]
+__all__ = ["SEGMENT_PREFIX", "SHM_DIR", "attach", "check_room", "create", "leftovers", "room", "unlink"]
 
 #: Every segment's name starts with this (``/dev/shm/ab_...`` on Linux), so a test can look for leftovers.
 SEGMENT_PREFIX = "ab_"
@@ -89,6 +89,14 @@ def _mib(nbytes: int) -> str:
 def attach(name: str) -> shared_memory.SharedMemory:
     """The existing segment ``name``, not tracked (so this process never unlinks it by exiting)."""
     return _untracked(name, False, 0)
+
+
+def leftovers(pid: int) -> list[str]:
+    """The segments process ``pid`` made that are still on the system, where it lists them (Linux:
+    :data:`SHM_DIR`); ``[]`` elsewhere (macOS lists none; on Windows a segment goes with its last handle)."""
+    if os.name == "nt" or not SHM_DIR.is_dir():
+        return []
+    return sorted(path.name for path in SHM_DIR.glob(f"{SEGMENT_PREFIX}{pid}_*"))
 
 
 def unlink(name: str) -> bool:
