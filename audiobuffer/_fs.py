@@ -14,8 +14,13 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from .errors import StorageError
+
 __all__ = ["filesystem"]
 
+#: What to install for the schemes audiobuffer's extras cover.
+_PACKAGES = {"s3": "'audiobuffer[remote]'", "s3a": "'audiobuffer[remote]'", "http": "'audiobuffer[remote]'",
+             "https": "'audiobuffer[remote]'", "gs": "'audiobuffer[gcs]'", "gcs": "'audiobuffer[gcs]'"}
 _FS_LOCK = threading.Lock()
 _FILESYSTEMS: dict[tuple[int, str, str, float | None], Any] = {}
 
@@ -34,15 +39,18 @@ def filesystem(url: str, storage_options: Mapping[str, Any] | None,
         import fsspec
         import fsspec.core
     except ImportError as exc:
-        raise ImportError(f"reading {url!r} needs fsspec: pip install 'audiobuffer[remote]'") from exc
-    if "::" in url:  # a chained URL ("simplecache::s3://..."): fsspec's own parsing and cache
-        return fsspec.core.url_to_fs(url, **options)
+        raise StorageError(f"cannot read {url!r}: it needs fsspec, which is not installed; pip install "
+                           f"'audiobuffer[remote]'", url=url) from exc
     protocol = url.split("://", 1)[0].lower()
     try:
+        if "::" in url:  # a chained URL ("simplecache::s3://..."): fsspec's own parsing and cache
+            return fsspec.core.url_to_fs(url, **options)
         cls = fsspec.get_filesystem_class(protocol)
     except (ImportError, ValueError) as exc:
-        raise ImportError(f"reading {url!r} needs fsspec's {protocol!r} support ({exc}); "
-                          f"pip install 'audiobuffer[remote]' (s3fs) or the package it names") from exc
+        package = _PACKAGES.get(protocol, "the package fsspec names")
+        why = " ".join(str(exc).split())  # one line
+        raise StorageError(f"cannot read {url!r}: fsspec cannot read {protocol!r} URLs here ({why}); "
+                           f"pip install {package}", url=url) from exc
     path = cls._strip_protocol(url)
     options = {**cls._get_kwargs_from_urls(url), **options}
     key = (os.getpid(), protocol, json.dumps(options, sort_keys=True, default=repr), timeout)

@@ -2,8 +2,9 @@
 
 Each kind may be local or remote: a URL (``s3://``, ``gs://``, ``https://``...) is listed and read
 through fsspec (:mod:`audiobuffer.storage`) with the source's ``storage_options``. A remote manifest's
-relative paths resolve against the manifest's URL; an index's shards against the index's URL; a
-remote folder is listed with the same glob ``patterns`` as a local one.
+relative paths resolve against the manifest's URL, inside its bucket or host; an index's shards
+against the index's URL or path, inside its folder (``allow_outside`` lifts both); a remote folder is
+listed with the same glob ``patterns`` as a local one.
 """
 
 from __future__ import annotations
@@ -59,8 +60,11 @@ def names_shards(source: Any) -> bool:
 
 
 def list_source(source: Any, *, patterns: Sequence[str], path_column: str,
-                storage_options: Mapping[str, Any] | None, retry: RetrySpec) -> Listing:
+                storage_options: Mapping[str, Any] | None, retry: RetrySpec, allow_outside: bool = False) -> Listing:
     """List ``source``: a folder, a manifest, an ``index.json`` of shards (paths or URLs), or a list of files.
+
+    What data names is confined unless ``allow_outside``: an index's shards to its folder, a remote
+    manifest's files to its bucket or host (a local manifest is the user's own: any path).
 
     Raises:
         SourceError: the source does not exist, is malformed or cannot be listed.
@@ -74,12 +78,14 @@ def list_source(source: Any, *, patterns: Sequence[str], path_column: str,
         text = os.fspath(source)
         suffix = Path(text.split("?", 1)[0]).suffix.lower() if storage.is_url(text) else Path(text).suffix.lower()
         if suffix == ".json":
-            return _list_index(text, storage_options, retry)
+            return _list_index(text, storage_options, retry, allow_outside)
         if storage.is_url(text):
             if suffix in MANIFEST_SUFFIXES:
                 data = storage.read_bytes(text, storage_options=storage_options, retry=retry)
+                resolve = storage.sibling if allow_outside else storage.inside_bucket
+                hint = "" if allow_outside else "; pass allow_outside=True to Source to read files elsewhere"
                 return _manifest(text, io.StringIO(_text(data, text), newline=""), MANIFEST_SUFFIXES[suffix],
-                                 path_column, lambda value: storage.sibling(text, value))
+                                 path_column, lambda value: resolve(text, value), hint)
             return _list_remote_dir(text, patterns, storage_options, retry)
         root = Path(text)
         if root.is_dir():
@@ -149,8 +155,9 @@ def _text(data: bytes, url: str) -> str:
         raise SourceError(f"cannot read manifest {url!r}: {exc}") from exc
 
 
-def _manifest(name: str, f: IO[str], kind: str, path_column: str, resolve: Any) -> Listing:
-    """The files of a manifest read from ``f``; ``resolve`` turns a path column value into a path or URL."""
+def _manifest(name: str, f: IO[str], kind: str, path_column: str, resolve: Any, hint: str = "") -> Listing:
+    """The files of a manifest read from ``f``; ``resolve`` turns a path column value into a path or URL
+    (a ``ValueError`` for one it refuses, reported with ``hint``)."""
     rows: list[dict[str, Any]] = []
     columns: list[str] = []
     try:
@@ -162,6 +169,8 @@ def _manifest(name: str, f: IO[str], kind: str, path_column: str, resolve: Any) 
                     row = json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise SourceError(f"manifest {name!r} line {lineno}: invalid JSON ({exc})") from exc
+                except RecursionError as exc:
+                    raise SourceError(f"manifest {name!r} line {lineno}: JSON nested too deeply to be a row") from exc
                 if not isinstance(row, dict):
                     raise SourceError(f"manifest {name!r} line {lineno}: expected a JSON object, got {row!r}")
                 rows.append(row)
@@ -184,16 +193,17 @@ def _manifest(name: str, f: IO[str], kind: str, path_column: str, resolve: Any) 
             raise SourceError(f"manifest {name!r} row {n + 1}: the path {value[:80]!r} holds a NUL character")
         try:
             paths.append(resolve(value))
-        except ValueError as exc:  # a relative path leaving a remote manifest's bucket
-            raise SourceError(f"manifest {name!r} row {n + 1}: {exc}") from exc
+        except ValueError as exc:  # a path leaving a remote manifest's bucket or host
+            raise SourceError(f"manifest {name!r} row {n + 1}: {exc}{hint}") from exc
         fields.append({k: v for k, v in row.items() if k != path_column})
     return Listing(paths, f"manifest {name!r}", fields, fields, columns)
 
 
-def _list_index(url: str, storage_options: Mapping[str, Any] | None, retry: RetrySpec) -> Listing:
+def _list_index(url: str, storage_options: Mapping[str, Any] | None, retry: RetrySpec,
+                allow_outside: bool) -> Listing:
     if not storage.is_url(url) and not Path(url).is_file():
         raise SourceError(f"index {url!r} does not exist")
-    index = read_index(url, storage_options=storage_options, retry=retry)
+    index = read_index(url, storage_options=storage_options, retry=retry, allow_outside=allow_outside)
     members = index.members
     fields = [dict(m.fields) for m in members]
     columns = [LABEL_COLUMN, *dict.fromkeys(k for row in fields for k in row if k != LABEL_COLUMN)]

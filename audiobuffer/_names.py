@@ -3,8 +3,9 @@
 :func:`expand_braces` turns ``shard-{000000..000011}.tar`` into twelve names (numeric ranges keep zero
 padding; ``{a,b}`` lists; several groups multiply), :func:`expand_urls` adds globs (``*``, ``?``,
 ``[...]``, listed through fsspec for URLs), and :func:`sibling` resolves a name relative to the folder
-of a file or object (the shards of an index, the files of a remote manifest).
-:mod:`audiobuffer.storage` re-exports the public names.
+of a file or object. :func:`inside_folder` and :func:`inside_bucket` resolve names found in data (the
+shards of an index, the files of a remote manifest) and refuse those that leave the index's folder or
+the manifest's bucket. :mod:`audiobuffer.storage` re-exports the public names.
 """
 
 from __future__ import annotations
@@ -21,13 +22,16 @@ from ._fs import filesystem
 from ._retry import RetrySpec, as_retry, with_retry
 from .errors import SourceError, StorageError
 
-__all__ = ["MAX_EXPANSION", "expand_braces", "expand_urls", "glob_urls", "is_url", "sibling"]
+__all__ = ["MAX_EXPANSION", "expand_braces", "expand_urls", "glob_urls", "inside_bucket", "inside_folder", "is_url",
+           "sibling"]
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 _BRACE_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
 _GLOB_CHARS = re.compile(r"[*?\[]")
 #: The most names one brace pattern may expand to (a typo like {0..99999999} fails instead of filling memory).
 MAX_EXPANSION = 1_000_000
+#: The rules of local paths (``ntpath`` on Windows); tests swap in ``ntpath`` to check Windows' on Linux.
+_LOCAL: Any = os.path
 
 
 def is_url(path: Any) -> bool:
@@ -61,6 +65,72 @@ def sibling(base: str, name: str) -> str:
     if joined in (".", "") or joined.startswith(".."):
         raise ValueError(f"{name!r} relative to {base!r} leaves the bucket or host {root!r}")
     return f"{scheme}://{root}/{joined}"
+
+
+def inside_folder(base: str, name: str) -> str:
+    """``name`` resolved against the folder that holds ``base`` (a path or URL), which it must not leave.
+
+    What an index names is confined so (an index is data, maybe from elsewhere): a relative name,
+    subfolders allowed.
+
+    Raises:
+        ValueError: ``name`` is outside that folder: an absolute path (a drive or share on Windows), a
+            URL of another scheme, bucket, host or folder, or a name that steps out with ``..``.
+    """
+    if is_url(base):
+        scheme, root, key = _split_url(base)
+        folder = f"{scheme}://{root}/{posixpath.dirname(key)}".rstrip("/")
+        try:
+            resolved = _resolve_url(base, name, scheme, root)
+        except ValueError as exc:
+            raise ValueError(f"{name!r} is outside the folder {folder!r}") from exc
+        if name.startswith("/") or not resolved.startswith(folder + "/"):
+            raise ValueError(f"{name!r} is outside the folder {folder!r}")
+        return resolved
+    path = _LOCAL
+    folder = path.dirname(base)
+    why = None
+    relative = path.normpath(name)
+    if is_url(name):
+        why = "a URL"
+    elif path.isabs(name) or path.splitdrive(name)[0] or name.startswith((path.sep, path.altsep or path.sep)):
+        why = "an absolute path"
+    elif relative == path.pardir or relative.startswith(path.pardir + path.sep):
+        why = f"it steps out with {path.pardir!r}"
+    elif relative == path.curdir:
+        why = "the folder itself"
+    if why is not None:
+        raise ValueError(f"{name!r} is outside the folder {folder!r} ({why})")
+    return path.join(folder, relative) if folder else relative
+
+
+def inside_bucket(base: str, name: str) -> str:
+    """``name`` resolved as :func:`sibling` does against the URL ``base``, which must stay in its bucket or host.
+
+    What a remote manifest names is confined so: relative names (``..`` included) and names starting
+    with ``/`` resolve inside the bucket; a URL must have the same scheme and bucket or host.
+
+    Raises:
+        ValueError: ``name`` is a URL of another scheme, bucket or host, or steps out of the bucket.
+    """
+    scheme, root, _ = _split_url(base)
+    return _resolve_url(base, name, scheme, root)
+
+
+def _split_url(url: str) -> tuple[str, str, str]:
+    """``(scheme, bucket or host, key)`` of a URL (the scheme of a ``::`` chain is the whole chain)."""
+    scheme, rest = url.split("://", 1) if "://" in url else (url, "")
+    root, _, key = rest.partition("/")
+    return scheme, root, key
+
+
+def _resolve_url(base: str, name: str, scheme: str, root: str) -> str:
+    if is_url(name):
+        other, other_root, key = _split_url(name)
+        if other.lower() != scheme.lower() or other_root != root:
+            raise ValueError(f"{name!r} is outside the bucket or host {f'{scheme}://{root}'!r}")
+        name = "/" + key
+    return sibling(base, name)  # a ValueError for ".." out of the bucket
 
 
 def expand_braces(pattern: str) -> list[str]:

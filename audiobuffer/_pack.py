@@ -162,8 +162,10 @@ def _unique_keys(names: list[str]) -> list[str]:
 
 
 def _duration(ext: str, data: bytes) -> float | None:
-    """Seconds of audio from the header of ``data``, or ``None`` (not audio, no frame count)."""
+    """Seconds of audio from the header of ``data``, counted by decoding it once where the header gives no
+    frame count (FLAC without a total-samples field); ``None`` for what is not audio or cannot be counted."""
     from .decoders import _wav
+    from .decoders._sndfile import read_to_end
 
     if ext in ("wav", "wave"):
         info = _wav.read_wav_info(data)
@@ -172,12 +174,17 @@ def _duration(ext: str, data: bytes) -> float | None:
     try:
         import soundfile
 
-        info = soundfile.info(io.BytesIO(data))
+        with soundfile.SoundFile(io.BytesIO(data)) as f:
+            rate, frames = f.samplerate, f.frames
+            if frames >= _UNKNOWN_FRAMES:
+                _, frames, error = read_to_end(f, count_only=True)
+                if error is not None:  # breaks off: its length is not known
+                    return None
     except Exception:  # not audio libsndfile reads: no duration
         return None
-    if not 0 < info.frames < _UNKNOWN_FRAMES or info.samplerate <= 0:
+    if frames <= 0 or rate <= 0:
         return None
-    return info.frames / info.samplerate
+    return frames / rate
 
 
 class _ShardWriter:

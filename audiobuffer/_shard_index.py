@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 from . import storage
+from ._checks import short_repr
 from .errors import SourceError
 from .storage import RetrySpec
 
@@ -97,15 +99,27 @@ class ShardIndex:
 
 
 def read_index(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None,
-               retry: RetrySpec = None) -> ShardIndex:
+               retry: RetrySpec = None, allow_outside: bool = False) -> ShardIndex:
     """Read an ``index.json`` written by :func:`pack` from a path or URL.
 
     Shard names in the index are relative to the index's folder: the result holds their full paths
-    or URLs (so ``s3://bucket/fsdd/index.json`` gives shards under ``s3://bucket/fsdd/``).
+    or URLs (so ``s3://bucket/fsdd/index.json`` gives shards under ``s3://bucket/fsdd/``). An index is
+    data that may come from elsewhere, so it reads nothing outside its own folder: a shard named by an
+    absolute path, a URL of another scheme, bucket, host or folder, or a name stepping out with ``..``
+    is refused, and every member must lie within its shard's size as the index records it.
+
+    Args:
+        url: the index's path or URL.
+        storage_options: options for the fsspec filesystem of a URL.
+        retry: how transient storage failures are retried.
+        allow_outside: resolve shard names wherever they point (an index you wrote yourself that
+            names shards in another folder or bucket), as :func:`~audiobuffer.storage.sibling` does.
 
     Raises:
         StorageError: the index cannot be read.
-        SourceError: it is not an index (malformed JSON, another format, a member that names no shard).
+        SourceError: it is not an index (malformed JSON, another format, a member that names no shard),
+            names a shard outside its folder, or holds a value that does not fit (the message names
+            the member and the value).
     """
     url = os.fspath(url)
     raw = storage.read_bytes(url, storage_options=storage_options, retry=retry)
@@ -113,20 +127,77 @@ def read_index(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise SourceError(f"index {url!r} is not valid JSON ({exc})") from exc
+    except RecursionError as exc:
+        raise SourceError(f"index {url!r} is nested too deeply to be an index of shards") from exc
     if not isinstance(data, dict) or data.get("format") != INDEX_FORMAT:
         raise SourceError(f"{url!r} is not an index of audiobuffer shards (no \"format\": \"{INDEX_FORMAT}\")")
     if data.get("version") != INDEX_VERSION:
         raise SourceError(f"index {url!r} has version {data.get('version')!r}; this audiobuffer reads "
                           f"version {INDEX_VERSION} (pack the source again)")
-    try:
-        names = [entry["name"] for entry in data["shards"]]
-        shards = {name: storage.sibling(url, name) for name in names}
-        members = tuple(
-            Member(shard=shards[m["shard"]], member=m["member"], name=m["name"], offset=int(m["offset"]),
-                   size=int(m["size"]), duration=m.get("duration"), label=m.get("label"),
-                   fields=m.get("fields") or {})
-            for m in data["members"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise SourceError(f"index {url!r} is malformed: {type(exc).__name__}: {exc}") from exc
-    return ShardIndex(url=url, shards=tuple(shards[n] for n in names), members=members)
+    entries, rows = data.get("shards"), data.get("members")
+    if not isinstance(entries, list) or not isinstance(rows, list):
+        raise SourceError(f"index {url!r} is malformed: \"shards\" and \"members\" must be lists")
+    resolve = functools.partial(storage.sibling if allow_outside else storage.inside_folder, url)
+    shards: dict[str, tuple[str, int]] = {}  # name in the index -> (path or URL, size)
+    for n, entry in enumerate(entries):
+        name = entry.get("name") if isinstance(entry, dict) else None
+        size = entry.get("size") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or not name or not _is_count(size):
+            raise SourceError(f"index {url!r} shard {n} is malformed: it needs a \"name\" and a \"size\" in bytes "
+                              f"(an integer >= 0), got {short_repr(entry)}")
+        try:
+            shards[name] = (resolve(name), size)
+        except ValueError as exc:
+            raise SourceError(f"index {url!r} shard {exc}; an index names shards inside its own folder: pass "
+                              f"allow_outside=True (read_index, Source) to read shards elsewhere") from exc
+    members = tuple(_member(url, n, row, shards) for n, row in enumerate(rows))
+    return ShardIndex(url=url, shards=tuple(path for path, _ in shards.values()), members=members)
 
+
+def _member(url: str, n: int, row: Any, shards: Mapping[str, tuple[str, int]]) -> Member:
+    """Member ``n`` of the index at ``url``, every value checked; a :class:`SourceError` naming it otherwise."""
+    if not isinstance(row, dict):
+        raise SourceError(f"index {url!r} member {n} is malformed: expected a JSON object, got {short_repr(row)}")
+    member = row.get("member")
+    where = f"index {url!r} member {n} ({short_repr(member)})"
+
+    def bad(problem: str) -> SourceError:
+        return SourceError(f"{where} is malformed: {problem} (pack the source again, or mend the index)")
+
+    if not isinstance(member, str) or not member:
+        raise bad(f"member {short_repr(member)} is not a member name")
+    shard = row.get("shard")
+    if not isinstance(shard, str) or shard not in shards:
+        raise bad(f"shard {short_repr(shard)} is not one of the index's shards")
+    path, shard_size = shards[shard]
+    name = row.get("name")
+    if not isinstance(name, str) or not _is_inner_name(name):
+        raise bad(f"name {short_repr(name)} is not a relative path inside the shard")
+    offset, size = row.get("offset"), row.get("size")
+    if not _is_count(offset):
+        raise bad(f"offset {short_repr(offset)} is not an integer >= 0")
+    if not _is_count(size):
+        raise bad(f"size {short_repr(size)} is not an integer >= 0")
+    if offset + size > shard_size:
+        raise bad(f"bytes {offset}..{offset + size} lie outside its shard {shard!r} of {shard_size} bytes")
+    duration = row.get("duration")
+    if duration is not None and (isinstance(duration, bool) or not isinstance(duration, (int, float))
+                                 or not math.isfinite(duration) or duration < 0):
+        raise bad(f"duration {short_repr(duration)} is not a number of seconds >= 0 or null")
+    fields = row.get("fields")
+    if fields is not None and not isinstance(fields, dict):
+        raise bad(f"fields {short_repr(fields)} is not a JSON object")
+    return Member(shard=path, member=member, name=name, offset=offset, size=size,
+                  duration=None if duration is None else float(duration), label=row.get("label"),
+                  fields=fields or {})
+
+
+def _is_count(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_inner_name(name: str) -> bool:
+    """Whether a member's original name is a relative path that stays below its shard (no root, no ``..``):
+    it ends the member's ``path``, which label expressions and ``"parent"`` read."""
+    return (bool(name) and not name.startswith(("/", "\\")) and "\0" not in name
+            and ".." not in name.replace("\\", "/").split("/"))

@@ -156,6 +156,9 @@ def _sample(shard: str, key: str, group: list[tuple[str, bytes]]) -> ShardSample
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise DecodeError(f"member {key + '.json'!r} of shard {shard!r} is not valid JSON ({exc})",
                               path=f"{shard}/{key}.json") from exc
+        except RecursionError as exc:
+            raise DecodeError(f"member {key + '.json'!r} of shard {shard!r} is nested too deeply to be a sidecar",
+                              path=f"{shard}/{key}.json") from exc
     original = meta.get("name") if isinstance(meta, dict) else None
     name = original if isinstance(original, str) and original else main[0]
     return ShardSample(shard=shard, key=key, files=files, member=main[0], name=name, data=main[1],

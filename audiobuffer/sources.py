@@ -159,23 +159,33 @@ class Source:
         storage_options: options for the fsspec filesystem of URLs (``{"endpoint_url": ..., "key":
             ..., "secret": ...}``), passed to every remote read.
         retry: how transient storage failures are retried (:class:`~audiobuffer.storage.Retry`).
+        allow_outside: read what an index or a remote manifest names wherever it points. Without it
+            (the default), an index's shards must lie inside the index's folder and a remote
+            manifest's files inside its bucket or host (relative paths, ``..`` within the bucket, and
+            ``/``-rooted keys are fine), so data from elsewhere cannot make the loader read other
+            files (``../../secret``, ``/etc/passwd``, ``file:///...``) or other hosts. A local
+            manifest is yours and names any path. ``BufferedDataset`` takes a ``Source`` made with it.
 
     A remote file's or index member's work item reads its bytes in the producer thread that decodes
     it (:attr:`WorkItem.read`): one request per file, one ranged request sized to the member.
 
     Raises:
-        SourceError: the source does not exist, a manifest is malformed, no file matched, or a file
-            name does not match the label expression.
+        SourceError: the source does not exist, a manifest or index is malformed or names a file
+            outside its folder or bucket, no file matched, or a file name does not match the label
+            expression.
         StorageError: a remote manifest, index or listing cannot be read.
     """
 
     def __init__(self, source: SourceSpec, *, patterns: Sequence[str] = AUDIO_PATTERNS,
                  labels: LabelSpec = None, path_column: str = "path",
-                 storage_options: Mapping[str, Any] | None = None, retry: RetrySpec = None) -> None:
+                 storage_options: Mapping[str, Any] | None = None, retry: RetrySpec = None,
+                 allow_outside: bool = False) -> None:
         if storage_options is not None and not isinstance(storage_options, Mapping):
             raise TypeError(f"storage_options must be a mapping of fsspec options or None, got {storage_options!r}")
+        if not isinstance(allow_outside, bool):
+            raise TypeError(f"allow_outside must be True or False, got {allow_outside!r}")
         listing = list_source(source, patterns=patterns, path_column=path_column,
-                              storage_options=storage_options, retry=retry)
+                              storage_options=storage_options, retry=retry, allow_outside=allow_outside)
         self.description: str = listing.description
         self.paths: list[str] = listing.paths
         self.fields: list[dict[str, Any]] | None = listing.fields

@@ -12,7 +12,9 @@ for ``gs://``.
 Names (``audiobuffer/_names.py``, re-exported here): :func:`expand_braces` turns
 ``shard-{000000..000011}.tar`` into twelve names, :func:`expand_urls` adds globs (listed through
 fsspec for URLs), :func:`glob_urls` lists one glob, and :func:`sibling` resolves a name relative to
-the folder of a file or object (the shards of an index, the files of a remote manifest).
+the folder of a file or object; :func:`inside_folder` and :func:`inside_bucket` do so for names read
+from data (the shards of an index, the files of a remote manifest), refusing those that leave the
+index's folder or the manifest's bucket or host.
 
 Failures (``audiobuffer/_retry.py``, re-exported here; see :class:`Retry`). A transient failure (a
 timeout, a reset or refused connection, an HTTP 5xx, 408 or 429) is retried with exponential
@@ -38,7 +40,7 @@ from collections.abc import Mapping
 from typing import Any, BinaryIO, cast
 
 from ._fs import filesystem as _filesystem
-from ._names import MAX_EXPANSION, expand_braces, expand_urls, glob_urls, is_url, sibling
+from ._names import MAX_EXPANSION, expand_braces, expand_urls, glob_urls, inside_bucket, inside_folder, is_url, sibling
 from ._retry import Retry, RetrySpec, as_retry, is_transient
 from ._retry import where as _where
 from ._retry import with_retry as _with_retry
@@ -53,6 +55,8 @@ __all__ = [
     "expand_braces",
     "expand_urls",
     "glob_urls",
+    "inside_bucket",
+    "inside_folder",
     "is_transient",
     "is_url",
     "open_stream",
@@ -109,6 +113,11 @@ def read_range(url: str | os.PathLike[str], offset: int, size: int, *,
                            retry=retry, member=member)
     else:
         data = _with_retry(lambda: _read_local(url, offset, size), url=url, retry=retry, member=member)
+    if len(data) > size:  # a whole object (or more than asked) for a ranged request
+        raise StorageError(
+            f"cannot read {_where(url, member)}: the server answered a request for bytes {offset}..{offset + size} "
+            f"with {len(data)} bytes: it ignores HTTP range requests (serve the data from a server or store that "
+            f"honours the Range header)", url=url, member=member)
     if len(data) != size:
         raise StorageError(
             f"{_where(url, member)} ends early: bytes {offset}..{offset + size} asked, {len(data)} read "

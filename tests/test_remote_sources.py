@@ -7,12 +7,13 @@ proxy in front of it (the ``proxies`` fixture; storage_helpers.py).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from helpers import make_corpus
 
-from audiobuffer import AudioDecoder, BufferedDataset, SampleError, Source, StorageError
+from audiobuffer import AudioDecoder, BufferedDataset, SampleError, Source, SourceError, StorageError
 from audiobuffer._stream import ShardStream
 from audiobuffer.shards import pack
 
@@ -160,6 +161,36 @@ def test_s3_missing_objects_are_named(s3, remote, tmp_path):
                                for m in index.members)
     (failure,) = by_pattern.stats().failures
     assert failure[1] == f"{base}/shard-000002.tar" and "no such file" in failure[2]
+
+
+@pytest.mark.parametrize("name", ["file:///etc/passwd", "s3://elsewhere/shard-000000.tar", "/shard-000000.tar",
+                                  "../files/shard-000000.tar", "http://127.0.0.1:1/shard-000000.tar"])
+def test_s3_index_naming_shards_outside_its_folder_is_refused(s3, remote, name):
+    base, index, _ = remote
+    data = json.loads(s3.client.get_object(Bucket=BUCKET, Key="packed/index.json")["Body"].read())
+    data["shards"][0]["name"] = name
+    for member in data["members"]:
+        if member["shard"] == Path(index.shards[0]).name:
+            member["shard"] = name
+    url = s3.put(BUCKET, "elsewhere-index/index.json", json.dumps(data).encode())
+    with pytest.raises(SourceError, match=r"index 's3://audio/elsewhere-index/index\.json' shard .* is outside the "
+                                          r"folder 's3://audio/elsewhere-index'.*allow_outside=True"):
+        Source(url, storage_options=s3.options())
+
+
+def test_s3_manifest_naming_files_outside_its_bucket_is_refused_unless_allowed(s3, remote):
+    _, _, names = remote
+    first = sorted(names)[0]
+    rows = [f"/files/{first}", f"../../files/{first}", "file:///etc/passwd", f"s3://elsewhere/{first}"]
+    for n, row in enumerate(rows):  # under a prefix no other test listed (s3fs caches listings)
+        url = s3.put(BUCKET, f"confined/lists/{n}.csv", f"path\n{row}\n".encode())
+        if n < 2:  # inside the bucket: a key from its root, or a path relative to the manifest
+            assert Source(url, storage_options=s3.options()).paths == [f"s3://{BUCKET}/files/{first}"]
+            continue
+        with pytest.raises(SourceError, match=rf"manifest '{url}' row 1: '{row}' is outside the bucket or host "
+                                              r"'s3://audio'; pass allow_outside=True to Source"):
+            Source(url, storage_options=s3.options())
+        assert Source(url, storage_options=s3.options(), allow_outside=True).paths == [row]
 
 
 def test_s3_stopped_server_gives_named_errors(s3, remote):

@@ -183,6 +183,132 @@ def test_read_index_rejects_other_files(tmp_path):
         read_index(tmp_path / "missing.json")
 
 
+def _rewrite_index(index_path: Path, edit) -> Path:
+    """``index_path``'s index with ``edit(data)`` applied, written back in place."""
+    data = json.loads(index_path.read_text(encoding="utf-8"))
+    edit(data)
+    index_path.write_text(json.dumps(data), encoding="utf-8", newline="\n")
+    return index_path
+
+
+def _packed(tmp_path, n: int = 3) -> Path:
+    make_corpus(tmp_path / "src", n, seconds=0.05)
+    pack(tmp_path / "src", tmp_path / "data" / "out", shard_size=10**6, progress=False)
+    return tmp_path / "data" / "out" / INDEX_NAME
+
+
+@pytest.mark.parametrize("name", ["../secret.txt", "../../secret.txt", "/etc/passwd", "/dev/zero",
+                                  "file:///etc/passwd", "s3://bucket/shard.tar", "sub/../../secret.txt"])
+def test_read_index_refuses_shards_outside_its_folder(tmp_path, name):
+    """An index is data, maybe from elsewhere: its shard names stay inside its own folder."""
+    (tmp_path / "data" / "secret.txt").parent.mkdir(parents=True)
+    (tmp_path / "data" / "secret.txt").write_text("secret", encoding="utf-8")
+    index = _packed(tmp_path)
+
+    def point_elsewhere(data):
+        data["shards"][0]["name"] = name
+        for member in data["members"]:
+            member["shard"] = name
+
+    _rewrite_index(index, point_elsewhere)
+    with pytest.raises(SourceError, match=r"index '.*index\.json' shard '.*' is outside the folder .*"
+                                          r"allow_outside=True") as info:
+        read_index(index)
+    assert "\n" not in str(info.value)
+
+
+def test_read_index_reads_shards_elsewhere_when_allowed(tmp_path):
+    index = _packed(tmp_path)
+    moved = tmp_path / "data" / shard_name(0)
+    (index.parent / shard_name(0)).rename(moved)
+    _rewrite_index(index, lambda data: [e.update(name=f"../{shard_name(0)}") for e in data["shards"]]
+                   and [m.update(shard=f"../{shard_name(0)}") for m in data["members"]])
+    with pytest.raises(SourceError, match="outside the folder"):
+        read_index(index)
+    allowed = read_index(index, allow_outside=True)
+    assert allowed.shards == (str(moved),) and all(m.reader()() for m in allowed.members)
+    from audiobuffer import Source
+
+    assert len(Source(index, allow_outside=True)) == 3
+    with pytest.raises(SourceError, match="outside the folder"):
+        Source(index)
+
+
+def test_shard_names_follow_windows_rules_on_windows(monkeypatch):
+    """On Windows a drive, a UNC share, a rooted name and backslashed '..' leave the folder too."""
+    import ntpath
+
+    from audiobuffer import _names
+
+    monkeypatch.setattr(_names, "_LOCAL", ntpath)
+    base = "C:\\data\\packed\\index.json"
+    for name in ["..\\secret.tar", "D:shard.tar", "C:\\other\\shard.tar", "\\\\server\\share\\shard.tar",
+                 "\\shard.tar", "sub\\..\\..\\shard.tar", "/shard.tar"]:
+        with pytest.raises(ValueError, match="outside the folder"):
+            _names.inside_folder(base, name)
+    assert _names.inside_folder(base, "sub/shard.tar") == "C:\\data\\packed\\sub\\shard.tar"
+
+
+def test_read_index_caps_each_member_by_its_shard(tmp_path):
+    index = _packed(tmp_path)
+    shard_size = json.loads(index.read_text(encoding="utf-8"))["shards"][0]["size"]
+    _rewrite_index(index, lambda data: data["members"][1].update(size=8 << 30))
+    with pytest.raises(SourceError, match=rf"member 1 .*bytes \d+\.\.\d+ .*shard '{shard_name(0)}' of "
+                                          rf"{shard_size} bytes"):
+        read_index(index)
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("duration", "abc", r"duration 'abc' is not a number of seconds >= 0"),
+    ("duration", -1.0, r"duration -1\.0 is not a number of seconds >= 0"),
+    ("duration", float("nan"), r"duration nan is not a number of seconds >= 0"),
+    ("duration", True, r"duration True is not a number of seconds >= 0"),
+    ("fields", ["a"], r"fields \['a'\] is not a JSON object"),
+    ("offset", "12", r"offset '12' is not an integer >= 0"),
+    ("size", -5, r"size -5 is not an integer >= 0"),
+    ("name", "../../etc/passwd", r"name '\.\./\.\./etc/passwd' is not a relative path inside the shard"),
+    ("name", "/etc/passwd", r"name '/etc/passwd' is not a relative path inside the shard"),
+    ("shard", "other.tar", r"shard 'other\.tar' is not one of the index's shards"),
+])
+def test_read_index_names_the_member_of_a_bad_value(tmp_path, key, value, message):
+    index = _packed(tmp_path)
+    _rewrite_index(index, lambda data: data["members"][2].update({key: value}))
+    where = r"index '.*index\.json' member 2 \('[^']+'\) is malformed: "
+    with pytest.raises(SourceError, match=where + message) as info:
+        read_index(index)
+    assert "\n" not in str(info.value)
+
+
+def test_read_index_of_a_deeply_nested_file_is_one_line(tmp_path):
+    nested = tmp_path / INDEX_NAME
+    nested.write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
+    with pytest.raises(SourceError, match=r"index '.*index\.json' is nested too deeply") as info:
+        read_index(nested)
+    assert "\n" not in str(info.value)
+    (tmp_path / "s.json").write_text('{"name": ' + "[" * 100_000 + "]" * 100_000 + "}", encoding="utf-8")
+    with tarfile.open(tmp_path / "deep.tar", "w") as tar:
+        for name, payload in (("a.wav", b"RIFF"), ("a.json", (tmp_path / "s.json").read_bytes())):
+            info = tarfile.TarInfo(name)
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+    with pytest.raises(DecodeError, match=r"member 'a\.json' of shard .* is nested too deeply"):
+        list(iter_shard(tmp_path / "deep.tar"))
+
+
+def test_pack_counts_the_frames_of_a_flac_without_a_length(tmp_path):
+    """A FLAC whose header gives no total-samples count gets its duration by decoding it once."""
+    path = write_tone(tmp_path / "src" / "stream.flac", seconds=1.0, sample_rate=16000)
+    data = bytearray(path.read_bytes())
+    # STREAMINFO (bytes 8-41): rate (20 bits), channels (3), bits (5), total samples (36) at bytes 18-25.
+    packed = int.from_bytes(data[18:26], "big") & ~((1 << 36) - 1)  # total samples 0: unknown
+    data[18:26] = packed.to_bytes(8, "big")
+    path.write_bytes(bytes(data))
+    with sf.SoundFile(path) as f:
+        assert f.frames >= 2**62  # libsndfile's "unknown"
+    index = pack(tmp_path / "src", tmp_path / "out", shard_size=10**6, progress=False)
+    assert [m.duration for m in index.members] == [1.0]
+
+
 # -- streaming -----------------------------------------------------------------------------------
 
 def test_stream_exactly_once_in_order_without_shuffle(corpus, tmp_path):

@@ -101,6 +101,10 @@ def test_manifest_errors(tmp_path):
     broken.write_text('{"path": "a.wav"}\n{oops\n')
     with pytest.raises(SourceError, match="line 2: invalid JSON"):
         Source(broken)
+    nested = tmp_path / "nested.jsonl"
+    nested.write_text('{"path": "a.wav"}\n' + "[" * 100_000 + "]" * 100_000 + "\n", encoding="utf-8")
+    with pytest.raises(SourceError, match="line 2: JSON nested too deeply"):
+        Source(nested)
     with pytest.raises(SourceError, match="does not exist"):
         Source(tmp_path / "missing.csv")
 

@@ -6,6 +6,7 @@ under a prefix of its own. Faults come from a proxy in front of the server (stor
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pickle
 import subprocess
@@ -188,10 +189,10 @@ def test_importing_needs_no_fsspec(tmp_path):
         "assert all(m.reader()() for m in index.members)\n"
         "try:\n"
         "    audiobuffer.storage.read_bytes('s3://b/k')\n"
-        "except ImportError as exc:\n"
+        "except audiobuffer.StorageError as exc:\n"  # one line, as every error of the CLI
         "    assert 'audiobuffer[remote]' in str(exc), exc\n"
         "else:\n"
-        "    raise SystemExit('no ImportError')\n"
+        "    raise SystemExit('no StorageError')\n"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
@@ -395,6 +396,31 @@ def test_http_missing_object_fails_at_once(http):
         with pytest.raises(StorageError, match=r"nowhere\.tar'.*no such file") as info:
             list(iter_shard(f"{proxy.endpoint}/nowhere.tar", retry=FAST))
     assert info.value.attempts == 1 and not info.value.transient
+
+
+def test_a_server_that_ignores_ranges_is_named(packed):
+    out, index, _ = packed
+    member = index.members[1]
+    with HttpFiles(out, ranges=False) as server:
+        url = server.url(Path(member.shard).name)
+        with pytest.raises(StorageError, match=rf"member '{member.member}' of '{url}': the server answered a request "
+                                               rf"for bytes {member.offset}\.\.{member.offset + member.size} with "
+                                               r"\d+ bytes: it ignores HTTP range requests") as info:
+            read_range(url, member.offset, member.size, member=member.member, retry=FAST)
+    assert "ends early" not in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(("url", "needs"), [("gs://bucket/index.json", "gcsfs"),
+                                            ("nosuchscheme://bucket/index.json", "nosuchscheme")])
+def test_a_url_fsspec_cannot_read_is_one_storage_error(url, needs):
+    """No traceback for a scheme fsspec does not know, or whose package is not installed."""
+    if needs == "gcsfs" and importlib.util.find_spec("gcsfs") is not None:
+        pytest.skip("gcsfs is installed")
+    with pytest.raises(StorageError, match=rf"cannot read '{url}'.*{needs}") as info:
+        read_bytes(url)
+    assert isinstance(info.value, AudioBufferError) and "\n" not in str(info.value)
+    with pytest.raises(StorageError, match=rf"cannot read '{url}'"):
+        Source(url)
 
 
 def test_a_missing_file_is_transient_only_through_its_cause():
