@@ -3,6 +3,7 @@ truncated shards, labels from names and sidecars, YAML; audiobuffer/_stream.py a
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import Counter
 from pathlib import Path
@@ -360,6 +361,34 @@ def test_batches_by_duration_refuse_sources_without_durations(packed, tmp_path):
         (tmp_path / Path(shard).name).symlink_to(shard)
     with pytest.raises(SourceError, match="duration_column.*audiobuffer pack"):
         BufferedDataset(str(unknown), _decode(), max_batch_seconds=1.0)
+
+
+def test_batches_by_duration_refuse_an_index_with_a_duration_that_is_not_one(packed, tmp_path):
+    """A NaN duration is no longer an item every batch leaves out unreported: the index is refused, naming it."""
+    out, index, _ = packed
+    data = json.loads((out / INDEX_NAME).read_text(encoding="utf-8"))
+    data["members"][4]["duration"] = float("nan")
+    broken = tmp_path / INDEX_NAME
+    broken.write_text(json.dumps(data), encoding="utf-8", newline="\n")  # json writes NaN as NaN
+    for shard in index.shards:
+        (tmp_path / Path(shard).name).symlink_to(shard)
+    with pytest.raises(SourceError, match=r"member 4 \('[^']+'\) is malformed: duration nan is not a number of "
+                                          r"seconds >= 0"):
+        BufferedDataset(str(broken), _decode(), max_batch_seconds=0.2)
+
+
+def test_batches_by_duration_over_packed_flacs_without_a_length(tmp_path):
+    """pack decodes a FLAC whose header gives no length, so batches by duration read its index."""
+    for i in range(4):
+        path = write_tone(tmp_path / "src" / f"{i}.flac", seconds=0.05 * (i + 1), sample_rate=8000)
+        data = bytearray(path.read_bytes())
+        # STREAMINFO's total samples (the low 36 bits of bytes 18-25) set to 0: unknown
+        data[18:26] = (int.from_bytes(data[18:26], "big") & ~((1 << 36) - 1)).to_bytes(8, "big")
+        path.write_bytes(bytes(data))
+    index = pack(tmp_path / "src", tmp_path / "out", shard_size=10**6, progress=False)
+    assert [m.duration for m in index.members] == [0.05, 0.1, 0.15, 0.2]
+    ds = BufferedDataset(index.url, _decode(), max_batch_seconds=0.2)
+    assert sorted(len(s["audio"]) for b in ds for s in b) == [400, 800, 1200, 1600]
 
 
 SECONDS = [0.05, 0.1, 0.15, 0.3, 0.05, 0.2]  # the tones' lengths, in turn
