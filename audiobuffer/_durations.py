@@ -6,10 +6,12 @@ cache folder, mapping each file's absolute path to its size, modification time (
 entry counts only while the file's size and modification time are unchanged, so a second run over
 the same files opens none of them (it only looks up their size and modification time), and a
 changed file is read again. The file is replaced atomically (a temporary file and ``os.replace``); a
-cache file that cannot be read or parsed is ignored and rewritten. Two processes writing at once (DDP
-ranks) each write a complete file, and the last one stays; sources that share a folder share its
-cache file, so a train and a test split read each header once. Failed headers are not cached: they
-are tried again on the next run.
+cache file that cannot be read or parsed is ignored and rewritten. Processes reading the same files
+at once (DDP ranks) read the file again before writing it: one that finds every header it read there
+(another rank wrote them meanwhile) leaves the file as it is, and one that Windows does not let
+replace it (another process holds it open) leaves the other's copy. Sources that share a folder share
+its cache file, so a train and a test split read each header once. Failed headers are not cached:
+they are tried again on the next run.
 """
 
 from __future__ import annotations
@@ -261,8 +263,10 @@ def _from_headers(paths: list[str], num_threads: int, folder: Path | None,
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
     if cache_file is not None and fresh:
-        kept = {key: entry for key, entry in cached.items() if _valid(entry)}
-        _save(cache_file, root, {**kept, **fresh})
+        now = _load(cache_file, warn=False)  # another rank may have written it meanwhile: then leave it
+        if any(now.get(key) != entry for key, entry in fresh.items()):
+            kept = {key: entry for key, entry in {**cached, **now}.items() if _valid(entry)}
+            _save(cache_file, root, {**kept, **fresh})
     if first_error is not None:
         i, message, exc = first_error
         raise DecodeError(f"item {i}: {message}", path=paths[i], index=i) from exc
@@ -297,18 +301,22 @@ def _valid(entry: Any) -> TypeGuard[list[Any]]:
             and math.isfinite(entry[2]) and entry[2] >= 0)
 
 
-def _load(file: Path) -> dict[str, list[Any]]:
-    """The entries of a cache file; ``{}`` when it is missing or cannot be read or parsed."""
+def _load(file: Path, *, warn: bool = True) -> dict[str, list[Any]]:
+    """The entries of a cache file; ``{}`` when it is missing or cannot be read or parsed (a warning
+    unless ``warn`` is false: the second read of one run)."""
     try:
         data = json.loads(file.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return {}
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        logger.warning("ignoring the duration cache %s, which cannot be read (%s); it will be rewritten", file, exc)
+        if warn:
+            logger.warning("ignoring the duration cache %s, which cannot be read (%s); it will be rewritten", file,
+                           exc)
         return {}
     if not isinstance(data, dict) or data.get("format") != _CACHE_FORMAT or not isinstance(data.get("entries"), dict):
-        logger.warning("ignoring the duration cache %s, which is not a format-%d cache; it will be rewritten",
-                       file, _CACHE_FORMAT)
+        if warn:
+            logger.warning("ignoring the duration cache %s, which is not a format-%d cache; it will be rewritten",
+                           file, _CACHE_FORMAT)
         return {}
     return data["entries"]
 
@@ -320,9 +328,13 @@ def _save(file: Path, root: str, entries: dict[str, list[Any]]) -> None:
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
         handle, temp = tempfile.mkstemp(dir=file.parent, prefix=file.name + ".", suffix=".tmp")
-        with os.fdopen(handle, "w", encoding="utf-8") as f:
+        with os.fdopen(handle, "w", encoding="utf-8", newline="\n") as f:
             f.write(body)
-        os.replace(temp, file)
+        try:
+            os.replace(temp, file)
+        except PermissionError as exc:  # Windows: another process (a rank reading it) holds the file open
+            logger.info("the duration cache %s is open in another process, which keeps its copy (%s)", file, exc)
+            return  # the temporary file goes in the finally
         temp = None
     except OSError as exc:
         logger.warning("cannot write the duration cache %s (%s); headers will be read again next time", file, exc)

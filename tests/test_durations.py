@@ -337,3 +337,52 @@ def test_fsdd_durations_match_soundfile_and_are_cached(fsdd, tmp_path, monkeypat
         assert durations[i] == info.frames / info.samplerate
     forbid_opening(monkeypatch)
     assert read_durations(source, cache_dir=tmp_path / "cache")[0].tolist() == durations.tolist()
+
+
+def test_a_cache_another_rank_wrote_meanwhile_is_read_not_rewritten(corpus, tmp_path, monkeypatch):
+    """Two ranks start with no cache; rank 0 writes it while rank 1 is still reading headers. Rank 1
+    finds every header it read in rank 0's file and leaves the file as it is."""
+    import audiobuffer._durations as durations_module
+
+    root, expected = corpus
+    read_durations(Source(root), cache_dir=tmp_path / "rank0")
+    (written,) = (tmp_path / "rank0").glob("*.json")
+    cache = tmp_path / "shared"
+    real_header_seconds = durations_module.header_seconds
+
+    def rank0_finishes_first(path):
+        if not cache.exists():
+            cache.mkdir()
+            (cache / written.name).write_bytes(written.read_bytes())
+        return real_header_seconds(path)
+
+    replaced = []
+    real_replace = os.replace
+    monkeypatch.setattr(durations_module, "header_seconds", rank0_finishes_first)
+    monkeypatch.setattr(os, "replace", lambda src, dst: (replaced.append(dst), real_replace(src, dst)))
+    durations, _ = read_durations(Source(root), cache_dir=cache)
+    assert by_name(Source(root), durations) == expected
+    assert replaced == [] and (cache / written.name).read_bytes() == written.read_bytes()
+    assert [p.name for p in cache.iterdir()] == [written.name]  # no temporary file left
+
+
+def test_a_cache_held_open_by_another_process_stays_and_the_run_goes_on(corpus, tmp_path, monkeypatch, caplog):
+    """Windows refuses to replace a file another process (a rank reading it) holds open: PermissionError.
+    The run goes on with the headers it read, the other copy stays, no temporary file is left."""
+    root, expected = corpus
+    cache = tmp_path / "cache"
+    read_durations(Source(root), cache_dir=cache)
+    (file,) = cache.glob("*.json")
+    file.write_bytes(b'{"format": 1, "root": "", "entries": {}}')  # another rank's file, without these entries
+
+    def refuse(src, dst):
+        raise PermissionError(13, "Access is denied", str(dst))
+
+    monkeypatch.setattr(os, "replace", refuse)
+    with caplog.at_level(logging.INFO, logger="audiobuffer"):
+        durations, failures = read_durations(Source(root), cache_dir=cache)
+    assert by_name(Source(root), durations) == expected and failures == []
+    assert [p.name for p in cache.iterdir()] == [file.name]
+    assert file.read_bytes() == b'{"format": 1, "root": "", "entries": {}}'
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    assert "open in another process" in caplog.text
