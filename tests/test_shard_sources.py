@@ -364,7 +364,7 @@ def test_batches_by_duration_refuse_sources_without_durations(packed, tmp_path):
 
 
 def test_batches_by_duration_refuse_an_index_with_a_duration_that_is_not_one(packed, tmp_path):
-    """A NaN duration is no longer an item every batch leaves out unreported: the index is refused, naming it."""
+    """A NaN duration would leave its item out of every batch, unreported: the index is refused, naming it."""
     out, index, _ = packed
     data = json.loads((out / INDEX_NAME).read_text(encoding="utf-8"))
     data["members"][4]["duration"] = float("nan")
