@@ -70,6 +70,8 @@ def test_pack_command_errors_are_one_line(tmp_path, capsys):
     _one_line_error(capsys, "not empty", "--overwrite")
     assert main([src, out, "--shard-size", "1MB", "-q", "--overwrite"]) == 0
     assert main(["-h"]) == 0
+    assert main(["nosuchscheme://bucket/files", out, "--shard-size", "1MB"]) == 2  # fsspec knows no such URL
+    _one_line_error(capsys, "cannot read 'nosuchscheme://bucket/files", "pip install")
 
 
 def test_audiobuffer_pack_runs_from_the_command_line(tmp_path):
