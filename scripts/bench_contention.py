@@ -313,7 +313,7 @@ def measure(approach: str, steps: Sequence[str], file_list: Path, transform: str
     status, err, peak = run_with_peak_rss(cmd, timeout=timeout, env=env)
     if status != 0:
         raise RuntimeError(f"{approach} ({file_list.stem}) failed (exit {status}): {err}")
-    result = json.loads(out.read_text())
+    result = json.loads(out.read_text(encoding="utf-8"))
     result["peak_rss_mb"] = peak / 2**20
     return result
 
@@ -327,7 +327,7 @@ def run_corpus(name: str, paths: list[str], approaches: Sequence[str], steps: Se
                transform: str | None, workdir: Path, device: str = "cpu", progress: bool = True) -> dict[str, Any]:
     """Measure every approach ``runs`` times on one corpus (runs interleaved); the medians per step."""
     file_list = workdir / f"{name.replace('+', '-')}.txt"
-    file_list.write_text("\n".join(paths))
+    file_list.write_text("\n".join(paths), encoding="utf-8", newline="\n")
     measured: dict[str, list[dict[str, Any]]] = {a: [] for a in approaches}
     for run in range(runs):  # interleaved, so a slow spell of the machine touches every approach alike
         for approach in approaches:
@@ -515,12 +515,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     steps = _csv(args.steps or ("light" if args.quick else "light,heavy"), list(STEPS), "--steps", parser)
     if args.neighbour:
-        neighbour([p for p in args.file_list.read_text().splitlines() if p], args.transform)
+        neighbour([p for p in args.file_list.read_text(encoding="utf-8").splitlines() if p], args.transform)
         return 0
     if args.child:
-        paths = [p for p in args.file_list.read_text().splitlines() if p]
+        paths = [p for p in args.file_list.read_text(encoding="utf-8").splitlines() if p]
         args.child_out.write_text(json.dumps(child(args.child, steps, paths, args.transform, args.device,
-                                                   args.file_list)))
+                                                   args.file_list)), encoding="utf-8", newline="\n")
         return 0
     files = args.files if args.files is not None else 32 if args.quick else 300
     runs = args.runs if args.runs is not None else 1 if args.quick else 3
@@ -561,7 +561,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = markdown(results, runs, args.device)
     print(text)
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+        Path(args.json).write_text(json.dumps(results, indent=2), encoding="utf-8", newline="\n")
     if args.write:
         write_section(SECTION if args.device == "cpu" else f"{SECTION}-{args.device}", text)
     return 0

@@ -31,8 +31,8 @@ def main() -> int:
         status = bench_main(args + ["--json", str(out), "--markdown", str(Path(tmp) / "bench.md"), "--plot", str(PLOT)])
         if status:
             return status
-        tables = (Path(tmp) / "bench.md").read_text()
-        results = json.loads(out.read_text())
+        tables = (Path(tmp) / "bench.md").read_text(encoding="utf-8")
+        results = json.loads(out.read_text(encoding="utf-8"))
     runs = next(iter(results.values()))[0]["runs"]
     body = "\n\n".join([
         "## Decoding an epoch: audiobuffer against the alternatives (`scripts/bench_decode.py`)",

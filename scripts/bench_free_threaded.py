@@ -131,7 +131,7 @@ def run(files: int, runs: int, cache: Path, fsdd: Path | None) -> dict[str, dict
     with tempfile.TemporaryDirectory(prefix="audiobuffer-ft-") as tmp:
         for name, paths in corpora(files, cache, fsdd).items():
             file_list = Path(tmp) / "files.txt"
-            file_list.write_text("\n".join(paths), encoding="utf-8")
+            file_list.write_text("\n".join(paths), encoding="utf-8", newline="\n")
             seen: dict[str, list[dict[str, Any]]] = {}
             for _ in range(runs):
                 for gil in (True, False):

@@ -66,4 +66,4 @@ def write_section(name: str, body: str, path: Path = BENCHMARKS) -> None:
         text = before + block + rest.split(end, 1)[1]
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
-    path.write_text(text, encoding="utf-8")
+    path.write_text(text, encoding="utf-8", newline="\n")

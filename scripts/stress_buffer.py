@@ -30,7 +30,7 @@ def main() -> int:
         status = stress_main(args + ["--json", str(out)])
         if not out.is_file():
             return status  # it stopped before running (bad arguments, --help)
-        report = json.loads(out.read_text())
+        report = json.loads(out.read_text(encoding="utf-8"))
     command = " ".join(args)
     if report["minutes"]:
         title = f"## Soak: the stress test for {report['minutes']:g} minutes (`scripts/stress_buffer.py {command}`)"

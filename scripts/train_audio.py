@@ -272,7 +272,7 @@ def _train(args: argparse.Namespace, config: Any, device: torch.device, distribu
             log(f"stopped after epoch {epoch + 1}; continue with --resume {save_to}")
             break
     if args.json is not None and rank == 0:
-        args.json.write_text(json.dumps(metrics, indent=2, default=str))
+        args.json.write_text(json.dumps(metrics, indent=2, default=str), encoding="utf-8", newline="\n")
     return 0
 
 
@@ -330,7 +330,7 @@ def _write_checkpoint(path: Path, state: dict) -> None:
 
 def _log_seen(folder: Path, rank: int, epoch: int, step: int, paths: list[str]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / f"rank{rank}.jsonl", "a", encoding="utf-8") as f:
+    with open(folder / f"rank{rank}.jsonl", "a", encoding="utf-8", newline="\n") as f:
         f.write(json.dumps({"epoch": epoch, "step": step, "paths": list(paths)}) + "\n")
 
 

@@ -34,3 +34,42 @@ def test_types_check_for_windows_too():
     result = subprocess.run([sys.executable, "-m", "mypy", "--platform", "win32"], cwd=REPO, capture_output=True,
                             text=True, timeout=280)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+
+
+#: Receivers whose ``.open()`` is no text file's: tar files, images, fsspec (binary modes), soundfile, descriptors.
+_NOT_TEXT_OPENERS = {"tarfile", "Image", "fsspec", "sf", "soundfile", "os"}
+
+
+def _unnamed_text_settings(path):
+    """Each text file ``path`` opens, reads or writes without naming its encoding (the locale's is
+    cp1252 on Windows), or writes without ``newline=`` (CRLF on Windows), as 'file:line: what'."""
+    import ast
+
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+        owner = func.value.id if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) else None
+        if name in ("read_text", "write_text"):
+            mode = "r" if name == "read_text" else "w"
+        elif name == "fdopen" or (name == "open" and owner not in _NOT_TEXT_OPENERS):
+            given = node.args[1:2] + [k.value for k in node.keywords if k.arg == "mode"]
+            if given and not (isinstance(given[0], ast.Constant) and isinstance(given[0].value, str)):
+                continue  # os.open's flags, a mode computed at run time
+            mode = given[0].value if given else "r"
+            if "b" in mode:
+                continue
+        else:
+            continue
+        named = {k.arg for k in node.keywords}
+        needed = {"encoding"} | ({"newline"} if set(mode) & set("wax+") else set())
+        if not needed <= named:
+            yield f"{path.relative_to(REPO)}:{node.lineno}: {name}() without {', '.join(sorted(needed - named))}"
+
+
+def test_text_files_name_their_encoding_and_newline():
+    """The package and its scripts read and write the same bytes on every platform: UTF-8, and \\n."""
+    found = [problem for folder in ("audiobuffer", "scripts") for path in sorted((REPO / folder).rglob("*.py"))
+             for problem in _unnamed_text_settings(path)]
+    assert found == []
