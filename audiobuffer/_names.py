@@ -101,7 +101,7 @@ def inside_folder(base: str, name: str) -> str:
         why = "the folder itself"
     if why is not None:
         raise ValueError(f"{name!r} is outside the folder {folder!r} ({why})")
-    return path.join(folder, relative) if folder else relative
+    return path.normpath(path.join(folder, relative)) if folder else relative  # as sibling() spells it
 
 
 def inside_bucket(base: str, name: str) -> str:
