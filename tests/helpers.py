@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import soundfile as sf
 import torch
 
@@ -181,3 +183,60 @@ def windows_text_files(monkeypatch: Any) -> None:
 
     monkeypatch.setattr(builtins, "open", windows_open)
     monkeypatch.setattr(io, "open", windows_open)
+
+
+def wait_gone(pid: int, timeout: float) -> bool:
+    """Whether process ``pid`` has ended (a zombie counts) within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.02)  # polling another process's existence: there is nothing to wait on
+    return False
+
+
+def segment_exists(name: str) -> bool:
+    """Whether the shared-memory segment ``name`` is still on the system, looked up by name (every OS)."""
+    from audiobuffer import _shm
+
+    try:
+        segment = _shm.attach(name)
+    except FileNotFoundError:
+        return False
+    segment.close()
+    return True
+
+
+@contextlib.contextmanager
+def isolated_leftovers(monkeypatch: Any) -> Iterator[None]:
+    """Fail unless the isolated loaders run inside leave no child process and no shared-memory segment.
+
+    Segments are checked through the names the loader created: each one the trainer attached must be
+    gone (looked up by name, on every OS), and where the system lists segments (Linux), so must every
+    one named after one of those helper processes (``ab_<pid>_...``: a slot it grew unknown to the trainer).
+    """
+    from audiobuffer import _shm
+
+    attach = _shm.attach
+    seen: set[str] = set()
+
+    def recording_attach(name: str) -> Any:
+        seen.add(name)
+        return attach(name)
+
+    monkeypatch.setattr(_shm, "attach", recording_attach)
+    # Children from before (multiprocessing's resource tracker, once some test used spawn) stay.
+    older = {p.pid for p in psutil.Process().children(recursive=True)}
+    yield
+    monkeypatch.setattr(_shm, "attach", attach)
+    deadline = time.monotonic() + JOIN_TIMEOUT
+    children = [p for p in psutil.Process().children(recursive=True) if p.pid not in older]
+    _, alive = psutil.wait_procs(children, timeout=max(0.0, deadline - time.monotonic()))
+    assert not alive, f"child processes left: {[p.pid for p in alive]}"
+    helpers = {int(name.split("_")[1]) for name in seen}
+    left = {name for name in seen if segment_exists(name)}
+    left.update(name for pid in helpers for name in _shm.leftovers(pid))
+    assert not left, f"shared-memory segments left: {sorted(left)}"

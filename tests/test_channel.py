@@ -13,7 +13,7 @@ import threading
 import time
 
 import pytest
-from helpers import JOIN_TIMEOUT, fake_paths
+from helpers import JOIN_TIMEOUT, fake_paths, isolated_leftovers
 from plain_decoders import IndexDecoder
 
 from audiobuffer import HelperError, IsolatedLoader, _channel, _shm
@@ -21,6 +21,13 @@ from audiobuffer._channel import HelperChannel, death_message
 from audiobuffer.buffer import WAIT_SLICE
 
 pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind(monkeypatch):
+    """Every test ends with no child process and none of its helpers' shared-memory segments."""
+    with isolated_leftovers(monkeypatch):
+        yield
 
 
 def indices(batches):

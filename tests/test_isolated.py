@@ -7,19 +7,25 @@ import json
 import logging
 import os
 import pickle
-import signal
 import subprocess
 import sys
 import textwrap
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
-import psutil
 import pytest
 import torch
-from helpers import JOIN_TIMEOUT, REPO, duration_manifest, fake_paths, make_corpus
+from helpers import (
+    JOIN_TIMEOUT,
+    REPO,
+    duration_manifest,
+    fake_paths,
+    isolated_leftovers,
+    make_corpus,
+    segment_exists,
+    wait_gone,
+)
 from plain_decoders import Exit, ExitOnce, Flood, IndexDecoder, Misfit, TightShm, add_one
 
 from audiobuffer import (
@@ -33,45 +39,20 @@ from audiobuffer import (
     ResumeError,
     SampleError,
     StallError,
+    _shm,
     pad_collate,
 )
 from audiobuffer._batching import plan_batches
 from audiobuffer._plan import unpack_consumed
-from audiobuffer._shm import SEGMENT_PREFIX
 
 pytestmark = pytest.mark.timeout(120)
-SHM = Path("/dev/shm")
-
-
-def segments() -> set[str]:
-    """This machine's audiobuffer shared-memory segments (Linux keeps them in /dev/shm)."""
-    return {p.name for p in SHM.glob(SEGMENT_PREFIX + "*")} if SHM.is_dir() else set()
-
-
-def wait_gone(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-            return True
-        time.sleep(0.02)  # polling another process's existence: there is nothing to wait on
-    return False
 
 
 @pytest.fixture(autouse=True)
-def nothing_left_behind():
-    """Every test ends with no child process and no new shared-memory segment."""
-    before = segments()
-    # Children from before the test (multiprocessing's resource tracker, once some test used spawn) stay.
-    older = {p.pid for p in psutil.Process().children(recursive=True)}
-    yield
-    deadline = time.monotonic() + JOIN_TIMEOUT
-    children = [p for p in psutil.Process().children(recursive=True) if p.pid not in older]
-    gone, alive = psutil.wait_procs(children, timeout=max(0.0, deadline - time.monotonic()))
-    assert not alive, f"child processes left: {[p.pid for p in alive]}"
-    # A segment is named after the process that made it (ab_<pid>_...). One left by a process that has
-    # gone is a leak; one of a live process that is not ours belongs to someone else on this machine.
-    left = [name for name in segments() - before if not psutil.pid_exists(int(name.split("_")[1]))]
-    assert not left, f"shared-memory segments left: {sorted(left)}"
+def nothing_left_behind(monkeypatch):
+    """Every test ends with no child process and none of its helpers' shared-memory segments."""
+    with isolated_leftovers(monkeypatch):
+        yield
 
 
 def indices(batches):
@@ -264,31 +245,12 @@ def test_the_helper_dies_with_a_clear_error():
             list(loader)
 
 
-@pytest.mark.skipif(os.name == "nt", reason="SIGKILL is POSIX")
-def test_the_helpers_death_is_described_by_how_it_ended():
-    from audiobuffer._channel import death_message
-
-    class Ended:  # what death_message reads of a subprocess.Popen
-        pid = 42
-
-        def __init__(self, code):
-            self.code = code
-
-        def poll(self):
-            return self.code
-
-    assert death_message(Ended(1)) == ("the helper process (pid 42) exited with code 1: it failed, and its "
-                                       "traceback is on stderr, above")
-    assert "exited with code 3; a crash in native decoder code" in death_message(Ended(3))
-    assert "was killed by SIGKILL" in death_message(Ended(-9))
-
-
 def test_the_helper_killed_is_a_clear_error():
     with IsolatedLoader(fake_paths(200), IndexDecoder(delay=0.01), batch_size=4) as loader:
         it = iter(loader)
         next(it)
-        os.kill(loader.helper_info["pid"], signal.SIGKILL)
-        with pytest.raises(HelperError, match="SIGKILL"):
+        loader._channel.proc.kill()  # SIGKILL; TerminateProcess on Windows, which exits with code 1
+        with pytest.raises(HelperError, match="exited with code 1" if os.name == "nt" else "SIGKILL"):
             for _ in it:
                 pass
 
@@ -301,24 +263,22 @@ TRAINER = textwrap.dedent("""
     loader = IsolatedLoader([f"/x/{{i}}.wav" for i in range(10_000)], IndexDecoder(delay=0.01), batch_size=4)
     it = iter(loader)
     next(it)
-    print(loader.helper_info["pid"], flush=True)
+    print(loader.helper_info["pid"], *loader.helper_info["segments"], flush=True)
     time.sleep(60)
 """)
 
 
-@pytest.mark.skipif(os.name == "nt", reason="SIGKILL is POSIX")
 def test_a_killed_trainer_takes_its_helper_and_segments_along(tmp_path):
     script = tmp_path / "trainer.py"
-    script.write_text(TRAINER.format(tests=str(REPO / "tests")))
-    before = segments()
+    script.write_text(TRAINER.format(tests=str(REPO / "tests")), encoding="utf-8", newline="\n")
     trainer = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
-        helper = int(trainer.stdout.readline())
-        assert segments() - before  # the helper's slots exist while it runs
-        trainer.kill()
+        helper, *names = trainer.stdout.readline().split()
+        assert names and all(segment_exists(name) for name in names)  # the helper's slots exist while it runs
+        trainer.kill()  # SIGKILL; TerminateProcess on Windows
         trainer.wait(JOIN_TIMEOUT)
-        assert wait_gone(helper, 2.0), "the helper outlived its trainer by more than 2 s"
-        assert not segments() - before
+        assert wait_gone(int(helper), 2.0), "the helper outlived its trainer by more than 2 s"
+        assert not any(segment_exists(name) for name in names) and _shm.leftovers(int(helper)) == []
     finally:
         trainer.kill()
         trainer.wait(JOIN_TIMEOUT)
@@ -340,7 +300,7 @@ NO_GUARD = textwrap.dedent("""
 
 def test_a_script_without_a_main_guard_works(tmp_path):
     script = tmp_path / "no_guard.py"
-    script.write_text(NO_GUARD.format(tests=str(REPO / "tests")))
+    script.write_text(NO_GUARD.format(tests=str(REPO / "tests")), encoding="utf-8", newline="\n")
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["imported", "50"]
@@ -621,8 +581,7 @@ def test_an_object_array_fails_as_its_item_and_never_grows_a_slot():
                         slot_bytes=4096) as loader:
         assert list(loader) == []
         stats = loader.stats()
-        mine = f"{SEGMENT_PREFIX}{loader.helper_info['pid']}_"
-        sizes = {(SHM / name).stat().st_size for name in segments() if name.startswith(mine)}
+        sizes = {(_shm.SHM_DIR / name).stat().st_size for name in _shm.leftovers(loader.helper_info["pid"])}
     assert (stats.failed, stats.yielded) == (40, 0) and "dtype object" in stats.failures[0][2]
     assert sizes <= {4096}
 
