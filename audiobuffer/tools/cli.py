@@ -53,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
                          description="Build the pipeline CONFIG describes, drain it for its epochs, and print a "
                                      "summary: throughput, waits on both sides of the buffer, a verdict. "
                                      "Every config key with its default: 'audiobuffer config --reference' "
-                                     "(save it with '> my.yaml' and edit it).")
+                                     "(save it with '> my.yaml', fill in source.root and edit it).")
     run.add_argument("config", metavar="CONFIG.yaml",
                      help="pipeline config; start from 'audiobuffer config --reference > CONFIG.yaml'")
     overrides_help = ("override a config key, e.g. --set buffer.producers=8 (repeatable; VALUE is YAML; "
@@ -63,9 +63,10 @@ def _parser() -> argparse.ArgumentParser:
 
     config = sub.add_parser("config", help="print the reference config, or check a config and print it filled in",
                             description="With --reference: print the reference config (every key with its default "
-                                        "and a comment), to save and edit: 'audiobuffer config --reference > "
-                                        "my.yaml'. With CONFIG.yaml: check it (and the --set overrides) as 'run' "
-                                        "would and print it with the defaults filled in and the paths resolved.")
+                                        "and a comment), to save, fill in source.root and edit: 'audiobuffer "
+                                        "config --reference > my.yaml'. With CONFIG.yaml: check it (and the --set "
+                                        "overrides) as 'run' would and print it with the defaults filled in and the "
+                                        "paths resolved.")
     config.add_argument("config", metavar="CONFIG.yaml", nargs="?", help="the config to check")
     config.add_argument("--reference", action="store_true", help="print the reference config")
     config.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
