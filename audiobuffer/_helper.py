@@ -115,8 +115,14 @@ class Channel:
         self._queue.put((frame, data))
 
     def receive(self) -> Any:
-        """The next message; ``EOFError`` when the other side has gone."""
-        return pickle.load(self._in)
+        """The next message; ``EOFError`` when the other side has gone, in the middle of a frame too (a trainer
+        interrupted as it wrote one closes the channel then)."""
+        try:
+            return pickle.load(self._in)
+        except pickle.UnpicklingError as exc:
+            if "truncated" not in str(exc):  # a frame that is not ours
+                raise
+            raise EOFError("the trainer's end closed in the middle of a frame") from exc
 
     def close(self, timeout: float) -> None:
         """Let the writer write what was sent, then stop it; give up after ``timeout`` seconds."""

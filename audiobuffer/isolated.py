@@ -210,11 +210,11 @@ class IsolatedLoader:
             raise BufferClosed("iter() on a closed IsolatedLoader")
         channel = self._channel
         if channel is not None:
-            if channel.running:
+            if channel.running and not channel.broken:
                 return channel
-            # The epoch that saw it die raised its death; this one runs in a new helper.
-            logger.warning("starting a new helper process: %s", death_message(channel.proc))
-            channel.close()  # reaps the dead one and unlinks the segments it left
+            if not channel.broken:  # the epoch that saw it die raised its death; this one runs in a new helper
+                logger.warning("starting a new helper process: %s", death_message(channel.proc))
+            channel.close()  # reaps the dead one (or stops one cut off by Ctrl-C) and unlinks its segments
         channel = self._channel = HelperChannel(self.num_slots + 64)
         channel.start(self._spec)
         return channel
