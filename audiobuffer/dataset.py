@@ -357,6 +357,10 @@ class BufferedDataset(IterableDataset):
             pass
 
     def __repr__(self) -> str:
-        return (f"BufferedDataset({self.source.description}, {self.decoder!r}, items={len(self.source)}, "
+        try:
+            items: int | str = len(self.source)
+        except TypeError:  # streamed shards with no listing: unknown until streamed
+            items = "unknown"
+        return (f"BufferedDataset({self.source.description}, {self.decoder!r}, items={items}, "
                 f"num_producers={self.num_producers!r}, buffer_size={self.buffer_size}, "
                 f"shuffle={self.shuffle}, ordered={self.ordered}, on_error={self.on_error!r})")

@@ -137,7 +137,9 @@ def test_streamed_listing_from_the_index_or_a_scan(packed, tmp_path):
     with pytest.raises(TypeError, match="length of .* is unknown.*index.json"):
         len(unlisted)
     assert unlisted._listed is None
-    assert len(list(BufferedDataset(unlisted, _decode()))) == N
+    ds = BufferedDataset(unlisted, _decode())
+    assert "items=unknown" in repr(ds)
+    assert len(list(ds)) == N
 
 
 # -- resume ---------------------------------------------------------------------------------------
