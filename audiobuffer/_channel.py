@@ -31,6 +31,9 @@ from .errors import BufferClosed, HelperError
 
 #: Seconds to wait for the helper to say it is ready (it imports numpy and soundfile, not torch).
 START_TIMEOUT = 60.0
+#: Windows' process creation flag (``subprocess`` has the name only there): the helper runs in a process
+#: group of its own, which the console's Ctrl-C does not reach (NOTE [ Helper process lifecycle ], Exit).
+CREATE_NEW_PROCESS_GROUP = 0x00000200
 
 __all__ = ["ByReference", "HelperChannel", "RemoteTraceback", "death_message", "pickle_by_reference", "read_messages",
            "shutdown_helper", "torch_dtype"]
@@ -304,8 +307,10 @@ class HelperChannel:
         env = dict(os.environ)
         here = str(Path(__file__).resolve().parent.parent)  # so the helper imports this very package
         env["PYTHONPATH"] = os.pathsep.join([here] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-        proc = subprocess.Popen([sys.executable, "-m", "audiobuffer._helper"], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, env=env)
+        # The trainer's pid: the helper also leaves when the trainer has gone (NOTE [ Helper process lifecycle ], Exit).
+        proc = subprocess.Popen([sys.executable, "-m", "audiobuffer._helper", str(os.getpid())], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, env=env,
+                                creationflags=CREATE_NEW_PROCESS_GROUP if sys.platform == "win32" else 0)
         self.proc = proc
         reader = threading.Thread(target=read_messages, args=(proc, self.inbox, self._closing, self._wanted),
                                   name="audiobuffer-helper-reader", daemon=True)

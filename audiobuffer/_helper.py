@@ -7,9 +7,12 @@ every OS. Nothing here imports torch; decoders hand numpy arrays over (``decoder
 NOTE [ Helper process lifecycle ]
 =================================
 Channel. Frames are pickles, only ever from the trainer that started this process: trainer -> helper
-on the helper's stdin, helper -> trainer on its original stdout. ``sys.stdout`` is pointed at stderr
-first, so a ``print`` in a user's decoder cannot corrupt the channel. The trainer reads only while it
-waits for a message (NOTE [ Reading the helper on demand ] in ``_channel.py``), so the pipe is often
+on the helper's stdin, helper -> trainer on its original stdout. Both pipes move first to descriptors
+of their own, which no child process inherits, and descriptors 0 and 1 then point at the null device
+and at stderr (``sys.stdout`` too): neither a ``print`` in a user's decoder nor a child process it
+runs (a command-line tool writing to its stdout) can write into the channel or read the trainer's
+frames, and a child that outlives the helper does not keep the channel open. The trainer reads only
+while it waits for a message (NOTE [ Reading the helper on demand ] in ``_channel.py``), so the pipe is often
 full: every thread here sends into a queue that one writer thread empties into the pipe, and only that
 thread ever waits on it. The main thread is then always free to read ``free``, ``stop`` and ``close``,
 and the epoch thread collates into every free slot whatever the pipe holds. The epoch's data frames
@@ -43,22 +46,33 @@ stats, positions)``, or, when the trainer leaves it early, with ``("stop", gen)`
 of successive epochs share a ``TunerMemory`` (NOTE [ Producer tuning ] in ``_tuner.py``).
 
 Exit. ``("close",)`` or end of file on stdin ends the helper: the trainer closed it, exited or was
-killed (a killed trainer's pipe closes with it). Either way the epoch's pool is stopped, every
+killed (a killed trainer's pipe closes with it). A child process the trainer forked (a persistent
+DataLoader worker, a ``multiprocessing`` child) holds a copy of the trainer's end of the pipe, though,
+and keeps it open after the trainer died; so on POSIX the helper also looks every ``TRAINER_CHECK``
+seconds whether its parent is still the trainer whose pid it was given (Windows has no fork, and the
+trainer's end of the pipe is not inheritable there). Either way the epoch's pool is stopped, every
 segment this process created is unlinked, what is queued for the trainer is written (for at most
 ``EXIT_GRACE`` seconds: a trainer that closed the loader reads the pipe to its end), and the process
 exits with ``os._exit``, without waiting for a producer stuck in a decode beyond ``EXIT_GRACE``.
 An error of the helper's own (a frame it cannot read, a bug) is printed on stderr with its
-traceback and the exit code is 1. SIGINT is ignored: Ctrl-C in a terminal reaches the whole process
-group, and the trainer decides when its helper stops.
+traceback and the exit code is 1. SIGINT is ignored, from the first line run, before the slow imports:
+Ctrl-C in a terminal reaches the whole process group, and the trainer decides when its helper stops.
+On Windows the helper runs in a process group of its own (``CREATE_NEW_PROCESS_GROUP``), which the
+console's Ctrl-C does not reach.
 """
 
+# ruff: noqa: E402  (the imports come after SIGINT is ignored)
 from __future__ import annotations
+
+import signal
+
+if __name__ == "__main__":  # before the imports below take their time (NOTE [ Helper process lifecycle ], Exit)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 import logging
 import os
 import pickle
 import queue
-import signal
 import sys
 import threading
 import time
@@ -82,6 +96,8 @@ from .sources import WorkItem
 
 #: Seconds the helper gives its producers to stop before it exits anyway.
 EXIT_GRACE = 1.0
+#: Seconds between two looks at whether the trainer still runs (POSIX; NOTE [ Helper process lifecycle ], Exit).
+TRAINER_CHECK = 0.5
 
 class Channel:
     """Pickled frames over a pair of binary streams (NOTE [ Helper process lifecycle ], Channel).
@@ -482,12 +498,64 @@ def _lower_priority() -> None:
         pass
 
 
+def _take_channel() -> tuple[BinaryIO, BinaryIO]:
+    """The trainer's pipes on descriptors of their own, which no child process inherits (PEP 446);
+    descriptors 0 and 1 then point at the null device and at stderr (NOTE [ Helper process lifecycle ],
+    Channel)."""
+    incoming, outgoing = os.dup(0), os.dup(1)
+    if sys.platform == "win32":
+        import msvcrt
+
+        for fd in (incoming, outgoing):
+            msvcrt.setmode(fd, os.O_BINARY)
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    try:
+        os.dup2(2, 1)
+    except OSError:  # no stderr (a trainer without a console): what a child writes goes nowhere
+        os.dup2(null, 1)
+    os.close(null)
+    sys.stdout = sys.stderr  # a print() in a decoder goes to stderr too
+    return os.fdopen(incoming, "rb"), os.fdopen(outgoing, "wb")
+
+
+def _watch_trainer(trainer: int, leave: Callable[[int], None]) -> None:
+    """Thread: ``leave(0)`` once the trainer has gone, this process then being another's child (POSIX).
+
+    Nothing wakes a process when its parent dies, so this looks (NOTE [ Helper process lifecycle ], Exit).
+    """
+    while os.getppid() == trainer:
+        time.sleep(TRAINER_CHECK)
+    leave(0)
+
+
 def main() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # NOTE [ Helper process lifecycle ], Exit
-    channel = Channel(sys.stdin.buffer, sys.stdout.buffer)
-    sys.stdout = sys.stderr  # a print() in a decoder must not corrupt the channel
+    channel = Channel(*_take_channel())
     logging.getLogger("audiobuffer").addHandler(_ChannelLog(channel))
     helper: Helper | None = None
+    leaving = threading.Lock()
+
+    def leave(code: int) -> None:
+        """Stop, unlink, write what is queued and exit: once, from the main thread or the trainer's watch."""
+        leaving.acquire()  # whoever comes second waits here for the exit
+        try:
+            if helper is not None:
+                helper.shutdown()
+            for name in _shm.leftovers(os.getpid()):  # made as the watch began the exit, if any
+                _shm.unlink(name)
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        finally:
+            # A setup error reaches the trainer; anything else is written so that the writer can end (a
+            # closing trainer reads the pipe to its end and discards it).
+            channel.close(EXIT_GRACE)
+            sys.stderr.flush()
+            os._exit(code)  # do not wait for a producer stuck in a decode (daemon threads)
+
+    if len(sys.argv) > 1 and sys.platform != "win32":  # the trainer's pid, given by HelperChannel.start
+        threading.Thread(target=_watch_trainer, args=(int(sys.argv[1]), leave), name="audiobuffer-helper-watch",
+                         daemon=True).start()
     code = 0
     try:
         kind, sys_path, spec_bytes = channel.receive()
@@ -525,18 +593,7 @@ def main() -> None:
         traceback.print_exc()
         code = 1
     finally:
-        try:
-            if helper is not None:
-                helper.shutdown()
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-        finally:
-            # A setup error reaches the trainer; anything else is written so that the writer can end (a
-            # closing trainer reads the pipe to its end and discards it).
-            channel.close(EXIT_GRACE)
-            sys.stderr.flush()
-            os._exit(code)  # do not wait for a producer stuck in a decode (daemon threads)
+        leave(code)
 
 
 if __name__ == "__main__":

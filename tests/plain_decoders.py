@@ -7,6 +7,9 @@ tests also check that the helper runs without torch.
 from __future__ import annotations
 
 import os
+import stat
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -140,3 +143,21 @@ class TightShm(IndexDecoder):
 
         _shm.room = lambda: (self.free, self.total)
         return super().__call__(item)
+
+
+class ChildWrites:
+    """On item ``index``, runs a child process that writes to its stdout, file descriptor 1 inherited
+    from the helper (a decoder calling a command-line tool); every sample says whether the helper's
+    descriptor 0 is a pipe (``stdin_pipe``, 0 or 1) and whether its descriptor 1 is its stderr
+    (``stdout_is_stderr``)."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def __call__(self, item: Any) -> dict[str, Any]:
+        if item.index == self.index:
+            code = "import os; os.write(1, b'a child process writes to its stdout\\n' * 64)"
+            subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+        return {"audio": np.zeros(2, dtype=np.float32), "index": item.index,
+                "stdin_pipe": int(stat.S_ISFIFO(os.fstat(0).st_mode)),
+                "stdout_is_stderr": int(os.path.sameopenfile(1, 2))}

@@ -302,3 +302,24 @@ def test_slots_a_dead_helper_grew_unknown_to_the_trainer_are_unlinked():
         proc.kill()
         proc.wait(JOIN_TIMEOUT)
     assert _shm.leftovers(proc.pid) == []
+
+
+@pytest.mark.parametrize("platform, flags", [("win32", 0x00000200), ("linux", 0)])  # CREATE_NEW_PROCESS_GROUP
+def test_the_helper_runs_in_a_process_group_of_its_own_on_windows(monkeypatch, platform, flags):
+    # The console sends Ctrl-C to every process attached to it; a new group has Ctrl-C disabled, so the
+    # helper prints no KeyboardInterrupt traceback while it starts. POSIX takes no creation flags.
+    class NotStarted(Exception):
+        pass
+
+    seen = {}
+
+    def popen(args, **kwargs):
+        seen.update(kwargs, args=args)
+        raise NotStarted
+
+    monkeypatch.setattr(_channel.subprocess, "Popen", popen)
+    monkeypatch.setattr(sys, "platform", platform)
+    with pytest.raises(NotStarted):
+        HelperChannel(4).start(b"")
+    assert seen["creationflags"] == flags
+    assert seen["args"][-2:] == ["audiobuffer._helper", str(os.getpid())]  # the trainer the helper watches
