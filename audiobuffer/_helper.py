@@ -524,7 +524,15 @@ def _watch_trainer(trainer: int, leave: Callable[[int], None]) -> None:
 
     Nothing wakes a process when its parent dies, so this looks (NOTE [ Helper process lifecycle ], Exit).
     """
-    while os.getppid() == trainer:
+    parent = os.getppid()  # the trainer, or a launcher between the two (then its end is watched)
+    if parent != trainer:
+        try:
+            os.kill(trainer, 0)
+        except ProcessLookupError:  # the trainer died before this thread began
+            leave(0)
+        except OSError:  # it runs, as another user
+            pass
+    while os.getppid() == parent:
         time.sleep(TRAINER_CHECK)
     leave(0)
 

@@ -107,3 +107,38 @@ def test_a_killed_trainer_takes_its_helper_along_while_a_forked_child_lives(tmp_
             except psutil.NoSuchProcess:
                 pass
             assert wait_gone(int(child), JOIN_TIMEOUT)
+
+
+class Left(Exception):
+    """Raised by the test's ``leave``, which, like the helper's, never returns."""
+
+
+@pytest.mark.parametrize("parents, trainer_alive, looks", [
+    ([100, 100, 100, 1], True, 4),  # the trainer is the parent until it dies
+    ([7, 7, 7, 1], True, 4),  # a launcher runs between the trainer and the helper: its end is the trainer's
+    ([1], False, 1),  # the trainer died before the watch began
+])
+def test_the_helper_leaves_once_its_trainer_is_gone(monkeypatch, parents, trainer_alive, looks):
+    from audiobuffer import _helper
+
+    seen = iter(parents)
+    calls = []
+
+    def getppid():
+        calls.append(1)
+        return next(seen)
+
+    def kill(pid, signum):
+        assert (pid, signum) == (100, 0)
+        if not trainer_alive:
+            raise ProcessLookupError(pid)
+
+    def leave(code):
+        raise Left(code)
+
+    monkeypatch.setattr(os, "getppid", getppid)
+    monkeypatch.setattr(os, "kill", kill)
+    monkeypatch.setattr(_helper, "TRAINER_CHECK", 0.0)
+    with pytest.raises(Left):
+        _helper._watch_trainer(100, leave)
+    assert len(calls) == looks
