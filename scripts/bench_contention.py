@@ -61,7 +61,7 @@ REPO = SCRIPTS.parent
 sys.path[:0] = [str(SCRIPTS), str(REPO)]  # benchmd and the transforms; this checkout's audiobuffer
 from benchmd import FSDD, machine, table, write_section  # noqa: E402
 
-from audiobuffer.tools.bench import BATCH_SIZE, make_corpus, run_with_peak_rss  # noqa: E402
+from audiobuffer.cli.bench import BATCH_SIZE, make_corpus, run_with_peak_rss  # noqa: E402
 
 APPROACHES = ["step-alone", "step-copy", "step-beside", "loop", "buffered-1", "buffered-2", "buffered-auto",
               "isolated-2", "isolated-auto", "dataloader-2", "dataloader-2-spawn"]
@@ -167,7 +167,7 @@ def _loader(approach: str, paths: list[str], transform: Any) -> tuple[Iterator[d
     from torch.utils.data import DataLoader
 
     from audiobuffer import AudioDecoder, BufferedDataset, IsolatedLoader, pad_collate
-    from audiobuffer.tools.bench import PathDataset
+    from audiobuffer.cli.bench import PathDataset
 
     decoder = AudioDecoder()
     if approach == "loop":
@@ -291,7 +291,7 @@ def child(approach: str, steps: Sequence[str], paths: list[str], transform_name:
     import torch.utils.data
 
     import audiobuffer
-    import audiobuffer.tools.bench  # noqa: F401
+    import audiobuffer.cli.bench  # noqa: F401
 
     torch.set_num_threads(1)
     transform = _transform(transform_name)

@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchmd import BENCHMARKS, machine, write_section  # noqa: E402
 
-from audiobuffer.tools.bench import main as bench_main  # noqa: E402
+from audiobuffer.cli.bench import main as bench_main  # noqa: E402
 
 PLOT = BENCHMARKS.parent / "benchmarks" / "decode.png"
 

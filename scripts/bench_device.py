@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchmd import machine, median_time, table, write_section  # noqa: E402
 
 from audiobuffer import AudioDecoder, BufferedDataset, pad_collate  # noqa: E402
-from audiobuffer.device import DevicePrefetcher, DeviceTensorLoader, resolve_device  # noqa: E402
-from audiobuffer.slots import BatchSlotLoader  # noqa: E402
+from audiobuffer.loaders.device import DevicePrefetcher, DeviceTensorLoader, resolve_device  # noqa: E402
+from audiobuffer.loaders.slots import BatchSlotLoader  # noqa: E402
 
 
 def sync(device: torch.device) -> None:

@@ -27,7 +27,7 @@ from benchmd import FSDD, machine, table, write_section  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from audiobuffer import AudioDecoder, BufferedDataset, pad_collate  # noqa: E402
-from audiobuffer.tools.bench import make_corpus  # noqa: E402
+from audiobuffer.cli.bench import make_corpus  # noqa: E402
 
 SETTINGS: list[Any] = ["auto", 1, 2]
 #: Loops in the training thread, timed in turn with the settings as references (no state across epochs).
@@ -49,8 +49,8 @@ def loop_epoch(name: str, paths: list[str]) -> float:
     """Wall seconds of one epoch of the loop ``name`` (one of :data:`LOOPS`) in this thread: decode and
     ``pad_collate`` batches of 16, as ``audiobuffer bench`` times it (``loop-libsndfile`` reads WAV through
     libsndfile, not audiobuffer's own reader; ``spdl-load_wav`` decodes with SPDL's WAV parser)."""
+    from audiobuffer.cli._bench_approaches import loader
     from audiobuffer.decoders import audio as audio_module
-    from audiobuffer.tools._bench_approaches import loader
 
     try:
         batches = loader(name, paths)  # loop-libsndfile turns the own WAV reader off: no pool runs meanwhile
@@ -64,7 +64,7 @@ def loop_epoch(name: str, paths: list[str]) -> float:
 
 def loops_for(paths: list[str]) -> list[str]:
     """The reference loops that apply to ``paths``: SPDL's ``load_wav`` only for WAV files, when installed."""
-    from audiobuffer.tools._bench_approaches import applies, available
+    from audiobuffer.cli._bench_approaches import applies, available
 
     return [name for name in LOOPS if available(name) and applies(name, paths, None)]
 

@@ -53,10 +53,10 @@ SECTION = "free-threaded"
 def epoch(approach: str, paths: list[str]) -> dict[str, Any]:
     """One epoch of ``approach`` over ``paths`` in this process: its seconds, and whether the GIL was on."""
     from audiobuffer._batch import collate_numpy
-    from audiobuffer._options import gil_enabled
-    from audiobuffer._producers import ProducerPool
     from audiobuffer.buffer import Buffer
     from audiobuffer.decoders import _common, audio
+    from audiobuffer.engine.pool import ProducerPool
+    from audiobuffer.options import gil_enabled
     from audiobuffer.sources import Source
 
     _common.TENSORS = False  # numpy samples, as in the helper process: no torch here
@@ -113,7 +113,7 @@ def measure(approach: str, gil: bool, file_list: Path) -> dict[str, Any]:
 def corpora(files: int, cache: Path, fsdd: Path | None) -> dict[str, list[str]]:
     """The corpora by name: FSDD (its first ``files`` recordings) when ``fsdd`` is given, and generated
     WAV and FLAC (as ``audiobuffer bench`` makes them, at most 1000 files each)."""
-    from audiobuffer.tools._bench_approaches import make_corpus
+    from audiobuffer.cli._bench_approaches import make_corpus
 
     found: dict[str, list[str]] = {}
     if fsdd is not None:

@@ -6,7 +6,7 @@
 Two goals, each measured in one run of this script (medians of ``--runs`` runs, the approaches
 interleaved run by run so that a noisy neighbour hits them alike):
 
-1. **Local shards.** The FSDD recordings packed into tar shards with an index (``audiobuffer.shards.pack``);
+1. **Local shards.** The FSDD recordings packed into tar shards with an index (``audiobuffer.sources.pack``);
    one epoch of ``BufferedDataset("packed/index.json", AudioDecoder(), shuffle=True)`` (members read by
    byte range, decoded from bytes) against the per-file loop ``soundfile.read(path)`` over the
    original files. Goal: at least 3x. The streamed shards (``shard-*.tar``) are timed too.
@@ -44,8 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchmd import machine, table, write_section  # noqa: E402
 
-from audiobuffer._stream import SHUFFLE_BUFFER  # noqa: E402
-from audiobuffer.storage import STREAM_BLOCK  # noqa: E402
+from audiobuffer.sources.storage import STREAM_BLOCK  # noqa: E402
+from audiobuffer.sources.stream import SHUFFLE_BUFFER  # noqa: E402
 
 KEY = SECRET = "bench"
 REGION = "us-east-1"
@@ -199,7 +199,7 @@ def local(files: list[Path], work: Path, runs: int, shard_size: int) -> dict[str
     import soundfile as sf
 
     from audiobuffer import AudioDecoder, BufferedDataset
-    from audiobuffer.shards import pack
+    from audiobuffer.sources import pack
 
     index = pack(files, work / "local", shard_size=shard_size, progress=False)
     decode = AudioDecoder()
@@ -257,8 +257,8 @@ def remote(files: list[Path], work: Path, runs: int, producers: list[int], loop_
     import soundfile as sf
 
     from audiobuffer import AudioDecoder, BufferedDataset
-    from audiobuffer.shards import pack, read_index
-    from audiobuffer.storage import read_range
+    from audiobuffer.sources import pack, read_index
+    from audiobuffer.sources.storage import read_range
 
     pack(files, work / "remote", shard_size=4_000_000, progress=False)
     moto = _Child("--serve", "moto")

@@ -17,8 +17,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchmd import machine, write_section  # noqa: E402
 
-from audiobuffer.tools.stress import main as stress_main  # noqa: E402
-from audiobuffer.tools.stress import markdown  # noqa: E402
+from audiobuffer.cli.stress import main as stress_main  # noqa: E402
+from audiobuffer.cli.stress import markdown  # noqa: E402
 
 
 def main() -> int:

@@ -48,10 +48,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
+from audiobuffer.cli._model import SpeechCNN, evaluate, make_optimizer, train_step
 from audiobuffer.config import build_dataset, build_isolated, build_loader, build_source, load_config
-from audiobuffer.device import DevicePrefetcher, resolve_device
 from audiobuffer.errors import AudioBufferError, ResumeError
-from audiobuffer.tools._model import SpeechCNN, evaluate, make_optimizer, train_step
+from audiobuffer.loaders.device import DevicePrefetcher, resolve_device
 
 CHECKPOINT_NAME = "last.pt"
 CHECKPOINT_FORMAT = 2  # 1: the model only, after each epoch (cannot be resumed)

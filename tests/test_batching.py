@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from audiobuffer import ResumeError
-from audiobuffer._batching import BatchPlan, bucket_edges, cut_batches, padding_fraction, plan_batches
-from audiobuffer._plan import pack_consumed, unpack_consumed
+from audiobuffer.engine.batch_plan import BatchPlan, bucket_edges, cut_batches, padding_fraction, plan_batches
+from audiobuffer.engine.plan import pack_consumed, unpack_consumed
 
 
 def keys(batches):

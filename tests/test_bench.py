@@ -14,9 +14,9 @@ import pytest
 import torch
 from helpers import JOIN_TIMEOUT, REPO, make_corpus, windows_text_files, write_tone
 
-from audiobuffer.tools.bench import main as bench_main
-from audiobuffer.tools.bench import measure_epoch, usable_cores
-from audiobuffer.tools.cli import main as cli_main
+from audiobuffer.cli.bench import main as bench_main
+from audiobuffer.cli.bench import measure_epoch, usable_cores
+from audiobuffer.cli.main import main as cli_main
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -49,7 +49,7 @@ NEW_APPROACHES = ["loop", "loop-libsndfile", "audiobuffer-auto", "isolated-2", "
 def test_decode_bench_quick_fills_every_row_of_the_new_approaches_and_corpora(tmp_path):
     """WAV and FLAC + mel, tiny: each approach that is installed and applies has numbers in its row."""
     pytest.importorskip("librosa")
-    from audiobuffer.tools.bench import available, gil_enabled
+    from audiobuffer.cli.bench import available, gil_enabled
 
     out, md = tmp_path / "bench.json", tmp_path / "bench.md"
     status = bench_main(["--quick", "--formats", "wav,flac+mel", "--approaches", ",".join(NEW_APPROACHES),
@@ -73,7 +73,7 @@ def test_decode_bench_quick_fills_every_row_of_the_new_approaches_and_corpora(tm
 
 def test_mel_transform_keeps_the_audio_duration():
     pytest.importorskip("librosa")
-    from audiobuffer.tools.bench import N_MELS, mel_transform
+    from audiobuffer.cli.bench import N_MELS, mel_transform
 
     sample = mel_transform({"audio": np.zeros(16000, dtype=np.float32), "sample_rate": 16000, "num_frames": 16000})
     assert sample["audio"].shape == (N_MELS, sample["num_frames"]) and sample["audio"].dtype == np.float32
@@ -85,7 +85,7 @@ def test_spdl_load_wav_sample_equals_audio_decoder(tmp_path, subtype, channels):
     """The load_wav peer returns what AudioDecoder does (libsndfile's int -> float scaling, mono mean)."""
     pytest.importorskip("spdl.io")
     from audiobuffer import AudioDecoder
-    from audiobuffer.tools._bench_approaches import _load_wav
+    from audiobuffer.cli._bench_approaches import _load_wav
 
     path = str(write_tone(tmp_path / "a.wav", seconds=0.3, channels=channels, subtype=subtype))
     ours, theirs = AudioDecoder()(path), _load_wav(path, 0)
@@ -97,7 +97,7 @@ def test_spdl_load_wav_sample_equals_audio_decoder(tmp_path, subtype, channels):
 @pytest.mark.timeout(120)
 def test_spdl_pipeline_yields_every_file_once_and_stops_its_thread(tmp_path):
     pytest.importorskip("spdl.pipeline")
-    from audiobuffer.tools.bench import BATCH_SIZE, loader
+    from audiobuffer.cli.bench import BATCH_SIZE, loader
 
     paths = [str(p) for p in make_corpus(tmp_path, 2 * BATCH_SIZE + 3)]
     before = threading.active_count()
@@ -111,7 +111,7 @@ def test_spdl_pipeline_yields_every_file_once_and_stops_its_thread(tmp_path):
 
 
 def test_bench_corpus_and_approach_rules(capsys):
-    from audiobuffer.tools.bench import applies, gil_line
+    from audiobuffer.cli.bench import applies, gil_line
 
     assert applies("spdl-load_wav", ["a.wav", "b.WAV"], None)
     assert not applies("spdl-load_wav", ["a.wav", "b.flac"], None)
@@ -132,7 +132,7 @@ def test_bench_corpus_and_approach_rules(capsys):
 
 def test_decode_bench_approaches_take_turns_within_each_round(monkeypatch, tmp_path):
     """A busy spell of a shared machine must slow every approach alike, not one approach's runs."""
-    from audiobuffer.tools import bench
+    from audiobuffer.cli import bench
 
     calls = []
 
@@ -156,7 +156,7 @@ def test_decode_bench_rejects_unknown_approaches(capsys):
 
 
 def test_stress_quick_checks_pass(tmp_path):
-    from audiobuffer.tools.stress import main as stress_main
+    from audiobuffer.cli.stress import main as stress_main
 
     out = tmp_path / "stress.json"
     assert stress_main(["--quick", "--shapes", "2x2x4,1x3x1", "--json", str(out)]) == 0
@@ -168,7 +168,7 @@ def test_stress_quick_checks_pass(tmp_path):
 @pytest.mark.parametrize("impl", ["buffer", "buffer-many", "queue"])
 @pytest.mark.parametrize("jitter", [False, True])
 def test_stress_round_moves_each_item_once(impl, jitter):
-    from audiobuffer.tools.stress import run_round
+    from audiobuffer.cli.stress import run_round
 
     result = run_round(impl, producers=3, consumers=2, capacity=3, items=3000 if not jitter else 300, payload=16,
                        jitter=jitter, seed=1)
@@ -176,7 +176,7 @@ def test_stress_round_moves_each_item_once(impl, jitter):
 
 
 def test_stress_shape_errors():
-    from audiobuffer.tools.stress import parse_shapes
+    from audiobuffer.cli.stress import parse_shapes
 
     assert parse_shapes("1x2x3, 4x5x6") == [(1, 2, 3), (4, 5, 6)]
     for bad in ("1x2", "0x1x1", "axbxc"):
@@ -212,7 +212,7 @@ def test_windows_spawn_failure_is_shown_and_audiobuffer_runs():
 
 def test_short_soak_checks_threads_and_files_stay_flat(tmp_path):
     """CI's short version of the 10-minute soak in BENCHMARKS.md: several passes, same checks."""
-    from audiobuffer.tools.stress import main as stress_main
+    from audiobuffer.cli.stress import main as stress_main
 
     out = tmp_path / "soak.json"
     assert stress_main(["--quick", "--minutes", "0.05", "--shapes", "2x2x4,3x1x2", "--json", str(out)]) == 0
@@ -257,7 +257,7 @@ def markdown_tables(text):
 def test_contention_transform_is_the_bench_mel_transform(contention):
     """One log-mel for both benchmarks: the contention script's transform is bench's, not a copy."""
     pytest.importorskip("librosa")
-    from audiobuffer.tools.bench import mel_transform
+    from audiobuffer.cli.bench import mel_transform
 
     assert contention._transform("mel") is mel_transform
     assert contention._transform(None) is None
@@ -404,7 +404,7 @@ def _words(text: str) -> str:
 # Makes `resource` (Unix-only) and `psutil` (the bench extra) unimportable, as on Windows and in a plain
 # install, then runs the command line given in argv.
 _NO_EXTRA = ("import sys; sys.modules['resource'] = None; sys.modules['psutil'] = None; "
-             "import audiobuffer.tools.bench; from audiobuffer.tools.cli import main; sys.exit(main(sys.argv[1:]))")
+             "import audiobuffer.cli.bench; from audiobuffer.cli.main import main; sys.exit(main(sys.argv[1:]))")
 
 
 def test_bench_starts_and_prints_help_without_resource_and_psutil():
@@ -510,7 +510,7 @@ def test_stress_says_its_units_and_what_jittered_means(capsys):
         cli_main(["stress", "--help"])
     help_text = _words(capsys.readouterr().out)
     assert "items per second" in help_text and "Jittered rounds make each producer and consumer pause" in help_text
-    from audiobuffer.tools.stress import main as stress_main
+    from audiobuffer.cli.stress import main as stress_main
 
     assert stress_main(["--quick", "--shapes", "1x1x2", "--items", "200"]) == 0
     out = capsys.readouterr().out
@@ -521,8 +521,8 @@ def test_stress_says_its_units_and_what_jittered_means(capsys):
 
 def test_loop_libsndfile_reads_wav_through_libsndfile(tmp_path, monkeypatch):
     """The baseline of the issue's targets: the loop as it was before AudioDecoder's own WAV reader."""
+    from audiobuffer.cli.bench import loader
     from audiobuffer.decoders import audio as audio_module
-    from audiobuffer.tools.bench import loader
 
     monkeypatch.setattr(audio_module, "_NATIVE_WAV", True)  # restored after the test
     path = write_tone(tmp_path / "a.wav")
@@ -609,7 +609,7 @@ def test_free_threaded_bench_tables(monkeypatch):
 def test_bench_file_lists_are_utf8_where_the_locale_is_cp1252(monkeypatch, tmp_path):
     """The corpus's file list and the child's result go through files: written and read as UTF-8 with
     \\n, they carry any file name on Windows (cp1252 locale, \\r\\n text files) too."""
-    from audiobuffer.tools import bench
+    from audiobuffer.cli import bench
 
     windows_text_files(monkeypatch)
     paths = [str(tmp_path / "7_b\u0142\u0105d_\u65e5\u672c.wav"), str(tmp_path / "plain.wav")]
@@ -621,7 +621,7 @@ def test_bench_file_lists_are_utf8_where_the_locale_is_cp1252(monkeypatch, tmp_p
                 "cpu_s": 0.5, "window_s": 1.0, "gil_enabled": True}
 
     def in_process(cmd, timeout):  # the child's command line, run here
-        assert cmd[1:3] == ["-m", "audiobuffer.tools.bench"]
+        assert cmd[1:3] == ["-m", "audiobuffer.cli.bench"]
         return bench.main(cmd[3:]), "", 2**20
 
     monkeypatch.setattr(bench, "_child", fake_child)
@@ -633,7 +633,7 @@ def test_bench_file_lists_are_utf8_where_the_locale_is_cp1252(monkeypatch, tmp_p
 
 def test_stress_says_open_files_are_not_measured_where_it_cannot_count_them(monkeypatch, tmp_path, capsys):
     """Without /proc/self/fd (Windows, macOS) the report says so instead of printing -1 / -1 / -1."""
-    from audiobuffer.tools.stress import main as stress_main
+    from audiobuffer.cli.stress import main as stress_main
 
     real_listdir = os.listdir
 
@@ -653,7 +653,7 @@ def test_stress_says_open_files_are_not_measured_where_it_cannot_count_them(monk
 
 @pytest.mark.parametrize("quick, files", [(True, 40), (False, 45)])
 def test_bench_names_the_fsdd_corpus_by_the_files_it_measures(monkeypatch, tmp_path, quick, files):
-    from audiobuffer.tools import bench
+    from audiobuffer.cli import bench
 
     fsdd = tmp_path / "fsdd"
     for i in range(45):

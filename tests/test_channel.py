@@ -17,8 +17,8 @@ from helpers import JOIN_TIMEOUT, fake_paths, isolated_leftovers
 from plain_decoders import IndexDecoder
 
 from audiobuffer import HelperError, IsolatedLoader, _channel, _shm
-from audiobuffer._channel import HelperChannel, death_message
 from audiobuffer.buffer import WAIT_SLICE
+from audiobuffer.loaders.isolated.channel import HelperChannel, death_message
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -322,4 +322,5 @@ def test_the_helper_runs_in_a_process_group_of_its_own_on_windows(monkeypatch, p
     with pytest.raises(NotStarted):
         HelperChannel(4).start(b"")
     assert seen["creationflags"] == flags
-    assert seen["args"][-2:] == ["audiobuffer._helper", str(os.getpid())]  # the trainer the helper watches
+    # the helper module, and the trainer it watches
+    assert seen["args"][-2:] == ["audiobuffer.loaders.isolated.helper", str(os.getpid())]

@@ -12,8 +12,8 @@ import yaml
 from helpers import REPO, make_corpus, windows_text_files
 
 from audiobuffer.buffer import BufferStats
-from audiobuffer.dataset import DatasetStats
-from audiobuffer.tools.report import RunSummary, write_json
+from audiobuffer.cli.report import RunSummary, write_json
+from audiobuffer.loaders.dataset import DatasetStats
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -287,7 +287,7 @@ def test_console_script_is_installed():
 # -- what every command shares: its help, a stdout that cannot encode every file name ------------------
 
 def test_help_lists_every_command(capsys):
-    from audiobuffer.tools.cli import main
+    from audiobuffer.cli.main import main
 
     with pytest.raises(SystemExit) as exit_info:
         main(["--help"])
@@ -317,7 +317,7 @@ def printed(stdout):
 
 
 def test_run_names_a_file_stdout_cannot_encode_and_writes_its_json(tmp_path, monkeypatch):
-    from audiobuffer.tools.cli import main
+    from audiobuffer.cli.main import main
 
     make_corpus(tmp_path / "audio", 3, seconds=0.1)
     (tmp_path / "audio" / f"{NOT_CP1252}.wav").write_bytes(b"RIFF not really a wav file")  # skipped, listed
@@ -332,7 +332,7 @@ def test_run_names_a_file_stdout_cannot_encode_and_writes_its_json(tmp_path, mon
 
 
 def test_pack_names_an_output_folder_stdout_cannot_encode(tmp_path, monkeypatch):
-    from audiobuffer.tools.cli import main
+    from audiobuffer.cli.main import main
 
     make_corpus(tmp_path / "src", 3, seconds=0.05)
     out = tmp_path / NOT_CP1252

@@ -322,7 +322,7 @@ def test_parse_config_without_a_file(corpus):
 
 @pytest.fixture
 def durations_cached_here(tmp_path, monkeypatch):
-    from audiobuffer._durations import CACHE_ENV
+    from audiobuffer.sources.durations import CACHE_ENV
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
 

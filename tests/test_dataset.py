@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from audiobuffer import AudioDecoder, BufferClosed, BufferedDataset, DecodeError, SampleError, pad_collate
-from audiobuffer._plan import epoch_order
+from audiobuffer.engine.plan import epoch_order
 
 
 def indices(samples):

@@ -28,7 +28,7 @@ def indices(batches):
     return [int(i) for batch in batches for i in batch["index"]]
 
 
-# Runs the helper as ``python -m audiobuffer._helper`` does, with an import hook that reports SIGINT's
+# Runs the helper as ``python -m audiobuffer.loaders.isolated.helper`` does, with an import hook that reports SIGINT's
 # handler as numpy starts to import: the slow part of the helper's start, during which Ctrl-C in a
 # terminal (sent to the whole process group) printed a KeyboardInterrupt traceback from the helper.
 SPY = textwrap.dedent("""
@@ -43,7 +43,7 @@ SPY = textwrap.dedent("""
             return None
 
     sys.meta_path.insert(0, Spy())
-    runpy.run_module("audiobuffer._helper", run_name="__main__", alter_sys=True)
+    runpy.run_module("audiobuffer.loaders.isolated.helper", run_name="__main__", alter_sys=True)
 """)
 
 

@@ -42,8 +42,8 @@ from audiobuffer import (
     _shm,
     pad_collate,
 )
-from audiobuffer._batching import plan_batches
-from audiobuffer._plan import unpack_consumed
+from audiobuffer.engine.batch_plan import plan_batches
+from audiobuffer.engine.plan import unpack_consumed
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -406,7 +406,7 @@ def test_closing_with_a_full_pipe_and_a_stuck_decode_lets_the_helper_exit_by_its
 
 
 def test_the_helpers_channel_holds_back_data_frames_but_never_control_frames():
-    from audiobuffer._helper import Channel
+    from audiobuffer.loaders.isolated.helper import Channel
 
     read_fd, write_fd = os.pipe()
     with open(read_fd, "rb") as incoming, open(write_fd, "wb") as outgoing:

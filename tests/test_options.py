@@ -8,9 +8,9 @@ import pytest
 from helpers import IndexDecoder, fake_paths
 
 from audiobuffer import BatchSlotLoader, BufferedDataset, Source
-from audiobuffer._options import LoaderOptions
-from audiobuffer._producers import DELIVERED, ProducerPool, delivers_itself
 from audiobuffer.buffer import Buffer
+from audiobuffer.engine.pool import DELIVERED, ProducerPool, delivers_itself
+from audiobuffer.options import LoaderOptions
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
@@ -89,7 +89,7 @@ def test_a_dataset_refuses_what_a_delivering_decoder_cannot_do():
 
 
 def test_most_producers_is_the_pinned_count_or_the_usable_cores():
-    from audiobuffer._options import usable_cores
+    from audiobuffer.options import usable_cores
 
     assert LoaderOptions(num_producers=3).most_producers() == 3
     assert LoaderOptions(num_producers="auto").most_producers() == usable_cores()
@@ -102,7 +102,7 @@ def test_usable_cores_is_pythons_process_count_where_it_has_one(monkeypatch):
     import os
     import sys
 
-    from audiobuffer._options import usable_cores
+    from audiobuffer.options import usable_cores
 
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5}, raising=False)
@@ -119,7 +119,7 @@ def test_usable_cores_before_python_313(monkeypatch):
     import os
     import sys
 
-    from audiobuffer._options import usable_cores
+    from audiobuffer.options import usable_cores
 
     monkeypatch.delattr(os, "process_cpu_count", raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 64)

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from audiobuffer import AudioBufferError, BatchSlotLoader, Buffer, BufferedDataset, SampleError, WorkItem, _producers
-from audiobuffer._producers import DELIVERED, Failure, ProducerPool
-from audiobuffer._tuning import PoolTuning
+from audiobuffer.engine.pool import DELIVERED, Failure, ProducerPool
+from audiobuffer.engine.tuning import PoolTuning
 
 
 def make_item(seq):

@@ -14,8 +14,8 @@ import pytest
 from helpers import make_corpus
 
 from audiobuffer import AudioDecoder, BufferedDataset, SampleError, Source, SourceError, StorageError
-from audiobuffer._stream import ShardStream
-from audiobuffer.shards import pack
+from audiobuffer.sources import pack
+from audiobuffer.sources.stream import ShardStream
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")

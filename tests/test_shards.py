@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from audiobuffer import AudioDecoder, WorkItem
 from audiobuffer.errors import DecodeError, SourceError, StorageError
-from audiobuffer.shards import (
+from audiobuffer.sources import (
     INDEX_NAME,
     iter_shard,
     pack,
@@ -465,7 +465,7 @@ def test_fsdd_packed_read_back_exactly(fsdd, tmp_path):
 @pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
 @pytest.mark.parametrize("name", ["a.wav", "dir/" * 30 + "long.wav", "d" * 99 + "/x.wav", "caf\u00e9.wav", "dir/"])
 def test_fast_header_parse_agrees_with_tarfile(fmt, name):
-    from audiobuffer._tar import ENCODING, ERRORS, _header
+    from audiobuffer.sources.tar import ENCODING, ERRORS, _header
 
     info = tarfile.TarInfo(name)
     info.size = 12345

@@ -6,7 +6,7 @@ import pytest
 from helpers import make_corpus
 
 from audiobuffer import Source, SourceError
-from audiobuffer._plan import epoch_order, shard
+from audiobuffer.engine.plan import epoch_order, shard
 from audiobuffer.sources import AUDIO_PATTERNS
 
 

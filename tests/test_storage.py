@@ -19,8 +19,8 @@ from helpers import REPO, make_corpus, open_descriptors
 
 from audiobuffer import Source
 from audiobuffer.errors import AudioBufferError, DecodeError, SourceError, StorageError
-from audiobuffer.shards import iter_shard, pack, read_index, stream_shards
-from audiobuffer.storage import (
+from audiobuffer.sources import iter_shard, pack, read_index, stream_shards
+from audiobuffer.sources.storage import (
     MAX_EXPANSION,
     Retry,
     as_retry,
@@ -183,12 +183,12 @@ def test_importing_needs_no_fsspec(tmp_path):
     make_corpus(tmp_path / "src", 4)
     code = (
         "import sys; sys.modules['fsspec'] = None\n"  # any import of fsspec now fails
-        "import audiobuffer, audiobuffer.storage, audiobuffer.shards as s\n"
+        "import audiobuffer, audiobuffer.sources.storage, audiobuffer.sources as s\n"
         f"index = s.pack({str(tmp_path / 'src')!r}, {str(out)!r}, shard_size=10**6, progress=False)\n"
         "assert len(list(s.stream_shards(index.shards))) == 4\n"
         "assert all(m.reader()() for m in index.members)\n"
         "try:\n"
-        "    audiobuffer.storage.read_bytes('s3://b/k')\n"
+        "    audiobuffer.sources.storage.read_bytes('s3://b/k')\n"
         "except audiobuffer.StorageError as exc:\n"  # one line, as every error of the CLI
         "    assert 'audiobuffer[remote]' in str(exc), exc\n"
         "else:\n"
@@ -471,7 +471,7 @@ def test_a_store_that_never_answers_fails_each_try_after_the_timeout(scheme):
 
 
 def test_the_timeout_reaches_each_client_unless_the_options_set_one():
-    from audiobuffer._fs import _make_filesystem
+    from audiobuffer.sources.fs import _make_filesystem
 
     class Recorder:
         def __init__(self, **kwargs):
@@ -591,7 +591,7 @@ def test_a_file_replaced_between_epochs_is_read_anew_by_a_thread_that_lives_on(t
 @pytest.mark.skipif(not hasattr(os, "pread"), reason="POSIX pread: files are kept open only there")
 def test_an_index_shard_replaced_between_epochs_is_read_anew_when_decoding_inline(tmp_path):
     from audiobuffer import BufferedDataset
-    from audiobuffer.shards import pack
+    from audiobuffer.sources import pack
 
     files = []
     for i in range(8):

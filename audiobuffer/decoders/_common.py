@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any, Union
 
-from ..sources import WorkItem
+from ..sources.source import WorkItem
 
 ItemLike = Union[WorkItem, str, "os.PathLike[str]"]
 

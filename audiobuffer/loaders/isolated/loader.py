@@ -1,0 +1,413 @@
+"""``IsolatedLoader``: the producer threads run in one helper process; batches cross in shared memory.
+
+Producer threads decode in parallel wherever a decode releases the GIL, but the Python part of every
+decode (python-soundfile's wrappers, a per-sample transform) holds it, and a training thread that is
+itself Python-bound (a GPU step launching many small kernels) then waits for it. The isolated loader
+keeps the whole pipeline of :class:`~audiobuffer.BufferedDataset` (source, plan, producers, buffer,
+error policy) in one helper process and collates each batch there, straight into a shared-memory
+slot; the trainer's side copies a slot into (pinned) tensors once and hands the slot back. The
+trainer does a fixed amount of Python per batch, whatever the batch holds.
+
+See NOTE [ Helper process lifecycle ] in ``audiobuffer/_helper.py`` for the protocol and the shutdown.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from ...engine.batches import EpochBatches, count_header_failures
+from ...engine.cancel import on_cancel
+from ...engine.plan import (
+    STATE_BATCHING,
+    STATE_EVEN_SHARDS,
+    STATE_RANK,
+    STATE_SEED,
+    STATE_SHUFFLE,
+    STATE_SOURCE,
+    STATE_WORLD_SIZE,
+    decode_state,
+    encode_state,
+    plan_epoch,
+)
+from ...errors import BufferClosed, HelperError, StallError
+from ...sources.source import Source, SourceSpec, WorkItem
+from ..dataset import BufferedDataset, DatasetStats
+from .channel import HelperChannel, RemoteTraceback, death_message, pickle_by_reference, torch_dtype
+from .run import TrainerRun
+
+__all__ = ["IsolatedLoader"]
+
+logger = logging.getLogger(__name__)
+
+#: Bytes each slot starts with; a batch that does not fit grows its slot.
+DEFAULT_SLOT_BYTES = 4 << 20
+#: Extra seconds the trainer waits past ``timeout`` before it gives up on a helper that sends nothing.
+SILENCE_GRACE = 5.0
+
+
+def _check_keywords(options: dict[str, Any]) -> None:
+    """Refuse a keyword that neither IsolatedLoader nor BufferedDataset takes, naming the closest ones."""
+    known = [name for name in inspect.signature(BufferedDataset.__init__).parameters
+             if name not in ("self", "source", "decoder")]
+    own = [name for name, parameter in inspect.signature(IsolatedLoader.__init__).parameters.items()
+           if parameter.kind is parameter.KEYWORD_ONLY]
+    for name in options:
+        if name not in known:
+            close = difflib.get_close_matches(name, known + own, n=2)
+            hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+            raise TypeError(f"IsolatedLoader got an unexpected keyword argument {name!r} (it takes BufferedDataset's "
+                            f"keywords and {', '.join(own)}){hint}")
+
+
+class IsolatedLoader:
+    """Batches from producer threads that run in one helper process, so the trainer's GIL stays free.
+
+    Takes :class:`~audiobuffer.BufferedDataset`'s keywords plus the batching ones, and yields
+    :func:`~audiobuffer.pad_collate`'s batches (``audio`` ``(B, T)`` padded, ``lengths``, numbers as
+    tensors, strings as lists). The helper is a fresh ``python -m audiobuffer.loaders.isolated.helper`` started on the
+    first ``iter()`` and kept across epochs (one that died is replaced at the next ``iter()``): it does
+    not import torch or your script, so it is ready in a fraction of a second and needs no
+    ``if __name__ == "__main__":`` guard. What crosses to it: the source, the options, and the decoder
+    and transform, pickled by reference (the built-in decoders, or any importable module-level
+    function or class instance). Batches cross in shared-memory slots and are copied once into
+    (pinned) tensors.
+
+    Use it when the training step is Python-bound (a GPU step launching many small kernels) or the
+    per-sample work holds the GIL (Python transforms, tiny files); in-process producers are simpler
+    where decoding releases the GIL and the step leaves the CPU alone.
+
+    Thread safety: one thread iterates; :meth:`close` and :meth:`stats` may be called from any thread.
+
+    Example:
+        >>> loader = IsolatedLoader("data/fsdd/recordings", AudioDecoder(8000, crop_seconds=1.0),
+        ...                         batch_size=32, shuffle=True, labels=r"^(\\d+)_")  # doctest: +SKIP
+        >>> for epoch in range(3):  # doctest: +SKIP
+        ...     loader.set_epoch(epoch)
+        ...     for batch in loader:
+        ...         batch["audio"], batch["lengths"], batch["label"]
+
+    Args:
+        source, decoder: as for :class:`~audiobuffer.BufferedDataset`.
+        batch_size: samples per batch; leave it out with ``max_batch_seconds`` (batches by duration,
+            planned here in the trainer and decoded and collated whole in the helper).
+        drop_last: drop the last, short batch of an epoch (not with ``max_batch_seconds``).
+        num_slots: shared-memory slots (batches decoded ahead of the trainer; at least 2).
+        pin_memory: copy batches into pinned memory; ``"auto"``: when CUDA is available.
+        key: the sample key padded into the batch (as ``pad_collate``'s ``key``).
+        slot_bytes: the bytes each slot starts with (a larger batch grows its slot).
+        background: run the helper at a lower scheduling priority (``nice 10``; below normal on
+            Windows), so that it decodes on the cores the trainer leaves idle.
+        Other keywords: as for :class:`~audiobuffer.BufferedDataset` (``num_producers``, ``buffer_size``,
+            ``max_bytes``, ``shuffle``, ``seed``, ``ordered``, ``on_error``, ``transform``, ``labels``,
+            ``patterns``, ``path_column``, ``rank``, ``world_size``, ``even_shards``, ``warn_after``,
+            ``timeout``, ``max_batch_seconds``, ``buckets``, ``max_batch_size``, ``duration_column``);
+            they apply in the helper process.
+
+    Raises:
+        TypeError: the decoder or transform cannot be sent by reference (a lambda, a local function,
+            something defined in ``__main__``): the message says how to fix it.
+    """
+
+    def __init__(self, source: SourceSpec | Source, decoder: Callable[[WorkItem], Any], *,
+                 batch_size: int | None = None, drop_last: bool = False, num_slots: int = 4,
+                 pin_memory: bool | str = "auto", key: str = "audio", slot_bytes: int = DEFAULT_SLOT_BYTES,
+                 background: bool = True, **options: Any) -> None:
+        _check_keywords(options)
+        by_duration = options.get("max_batch_seconds") is not None
+        if by_duration and (batch_size is not None or drop_last):
+            pairs = (("batch_size", batch_size), ("drop_last", drop_last))
+            given = ", ".join(f"{name}={value!r}" for name, value in pairs if value is not None and value is not False)
+            raise ValueError(f"max_batch_seconds makes batches by duration: leave out {given}")
+        if batch_size is None and not by_duration:
+            raise TypeError("IsolatedLoader needs batch_size (samples per batch) or max_batch_seconds (batches by "
+                            "duration), got neither")
+        for name, value, least in (("batch_size", 1 if by_duration else batch_size, 1), ("num_slots", num_slots, 2),
+                                   ("slot_bytes", slot_bytes, 1)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an integer >= {least}, got {value!r}")
+            if value < least:
+                raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+        if pin_memory not in ("auto", True, False):
+            raise ValueError(f"pin_memory must be 'auto', True or False, got {pin_memory!r}")
+        if not isinstance(key, str):
+            raise TypeError(f"key must be a string, got {key!r}")
+        # The dataset validates every shared option and lists the source, here in the trainer; it
+        # never runs an epoch in this process.
+        self.dataset = BufferedDataset(source, decoder, **options)
+        ds = self.dataset
+        if not isinstance(ds.source, Source):  # a ShardStream: its epochs are not plans of items
+            raise ValueError(f"IsolatedLoader reads files or an index, not {ds.source.description}: give the "
+                             f"shards' index.json (audiobuffer pack writes one)")
+        self.batch_size = batch_size
+        self.drop_last = bool(drop_last)
+        self.num_slots = num_slots
+        self.pin_memory = torch.cuda.is_available() if pin_memory == "auto" else bool(pin_memory)
+        self.key = key
+        spec = {
+            "source": ds.source, "decoder": ds.decoder, "transform": ds.transform,
+            "num_producers": ds.num_producers, "buffer_size": ds.buffer_size, "max_bytes": ds.max_bytes,
+            "shuffle": ds.shuffle, "seed": ds.seed, "ordered": ds.ordered, "on_error": ds.on_error,
+            "even_shards": ds.even_shards, "warn_after": ds.warn_after, "timeout": ds.timeout,
+            "batch_size": batch_size, "drop_last": self.drop_last, "num_slots": num_slots,
+            "slot_bytes": slot_bytes, "key": key, "background": bool(background),
+        }  # with max_batch_seconds, each epoch's message carries its batches
+        pickle_by_reference(ds.decoder, "decoder")
+        if ds.transform is not None:
+            pickle_by_reference(ds.transform, "transform")
+        self._spec = pickle_by_reference(spec, "pipeline")
+        self._channel: HelperChannel | None = None
+        self._lock = threading.Lock()
+        self._gen = 0
+        self._run: TrainerRun | None = None
+        self._resume: tuple[int, bytes] | None = None
+        self._closed = False
+
+    # -- the dataset's view --------------------------------------------------------------------
+
+    @property
+    def classes(self) -> list[str]:
+        """The sorted label names; a batch's ``label`` indexes this list."""
+        return self.dataset.classes
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next ``iter()`` runs."""
+        return self.dataset.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """As :meth:`BufferedDataset.set_epoch`: seeds the next epoch's shuffle and random crops."""
+        self.dataset.set_epoch(epoch)
+        with self._lock:
+            if self._resume is not None and self._resume[0] != epoch:
+                self._resume = None
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank (failed samples make some batches, or the last one, smaller);
+        with ``max_batch_seconds``, those of the epoch :meth:`set_epoch` set."""
+        n = len(self.dataset)
+        if self.batch_size is None:
+            return n
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    # -- the helper process --------------------------------------------------------------------
+
+    @property
+    def helper_info(self) -> dict[str, Any]:
+        """What the helper reported when it started: ``pid``, ``torch`` (whether it imported torch), ``gil``."""
+        return self._channel.info if self._channel is not None else {}
+
+    def _start(self) -> HelperChannel:
+        if self._closed:
+            raise BufferClosed("iter() on a closed IsolatedLoader")
+        channel = self._channel
+        if channel is not None:
+            if channel.running and not channel.broken:
+                return channel
+            if not channel.broken:  # the epoch that saw it die raised its death; this one runs in a new helper
+                logger.warning("starting a new helper process: %s", death_message(channel.proc))
+            channel.close()  # reaps the dead one (or stops one cut off by Ctrl-C) and unlinks its segments
+        channel = self._channel = HelperChannel(self.num_slots + 64)
+        channel.start(self._spec)
+        return channel
+
+    # -- iteration -----------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        channel = self._start()
+        ds = self.dataset
+        rank, world_size = ds.shard_info()
+        epoch = ds.epoch
+        with self._lock:
+            resume = self._resume[1] if self._resume is not None and self._resume[0] == epoch else None
+            self._resume = None
+            self._gen += 1
+            gen = self._gen
+        args: dict[str, Any] = {"epoch": epoch, "rank": rank, "world_size": world_size, "consumed": resume}
+        setup: dict[str, Any] = dict(shuffle=ds.shuffle, seed=ds.seed, epoch=epoch, rank=rank,
+                                     world_size=world_size, even_shards=ds.even_shards)
+        layout: Any
+        if ds.batching is not None:  # batches by duration: planned here, decoded and collated in the helper
+            layout = EpochBatches.of(ds.batching, consumed=resume, **setup)
+            plan = layout.plan
+            args["batches"] = (layout.indices, layout.sizes, [plan.position(b) for b in range(len(plan))],
+                               layout.seqs)
+        else:
+            plan = layout = plan_epoch(len(ds.source), consumed=resume, **setup)
+        pinned = 0 if ds.num_producers == "auto" else min(ds.num_producers, max(1, len(layout)))  # auto: at the end
+        run = TrainerRun(gen, epoch, rank, world_size, bytearray(plan.consumed), len(layout), pinned)
+        if ds.batching is not None:
+            run.batches, run.resumed = 0, layout.resumed
+            count_header_failures(run, ds.batching, rank)
+        with self._lock:
+            self._run = run
+        channel.send(("epoch", gen, args))
+        return self._epoch(run, channel)
+
+    def _epoch(self, run: TrainerRun, channel: HelperChannel) -> Iterator[dict[str, Any]]:
+        # A generator: its finally runs on exhaustion, break, an exception and garbage collection.
+        # Under a DevicePrefetcher, leaving its loop cancels this epoch from the consumer's thread
+        # (NOTE [ Prefetch cancellation ] in _cancel.py).
+        unregister = on_cancel(lambda: self._cancel(run, channel))
+        try:
+            while not run.cancelled:
+                message = self._next(run, channel)
+                kind = message[0]
+                if kind == "cancel":
+                    return
+                if kind == "batch":
+                    yield self._unpack(run, channel, message)
+                elif kind == "failure":
+                    run.on_failure(message, self.dataset.on_error)
+                elif kind == "skipped":  # a batch by duration whose samples all failed
+                    run.consumed[message[2]] = 1
+                    run.empty_batches += 1
+                elif kind == "end":
+                    run.helper = message[2]
+                    for position in message[3]:
+                        run.consumed[position] = 1
+                    run.decode_s = message[2]["decode_s"]
+                    run.done = True
+                    return
+                elif kind == "stall":
+                    raise StallError(f"{message[2]} (in the helper process)")
+                elif kind == "error":
+                    raise HelperError(f"the helper process failed: {message[2]}") from RemoteTraceback(message[3])
+        finally:
+            unregister()
+            run.end = time.perf_counter()
+            with self._lock:
+                latest = run.gen == self._gen
+            # Leave the epoch early: the helper stops it and confirms. An epoch that a newer one replaced
+            # (its iterator collected late) was stopped by the helper when the newer one began, and
+            # waiting for its confirmation here would drop the newer epoch's messages.
+            if not run.done and latest:
+                channel.stop_epoch(run.gen)
+
+    @staticmethod
+    def _cancel(run: TrainerRun, channel: HelperChannel) -> None:
+        """Wake the consumer of ``run`` and end its epoch early; returns at once, any thread."""
+        run.cancelled = True
+        try:
+            channel.inbox.put(("cancel", run.gen), timeout=0)
+        except (TimeoutError, BufferClosed):
+            pass  # a full inbox: the consumer is not waiting, and sees the flag next
+
+    def _next(self, run: TrainerRun, channel: HelperChannel) -> Any:
+        """The next message of ``run``'s epoch (stale ones of an abandoned epoch are dropped)."""
+        timeout = None if self.dataset.timeout is None else self.dataset.timeout + SILENCE_GRACE
+        while True:
+            start = time.perf_counter()
+            try:
+                message = channel.receive(timeout)
+            except TimeoutError:
+                raise StallError(f"the helper process sent nothing for {timeout:.1f} s (timeout "
+                                 f"{self.dataset.timeout} s plus {SILENCE_GRACE:.0f} s)") from None
+            except BufferClosed:
+                raise BufferClosed("the IsolatedLoader was closed") from None
+            finally:
+                run.wait_s += time.perf_counter() - start
+            if message[1] == run.gen:
+                return message
+
+    def _unpack(self, run: TrainerRun, channel: HelperChannel, message: tuple[Any, ...]) -> dict[str, Any]:
+        _, gen, slot, name, fields, positions, rows, decode_s, indices = message
+        start = time.perf_counter()
+        buf = channel.attach(slot, name).buf
+        batch: dict[str, Any] = {}
+        for field, spec in fields:
+            if spec[0] == "v":
+                batch[field] = spec[1]
+                continue
+            _, offset, shape, dtype = spec
+            source = np.ndarray(shape, dtype=np.dtype(dtype), buffer=buf, offset=offset)
+            tensor = torch.empty(shape, dtype=torch_dtype(dtype), pin_memory=self.pin_memory)
+            np.copyto(tensor.numpy(), source)  # numpy's copy: wakes no torch thread pool
+            batch[field] = tensor
+        source = None  # type: ignore[assignment]  # no view into the slot outlives the hand-back
+        channel.send(("free", gen, slot))
+        run.copy_s += time.perf_counter() - start
+        for position in positions:
+            run.consumed[position] = 1
+        run.yielded += rows
+        run.decode_s = decode_s
+        if indices is not None and self.dataset.batching is not None:  # a batch by duration: its source indices
+            run.batches = (run.batches or 0) + 1
+            self.dataset.batching.add_padding(run.padding, indices)
+        return batch
+
+    # -- inspection, resume, shutdown ----------------------------------------------------------
+
+    def stats(self) -> DatasetStats | None:
+        """The current or last epoch's stats, with ``transfer`` (seconds the trainer waited for and copied
+        slots, and the helper waited for a free slot); ``None`` before the first epoch."""
+        with self._lock:
+            run = self._run
+        return None if run is None else run.snapshot()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this rank is in its epoch, as JSON-ready builtins (the format of
+        :meth:`BufferedDataset.state_dict`): batches still in slots count as not consumed."""
+        with self._lock:
+            run, resume = self._run, self._resume
+        epoch = self.dataset.epoch
+        if resume is not None:
+            consumed: bytes | None = resume[1]
+            epoch = resume[0]
+        elif run is not None and run.epoch == epoch:
+            consumed = bytes(run.consumed)
+        else:
+            consumed = None
+        return encode_state(self._setup(), epoch, consumed)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict` (of an IsolatedLoader or a BufferedDataset of the same setup).
+
+        Raises:
+            ResumeError: the state is malformed or was saved under another setup.
+        """
+        epoch, consumed = decode_state(self._setup(), state)
+        self.dataset.set_epoch(epoch)
+        with self._lock:
+            self._resume = None if consumed is None else (epoch, consumed)
+
+    def _setup(self) -> dict[str, Any]:
+        ds = self.dataset
+        rank, world_size = ds.shard_info()
+        return {STATE_SEED: ds.seed, STATE_SHUFFLE: ds.shuffle, STATE_RANK: rank, STATE_WORLD_SIZE: world_size,
+                STATE_EVEN_SHARDS: ds.even_shards, STATE_SOURCE: ds.source.fingerprint(),
+                STATE_BATCHING: None if ds.batching is None else ds.batching.state()}
+
+    def close(self) -> None:
+        """Stop the helper process and free its shared memory. Idempotent, any thread."""
+        self._closed = True
+        if self._channel is not None:
+            self._channel.close()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    def __enter__(self) -> IsolatedLoader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        channel = self._channel
+        state = "closed" if self._closed else ("running" if channel is not None and channel.running else "idle")
+        return (f"IsolatedLoader({self.dataset.source.description}, {self.dataset.decoder!r}, "
+                f"batch_size={self.batch_size}, num_slots={self.num_slots}, "
+                f"num_producers={self.dataset.num_producers!r}, helper={state})")
+
+

@@ -1,0 +1,284 @@
+"""Reading files and objects wherever they live: local paths directly, URLs through fsspec.
+
+Every remote access of audiobuffer goes through this module: whole objects (:func:`read_bytes`),
+byte ranges (:func:`read_range`, one request sized to the range), sequential streams
+(:func:`open_stream`, read in blocks of ranged requests) and sizes (:func:`size`). A local path is
+read with plain file I/O and needs no fsspec; a URL (``s3://``, ``gs://``, ``https://``, any
+``protocol://`` fsspec knows) is read through an fsspec filesystem built from ``storage_options``
+(``{"endpoint_url": ..., "key": ..., "secret": ...}`` for an S3-compatible server, say). fsspec is
+imported on first remote use: ``pip install 'audiobuffer[remote]'`` brings it with s3fs; add gcsfs
+for ``gs://``.
+
+Names (``audiobuffer/_names.py``, re-exported here): :func:`expand_braces` turns
+``shard-{000000..000011}.tar`` into twelve names, :func:`expand_urls` adds globs (listed through
+fsspec for URLs), :func:`glob_urls` lists one glob, and :func:`sibling` resolves a name relative to
+the folder of a file or object; :func:`inside_folder` and :func:`inside_bucket` do so for names read
+from data (the shards of an index, the files of a remote manifest), refusing those that leave the
+index's folder or the manifest's bucket or host.
+
+Failures (``audiobuffer/_retry.py``, re-exported here; see :class:`Retry`). A transient failure (a
+timeout, a reset or refused connection, an HTTP 5xx, 408 or 429) is retried with exponential
+backoff; when the attempts run out, a :class:`~audiobuffer.StorageError` names the URL, the member
+of a shard when known, the attempts and the last cause. A missing object or a refused access (404,
+403) fails at once. For ``s3://``, this policy replaces s3fs's and botocore's own retries
+(``retries`` in ``config_kwargs`` of the storage options keeps botocore's), so a dead server is
+given up on after ``attempts`` tries, not after the product of three retry layers. Every request
+waits at most :attr:`Retry.timeout` (30 s) to connect and for each part of its answer, so a store
+that accepts connections and never answers fails a try instead of holding it for minutes.
+
+Thread safety: every function may be called from any number of threads at once; filesystems are
+built once per process and options, and shared (``audiobuffer/_fs.py``: s3fs, gcsfs and fsspec's
+HTTP filesystem serve concurrent calls from their own event loop thread, so requests from many
+producers overlap).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping
+from typing import Any, BinaryIO, cast
+
+from ..errors import StorageError
+from .fs import filesystem as _filesystem
+from .names import MAX_EXPANSION, expand_braces, expand_urls, glob_urls, inside_bucket, inside_folder, is_url, sibling
+from .retry import Retry, RetrySpec, as_retry, is_transient
+from .retry import where as _where
+from .retry import with_retry as _with_retry
+
+__all__ = [
+    "MAX_EXPANSION",
+    "STREAM_BLOCK",
+    "Retry",
+    "RetrySpec",
+    "as_retry",
+    "expand_braces",
+    "expand_urls",
+    "glob_urls",
+    "inside_bucket",
+    "inside_folder",
+    "is_transient",
+    "is_url",
+    "open_stream",
+    "read_bytes",
+    "read_range",
+    "sibling",
+    "size",
+]
+
+#: Bytes per request of a remote sequential stream (:func:`open_stream`).
+STREAM_BLOCK = 8 << 20
+
+
+# -- reading -------------------------------------------------------------------------------------
+
+def read_bytes(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None,
+               retry: RetrySpec = None, member: str | None = None) -> bytes:
+    """The whole content of a file or object.
+
+    Args:
+        url: a local path or a URL.
+        storage_options: options for the fsspec filesystem of a URL (ignored for local paths).
+        retry: the retry policy for transient failures (:class:`Retry`).
+        member: the shard member this read is for, named in errors.
+
+    Raises:
+        StorageError: the file is missing or forbidden, or still failing after the retries.
+    """
+    url = os.fspath(url)
+    if not is_url(url):
+        return _with_retry(lambda: _read_local(url, 0, None), url=url, retry=retry, member=member)
+    fs, path = _filesystem(url, storage_options, as_retry(retry).timeout)
+    return _with_retry(lambda: fs.cat_file(path), url=url, retry=retry, member=member)
+
+
+def read_range(url: str | os.PathLike[str], offset: int, size: int, *,
+               storage_options: Mapping[str, Any] | None = None, retry: RetrySpec = None,
+               member: str | None = None) -> bytes:
+    """``size`` bytes of a file or object from byte ``offset``: one ranged request for a URL.
+
+    Raises:
+        StorageError: the file is missing or forbidden, still failing after the retries, or shorter
+            than ``offset + size`` (a truncated shard: the error names ``member``).
+        ValueError: a negative ``offset`` or ``size``.
+    """
+    url = os.fspath(url)
+    if offset.__class__ is not int or size.__class__ is not int or offset < 0 or size < 0:
+        _check_range(offset, size)  # once per member read: the plain test first, the errors apart
+    if size == 0:
+        return b""
+    if is_url(url):
+        fs, path = _filesystem(url, storage_options, as_retry(retry).timeout)
+        data = _with_retry(lambda: fs.cat_file(path, start=offset, end=offset + size), url=url,
+                           retry=retry, member=member)
+    else:
+        data = _with_retry(lambda: _read_local(url, offset, size), url=url, retry=retry, member=member)
+    if len(data) > size:  # a whole object (or more than asked) for a ranged request
+        raise StorageError(
+            f"cannot read {_where(url, member)}: the server answered a request for bytes {offset}..{offset + size} "
+            f"with {len(data)} bytes: it ignores HTTP range requests (serve the data from a server or store that "
+            f"honours the Range header)", url=url, member=member)
+    if len(data) != size:
+        raise StorageError(
+            f"{_where(url, member)} ends early: bytes {offset}..{offset + size} asked, {len(data)} read "
+            f"(a truncated or replaced file)", url=url, member=member)
+    return data
+
+
+def _check_range(offset: Any, size: Any) -> None:
+    for name, value in (("offset", offset), ("size", size)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an integer >= 0, got {value!r}")
+        if value < 0:
+            raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+
+
+def size(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None,
+         retry: RetrySpec = None) -> int:
+    """The size in bytes of a file or object.
+
+    Raises:
+        StorageError: the file is missing or forbidden, or still failing after the retries.
+    """
+    url = os.fspath(url)
+    if not is_url(url):
+        return _with_retry(lambda: os.stat(url).st_size, url=url, retry=retry)
+    fs, path = _filesystem(url, storage_options, as_retry(retry).timeout)
+    return int(_with_retry(lambda: fs.size(path), url=url, retry=retry))
+
+
+def open_stream(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None,
+                retry: RetrySpec = None, block_size: int = STREAM_BLOCK) -> BinaryIO:
+    """A binary file object that reads a file or object from start to end.
+
+    A local path is opened directly. A URL is read in ranged requests of ``block_size`` bytes, each
+    retried on its own (:func:`read_range`), so a transient failure in the middle of a long shard
+    costs one block, not the shard. Close it (or use ``with``) when done.
+
+    Raises:
+        StorageError: the file is missing or forbidden (at once), or a block still failing after
+            the retries (from ``read``).
+    """
+    url = os.fspath(url)
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be a positive integer of bytes, got {block_size!r}")
+    if not is_url(url):
+        return _with_retry(lambda: open(url, "rb"), url=url, retry=retry)
+    total = size(url, storage_options=storage_options, retry=retry)
+    # A duck-typed binary file: read, tell, close and ``with``, what tarfile's stream mode uses.
+    return cast(BinaryIO, _RangeStream(url, total, storage_options, retry, block_size))
+
+
+class _RangeStream:
+    """Sequential reads of a remote object through ranged requests of one block each."""
+
+    def __init__(self, url: str, total: int, storage_options: Mapping[str, Any] | None, retry: RetrySpec,
+                 block_size: int) -> None:
+        self.url = url
+        self.size = total
+        self._options = storage_options
+        self._retry = retry
+        self._block_size = block_size
+        self._block = b""
+        self._block_pos = 0  # read position inside _block
+        self._next = 0  # object offset of the byte after _block
+        self.closed = False
+
+    def read(self, n: int = -1) -> bytes:
+        if self.closed:
+            raise ValueError(f"read of closed stream {self.url!r}")
+        if n is None or n < 0:
+            n = self.size
+        parts = []
+        while n > 0:
+            if self._block_pos >= len(self._block):
+                if self._next >= self.size:
+                    break
+                length = min(self._block_size, self.size - self._next)
+                self._block = read_range(self.url, self._next, length, storage_options=self._options,
+                                         retry=self._retry)
+                self._block_pos = 0
+                self._next += length
+            take = self._block[self._block_pos:self._block_pos + n]
+            self._block_pos += len(take)
+            n -= len(take)
+            parts.append(take)
+        return b"".join(parts)
+
+    def tell(self) -> int:
+        return self._next - (len(self._block) - self._block_pos)
+
+    def close(self) -> None:
+        self.closed = True
+        self._block = b""
+
+    def __enter__(self) -> _RangeStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _read_local(path: str, offset: int, size: int | None) -> bytes:
+    if size is not None and _PREAD is not None:
+        # A ranged read of a shard member: pread on a file this thread keeps open, a fraction of the
+        # time of open, seek, read and close (which shows when a member is as small as a short WAV).
+        fd = _open_local(path)
+        parts = [_PREAD(fd, size, offset)]  # one pread, almost always
+        got = len(parts[0])
+        while got < size and parts[-1]:  # a short read: the rest, up to the end of the file
+            parts.append(_PREAD(fd, size - got, offset + got))
+            got += len(parts[-1])
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+    with open(path, "rb") as f:
+        if offset:
+            f.seek(offset)
+        return f.read() if size is None else f.read(size)
+
+
+_PREAD = getattr(os, "pread", None)  # POSIX; Windows reads with open, seek and read
+#: Local files each thread keeps open for ranged reads (the least recently used is closed past this).
+OPEN_PER_THREAD = 32
+_OPEN = threading.local()
+
+
+def close_kept_files() -> None:
+    """Close the local files this thread keeps open for ranged reads (it opens them anew when it next reads).
+
+    Each epoch's pool calls it in the consumer's thread, which decodes inline and, unlike producer
+    threads, outlives the epoch: a shard replaced between epochs is read anew, and the files of an
+    epoch stay open no longer than the next one's start.
+    """
+    _OPEN.files = {}  # the descriptors close as their dict goes
+
+
+def _open_local(path: str) -> int:
+    """The descriptor of ``path``, kept open by this thread (closed with the thread, or by
+    :func:`close_kept_files`).
+
+    Per thread, so no thread closes a file another is reading. A shard replaced between epochs is
+    read anew: producer threads last one epoch, and every pool closes the consumer thread's files as
+    it is made (that thread decodes inline and lives on).
+    """
+    files: dict[str, _Descriptor] | None = getattr(_OPEN, "files", None)
+    if files is None:
+        files = _OPEN.files = {}
+    kept = files.pop(path, None)
+    if kept is None:
+        kept = _Descriptor(os.open(path, os.O_RDONLY))
+        if len(files) >= OPEN_PER_THREAD:
+            del files[next(iter(files))]  # closed as it goes
+    files[path] = kept  # most recently used last
+    return kept.fd
+
+
+class _Descriptor:
+    """An open file descriptor, closed when dropped (by the LRU, or with its thread's local data)."""
+
+    __slots__ = ("fd",)
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __del__(self) -> None:
+        os.close(self.fd)
