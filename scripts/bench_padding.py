@@ -23,7 +23,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchmd import FSDD, table, write_section  # noqa: E402
 
-from audiobuffer.engine.batch_plan import padding_fraction, plan_batches  # noqa: E402
+from audiobuffer.engine.plan import padding_fraction, plan_batches  # noqa: E402
 from audiobuffer.sources import Source  # noqa: E402
 from audiobuffer.sources.durations import read_durations  # noqa: E402
 

@@ -23,8 +23,8 @@ from audiobuffer import (
     WorkItem,
     pad_collate,
 )
-from audiobuffer.engine.batch_plan import plan_batches
 from audiobuffer.engine.batches import DynamicBuckets, TimedDecode
+from audiobuffer.engine.plan import plan_batches
 from audiobuffer.sources.durations import CACHE_ENV
 
 

@@ -11,8 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from audiobuffer import ResumeError
-from audiobuffer.engine.batch_plan import BatchPlan, bucket_edges, cut_batches, padding_fraction, plan_batches
-from audiobuffer.engine.plan import pack_consumed, unpack_consumed
+from audiobuffer.engine.plan import (
+    BatchPlan,
+    bucket_edges,
+    cut_batches,
+    pack_consumed,
+    padding_fraction,
+    plan_batches,
+    unpack_consumed,
+)
 
 
 def keys(batches):

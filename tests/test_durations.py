@@ -12,7 +12,7 @@ from helpers import write_tone
 
 from audiobuffer import DecodeError, SourceError
 from audiobuffer.cli.demo import default_cache_dir as default_demo_dir
-from audiobuffer.engine.batch_plan import plan_batches
+from audiobuffer.engine.plan import plan_batches
 from audiobuffer.sources import Source
 from audiobuffer.sources.durations import CACHE_ENV, default_cache_dir, header_seconds, read_durations
 

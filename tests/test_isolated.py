@@ -42,8 +42,7 @@ from audiobuffer import (
     _shm,
     pad_collate,
 )
-from audiobuffer.engine.batch_plan import plan_batches
-from audiobuffer.engine.plan import unpack_consumed
+from audiobuffer.engine.plan import plan_batches, unpack_consumed
 
 pytestmark = pytest.mark.timeout(120)
 

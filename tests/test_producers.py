@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from audiobuffer import AudioBufferError, BatchSlotLoader, Buffer, BufferedDataset, SampleError, WorkItem, _producers
 from audiobuffer.engine.pool import DELIVERED, Failure, ProducerPool
-from audiobuffer.engine.tuning import PoolTuning
+from audiobuffer.engine.tuner import PoolTuning
 
 
 def make_item(seq):

@@ -11,9 +11,8 @@ from hypothesis import strategies as st
 
 from audiobuffer import AudioBufferError, AudioDecoder, DecodeError, SampleError, WorkItem, pad_collate
 from audiobuffer.loaders.device import DevicePrefetcher
-from audiobuffer.loaders.slot_rows import convert as convert_row
-from audiobuffer.loaders.slot_writer import Slot
-from audiobuffer.loaders.slots import BatchSlotLoader
+from audiobuffer.loaders.slots import BatchSlotLoader, Slot
+from audiobuffer.loaders.slots import convert as convert_row
 
 
 def fixed(item):
@@ -336,7 +335,7 @@ def test_a_row_write_that_fails_ends_the_epoch_and_leaves_no_stale_row(monkeypat
             values[0] = Unwritable()  # the 'audio' column
         return values
 
-    monkeypatch.setattr("audiobuffer.loaders.slot_rows.convert", failing_convert)
+    monkeypatch.setattr("audiobuffer.loaders.slots.convert", failing_convert)
     loader = BatchSlotLoader(fake_paths(24), fixed, batch_size=4, num_slots=2, num_producers=2, on_error="skip")
     with pytest.raises(AudioBufferError, match=r"item_00005\.wav"):
         for batch in loader:

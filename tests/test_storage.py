@@ -471,7 +471,7 @@ def test_a_store_that_never_answers_fails_each_try_after_the_timeout(scheme):
 
 
 def test_the_timeout_reaches_each_client_unless_the_options_set_one():
-    from audiobuffer.sources.fs import _make_filesystem
+    from audiobuffer.sources.storage import _make_filesystem
 
     class Recorder:
         def __init__(self, **kwargs):

@@ -65,7 +65,8 @@ def build_source(config: PipelineConfig) -> Source | ShardStream:
     """
     from ..sources.listing import names_shards
     from ..sources.names import expand_braces
-    from ..sources.source import AUDIO_PATTERNS, IMAGE_PATTERNS, as_source
+    from ..sources.source import AUDIO_PATTERNS, IMAGE_PATTERNS
+    from ..sources.stream import as_source
 
     src = config.source
     spec: Any = src.root if src.root is not None else src.manifest if src.manifest is not None else src.files

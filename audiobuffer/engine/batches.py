@@ -60,10 +60,9 @@ from ..sources.durations import Failure as HeaderFailure
 from ..sources.durations import read_durations, seconds_of
 from ..sources.source import ReadClock, WorkItem
 from . import epoch as _epoch
-from .batch_plan import BatchPlan, bucket_edges, plan_batches
 from .epoch import MAX_LISTED_FAILURES, DatasetStats, EpochRun
-from .outcomes import Failure
-from .pool import ProducerPool
+from .plan import BatchPlan, bucket_edges, plan_batches
+from .pool import Failure, ProducerPool
 from .tuner import TunerMemory
 
 __all__ = ["EDGE_SAMPLES", "Assembler", "BatchEpochRun", "DurationBatching", "DynamicBuckets", "EpochBatches",

@@ -19,10 +19,10 @@ from ..buffer import Buffer, BufferStats
 from ..errors import DecodeError, SampleError
 from ..options import ErrorPolicy, LoaderOptions, gil_enabled
 from ..sources.source import ReadClock, WorkItem
-from ..sources.stream import ShardReader, ShardStream, check_streamable
-from .outcomes import Failure, delivers_itself
+from ..sources.stream import ShardStream
 from .plan import plan_epoch, shard_length
-from .pool import CHUNK_ITEMS, ProducerPool
+from .pool import CHUNK_ITEMS, Failure, ProducerPool, delivers_itself
+from .streamed import ShardReader, check_streamable
 from .tuner import TunerMemory
 
 __all__ = ["MAX_LISTED_FAILURES", "Compose", "DatasetStats", "EpochRun", "WorkerEpochs", "check_combination",
@@ -327,6 +327,7 @@ def epoch_length(ds: Any, rank: int, world_size: int) -> int:
             raise TypeError(f"the number of batches of streamed shards is unknown before they stream (batches are "
                             f"cut as the samples arrive), so {ds.source.description} batched by duration has no "
                             f"len(); read the shards through their index.json for planned batches")
-        return ds.source.epoch_length(shuffle=ds.shuffle, seed=ds.seed, epoch=ds.epoch, rank=rank,
-                                      world_size=world_size, even_shards=ds.even_shards)
+        plan = plan_epoch(len(ds.source.shards), shuffle=ds.shuffle, seed=ds.seed, epoch=ds.epoch, rank=rank,
+                          world_size=world_size, even_shards=ds.even_shards)
+        return ds.source.samples_in(plan.indices.tolist())
     return shard_length(len(ds.source), rank=rank, world_size=world_size, even_shards=ds.even_shards)

@@ -24,8 +24,8 @@ from ..engine.epoch import MAX_LISTED_FAILURES, Compose, DatasetStats, EpochRun,
 from ..engine.tuner import TunerMemory
 from ..errors import BufferClosed
 from ..options import ErrorPolicy, EvenShards, LoaderOptions, ProducerCount
-from ..sources.source import AUDIO_PATTERNS, LabelSpec, Source, SourceSpec, WorkItem, as_source
-from ..sources.stream import ShardStream
+from ..sources.source import AUDIO_PATTERNS, LabelSpec, Source, SourceSpec, WorkItem
+from ..sources.stream import ShardStream, as_source
 
 __all__ = ["MAX_LISTED_FAILURES", "BufferedDataset", "DatasetStats", "ErrorPolicy", "EvenShards"]
 

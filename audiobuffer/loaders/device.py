@@ -25,7 +25,7 @@ import torch
 
 from ..buffer import Buffer
 from ..engine.cancel import CancelScope, cancel_scope, on_cancel
-from ..engine.outcomes import Failure
+from ..engine.pool import Failure
 from ..errors import BufferClosed
 
 __all__ = ["DevicePrefetcher", "DeviceTensorLoader", "map_tensors", "resolve_device", "to_device"]

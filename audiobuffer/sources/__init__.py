@@ -21,7 +21,7 @@ _EXPORTS = {
     "Source": ".source",
     "SourceSpec": ".source",
     "WorkItem": ".source",
-    "as_source": ".source",
+    "as_source": ".stream",
     "iter_shard": ".tar",
     "pack": ".pack",
     "read_index": ".index",
@@ -70,6 +70,6 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:
     from .index import INDEX_NAME, Member, ShardIndex, read_index, shard_name
     from .pack import pack
-    from .source import AUDIO_PATTERNS, IMAGE_PATTERNS, LabelSpec, ReadClock, Source, SourceSpec, WorkItem, as_source
-    from .stream import ShardStream
+    from .source import AUDIO_PATTERNS, IMAGE_PATTERNS, LabelSpec, ReadClock, Source, SourceSpec, WorkItem
+    from .stream import ShardStream, as_source
     from .tar import ShardSample, iter_shard, shuffle_buffer, stream_shards

@@ -10,24 +10,18 @@ the manifest's bucket. :mod:`audiobuffer.sources.storage` re-exports the public 
 
 from __future__ import annotations
 
-import glob as _glob
 import itertools
 import os
 import posixpath
 import re
-from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..errors import SourceError, StorageError
-from .fs import filesystem
-from .retry import RetrySpec, as_retry, with_retry
-
-__all__ = ["MAX_EXPANSION", "expand_braces", "expand_urls", "glob_urls", "inside_bucket", "inside_folder", "is_url",
+__all__ = ["MAX_EXPANSION", "expand_braces", "inside_bucket", "inside_folder", "is_url",
            "sibling"]
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 _BRACE_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
-_GLOB_CHARS = re.compile(r"[*?\[]")
+GLOB_CHARS = re.compile(r"[*?\[]")
 #: The most names one brace pattern may expand to (a typo like {0..99999999} fails instead of filling memory).
 MAX_EXPANSION = 1_000_000
 #: The rules of local paths (``ntpath`` on Windows); tests swap in ``ntpath`` to check Windows' on Linux.
@@ -215,52 +209,3 @@ def _numeric_range(first: str, last: str, pattern: str) -> list[str]:
         else:
             out.append(str(n))
     return out
-
-
-def expand_urls(spec: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
-                storage_options: Mapping[str, Any] | None = None, retry: RetrySpec = None) -> list[str]:
-    """The paths or URLs a brace pattern, a glob or a list of them names, in order.
-
-    Braces expand first (:func:`expand_braces`); a name with glob characters (``*``, ``?``, ``[``)
-    is then listed (sorted; through fsspec for a URL) and must match something. Names without glob
-    characters are not checked for existence here: a missing one fails when it is read.
-
-    Raises:
-        SourceError: a glob that matches nothing, or a listing that failed (the cause chained).
-    """
-    items = [spec] if isinstance(spec, (str, os.PathLike)) else list(spec)
-    out: list[str] = []
-    for item in items:
-        if not isinstance(item, (str, os.PathLike)):
-            raise TypeError(f"a shard list must hold paths or URLs, got {item!r}")
-        for name in expand_braces(os.fspath(item)):
-            if not _GLOB_CHARS.search(name.split("://", 1)[-1]):
-                out.append(name)
-                continue
-            matches = glob_urls(name, storage_options=storage_options, retry=retry)
-            if not matches:
-                raise SourceError(f"{name!r} matches no file")
-            out.extend(matches)
-    return out
-
-
-def glob_urls(pattern: str, *, storage_options: Mapping[str, Any] | None = None,
-              retry: RetrySpec = None) -> list[str]:
-    """The files a glob pattern (``**`` recurses) matches, sorted: local ones, or objects listed through fsspec.
-
-    Unlike :func:`expand_urls`, no match is an empty list, not an error.
-
-    Raises:
-        SourceError: the listing failed (the cause chained).
-    """
-    if not is_url(pattern):
-        return sorted(p for p in _glob.glob(pattern, recursive=True) if os.path.isfile(p))
-    fs, path = filesystem(pattern, storage_options, as_retry(retry).timeout)
-    protocol = pattern.split("://", 1)[0]
-    try:
-        found = with_retry(lambda: fs.glob(path), url=pattern, retry=retry, action="list")
-    except StorageError as exc:
-        raise SourceError(str(exc)) from exc
-    prefix = f"{protocol}://"
-    return sorted(p if is_url(p) else prefix + p.lstrip("/") for p in found)
-

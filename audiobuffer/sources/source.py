@@ -4,7 +4,7 @@ A :class:`Source` is built once (listing a directory, reading a manifest or an i
 resolving labels; ``_listing.py``) and is immutable afterwards. Each epoch's order and shard come
 from ``_plan.plan_epoch``; the source turns their indices into :class:`WorkItem` objects as producers
 ask for them. Tar shards without an index are a source of another kind, streamed shard by shard
-(:class:`~audiobuffer.sources.stream.ShardStream`); :func:`as_source` picks the kind.
+(:class:`~audiobuffer.sources.stream.ShardStream`); :func:`~audiobuffer.sources.stream.as_source` picks the kind.
 """
 
 from __future__ import annotations
@@ -18,16 +18,13 @@ import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Union
+from typing import Any, Union
 
 import numpy as np
 
 from ..errors import SourceError
 from .listing import list_source
 from .storage import RetrySpec, as_retry, is_url, read_bytes
-
-if TYPE_CHECKING:
-    from .stream import ShardStream
 
 __all__ = [
     "AUDIO_PATTERNS",
@@ -37,7 +34,6 @@ __all__ = [
     "Source",
     "SourceSpec",
     "WorkItem",
-    "as_source",
 ]
 
 #: Glob patterns a directory source matches by default: the audio containers libsndfile reads.
@@ -307,31 +303,3 @@ def _resolve_labels(labels: LabelSpec, paths: list[str], fields: list[dict[str, 
 
 def _label_str(value: Any) -> str | None:
     return None if value is None or value == "" else str(value)
-
-
-def as_source(source: SourceSpec | Source | ShardStream, *, patterns: Sequence[str], labels: LabelSpec,
-              path_column: str, explicit_patterns: Sequence[str] | None = None,
-              storage_options: Mapping[str, Any] | None = None) -> Source | ShardStream:
-    """``source`` itself if it is ready, else the :class:`Source` it describes, or the
-    :class:`~audiobuffer.sources.stream.ShardStream` of the tar shards it names (a path, URL, brace pattern or
-    glob ending in ``.tar``, or a list of them).
-
-    ``labels``, ``patterns`` (``explicit_patterns``, as the caller was given them), ``path_column`` and
-    ``storage_options`` describe how to list a source: with a ready one they would be ignored, so they
-    are refused.
-    """
-    from .listing import names_shards
-    from .stream import ShardStream
-
-    if not isinstance(source, (Source, ShardStream)):
-        if names_shards(source):
-            return ShardStream(source, labels=labels, storage_options=storage_options)
-        return Source(source, patterns=patterns, labels=labels, path_column=path_column,
-                      storage_options=storage_options)
-    given = [name for name, value, default in (("labels", labels, None), ("patterns", explicit_patterns, None),
-                                               ("path_column", path_column, "path"),
-                                               ("storage_options", storage_options, None)) if value != default]
-    if given:
-        raise ValueError(f"{', '.join(given)} describe how to list a source; give them to Source(...), not together "
-                         f"with a ready Source")
-    return source

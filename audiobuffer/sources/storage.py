@@ -34,26 +34,28 @@ producers overlap).
 
 from __future__ import annotations
 
+import glob as _glob
+import json
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, BinaryIO, cast
 
-from ..errors import StorageError
-from .fs import filesystem as _filesystem
-from .names import MAX_EXPANSION, expand_braces, expand_urls, glob_urls, inside_bucket, inside_folder, is_url, sibling
+from ..errors import SourceError, StorageError
+from .names import GLOB_CHARS, MAX_EXPANSION, expand_braces, inside_bucket, inside_folder, is_url, sibling
 from .retry import Retry, RetrySpec, as_retry, is_transient
 from .retry import where as _where
 from .retry import with_retry as _with_retry
 
 __all__ = [
     "MAX_EXPANSION",
-    "STREAM_BLOCK",
     "Retry",
     "RetrySpec",
+    "STREAM_BLOCK",
     "as_retry",
     "expand_braces",
     "expand_urls",
+    "filesystem",
     "glob_urls",
     "inside_bucket",
     "inside_folder",
@@ -65,6 +67,75 @@ __all__ = [
     "sibling",
     "size",
 ]
+
+
+#: What to install for the schemes audiobuffer's extras cover.
+_PACKAGES = {"s3": "'audiobuffer[remote]'", "s3a": "'audiobuffer[remote]'", "http": "'audiobuffer[remote]'",
+             "https": "'audiobuffer[remote]'", "gs": "'audiobuffer[gcs]'", "gcs": "'audiobuffer[gcs]'"}
+_FS_LOCK = threading.Lock()
+_FILESYSTEMS: dict[tuple[int, str, str, float | None], Any] = {}
+
+
+def filesystem(url: str, storage_options: Mapping[str, Any] | None,
+               timeout: float | None = None) -> tuple[Any, str]:
+    """The fsspec filesystem for ``url`` with ``storage_options`` (built once per process) and its path.
+
+    ``timeout``: seconds its requests wait to connect and for each part of an answer (``None``: the
+    client's defaults).
+    """
+    if storage_options is not None and not isinstance(storage_options, Mapping):
+        raise TypeError(f"storage_options must be a mapping of fsspec options or None, got {storage_options!r}")
+    options = dict(storage_options or {})
+    try:
+        import fsspec
+        import fsspec.core
+    except ImportError as exc:
+        raise StorageError(f"cannot read {url!r}: it needs fsspec, which is not installed; pip install "
+                           f"'audiobuffer[remote]'", url=url) from exc
+    protocol = url.split("://", 1)[0].lower()
+    try:
+        if "::" in url:  # a chained URL ("simplecache::s3://..."): fsspec's own parsing and cache
+            return fsspec.core.url_to_fs(url, **options)
+        cls = fsspec.get_filesystem_class(protocol)
+    except (ImportError, ValueError) as exc:
+        package = _PACKAGES.get(protocol, "the package fsspec names")
+        why = " ".join(str(exc).split())  # one line
+        raise StorageError(f"cannot read {url!r}: fsspec cannot read {protocol!r} URLs here ({why}); "
+                           f"pip install {package}", url=url) from exc
+    path = cls._strip_protocol(url)
+    options = {**cls._get_kwargs_from_urls(url), **options}
+    key = (os.getpid(), protocol, json.dumps(options, sort_keys=True, default=repr), timeout)
+    with _FS_LOCK:
+        fs = _FILESYSTEMS.get(key)
+        if fs is None:
+            fs = _FILESYSTEMS[key] = _make_filesystem(cls, protocol, options, timeout)
+    return fs, path
+
+
+def _make_filesystem(cls: Any, protocol: str, options: dict[str, Any], timeout: float | None) -> Any:
+    if protocol in ("s3", "s3a"):
+        config = dict(options.get("config_kwargs") or {})
+        config.setdefault("retries", {"total_max_attempts": 1})  # audiobuffer's Retry replaces botocore's
+        if timeout is not None:  # botocore's defaults: 60 s each
+            config.setdefault("connect_timeout", timeout)
+            config.setdefault("read_timeout", timeout)
+        options = {**options, "config_kwargs": config}
+    elif timeout is not None and protocol in ("http", "https"):
+        import aiohttp  # fsspec's HTTP filesystem's client; its default is 300 s for the whole request
+
+        client = dict(options.get("client_kwargs") or {})
+        client.setdefault("timeout", aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout))
+        options = {**options, "client_kwargs": client}
+    elif timeout is not None and protocol in ("gs", "gcs"):
+        import aiohttp  # gcsfs passes requests_timeout to each aiohttp request (None there: no timeout)
+
+        options.setdefault("requests_timeout", aiohttp.ClientTimeout(total=None, sock_connect=timeout,
+                                                                     sock_read=timeout))
+    fs = cls(skip_instance_cache=True, **options)  # our own instance: its retry setting is ours to change
+    if protocol in ("s3", "s3a"):
+        fs.retries = 1  # s3fs's retry loop: one try, then audiobuffer's Retry decides
+    return fs
+
 
 #: Bytes per request of a remote sequential stream (:func:`open_stream`).
 STREAM_BLOCK = 8 << 20
@@ -88,7 +159,7 @@ def read_bytes(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any
     url = os.fspath(url)
     if not is_url(url):
         return _with_retry(lambda: _read_local(url, 0, None), url=url, retry=retry, member=member)
-    fs, path = _filesystem(url, storage_options, as_retry(retry).timeout)
+    fs, path = filesystem(url, storage_options, as_retry(retry).timeout)
     return _with_retry(lambda: fs.cat_file(path), url=url, retry=retry, member=member)
 
 
@@ -108,7 +179,7 @@ def read_range(url: str | os.PathLike[str], offset: int, size: int, *,
     if size == 0:
         return b""
     if is_url(url):
-        fs, path = _filesystem(url, storage_options, as_retry(retry).timeout)
+        fs, path = filesystem(url, storage_options, as_retry(retry).timeout)
         data = _with_retry(lambda: fs.cat_file(path, start=offset, end=offset + size), url=url,
                            retry=retry, member=member)
     else:
@@ -143,7 +214,7 @@ def size(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | No
     url = os.fspath(url)
     if not is_url(url):
         return _with_retry(lambda: os.stat(url).st_size, url=url, retry=retry)
-    fs, path = _filesystem(url, storage_options, as_retry(retry).timeout)
+    fs, path = filesystem(url, storage_options, as_retry(retry).timeout)
     return int(_with_retry(lambda: fs.size(path), url=url, retry=retry))
 
 
@@ -282,3 +353,52 @@ class _Descriptor:
 
     def __del__(self) -> None:
         os.close(self.fd)
+
+
+def expand_urls(spec: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
+                storage_options: Mapping[str, Any] | None = None, retry: RetrySpec = None) -> list[str]:
+    """The paths or URLs a brace pattern, a glob or a list of them names, in order.
+
+    Braces expand first (:func:`expand_braces`); a name with glob characters (``*``, ``?``, ``[``)
+    is then listed (sorted; through fsspec for a URL) and must match something. Names without glob
+    characters are not checked for existence here: a missing one fails when it is read.
+
+    Raises:
+        SourceError: a glob that matches nothing, or a listing that failed (the cause chained).
+    """
+    items = [spec] if isinstance(spec, (str, os.PathLike)) else list(spec)
+    out: list[str] = []
+    for item in items:
+        if not isinstance(item, (str, os.PathLike)):
+            raise TypeError(f"a shard list must hold paths or URLs, got {item!r}")
+        for name in expand_braces(os.fspath(item)):
+            if not GLOB_CHARS.search(name.split("://", 1)[-1]):
+                out.append(name)
+                continue
+            matches = glob_urls(name, storage_options=storage_options, retry=retry)
+            if not matches:
+                raise SourceError(f"{name!r} matches no file")
+            out.extend(matches)
+    return out
+
+
+def glob_urls(pattern: str, *, storage_options: Mapping[str, Any] | None = None,
+              retry: RetrySpec = None) -> list[str]:
+    """The files a glob pattern (``**`` recurses) matches, sorted: local ones, or objects listed through fsspec.
+
+    Unlike :func:`expand_urls`, no match is an empty list, not an error.
+
+    Raises:
+        SourceError: the listing failed (the cause chained).
+    """
+    if not is_url(pattern):
+        return sorted(p for p in _glob.glob(pattern, recursive=True) if os.path.isfile(p))
+    fs, path = filesystem(pattern, storage_options, as_retry(retry).timeout)
+    protocol = pattern.split("://", 1)[0]
+    try:
+        found = _with_retry(lambda: fs.glob(path), url=pattern, retry=retry, action="list")
+    except StorageError as exc:
+        raise SourceError(str(exc)) from exc
+    prefix = f"{protocol}://"
+    return sorted(p if is_url(p) else prefix + p.lstrip("/") for p in found)
+

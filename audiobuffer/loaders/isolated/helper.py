@@ -85,9 +85,8 @@ import numpy as np
 from ..._batch import SlotArena, collate_numpy
 from ...buffer import Buffer
 from ...engine.batches import Assembler
-from ...engine.outcomes import Failure
 from ...engine.plan import plan_epoch
-from ...engine.pool import ProducerPool
+from ...engine.pool import Failure, ProducerPool
 from ...engine.tuner import TunerMemory
 from ...errors import BufferClosed, HelperError, SampleError, StallError
 from ...options import gil_enabled

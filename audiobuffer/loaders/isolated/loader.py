@@ -16,6 +16,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import logging
+import pickle
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,8 +25,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...engine.batches import EpochBatches, count_header_failures
+from ...buffer import BufferStats
+from ...engine.batches import EpochBatches, PaddingMeter, count_header_failures
 from ...engine.cancel import on_cancel
+from ...engine.epoch import DatasetStats, record_skip
 from ...engine.plan import (
     STATE_BATCHING,
     STATE_EVEN_SHARDS,
@@ -38,15 +41,78 @@ from ...engine.plan import (
     encode_state,
     plan_epoch,
 )
-from ...errors import BufferClosed, HelperError, StallError
+from ...errors import BufferClosed, DecodeError, HelperError, SampleError, StallError
+from ...options import ErrorPolicy
 from ...sources.source import Source, SourceSpec, WorkItem
-from ..dataset import BufferedDataset, DatasetStats
+from ..dataset import BufferedDataset
 from .channel import HelperChannel, RemoteTraceback, death_message, pickle_by_reference, torch_dtype
-from .run import TrainerRun
 
-__all__ = ["IsolatedLoader"]
+__all__ = ["IsolatedLoader", "TrainerRun"]
 
 logger = logging.getLogger(__name__)
+
+
+class TrainerRun:
+    """One epoch as the trainer sees it: its generation, consumed mask and counters."""
+
+    def __init__(self, gen: int, epoch: int, rank: int, world_size: int, consumed: bytearray, items: int,
+                 num_producers: int) -> None:
+        self.gen = gen
+        self.epoch = epoch
+        self.rank = rank
+        self.world_size = world_size
+        self.consumed = consumed
+        self.items = items
+        self.resumed = len(consumed) - items
+        self.num_producers = num_producers
+        self.yielded = 0
+        self.failed = 0
+        self.failures: list[tuple[int, str, str]] = []
+        self.decode_s = 0.0
+        self.wait_s = 0.0  # the trainer waiting for a full slot
+        self.copy_s = 0.0  # the trainer copying slots out
+        self.helper: dict[str, Any] = {}
+        self.batches: int | None = None  # batches by duration: batches handed out, padding, all-failed batches
+        self.padding = PaddingMeter()
+        self.empty_batches = 0
+        self.done = False
+        self.cancelled = False
+        self.start = time.perf_counter()
+        self.end: float | None = None
+
+    def snapshot(self) -> DatasetStats:
+        end = self.end if self.end is not None else time.perf_counter()
+        buffer = self.helper.get("buffer")
+        return DatasetStats(
+            epoch=self.epoch, rank=self.rank, world_size=self.world_size, worker=0, num_workers=1, items=self.items,
+            num_producers=self.helper.get("num_producers", self.num_producers), resumed=self.resumed,
+            yielded=self.yielded, failed=self.failed,
+            failures=list(self.failures), decode_s=self.decode_s, wall_s=end - self.start, done=self.done,
+            buffer=BufferStats(**buffer) if buffer else None,
+            transfer={"trainer_wait_s": self.wait_s, "trainer_copy_s": self.copy_s,
+                      "helper_slot_wait_s": self.helper.get("slot_wait_s", 0.0)},
+            batches=self.batches, empty_batches=self.empty_batches,
+            padding=None if self.batches is None else self.padding.fraction,
+            producer_history=self.helper.get("producer_history", []), gil_enabled=self.helper.get("gil_enabled", True))
+
+    def on_failure(self, message: tuple[Any, ...], policy: ErrorPolicy) -> None:
+        """A sample that failed in the helper: raise it (``fatal``: the policy is ``raise``) with the
+        helper's traceback chained, or count it per ``policy``."""
+        _, _, fatal, index, path, producer, type_name, text, payload, trace = message
+        summary = f"item {index} ({path!r}) failed in {producer} (helper process): {type_name}: {text}"
+        if fatal:
+            cause: BaseException = RemoteTraceback(trace)
+            if payload is not None:
+                try:
+                    original = pickle.loads(payload)
+                    original.__cause__ = cause
+                    cause = original
+                except Exception:
+                    pass
+            cls = DecodeError if type_name == "DecodeError" or isinstance(cause, DecodeError) else SampleError
+            raise cls(summary, path=path, index=index, producer=producer) from cause
+        record_skip(self, index, path, f"{type_name}: {text}", summary, policy)
+
 
 #: Bytes each slot starts with; a batch that does not fit grows its slot.
 DEFAULT_SLOT_BYTES = 4 << 20
@@ -409,5 +475,3 @@ class IsolatedLoader:
         return (f"IsolatedLoader({self.dataset.source.description}, {self.dataset.decoder!r}, "
                 f"batch_size={self.batch_size}, num_slots={self.num_slots}, "
                 f"num_producers={self.dataset.num_producers!r}, helper={state})")
-
-
