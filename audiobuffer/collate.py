@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._batch import collate_numpy
+from ._numpy_collate import collate_numpy
 
 __all__ = ["image_collate", "pad_collate"]
 

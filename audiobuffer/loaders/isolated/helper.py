@@ -82,7 +82,7 @@ from typing import Any, BinaryIO, cast
 
 import numpy as np
 
-from ..._batch import SlotArena, collate_numpy
+from ..._numpy_collate import SlotArena, collate_numpy
 from ...buffer import Buffer
 from ...engine.batches import Assembler
 from ...engine.plan import plan_epoch
