@@ -1,4 +1,5 @@
-"""audiobuffer/shards.py: packing into tar shards, the index, streaming, truncated shards (all local)."""
+"""audiobuffer/sources/pack.py, index.py and tar.py: packing into tar shards, the index, streaming,
+truncated shards (all local)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""audiobuffer/storage.py, and shards read from a real S3-compatible server (moto) on 127.0.0.1.
+"""audiobuffer/sources/storage.py, and shards read from a real S3-compatible server (moto) on 127.0.0.1.
 
 The server runs in a thread of the test process for the module; every test uploads what it needs
 under a prefix of its own. Faults come from a proxy in front of the server (storage_helpers.py).
