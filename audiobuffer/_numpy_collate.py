@@ -1,10 +1,10 @@
 """Collating sample dicts into numpy batch arrays, written wherever the caller allocates them.
 
-The one implementation of ``pad_collate``'s layout. :func:`~audiobuffer.pad_collate` allocates with
+The one implementation of ``pad_collate``'s layout: :func:`~audiobuffer.pad_collate` allocates with
 ``np.empty`` and wraps the arrays with ``torch.from_numpy``; the isolated loader's helper process
-allocates inside a shared-memory slot (:class:`SlotArena`), so a batch is written once, straight where
-the trainer reads it. Nothing here imports torch: the helper process runs without it. A torch tensor
-in a sample (from a user's decoder that made one) is read through its ``numpy()`` view.
+allocates inside a shared-memory slot (:class:`SlotArena`), so a batch is written once, where the
+trainer reads it. Nothing here imports torch (the helper runs without it); a torch tensor in a sample
+is read through its ``numpy()`` view.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
-"""A bounded, thread-safe buffer between producer threads and a consumer.
+"""A bounded, thread-safe FIFO buffer between producer threads and a consumer: :class:`Buffer`.
 
-The design follows CPython's ``Lib/queue.py``: one lock shared by two conditions, ``has_data`` (a
-consumer may proceed) and ``has_pos`` (a producer may proceed); every wait is a
-``while not predicate: cond.wait(remaining)`` loop with a deadline from ``time.monotonic()``; every
-change of state notifies. Nothing sleeps; a wait wakes at least every ``WAIT_SLICE`` seconds (NOTE
-[ Interruptible waits ]).
-
-The buffer knows nothing of torch or audio: with ``max_bytes`` it counts the bytes of whatever has an
-``nbytes`` attribute (numpy arrays, torch tensors, memoryviews), ``bytes``, and dicts, lists and tuples
-of those.
+It follows CPython's ``Lib/queue.py``: one lock shared by two conditions, ``has_data`` and ``has_pos``;
+every wait a ``while not predicate: cond.wait(remaining)`` loop against a ``time.monotonic()``
+deadline, woken at least every ``WAIT_SLICE`` seconds (NOTE [ Interruptible waits ]); a notify on
+every change of state, and no sleep. It knows nothing of torch or audio: ``max_bytes`` counts what
+:func:`payload_nbytes` finds (``nbytes`` attributes, ``bytes``, and dicts, lists and tuples of them).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""audiobuffer/tools/pack.py: ``audiobuffer pack SOURCE OUT --shard-size SIZE``."""
+"""audiobuffer/cli/pack.py: ``audiobuffer pack SOURCE OUT --shard-size SIZE``."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """BufferedDataset over packed shards on the local disk (no server): by index, streamed by pattern, resume,
-truncated shards, labels from names and sidecars, YAML; audiobuffer/_stream.py and audiobuffer/_listing.py."""
+truncated shards, labels from names and sidecars, YAML; audiobuffer/sources/stream.py and
+audiobuffer/sources/listing.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""audiobuffer/shards.py: packing into tar shards, the index, streaming, truncated shards (all local)."""
+"""audiobuffer/sources/pack.py, index.py and tar.py: packing into tar shards, the index, streaming,
+truncated shards (all local)."""
 
 from __future__ import annotations
 
@@ -238,7 +239,7 @@ def test_shard_names_follow_windows_rules_on_windows(monkeypatch):
     """On Windows a drive, a UNC share, a rooted name and backslashed '..' leave the folder too."""
     import ntpath
 
-    from audiobuffer import _names
+    from audiobuffer.sources import names as _names
 
     monkeypatch.setattr(_names, "_LOCAL", ntpath)
     base = "C:\\data\\packed\\index.json"

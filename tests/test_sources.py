@@ -148,7 +148,7 @@ def test_shards_cover_each_item_once(n, count):
         shard(order, count, count)
 
 
-# -- manifests as users write them (issue 9, item 12) ---------------------------------------------
+# -- manifests as users write them -----------------------------------------------------------------
 
 @pytest.mark.parametrize("suffix", [".csv", ".tsv", ".jsonl"])
 def test_manifest_with_a_utf8_byte_order_mark(corpus, suffix):

@@ -1,4 +1,4 @@
-"""audiobuffer/storage.py, and shards read from a real S3-compatible server (moto) on 127.0.0.1.
+"""audiobuffer/sources/storage.py, and shards read from a real S3-compatible server (moto) on 127.0.0.1.
 
 The server runs in a thread of the test process for the module; every test uploads what it needs
 under a prefix of its own. Faults come from a proxy in front of the server (storage_helpers.py).
@@ -137,7 +137,7 @@ def test_local_reads(tmp_path):
 @pytest.mark.skipif(not hasattr(os, "pread"), reason="POSIX pread: the ranged path that loops on short reads")
 def test_local_ranged_read_gathers_short_preads(tmp_path, monkeypatch):
     """A pread may return fewer bytes than asked (FUSE, network file systems): the rest is read on."""
-    from audiobuffer import storage
+    from audiobuffer.sources import storage
 
     path = tmp_path / "f.bin"
     path.write_bytes(bytes(range(256)) * 4)
@@ -542,7 +542,7 @@ def test_s3_truncated_shard_yields_members_before_the_cut(s3, packed):
 def test_local_ranged_reads_keep_files_open_per_thread_and_close_them_with_it(tmp_path):
     import threading
 
-    from audiobuffer import storage
+    from audiobuffer.sources import storage
 
     paths = []
     for i in range(storage.OPEN_PER_THREAD + 5):
@@ -571,7 +571,7 @@ def test_local_ranged_reads_keep_files_open_per_thread_and_close_them_with_it(tm
 
 @pytest.mark.skipif(not hasattr(os, "pread"), reason="POSIX pread: files are kept open only there")
 def test_a_file_replaced_between_epochs_is_read_anew_by_a_thread_that_lives_on(tmp_path):
-    from audiobuffer import storage
+    from audiobuffer.sources import storage
 
     storage.close_kept_files()  # what earlier tests left open in this thread
     path = tmp_path / "shard.bin"

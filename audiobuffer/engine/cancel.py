@@ -22,8 +22,8 @@ thread: the callbacks run there at once and wait for nothing. The prefetch threa
 loader's epoch ends early (a ``BufferedDataset`` epoch is marked not done), the pool is joined *in
 the prefetch thread* by the epoch's own cleanup, and the thread asks the loader for nothing more.
 
-The consumer waits for the prefetch thread at most ``LEAVE_TIMEOUT`` seconds (``device.py``). A
-loader that registers nothing (``DataLoader`` workers in other processes, a user's generator) cannot
+The consumer waits for the prefetch thread at most ``LEAVE_TIMEOUT`` seconds (``loaders/device.py``).
+A loader that registers nothing (``DataLoader`` workers in other processes, a user's generator) cannot
 be stopped mid-item: the daemon thread then ends on its own as soon as its current item returns, and
 the next ``iter()`` or ``close()`` of the prefetcher joins it first.
 

@@ -1,9 +1,9 @@
 """The feed of a producer pool: who may take which sequence number next, under one lock.
 
-Producers take sequence numbers here, and so does the consumer when it decodes inline; here the
-ordered window and byte bound hold producers back, and producers above the target count retire.
-Everything is guarded by :attr:`Feed.lock`; :attr:`Feed.turn` (on that lock) wakes producers waiting
-for their turn or for bytes. See NOTE [ Producer shutdown protocol ] in ``_producers.py``.
+Producers (and the consumer, decoding inline) take sequence numbers here; the ordered window and the
+byte bound hold producers back, and producers above the target count retire. Everything is guarded by
+:attr:`Feed.lock`; :attr:`Feed.turn` wakes producers waiting for their turn or for bytes (NOTE
+[ Producer shutdown protocol ] in ``engine/pool.py``).
 
 NOTE [ Ordered feed ]
 =====================
@@ -27,21 +27,21 @@ plus the one finished item each producer has in hand.
 
 NOTE [ Changing the producer count ]
 ====================================
-(``num_producers="auto"``; the decisions: NOTE [ Producer tuning ] in ``_tuner.py``.) Only the
+(``num_producers="auto"``; the decisions: NOTE [ Producer tuning ] in ``engine/tuner.py``.) Only the
 pool's consumer changes :attr:`Feed.target`, between two items it takes, under the lock. The pool
-starts threads under that lock too, never once the feed stops, so ``close()`` joins every thread
-there is. A producer above the target retires in :meth:`Feed.take`, before it takes a sequence
-number, so it holds no item; it puts its chunk and leaves like a producer that found the feed empty.
-So an item is taken once, by one thread, and delivered once, whatever the count does. At count 0 the
-consumer decodes inline (``_consumer.InlineDecoder``): it takes the next sequence number itself
+starts threads under that lock too, never once the feed stops, so ``close()`` joins every thread there
+is. A producer above the target retires in :meth:`Feed.take`, before it takes a sequence number, so it
+holds no item; it puts its chunk and leaves like a producer that found the feed empty. So an item is
+taken once, by one thread, and delivered once, whatever the count does. At count 0 the consumer
+decodes inline (``InlineDecoder`` in ``engine/pool.py``): it takes the next sequence number itself
 (ordered: only when it is the one it waits for; any lower one is held by a producer and arrives
 through the buffer, so the window is never needed and nothing enters the buffer or ``held``) and
 yields what it decoded without a hand-over, after draining what the buffer holds; unordered, it
-decodes item after item and lets the tuner look only when an observation is due. The last producer
-out closes the buffer when nothing is left to take, and so does the inline consumer when it finds
-nothing to take and no producer left. Inline decoding is never used with a delivering decoder (it
-would wait for a slot only the consumer frees) or with a ``timeout`` (a decode stuck in the
-consumer's own thread could not be reported).
+decodes item after item and lets the tuner look only when an observation is due. The last producer out
+closes the buffer when nothing is left to take, and so does the inline consumer when it finds nothing
+to take and no producer left. Inline decoding is never used with a delivering decoder (it would wait
+for a slot only the consumer frees) or with a ``timeout`` (a decode stuck in the consumer's own thread
+could not be reported).
 """
 
 from __future__ import annotations

@@ -82,6 +82,22 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
+# NOTE [ Delivering decoders ]
+# ============================
+# A decoder may hand its results to the consumer itself instead of returning one per item: the batch
+# slots' writer copies each sample into a row of a batch and returns a whole batch only for the item
+# that completes it. Such a decoder says so with a class attribute ``delivers_itself = True`` and has
+# two duties:
+#
+# - it returns ``DELIVERED`` for an item whose result it keeps (nothing goes into the buffer);
+# - it has a ``stop_waiting()`` method, which the pool calls once when it stops: the decoder may block
+#   on the consumer (a free slot), and only the consumer's side can wake it.
+#
+# The pool runs it unordered (an ordered pool would wait for a result that never comes), with chunks of
+# one (a producer holding a finished batch in its chunk while it waits for a free slot could hold the
+# very batch the consumer needs), and never inline (the consumer would wait inside the decoder for a
+# slot that only the consumer itself can free). BufferedDataset refuses ordered=True and a transform
+# with such a decoder (the transform would have no sample to apply to).
 class _Delivered:
     """The type of :data:`DELIVERED`."""
 

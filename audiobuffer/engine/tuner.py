@@ -1,10 +1,8 @@
-"""The producer-count tuner behind ``num_producers="auto"``: decisions from observations, nothing else.
+"""The producer-count tuner behind ``num_producers="auto"``, and the driver that feeds it a pool's counters.
 
-The pool feeds it what it has seen (items finished, seconds the consumer waited for data, seconds
-producers waited for room, CPU seconds the process used) whenever :meth:`ProducerTuner.due` says so;
-the tuner answers with the count it wants. It owns no thread and reads no clock, so every decision
-can be tested with scripted observations (``tests/test_tuner.py``); ``audiobuffer/_tuning.py``
-drives it for a pool.
+:class:`ProducerTuner` answers observations (items finished, the waits on both sides of the buffer,
+CPU seconds) with the count it wants; it owns no thread and reads no clock, so every decision can be
+tested with scripted observations. :class:`PoolTuning` observes a pool whenever the tuner is due.
 
 NOTE [ Producer tuning ]
 ========================
@@ -33,11 +31,11 @@ and judged against it a trial would look better than it is. On each later interv
   consumer waited for it (decoding is the bottleneck), the trial goes on to two producers, judged
   against inline as well, since two may decode in parallel where one cannot gain. One producer far
   slower than inline (under ``slower`` times its rate) goes back at once instead: its hand-over costs
-  more than any overlap gives, which is what a decode holding the GIL does (tiny WAV files: 0.6-0.7
-  times inline's rate), and a second thread holding the same GIL only adds to that cost. The bar is
-  low on purpose: a 20 ms interval of files of different lengths is a noisy rate (compressed audio,
-  where two producers pay off, has shown one producer at 0.87 times inline), and a wrong "back" costs
-  the whole back-off, a wrong "two" one interval.
+  more than any overlap gives, which is what a decode holding the GIL does (tiny WAV files), and a
+  second thread holding the same GIL only adds to that cost. The bar is low on purpose: a 20 ms
+  interval of files of different lengths is a noisy rate (even compressed audio, where two producers
+  pay off, can show one producer a little under inline's rate), and a wrong "back" costs the whole
+  back-off, a wrong "two" one interval.
 - The consumer waited for data more than ``starved`` of the interval (the producers are the
   bottleneck): try one producer more.
 - No producer is added (nor the trial of one taken on to two) while the process used more than

@@ -1,15 +1,18 @@
-"""The last step, host to device: ``DevicePrefetcher`` and ``DeviceTensorLoader``.
+"""The last step, host to device: :class:`DevicePrefetcher` and :class:`DeviceTensorLoader`.
 
-``DevicePrefetcher`` wraps any iterable of batches and yields them already on the device. A background
-thread takes the next batches from the loader, pins them if they are not pinned, and copies them on a
-side CUDA stream with ``non_blocking=True``. Before a batch is handed out, the consumer's stream waits
-for that batch's copy (an event recorded right after it), and every tensor handed out is marked with
-``record_stream`` on the consumer's stream, so the caching allocator never reuses its memory under a
-kernel that still reads it (apex's ``data_prefetcher``). On the CPU the same code path runs with no
-stream: the thread still reads ahead, so collation overlaps the training step.
+``DevicePrefetcher`` wraps any iterable of batches and yields them already on the device, copied ahead
+by a background thread on a side CUDA stream (NOTE [ Side-stream copies ]). ``DeviceTensorLoader`` is
+for data that fits on the device: the tensors move there once, and each batch is a slice or an index
+of them, with no per-batch host work at all.
 
-``DeviceTensorLoader`` is for data that fits on the device: the tensors move there once, and each batch
-is a slice or an index of them, with no per-batch host work at all.
+NOTE [ Side-stream copies ]
+===========================
+A background thread takes the next batches from the loader, pins them if they are not pinned, and
+copies them on a side CUDA stream with ``non_blocking=True``. Before a batch is handed out, the
+consumer's stream waits for that batch's copy (an event recorded right after it), and every tensor
+handed out is marked with ``record_stream`` on the consumer's stream, so the caching allocator never
+reuses its memory under a kernel that still reads it (apex's ``data_prefetcher``). On the CPU the same
+code path runs with no stream: the thread still reads ahead, so collation overlaps the training step.
 """
 
 from __future__ import annotations
@@ -119,7 +122,7 @@ class DevicePrefetcher:
     within about a second, even mid-decode. The dataset is not closed: the next epoch runs as usual.
     A loader that cannot be stopped (``DataLoader`` workers, a plain generator) is waited for at most
     ``LEAVE_TIMEOUT`` seconds; its thread ends as soon as its current batch arrives, and the next
-    ``iter()`` waits for it first. See NOTE [ Prefetch cancellation ] in ``audiobuffer/_cancel.py``.
+    ``iter()`` waits for it first. See NOTE [ Prefetch cancellation ] in ``engine/cancel.py``.
 
     Thread safety: one thread iterates an epoch; :meth:`close` may be called from any thread.
 
@@ -164,7 +167,7 @@ class DevicePrefetcher:
 
     def __iter__(self) -> Iterator[Any]:
         # A generator: its finally runs on exhaustion, on an exception (KeyboardInterrupt included), on
-        # close() and when it is collected. NOTE [ Prefetch cancellation ] in _cancel.py.
+        # close() and when it is collected. NOTE [ Prefetch cancellation ] in engine/cancel.py.
         self._join_left(JOIN_TIMEOUT)  # a left epoch's thread may still be in the loader: one at a time
         cuda = self.device.type == "cuda"
         side = torch.cuda.Stream(device=self.device) if cuda else None
@@ -198,7 +201,7 @@ class DevicePrefetcher:
                 logger.debug("the prefetch thread ends once the loader's current batch arrives")
 
     def _fill(self, run: _Run, side: torch.cuda.Stream | None) -> None:
-        """The prefetch thread: read the loader, copy each batch, hand it over; see the module docstring."""
+        """The prefetch thread: read the loader, copy each batch, hand it over (NOTE [ Side-stream copies ])."""
         device, buffer = self.device, run.buffer
         copy = (lambda t: _pin(t).to(device, non_blocking=True)) if side is not None else (
             lambda t: t.to(device, non_blocking=True))

@@ -1,8 +1,10 @@
 """The duration of each item of a source, for batches by duration: from a manifest column or from
-each file's header, the headers read once in parallel and cached on disk.
+each file's header, the headers read once in parallel and cached on disk (NOTE [ Duration cache ]).
 
-The cache: one JSON file per corpus folder (the deepest folder holding all of a source's files) in the
-cache folder, mapping each file's absolute path to its size, modification time (ns) and duration. An
+NOTE [ Duration cache ]
+=======================
+One JSON file per corpus folder (the deepest folder holding all of a source's files) in the cache
+folder, mapping each file's absolute path to its size, modification time (ns) and duration. An
 entry counts only while the file's size and modification time are unchanged, so a second run over
 the same files opens none of them (it only looks up their size and modification time), and a
 changed file is read again. The file is replaced atomically (a temporary file and ``os.replace``); a
@@ -13,7 +15,6 @@ replace it (another process holds it open) leaves the other's copy. Sources that
 its cache file, so a train and a test split read each header once. Failed headers are not cached:
 they are tried again on the next run.
 """
-
 from __future__ import annotations
 
 import hashlib

@@ -23,7 +23,7 @@ from .storage import RetrySpec
 
 __all__ = ["INDEX_FORMAT", "INDEX_NAME", "INDEX_VERSION", "Member", "ShardIndex", "read_index", "shard_name"]
 
-#: The index file :func:`pack` writes beside the shards.
+#: The index file :func:`~audiobuffer.sources.pack.pack` writes beside the shards.
 INDEX_NAME = "index.json"
 INDEX_FORMAT = "audiobuffer-shards"
 INDEX_VERSION = 1
@@ -100,7 +100,7 @@ class ShardIndex:
 
 def read_index(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None,
                retry: RetrySpec = None, allow_outside: bool = False) -> ShardIndex:
-    """Read an ``index.json`` written by :func:`pack` from a path or URL.
+    """Read an ``index.json`` written by :func:`~audiobuffer.sources.pack.pack` from a path or URL.
 
     Shard names in the index are relative to the index's folder: the result holds their full paths
     or URLs (so ``s3://bucket/fsdd/index.json`` gives shards under ``s3://bucket/fsdd/``). An index is

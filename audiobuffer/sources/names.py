@@ -1,11 +1,9 @@
-"""Names of files and objects: URLs, brace patterns, globs, and names relative to another file.
+"""Names of files and objects: URLs, brace patterns, and names relative to another file. No I/O.
 
-:func:`expand_braces` turns ``shard-{000000..000011}.tar`` into twelve names (numeric ranges keep zero
-padding; ``{a,b}`` lists; several groups multiply), :func:`expand_urls` adds globs (``*``, ``?``,
-``[...]``, listed through fsspec for URLs), and :func:`sibling` resolves a name relative to the folder
-of a file or object. :func:`inside_folder` and :func:`inside_bucket` resolve names found in data (the
-shards of an index, the files of a remote manifest) and refuse those that leave the index's folder or
-the manifest's bucket. :mod:`audiobuffer.sources.storage` re-exports the public names.
+:func:`expand_braces` turns ``shard-{000000..000011}.tar`` into twelve names; :func:`sibling` resolves a
+name against the folder of a file or object, and :func:`inside_folder` and :func:`inside_bucket` do so
+for names found in data, refusing those that leave the index's folder or the manifest's bucket.
+:mod:`audiobuffer.sources.storage` re-exports the public names and lists globs.
 """
 
 from __future__ import annotations

@@ -1,6 +1,10 @@
 """Packing a source into tar shards in WebDataset's layout, with an index: :func:`pack`.
 
-Layout::
+:mod:`audiobuffer.sources` re-exports :func:`pack` and reads the shards back (by index or streamed).
+
+NOTE [ Shard layout ]
+=====================
+::
 
     OUT/shard-000000.tar   <key>.<ext> (the original file, byte for byte) and <key>.json, per sample
     OUT/shard-000001.tar   ...
@@ -12,8 +16,8 @@ into key and extension); a key already taken gets ``-1``, ``-2``... The ``<key>.
 ``{"name": the original relative path, "label": the label name or null, "duration": seconds or null,
 "fields": the manifest's other columns}``. Packing the same source twice gives the same bytes: the
 input order is the source's (sorted for a folder), every tar header has mtime 0, uid and gid 0, no
-user or group name and mode 0644. :mod:`audiobuffer.sources` re-exports :func:`pack`
-and reads the shards back.
+user or group name and mode 0644. The index is written last, whole: its presence means the pack
+finished.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from . import storage
 from .index import INDEX_FORMAT, INDEX_NAME, INDEX_VERSION, ShardIndex, read_index, shard_name
 from .tar import ENCODING, ERRORS
 
-if TYPE_CHECKING:  # sources.py imports the shard modules: no import cycle at run time
+if TYPE_CHECKING:  # annotations only: pack() imports Source when it runs
     from .source import LabelSpec, SourceSpec
 
 __all__ = ["pack"]

@@ -1,9 +1,9 @@
 """Retrying transient storage failures: the policy (:class:`Retry`) and what counts as transient.
 
 A transient failure (a timeout, a reset or refused connection, an HTTP 5xx, 408 or 429) is retried
-with exponential backoff; when the attempts run out, a :class:`~audiobuffer.StorageError` names the
-URL, the member of a shard when known, the attempts and the last cause. A missing object or a
-refused access (404, 403) fails at once. :mod:`audiobuffer.sources.storage` re-exports the public names.
+with exponential backoff, then a :class:`~audiobuffer.StorageError` names the URL, the shard member,
+the attempts and the last cause; a missing object or a refused access (404, 403) fails at once.
+:mod:`audiobuffer.sources.storage` re-exports the public names.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Where the work items come from: files, manifests, indexes of shards, and labels.
 
-A :class:`Source` is built once (listing a directory, reading a manifest or an index of shards,
-resolving labels; ``_listing.py``) and is immutable afterwards. Each epoch's order and shard come
-from ``_plan.plan_epoch``; the source turns their indices into :class:`WorkItem` objects as producers
-ask for them. Tar shards without an index are a source of another kind, streamed shard by shard
-(:class:`~audiobuffer.sources.stream.ShardStream`); :func:`~audiobuffer.sources.stream.as_source` picks the kind.
+A :class:`Source` is listed once (:mod:`audiobuffer.sources.listing`), labels resolved, and is
+immutable afterwards; it turns an epoch plan's indices (:func:`audiobuffer.engine.plan.plan_epoch`)
+into :class:`WorkItem` objects as producers ask for them. Tar shards without an index are streamed
+instead (:class:`~audiobuffer.sources.stream.ShardStream`; :func:`~audiobuffer.sources.stream.as_source`
+picks the kind).
 """
 
 from __future__ import annotations
@@ -85,8 +85,8 @@ class WorkItem:
                  fields: Mapping[str, Any] | None = None, epoch: int = 0, seed: int = 0, seq: int = 0,
                  read: Callable[[], bytes] | None = None) -> None:
         # One item is made per sample, in the consumer's thread when it decodes inline. A frozen
-        # dataclass's own __init__ sets each field through object.__setattr__ (4 us an item here);
-        # writing the instance dict directly is the same result in a third of the time.
+        # dataclass's own __init__ sets each field through object.__setattr__; writing the instance
+        # dict directly gives the same object for a fraction of the time (BENCHMARKS.md).
         attrs = self.__dict__
         attrs["index"] = index
         attrs["path"] = path

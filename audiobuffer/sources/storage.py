@@ -1,35 +1,13 @@
 """Reading files and objects wherever they live: local paths directly, URLs through fsspec.
 
-Every remote access of audiobuffer goes through this module: whole objects (:func:`read_bytes`),
-byte ranges (:func:`read_range`, one request sized to the range), sequential streams
-(:func:`open_stream`, read in blocks of ranged requests) and sizes (:func:`size`). A local path is
-read with plain file I/O and needs no fsspec; a URL (``s3://``, ``gs://``, ``https://``, any
-``protocol://`` fsspec knows) is read through an fsspec filesystem built from ``storage_options``
-(``{"endpoint_url": ..., "key": ..., "secret": ...}`` for an S3-compatible server, say). fsspec is
-imported on first remote use: ``pip install 'audiobuffer[remote]'`` brings it with s3fs; add gcsfs
-for ``gs://``.
+Every remote access of audiobuffer goes through here: whole objects, byte ranges, sequential
+streams, sizes and glob listings, retried as :class:`Retry` says, with the name rules of
+:mod:`audiobuffer.sources.names` (both re-exported here). fsspec is imported on first remote use
+(``pip install 'audiobuffer[remote]'``; gcsfs for ``gs://``).
 
-Names (``audiobuffer/_names.py``, re-exported here): :func:`expand_braces` turns
-``shard-{000000..000011}.tar`` into twelve names, :func:`expand_urls` adds globs (listed through
-fsspec for URLs), :func:`glob_urls` lists one glob, and :func:`sibling` resolves a name relative to
-the folder of a file or object; :func:`inside_folder` and :func:`inside_bucket` do so for names read
-from data (the shards of an index, the files of a remote manifest), refusing those that leave the
-index's folder or the manifest's bucket or host.
-
-Failures (``audiobuffer/_retry.py``, re-exported here; see :class:`Retry`). A transient failure (a
-timeout, a reset or refused connection, an HTTP 5xx, 408 or 429) is retried with exponential
-backoff; when the attempts run out, a :class:`~audiobuffer.StorageError` names the URL, the member
-of a shard when known, the attempts and the last cause. A missing object or a refused access (404,
-403) fails at once. For ``s3://``, this policy replaces s3fs's and botocore's own retries
-(``retries`` in ``config_kwargs`` of the storage options keeps botocore's), so a dead server is
-given up on after ``attempts`` tries, not after the product of three retry layers. Every request
-waits at most :attr:`Retry.timeout` (30 s) to connect and for each part of its answer, so a store
-that accepts connections and never answers fails a try instead of holding it for minutes.
-
-Thread safety: every function may be called from any number of threads at once; filesystems are
-built once per process and options, and shared (``audiobuffer/_fs.py``: s3fs, gcsfs and fsspec's
-HTTP filesystem serve concurrent calls from their own event loop thread, so requests from many
-producers overlap).
+Thread safety: every function may be called from any number of threads at once; a filesystem is
+built once per process and options and shared (s3fs, gcsfs and fsspec's HTTP filesystem serve
+concurrent calls from their own event loop thread, so requests from many producers overlap).
 """
 
 from __future__ import annotations
@@ -115,7 +93,9 @@ def filesystem(url: str, storage_options: Mapping[str, Any] | None,
 def _make_filesystem(cls: Any, protocol: str, options: dict[str, Any], timeout: float | None) -> Any:
     if protocol in ("s3", "s3a"):
         config = dict(options.get("config_kwargs") or {})
-        config.setdefault("retries", {"total_max_attempts": 1})  # audiobuffer's Retry replaces botocore's
+        # audiobuffer's Retry replaces botocore's (``retries`` in config_kwargs keeps botocore's), so a
+        # dead server is given up on after ``attempts`` tries, not the product of three retry layers
+        config.setdefault("retries", {"total_max_attempts": 1})
         if timeout is not None:  # botocore's defaults: 60 s each
             config.setdefault("connect_timeout", timeout)
             config.setdefault("read_timeout", timeout)

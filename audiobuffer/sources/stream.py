@@ -1,21 +1,25 @@
-"""Tar shards streamed from start to end, without an index: the source and its producers' decoder.
+"""Tar shards streamed from start to end, without an index: :class:`ShardStream`, a source whose unit
+of work is a shard, and :func:`as_source`, which picks the kind of source a loader was given. The
+producers' decoder that streams a shard is :class:`~audiobuffer.engine.streamed.ShardReader`.
 
 NOTE [ Streamed shards ]
 ========================
 A :class:`ShardStream` is a source whose unit of work is a shard. The epoch plan
-(``_plan.plan_epoch`` over the shards) orders the shards (shuffled by ``seed + epoch``) and splits
-them by rank and DataLoader worker, as it splits files. Each producer takes a shard and streams it
-whole and in order (:func:`~audiobuffer.sources.iter_shard`; remote shards in ranged blocks of
-``STREAM_BLOCK`` bytes), with ``shuffle=True`` through a shuffle buffer of :data:`SHUFFLE_BUFFER`
-samples seeded by (seed, epoch, shard) (WebDataset's ``shuffle(n)``), decoding each sample as it
-comes and putting it into the epoch's buffer itself (:class:`ShardReader` is a delivering decoder,
-NOTE [ Delivering decoders ] in ``_outcomes.py``). Producers waiting on the network hold no GIL,
-so shards stream in parallel. Every sample of the shards an epoch plans is yielded exactly once.
+(:func:`~audiobuffer.engine.plan.plan_epoch` over the shards) orders the shards (shuffled by
+``seed + epoch``) and splits them by rank and DataLoader worker, as it splits files. Each producer
+takes a shard and streams it whole and in order (:func:`~audiobuffer.sources.iter_shard`; remote
+shards in ranged blocks of ``STREAM_BLOCK`` bytes), with ``shuffle=True`` through a shuffle buffer
+of :data:`SHUFFLE_BUFFER` samples seeded by (seed, epoch, shard) (WebDataset's ``shuffle(n)``),
+decoding each sample as it comes and putting it into the epoch's buffer itself (``ShardReader`` is a
+delivering decoder, NOTE [ Delivering decoders ] in ``engine/pool.py``). Producers waiting on the
+network hold no GIL, so shards stream in parallel. Every sample of the shards an epoch plans is
+yielded exactly once.
 
 Resume is at shard boundaries. One producer puts a shard's samples into the FIFO buffer in order,
 the last one tagged, so the consumer marks a shard consumed when it hands on that last sample
-(``EpochRun.mark``); a saved state lists the shards consumed, and a resumed epoch streams every other
-shard whole: the samples of a shard that was partly handed on before the state was saved come again.
+(``EpochRun.mark`` in ``engine/epoch.py``); a saved state lists the shards consumed, and a resumed
+epoch streams every other shard whole: the samples of a shard that was partly handed on before the
+state was saved come again.
 
 A streamed sample's work item has ``index = shard number * MEMBER_STRIDE + its position in the
 shard``, its ``path`` is ``<shard>/<original name>`` and its fields and label come from its
@@ -71,7 +75,7 @@ class _Listed:
 class ShardStream:
     """Tar shards read from start to end, as a source (any WebDataset shards; no index needed).
 
-    See NOTE [ Streamed shards ] in ``audiobuffer/_stream.py``.
+    See NOTE [ Streamed shards ] at the top of this module.
 
     Args:
         shards: a path, URL or brace pattern of shards (``shard-{000000..000011}.tar``), a glob, or

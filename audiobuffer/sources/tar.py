@@ -1,11 +1,9 @@
 """Reading tar shards from start to end, WebDataset's way: samples grouped by key, a shuffle buffer.
 
 :func:`iter_shard` reads one shard (any WebDataset shard; no index needed) and yields a
-:class:`ShardSample` per key (its files grouped: consecutive members with the same key);
-:func:`stream_shards` chains shards in order through a seeded shuffle buffer (:func:`shuffle_buffer`,
-WebDataset's ``shuffle(n)``). A truncated shard yields the members before the cut, then raises a
-:class:`~audiobuffer.DecodeError` naming the shard and the member that was cut.
-:mod:`audiobuffer.sources` re-exports the public names.
+:class:`ShardSample` per key; :func:`stream_shards` chains shards through a seeded shuffle buffer
+(:func:`shuffle_buffer`, WebDataset's ``shuffle(n)``). A truncated shard yields the members before the
+cut, then raises a :class:`~audiobuffer.DecodeError` naming the shard and the member that was cut.
 """
 
 from __future__ import annotations
@@ -42,8 +40,8 @@ class ShardSample:
         key: the sample's key (member names up to the first dot of the base name).
         files: every file of the sample, by extension (``{"wav": b"...", "json": b"..."}``).
         member: the member name of the main file (the first that is not metadata: json, cls, txt...).
-        name: the original file name from the JSON sidecar's ``"name"`` (:func:`pack` writes it), or
-            ``member``.
+        name: the original file name from the JSON sidecar's ``"name"`` (which
+            :func:`~audiobuffer.sources.pack.pack` writes), or ``member``.
         data: the main file's bytes.
         meta: the JSON sidecar, parsed, or ``None`` without one.
     """
@@ -241,7 +239,7 @@ def _header(block: bytes) -> tuple[str, int, bytes] | None:
     """``(name, size, type)`` of a ustar, GNU or v7 header block, as ``tarfile.TarInfo.frombuf`` reads them.
 
     ``None`` for what this leaves to tarfile: a size in base-256, a checksum that is not the unsigned
-    one, a field that is not octal. About ten times faster than ``frombuf``, which parses every field.
+    one, a field that is not octal. It reads only these three fields; ``frombuf`` parses every one.
     """
     size_field, checksum_field = block[124:136], block[148:156]
     if size_field[0] & 0x80:

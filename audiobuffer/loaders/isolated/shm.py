@@ -1,14 +1,21 @@
 """Shared-memory segments that only their owner unlinks, on every supported Python.
 
+Segments are created and attached untracked, and their owner (the helper process) unlinks them
+itself (NOTE [ Shared-memory ownership ]); :func:`check_room` refuses a segment that ``/dev/shm``
+has no room for.
+
+NOTE [ Shared-memory ownership ]
+================================
 ``multiprocessing.shared_memory.SharedMemory`` registers every segment it creates or attaches with
-multiprocessing's resource tracker on POSIX (before Python 3.13, attaching too; CPython issue 82300).
+multiprocessing's resource tracker on POSIX (before Python 3.13, attaching too; CPython gh-82300).
 The tracker is a process of its own, started on first use, that unlinks what it tracks when its
 process exits. Here that is wrong twice: the trainer attaching to the helper's segments would unlink
 them when the trainer exits (or warn about "leaked" segments it does not own), and the tracker is a
 child process that outlives every loader. So segments are created and attached untracked, and the
 owner (the helper process) unlinks them itself, on a normal exit and on losing its trainer (see
-NOTE [ Helper process lifecycle ] in ``audiobuffer/_helper.py``); the trainer unlinks what a dead helper
-left behind. On Windows a segment lives as long as a handle to it is open, and unlinking does nothing.
+NOTE [ Helper process lifecycle ] in ``loaders/isolated/helper.py``); the trainer unlinks what a dead
+helper left behind. On Windows a segment lives as long as a handle to it is open, and unlinking does
+nothing.
 
 On Linux segments live in the tmpfs ``/dev/shm``, and a segment is given pages as they are first
 written: one larger than the room left is made without complaint, and the process that writes past
