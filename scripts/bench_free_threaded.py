@@ -52,7 +52,7 @@ SECTION = "free-threaded"
 
 def epoch(approach: str, paths: list[str]) -> dict[str, Any]:
     """One epoch of ``approach`` over ``paths`` in this process: its seconds, and whether the GIL was on."""
-    from audiobuffer._batch import collate_numpy
+    from audiobuffer._numpy_collate import collate_numpy
     from audiobuffer.buffer import Buffer
     from audiobuffer.decoders import _common, audio
     from audiobuffer.engine.pool import ProducerPool
