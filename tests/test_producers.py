@@ -7,7 +7,8 @@ from helpers import JOIN_TIMEOUT, IndexDecoder, ScriptedTuner, fake_paths, wait_
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from audiobuffer import AudioBufferError, BatchSlotLoader, Buffer, BufferedDataset, SampleError, WorkItem, _producers
+from audiobuffer import AudioBufferError, BatchSlotLoader, Buffer, BufferedDataset, SampleError, WorkItem
+from audiobuffer.engine import pool as _producers
 from audiobuffer.engine.pool import DELIVERED, Failure, ProducerPool
 from audiobuffer.engine.tuner import PoolTuning
 
