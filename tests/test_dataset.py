@@ -384,7 +384,7 @@ def test_a_thread_that_cannot_start_leaves_no_thread(monkeypatch):
         next(it)
     assert len(started) == 2 and not any(t.is_alive() for t in started)
     assert audiobuffer_threads() == []
-    assert not ds._running  # the epoch is over
+    assert not ds._epochs.running  # the epoch is over
     monkeypatch.undo()
     assert sorted(indices(ds)) == list(range(500))  # the next epoch starts normally
 

@@ -589,7 +589,7 @@ def test_each_epoch_of_a_dataset_starts_where_the_last_one_settled():
             assert history[0][1:] == (0, "start")
         else:
             assert history[0][1] == settled and history[0][2].startswith("start where the last epoch settled")
-        settled = ds._tuned.count
+        settled = ds.pipeline.memory.count
         assert settled is not None and 0 <= settled <= 2 ** 10
     assert not wait_no_threads()
 

@@ -225,7 +225,7 @@ def test_producers_waiting_for_a_slot_wake_when_the_pool_closes(caplog):
             # One slot held here, the other full on its way to the consumer: the producers that
             # took items 2 and 3 find no slot and wait for one.
             assert taken[2].wait(JOIN_TIMEOUT) and taken[3].wait(JOIN_TIMEOUT)
-            loader.dataset.close()
+            loader._epochs.close()  # the pool alone: it must wake the producers waiting for a slot
     assert len(kept) == 1 and not wait_no_threads()
     assert "still running" not in caplog.text
 
@@ -355,7 +355,7 @@ def test_batches_have_the_keys_and_lengths_pad_collate_gives(tmp_path):
     make_corpus(tmp_path, 12, seconds=0.1, sample_rate=8000)  # 800 frames each
     decoder = AudioDecoder(8000, crop_seconds=0.15, crop="start")  # padded to 1200 frames
     loader = BatchSlotLoader(tmp_path, decoder, batch_size=5, labels="parent", num_producers=2)
-    source = loader.dataset.source
+    source = loader.source
     for batch in loader:
         expected = pad_collate([decoder(source.item(i)) for i in batch["index"].tolist()])
         assert set(batch) == set(expected)

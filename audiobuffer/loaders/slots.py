@@ -24,10 +24,14 @@ import numpy as np
 import torch
 
 from .._checks import check_choice, check_decoder, check_int
+from ..engine.epoch import DatasetStats, RunningEpochs, run_epoch
+from ..engine.pipeline import Pipeline
 from ..engine.pool import DELIVERED
 from ..errors import BufferClosed, SampleError
+from ..options import LoaderOptions, check_keywords
 from ..sources.source import Source, SourceSpec, WorkItem
-from .dataset import BufferedDataset, DatasetStats
+from ..sources.stream import ShardStream
+from ._state import EpochCursor, dataloader_worker
 
 __all__ = [
     "BatchSlotLoader",
@@ -185,9 +189,9 @@ class Slot:
 class SlotWriter:
     """The decoder the producers run: decode, convert, then write into a slot row.
 
-    It delivers whole batches itself (NOTE [ Delivering decoders ] in ``_outcomes.py``): it returns
+    It delivers whole batches itself (NOTE [ Delivering decoders ] in ``engine/pool.py``): it returns
     the slot for the item that completes it and ``DELIVERED`` for the others. See also NOTE [ Slot
-    reuse safety ], NOTE [ Slots across epochs ] and NOTE [ Slot rows ] (below).
+    reuse safety ], NOTE [ Slots across epochs ] and NOTE [ Slot rows ].
     """
 
     delivers_itself = True
@@ -348,7 +352,7 @@ class SlotWriter:
     def stop_waiting(self) -> None:
         """Wake producers of the running epoch that wait for a slot: the pool is stopping.
 
-        The pool calls it (NOTE [ Delivering decoders ] in ``_outcomes.py``) before joining its
+        The pool calls it (NOTE [ Delivering decoders ] in ``engine/pool.py``) before joining its
         threads; :meth:`end_epoch` opens the next generation only after that join.
         """
         with self._cond:
@@ -421,7 +425,7 @@ class BatchSlotLoader:
     sets each key's dtype and shape; a later sample that does not fit (another shape, ``None`` or a
     float in an integer column, a bool in a number column) fails as that item, under ``on_error``.
     Rows come in the order producers finish. Batches may be kept as long as you like: a slot still
-    referenced is never refilled (see NOTE [ Slot reuse safety ] in ``audiobuffer/_slot_writer.py``). Put a
+    referenced is never refilled (see NOTE [ Slot reuse safety ] in ``audiobuffer/loaders/slots.py``). Put a
     :class:`~audiobuffer.DevicePrefetcher` on top to copy batches to the GPU.
 
     Leaving the loop early, an exception or :meth:`close` stop the producers and free every slot
@@ -460,6 +464,7 @@ class BatchSlotLoader:
         for name, why in (("buffer_size", "num_slots sizes it"), ("ordered", "rows come as producers finish")):
             if name in options:
                 raise TypeError(f"BatchSlotLoader takes no {name}: {why}")
+        check_keywords("BatchSlotLoader", options, ["batch_size", "num_slots", "drop_last", "pin_memory", "transform"])
         pin = torch.cuda.is_available() if pin_memory == "auto" else bool(pin_memory)
         self.batch_size = batch_size
         self.num_slots = num_slots
@@ -467,31 +472,45 @@ class BatchSlotLoader:
         self.pin_memory = pin
         self.slot_stats = SlotStats()
         self._writer = SlotWriter(decoder, transform, batch_size, num_slots, pin, self.slot_stats)
-        # The slots cover the buffer: producers never hold more complete slots than there are.
-        # The writer delivers whole batches itself (NOTE [ Delivering decoders ] in _outcomes.py).
-        self.dataset = BufferedDataset(source, self._writer, buffer_size=num_slots, **options)
+        # The producers run the writer, which delivers whole batches itself (NOTE [ Delivering decoders ]
+        # in engine/pool.py); the slots cover the buffer: producers never hold more complete slots than there are.
+        #: What the epochs run over: the source, the writer, the options (one copy of each).
+        self.pipeline = Pipeline.build(source, self._writer, LoaderOptions(buffer_size=num_slots, **options))
+        self._cursor = EpochCursor(self.pipeline)
+        self._epochs = RunningEpochs("BatchSlotLoader")
         self._lock = threading.Lock()
         self._running = False
         self._rows = 0  # samples handed out in the current (or last) epoch
 
     def __len__(self) -> int:
-        n = len(self.dataset)
+        n = self._cursor.length()
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def __repr__(self) -> str:
-        ds = self.dataset
-        return (f"BatchSlotLoader({ds.source.description}, {self._writer.decoder!r}, items={len(ds.source)}, "
+        options = self.pipeline.options
+        return (f"BatchSlotLoader({self.source.description}, {self._writer.decoder!r}, items={len(self.source)}, "
                 f"batch_size={self.batch_size}, num_slots={self.num_slots}, drop_last={self.drop_last}, "
-                f"pin_memory={self.pin_memory}, num_producers={ds.num_producers!r}, shuffle={ds.shuffle}, "
-                f"on_error={ds.on_error!r})")
+                f"pin_memory={self.pin_memory}, num_producers={options.num_producers!r}, "
+                f"shuffle={options.shuffle}, on_error={options.on_error!r})")
+
+    @property
+    def source(self) -> Source | ShardStream:
+        """The listed source."""
+        return self.pipeline.source
 
     @property
     def classes(self) -> list[str]:
-        return self.dataset.classes
+        """The sorted label names; a batch's ``label`` indexes this list."""
+        return self.pipeline.source.classes
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next ``iter()`` runs."""
+        return self._cursor.epoch
 
     def set_epoch(self, epoch: int) -> None:
         """As :meth:`BufferedDataset.set_epoch`."""
-        self.dataset.set_epoch(epoch)
+        self._cursor.set_epoch(epoch)
 
     def stats(self) -> DatasetStats | None:
         """The current or last epoch's stats, as :meth:`BufferedDataset.stats` gives them.
@@ -501,8 +520,8 @@ class BatchSlotLoader:
         ``drop_last`` dropped. ``buffer`` counts batches; :attr:`slot_stats` counts batches and slots
         over all epochs.
         """
-        stats = self.dataset.stats()
-        return None if stats is None else dataclasses.replace(stats, yielded=self._rows)
+        run = self._epochs.last
+        return None if run is None else dataclasses.replace(run.snapshot(), yielded=self._rows)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         with self._lock:
@@ -514,13 +533,15 @@ class BatchSlotLoader:
             writer = self._writer
             writer.begin_epoch()
             self._rows = 0
-            epoch = iter(self.dataset)
+            shard, _ = self._cursor.begin(dataloader_worker())  # no state_dict: nothing to resume
+            run = run_epoch(self.pipeline, shard)
+            epoch = self._epochs.run(run, self.pipeline.options.on_error)
             try:
                 for slot in epoch:
                     self._rows += self.batch_size
                     yield writer.hand_out(slot, self.batch_size)
                     writer.reclaim()  # the caller is back: the batch before the one it holds is free now
-                if self.dataset.stats().done and not self.drop_last:  # type: ignore[union-attr]
+                if run.done and not self.drop_last:
                     partial = writer.take_partial()
                     if partial is not None:
                         self._rows += partial.claimed
@@ -535,8 +556,8 @@ class BatchSlotLoader:
                 self._running = False
 
     def close(self) -> None:
-        """Stop a running epoch's producers. Idempotent, any thread."""
-        self.dataset.close()
+        """Stop a running epoch's producers and refuse new epochs. Idempotent, any thread."""
+        self._epochs.close()
         self._writer.close()
 
     def __enter__(self) -> BatchSlotLoader:
