@@ -1,15 +1,46 @@
 """Recycled batch slots: producers write samples straight into rows of preallocated (pinned) batches.
 
-caffe's ``prefetch_free`` / ``prefetch_full`` pair, made safe for Python callers. For fixed-shape
-samples (audio cropped and padded to one length, images resized), a slot is a set of batch tensors
-``(batch_size, *shape)``, allocated once, in pinned memory when CUDA is available. A producer that has
-decoded a sample claims the next row of the slot being filled and copies the sample into it; the
-producer that writes a slot's last row hands the slot to the consumer. There is no per-batch
-allocation, no collate copy and no pinning copy: one copy from the decoder's array into the row.
+caffe's ``prefetch_free`` / ``prefetch_full`` pair, made safe for Python callers: :class:`BatchSlotLoader`,
+its slots and the decoder that fills them (:class:`SlotWriter`), and how a sample becomes a row.
 
-The slots and the decoder that fills them live in ``_slot_writer.py`` (NOTE [ Slot reuse safety ],
-NOTE [ Slots across epochs ]); how a sample is checked and converted to a row, below
-(NOTE [ Slot rows ]).
+NOTE [ Slot reuse safety ]
+==========================
+A slot handed to the caller is reused only when nothing outside the loader references its memory.
+Every slot tensor's storage use count is compared with the count taken when the slot was made: any
+view the caller still holds (the batch, a slice of it, a numpy view) keeps it above. The check runs
+when the consumer asks for the next batch (so the batch of the previous loop step is free by the
+time the one before it is reused) and when a producer needs a slot. Copies to the device are covered
+by ``DevicePrefetcher``, which keeps the host batch until its copy has finished.
+
+If producers need a slot and every slot is either handed out and still referenced, a producer retires
+the oldest one (the caller keeps that memory; the loader forgets it) and allocates a new slot. A
+caller who holds every batch (``list(loader)``) thus costs allocations, never a hang or an overwrite.
+Producers wait for a slot only while others are being written or wait in the buffer for the
+consumer, whose next hand-out wakes them. ``torch._C._storage_Use_Count`` is a private torch API: if a
+torch release drops it, every handed-out slot counts as referenced, which is always safe.
+
+NOTE [ Slots across epochs ]
+============================
+A slot is free, handed out (its batch may still be held), or busy: being filled, full on its way to
+the buffer, or waiting in it. However an epoch ends (run out, loop left, an exception, ``close()``),
+the producer pool's close aborts the buffer (dropping the full slots in it), calls
+:meth:`SlotWriter.stop_waiting`, which wakes producers waiting for a slot, and joins them
+(NOTE [ Producer shutdown protocol ] and NOTE [ Delivering decoders ] in ``engine/pool.py``). The
+loader then returns every busy slot to the free list, so the next epoch starts with all of them. Each
+epoch has a generation number: a producer that outlived the join (a decoder stuck past
+``JOIN_TIMEOUT``) carries the old one and gets no row in a later epoch, and a slot with a row still
+being written at the end is forgotten, not reused.
+
+NOTE [ Slot rows ]
+==================
+A producer converts its sample to the slot's columns before it claims a row: each value must have
+its column's shape and a dtype of a kind the column takes (an integer column takes integers, not a
+float, a bool or ``None``; a float column takes integers and floats, not bools), and is cast to the
+column's dtype, out-of-range integers refused. A sample that does not fit is that item's failure,
+with no row claimed, so its batch mates are kept and no row is left unwritten (a hole that would be
+handed out holding a previous batch's data). Once claimed, a row is filled by a same-dtype,
+same-shape numpy copy and list stores, which cannot fail; if one does anyway, the producer ends the
+epoch with an error naming the file rather than leave a hole.
 """
 
 from __future__ import annotations
