@@ -9,7 +9,7 @@ from helpers import JOIN_TIMEOUT, IndexDecoder, fake_paths, make_corpus, wait_no
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from audiobuffer import AudioBufferError, AudioDecoder, DecodeError, SampleError, WorkItem, pad_collate
+from audiobuffer import AudioBufferError, AudioDecoder, DecodeError, ImageDecoder, SampleError, WorkItem, pad_collate
 from audiobuffer.loaders.device import DevicePrefetcher
 from audiobuffer.loaders.slots import BatchSlotLoader, Slot
 from audiobuffer.loaders.slots import convert as convert_row
@@ -349,6 +349,15 @@ def test_a_row_write_that_fails_ends_the_epoch_and_leaves_no_stale_row(monkeypat
 
 
 # -- keys and counts like BufferedDataset + pad_collate (issue 9, item 19) -------------------------
+
+
+def test_a_folder_is_listed_with_the_decoders_patterns(tmp_path):
+    image = pytest.importorskip("PIL.Image", reason="ImageDecoder needs Pillow")
+    for i in range(5):
+        image.new("RGB", (6, 4)).save(tmp_path / f"{i}.png")
+    loader = BatchSlotLoader(tmp_path, ImageDecoder(size=(4, 4)), batch_size=2, num_producers=1)
+    assert len(loader.source) == 5 and len(loader) == 3
+    assert sorted(i for batch in loader for i in batch["index"].tolist()) == list(range(5))
 
 
 def test_batches_have_the_keys_and_lengths_pad_collate_gives(tmp_path):

@@ -223,7 +223,8 @@ class Pipeline:
             SourceError: the source cannot be listed, or (``on_error="raise"``) a duration cannot be read.
         """
         check_decoder(decoder)
-        patterns = options.patterns if options.patterns is not None else getattr(decoder, "patterns", AUDIO_PATTERNS)
+        found = getattr(decoder, "patterns", None)  # ImageDecoder's, say
+        patterns = options.patterns if options.patterns is not None else AUDIO_PATTERNS if found is None else found
         listed = as_source(source, patterns=patterns, labels=options.labels, path_column=options.path_column,
                            explicit_patterns=options.patterns, storage_options=options.storage_options)
         _check_combination(listed, decoder, options)

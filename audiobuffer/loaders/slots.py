@@ -48,7 +48,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -247,6 +247,11 @@ class SlotWriter:
         self._filling: Slot | None = None
         self._closed = False
         self._generation = 0  # one per epoch: NOTE [ Slots across epochs ]
+
+    @property
+    def patterns(self) -> Sequence[str] | None:
+        """The file patterns of the decoder it wraps (what a directory source lists), if it has any."""
+        return getattr(self.decoder, "patterns", None)
 
     # -- producer side -------------------------------------------------------------------------
 
