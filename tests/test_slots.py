@@ -351,6 +351,12 @@ def test_a_row_write_that_fails_ends_the_epoch_and_leaves_no_stale_row(monkeypat
 # -- keys and counts like BufferedDataset + pad_collate (issue 9, item 19) -------------------------
 
 
+def test_an_unknown_keyword_names_the_closest_ones():
+    with pytest.raises(TypeError, match="BatchSlotLoader got an unexpected keyword argument 'shufle'.*did you mean "
+                                        "'shuffle'"):
+        BatchSlotLoader(fake_paths(4), IndexDecoder(), batch_size=2, shufle=True)
+
+
 def test_a_folder_is_listed_with_the_decoders_patterns(tmp_path):
     image = pytest.importorskip("PIL.Image", reason="ImageDecoder needs Pillow")
     for i in range(5):
