@@ -129,6 +129,14 @@ def test_real_audio_with_a_transform(tmp_path):
     assert loader.classes == ["class0", "class1", "class2"]
 
 
+def test_labels_from_a_local_function_stay_in_the_trainer():
+    # The source is listed here: the helper gets its labels, not the function, which would not pickle.
+    with IsolatedLoader(fake_paths(6), IndexDecoder(), batch_size=3, ordered=True,
+                        labels=lambda path: "odd" if int(path[-5]) % 2 else "even") as loader:
+        batches = list(loader)
+    assert loader.classes == ["even", "odd"] and indices(batches) == list(range(6))
+
+
 @pytest.mark.parametrize("policy", ["skip", "warn"])
 def test_failures_are_counted_and_named(policy, caplog):
     paths = fake_paths(30)
