@@ -39,10 +39,10 @@ from audiobuffer import (
     ResumeError,
     SampleError,
     StallError,
-    _shm,
     pad_collate,
 )
 from audiobuffer.engine.plan import plan_batches, unpack_consumed
+from audiobuffer.loaders.isolated import shm as _shm
 
 pytestmark = pytest.mark.timeout(120)
 
