@@ -7,16 +7,18 @@ dataclass's fields, checked here and nowhere else, so a new loader adds no copy 
 
 from __future__ import annotations
 
+import difflib
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 from ._checks import MAX_SECONDS, check_choice, check_int, check_seconds, short_repr
 from .sources.source import LabelSpec
 
-__all__ = ["ErrorPolicy", "EvenShards", "LoaderOptions", "ProducerCount", "gil_enabled", "usable_cores"]
+__all__ = ["ErrorPolicy", "EvenShards", "LoaderOptions", "ProducerCount", "check_keywords", "gil_enabled",
+           "usable_cores"]
 
 ErrorPolicy = Literal["raise", "warn", "skip"]
 EvenShards = Literal["pad", "drop"] | None
@@ -53,6 +55,8 @@ def gil_enabled() -> bool:
 class LoaderOptions:
     """How a loader runs its pipeline; every field is one of ``BufferedDataset``'s keywords.
 
+    ``num_producers=None`` is stored as ``"auto"``, so that a reader finds one spelling.
+
     Raises (on construction):
         TypeError: a value of the wrong type.
         ValueError: a value out of range, or an unknown choice.
@@ -81,7 +85,9 @@ class LoaderOptions:
     storage_options: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        if self.num_producers is not None and self.num_producers != "auto":
+        if self.num_producers is None:
+            object.__setattr__(self, "num_producers", "auto")  # frozen: the one place it is set
+        if self.num_producers != "auto":
             check_int("num_producers", self.num_producers, 1, MAX_PRODUCERS, also="or 'auto'")
         check_int("buffer_size", self.buffer_size, 1, MAX_BUFFER)
         if self.max_bytes is not None:
@@ -130,3 +136,19 @@ class LoaderOptions:
     def names(cls) -> tuple[str, ...]:
         """The option names (the keywords a loader passes on to this class)."""
         return tuple(f.name for f in fields(cls))
+
+
+def check_keywords(owner: str, keywords: Collection[str], own: Sequence[str]) -> None:
+    """Refuse a keyword that is neither an option nor one of ``owner``'s ``own``, naming the closest ones.
+
+    Raises:
+        TypeError: ``IsolatedLoader got an unexpected keyword argument 'num_producer' (...); did you mean
+            'num_producers'?``
+    """
+    known = LoaderOptions.names()
+    for name in keywords:
+        if name not in known:
+            close = difflib.get_close_matches(name, [*known, *own], n=2)
+            hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+            raise TypeError(f"{owner} got an unexpected keyword argument {name!r} (it takes BufferedDataset's "
+                            f"keywords and {', '.join(own)}){hint}")

@@ -1,4 +1,4 @@
-"""Batches by duration through BufferedDataset (audiobuffer/_batched.py): exactly once, within the budget,
+"""Batches by duration through BufferedDataset (audiobuffer/engine/epoch.py): exactly once, within the budget,
 resumable, equal per rank, with failures leaving their batch, on generated and real (FSDD) files."""
 
 import json
@@ -23,8 +23,8 @@ from audiobuffer import (
     WorkItem,
     pad_collate,
 )
-from audiobuffer.engine.batches import DynamicBuckets, TimedDecode
 from audiobuffer.engine.plan import plan_batches
+from audiobuffer.engine.streamed import DynamicBuckets, TimedDecode
 from audiobuffer.sources.durations import CACHE_ENV
 
 
@@ -369,7 +369,7 @@ def test_max_batch_size_caps_the_count(tmp_path):
 
 
 def test_an_epoch_is_planned_once_for_len_and_iter(tmp_path, monkeypatch):
-    import audiobuffer.engine.batches as batched
+    import audiobuffer.engine.pipeline as batched
 
     calls = []
     real = batched.plan_batches

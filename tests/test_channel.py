@@ -16,8 +16,10 @@ import pytest
 from helpers import JOIN_TIMEOUT, fake_paths, isolated_leftovers
 from plain_decoders import IndexDecoder
 
-from audiobuffer import HelperError, IsolatedLoader, _channel, _shm
+from audiobuffer import HelperError, IsolatedLoader
 from audiobuffer.buffer import WAIT_SLICE
+from audiobuffer.loaders.isolated import channel as _channel
+from audiobuffer.loaders.isolated import shm as _shm
 from audiobuffer.loaders.isolated.channel import HelperChannel, death_message
 
 pytestmark = pytest.mark.timeout(120)

@@ -340,7 +340,7 @@ def test_loader_max_batch_seconds_builds_batches_by_duration(corpus):
     batches = list(loader)
     assert len(batches) == len(dataset) == 3 and all(b["audio"].shape[0] == 2 for b in batches)  # 0.1 s files
     isolated = build_isolated(config)
-    assert isolated.batch_size is None and isolated.dataset.batching.max_batch_seconds == 0.25
+    assert isolated.batch_size is None and isolated.pipeline.batching.max_batch_seconds == 0.25
     isolated.close()
     assert load_config(path, ["loader.max_batch_seconds=null", "loader.buckets=null",
                               "loader.max_batch_size=null"]).loader.max_batch_seconds is None

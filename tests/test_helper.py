@@ -12,7 +12,8 @@ import pytest
 from helpers import JOIN_TIMEOUT, REPO, fake_paths, isolated_leftovers, segment_exists, wait_gone
 from plain_decoders import ChildWrites
 
-from audiobuffer import IsolatedLoader, _shm
+from audiobuffer import IsolatedLoader
+from audiobuffer.loaders.isolated import shm as _shm
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -119,7 +120,7 @@ class Left(Exception):
     ([1], False, 1),  # the trainer died before the watch began
 ])
 def test_the_helper_leaves_once_its_trainer_is_gone(monkeypatch, parents, trainer_alive, looks):
-    from audiobuffer import _helper
+    from audiobuffer.loaders.isolated import helper as _helper
 
     seen = iter(parents)
     calls = []

@@ -39,10 +39,10 @@ from audiobuffer import (
     ResumeError,
     SampleError,
     StallError,
-    _shm,
     pad_collate,
 )
 from audiobuffer.engine.plan import plan_batches, unpack_consumed
+from audiobuffer.loaders.isolated import shm as _shm
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -127,6 +127,14 @@ def test_real_audio_with_a_transform(tmp_path):
     assert torch.equal(audio, torch.stack([s["audio"] + 1 for s in samples]))
     assert [n for b in batches for n in b["label_name"]] == [s["label_name"] for s in samples]
     assert loader.classes == ["class0", "class1", "class2"]
+
+
+def test_labels_from_a_local_function_stay_in_the_trainer():
+    # The source is listed here: the helper gets its labels, not the function, which would not pickle.
+    with IsolatedLoader(fake_paths(6), IndexDecoder(), batch_size=3, ordered=True,
+                        labels=lambda path: "odd" if int(path[-5]) % 2 else "even") as loader:
+        batches = list(loader)
+    assert loader.classes == ["even", "odd"] and indices(batches) == list(range(6))
 
 
 @pytest.mark.parametrize("policy", ["skip", "warn"])

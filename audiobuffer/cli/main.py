@@ -115,7 +115,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     loader: Any
     if config.buffer.isolate:  # one object epochs, stats and batches: the IsolatedLoader
         dataset = loader = build_isolated(config)
-        files, where = len(loader.dataset.source), " in a helper process"
+        files, where = len(loader.source), " in a helper process"
     else:
         dataset = build_dataset(config)
         loader = build_loader(config, dataset)

@@ -1,48 +1,111 @@
 """``BufferedDataset``: an ``IterableDataset`` fed by producer threads through a bounded Buffer.
 
-It validates (:class:`~audiobuffer.options.LoaderOptions`), plans each epoch (:func:`plan_epoch`, a
-pure function), runs it (:class:`ProducerPool` into a :class:`Buffer`, the error policy of
-:class:`EpochRun`) and reports (``stats()``, ``state_dict()``). Batches by duration run in
-``_batched.py`` (NOTE [ Batches by duration ]).
+It holds a :class:`~audiobuffer.engine.pipeline.Pipeline` (source, decoder, options, durations) and an
+:class:`~audiobuffer.loaders._state.EpochCursor` (epoch, resume); each ``iter()`` is one epoch of the
+engine (``engine/epoch.py``).
 """
 
 from __future__ import annotations
 
-import threading
-import time
+import multiprocessing
+import warnings
 from collections.abc import Callable, Generator, Mapping, Sequence
-from typing import Any
+from multiprocessing.context import get_spawning_popen
+from typing import Any, Generic, TypeVar, overload
 
-import torch
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset
 
-from .._checks import check_decoder, check_int
-from ..engine import batches as _batched
-from ..engine import epoch as _epoch
-from ..engine import plan as _plan
-from ..engine.epoch import MAX_LISTED_FAILURES, Compose, DatasetStats, EpochRun, WorkerEpochs, start_epoch
-from ..engine.tuner import TunerMemory
-from ..errors import BufferClosed
+from ..engine.epoch import MAX_LISTED_FAILURES, DatasetStats, RunningEpochs, run_epoch
+from ..engine.pipeline import DurationBatching, Pipeline
 from ..options import ErrorPolicy, EvenShards, LoaderOptions, ProducerCount
-from ..sources.source import AUDIO_PATTERNS, LabelSpec, Source, SourceSpec, WorkItem
-from ..sources.stream import ShardStream, as_source
+from ..sources.source import LabelSpec, Source, SourceSpec, WorkItem
+from ..sources.stream import ShardStream
+from ._state import EpochCursor, StateKeys, dataloader_worker
 
 __all__ = ["MAX_LISTED_FAILURES", "BufferedDataset", "DatasetStats", "ErrorPolicy", "EvenShards"]
 
+T = TypeVar("T")
 
-class BufferedDataset(IterableDataset):
+
+class _Option(Generic[T]):
+    """A read-only attribute of a loader that reads its option of the same name (one copy: the pipeline's)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, loader: None, owner: type) -> _Option[T]: ...
+
+    @overload
+    def __get__(self, loader: object, owner: type) -> T: ...
+
+    def __get__(self, loader: Any, owner: type) -> Any:
+        return self if loader is None else getattr(loader.pipeline.options, self._name)
+
+    def __set__(self, loader: object, value: T) -> None:
+        raise AttributeError(f"{self._name} is read-only: it is one of the options the loader was built with")
+
+
+class WorkerEpochs:
+    """Counts epochs started in DataLoader worker processes, so the main process can tell that its own
+    ``stats()`` and ``state_dict()`` do not describe them, and warn once.
+
+    The count lives in shared memory that workers inherit (fork) or receive as they are spawned. A
+    ``RawValue`` (no lock): a lock would be a semaphore, with a resource tracker process under spawn;
+    two workers adding one at once still leave the count different from what the main process saw.
+    """
+
+    def __init__(self) -> None:
+        self._count: Any = multiprocessing.RawValue("q", 0)
+        self._seen = 0  # the count when this process last started an epoch
+        self._warned = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Shared memory travels only to a process being started (a spawned DataLoader worker); any other
+        # copy (pickle.dumps, deepcopy) gets a counter of its own.
+        return {"count": self._count if get_spawning_popen() is not None else None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._count = state["count"] if state["count"] is not None else multiprocessing.RawValue("q", 0)
+        self._seen = 0
+        self._warned = False
+
+    def started(self, in_worker: bool) -> None:
+        """An epoch starts here: in a DataLoader worker, or in this (main) process."""
+        if in_worker:
+            self._count.value += 1
+        else:
+            self._seen = self._count.value
+
+    def warn_if_elsewhere(self, method: str) -> None:
+        """Warn (once) when epochs ran in DataLoader workers since this process last started one."""
+        if self._warned or self._count.value == self._seen:
+            return
+        self._warned = True
+        warnings.warn(
+            f"BufferedDataset.{method} in the main process: this dataset's epochs ran in DataLoader "
+            f"worker processes (num_workers > 0), which keep their stats and progress; here stats() "
+            f"is None (or an older epoch) and state_dict() marks the start of the epoch. Use "
+            f"DataLoader(num_workers=0): the producer threads already decode in parallel.",
+            UserWarning, stacklevel=4)
+
+
+class BufferedDataset(StateKeys, IterableDataset):
     """An ``IterableDataset`` whose samples are decoded ahead of time by a pool of producer threads.
 
     Each ``iter()`` is one epoch: producer threads decode this shard's work items into a
     bounded :class:`~audiobuffer.Buffer` while the consumer (a ``DataLoader`` with
     ``num_workers=0``, usually) takes samples out. Leaving the loop early, an exception in the
     training loop, garbage collection of the iterator or :meth:`close` stop the threads (see
-    NOTE [ Producer shutdown protocol ] in ``audiobuffer/_producers.py``).
+    NOTE [ Producer shutdown protocol ] in ``audiobuffer/engine/pool.py``).
 
     Sharding: items are split by ``rank``/``world_size`` (given, or read from ``torch.distributed``
     when it is initialised) and again by DataLoader worker when ``num_workers > 0``, so each item is
     yielded exactly once per epoch across all shards. Every shard shuffles with the same seed
     (``seed + epoch``) before taking its part.
+
+    The options are read-only attributes of the same names (``ds.shuffle``, ``ds.seed``, ...), as are
+    ``source``, ``decoder`` and ``batching``: one copy of each, in :attr:`pipeline`.
 
     Thread safety: :meth:`close`, :meth:`stats` and :meth:`set_epoch` may be called from any thread;
     one thread iterates a given epoch.
@@ -64,7 +127,7 @@ class BufferedDataset(IterableDataset):
     Args:
         source: a directory, a CSV/TSV/JSONL manifest with a path column, the ``index.json`` of packed
             shards (random access), tar shards (a brace pattern ``shard-{000000..000011}.tar``, a glob or
-            a list; streamed, NOTE [ Streamed shards ] in ``_stream.py``), a list of paths, or a ready
+            a list; streamed, NOTE [ Streamed shards ] in ``sources/stream.py``), a list of paths, or a ready
             ``Source``; each may be a URL (``s3://``, ``gs://``, ``https://``) read through fsspec.
         decoder: a callable from :class:`~audiobuffer.WorkItem` to sample (``AudioDecoder``,
             ``ImageDecoder`` or your own); it runs in the producer threads.
@@ -105,7 +168,7 @@ class BufferedDataset(IterableDataset):
             longest) stays within this many seconds; ``len()``, ``state_dict()`` and the shards
             count batches, and the buffer holds at least two of the largest. Durations come from the
             file headers (cached on disk) at construction, capped by the decoder's ``crop_seconds``
-            (NOTE [ Batches by duration ] in ``_batched.py``). Streamed tar shards are batched as they
+            (NOTE [ Batches by duration ] in ``engine/epoch.py``). Streamed tar shards are batched as they
             stream, by ``duration_column``: no ``len()``, and resume stays at shard boundaries.
         buckets: duration buckets batches are cut from (default 10; 1: any mix of lengths).
         max_batch_size: also at most this many samples in a batch.
@@ -116,10 +179,18 @@ class BufferedDataset(IterableDataset):
             "key": ..., "secret": ...}``), passed to every remote read.
     """
 
-    #: Keys of :meth:`state_dict` (the strings of ``audiobuffer/_plan.py``).
-    STATE_VERSION, STATE_EPOCH, STATE_ITEMS, STATE_CONSUMED, STATE_BATCHING = (
-        _plan.STATE_VERSION, _plan.STATE_EPOCH, _plan.STATE_ITEMS, _plan.STATE_CONSUMED, _plan.STATE_BATCHING)
-    STATE_SEED, STATE_SHUFFLE, STATE_RANK, STATE_WORLD_SIZE, STATE_EVEN_SHARDS, STATE_SOURCE = _plan.SETUP_KEYS
+    #: The options, read-only (one copy of each: ``pipeline.options``).
+    num_producers: _Option[ProducerCount] = _Option()
+    buffer_size: _Option[int] = _Option()
+    max_bytes: _Option[int | None] = _Option()
+    shuffle: _Option[bool] = _Option()
+    seed: _Option[int] = _Option()
+    ordered: _Option[bool] = _Option()
+    on_error: _Option[ErrorPolicy] = _Option()
+    transform: _Option[Callable[[Any], Any] | None] = _Option()
+    even_shards: _Option[EvenShards] = _Option()
+    warn_after: _Option[float | None] = _Option()
+    timeout: _Option[float | None] = _Option()
 
     def __init__(self, source: SourceSpec | Source, decoder: Callable[[WorkItem], Any], *,
                  num_producers: ProducerCount | None = "auto", buffer_size: int = 64,
@@ -133,73 +204,52 @@ class BufferedDataset(IterableDataset):
                  max_batch_size: int | None = None, duration_column: str | None = None,
                  storage_options: Mapping[str, Any] | None = None) -> None:
         super().__init__()
-        check_decoder(decoder)
         options = LoaderOptions(
             num_producers=num_producers, buffer_size=buffer_size, max_bytes=max_bytes, shuffle=shuffle, seed=seed,
             ordered=ordered, on_error=on_error, transform=transform, labels=labels, patterns=patterns,
             path_column=path_column, rank=rank, world_size=world_size, even_shards=even_shards,
             warn_after=warn_after, timeout=timeout, max_batch_seconds=max_batch_seconds, buckets=buckets,
             max_batch_size=max_batch_size, duration_column=duration_column, storage_options=storage_options)
-        self.source = as_source(source, patterns=patterns if patterns is not None else getattr(
-            decoder, "patterns", AUDIO_PATTERNS), labels=labels, path_column=path_column, explicit_patterns=patterns,
-            storage_options=storage_options)
-        _epoch.check_combination(self.source, decoder, options)
-        #: The validated options (shared with BatchSlotLoader and IsolatedLoader).
-        self.options = options
-        self.decoder = decoder
-        self.transform = transform
-        self.num_producers: ProducerCount = "auto" if num_producers is None else num_producers
-        self.buffer_size = buffer_size
-        self.max_bytes = max_bytes
-        self.shuffle = shuffle
-        self.seed = seed
-        self.ordered = ordered
-        self.on_error: ErrorPolicy = on_error
-        self.warn_after = warn_after
-        self.timeout = timeout
-        self.even_shards: EvenShards = even_shards
-        self._rank = rank
-        self._world_size = world_size
-        self._epoch = 0
-        self._resume: tuple[int, bytes] | None = None  # (epoch, consumed) from load_state_dict
+        #: What the epochs run over: the source, decoder, options and durations (one copy of each).
+        self.pipeline = Pipeline.build(source, decoder, options)
+        self._cursor = EpochCursor(self.pipeline)
+        self._epochs = RunningEpochs("BufferedDataset")
         self._worker_epochs = WorkerEpochs()
-        self._tuned = TunerMemory()  # NOTE [ Producer tuning ]: where the last epoch's tuner settled
-        #: Batches by duration: their setup and the items' durations, or ``None`` (one sample at a time, or
-        #: streamed shards, whose batches are cut as they stream: ``_batched.start_streamed_epoch``).
-        streamed = isinstance(self.source, ShardStream)
-        self.batching = None if max_batch_seconds is None or streamed else _batched.DurationBatching.read(
-            self.source, decoder, max_batch_seconds=max_batch_seconds, buckets=buckets, max_batch_size=max_batch_size,
-            duration_column=duration_column, on_error=on_error, num_threads=max(8, options.most_producers()))
-        self._init_runtime()
 
-    def _init_runtime(self) -> None:
-        self._lock = threading.Lock()
-        self._running: set[EpochRun] = set()
-        self._last: EpochRun | None = None
-        self._closed = False
+    # -- what it was built with (read-only) ------------------------------------------------------
 
-    def __getstate__(self) -> dict[str, Any]:
-        # DataLoader workers get a copy without threads, locks or the parent's stats.
-        state = self.__dict__.copy()
-        for key in ("_lock", "_running", "_last", "_closed"):
-            state.pop(key)
-        return state
+    @property
+    def source(self) -> Source | ShardStream:
+        """The listed source."""
+        return self.pipeline.source
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._init_runtime()
+    @property
+    def decoder(self) -> Callable[[WorkItem], Any]:
+        """The decoder the producers run."""
+        return self.pipeline.decoder
 
-    # -- epoch setup ---------------------------------------------------------------------------
+    @property
+    def options(self) -> LoaderOptions:
+        """The validated options."""
+        return self.pipeline.options
+
+    @property
+    def batching(self) -> DurationBatching | None:
+        """Batches by duration: their setup and the items' durations; ``None`` one sample at a time, or for
+        streamed shards (their batches are cut as they stream)."""
+        return self.pipeline.batching
 
     @property
     def classes(self) -> list[str]:
         """The sorted label names; a sample's ``label`` indexes this list."""
-        return self.source.classes
+        return self.pipeline.source.classes
+
+    # -- epochs --------------------------------------------------------------------------------
 
     @property
     def epoch(self) -> int:
         """The epoch the next ``iter()`` runs."""
-        return self._epoch
+        return self._cursor.epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch of the next ``iter()``: it seeds the shuffle and random crops.
@@ -207,67 +257,24 @@ class BufferedDataset(IterableDataset):
         Call it at the start of every epoch, as with ``DistributedSampler``. With
         ``persistent_workers=True`` DataLoader workers keep the epoch they started with.
         """
-        check_int("epoch", epoch, 0)
-        self._epoch = epoch
-        if self._resume is not None and self._resume[0] != epoch:
-            self._resume = None  # a loaded state applies to its own epoch only
+        self._cursor.set_epoch(epoch)
 
     def shard_info(self) -> tuple[int, int]:
         """This process's ``(rank, world_size)``: as given, else from ``torch.distributed``, else (0, 1)."""
-        if self._world_size is not None:
-            return self._rank, self._world_size  # type: ignore[return-value]
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            return torch.distributed.get_rank(), torch.distributed.get_world_size()
-        return 0, 1
+        return self._cursor.shard_info()
 
     def __len__(self) -> int:
         """Items this rank yields per epoch (all its DataLoader workers together), failures included; with
         ``max_batch_seconds``, batches of the epoch :meth:`set_epoch` set (their count varies by epoch)."""
-        rank, world_size = self.shard_info()
-        return _epoch.epoch_length(self, rank, world_size)
-
-    # -- iteration -----------------------------------------------------------------------------
+        return self._cursor.length()
 
     def __iter__(self) -> Generator[Any, None, None]:
-        # A generator: its finally runs on exhaustion, on an exception, on close() and when the
-        # generator is garbage-collected. NOTE [ Producer shutdown protocol ] in _producers.py.
-        epoch = self._start_epoch()
-        try:
-            epoch.pool.start()  # inside the try: threads started before a failed start are stopped
-            yield from epoch.consume(self.on_error)  # samples, or whole batches (_batched.BatchEpochRun)
-            epoch.done = not epoch.pool.stopped
-        finally:
-            epoch.pool.close()
-            epoch.end = time.perf_counter()
-            with self._lock:
-                self._running.discard(epoch)
-
-    def _start_epoch(self) -> EpochRun:
-        rank, world_size = self.shard_info()
-        info = get_worker_info()
-        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        self._worker_epochs.started(in_worker=info is not None)
-        number = self._epoch
-        with self._lock:
-            resume = self._resume[1] if self._resume is not None and self._resume[0] == number else None
-            self._resume = None  # a loaded state resumes one epoch, once
-        decode = self.decoder if self.transform is None else Compose(self.decoder, self.transform)
-        start: Callable[..., EpochRun]
-        if self.batching is not None:
-            start = _batched.start_epoch
-        elif self.options.max_batch_seconds is not None:  # streamed shards
-            start = _batched.start_streamed_epoch
-        else:
-            start = start_epoch
-        epoch = start(self, decode, number=number, rank=rank, world_size=world_size, worker=worker,
-                      num_workers=num_workers, resume=resume, memory=self._tuned)
-        with self._lock:
-            if self._closed:
-                epoch.pool.close()
-                raise BufferClosed("iter() on a closed BufferedDataset")
-            self._running.add(epoch)
-            self._last = epoch
-        return epoch
+        # A generator, so that the epoch starts at the first next(); NOTE [ Producer shutdown protocol ]
+        # in engine/pool.py for how it stops.
+        worker = dataloader_worker()
+        self._worker_epochs.started(in_worker=worker is not None)
+        shard, resume = self._cursor.begin(worker)
+        yield from self._epochs.run(run_epoch(self.pipeline, shard, resume=resume), self.pipeline.options.on_error)
 
     # -- inspection and shutdown ---------------------------------------------------------------
 
@@ -279,11 +286,10 @@ class BufferedDataset(IterableDataset):
         such call warns (``UserWarning``, once per dataset). Use ``num_workers=0``: the producer
         threads already decode in parallel.
         """
-        if get_worker_info() is None:
+        if dataloader_worker() is None:
             self._worker_epochs.warn_if_elsewhere("stats()")
-        with self._lock:
-            epoch = self._last
-        return None if epoch is None else epoch.snapshot()
+        run = self._epochs.last
+        return None if run is None else run.snapshot()
 
     def close(self) -> None:
         """Stop every running epoch's producers and refuse new epochs. Idempotent, any thread.
@@ -291,11 +297,7 @@ class BufferedDataset(IterableDataset):
         A consumer blocked waiting for a sample wakes up and its loop ends; a later ``iter()`` raises
         :class:`~audiobuffer.BufferClosed`.
         """
-        with self._lock:
-            self._closed = True
-            running = list(self._running)
-        for epoch in running:
-            epoch.pool.close()
+        self._epochs.close()
 
     # -- resume --------------------------------------------------------------------------------------
 
@@ -311,18 +313,11 @@ class BufferedDataset(IterableDataset):
         counts as handed out). With ``num_workers > 0`` the workers keep their progress: here the state
         marks the start of the epoch, and the first such call warns (``UserWarning``, once).
         """
-        if get_worker_info() is None:
+        if dataloader_worker() is None:
             self._worker_epochs.warn_if_elsewhere("state_dict()")
-        with self._lock:
-            last, resume = self._last, self._resume
-        consumed: bytes | None
-        if resume is not None:
-            epoch, consumed = resume
-        elif last is not None and last.number == self._epoch and last.worker == 0 and last.num_workers == 1:
-            epoch, consumed = last.number, bytes(last.consumed)
-        else:
-            epoch, consumed = self._epoch, None
-        return _plan.encode_state(self._setup(), epoch, consumed)
+        last = self._epochs.last
+        mine = last is not None and last.worker == 0 and last.num_workers == 1  # run here, not in workers
+        return self._cursor.state_dict((last.number, bytes(last.consumed)) if last is not None and mine else None)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`: the next ``iter()`` runs the saved epoch's remaining items.
@@ -332,18 +327,7 @@ class BufferedDataset(IterableDataset):
         Raises:
             ResumeError: the state is malformed or was saved under another setup.
         """
-        epoch, consumed = _plan.decode_state(self._setup(), state)
-        with self._lock:
-            self._epoch = epoch
-            self._resume = None if consumed is None else (epoch, consumed)
-
-    def _setup(self) -> dict[str, Any]:
-        """What a state dict must have been saved under (the keys of ``_plan.SETUP_KEYS``, and the batching)."""
-        rank, world_size = self.shard_info()
-        return {self.STATE_SEED: self.seed, self.STATE_SHUFFLE: self.shuffle, self.STATE_RANK: rank,
-                self.STATE_WORLD_SIZE: world_size, self.STATE_EVEN_SHARDS: self.even_shards,
-                self.STATE_SOURCE: self.source.fingerprint(),
-                self.STATE_BATCHING: None if self.batching is None else self.batching.state()}
+        self._cursor.load_state_dict(state)
 
     def __enter__(self) -> BufferedDataset:
         return self

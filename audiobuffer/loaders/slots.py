@@ -1,15 +1,46 @@
 """Recycled batch slots: producers write samples straight into rows of preallocated (pinned) batches.
 
-caffe's ``prefetch_free`` / ``prefetch_full`` pair, made safe for Python callers. For fixed-shape
-samples (audio cropped and padded to one length, images resized), a slot is a set of batch tensors
-``(batch_size, *shape)``, allocated once, in pinned memory when CUDA is available. A producer that has
-decoded a sample claims the next row of the slot being filled and copies the sample into it; the
-producer that writes a slot's last row hands the slot to the consumer. There is no per-batch
-allocation, no collate copy and no pinning copy: one copy from the decoder's array into the row.
+caffe's ``prefetch_free`` / ``prefetch_full`` pair, made safe for Python callers: :class:`BatchSlotLoader`,
+its slots and the decoder that fills them (:class:`SlotWriter`), and how a sample becomes a row.
 
-The slots and the decoder that fills them live in ``_slot_writer.py`` (NOTE [ Slot reuse safety ],
-NOTE [ Slots across epochs ]); how a sample is checked and converted to a row, below
-(NOTE [ Slot rows ]).
+NOTE [ Slot reuse safety ]
+==========================
+A slot handed to the caller is reused only when nothing outside the loader references its memory.
+Every slot tensor's storage use count is compared with the count taken when the slot was made: any
+view the caller still holds (the batch, a slice of it, a numpy view) keeps it above. The check runs
+when the consumer asks for the next batch (so the batch of the previous loop step is free by the
+time the one before it is reused) and when a producer needs a slot. Copies to the device are covered
+by ``DevicePrefetcher``, which keeps the host batch until its copy has finished.
+
+If producers need a slot and every slot is either handed out and still referenced, a producer retires
+the oldest one (the caller keeps that memory; the loader forgets it) and allocates a new slot. A
+caller who holds every batch (``list(loader)``) thus costs allocations, never a hang or an overwrite.
+Producers wait for a slot only while others are being written or wait in the buffer for the
+consumer, whose next hand-out wakes them. ``torch._C._storage_Use_Count`` is a private torch API: if a
+torch release drops it, every handed-out slot counts as referenced, which is always safe.
+
+NOTE [ Slots across epochs ]
+============================
+A slot is free, handed out (its batch may still be held), or busy: being filled, full on its way to
+the buffer, or waiting in it. However an epoch ends (run out, loop left, an exception, ``close()``),
+the producer pool's close aborts the buffer (dropping the full slots in it), calls
+:meth:`SlotWriter.stop_waiting`, which wakes producers waiting for a slot, and joins them
+(NOTE [ Producer shutdown protocol ] and NOTE [ Delivering decoders ] in ``engine/pool.py``). The
+loader then returns every busy slot to the free list, so the next epoch starts with all of them. Each
+epoch has a generation number: a producer that outlived the join (a decoder stuck past
+``JOIN_TIMEOUT``) carries the old one and gets no row in a later epoch, and a slot with a row still
+being written at the end is forgotten, not reused.
+
+NOTE [ Slot rows ]
+==================
+A producer converts its sample to the slot's columns before it claims a row: each value must have
+its column's shape and a dtype of a kind the column takes (an integer column takes integers, not a
+float, a bool or ``None``; a float column takes integers and floats, not bools), and is cast to the
+column's dtype, out-of-range integers refused. A sample that does not fit is that item's failure,
+with no row claimed, so its batch mates are kept and no row is left unwritten (a hole that would be
+handed out holding a previous batch's data). Once claimed, a row is filled by a same-dtype,
+same-shape numpy copy and list stores, which cannot fail; if one does anyway, the producer ends the
+epoch with an error naming the file rather than leave a hole.
 """
 
 from __future__ import annotations
@@ -17,17 +48,21 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
 import numpy as np
 import torch
 
 from .._checks import check_choice, check_decoder, check_int
+from ..engine.epoch import DatasetStats, RunningEpochs, run_epoch
+from ..engine.pipeline import Pipeline
 from ..engine.pool import DELIVERED
 from ..errors import BufferClosed, SampleError
+from ..options import LoaderOptions, check_keywords
 from ..sources.source import Source, SourceSpec, WorkItem
-from .dataset import BufferedDataset, DatasetStats
+from ..sources.stream import ShardStream
+from ._state import EpochCursor, dataloader_worker
 
 __all__ = [
     "BatchSlotLoader",
@@ -185,9 +220,9 @@ class Slot:
 class SlotWriter:
     """The decoder the producers run: decode, convert, then write into a slot row.
 
-    It delivers whole batches itself (NOTE [ Delivering decoders ] in ``_outcomes.py``): it returns
+    It delivers whole batches itself (NOTE [ Delivering decoders ] in ``engine/pool.py``): it returns
     the slot for the item that completes it and ``DELIVERED`` for the others. See also NOTE [ Slot
-    reuse safety ], NOTE [ Slots across epochs ] and NOTE [ Slot rows ] (below).
+    reuse safety ], NOTE [ Slots across epochs ] and NOTE [ Slot rows ].
     """
 
     delivers_itself = True
@@ -212,6 +247,11 @@ class SlotWriter:
         self._filling: Slot | None = None
         self._closed = False
         self._generation = 0  # one per epoch: NOTE [ Slots across epochs ]
+
+    @property
+    def patterns(self) -> Sequence[str] | None:
+        """The file patterns of the decoder it wraps (what a directory source lists), if it has any."""
+        return getattr(self.decoder, "patterns", None)
 
     # -- producer side -------------------------------------------------------------------------
 
@@ -348,7 +388,7 @@ class SlotWriter:
     def stop_waiting(self) -> None:
         """Wake producers of the running epoch that wait for a slot: the pool is stopping.
 
-        The pool calls it (NOTE [ Delivering decoders ] in ``_outcomes.py``) before joining its
+        The pool calls it (NOTE [ Delivering decoders ] in ``engine/pool.py``) before joining its
         threads; :meth:`end_epoch` opens the next generation only after that join.
         """
         with self._cond:
@@ -421,7 +461,7 @@ class BatchSlotLoader:
     sets each key's dtype and shape; a later sample that does not fit (another shape, ``None`` or a
     float in an integer column, a bool in a number column) fails as that item, under ``on_error``.
     Rows come in the order producers finish. Batches may be kept as long as you like: a slot still
-    referenced is never refilled (see NOTE [ Slot reuse safety ] in ``audiobuffer/_slot_writer.py``). Put a
+    referenced is never refilled (see NOTE [ Slot reuse safety ] in ``audiobuffer/loaders/slots.py``). Put a
     :class:`~audiobuffer.DevicePrefetcher` on top to copy batches to the GPU.
 
     Leaving the loop early, an exception or :meth:`close` stop the producers and free every slot
@@ -460,6 +500,7 @@ class BatchSlotLoader:
         for name, why in (("buffer_size", "num_slots sizes it"), ("ordered", "rows come as producers finish")):
             if name in options:
                 raise TypeError(f"BatchSlotLoader takes no {name}: {why}")
+        check_keywords("BatchSlotLoader", options, ["batch_size", "num_slots", "drop_last", "pin_memory", "transform"])
         pin = torch.cuda.is_available() if pin_memory == "auto" else bool(pin_memory)
         self.batch_size = batch_size
         self.num_slots = num_slots
@@ -467,31 +508,45 @@ class BatchSlotLoader:
         self.pin_memory = pin
         self.slot_stats = SlotStats()
         self._writer = SlotWriter(decoder, transform, batch_size, num_slots, pin, self.slot_stats)
-        # The slots cover the buffer: producers never hold more complete slots than there are.
-        # The writer delivers whole batches itself (NOTE [ Delivering decoders ] in _outcomes.py).
-        self.dataset = BufferedDataset(source, self._writer, buffer_size=num_slots, **options)
+        # The producers run the writer, which delivers whole batches itself (NOTE [ Delivering decoders ]
+        # in engine/pool.py); the slots cover the buffer: producers never hold more complete slots than there are.
+        #: What the epochs run over: the source, the writer, the options (one copy of each).
+        self.pipeline = Pipeline.build(source, self._writer, LoaderOptions(buffer_size=num_slots, **options))
+        self._cursor = EpochCursor(self.pipeline)
+        self._epochs = RunningEpochs("BatchSlotLoader")
         self._lock = threading.Lock()
         self._running = False
         self._rows = 0  # samples handed out in the current (or last) epoch
 
     def __len__(self) -> int:
-        n = len(self.dataset)
+        n = self._cursor.length()
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def __repr__(self) -> str:
-        ds = self.dataset
-        return (f"BatchSlotLoader({ds.source.description}, {self._writer.decoder!r}, items={len(ds.source)}, "
+        options = self.pipeline.options
+        return (f"BatchSlotLoader({self.source.description}, {self._writer.decoder!r}, items={len(self.source)}, "
                 f"batch_size={self.batch_size}, num_slots={self.num_slots}, drop_last={self.drop_last}, "
-                f"pin_memory={self.pin_memory}, num_producers={ds.num_producers!r}, shuffle={ds.shuffle}, "
-                f"on_error={ds.on_error!r})")
+                f"pin_memory={self.pin_memory}, num_producers={options.num_producers!r}, "
+                f"shuffle={options.shuffle}, on_error={options.on_error!r})")
+
+    @property
+    def source(self) -> Source | ShardStream:
+        """The listed source."""
+        return self.pipeline.source
 
     @property
     def classes(self) -> list[str]:
-        return self.dataset.classes
+        """The sorted label names; a batch's ``label`` indexes this list."""
+        return self.pipeline.source.classes
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next ``iter()`` runs."""
+        return self._cursor.epoch
 
     def set_epoch(self, epoch: int) -> None:
         """As :meth:`BufferedDataset.set_epoch`."""
-        self.dataset.set_epoch(epoch)
+        self._cursor.set_epoch(epoch)
 
     def stats(self) -> DatasetStats | None:
         """The current or last epoch's stats, as :meth:`BufferedDataset.stats` gives them.
@@ -501,8 +556,8 @@ class BatchSlotLoader:
         ``drop_last`` dropped. ``buffer`` counts batches; :attr:`slot_stats` counts batches and slots
         over all epochs.
         """
-        stats = self.dataset.stats()
-        return None if stats is None else dataclasses.replace(stats, yielded=self._rows)
+        run = self._epochs.last
+        return None if run is None else dataclasses.replace(run.snapshot(), yielded=self._rows)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         with self._lock:
@@ -514,13 +569,15 @@ class BatchSlotLoader:
             writer = self._writer
             writer.begin_epoch()
             self._rows = 0
-            epoch = iter(self.dataset)
+            shard, _ = self._cursor.begin(dataloader_worker())  # no state_dict: nothing to resume
+            run = run_epoch(self.pipeline, shard)
+            epoch = self._epochs.run(run, self.pipeline.options.on_error)
             try:
                 for slot in epoch:
                     self._rows += self.batch_size
                     yield writer.hand_out(slot, self.batch_size)
                     writer.reclaim()  # the caller is back: the batch before the one it holds is free now
-                if self.dataset.stats().done and not self.drop_last:  # type: ignore[union-attr]
+                if run.done and not self.drop_last:
                     partial = writer.take_partial()
                     if partial is not None:
                         self._rows += partial.claimed
@@ -535,8 +592,8 @@ class BatchSlotLoader:
                 self._running = False
 
     def close(self) -> None:
-        """Stop a running epoch's producers. Idempotent, any thread."""
-        self.dataset.close()
+        """Stop a running epoch's producers and refuse new epochs. Idempotent, any thread."""
+        self._epochs.close()
         self._writer.close()
 
     def __enter__(self) -> BatchSlotLoader:

@@ -28,11 +28,13 @@ leaves idle, and a Python-bound training step is not slowed by decoding on a mac
 
 Epochs. ``("epoch", gen, args)`` starts an epoch in a thread of its own (generation ``gen`` tags every
 message of it, so nothing of an abandoned epoch is mistaken for the next one's). The epoch thread runs
-a :class:`ProducerPool` into a :class:`Buffer`, collates each ``batch_size`` samples straight into a
-free shared-memory slot and sends ``("batch", gen, ...)``; the trainer copies the slot out and answers
-``("free", gen, slot)``. With batches by duration the trainer plans the batches and sends them with the
-epoch; the helper decodes a batch's samples in parallel, collates each batch once it is complete
-(``_batched.Assembler``) and sends ``("skipped", gen, position)`` for one whose samples all failed.
+the epoch that ``engine/epoch.set_up_epoch`` sets up from the spec's pipeline, as every loader's
+epochs are (a :class:`ProducerPool` into a :class:`Buffer`), collates each ``batch_size`` samples
+straight into a free shared-memory slot and sends ``("batch", gen, ...)``; the trainer copies the slot
+out and answers ``("free", gen, slot)``. With batches by duration the trainer plans the batches and
+sends their layout with the epoch; the helper decodes a batch's samples in parallel, collates each
+batch once it is complete (``engine/epoch.Assembler``) and sends ``("skipped", gen, position)`` for one
+whose samples all failed.
 A sample that cannot go into a batch with the batch's first one (not a dict, another rank, an array
 of objects, a value that does not pickle) fails as its item, under the error policy, and the batch
 goes on without it (a batch of ``batch_size`` fills up from the next samples). A slot grows only
@@ -43,7 +45,7 @@ The free and full slot lists are caffe's ``prefetch_free_`` and ``prefetch_full_
 for a free slot on a condition that ``free`` and ``stop`` notify. An epoch ends with ``("end", gen,
 stats, positions)``, or, when the trainer leaves it early, with ``("stop", gen)`` -> the pool is closed and
 ``("stopped", gen)`` confirms it. Every slot is free again at the start of the next epoch. The pools
-of successive epochs share a ``TunerMemory`` (NOTE [ Producer tuning ] in ``_tuner.py``).
+of successive epochs share the pipeline's ``TunerMemory`` (NOTE [ Producer tuning ] in ``engine/tuner.py``).
 
 Exit. ``("close",)`` or end of file on stdin ends the helper: the trainer closed it, exited or was
 killed (a killed trainer's pipe closes with it). A child process the trainer forked (a persistent
@@ -80,14 +82,10 @@ import traceback
 from collections.abc import Callable
 from typing import Any, BinaryIO, cast
 
-import numpy as np
-
 from ..._numpy_collate import SlotArena, collate_numpy
-from ...buffer import Buffer
-from ...engine.batches import Assembler
-from ...engine.plan import plan_epoch
+from ...engine.epoch import Assembler, set_up_epoch
+from ...engine.pipeline import EpochLayout, EpochShard, Pipeline
 from ...engine.pool import Failure, ProducerPool
-from ...engine.tuner import TunerMemory
 from ...errors import BufferClosed, HelperError, SampleError, StallError
 from ...options import gil_enabled
 from ...sources.source import WorkItem
@@ -248,17 +246,18 @@ class _Slots:
 
 
 class Helper:
-    """The helper's state: the spec from the trainer, the slots, the running epoch."""
+    """The helper's state: the spec from the trainer (its pipeline, the batching and slot setup), the slots,
+    the running epoch."""
 
     def __init__(self, channel: Channel, spec: dict[str, Any]) -> None:
         self.channel = channel
         self.spec = spec
+        self.pipeline: Pipeline = spec["pipeline"]
         self.slots = _Slots(spec["num_slots"], spec["slot_bytes"])
         self._epoch: threading.Thread | None = None
         self._gen = -1
         self._pool: ProducerPool | None = None
         self._lock = threading.Lock()
-        self._tuned = TunerMemory()
 
     # -- commands (main thread) ----------------------------------------------------------------
 
@@ -295,28 +294,12 @@ class Helper:
             self.channel.send(("error", gen, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
 
     def _epoch_body(self, gen: int, args: dict[str, Any]) -> None:
-        spec = self.spec
-        source, decoder, transform = spec["source"], spec["decoder"], spec["transform"]
-        decode = decoder if transform is None else (lambda item: transform(decoder(item)))
-        batch_size, policy = spec["batch_size"], spec["on_error"]
-        epoch, seed, capacity = args["epoch"], spec["seed"], spec["buffer_size"]
-        assembler = None
-        if args.get("batches") is not None:  # batches by duration, planned by the trainer
-            indices, sizes, batch_positions, seqs = args["batches"]
-            assembler = Assembler(sizes)
-            capacity = max(capacity, 2 * max(sizes, default=0))  # as in process: two batches ahead
-        else:
-            plan = plan_epoch(len(source), shuffle=spec["shuffle"], seed=seed, epoch=epoch, rank=args["rank"],
-                              world_size=args["world_size"], even_shards=spec["even_shards"], consumed=args["consumed"])
-            indices = plan.indices
-            seqs = plan.positions if plan.positions is not None else np.arange(len(plan))
-
-        def make_item(seq: int) -> Any:
-            return source.item(int(indices[seq]), epoch=epoch, seed=seed, seq=int(seqs[seq]))
-
-        buffer: Buffer[Any] = Buffer(capacity, max_bytes=spec["max_bytes"])
-        pool = ProducerPool(make_item, len(indices), decode, buffer, memory=self._tuned, ordered=spec["ordered"],
-                            num_producers=spec["num_producers"], warn_after=spec["warn_after"], timeout=spec["timeout"])
+        batch_size, policy = self.spec["batch_size"], self.pipeline.options.on_error
+        shard = EpochShard(args["epoch"], args["rank"], args["world_size"])
+        # Batches by duration come laid out by the trainer; samples are planned here, as in process.
+        epoch = set_up_epoch(self.pipeline, shard, resume=args["consumed"], layout=args.get("batches"))
+        layout, buffer, pool, make_item = epoch.layout, epoch.buffer, epoch.pool, epoch.make_item
+        assembler = None if layout.sizes is None else Assembler(layout.sizes)
         with self._lock:
             if gen != self._gen:
                 return
@@ -332,10 +315,10 @@ class Helper:
                     if policy == "raise":
                         return
                 if assembler is not None:
-                    if not self._batch_done(gen, assembler, seq, out, indices, batch_positions, pool, make_item):
+                    if not self._batch_done(gen, assembler, seq, out, layout, pool, make_item):
                         return
                     continue
-                positions.append(int(seqs[seq]))
+                positions.append(layout.position(seq))
                 if out.__class__ is Failure:
                     continue
                 samples.append(out)
@@ -345,7 +328,7 @@ class Helper:
                         return
                     # else the batch, short of its misfits, fills up from the next samples
             done = not pool.stopped
-            if done and not spec["drop_last"]:
+            if done and not self.spec["drop_last"]:
                 while samples and not self._send_batch(gen, samples, taken, positions, pool, make_item):
                     if policy == "raise":
                         return
@@ -359,8 +342,8 @@ class Helper:
         finally:
             pool.close()
 
-    def _batch_done(self, gen: int, assembler: Assembler, seq: int, out: Any, indices: Any,
-                    batch_positions: list[int], pool: ProducerPool, make_item: Callable[[int], WorkItem]) -> bool:
+    def _batch_done(self, gen: int, assembler: Assembler, seq: int, out: Any, layout: EpochLayout,
+                    pool: ProducerPool, make_item: Callable[[int], WorkItem]) -> bool:
         """Send a batch by duration once its last sample is in: collated, less its misfits, or ``skipped``
         if none is left; ``False`` when a misfit ends the epoch (``on_error="raise"``)."""
         done = assembler.add(seq, out)
@@ -371,11 +354,11 @@ class Helper:
         samples = [sample for sample in outs if sample.__class__ is not Failure]
         taken = [first + i for i, sample in enumerate(outs) if sample.__class__ is not Failure]
         while samples:
-            if self._send_batch(gen, samples, taken, [batch_positions[b]], pool, make_item, indices=indices):
+            if self._send_batch(gen, samples, taken, [layout.position(b)], pool, make_item, indices=layout.indices):
                 return True
-            if self.spec["on_error"] == "raise":
+            if self.pipeline.options.on_error == "raise":
                 return False
-        self.channel.send(("skipped", gen, batch_positions[b]), data=True)
+        self.channel.send(("skipped", gen, layout.position(b)), data=True)
         return True
 
     def _report_failure(self, gen: int, failure: Failure, *, fatal: bool) -> None:
@@ -423,7 +406,8 @@ class Helper:
                                     f"that pickle: convert them in the decoder or a transform)",
                                     path=item.path, index=item.index)
                 error.__cause__ = cause
-                self._report_failure(gen, Failure(error, item, "collate"), fatal=self.spec["on_error"] == "raise")
+                self._report_failure(gen, Failure(error, item, "collate"),
+                                     fatal=self.pipeline.options.on_error == "raise")
                 del samples[i], taken[i]
             return False
         samples.clear()

@@ -8,43 +8,31 @@ error policy) in one helper process and collates each batch there, straight into
 slot; the trainer's side copies a slot into (pinned) tensors once and hands the slot back. The
 trainer does a fixed amount of Python per batch, whatever the batch holds.
 
-See NOTE [ Helper process lifecycle ] in ``audiobuffer/_helper.py`` for the protocol and the shutdown.
+See NOTE [ Helper process lifecycle ] in ``loaders/isolated/helper.py`` for the protocol and the shutdown.
 """
 
 from __future__ import annotations
 
-import difflib
+import dataclasses
 import inspect
 import logging
 import pickle
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 
 from ...buffer import BufferStats
-from ...engine.batches import EpochBatches, PaddingMeter, count_header_failures
 from ...engine.cancel import on_cancel
-from ...engine.epoch import DatasetStats, record_skip
-from ...engine.plan import (
-    STATE_BATCHING,
-    STATE_EVEN_SHARDS,
-    STATE_RANK,
-    STATE_SEED,
-    STATE_SHUFFLE,
-    STATE_SOURCE,
-    STATE_WORLD_SIZE,
-    decode_state,
-    encode_state,
-    plan_epoch,
-)
+from ...engine.epoch import DatasetStats, EpochCounts
+from ...engine.pipeline import EpochLayout, EpochShard, Pipeline
 from ...errors import BufferClosed, DecodeError, HelperError, SampleError, StallError
-from ...options import ErrorPolicy
+from ...options import ErrorPolicy, LoaderOptions, ProducerCount, check_keywords
 from ...sources.source import Source, SourceSpec, WorkItem
-from ..dataset import BufferedDataset
+from .._state import EpochCursor, StateKeys
 from .channel import HelperChannel, RemoteTraceback, death_message, pickle_by_reference, torch_dtype
 
 __all__ = ["IsolatedLoader", "TrainerRun"]
@@ -52,47 +40,26 @@ __all__ = ["IsolatedLoader", "TrainerRun"]
 logger = logging.getLogger(__name__)
 
 
-class TrainerRun:
-    """One epoch as the trainer sees it: its generation, consumed mask and counters."""
+class TrainerRun(EpochCounts):
+    """One epoch as the trainer sees it: its generation, and the counts of :class:`EpochCounts`."""
 
-    def __init__(self, gen: int, epoch: int, rank: int, world_size: int, consumed: bytearray, items: int,
-                 num_producers: int) -> None:
+    def __init__(self, gen: int, shard: EpochShard, layout: EpochLayout, num_producers: int) -> None:
+        super().__init__(shard, layout, batched=layout.sizes is not None)
         self.gen = gen
-        self.epoch = epoch
-        self.rank = rank
-        self.world_size = world_size
-        self.consumed = consumed
-        self.items = items
-        self.resumed = len(consumed) - items
         self.num_producers = num_producers
-        self.yielded = 0
-        self.failed = 0
-        self.failures: list[tuple[int, str, str]] = []
         self.decode_s = 0.0
         self.wait_s = 0.0  # the trainer waiting for a full slot
         self.copy_s = 0.0  # the trainer copying slots out
         self.helper: dict[str, Any] = {}
-        self.batches: int | None = None  # batches by duration: batches handed out, padding, all-failed batches
-        self.padding = PaddingMeter()
-        self.empty_batches = 0
-        self.done = False
         self.cancelled = False
-        self.start = time.perf_counter()
-        self.end: float | None = None
 
     def snapshot(self) -> DatasetStats:
-        end = self.end if self.end is not None else time.perf_counter()
         buffer = self.helper.get("buffer")
-        return DatasetStats(
-            epoch=self.epoch, rank=self.rank, world_size=self.world_size, worker=0, num_workers=1, items=self.items,
-            num_producers=self.helper.get("num_producers", self.num_producers), resumed=self.resumed,
-            yielded=self.yielded, failed=self.failed,
-            failures=list(self.failures), decode_s=self.decode_s, wall_s=end - self.start, done=self.done,
+        return self.stats(
+            num_producers=self.helper.get("num_producers", self.num_producers), decode_s=self.decode_s,
             buffer=BufferStats(**buffer) if buffer else None,
             transfer={"trainer_wait_s": self.wait_s, "trainer_copy_s": self.copy_s,
                       "helper_slot_wait_s": self.helper.get("slot_wait_s", 0.0)},
-            batches=self.batches, empty_batches=self.empty_batches,
-            padding=None if self.batches is None else self.padding.fraction,
             producer_history=self.helper.get("producer_history", []), gil_enabled=self.helper.get("gil_enabled", True))
 
     def on_failure(self, message: tuple[Any, ...], policy: ErrorPolicy) -> None:
@@ -111,7 +78,7 @@ class TrainerRun:
                     pass
             cls = DecodeError if type_name == "DecodeError" or isinstance(cause, DecodeError) else SampleError
             raise cls(summary, path=path, index=index, producer=producer) from cause
-        record_skip(self, index, path, f"{type_name}: {text}", summary, policy)
+        self.skip(index, path, f"{type_name}: {text}", summary, policy)
 
 
 #: Bytes each slot starts with; a batch that does not fit grows its slot.
@@ -120,21 +87,7 @@ DEFAULT_SLOT_BYTES = 4 << 20
 SILENCE_GRACE = 5.0
 
 
-def _check_keywords(options: dict[str, Any]) -> None:
-    """Refuse a keyword that neither IsolatedLoader nor BufferedDataset takes, naming the closest ones."""
-    known = [name for name in inspect.signature(BufferedDataset.__init__).parameters
-             if name not in ("self", "source", "decoder")]
-    own = [name for name, parameter in inspect.signature(IsolatedLoader.__init__).parameters.items()
-           if parameter.kind is parameter.KEYWORD_ONLY]
-    for name in options:
-        if name not in known:
-            close = difflib.get_close_matches(name, known + own, n=2)
-            hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-            raise TypeError(f"IsolatedLoader got an unexpected keyword argument {name!r} (it takes BufferedDataset's "
-                            f"keywords and {', '.join(own)}){hint}")
-
-
-class IsolatedLoader:
+class IsolatedLoader(StateKeys):
     """Batches from producer threads that run in one helper process, so the trainer's GIL stays free.
 
     Takes :class:`~audiobuffer.BufferedDataset`'s keywords plus the batching ones, and yields
@@ -187,7 +140,9 @@ class IsolatedLoader:
                  batch_size: int | None = None, drop_last: bool = False, num_slots: int = 4,
                  pin_memory: bool | str = "auto", key: str = "audio", slot_bytes: int = DEFAULT_SLOT_BYTES,
                  background: bool = True, **options: Any) -> None:
-        _check_keywords(options)
+        own = [name for name, parameter in inspect.signature(IsolatedLoader.__init__).parameters.items()
+               if parameter.kind is parameter.KEYWORD_ONLY]
+        check_keywords("IsolatedLoader", options, own)
         by_duration = options.get("max_batch_seconds") is not None
         if by_duration and (batch_size is not None or drop_last):
             pairs = (("batch_size", batch_size), ("drop_last", drop_last))
@@ -206,60 +161,60 @@ class IsolatedLoader:
             raise ValueError(f"pin_memory must be 'auto', True or False, got {pin_memory!r}")
         if not isinstance(key, str):
             raise TypeError(f"key must be a string, got {key!r}")
-        # The dataset validates every shared option and lists the source, here in the trainer; it
-        # never runs an epoch in this process.
-        self.dataset = BufferedDataset(source, decoder, **options)
-        ds = self.dataset
-        if not isinstance(ds.source, Source):  # a ShardStream: its epochs are not plans of items
-            raise ValueError(f"IsolatedLoader reads files or an index, not {ds.source.description}: give the "
+        # Listed, checked and (by duration) timed here in the trainer; the epochs run in the helper.
+        #: What the epochs run over: the source, decoder, options and durations (one copy of each).
+        self.pipeline = pipeline = Pipeline.build(source, decoder, LoaderOptions(**options))
+        if not isinstance(pipeline.source, Source):  # a ShardStream: its epochs are not plans of items
+            raise ValueError(f"IsolatedLoader reads files or an index, not {pipeline.source.description}: give the "
                              f"shards' index.json (audiobuffer pack writes one)")
         self.batch_size = batch_size
         self.drop_last = bool(drop_last)
         self.num_slots = num_slots
         self.pin_memory = torch.cuda.is_available() if pin_memory == "auto" else bool(pin_memory)
         self.key = key
-        spec = {
-            "source": ds.source, "decoder": ds.decoder, "transform": ds.transform,
-            "num_producers": ds.num_producers, "buffer_size": ds.buffer_size, "max_bytes": ds.max_bytes,
-            "shuffle": ds.shuffle, "seed": ds.seed, "ordered": ds.ordered, "on_error": ds.on_error,
-            "even_shards": ds.even_shards, "warn_after": ds.warn_after, "timeout": ds.timeout,
-            "batch_size": batch_size, "drop_last": self.drop_last, "num_slots": num_slots,
-            "slot_bytes": slot_bytes, "key": key, "background": bool(background),
-        }  # with max_batch_seconds, each epoch's message carries its batches
-        pickle_by_reference(ds.decoder, "decoder")
-        if ds.transform is not None:
-            pickle_by_reference(ds.transform, "transform")
+        pickle_by_reference(pipeline.decoder, "decoder")
+        if pipeline.options.transform is not None:
+            pickle_by_reference(pipeline.options.transform, "transform")
+        # The helper's copy: the source is listed (no listing options, whose labels may be a lambda) and
+        # the trainer plans batches by duration (no durations: each epoch's message carries its batches).
+        listed = dataclasses.replace(pipeline.options, labels=None, patterns=None, path_column="path",
+                                     storage_options=None)
+        spec = {"pipeline": dataclasses.replace(pipeline, options=listed, batching=None),
+                "batch_size": batch_size, "drop_last": self.drop_last, "num_slots": num_slots,
+                "slot_bytes": slot_bytes, "key": key, "background": bool(background)}
         self._spec = pickle_by_reference(spec, "pipeline")
+        self._cursor = EpochCursor(pipeline)
         self._channel: HelperChannel | None = None
         self._lock = threading.Lock()
         self._gen = 0
         self._run: TrainerRun | None = None
-        self._resume: tuple[int, bytes] | None = None
         self._closed = False
 
-    # -- the dataset's view --------------------------------------------------------------------
+    # -- what it was built with ----------------------------------------------------------------
+
+    @property
+    def source(self) -> Source:
+        """The listed source."""
+        return self.pipeline.source  # type: ignore[return-value]  # checked in __init__
 
     @property
     def classes(self) -> list[str]:
         """The sorted label names; a batch's ``label`` indexes this list."""
-        return self.dataset.classes
+        return self.pipeline.source.classes
 
     @property
     def epoch(self) -> int:
         """The epoch the next ``iter()`` runs."""
-        return self.dataset.epoch
+        return self._cursor.epoch
 
     def set_epoch(self, epoch: int) -> None:
         """As :meth:`BufferedDataset.set_epoch`: seeds the next epoch's shuffle and random crops."""
-        self.dataset.set_epoch(epoch)
-        with self._lock:
-            if self._resume is not None and self._resume[0] != epoch:
-                self._resume = None
+        self._cursor.set_epoch(epoch)
 
     def __len__(self) -> int:
         """Batches per epoch on this rank (failed samples make some batches, or the last one, smaller);
         with ``max_batch_seconds``, those of the epoch :meth:`set_epoch` set."""
-        n = len(self.dataset)
+        n = self._cursor.length()
         if self.batch_size is None:
             return n
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
@@ -289,30 +244,21 @@ class IsolatedLoader:
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         channel = self._start()
-        ds = self.dataset
-        rank, world_size = ds.shard_info()
-        epoch = ds.epoch
+        shard, resume = self._cursor.begin()
         with self._lock:
-            resume = self._resume[1] if self._resume is not None and self._resume[0] == epoch else None
-            self._resume = None
             self._gen += 1
             gen = self._gen
-        args: dict[str, Any] = {"epoch": epoch, "rank": rank, "world_size": world_size, "consumed": resume}
-        setup: dict[str, Any] = dict(shuffle=ds.shuffle, seed=ds.seed, epoch=epoch, rank=rank,
-                                     world_size=world_size, even_shards=ds.even_shards)
-        layout: Any
-        if ds.batching is not None:  # batches by duration: planned here, decoded and collated in the helper
-            layout = EpochBatches.of(ds.batching, consumed=resume, **setup)
-            plan = layout.plan
-            args["batches"] = (layout.indices, layout.sizes, [plan.position(b) for b in range(len(plan))],
-                               layout.seqs)
-        else:
-            plan = layout = plan_epoch(len(ds.source), consumed=resume, **setup)
-        pinned = 0 if ds.num_producers == "auto" else min(ds.num_producers, max(1, len(layout)))  # auto: at the end
-        run = TrainerRun(gen, epoch, rank, world_size, bytearray(plan.consumed), len(layout), pinned)
-        if ds.batching is not None:
-            run.batches, run.resumed = 0, layout.resumed
-            count_header_failures(run, ds.batching, rank)
+        pipeline = self.pipeline
+        layout = pipeline.lay_out(shard, resume)  # batches by duration: planned here, decoded in the helper
+        args: dict[str, Any] = {"epoch": shard.number, "rank": shard.rank, "world_size": shard.world_size,
+                                "consumed": resume}
+        if layout.sizes is not None:
+            args["batches"] = layout
+        producers = cast(ProducerCount, pipeline.options.num_producers)  # LoaderOptions stores None as "auto"
+        pinned = 0 if producers == "auto" else min(producers, max(1, len(layout)))  # auto: known at the end
+        run = TrainerRun(gen, shard, layout, pinned)
+        if pipeline.batching is not None:
+            run.count_header_failures(pipeline.batching)
         with self._lock:
             self._run = run
         channel.send(("epoch", gen, args))
@@ -321,7 +267,7 @@ class IsolatedLoader:
     def _epoch(self, run: TrainerRun, channel: HelperChannel) -> Iterator[dict[str, Any]]:
         # A generator: its finally runs on exhaustion, break, an exception and garbage collection.
         # Under a DevicePrefetcher, leaving its loop cancels this epoch from the consumer's thread
-        # (NOTE [ Prefetch cancellation ] in _cancel.py).
+        # (NOTE [ Prefetch cancellation ] in engine/cancel.py).
         unregister = on_cancel(lambda: self._cancel(run, channel))
         try:
             while not run.cancelled:
@@ -332,7 +278,7 @@ class IsolatedLoader:
                 if kind == "batch":
                     yield self._unpack(run, channel, message)
                 elif kind == "failure":
-                    run.on_failure(message, self.dataset.on_error)
+                    run.on_failure(message, self.pipeline.options.on_error)
                 elif kind == "skipped":  # a batch by duration whose samples all failed
                     run.consumed[message[2]] = 1
                     run.empty_batches += 1
@@ -369,14 +315,15 @@ class IsolatedLoader:
 
     def _next(self, run: TrainerRun, channel: HelperChannel) -> Any:
         """The next message of ``run``'s epoch (stale ones of an abandoned epoch are dropped)."""
-        timeout = None if self.dataset.timeout is None else self.dataset.timeout + SILENCE_GRACE
+        stall = self.pipeline.options.timeout
+        timeout = None if stall is None else stall + SILENCE_GRACE
         while True:
             start = time.perf_counter()
             try:
                 message = channel.receive(timeout)
             except TimeoutError:
                 raise StallError(f"the helper process sent nothing for {timeout:.1f} s (timeout "
-                                 f"{self.dataset.timeout} s plus {SILENCE_GRACE:.0f} s)") from None
+                                 f"{stall} s plus {SILENCE_GRACE:.0f} s)") from None
             except BufferClosed:
                 raise BufferClosed("the IsolatedLoader was closed") from None
             finally:
@@ -405,9 +352,10 @@ class IsolatedLoader:
             run.consumed[position] = 1
         run.yielded += rows
         run.decode_s = decode_s
-        if indices is not None and self.dataset.batching is not None:  # a batch by duration: its source indices
+        batching = self.pipeline.batching
+        if indices is not None and batching is not None:  # a batch by duration: its source indices
             run.batches = (run.batches or 0) + 1
-            self.dataset.batching.add_padding(run.padding, indices)
+            batching.add_padding(run.padding, indices)
         return batch
 
     # -- inspection, resume, shutdown ----------------------------------------------------------
@@ -423,16 +371,8 @@ class IsolatedLoader:
         """Where this rank is in its epoch, as JSON-ready builtins (the format of
         :meth:`BufferedDataset.state_dict`): batches still in slots count as not consumed."""
         with self._lock:
-            run, resume = self._run, self._resume
-        epoch = self.dataset.epoch
-        if resume is not None:
-            consumed: bytes | None = resume[1]
-            epoch = resume[0]
-        elif run is not None and run.epoch == epoch:
-            consumed = bytes(run.consumed)
-        else:
-            consumed = None
-        return encode_state(self._setup(), epoch, consumed)
+            run = self._run
+        return self._cursor.state_dict(None if run is None else (run.number, bytes(run.consumed)))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict` (of an IsolatedLoader or a BufferedDataset of the same setup).
@@ -440,17 +380,7 @@ class IsolatedLoader:
         Raises:
             ResumeError: the state is malformed or was saved under another setup.
         """
-        epoch, consumed = decode_state(self._setup(), state)
-        self.dataset.set_epoch(epoch)
-        with self._lock:
-            self._resume = None if consumed is None else (epoch, consumed)
-
-    def _setup(self) -> dict[str, Any]:
-        ds = self.dataset
-        rank, world_size = ds.shard_info()
-        return {STATE_SEED: ds.seed, STATE_SHUFFLE: ds.shuffle, STATE_RANK: rank, STATE_WORLD_SIZE: world_size,
-                STATE_EVEN_SHARDS: ds.even_shards, STATE_SOURCE: ds.source.fingerprint(),
-                STATE_BATCHING: None if ds.batching is None else ds.batching.state()}
+        self._cursor.load_state_dict(state)
 
     def close(self) -> None:
         """Stop the helper process and free its shared memory. Idempotent, any thread."""
@@ -472,6 +402,6 @@ class IsolatedLoader:
     def __repr__(self) -> str:
         channel = self._channel
         state = "closed" if self._closed else ("running" if channel is not None and channel.running else "idle")
-        return (f"IsolatedLoader({self.dataset.source.description}, {self.dataset.decoder!r}, "
+        return (f"IsolatedLoader({self.pipeline.source.description}, {self.pipeline.decoder!r}, "
                 f"batch_size={self.batch_size}, num_slots={self.num_slots}, "
-                f"num_producers={self.dataset.num_producers!r}, helper={state})")
+                f"num_producers={self.pipeline.options.num_producers!r}, helper={state})")
