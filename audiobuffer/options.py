@@ -12,10 +12,12 @@ import os
 import sys
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ._checks import MAX_SECONDS, check_choice, check_int, check_seconds, short_repr
-from .sources.source import LabelSpec
+
+if TYPE_CHECKING:
+    from .sources.source import LabelSpec
 
 __all__ = ["ErrorPolicy", "EvenShards", "LoaderOptions", "ProducerCount", "check_keywords", "gil_enabled",
            "usable_cores"]

@@ -56,17 +56,19 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from .._checks import check_int, check_seconds
 from ..buffer import Buffer, payload_nbytes
 from ..errors import AudioBufferError, BufferClosed, ProducerError, SampleError, StallError
 from ..options import usable_cores
 from ..sources import storage
-from ..sources.source import WorkItem
 from .cancel import on_cancel
 from .feed import Feed, Producer
 from .tuner import PoolTuning, TunerMemory, default_tuner
+
+if TYPE_CHECKING:
+    from ..sources.source import WorkItem
 
 __all__ = [
     "ConsumerWait",
