@@ -102,7 +102,8 @@ def _setup_logging(args: argparse.Namespace) -> None:
 def _cmd_run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from ..config import build_dataset, build_isolated, build_loader, load_config
+    from ..config.builders import build_dataset, build_isolated, build_loader
+    from ..config.schema import load_config
     from ..loaders.device import DevicePrefetcher, resolve_device
     from .report import RunSummary, Timer
 

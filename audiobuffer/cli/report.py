@@ -8,10 +8,12 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..loaders.dataset import DatasetStats
 from ..options import usable_cores
+
+if TYPE_CHECKING:
+    from ..loaders.dataset import DatasetStats
 
 __all__ = ["RunSummary", "Timer", "write_json"]
 

@@ -63,9 +63,8 @@ def build_source(config: PipelineConfig) -> Source | ShardStream:
         ConfigError: the source lists no usable file, a brace pattern of shards is malformed, or a
             label expression does not fit.
     """
-    from ..sources.listing import names_shards
     from ..sources.names import expand_braces
-    from ..sources.source import AUDIO_PATTERNS, IMAGE_PATTERNS
+    from ..sources.source import AUDIO_PATTERNS, IMAGE_PATTERNS, names_shards
     from ..sources.stream import as_source
 
     src = config.source

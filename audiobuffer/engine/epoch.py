@@ -49,18 +49,22 @@ import time
 from collections import Counter
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from ..buffer import Buffer, BufferStats
 from ..errors import BufferClosed, DecodeError, SampleError
 from ..options import DEFAULT_BUCKETS, ErrorPolicy, ProducerCount, gil_enabled
+from ..sources.durations import decoder_crop
 from ..sources.source import ReadClock, WorkItem
 from ..sources.stream import ShardStream
-from .pipeline import DurationBatching, EpochLayout, EpochShard, Pipeline, decoder_crop
 from .pool import CHUNK_ITEMS, Failure, ProducerPool
 from .streamed import DynamicBuckets, ShardReader, TimedDecode
+
+if TYPE_CHECKING:
+    from .pipeline import DurationBatching, EpochLayout, Pipeline
+    from .plan import EpochShard
 
 __all__ = ["MAX_LISTED_FAILURES", "Assembler", "BatchEpochRun", "DatasetStats", "EpochCounts", "EpochRun",
            "EpochSetup", "PaddingMeter", "RunningEpochs", "StreamBatchRun", "run_epoch", "set_up_epoch"]

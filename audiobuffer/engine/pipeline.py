@@ -18,10 +18,10 @@ import numpy as np
 from .._checks import check_decoder
 from ..options import DEFAULT_BUCKETS, ErrorPolicy, LoaderOptions
 from ..sources.durations import Failure as HeaderFailure
-from ..sources.durations import read_durations
+from ..sources.durations import decoder_crop, read_durations
 from ..sources.source import AUDIO_PATTERNS, Source, SourceSpec, WorkItem
 from ..sources.stream import ShardStream, as_source
-from .plan import BatchPlan, plan_batches, plan_epoch, shard_length
+from .plan import BatchPlan, EpochShard, plan_batches, plan_epoch, shard_length
 from .pool import delivers_itself
 from .streamed import check_streamable
 from .tuner import TunerMemory
@@ -33,17 +33,6 @@ __all__ = ["Compose", "DurationBatching", "EpochLayout", "EpochShard", "Pipeline
 
 #: How many plans a :class:`DurationBatching` remembers (planning a large corpus takes a while).
 _REMEMBERED_PLANS = 4
-
-
-@dataclass(frozen=True)
-class EpochShard:
-    """Which epoch one consumer runs, and its part of it: the rank's shard, then its DataLoader worker's."""
-
-    number: int
-    rank: int = 0
-    world_size: int = 1
-    worker: int = 0
-    num_workers: int = 1
 
 
 class Compose:
@@ -182,13 +171,6 @@ class DurationBatching:
         digest = hashlib.sha256(np.ascontiguousarray(self.durations, dtype="<f8").tobytes()).hexdigest()[:16]
         return {"max_batch_seconds": self.max_batch_seconds, "buckets": self.buckets,
                 "max_batch_size": self.max_batch_size, "durations": f"{len(self.durations)}:{digest}"}
-
-
-def decoder_crop(decoder: Any) -> tuple[float | None, bool]:
-    """``decoder``'s ``crop_seconds`` (``None`` without) and whether it pads every sample to that crop."""
-    crop = getattr(decoder, "crop_seconds", None)
-    crop = float(crop) if isinstance(crop, (int, float)) and not isinstance(crop, bool) else None
-    return crop, crop is not None and getattr(decoder, "pad", False) is True
 
 
 @dataclass(frozen=True, eq=False)

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..errors import ResumeError
 
-__all__ = [
+__all__ = ["EpochShard",
     "BatchPlan",
     "EpochPlan",
     "bucket_edges",
@@ -46,6 +46,17 @@ __all__ = [
     "shard",
     "shard_length",
 ]
+
+
+@dataclass(frozen=True)
+class EpochShard:
+    """Which epoch one consumer runs, and its part of it: the rank's shard, then its DataLoader worker's."""
+
+    number: int
+    rank: int = 0
+    world_size: int = 1
+    worker: int = 0
+    num_workers: int = 1
 
 
 @dataclass(frozen=True)

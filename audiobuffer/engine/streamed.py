@@ -11,7 +11,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
@@ -19,10 +19,12 @@ from ..buffer import Buffer
 from ..errors import SourceError
 from ..sources.durations import seconds_of
 from ..sources.source import ReadClock, WorkItem
-from ..sources.stream import MEMBER_STRIDE, SHUFFLE_BUFFER, ShardStream
-from ..sources.tar import ShardSample, Truncated, iter_shard, shuffle_buffer
+from ..sources.tar import MEMBER_STRIDE, SHUFFLE_BUFFER, ShardSample, Truncated, iter_shard, shuffle_buffer
 from .plan import bucket_edges
 from .pool import CHUNK_SECONDS, DELIVERED, Failure
+
+if TYPE_CHECKING:
+    from ..sources.stream import ShardStream
 
 __all__ = ["EDGE_SAMPLES", "DynamicBuckets", "ShardReader", "TimedDecode", "check_streamable"]
 

@@ -5,14 +5,17 @@ once for every loader."""
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import get_worker_info
 
 from .._checks import check_int
 from ..engine import plan as _plan
-from ..engine.pipeline import EpochShard, Pipeline
+from ..engine.plan import EpochShard
+
+if TYPE_CHECKING:
+    from ..engine.pipeline import Pipeline
 
 __all__ = ["EpochCursor", "StateKeys", "dataloader_worker"]
 

@@ -37,7 +37,16 @@ from ..decoders._sndfile import read_to_end
 from ..errors import DecodeError, SourceError
 from .names import is_url
 
-__all__ = ["CACHE_ENV", "Failure", "cache_root", "default_cache_dir", "header_seconds", "read_durations", "seconds_of"]
+__all__ = [
+    "CACHE_ENV",
+    "Failure",
+    "cache_root",
+    "decoder_crop",
+    "default_cache_dir",
+    "header_seconds",
+    "read_durations",
+    "seconds_of",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -345,3 +354,10 @@ def _save(file: Path, root: str, entries: dict[str, list[Any]]) -> None:
                 os.unlink(temp)
             except OSError:
                 pass
+
+
+def decoder_crop(decoder: Any) -> tuple[float | None, bool]:
+    """``decoder``'s ``crop_seconds`` (``None`` without) and whether it pads every sample to that crop."""
+    crop = getattr(decoder, "crop_seconds", None)
+    crop = float(crop) if isinstance(crop, (int, float)) and not isinstance(crop, bool) else None
+    return crop, crop is not None and getattr(decoder, "pad", False) is True

@@ -47,19 +47,14 @@ from typing import Any
 from ..errors import DecodeError, SourceError, StorageError
 from . import storage
 from .index import INDEX_NAME, read_index
-from .listing import LABEL_COLUMN, names_shards
-from .source import LabelSpec, Source, SourceSpec, WorkItem, _natural_key, _resolve_labels
+from .source import LABEL_COLUMN, LabelSpec, Source, SourceSpec, WorkItem, _natural_key, _resolve_labels, names_shards
 from .storage import RetrySpec
-from .tar import ShardSample, iter_shard
+from .tar import MEMBER_STRIDE, SHUFFLE_BUFFER, ShardSample, iter_shard
 
 __all__ = ["MEMBER_STRIDE", "SHUFFLE_BUFFER", "ShardStream", "as_source"]
 
 logger = logging.getLogger(__name__)
 
-#: Samples in each producer's shuffle buffer when a streamed epoch is shuffled.
-SHUFFLE_BUFFER = 100
-#: A streamed sample's index is its shard's number times this, plus its position in the shard.
-MEMBER_STRIDE = 1 << 32
 #: Threads that list shards without an index at once.
 SCAN_THREADS = 16
 

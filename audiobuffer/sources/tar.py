@@ -21,7 +21,21 @@ from ..errors import DecodeError
 from . import storage
 from .storage import RetrySpec
 
-__all__ = ["ShardSample", "Truncated", "iter_shard", "shuffle_buffer", "split_key", "stream_shards"]
+__all__ = [
+    "MEMBER_STRIDE",
+    "SHUFFLE_BUFFER",
+    "ShardSample",
+    "Truncated",
+    "iter_shard",
+    "shuffle_buffer",
+    "split_key",
+    "stream_shards",
+]
+
+#: Samples in each producer's shuffle buffer when a streamed epoch is shuffled.
+SHUFFLE_BUFFER = 100
+#: A streamed sample's index is its shard's number times this, plus its position in the shard.
+MEMBER_STRIDE = 1 << 32
 
 _BLOCK = tarfile.BLOCKSIZE
 ENCODING, ERRORS = "utf-8", "surrogateescape"

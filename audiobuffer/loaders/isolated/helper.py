@@ -84,7 +84,8 @@ from typing import Any, BinaryIO, cast
 
 from ..._numpy_collate import SlotArena, collate_numpy
 from ...engine.epoch import Assembler, set_up_epoch
-from ...engine.pipeline import EpochLayout, EpochShard, Pipeline
+from ...engine.pipeline import EpochLayout, Pipeline
+from ...engine.plan import EpochShard
 from ...engine.pool import Failure, ProducerPool
 from ...errors import BufferClosed, HelperError, SampleError, StallError
 from ...options import gil_enabled

@@ -28,7 +28,8 @@ import torch
 from ...buffer import BufferStats
 from ...engine.cancel import on_cancel
 from ...engine.epoch import DatasetStats, EpochCounts
-from ...engine.pipeline import EpochLayout, EpochShard, Pipeline
+from ...engine.pipeline import EpochLayout, Pipeline
+from ...engine.plan import EpochShard
 from ...errors import BufferClosed, DecodeError, HelperError, SampleError, StallError
 from ...options import ErrorPolicy, LoaderOptions, ProducerCount, check_keywords
 from ...sources.source import Source, SourceSpec, WorkItem
