@@ -588,7 +588,7 @@ def test_old_names_reach_the_dataset_and_errors_name_the_key_as_written(corpus):
     path = write(corpus, {"source": {"root": "audio"}, "buffer": {"producers": "eight", "capacity": 0}})
     with pytest.warns(DeprecationWarning), pytest.raises(
             ConfigError, match=r"buffer\.producers: must be an integer in \[1, 1024\] or 'auto', got 'eight'; "
-                               r"buffer\.capacity: must be >= 1, got 0$"):
+                               r"buffer\.capacity: must be >= 1 and <= 1048576, got 0$"):
         load_config(path)
     with pytest.warns(DeprecationWarning), pytest.raises(ConfigError, match=r"buffer\.producers: .*got 100000$"):
         load_config(path, ["buffer.producers=100000", "buffer.capacity=1"])
