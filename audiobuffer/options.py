@@ -19,8 +19,8 @@ from ._checks import MAX_SECONDS, check_choice, check_int, check_seconds, short_
 if TYPE_CHECKING:
     from .sources.source import LabelSpec
 
-__all__ = ["ErrorPolicy", "EvenShards", "LoaderOptions", "ProducerCount", "check_keywords", "gil_enabled",
-           "usable_cores"]
+__all__ = ["DEFAULT_WARN_AFTER", "ErrorPolicy", "EvenShards", "LoaderOptions", "ProducerCount", "check_keywords",
+           "gil_enabled", "usable_cores"]
 
 ErrorPolicy = Literal["raise", "warn", "skip"]
 EvenShards = Literal["pad", "drop"] | None
@@ -32,6 +32,8 @@ MAX_PRODUCERS = 1024
 MAX_BUFFER = 1 << 20
 #: Duration buckets when ``max_batch_seconds`` is set and ``buckets`` is not.
 DEFAULT_BUCKETS = 10
+#: ``warn_after``'s default, in Python and YAML alike: a loop starved this long says so in the log.
+DEFAULT_WARN_AFTER = 5.0
 
 
 def usable_cores() -> int:
@@ -78,7 +80,7 @@ class LoaderOptions:
     rank: int | None = None
     world_size: int | None = None
     even_shards: EvenShards = "pad"
-    warn_after: float | None = None
+    warn_after: float | None = DEFAULT_WARN_AFTER
     timeout: float | None = None
     max_batch_seconds: float | None = None
     buckets: int | None = None

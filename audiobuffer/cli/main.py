@@ -16,13 +16,17 @@ import math
 import re
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import __version__
 from ..errors import AudioBufferError, ConfigError
 from .report import write_json
+
+if TYPE_CHECKING:
+    from ..config import PipelineConfig
 
 __all__ = ["main"]
 
@@ -56,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
                                      "(save it with '> my.yaml', fill in source.root and edit it).")
     run.add_argument("config", metavar="CONFIG.yaml",
                      help="pipeline config; start from 'audiobuffer config --reference > CONFIG.yaml'")
-    overrides_help = ("override a config key, e.g. --set buffer.producers=8 (repeatable; VALUE is YAML; "
+    overrides_help = ("override a config key, e.g. --set buffer.num_producers=8 (repeatable; VALUE is YAML; "
                       "a relative path resolves against the current directory)")
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=overrides_help)
     common(run)
@@ -99,15 +103,32 @@ def _setup_logging(args: argparse.Namespace) -> None:
     logging.getLogger("audiobuffer").setLevel(level)
 
 
+def _load_config(args: argparse.Namespace) -> PipelineConfig:
+    """``load_config`` of the command's config and overrides; a deprecated key name is a one-line note on
+    stderr (``buffer.producers is deprecated: write buffer.num_producers``), also when the config fails."""
+    from ..config import load_config
+
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", DeprecationWarning)
+            return load_config(args.config, args.overrides)
+    finally:  # outside the recording: a warning shown again is not recorded again
+        for warning in caught:
+            if issubclass(warning.category, DeprecationWarning):
+                print(f"audiobuffer: note: {warning.message}", file=sys.stderr)
+            else:  # not ours to swallow: shown as it would have been
+                warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from ..config.builders import build_dataset, build_isolated, build_loader
-    from ..config.schema import load_config
     from ..loaders.device import DevicePrefetcher, resolve_device
     from .report import RunSummary, Timer
 
-    config = load_config(args.config, args.overrides)
+    config = _load_config(args)
     try:
         device = resolve_device(config.device)
     except ValueError as exc:
@@ -124,7 +145,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     summary = RunSummary(kind=config.decode.kind)
     own_work = Timer()
     out = sys.stderr if args.json == "-" else sys.stdout
-    print(f"{args.config}: {files} files, producers {config.buffer.producers}{where}, "
+    print(f"{args.config}: {files} files, producers {config.buffer.num_producers}{where}, "
           f"{config.epochs} epoch(s), device {device}", file=out)
     start = time.perf_counter()
     with dataset:
@@ -151,7 +172,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_config(args: argparse.Namespace) -> int:
     import yaml
 
-    from ..config.schema import load_config, reference_config
+    from ..config.schema import reference_config
 
     if args.reference == (args.config is not None):
         raise ConfigError("config: give either --reference or CONFIG.yaml")
@@ -160,7 +181,7 @@ def _cmd_config(args: argparse.Namespace) -> int:
             raise ConfigError("config: --set applies to CONFIG.yaml, not to --reference")
         sys.stdout.write(reference_config())
         return 0
-    config = load_config(args.config, args.overrides)
+    config = _load_config(args)
     sys.stdout.write(f"# {args.config}: valid; defaults filled in, paths resolved\n")
     sys.stdout.write(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
     return 0

@@ -2,7 +2,7 @@
 
 Each ``build_*`` imports what it builds (so reading a config imports no torch), and turns what the
 built object refuses into a :class:`~audiobuffer.ConfigError` that names the config file and the key.
-They are public as ``audiobuffer.config.schema.build_*``.
+They are public as ``audiobuffer.config.build_*``.
 """
 
 from __future__ import annotations
@@ -116,9 +116,9 @@ def build_dataset(config: PipelineConfig, *, source: Any = None, shuffle: bool |
 
 def _loader_options(config: PipelineConfig, shuffle: bool | None, ordered: bool | None, rank: int | None,
                     world_size: int | None) -> dict[str, Any]:
-    """The keywords every loader takes (``LoaderOptions``' fields), from the config's sections."""
+    """The keywords every loader takes (``LoaderOptions``' fields), each from the config key of its name."""
     buf = config.buffer
-    return dict(num_producers=buf.producers, buffer_size=buf.capacity, max_bytes=buf.max_bytes,
+    return dict(num_producers=buf.num_producers, buffer_size=buf.buffer_size, max_bytes=buf.max_bytes,
                 shuffle=config.loader.shuffle if shuffle is None else shuffle, seed=config.seed,
                 ordered=buf.ordered if ordered is None else ordered, on_error=buf.on_error,
                 warn_after=buf.warn_after, timeout=buf.timeout, even_shards=buf.even_shards, rank=rank,
@@ -138,8 +138,6 @@ def build_isolated(config: PipelineConfig, *, source: Any = None, shuffle: bool 
     Raises:
         ConfigError: as :func:`build_dataset`, or the decoder cannot be sent to the helper process.
     """
-    import torch
-
     from ..loaders.isolated.loader import IsolatedLoader
 
     load = config.loader
@@ -148,8 +146,7 @@ def build_isolated(config: PipelineConfig, *, source: Any = None, shuffle: bool 
     try:
         by_size = load.max_batch_seconds is None
         return IsolatedLoader(source, decoder, batch_size=load.batch_size if by_size else None,
-                              drop_last=load.drop_last,
-                              pin_memory=load.pin_memory and torch.cuda.is_available(),
+                              drop_last=load.drop_last, pin_memory=_pin_memory(config),
                               key="audio" if config.decode.kind == "audio" else "image",
                               **_loader_options(config, shuffle, ordered, rank, world_size))
     except SourceError as exc:
@@ -158,15 +155,20 @@ def build_isolated(config: PipelineConfig, *, source: Any = None, shuffle: bool 
         raise ConfigError(f"{config.origin}: {exc}") from None
 
 
+def _pin_memory(config: PipelineConfig) -> bool:
+    """``loader.pin_memory``: ``auto`` and ``true`` pin when CUDA is available (pinning serves copies to a
+    GPU; ``true`` on a machine without one runs as it would with one, as ``DataLoader`` does, unpinned)."""
+    import torch
+
+    return config.loader.pin_memory is not False and torch.cuda.is_available()
+
+
 def build_loader(config: PipelineConfig, dataset: BufferedDataset) -> DataLoader[Any]:
     """The ``DataLoader`` (``num_workers=0``) that batches ``dataset`` with :func:`~audiobuffer.pad_collate`
     (with ``loader.max_batch_seconds`` the dataset yields whole batches: ``batch_size=None``)."""
-    import torch
     from torch.utils.data import DataLoader
 
     collate = pad_collate if config.decode.kind == "audio" else image_collate
-    # Pinned memory only speeds up copies to a GPU; without one, DataLoader would only warn.
-    pin = config.loader.pin_memory and torch.cuda.is_available()
     by_size = config.loader.max_batch_seconds is None
     return DataLoader(dataset, batch_size=config.loader.batch_size if by_size else None, collate_fn=collate,
-                      pin_memory=pin, drop_last=config.loader.drop_last, num_workers=0)
+                      pin_memory=_pin_memory(config), drop_last=config.loader.drop_last, num_workers=0)

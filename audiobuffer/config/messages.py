@@ -1,7 +1,8 @@
 """A config's problems in words: pydantic's errors and PyYAML's as one line each, values quoted short.
 
-Every message names the key path, the value (cut to ``QUOTE_CHARS`` characters, built piece by piece
-so that an alias bomb costs only its prefix) and what is allowed.
+Every message names the key path (as the config wrote it: an old key name stays old), the value (cut
+to ``QUOTE_CHARS`` characters, built piece by piece so that an alias bomb costs only its prefix) and
+what is allowed.
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ _YAML_11_BOOLEANS = frozenset({"y", "n", "yes", "no", "on", "off"})
 
 #: What a union-typed key accepts, said for people (pydantic reports each branch of the union).
 _UNION_HELP = {"decode.size": "must be an integer or a list [height, width] of two integers",
-               "buffer.producers": f"must be an integer in [1, {MAX_PRODUCERS}] or 'auto'"}
+               "buffer.num_producers": f"must be an integer in [1, {MAX_PRODUCERS}] or 'auto'",
+               "loader.pin_memory": "must be true, false or 'auto'"}
 
 
 def _bounds(field: Any) -> list[str]:
@@ -109,10 +111,20 @@ def _locate(loc: Sequence[Any], model: type[BaseModel]) -> tuple[list[str], Any,
     return parts, field, parent, False
 
 
-def _format_error(error: Mapping[str, Any], model: type[BaseModel]) -> tuple[str, str]:
-    """One pydantic error as (key path, 'key.path: what is wrong, got VALUE')."""
+def _yaml_11_hint(value: Any) -> str:
+    """A hint for a YAML 1.1 boolean (``yes``) given where a boolean belongs, else ''."""
+    said = isinstance(value, str) and value.lower() in _YAML_11_BOOLEANS
+    return " (YAML 1.2's only booleans: yes, no, on and off are not)" if said else ""
+
+
+def _format_error(error: Mapping[str, Any], model: type[BaseModel],
+                  written: Mapping[str, str]) -> tuple[str, str]:
+    """One pydantic error as (key path, 'key.path: what is wrong, got VALUE'); ``written`` maps a key
+    path to the one the config wrote (an old name of a renamed key)."""
     parts, field, parent, union = _locate(error["loc"], model)
+    plain = ".".join(p for p in parts if not p.isdigit())
     key = ".".join(parts) or "(top level)"
+    key = written.get(key, key)
     kind = error["type"]
     got = f"got {quote(error.get('input'))}"
     if kind == "missing":
@@ -120,25 +132,25 @@ def _format_error(error: Mapping[str, Any], model: type[BaseModel]) -> tuple[str
     if kind == "model_type" and parent is not None:
         return key, f"{key}: must be a section (a mapping of keys: {', '.join(parent.model_fields)}), {got}"
     if union:
-        plain = ".".join(p for p in parts if not p.isdigit())
-        return key, f"{key}: {_UNION_HELP.get(plain, 'does not fit any allowed form')}, {got}"
+        help_text = _UNION_HELP.get(plain, "does not fit any allowed form")
+        return key, f"{key}: {help_text}{_yaml_11_hint(error.get('input'))}, {got}"
     bounds = _bounds(field)
     if bounds and kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal", "finite_number"):
         what = f"{field.description} " if field.description else ""
         return key, f"{key}: must be {what}{' and '.join(bounds)}, {got}"
     if kind in ("bool_parsing", "bool_type"):
-        value = error.get("input")
-        said = isinstance(value, str) and value.lower() in _YAML_11_BOOLEANS
-        hint = " (YAML 1.2's only booleans: yes, no, on and off are not)" if said else ""
-        return key, f"{key}: must be true or false{hint}, {got}"
+        return key, f"{key}: must be true or false{_yaml_11_hint(error.get('input'))}, {got}"
     if kind == "string_too_short":
         return key, f"{key}: must not be empty, {got}"
     message = str(error["msg"]).removeprefix("Value error, ")
     return key, f"{key}: {message}, {got}"
 
 
-def format_errors(exc: ValidationError, model: type[BaseModel]) -> str:
-    """Every problem on one line: unknown keys grouped by section, at most ``_LISTED_ERRORS`` problems."""
+def format_errors(exc: ValidationError, model: type[BaseModel], written: Mapping[str, str] | None = None) -> str:
+    """Every problem on one line: unknown keys grouped by section, at most ``_LISTED_ERRORS`` problems.
+
+    ``written`` maps a key path to the one the config wrote, which the message names (an old name).
+    """
     lines: dict[str, Any] = {}  # key -> its line, or a section's list of unknown keys
     allowed: dict[str, str] = {}
     for error in exc.errors(include_url=False):
@@ -148,7 +160,7 @@ def format_errors(exc: ValidationError, model: type[BaseModel]) -> str:
             allowed[section] = ", ".join(parent.model_fields) if parent is not None else "none"
             lines.setdefault("\0" + section, []).append(parts[-1])
         else:
-            key, line = _format_error(error, model)
+            key, line = _format_error(error, model, written or {})
             lines.setdefault(key, line)  # a union reports one error per member: keep the first
     listed = []
     for key, line in lines.items():

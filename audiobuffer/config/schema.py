@@ -4,27 +4,35 @@ A config file describes a whole pipeline::
 
     source:  {root: data/fsdd/recordings, labels: '^(\\d+)_'}
     decode:  {kind: audio, sample_rate: 8000, crop_seconds: 1.0}
-    buffer:  {producers: auto, capacity: 64, on_error: warn}
-    loader:  {batch_size: 32, pin_memory: true}
+    buffer:  {num_producers: auto, buffer_size: 64, on_error: warn}
+    loader:  {batch_size: 32, shuffle: true, pin_memory: auto}
     device:  auto
     epochs:  3
     seed:    0
+
+One vocabulary: a key is named as the Python keyword it feeds (``buffer.num_producers`` is
+``BufferedDataset(num_producers=...)``, ``decode.crop_seconds`` is ``AudioDecoder(crop_seconds=...)``)
+and its default is that keyword's, read from the Python side. The keys renamed to this end
+(``buffer.producers``, ``buffer.capacity``) still load, with a :class:`DeprecationWarning` naming the
+new key; a config that gives one option under both names is refused.
 
 Relative paths in the file are resolved against the config file's folder; relative paths given by a
 ``--set key.path=value`` override are resolved against the current directory. Every problem (a file
 that is not UTF-8 or not valid YAML, an unknown key, a wrong type or value, a number out of range, a
 missing file, an empty corpus) is a :class:`~audiobuffer.ConfigError` whose one-line message starts
-with the file's name and names the key path, the value (cut to a short prefix) and what is allowed.
-``--set`` overrides (values parsed as YAML) are applied before validation, so they are checked the
-same way. ``reference_config()`` returns the reference config shipped with the package: every key with
-its default.
+with the file's name and names the key path (as written), the value (cut to a short prefix) and what
+is allowed. ``--set`` overrides (values parsed as YAML) are applied before validation, so they are
+checked the same way. ``reference_config()`` returns the reference config shipped with the package:
+every key with its default.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -32,10 +40,10 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from ..decoders.audio import CropMode, Quality
-from ..decoders.image import Resample
+from ..decoders.audio import AudioDecoder, CropMode, Quality
+from ..decoders.image import ImageDecoder, Resample
 from ..errors import ConfigError
-from ..options import MAX_PRODUCERS
+from ..options import MAX_BUFFER, MAX_PRODUCERS, LoaderOptions
 from ..sources.storage import is_url as _is_url
 from .messages import QUOTE_CHARS, format_errors, quote, yaml_problem
 
@@ -53,6 +61,14 @@ _MAX_BATCH_SIZE = 1 << 20
 #: ``source.root`` in the reference config: a placeholder that says what to fill in, so that the file
 #: fails the same way wherever it is saved instead of pointing at a folder beside this repository.
 _REFERENCE_ROOT = "<your audio folder>"
+#: Keys renamed to the Python keyword they feed, as (section, old name) -> new name: the old name still
+#: loads, with a DeprecationWarning.
+_RENAMED = {("buffer", "producers"): "num_producers", ("buffer", "capacity"): "buffer_size"}
+
+
+def _python_default(owner: Callable[..., Any], name: str) -> Any:
+    """The default of ``owner``'s keyword ``name``: a key's default is defined once, on the Python side."""
+    return inspect.signature(owner).parameters[name].default
 
 
 class _Loader(yaml.SafeLoader):
@@ -81,16 +97,17 @@ class _Section(BaseModel):
 
 
 class SourceConfig(_Section):
-    """Where the files come from: exactly one of ``root``, ``manifest`` or ``files``."""
+    """Where the files come from: exactly one of ``root``, ``manifest`` or ``files`` (the forms of
+    ``BufferedDataset``'s ``source``); the other keys are its keywords of the same names."""
 
     root: str | None = None
     manifest: str | None = None
     files: list[str] | None = None
-    patterns: list[Annotated[str, Field(min_length=1)]] | None = None
-    labels: str | None = None
-    path_column: str = "path"
-    duration_column: str | None = None
-    storage_options: dict[str, Any] | None = None
+    patterns: list[Annotated[str, Field(min_length=1)]] | None = _python_default(LoaderOptions, "patterns")
+    labels: str | None = _python_default(LoaderOptions, "labels")
+    path_column: str = _python_default(LoaderOptions, "path_column")
+    duration_column: str | None = _python_default(LoaderOptions, "duration_column")
+    storage_options: dict[str, Any] | None = _python_default(LoaderOptions, "storage_options")
 
     @model_validator(mode="after")
     def _one_kind(self) -> SourceConfig:
@@ -101,19 +118,20 @@ class SourceConfig(_Section):
 
 
 class DecodeConfig(_Section):
-    """How a file becomes a sample: ``kind: audio`` (AudioDecoder) or ``kind: image`` (ImageDecoder)."""
+    """How a file becomes a sample: ``kind: audio`` (AudioDecoder) or ``kind: image`` (ImageDecoder); the
+    other keys are that decoder's keywords of the same names."""
 
     kind: Literal["audio", "image"] = "audio"
-    sample_rate: int | None = Field(default=None, gt=0)
-    mono: bool = True
-    crop_seconds: float | None = Field(default=None, gt=0, le=_MAX_SECONDS, allow_inf_nan=False,
-                                          description="a number of seconds")
-    crop: CropMode = "random"
-    pad: bool = True
-    quality: Quality = "HQ"
-    fallback: Literal["librosa"] | None = "librosa"
-    size: int | tuple[int, int] | None = None
-    resample: Resample = "bilinear"
+    sample_rate: int | None = Field(default=_python_default(AudioDecoder, "sample_rate"), gt=0)
+    mono: bool = _python_default(AudioDecoder, "mono")
+    crop_seconds: float | None = Field(default=_python_default(AudioDecoder, "crop_seconds"), gt=0,
+                                       le=_MAX_SECONDS, allow_inf_nan=False, description="a number of seconds")
+    crop: CropMode = _python_default(AudioDecoder, "crop")
+    pad: bool = _python_default(AudioDecoder, "pad")
+    quality: Quality = _python_default(AudioDecoder, "quality")
+    fallback: Literal["librosa"] | None = _python_default(AudioDecoder, "fallback")
+    size: int | tuple[int, int] | None = _python_default(ImageDecoder, "size")
+    resample: Resample = _python_default(ImageDecoder, "resample")
 
     @field_validator("size", mode="before")
     @classmethod
@@ -133,32 +151,51 @@ class DecodeConfig(_Section):
 
 
 class BufferConfig(_Section):
-    """The producer pool and its buffer."""
+    """The producer pool and its buffer: ``BufferedDataset``'s keywords of the same names (``isolate``
+    picks ``IsolatedLoader`` instead)."""
 
-    producers: Annotated[int, Field(ge=1, le=MAX_PRODUCERS)] | Literal["auto"] = "auto"
-    capacity: int = Field(default=64, ge=1)
-    max_bytes: int | None = Field(default=None, ge=1)
-    ordered: bool = False
-    on_error: Literal["raise", "warn", "skip"] = "raise"
-    warn_after: float | None = Field(default=5.0, gt=0, le=_MAX_SECONDS, allow_inf_nan=False,
-                                        description="a number of seconds")
-    timeout: float | None = Field(default=None, gt=0, le=_MAX_SECONDS, allow_inf_nan=False,
-                                     description="a number of seconds")
-    even_shards: Literal["pad", "drop"] | None = "pad"
+    num_producers: Annotated[int, Field(ge=1, le=MAX_PRODUCERS)] | Literal["auto"] = _python_default(
+        LoaderOptions, "num_producers")
+    buffer_size: int = Field(default=_python_default(LoaderOptions, "buffer_size"), ge=1, le=MAX_BUFFER)
+    max_bytes: int | None = Field(default=_python_default(LoaderOptions, "max_bytes"), ge=1)
+    ordered: bool = _python_default(LoaderOptions, "ordered")
+    on_error: Literal["raise", "warn", "skip"] = _python_default(LoaderOptions, "on_error")
+    warn_after: float | None = Field(default=_python_default(LoaderOptions, "warn_after"), gt=0, le=_MAX_SECONDS,
+                                     allow_inf_nan=False, description="a number of seconds")
+    timeout: float | None = Field(default=_python_default(LoaderOptions, "timeout"), gt=0, le=_MAX_SECONDS,
+                                  allow_inf_nan=False, description="a number of seconds")
+    even_shards: Literal["pad", "drop"] | None = _python_default(LoaderOptions, "even_shards")
     isolate: bool = Field(default=False, description="run the producers in a helper process (IsolatedLoader)")
+
+    @property
+    def producers(self) -> int | Literal["auto"]:
+        """Deprecated name of :attr:`num_producers`."""
+        warnings.warn("BufferConfig.producers is deprecated: use num_producers", DeprecationWarning, stacklevel=2)
+        return self.num_producers
+
+    @property
+    def capacity(self) -> int:
+        """Deprecated name of :attr:`buffer_size`."""
+        warnings.warn("BufferConfig.capacity is deprecated: use buffer_size", DeprecationWarning, stacklevel=2)
+        return self.buffer_size
 
 
 class LoaderConfig(_Section):
-    """The ``DataLoader`` that batches the samples."""
+    """How samples become batches: the keywords of the same names of ``BufferedDataset`` (``shuffle``
+    and batches by duration), of ``IsolatedLoader`` and ``BatchSlotLoader``, and of the ``DataLoader``
+    that batches a dataset's samples."""
 
+    #: No Python default to share: the loaders that batch need it (or ``max_batch_seconds``).
     batch_size: int = Field(default=32, ge=1, le=_MAX_BATCH_SIZE)
-    shuffle: bool = True
-    pin_memory: bool = True
+    shuffle: bool = _python_default(LoaderOptions, "shuffle")
+    #: ``"auto"``: pin when CUDA is available, as ``IsolatedLoader`` and ``BatchSlotLoader`` do by default.
+    pin_memory: bool | Literal["auto"] = "auto"
     drop_last: bool = False
-    max_batch_seconds: float | None = Field(default=None, gt=0, le=_MAX_SECONDS, allow_inf_nan=False,
-                                            description="a number of seconds")
-    buckets: int | None = Field(default=None, ge=1)
-    max_batch_size: int | None = Field(default=None, ge=1, le=_MAX_BATCH_SIZE)
+    max_batch_seconds: float | None = Field(default=_python_default(LoaderOptions, "max_batch_seconds"), gt=0,
+                                            le=_MAX_SECONDS, allow_inf_nan=False, description="a number of seconds")
+    buckets: int | None = Field(default=_python_default(LoaderOptions, "buckets"), ge=1)
+    max_batch_size: int | None = Field(default=_python_default(LoaderOptions, "max_batch_size"), ge=1,
+                                       le=_MAX_BATCH_SIZE)
 
     @model_validator(mode="after")
     def _batches_by_duration(self) -> LoaderConfig:
@@ -196,7 +233,7 @@ class PipelineConfig(_Section):
     loader: LoaderConfig = LoaderConfig()
     device: str = "auto"
     epochs: int = Field(default=1, ge=1)
-    seed: int = Field(default=0, ge=0, le=_MAX_SEED)
+    seed: int = Field(default=_python_default(LoaderOptions, "seed"), ge=0, le=_MAX_SEED)
     train: TrainConfig = TrainConfig()
     _origin: str = PrivateAttr(default="config")
 
@@ -242,6 +279,39 @@ def _resolve_raw_paths(data: Any, base: Path) -> None:
             node[key] = [_resolve_path(v, base) if isinstance(v, str) else v for v in value]
 
 
+def _other_name(section: str, key: str) -> str | None:
+    """The other name of a renamed key (the new name of an old one, or the old name of a new one)."""
+    for (where, old), new in _RENAMED.items():
+        if where == section and key in (old, new):
+            return new if key == old else old
+    return None
+
+
+def _rename_old_keys(data: Mapping[str, Any], origin: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """``data`` with each old key name replaced by the new one (a DeprecationWarning each, attributed to
+    the caller of ``parse_config`` or ``load_config``), and {new key path: old key path} for the error
+    messages, which name a key as it was written. ``data`` itself is left as it is.
+
+    Raises:
+        ConfigError: a section gives one option under both its names.
+    """
+    data = dict(data)
+    written: dict[str, str] = {}
+    for (section, old), new in _RENAMED.items():
+        node = data.get(section)
+        if not isinstance(node, Mapping) or old not in node:
+            continue
+        if new in node:
+            raise ConfigError(f"{origin}: {section}.{old}: the old name of {section}.{new}, which is given too: "
+                              f"keep only {section}.{new}, got {section}.{old}: {quote(node[old])} and "
+                              f"{section}.{new}: {quote(node[new])}")
+        data[section] = {new if key == old else key: value for key, value in node.items()}
+        written[f"{section}.{new}"] = f"{section}.{old}"
+        warnings.warn(f"{origin}: {section}.{old} is deprecated: write {section}.{new}", DeprecationWarning,
+                      stacklevel=4)
+    return data, written
+
+
 def parse_config(data: Any, *, base_dir: str | os.PathLike[str] | None = None,
                  origin: str = "config") -> PipelineConfig:
     """Validate a config dict; resolve relative paths against ``base_dir``; check the source exists.
@@ -251,15 +321,24 @@ def parse_config(data: Any, *, base_dir: str | os.PathLike[str] | None = None,
         base_dir: the folder relative paths resolve against (default: the current directory).
         origin: where the config came from (its file name), the prefix of every error message.
 
+    Warns:
+        DeprecationWarning: a key is given under its old name (``buffer.producers``), naming the new one.
+
     Raises:
         ConfigError: naming the key path, the value and what is allowed.
     """
+    return _parse(data, base_dir, origin)
+
+
+def _parse(data: Any, base_dir: str | os.PathLike[str] | None, origin: str) -> PipelineConfig:
+    """:func:`parse_config`, called straight from each public function (the warnings' stack level)."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{origin}: expected a mapping of sections (source, decode, ...), got {quote(data)}")
+    data, written = _rename_old_keys(data, origin)
     try:
-        config = PipelineConfig.model_validate(dict(data))
+        config = PipelineConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"{origin}: {format_errors(exc, PipelineConfig)}") from None
+        raise ConfigError(f"{origin}: {format_errors(exc, PipelineConfig, written)}") from None
     base = Path(base_dir) if base_dir is not None else Path.cwd()
     src = config.source
     if src.duration_column is not None and config.loader.max_batch_seconds is None:
@@ -303,7 +382,9 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str], *,
 
     A relative path in an override (``source.root``, ``source.manifest``, ``source.files``,
     ``train.checkpoint``) is resolved here against ``base_dir`` (default: the current directory), as a
-    path typed on a command line is; the file's own paths stay relative to the file.
+    path typed on a command line is; the file's own paths stay relative to the file. An override of a
+    renamed key replaces the option under either name (``buffer.num_producers=8`` replaces the file's
+    ``buffer.producers``).
 
     Raises:
         ConfigError: an override is not ``key.path=value``, its value is not YAML, or it sets a key
@@ -313,7 +394,7 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str], *,
     for override in overrides:
         key, sep, raw = override.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(f"--set {quote(override)}: expected key.path=value, e.g. buffer.producers=8")
+            raise ConfigError(f"--set {quote(override)}: expected key.path=value, e.g. buffer.num_producers=8")
         try:
             value = _load_yaml(raw) if raw.strip() else None
         except (yaml.YAMLError, ValueError, RecursionError) as exc:
@@ -332,6 +413,9 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str], *,
             if not isinstance(child, dict):
                 raise ConfigError(f"--set {quote(override)}: {'.'.join(parts[:i + 1])} is not a section")
             node = child
+        other = _other_name(parts[0], parts[1]) if len(parts) == 2 else None
+        if other is not None:
+            node.pop(other, None)
         node[parts[-1]] = wrapped
     return data
 
@@ -341,6 +425,9 @@ def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> 
 
     Relative paths in the file resolve against the file's folder; relative paths in ``overrides``
     against the current directory (see :func:`apply_overrides`).
+
+    Warns:
+        DeprecationWarning: a key is given under its old name (``buffer.producers``), naming the new one.
 
     Raises:
         ConfigError: the file is missing, not UTF-8 or not valid YAML, or the config does not validate.
@@ -370,7 +457,7 @@ def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> 
         apply_overrides(data, overrides)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
-    return parse_config(data, base_dir=path.resolve().parent, origin=str(path))
+    return _parse(data, path.resolve().parent, str(path))
 
 
 def reference_config() -> str:

@@ -17,7 +17,7 @@ from torch.utils.data import IterableDataset
 
 from ..engine.epoch import MAX_LISTED_FAILURES, DatasetStats, RunningEpochs, run_epoch
 from ..engine.pipeline import DurationBatching, Pipeline
-from ..options import ErrorPolicy, EvenShards, LoaderOptions, ProducerCount
+from ..options import DEFAULT_WARN_AFTER, ErrorPolicy, EvenShards, LoaderOptions, ProducerCount
 from ..sources.source import LabelSpec, Source, SourceSpec, WorkItem
 from ..sources.stream import ShardStream
 from ._state import EpochCursor, StateKeys, dataloader_worker
@@ -158,7 +158,7 @@ class BufferedDataset(StateKeys, IterableDataset):
             does), ``"drop"`` leaves out the remainder, ``None`` lets ranks differ by one. Unequal
             ranks make the last collective of an epoch wait forever.
         warn_after: log a "waiting for data" warning (logger ``audiobuffer``) when the consumer has
-            waited this many seconds for a sample; at most one every 30 s. ``None`` or
+            waited this many seconds for a sample (default 5); at most one every 30 s. ``None`` or
             ``float("inf")``: never.
         timeout: raise :class:`~audiobuffer.StallError` when no sample arrives for this many seconds
             (a decoder stuck on a file); the error names each producer's file and how long it has
@@ -199,7 +199,7 @@ class BufferedDataset(StateKeys, IterableDataset):
                  transform: Callable[[Any], Any] | None = None, labels: LabelSpec = None,
                  patterns: Sequence[str] | None = None, path_column: str = "path",
                  rank: int | None = None, world_size: int | None = None,
-                 even_shards: EvenShards = "pad", warn_after: float | None = None,
+                 even_shards: EvenShards = "pad", warn_after: float | None = DEFAULT_WARN_AFTER,
                  timeout: float | None = None, max_batch_seconds: float | None = None, buckets: int | None = None,
                  max_batch_size: int | None = None, duration_column: str | None = None,
                  storage_options: Mapping[str, Any] | None = None) -> None:
