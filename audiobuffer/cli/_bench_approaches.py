@@ -3,13 +3,14 @@
 Each loader (:func:`loader`) makes one epoch's batches from a list of paths. Every approach decodes
 with the same :class:`~audiobuffer.AudioDecoder` (libsndfile through python-soundfile), applies the
 corpus's per-sample transform where it has one (:func:`mel_transform` for ``flac+mel``), and collates
-batches of :data:`BATCH_SIZE` with :func:`~audiobuffer.pad_collate`; ``spdl-load_wav`` alone decodes
-with SPDL's own WAV parser. Peers whose package is missing are left out (:func:`available`).
-The corpora come from ``--formats`` (:func:`parse_formats`, :func:`generated_corpora`); the results
-become Markdown tables under a header line naming the GIL state (:func:`markdown`, :func:`gil_line`)
-and a plot (:func:`plot`). :mod:`audiobuffer.cli.bench` runs and measures them and re-exports the
-public names. Nothing here imports torch at import time: the helper process of ``isolated-2``
-imports this module to find :func:`mel_transform`.
+batches of :data:`BATCH_SIZE` with :func:`~audiobuffer.pad_collate`. A :class:`Lineup` is the set of
+approaches one run may measure: :data:`LINEUP` holds audiobuffer's own loaders, the plain loop and
+DataLoader workers; ``benchmarks/bench_decode.py`` in the source repository adds other libraries'
+loaders to it as :class:`Peer` entries. The corpora come from ``--formats`` (:func:`parse_formats`,
+:func:`generated_corpora`); the results become Markdown tables under a header line naming the GIL
+state (:func:`markdown`, :func:`gil_line`) and a plot (:func:`plot`). :mod:`audiobuffer.cli.bench`
+runs and measures them and re-exports the public names. Nothing here imports torch at import time:
+the helper process of ``isolated-2`` imports this module to find :func:`mel_transform`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import importlib.util
 import platform
 import sys
 import sysconfig
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -27,23 +29,20 @@ import numpy as np
 
 from ..options import gil_enabled  # noqa: F401  (bench.py imports it from here)
 
+Sample = dict[str, Any]
+Transform = Callable[[Sample], Sample]
+
 APPROACHES = [
     "loop", "loop-libsndfile", "dataloader-0", "dataloader-1", "dataloader-2", "dataloader-4", "dataloader-2-pin",
     "dataloader-2-spawn", "audiobuffer-1", "audiobuffer-2", "audiobuffer-4", "audiobuffer-8", "audiobuffer-auto",
-    "isolated-2", "torchdata-2", "prefetch_generator", "spdl-pipeline-2", "spdl-pipeline-4", "spdl-load_wav",
+    "isolated-2",
 ]
-QUICK_APPROACHES = ["loop", "dataloader-2", "dataloader-2-spawn", "audiobuffer-2", "audiobuffer-auto", "isolated-2",
-                    "torchdata-2", "prefetch_generator", "spdl-pipeline-2", "spdl-load_wav"]
+QUICK_APPROACHES = ["loop", "dataloader-2", "dataloader-2-spawn", "audiobuffer-2", "audiobuffer-auto", "isolated-2"]
 BATCH_SIZE = 16
 #: Samples decoded ahead of the consumer, for every approach that has such a bound.
 BUFFER_SIZE = 64
 #: Per-sample transforms by corpus suffix (``--formats flac+mel``); see :func:`mel_transform`.
 TRANSFORMS = ("mel",)
-#: The package each peer needs (approaches not listed need only audiobuffer's own dependencies).
-_PACKAGES = {"torchdata-2": "torchdata.nodes", "prefetch_generator": "prefetch_generator",
-             "spdl-pipeline-2": "spdl.pipeline", "spdl-pipeline-4": "spdl.pipeline", "spdl-load_wav": "spdl.io"}
-#: Approaches that read WAV files only.
-_WAV_ONLY = ("spdl-load_wav",)
 
 N_MELS, N_FFT, HOP = 64, 512, 160
 
@@ -77,15 +76,6 @@ def get_transform(name: str | None) -> Callable[[dict[str, Any]], dict[str, Any]
     return mel_transform
 
 
-def warm_up(approach: str, transform: Callable[..., Any] | None) -> None:
-    """Import what ``approach`` needs and load librosa before the clock starts, as a training script would."""
-    module = _PACKAGES.get(approach)
-    if module is not None:
-        __import__(module)
-    if transform is not None:  # librosa loads scipy and numba on its first call (seconds)
-        transform({"audio": np.zeros(4 * N_FFT, dtype=np.float32), "sample_rate": 16000})
-
-
 def missing_modules(names: Sequence[str]) -> list[str]:
     """The modules of ``names`` that cannot be imported."""
     missing = []
@@ -97,22 +87,9 @@ def missing_modules(names: Sequence[str]) -> list[str]:
     return missing
 
 
-def available(approach: str) -> bool:
-    """Whether the approach's package is installed."""
-    module = _PACKAGES.get(approach)
-    return module is None or not missing_modules([module])
-
-
 def available_transform(name: str) -> bool:
     """Whether the package of the transform called ``name`` (librosa for ``mel``) is installed."""
     return importlib.util.find_spec({"mel": "librosa"}[name]) is not None
-
-
-def applies(approach: str, paths: Sequence[str], transform: str | None) -> bool:
-    """Whether ``approach`` can run on this corpus (``spdl-load_wav``: WAV files without a transform)."""
-    if approach in _WAV_ONLY:
-        return transform is None and all(p.lower().endswith(".wav") for p in paths)
-    return True
 
 
 class PathDataset:
@@ -134,7 +111,8 @@ class PathDataset:
         return sample if self.transform is None else self.transform(sample)
 
 
-def _batches_of(samples: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+def batches_of(samples: Iterator[Sample]) -> Iterator[dict[str, Any]]:
+    """``samples`` collated into batches of :data:`BATCH_SIZE` in this thread (the last one may be short)."""
     from ..collate import pad_collate
 
     batch: list[dict[str, Any]] = []
@@ -155,72 +133,21 @@ def _closing(batches: Iterator[dict[str, Any]], close: Callable[[], None]) -> It
         close()
 
 
-def _spdl_pipeline(paths: list[str], decode: Callable[[Any], dict[str, Any]], concurrency: int
-                   ) -> Iterator[dict[str, Any]]:
-    """SPDL's pipeline: a source of batches of paths -> a thread stage that decodes and collates each batch.
+def decoding(transform: Transform | None = None) -> Callable[[str], Sample]:
+    """The decode every approach shares: :class:`~audiobuffer.AudioDecoder`, then ``transform`` if any."""
+    from ..decoders import AudioDecoder
 
-    Settings tried on FSDD (3000 tiny WAVs) and 400 generated FLAC files, SPDL 0.8.0, on 2 cores that
-    others were using too (load about 4; medians of 1-3 runs, so only the large differences count):
+    decoder = AudioDecoder()
+    if transform is None:
+        return decoder
 
-    - the layout the SPDL docs draw, ``source(paths) -> pipe(decode, concurrency=N) -> aggregate(16) ->
-      pipe(pad_collate) -> sink``: 2.5-3.3 s on FSDD against 0.26-0.42 s for the loop. Each item crosses
-      three asyncio queues and a ``run_in_executor`` in SPDL's event-loop thread, about 0.3 ms of GIL-held
-      Python per item here (a pipeline of no-op stages takes 1.8 s for 3000 items);
-    - ``aggregate(16)`` first, then one stage decoding and collating a batch: 1.4-1.8 s on FSDD (the
-      aggregate stage still moves every path through a queue);
-    - a source that yields the batches of paths, then that stage (kept): 0.52 s on FSDD; on FLAC 0.40 s
-      with concurrency 4 against 0.68 s with 2, 0.62-0.72 s per item, and 0.58 s for the loop;
-    - ``num_threads`` equal to the concurrency (more threads than concurrent tasks idle),
-      ``use_thread_output_queue=True`` (no change beyond noise), a sink of ``BUFFER_SIZE // BATCH_SIZE``
-      batches (the samples the other approaches decode ahead), ``output_order="completion"`` (the default),
-      and the default task hooks (disabling them changed nothing beyond noise).
+    def decode(path: str) -> Sample:
+        return transform(decoder(path))
 
-    Every epoch ends about 0.1 s after its last batch: SPDL's event-loop thread notices the end and the
-    stop request by polling every 0.1 s. That is what a user of ``auto_stop()`` pays, so it is measured.
-    """
-    from spdl.pipeline import PipelineBuilder
-
-    from ..collate import pad_collate
-
-    def decode_batch(batch_paths: list[str]) -> dict[str, Any]:
-        return pad_collate([decode(p) for p in batch_paths])
-
-    chunks = [paths[i:i + BATCH_SIZE] for i in range(0, len(paths), BATCH_SIZE)]
-    builder: PipelineBuilder[list[str], dict[str, Any]] = PipelineBuilder()
-    # mypy cannot solve the type variables of spdl's union of stage kinds from a plain function
-    builder = builder.add_source(chunks).pipe(decode_batch, concurrency=concurrency)  # type: ignore[arg-type]
-    pipeline = (builder
-                .add_sink(max(1, BUFFER_SIZE // BATCH_SIZE)).build(num_threads=concurrency))
-    with pipeline.auto_stop():
-        yield from pipeline.get_iterator(timeout=600)
+    return decode
 
 
-_WAV_SCALE = {np.dtype(np.int16): 1 / 32768, np.dtype(np.int32): 1 / 2**31}
-
-
-def _load_wav(path: str, index: int) -> dict[str, Any]:
-    """``spdl.io.load_wav`` on the file's bytes, as :class:`~audiobuffer.AudioDecoder` would return it (mono)."""
-    import spdl.io
-    import torch
-
-    with open(path, "rb") as f:
-        data = f.read()
-    sample_rate = spdl.io.parse_wav(data).sample_rate
-    raw = np.asarray(spdl.io.load_wav(data))  # (frames, channels): int16 for PCM 16, as stored
-    audio: np.ndarray
-    if raw.dtype == np.uint8:
-        audio = (raw.astype(np.float32) - 128) / 128
-    elif raw.dtype in _WAV_SCALE:
-        audio = raw.astype(np.float32) * np.float32(_WAV_SCALE[raw.dtype])  # libsndfile's scaling: exact
-    else:
-        audio = raw.astype(np.float32)
-    audio = audio[:, 0] if audio.shape[1] == 1 else audio.mean(axis=1, dtype=np.float32)
-    return {"path": path, "index": index, "audio": torch.from_numpy(np.ascontiguousarray(audio)),
-            "sample_rate": sample_rate, "num_frames": audio.shape[0]}
-
-
-def loader(approach: str, paths: list[str], transform: Callable[..., Any] | None = None
-           ) -> Iterator[dict[str, Any]]:
+def loader(approach: str, paths: list[str], transform: Transform | None = None) -> Iterator[dict[str, Any]]:
     """One epoch of batches of ``paths`` through ``approach`` (one of :data:`APPROACHES`)."""
     from torch.utils.data import DataLoader, Dataset
 
@@ -228,17 +155,12 @@ def loader(approach: str, paths: list[str], transform: Callable[..., Any] | None
     from ..decoders import AudioDecoder
     from ..loaders.dataset import BufferedDataset
 
-    decoder = AudioDecoder()
-    decode: Callable[[str], dict[str, Any]] = decoder
-    if transform is not None:
-        def decode(path: str) -> dict[str, Any]:
-            return transform(decoder(path))
-
     if approach in ("loop", "loop-libsndfile"):  # -libsndfile: WAV too through libsndfile, as before the own reader
         from ..decoders import audio as audio_module
 
         audio_module._NATIVE_WAV = approach == "loop"  # a fresh process per approach: nothing else sees it
-        return _batches_of(decode(p) for p in paths)
+        decode = decoding(transform)
+        return batches_of(decode(p) for p in paths)
     if approach.startswith("dataloader-"):
         parts = approach.split("-")
         extra: dict[str, Any] = {"multiprocessing_context": "spawn"} if "spawn" in parts else {}
@@ -248,30 +170,105 @@ def loader(approach: str, paths: list[str], transform: Callable[..., Any] | None
     if approach.startswith("audiobuffer-"):
         count = approach.split("-")[1]
         producers: dict[str, Any] = {} if count == "auto" else {"num_producers": int(count)}
-        ds = BufferedDataset(paths, decoder, buffer_size=BUFFER_SIZE, transform=transform, **producers)
+        ds = BufferedDataset(paths, AudioDecoder(), buffer_size=BUFFER_SIZE, transform=transform, **producers)
         return _closing(iter(DataLoader(ds, batch_size=BATCH_SIZE, collate_fn=pad_collate)), ds.close)
     if approach == "isolated-2":
         from ..loaders.isolated.loader import IsolatedLoader
 
-        isolated = IsolatedLoader(paths, decoder, batch_size=BATCH_SIZE, num_producers=2, buffer_size=BUFFER_SIZE,
-                                  transform=transform, pin_memory=False)
+        isolated = IsolatedLoader(paths, AudioDecoder(), batch_size=BATCH_SIZE, num_producers=2,
+                                  buffer_size=BUFFER_SIZE, transform=transform, pin_memory=False)
         return _closing(iter(isolated), isolated.close)
-    if approach == "torchdata-2":
-        from torchdata.nodes import Batcher, IterableWrapper, Loader, Mapper, ParallelMapper
-
-        node = ParallelMapper(IterableWrapper(paths), map_fn=decode, num_workers=2, method="thread", in_order=False)
-        return iter(Loader(Mapper(Batcher(node, batch_size=BATCH_SIZE, drop_last=False), pad_collate)))
-    if approach == "prefetch_generator":
-        from prefetch_generator import BackgroundGenerator
-
-        return iter(BackgroundGenerator(_batches_of(decode(p) for p in paths), max_prefetch=4))
-    if approach.startswith("spdl-pipeline-"):
-        return _spdl_pipeline(paths, decode, int(approach.rsplit("-", 1)[1]))
-    if approach == "spdl-load_wav":
-        if transform is not None:
-            raise ValueError("spdl-load_wav takes no transform")
-        return _batches_of(_load_wav(p, i) for i, p in enumerate(paths))
     raise ValueError(f"unknown approach {approach!r}; known: {APPROACHES}")
+
+
+# -- the line-up: audiobuffer's own approaches, and others' beside them ----------------------------
+
+
+@dataclass(frozen=True)
+class Peer:
+    """An approach from another library, measured beside audiobuffer's own (``benchmarks/bench_decode.py``).
+
+    Attributes:
+        module: imported before the clock starts; where it cannot be, the approach is left out.
+        make: one epoch of batches: ``make(paths, transform)``; it decodes with :func:`decoding` (the
+            decode every approach shares) unless it measures a decoder of its own.
+        distribution: the package whose version the header line names.
+        wav_only: it reads WAV files only and takes no transform (a WAV parser of its own).
+        color: its bars in the plot.
+    """
+
+    module: str
+    make: Callable[[list[str], Transform | None], Iterator[dict[str, Any]]]
+    distribution: str
+    wav_only: bool = False
+    color: str = "tab:blue"
+
+
+@dataclass(frozen=True)
+class Lineup:
+    """The approaches one bench run may measure, and the command that runs one in a fresh process.
+
+    :data:`LINEUP` is ``audiobuffer bench``'s: :data:`APPROACHES`, each child started as
+    ``python -m audiobuffer.cli.bench --child ...``. A line-up with :class:`Peer` entries names them
+    in ``names`` too, and a ``child`` script that calls :func:`audiobuffer.cli.bench.main` with it.
+
+    Attributes:
+        names: every approach, in the order of the tables.
+        quick: the approaches of ``--quick``.
+        peers: the approaches from other libraries, by name.
+        child: what follows ``sys.executable`` on a child's command line.
+    """
+
+    names: tuple[str, ...]
+    quick: tuple[str, ...]
+    peers: Mapping[str, Peer] = field(default_factory=dict)
+    child: tuple[str, ...] = ("-m", "audiobuffer.cli.bench")
+
+    def __post_init__(self) -> None:
+        unknown = [n for n in (*self.quick, *self.peers) if n not in self.names]
+        own = [n for n in self.names if n not in self.peers and n not in APPROACHES]
+        if unknown or own:
+            raise ValueError(f"a line-up's quick approaches and peers must be in its names, and each name must be "
+                             f"audiobuffer's or a peer's; not in names: {unknown}; neither audiobuffer's nor a "
+                             f"peer: {own}")
+
+    def loader(self, approach: str, paths: list[str], transform: Transform | None = None
+               ) -> Iterator[dict[str, Any]]:
+        """One epoch of batches of ``paths`` through ``approach``."""
+        peer = self.peers.get(approach)
+        return loader(approach, paths, transform) if peer is None else peer.make(paths, transform)
+
+    def available(self, approach: str) -> bool:
+        """Whether the approach's package is installed (audiobuffer's own always are)."""
+        peer = self.peers.get(approach)
+        return peer is None or not missing_modules([peer.module])
+
+    def applies(self, approach: str, paths: Sequence[str], transform: str | None) -> bool:
+        """Whether ``approach`` can run on this corpus (a WAV-only peer: WAV files without a transform)."""
+        peer = self.peers.get(approach)
+        if peer is not None and peer.wav_only:
+            return transform is None and all(p.lower().endswith(".wav") for p in paths)
+        return True
+
+    def warm_up(self, approach: str, transform: Transform | None) -> None:
+        """Import what ``approach`` needs and load librosa before the clock starts, as a training script would."""
+        peer = self.peers.get(approach)
+        if peer is not None:
+            __import__(peer.module)
+        if transform is not None:  # librosa loads scipy and numba on its first call (seconds)
+            transform({"audio": np.zeros(4 * N_FFT, dtype=np.float32), "sample_rate": 16000})
+
+    def color(self, approach: str) -> str:
+        """The colour of the approach's bars in the plot."""
+        peer = self.peers.get(approach)
+        if peer is not None:
+            return peer.color
+        return ("tab:green" if approach.startswith(("audiobuffer", "isolated")) else
+                "tab:gray" if approach == "loop" else "tab:blue")
+
+
+#: ``audiobuffer bench``'s line-up: audiobuffer's loaders, the plain loop and DataLoader workers.
+LINEUP = Lineup(tuple(APPROACHES), tuple(QUICK_APPROACHES))
 
 
 # -- corpora -------------------------------------------------------------------------------------
@@ -351,8 +348,9 @@ def generated_corpora(formats: Sequence[tuple[str, str | None]], files: int, cac
 # -- the output ----------------------------------------------------------------------------------
 
 
-def gil_line(results: dict[str, list[dict[str, Any]]]) -> str:
-    """The header line: the interpreter, whether the GIL was enabled in the measured processes, the peers' versions."""
+def gil_line(results: dict[str, list[dict[str, Any]]], lineup: Lineup = LINEUP) -> str:
+    """The header line: the interpreter, whether the GIL was enabled in the measured processes, and the
+    versions of the peers and of librosa (``Peers:`` where the line-up has peers, else ``Packages:``)."""
     build = "free-threaded build" if sysconfig.get_config_var("Py_GIL_DISABLED") else "default build"
     states = {r["approach"]: bool(r.get("gil_enabled", True)) for rows in results.values() for r in rows}
     if all(states.values()):
@@ -361,18 +359,20 @@ def gil_line(results: dict[str, list[dict[str, Any]]]) -> str:
         gil = "GIL disabled"
     else:
         gil = f"GIL disabled, but enabled by an import in: {', '.join(a for a, on in states.items() if on)}"
-    peers = []
-    for name in ("torchdata", "prefetch_generator", "spdl", "librosa"):
+    versions = []
+    for name in dict.fromkeys([*(peer.distribution for peer in lineup.peers.values()), "librosa"]):
         try:
-            peers.append(f"{name} {importlib.metadata.version(name)}")
+            versions.append(f"{name} {importlib.metadata.version(name)}")
         except importlib.metadata.PackageNotFoundError:
             pass
-    return f"Python {platform.python_version()} ({build}): {gil}. Peers: {', '.join(peers) or 'none installed'}."
+    label = "Peers" if lineup.peers else "Packages"
+    return (f"Python {platform.python_version()} ({build}): {gil}. "
+            f"{label}: {', '.join(versions) or 'none installed'}.")
 
 
-def markdown(results: dict[str, list[dict[str, Any]]]) -> str:
+def markdown(results: dict[str, list[dict[str, Any]]], lineup: Lineup = LINEUP) -> str:
     """The results as Markdown tables, one per corpus, after the :func:`gil_line`."""
-    out = [gil_line(results), ""]
+    out = [gil_line(results, lineup), ""]
     for corpus, rows in results.items():
         out.append(f"#### {corpus}\n")
         out.append("| approach | epoch s | vs loop | vs best DataLoader | first batch ms | files/s (steady) | "
@@ -388,7 +388,7 @@ def markdown(results: dict[str, list[dict[str, Any]]]) -> str:
     return "\n".join(out)
 
 
-def plot(results: dict[str, list[dict[str, Any]]], path: Path) -> None:
+def plot(results: dict[str, list[dict[str, Any]]], path: Path, lineup: Lineup = LINEUP) -> None:
     """A PNG: epoch throughput and time to first batch per approach, per corpus."""
     import matplotlib
 
@@ -398,8 +398,7 @@ def plot(results: dict[str, list[dict[str, Any]]], path: Path) -> None:
     fig, axes = plt.subplots(len(results), 2, figsize=(13, 3.2 * len(results)), squeeze=False)
     for row, (corpus, rows) in zip(axes, results.items()):
         names = [r["approach"] for r in rows]
-        colors = ["tab:green" if n.startswith(("audiobuffer", "isolated")) else "tab:gray" if n == "loop" else
-                  "tab:orange" if n.startswith("spdl") else "tab:blue" for n in names]
+        colors = [lineup.color(n) for n in names]
         row[0].barh(names, [r["files"] / r["total_s"] for r in rows], color=colors)
         row[0].set_xlabel("files per second (whole epoch)")
         row[0].set_title(corpus)

@@ -9,12 +9,11 @@ corpus: a librosa log-mel spectrogram, which holds the GIL) and collate (:func:`
   (what Windows and macOS users get), ``-pin`` with ``pin_memory=True``;
 - ``audiobuffer-N``: ``BufferedDataset(num_producers=N)`` into ``DataLoader(num_workers=0)``;
   ``audiobuffer-auto``: the same with ``num_producers`` left to its default;
-- ``isolated-2``: ``IsolatedLoader(num_producers=2)``, the producers in one helper process;
-- ``torchdata-2``: torchdata's ``ParallelMapper(method="thread")``, where torchdata is installed;
-- ``prefetch_generator``: the loop in a ``BackgroundGenerator``, where prefetch_generator is installed;
-- ``spdl-pipeline-N``: SPDL's ``PipelineBuilder``, a thread stage of concurrency N that decodes and
-  collates batches (settings in ``audiobuffer/tools/_bench_approaches.py``), where spdl is installed;
-- ``spdl-load_wav``: a loop over ``spdl.io.load_wav`` (SPDL's native WAV parser) on WAV corpora.
+- ``isolated-2``: ``IsolatedLoader(num_producers=2)``, the producers in one helper process.
+
+Other libraries' loaders (torchdata, prefetch_generator, SPDL) are measured beside these by
+``benchmarks/bench_decode.py`` in the source repository, which runs this command with a
+:class:`Lineup` of its own (the same options, more approaches).
 
 For each: total epoch time, time to the first batch (worker start included), steady throughput after
 it (files/s and seconds of audio/s), peak RSS of the whole process tree (sampled every 20 ms; forked
@@ -25,8 +24,8 @@ usable cores). On Windows, where there is no ``resource`` module, CPU% counts th
 The output's first line says whether the GIL was enabled in the runs (:func:`gil_line`).
 
 It needs psutil (the ``bench`` extra: ``pip install "audiobuffer[bench]"``); ``--plot`` also needs
-matplotlib. The extra also holds librosa (the ``flac+mel`` corpus) and the peers; without them, that
-corpus or those approaches are left out with a note.
+matplotlib. The extra also holds librosa (the ``flac+mel`` corpus); without it, that corpus is left out
+with a note.
 """
 
 from __future__ import annotations
@@ -43,16 +42,21 @@ from typing import Any
 
 from ..options import usable_cores
 
-# The approaches, corpora, tables and plot live in _bench_approaches; scripts and tests import them from here.
+# The approaches, corpora, tables and plot live in _bench_approaches; benchmarks and tests import them from here.
 from ._bench_approaches import (  # noqa: F401
     APPROACHES,
     BATCH_SIZE,
+    BUFFER_SIZE,
+    LINEUP,
     N_MELS,
     QUICK_APPROACHES,
     TRANSFORMS,
+    Lineup,
     PathDataset,
-    applies,
-    available,
+    Peer,
+    Transform,
+    batches_of,
+    decoding,
     generated_corpora,
     get_transform,
     gil_enabled,
@@ -64,22 +68,25 @@ from ._bench_approaches import (  # noqa: F401
     missing_modules,
     parse_formats,
     plot,
-    warm_up,
 )
 from ._measure import Window, cpu_percent, measure_epoch, run_with_peak_rss
 from .report import write_json
 
-__all__ = ["APPROACHES", "Window", "cpu_percent", "gil_line", "make_corpus", "measure_epoch", "mel_transform",
-           "run_bench", "run_with_peak_rss", "usable_cores"]
+__all__ = ["APPROACHES", "LINEUP", "Lineup", "Peer", "Window", "cpu_percent", "gil_line", "main", "make_corpus",
+           "measure_epoch", "mel_transform", "run_bench", "run_with_peak_rss", "usable_cores"]
 
 INSTALL_HINT = 'pip install "audiobuffer[bench]"'
 
 #: ``audiobuffer bench --help``: plain text (the module docstring is reST for the API docs).
 DESCRIPTION = ("Time one epoch of audio decoding through each loader, side by side: the plain loop, "
                "DataLoader with worker processes (fork, spawn, pinned), BufferedDataset with producer "
-               "threads, IsolatedLoader with its producers in a helper process, and torchdata, "
-               "prefetch_generator and SPDL (its pipeline and load_wav) where installed. Each approach runs "
-               "in a fresh process over the same files, decoder, per-sample transform and collate.")
+               "threads, and IsolatedLoader with its producers in a helper process. Each approach runs "
+               "in a fresh process over the same files, decoder, per-sample transform and collate. Other "
+               "libraries' loaders (torchdata, prefetch_generator, SPDL) are compared by "
+               "benchmarks/bench_decode.py in audiobuffer's source repository.")
+#: The hint for an approach ``audiobuffer bench`` does not know.
+PEERS_HINT = ("other libraries' loaders (torchdata, prefetch_generator, SPDL) are compared by "
+              "benchmarks/bench_decode.py in audiobuffer's source repository")
 EPILOG = ("Corpora: generated FLAC and WAV files, FLAC with a librosa log-mel spectrogram per sample "
           "(flac+mel, which holds the GIL), and FSDD with --fsdd. Reported per approach: epoch time, time "
           "to the first batch, steady files/s and seconds of audio/s, peak RSS of the process tree (MiB), "
@@ -88,7 +95,8 @@ EPILOG = ("Corpora: generated FLAC and WAV files, FLAC with a librosa log-mel sp
           f"{INSTALL_HINT}")
 
 
-def _child(approach: str, paths: list[str], transform_name: str | None = None) -> dict[str, Any]:
+def _child(approach: str, paths: list[str], transform_name: str | None = None, lineup: Lineup = LINEUP
+           ) -> dict[str, Any]:
     """Run one epoch in this process and measure it (the body of the subprocess)."""
     import torch  # everything is imported before the clock starts, as in a training script
     import torch.utils.data  # noqa: F401
@@ -97,9 +105,9 @@ def _child(approach: str, paths: list[str], transform_name: str | None = None) -
     from ..loaders import dataset  # noqa: F401
 
     transform = get_transform(transform_name)
-    warm_up(approach, transform)
+    lineup.warm_up(approach, transform)
     torch.zeros(1)
-    measured: dict[str, Any] = dict(measure_epoch(lambda: loader(approach, paths, transform)))
+    measured: dict[str, Any] = dict(measure_epoch(lambda: lineup.loader(approach, paths, transform)))
     measured["gil_enabled"] = gil_enabled()
     return measured
 
@@ -120,9 +128,10 @@ class Run:
     gil_enabled: bool
 
 
-def _measure(approach: str, file_list: Path, timeout: float, transform: str | None = None) -> Run:
+def _measure(approach: str, file_list: Path, timeout: float, transform: str | None = None,
+             lineup: Lineup = LINEUP) -> Run:
     out = file_list.with_suffix(f".{approach}.json")
-    cmd = [sys.executable, "-m", "audiobuffer.cli.bench", "--child", approach, "--file-list", str(file_list),
+    cmd = [sys.executable, *lineup.child, "--child", approach, "--file-list", str(file_list),
            "--child-out", str(out)] + (["--transform", transform] if transform else [])
     status, err, peak = run_with_peak_rss(cmd, timeout=timeout)
     if status != 0:
@@ -137,13 +146,13 @@ def _measure(approach: str, file_list: Path, timeout: float, transform: str | No
 
 
 def run_bench(corpora: dict[str, list[str]], approaches: Sequence[str], runs: int, *, workdir: Path,
-              timeout: float = 600.0, progress: bool = True, transforms: dict[str, str] | None = None
-              ) -> dict[str, list[dict[str, Any]]]:
+              timeout: float = 600.0, progress: bool = True, transforms: dict[str, str] | None = None,
+              lineup: Lineup = LINEUP) -> dict[str, list[dict[str, Any]]]:
     """Measure every approach on every corpus ``runs`` times, taking turns; return the medians per corpus.
 
-    ``transforms`` maps a corpus name to the per-sample transform its samples get (one of
-    ``TRANSFORMS``). Approaches whose package is missing, or that do not apply to a corpus
-    (``spdl-load_wav`` off WAV), are left out with a note.
+    ``approaches`` are names of ``lineup``. ``transforms`` maps a corpus name to the per-sample
+    transform its samples get (one of ``TRANSFORMS``). Approaches whose package is missing, or that do
+    not apply to a corpus (a WAV-only peer off WAV), are left out with a note.
     """
     results: dict[str, list[dict[str, Any]]] = {}
     for number, (corpus, paths) in enumerate(corpora.items()):
@@ -152,8 +161,8 @@ def run_bench(corpora: dict[str, list[str]], approaches: Sequence[str], runs: in
         file_list.write_text("\n".join(paths), encoding="utf-8", newline="\n")  # any file name, any locale
         usable = []
         for approach in approaches:
-            why = ("not installed" if not available(approach) else
-                   "not for this corpus" if not applies(approach, paths, transform) else None)
+            why = ("not installed" if not lineup.available(approach) else
+                   "not for this corpus" if not lineup.applies(approach, paths, transform) else None)
             if why:
                 if progress:
                     print(f"  {corpus}: {approach}: {why}, left out", file=sys.stderr)
@@ -164,7 +173,7 @@ def run_bench(corpora: dict[str, list[str]], approaches: Sequence[str], runs: in
         measured: dict[str, list[Any]] = {approach: [] for approach in usable}
         for _ in range(runs):
             for approach in usable:
-                measured[approach].append(_measure(approach, file_list, timeout, transform))
+                measured[approach].append(_measure(approach, file_list, timeout, transform, lineup=lineup))
         rows = []
         for approach, runs_of in measured.items():
             median = {k: statistics.median(getattr(m, k) for m in runs_of) for k in asdict(runs_of[0])
@@ -191,16 +200,21 @@ def _add_ratios(rows: list[dict[str, Any]]) -> None:
         r["vs_best_dataloader"] = best / r["total_s"] if best else None
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``audiobuffer bench``; also the subprocess entry point (``--child``)."""
-    parser = argparse.ArgumentParser(prog="audiobuffer bench", description=DESCRIPTION, epilog=EPILOG)
+def main(argv: Sequence[str] | None = None, *, lineup: Lineup = LINEUP, prog: str = "audiobuffer bench",
+         description: str = DESCRIPTION) -> int:
+    """``audiobuffer bench``; also the subprocess entry point (``--child``).
+
+    A script that measures peers beside audiobuffer's loaders calls this with its own ``lineup`` (whose
+    ``child`` runs that script), ``prog`` and ``description``: the options stay the same.
+    """
+    parser = argparse.ArgumentParser(prog=prog, description=description, epilog=EPILOG)
     parser.add_argument("--files", type=int, default=1000, help="files per generated corpus (default 1000)")
     parser.add_argument("--formats", default="flac,wav,flac+mel",
                         help="generated corpora; FORMAT+mel adds a librosa log-mel transform per sample, which "
                              "holds the GIL (default flac,wav,flac+mel)")
     parser.add_argument("--fsdd", type=Path, default=None, help="also the real FSDD recordings in this folder")
     parser.add_argument("--runs", type=int, default=3, help="runs per approach; the median is reported (default 3)")
-    parser.add_argument("--approaches", default=None, help=f"comma-separated subset of: {', '.join(APPROACHES)}")
+    parser.add_argument("--approaches", default=None, help=f"comma-separated subset of: {', '.join(lineup.names)}")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 40 files, 1 run, a few approaches")
     parser.add_argument("--cache-dir", type=Path, default=None, help="where corpora are made (default: a temp folder)")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON ('-': stdout)")
@@ -213,17 +227,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.child:
         paths = args.file_list.read_text(encoding="utf-8").split("\n")
-        args.child_out.write_text(json.dumps(_child(args.child, paths, args.transform)), encoding="utf-8",
+        args.child_out.write_text(json.dumps(_child(args.child, paths, args.transform, lineup)), encoding="utf-8",
                                   newline="\n")
         return 0
     if args.runs < 1 or args.files < 1:
         parser.error("--runs and --files must be >= 1")
-    approaches = QUICK_APPROACHES if args.quick else APPROACHES
+    approaches = list(lineup.quick if args.quick else lineup.names)
     if args.approaches:
         approaches = [a.strip() for a in args.approaches.split(",") if a.strip()]
-        unknown = [a for a in approaches if a not in APPROACHES]
+        unknown = [a for a in approaches if a not in lineup.names]
         if unknown:
-            parser.error(f"unknown approaches {unknown}; known: {APPROACHES}")
+            hint = f"; {PEERS_HINT}" if lineup is LINEUP else ""
+            parser.error(f"unknown approaches {unknown}; known: {list(lineup.names)}{hint}")
     files, runs = (40, 1) if args.quick else (args.files, args.runs)
     try:
         formats = parse_formats(args.formats)
@@ -231,7 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))
     missing = missing_modules(["psutil"] + (["matplotlib"] if args.plot else []))
     if missing:
-        print(f"audiobuffer bench: error: needs {' and '.join(missing)}, which the bench extra installs: "
+        print(f"{prog}: error: needs {' and '.join(missing)}, which the bench extra installs: "
               f"{INSTALL_HINT}", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="audiobuffer-bench-") as tmp:
@@ -242,13 +257,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 parser.error(f"--fsdd {args.fsdd}: no .wav files there")
             fsdd = fsdd[:files] if args.quick else fsdd  # named by the files measured, not the files there
             corpora[f"FSDD, {len(fsdd)} real recordings (WAV, 8 kHz)"] = fsdd
-        results = run_bench(corpora, approaches, runs, workdir=Path(tmp), transforms=transforms)
-    text = markdown(results)
+        results = run_bench(corpora, approaches, runs, workdir=Path(tmp), transforms=transforms, lineup=lineup)
+    text = markdown(results, lineup)
     print(text)
     if args.markdown:
         Path(args.markdown).write_text(text, encoding="utf-8", newline="\n")
     if args.plot:
-        plot(results, Path(args.plot))
+        plot(results, Path(args.plot), lineup)
     write_json(args.json, results)
     return 0
 

@@ -1,11 +1,11 @@
 """Epoch after epoch: ``num_producers="auto"`` against fixed counts over several epochs of one dataset.
 
-    python scripts/bench_epochs.py            # print the table
-    python scripts/bench_epochs.py --write    # and rewrite its section of BENCHMARKS.md
+    python benchmarks/bench_epochs.py            # print the table
+    python benchmarks/bench_epochs.py --write    # and rewrite its section of BENCHMARKS.md
 
 ``audiobuffer bench`` times one epoch in a fresh process, so ``auto`` there always pays its first
 epoch's trials. A training run reuses its dataset: from the second epoch on, ``auto`` starts at the
-count the last epoch settled on (NOTE [ Producer tuning ] in ``audiobuffer/_tuner.py``). Here each
+count the last epoch settled on (NOTE [ Producer tuning ] in ``audiobuffer/engine/tuner.py``). Here each
 setting gets one ``BufferedDataset`` that runs ``--epochs`` epochs into ``DataLoader(num_workers=0,
 collate_fn=pad_collate)``, batches of 16, on the generated FLAC and WAV corpora of ``audiobuffer
 bench`` and on FSDD. The settings take turns epoch by epoch, so a busy spell of a shared machine
@@ -22,18 +22,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmd import FSDD, machine, table, write_section  # noqa: E402
-from torch.utils.data import DataLoader  # noqa: E402
+from bench_decode import LINEUP
+from harness import FSDD, fsdd_files, machine, table, write_section
+from torch.utils.data import DataLoader
 
-from audiobuffer import AudioDecoder, BufferedDataset, pad_collate  # noqa: E402
-from audiobuffer.cli.bench import make_corpus  # noqa: E402
+from audiobuffer import AudioDecoder, BufferedDataset, pad_collate
+from audiobuffer.cli.bench import BATCH_SIZE, BUFFER_SIZE, make_corpus
 
 SETTINGS: list[Any] = ["auto", 1, 2]
-#: Loops in the training thread, timed in turn with the settings as references (no state across epochs).
+#: Loops in the training thread, timed in turn with the settings as references (no state across epochs);
+#: approaches of ``benchmarks/bench_decode.py``'s line-up.
 LOOPS = ["loop", "loop-libsndfile", "spdl-load_wav"]
-BATCH_SIZE = 16
-BUFFER_SIZE = 64
 
 
 def epoch(ds: BufferedDataset, number: int) -> float:
@@ -49,11 +48,10 @@ def loop_epoch(name: str, paths: list[str]) -> float:
     """Wall seconds of one epoch of the loop ``name`` (one of :data:`LOOPS`) in this thread: decode and
     ``pad_collate`` batches of 16, as ``audiobuffer bench`` times it (``loop-libsndfile`` reads WAV through
     libsndfile, not audiobuffer's own reader; ``spdl-load_wav`` decodes with SPDL's WAV parser)."""
-    from audiobuffer.cli._bench_approaches import loader
     from audiobuffer.decoders import audio as audio_module
 
     try:
-        batches = loader(name, paths)  # loop-libsndfile turns the own WAV reader off: no pool runs meanwhile
+        batches = LINEUP.loader(name, paths)  # loop-libsndfile turns the own WAV reader off: no pool runs meanwhile
         start = time.perf_counter()
         for _ in batches:
             pass
@@ -64,9 +62,7 @@ def loop_epoch(name: str, paths: list[str]) -> float:
 
 def loops_for(paths: list[str]) -> list[str]:
     """The reference loops that apply to ``paths``: SPDL's ``load_wav`` only for WAV files, when installed."""
-    from audiobuffer.cli._bench_approaches import applies, available
-
-    return [name for name in LOOPS if available(name) and applies(name, paths, None)]
+    return [name for name in LOOPS if LINEUP.available(name) and LINEUP.applies(name, paths, None)]
 
 
 def run_corpus(paths: list[str], epochs: int, rounds: int) -> dict[Any, list[list[float]]]:
@@ -98,7 +94,7 @@ def name_of(setting: Any) -> str:
 
 
 def report(results: dict[str, dict[Any, list[list[float]]]], epochs: int, rounds: int) -> str:
-    lines = ["## Epoch after epoch: `auto` against fixed counts (`scripts/bench_epochs.py`)", "",
+    lines = ["## Epoch after epoch: `auto` against fixed counts (`benchmarks/bench_epochs.py`)", "",
              f"Machine: {machine()}. One `BufferedDataset` per setting runs {epochs} epochs into "
              f"`DataLoader(num_workers=0, collate_fn=pad_collate)` (batches of {BATCH_SIZE}); the settings take "
              f"turns epoch by epoch; medians of {rounds} rounds, each with fresh datasets. From the second epoch "
@@ -134,11 +130,9 @@ def main(argv: list[str] | None = None) -> int:
         cache = args.cache_dir or Path(tmp)
         corpora = {f"{fmt.upper()}, {args.files} generated files of 1-4 s at 16 kHz":
                    make_corpus(cache / f"{fmt}-{args.files}", args.files, fmt) for fmt in ("flac", "wav")}
-        fsdd = sorted(str(p) for p in args.fsdd.glob("*.wav")) if args.fsdd.is_dir() else []
+        fsdd = fsdd_files(args.fsdd)
         if fsdd:
             corpora[f"FSDD, {len(fsdd)} real recordings (WAV, 8 kHz)"] = fsdd
-        else:
-            print(f"FSDD not found at {args.fsdd}: that corpus is left out", file=sys.stderr)
         for corpus, paths in corpora.items():
             results[corpus] = run_corpus(paths, args.epochs, args.rounds)
             print(f"  {corpus}: done", file=sys.stderr)

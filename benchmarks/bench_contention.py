@@ -1,8 +1,8 @@
 """Contention: a Python-bound training step fed by each loader, and how much the loader slows it.
 
-    python scripts/bench_contention.py --write    # the full run; rewrites the "contention" section of BENCHMARKS.md
-    python scripts/bench_contention.py --quick    # a smoke run (32 files, 1 run, light step): prints Markdown
-    python scripts/bench_contention.py --device cuda --write   # the step on a GPU: the "contention-cuda" section
+    python benchmarks/bench_contention.py --write    # the full run; rewrites the "contention" section of BENCHMARKS.md
+    python benchmarks/bench_contention.py --quick    # a smoke run (32 files, 1 run, light step): prints Markdown
+    python benchmarks/bench_contention.py --device cuda --write   # the step on a GPU: the "contention-cuda" section
 
 The step stands for a GPU training step, which is Python launching many small kernels: ``rounds``
 times ``relu(h @ W) + 0.1`` on an (8, 64) tensor, then ``.item()``, with one intra-op thread. The
@@ -29,7 +29,7 @@ Each corpus is fed, in batches of 16, by:
 
 Corpora: FSDD (all its recordings, where ``../shared/data/fsdd/recordings`` exists), generated WAV
 and FLAC files of 1-4 s at 16 kHz, and the FLAC files with a per-sample librosa log-mel transform
-(``audiobuffer bench``'s ``mel_transform``, through ``scripts/contention_transforms.py``), which holds
+(``audiobuffer bench``'s ``mel_transform``, see :func:`_transform`), which holds
 the GIL in every producer; that corpus runs the light step and the thread-based approaches only.
 
 Every (corpus, approach, run) is a fresh subprocess (``OMP_NUM_THREADS=1``). It imports everything
@@ -56,12 +56,9 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-SCRIPTS = Path(__file__).resolve().parent
-REPO = SCRIPTS.parent
-sys.path[:0] = [str(SCRIPTS), str(REPO)]  # benchmd and the transforms; this checkout's audiobuffer
-from benchmd import FSDD, machine, table, write_section  # noqa: E402
+from harness import FSDD, REPO, fsdd_files, machine, read_lines, table, write_lines, write_section
 
-from audiobuffer.cli.bench import BATCH_SIZE, make_corpus, run_with_peak_rss  # noqa: E402
+from audiobuffer.cli.bench import BATCH_SIZE, BUFFER_SIZE, make_corpus, run_with_peak_rss
 
 APPROACHES = ["step-alone", "step-copy", "step-beside", "loop", "buffered-1", "buffered-2", "buffered-auto",
               "isolated-2", "isolated-auto", "dataloader-2", "dataloader-2-spawn"]
@@ -91,7 +88,6 @@ LABELS = {
 STEPS = {"light": 50, "heavy": 500}
 CORPORA = ["fsdd", "wav", "flac", "flac+mel"]
 WARMUP_STEPS = 20
-BUFFER_SIZE = 64
 CHILD_TIMEOUT = 300.0
 NEIGHBOUR_NICE = 10  # as the IsolatedLoader's helper lowers itself (background=True)
 SECTION = "contention"
@@ -123,13 +119,23 @@ def make_step(rounds: int, device: str = "cpu") -> Callable[[Any], float]:
 
 
 def _transform(name: str | None) -> Callable[[dict[str, Any]], dict[str, Any]] | None:
+    """The per-sample transform called ``name`` (``mel``): ``audiobuffer bench``'s log-mel.
+
+    It is defined in the package, so the IsolatedLoader's helper imports it by reference (a transform
+    defined in the script being run, ``__main__``, is refused). librosa loads most of itself (scipy,
+    numba: about 2 s) on its first call, made here: this process pays it before any clock starts (the
+    helper pays it on its first sample, within its first batch).
+    """
     if name is None:
         return None
     if name != "mel":
         raise ValueError(f"--transform must be 'mel', got {name!r}")
-    from contention_transforms import log_mel  # loads librosa before the clock; the helper imports it by reference
+    import numpy as np
 
-    return log_mel
+    from audiobuffer.cli.bench import mel_transform
+
+    mel_transform({"audio": np.zeros(2048, dtype=np.float32), "sample_rate": 16000})  # see the docstring
+    return mel_transform
 
 
 def _batches(paths: Sequence[str], decoder: Any, transform: Any) -> Iterator[dict[str, Any]]:
@@ -327,7 +333,7 @@ def run_corpus(name: str, paths: list[str], approaches: Sequence[str], steps: Se
                transform: str | None, workdir: Path, device: str = "cpu", progress: bool = True) -> dict[str, Any]:
     """Measure every approach ``runs`` times on one corpus (runs interleaved); the medians per step."""
     file_list = workdir / f"{name.replace('+', '-')}.txt"
-    file_list.write_text("\n".join(paths), encoding="utf-8", newline="\n")
+    write_lines(file_list, paths)
     measured: dict[str, list[dict[str, Any]]] = {a: [] for a in approaches}
     for run in range(runs):  # interleaved, so a slow spell of the machine touches every approach alike
         for approach in approaches:
@@ -467,7 +473,7 @@ def markdown(results: Sequence[dict[str, Any]], runs: int, device: str = "cpu") 
         "the epochs after their first batch."
     )
     on = "" if device == "cpu" else f", the step on `{device}`"
-    parts = [f"## Contention: a Python-bound step fed by each loader{on} (`scripts/bench_contention.py`)", intro]
+    parts = [f"## Contention: a Python-bound step fed by each loader{on} (`benchmarks/bench_contention.py`)", intro]
     checked = goals(results)
     if checked:
         parts += ["### Goals (this run)", table(["goal", "where", "measured", "target", "met"], checked)]
@@ -515,10 +521,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     steps = _csv(args.steps or ("light" if args.quick else "light,heavy"), list(STEPS), "--steps", parser)
     if args.neighbour:
-        neighbour([p for p in args.file_list.read_text(encoding="utf-8").splitlines() if p], args.transform)
+        neighbour(read_lines(args.file_list), args.transform)
         return 0
     if args.child:
-        paths = [p for p in args.file_list.read_text(encoding="utf-8").splitlines() if p]
+        paths = read_lines(args.file_list)
         args.child_out.write_text(json.dumps(child(args.child, steps, paths, args.transform, args.device,
                                                    args.file_list)), encoding="utf-8", newline="\n")
         return 0
@@ -543,9 +549,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         cache = args.cache_dir or Path(tmp)
         for name in corpora:
             if name == "fsdd":
-                fsdd = sorted(str(p) for p in args.fsdd.glob("*.wav")) if args.fsdd.is_dir() else []
+                fsdd = fsdd_files(args.fsdd)
                 if not fsdd:
-                    print(f"FSDD not found at {args.fsdd}: that corpus is left out", file=sys.stderr)
                     continue
                 paths = fsdd[::max(1, len(fsdd) // files)][:files] if args.quick else fsdd
             else:

@@ -1,7 +1,7 @@
 """Overlap: a load step of T1 ms and a train step of T2 ms, in sequence and through audiobuffer.
 
-    python scripts/bench_overlap.py --write     # the grid; rewrites its section of BENCHMARKS.md
-    python scripts/bench_overlap.py --quick     # a smoke run
+    python benchmarks/bench_overlap.py --write     # the grid; rewrites its section of BENCHMARKS.md
+    python benchmarks/bench_overlap.py --quick     # a smoke run
 
 Loading in the training thread costs n * (T1 + T2); loading in the background should come to the
 ideal n * max(T1, T2). Two kinds of work:
@@ -16,16 +16,13 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import soxr
 import torch
+from harness import machine, table, timed, write_section
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmd import machine, table, write_section  # noqa: E402
-
-from audiobuffer import BufferedDataset  # noqa: E402
+from audiobuffer import BufferedDataset
 
 
 def calibrate(work, target_ms: float) -> int:
@@ -92,19 +89,13 @@ def cell(kind: str, t1: float, t2: float, steps: int, runs: int) -> tuple:
             train()
 
     # The ideal from this run's own step times, not the nominal ones: calibration is approximate.
-    load_s = statistics.median(_timed(loads_only) for _ in range(runs))
-    train_s = statistics.median(_timed(trains_only) for _ in range(runs))
-    seq = statistics.median(_timed(sequential) for _ in range(runs))
-    buf = statistics.median(_timed(buffered) for _ in range(runs))
+    load_s = statistics.median(timed(loads_only) for _ in range(runs))
+    train_s = statistics.median(timed(trains_only) for _ in range(runs))
+    seq = statistics.median(timed(sequential) for _ in range(runs))
+    buf = statistics.median(timed(buffered) for _ in range(runs))
     ideal = max(load_s, train_s)
     return (kind, t1, t2, f"{1000 * load_s / steps:.1f}", f"{1000 * train_s / steps:.1f}", f"{seq:.3f}", f"{buf:.3f}",
             f"{ideal:.3f}", f"{buf / ideal:.3f}", f"{seq / buf:.2f}x")
-
-
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def main() -> int:
@@ -124,7 +115,7 @@ def main() -> int:
     print(text)
     if args.write and not args.quick:
         write_section("overlap", "\n\n".join([
-            f"## Overlap: load T1 ms and train T2 ms, {steps} steps (`scripts/bench_overlap.py`)",
+            f"## Overlap: load T1 ms and train T2 ms, {steps} steps (`benchmarks/bench_overlap.py`)",
             f"Machine: {machine()}. Medians of {runs} runs; one producer, buffer of 2; the train step runs with 1 "
             "intra-op thread. Real work: soxr resampling (load) and torch matmuls (train), both release the GIL; "
             "sleep: the control. The ideal is the larger of the loads alone and the train steps alone, timed in "

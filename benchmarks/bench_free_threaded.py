@@ -1,11 +1,11 @@
 """Free-threaded Python: audiobuffer's producer pool with the GIL on and off, on one interpreter.
 
-    python3.13t scripts/bench_free_threaded.py --write    # a free-threaded build (3.13t, 3.14t): BENCHMARKS.md
-    python3.13t scripts/bench_free_threaded.py --quick    # a smoke run: 64 files, 1 run, prints Markdown
+    python3.13t benchmarks/bench_free_threaded.py --write    # a free-threaded build (3.13t, 3.14t): BENCHMARKS.md
+    python3.13t benchmarks/bench_free_threaded.py --quick    # a smoke run: 64 files, 1 run, prints Markdown
 
 Tiny WAV files are the case threads win least under the GIL: their decode is mostly Python, so a
-producer thread can only run beside the loop in its system calls (BENCHMARKS.md, the targets of issue
-12). This script measures what the same code does without the GIL. It needs no torch: it runs what the
+producer thread can only run beside the loop in its system calls (BENCHMARKS.md, the targets). This
+script measures what the same code does without the GIL. It needs no torch: it runs what the
 ``IsolatedLoader``'s helper runs (``ProducerPool``, ``Buffer``, ``AudioDecoder`` with numpy samples,
 the numpy collate), so a free-threaded interpreter needs only numpy, soundfile and soxr.
 
@@ -16,7 +16,7 @@ a figure is the median over ``--runs`` rounds. Each child reports whether the GI
 batches of 16:
 
 - ``soundfile-loop``: ``AudioDecoder`` reading every file through libsndfile, then the collate, in one
-  thread (the soundfile loop of the issue 12 targets);
+  thread (the soundfile loop of the targets in BENCHMARKS.md);
 - ``loop``: the same with audiobuffer's own WAV reader;
 - ``pool-1``, ``pool-2``, ``pool-auto``: a ``ProducerPool`` with 1 or 2 producer threads, or tuned
   (``"auto"``, the default), the consumer thread collating.
@@ -36,11 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from benchmd import FSDD, machine, table, write_section  # noqa: E402
+from harness import FSDD, machine, read_lines, table, write_lines, write_section
 
 APPROACHES = ["soundfile-loop", "loop", "pool-1", "pool-2", "pool-auto"]
 BATCH_SIZE = 16
@@ -131,7 +127,7 @@ def run(files: int, runs: int, cache: Path, fsdd: Path | None) -> dict[str, dict
     with tempfile.TemporaryDirectory(prefix="audiobuffer-ft-") as tmp:
         for name, paths in corpora(files, cache, fsdd).items():
             file_list = Path(tmp) / "files.txt"
-            file_list.write_text("\n".join(paths), encoding="utf-8", newline="\n")
+            write_lines(file_list, paths)
             seen: dict[str, list[dict[str, Any]]] = {}
             for _ in range(runs):
                 for gil in (True, False):
@@ -152,7 +148,7 @@ def markdown(results: dict[str, dict[str, dict[str, Any]]], runs: int) -> str:
     """The BENCHMARKS.md section."""
     build = "free-threaded build" if free_threaded() else "default build"
     parts = [
-        "## Free-threaded Python: the producer pool with the GIL on and off (`scripts/bench_free_threaded.py`)",
+        "## Free-threaded Python: the producer pool with the GIL on and off (`benchmarks/bench_free_threaded.py`)",
         "",
         f"Machine: {machine()}. Interpreter: Python {sys.version.split()[0]}, {build}. "
         f"Medians of {runs} runs; every (GIL setting, corpus, approach, run) a fresh process of this "
@@ -192,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--file-list", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        paths = args.file_list.read_text(encoding="utf-8").splitlines()
+        paths = read_lines(args.file_list)
         print(json.dumps(epoch(args.child, paths)))
         return 0
     if not free_threaded():

@@ -1,8 +1,8 @@
 """The device path, measured: DevicePrefetcher, DeviceTensorLoader, recycled batch slots.
 
-    python scripts/bench_device.py                      # full run, prints the tables
-    python scripts/bench_device.py --write              # ... and rewrites its section of BENCHMARKS.md
-    python scripts/bench_device.py --quick              # a smoke run (what the tests run)
+    python benchmarks/bench_device.py                      # full run, prints the tables
+    python benchmarks/bench_device.py --write              # ... and rewrites its section of BENCHMARKS.md
+    python benchmarks/bench_device.py --quick              # a smoke run (what the tests run)
 
 1. Prefetch: a model step of a few milliseconds on batches of a few MB, with the copy to the device
    made in the loop (``batch.to(device)``) or by ``DevicePrefetcher`` on a side stream.
@@ -24,14 +24,12 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 import torch
+from harness import machine, median_time, table, write_section
 from torch.utils.data import DataLoader, TensorDataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmd import machine, median_time, table, write_section  # noqa: E402
-
-from audiobuffer import AudioDecoder, BufferedDataset, pad_collate  # noqa: E402
-from audiobuffer.loaders.device import DevicePrefetcher, DeviceTensorLoader, resolve_device  # noqa: E402
-from audiobuffer.loaders.slots import BatchSlotLoader  # noqa: E402
+from audiobuffer import AudioDecoder, BufferedDataset, pad_collate
+from audiobuffer.loaders.device import DevicePrefetcher, DeviceTensorLoader, resolve_device
+from audiobuffer.loaders.slots import BatchSlotLoader
 
 
 def sync(device: torch.device) -> None:
@@ -214,7 +212,7 @@ def main() -> int:
         slots = bench_slots(make_corpus(Path(tmp), files), device, runs)
 
     body = "\n\n".join([
-        f"## Device path (`scripts/bench_device.py`, device `{device}`)",
+        f"## Device path (`benchmarks/bench_device.py`, device `{device}`)",
         f"Machine: {machine()}. Medians of {runs} runs.",
         f"### Prefetch: a step of {', '.join(steps)}, batches of 4 MiB ({batches} batches)",
         table(["loop", "ms per step", "vs copying in the loop"], prefetch),

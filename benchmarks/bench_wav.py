@@ -1,7 +1,7 @@
 """Per-file read time of the native WAV reader against python-soundfile, on the FSDD recordings.
 
-    python scripts/bench_wav.py                                  # ../shared/data/fsdd/recordings
-    python scripts/bench_wav.py --root DIR --files 1000 --runs 7
+    python benchmarks/bench_wav.py                                  # ../shared/data/fsdd/recordings
+    python benchmarks/bench_wav.py --root DIR --files 1000 --runs 7
 
 Times one thread reading every file in turn (the GIL-held cost per file): ``soundfile.read``, the
 native reader (``audiobuffer.decoders._wav.read_wav``), and the whole ``AudioDecoder`` (default
@@ -12,32 +12,27 @@ on. Prints the median over the runs of the mean microseconds per file. Writes no
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import soundfile as sf
+from harness import FSDD, median_time
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from audiobuffer import AudioDecoder, WorkItem  # noqa: E402
-from audiobuffer.decoders import _wav  # noqa: E402
-from audiobuffer.decoders import audio as audio_module  # noqa: E402
+from audiobuffer import AudioDecoder, WorkItem
+from audiobuffer.decoders import _wav
+from audiobuffer.decoders import audio as audio_module
 
 
 def per_file_us(fn: Callable[[str], object], paths: list[str], runs: int) -> float:
     """Median over ``runs`` passes of the mean time per file, in microseconds."""
     fn(paths[0])  # warm imports and caches
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
+
+    def every_file() -> None:
         for path in paths:
             fn(path)
-        times.append((time.perf_counter() - start) / len(paths) * 1e6)
-    return statistics.median(times)
+
+    return median_time(every_file, runs)[0] / len(paths) * 1e6
 
 
 def decoder_us(decoder: AudioDecoder, paths: list[str], runs: int, native: bool) -> float:
@@ -53,7 +48,7 @@ def decoder_us(decoder: AudioDecoder, paths: list[str], runs: int, native: bool)
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--root", type=Path, default=REPO.parent / "shared" / "data" / "fsdd" / "recordings")
+    parser.add_argument("--root", type=Path, default=FSDD, help=f"the FSDD recordings (default {FSDD})")
     parser.add_argument("--files", type=int, default=3000, help="how many files (sorted by name)")
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args(argv)

@@ -1,7 +1,7 @@
 """Packed shards and object storage: FSDD from local shards and from an S3 server with 20 ms of latency.
 
-    python scripts/bench_storage.py                        # ../shared/data/fsdd/recordings, writes BENCHMARKS.md
-    python scripts/bench_storage.py --runs 5 --remote-files 600 --producers 32 --no-write
+    python benchmarks/bench_storage.py                        # ../shared/data/fsdd/recordings, writes BENCHMARKS.md
+    python benchmarks/bench_storage.py --runs 5 --remote-files 600 --producers 32 --no-write
 
 Two goals, each measured in one run of this script (medians of ``--runs`` runs, the approaches
 interleaved run by run so that a noisy neighbour hits them alike):
@@ -38,14 +38,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import FSDD, PeakRSS, interleaved, machine, table, write_section
 
-from benchmd import machine, table, write_section  # noqa: E402
-
-from audiobuffer.sources.storage import STREAM_BLOCK  # noqa: E402
-from audiobuffer.sources.stream import SHUFFLE_BUFFER  # noqa: E402
+from audiobuffer.sources.storage import STREAM_BLOCK
+from audiobuffer.sources.stream import SHUFFLE_BUFFER
 
 KEY = SECRET = "bench"
 REGION = "us-east-1"
@@ -149,40 +145,6 @@ class _Child:
 
 
 # -- measuring ------------------------------------------------------------------------------------
-
-class PeakRSS:
-    """The peak resident memory of this process while the block runs, sampled every 5 ms (psutil)."""
-
-    def __enter__(self) -> PeakRSS:
-        import psutil
-
-        self._proc = psutil.Process()
-        self.before = self.peak = self._proc.memory_info().rss
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, name="bench-rss", daemon=True)
-        self._thread.start()
-        return self
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.005):
-            self.peak = max(self.peak, self._proc.memory_info().rss)
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self.peak = max(self.peak, self._proc.memory_info().rss)
-
-
-def interleaved(fns: dict[str, Callable[[], object]], runs: int) -> dict[str, list[float]]:
-    """Each function's wall times over ``runs`` rounds, the functions taking turns within a round."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(runs):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return times
-
 
 def _epoch(ds: object) -> Callable[[], int]:
     def run() -> int:
@@ -343,7 +305,7 @@ def report(loc: dict, rem: dict | None, runs: int) -> str:
     best_name = min((n for n in med if n.startswith("index")), key=med.__getitem__)
     local_ratio = base / med[best_name]
     lines = [
-        "## Packed shards and object storage (`scripts/bench_storage.py`)",
+        "## Packed shards and object storage (`benchmarks/bench_storage.py`)",
         "",
         f"Machine: {machine()}. Medians of {runs} runs, the approaches taking turns in each round. The machine "
         "is shared with other people's test runs, so single runs vary by tens of percent.",
@@ -439,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         serve_proxy(int(argv[2]), float(argv[3]))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--root", type=Path, default=REPO.parent / "shared" / "data" / "fsdd" / "recordings")
+    parser.add_argument("--root", type=Path, default=FSDD, help=f"the FSDD recordings (default {FSDD})")
     parser.add_argument("--runs", type=int, default=5, help="runs of each approach (medians)")
     parser.add_argument("--loop-runs", type=int, default=3, help="runs of the remote loop (slow: 20 ms a file)")
     parser.add_argument("--remote-files", type=int, default=600, help="recordings uploaded to the S3 server")

@@ -1,7 +1,7 @@
 """Padding of batches by duration against fixed-size random batches of the same mean size.
 
-    python scripts/bench_padding.py            # print the table
-    python scripts/bench_padding.py --write    # and rewrite its section of BENCHMARKS.md
+    python benchmarks/bench_padding.py            # print the table
+    python benchmarks/bench_padding.py --write    # and rewrite its section of BENCHMARKS.md
 
 A batch is padded to its longest item: padding = (sum of count x longest - audio) / (sum of count x
 longest). Two corpora: FSDD (../shared/data/fsdd/recordings, uncropped, durations from the file
@@ -16,18 +16,15 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from pathlib import Path
 
 import numpy as np
+from harness import FSDD, table, write_section
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmd import FSDD, table, write_section  # noqa: E402
+from audiobuffer.engine.plan import padding_fraction, plan_batches
+from audiobuffer.sources import Source
+from audiobuffer.sources.durations import read_durations
 
-from audiobuffer.engine.plan import padding_fraction, plan_batches  # noqa: E402
-from audiobuffer.sources import Source  # noqa: E402
-from audiobuffer.sources.durations import read_durations  # noqa: E402
-
-#: The issue's goal: at most this share of padding.
+#: The goal: at most this share of padding.
 GOAL = 0.10
 
 
@@ -91,7 +88,7 @@ def main() -> int:
     body = "\n".join([
         "## Duration batches",
         "",
-        "`python scripts/bench_padding.py --write`. Padding = padded frames / frames in batches (each batch "
+        "`python benchmarks/bench_padding.py --write`. Padding = padded frames / frames in batches (each batch "
         "padded to its longest item), the mean over "
         f"{args.epochs} epochs (seed 0). Random batches: fixed size = the duration batches' mean size, from a "
         "random permutation. Goal (issue 13): at most 10 % padding with duration batches on both corpora.",

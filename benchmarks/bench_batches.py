@@ -1,14 +1,14 @@
 """Throughput of batches by duration against sample mode, on FSDD, in one run.
 
-    python scripts/bench_batches.py            # print the table
-    python scripts/bench_batches.py --write    # and rewrite its section of BENCHMARKS.md
+    python benchmarks/bench_batches.py            # print the table
+    python benchmarks/bench_batches.py --write    # and rewrite its section of BENCHMARKS.md
 
 Both modes decode the same files with the same decoder and producer count, and feed a
 ``DataLoader(num_workers=0, collate_fn=pad_collate)``: sample mode batches ``batch_size`` samples
 (the duration batches' mean size, so both make about as many batches), batch mode takes
 ``max_batch_seconds`` and ``batch_size=None``. A figure is the median over ``--runs`` epochs of the
 audio seconds delivered per wall second (every sample's own length, padding not counted), and the
-padding of the batches the loop received. Issue 13's goal: batch mode no lower than sample mode.
+padding of the batches the loop received. The goal: batch mode no lower than sample mode.
 """
 
 from __future__ import annotations
@@ -17,13 +17,11 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmd import FSDD, machine, table, write_section  # noqa: E402
-from torch.utils.data import DataLoader  # noqa: E402
+from harness import FSDD, machine, table, write_section
+from torch.utils.data import DataLoader
 
-from audiobuffer import AudioDecoder, BufferedDataset, pad_collate  # noqa: E402
+from audiobuffer import AudioDecoder, BufferedDataset, pad_collate
 
 RATE = 8000
 
@@ -76,7 +74,7 @@ def main() -> int:
     body = "\n".join([
         "## Batch-by-duration throughput",
         "",
-        f"`python scripts/bench_batches.py --write` ({args.runs} epochs per figure after one warm-up, FSDD, "
+        f"`python benchmarks/bench_batches.py --write` ({args.runs} epochs per figure after one warm-up, FSDD, "
         f"8 kHz, uncropped). {machine()}",
         "",
         table(header, rows),
