@@ -106,7 +106,7 @@ def _setup_logging(args: argparse.Namespace) -> None:
 def _load_config(args: argparse.Namespace) -> PipelineConfig:
     """``load_config`` of the command's config and overrides; a deprecated key name is a one-line note on
     stderr (``buffer.producers is deprecated: write buffer.num_producers``), also when the config fails."""
-    from ..config import load_config
+    from ..config.schema import load_config
 
     caught: list[warnings.WarningMessage] = []
     try:
