@@ -575,7 +575,7 @@ def main() -> None:
             raise RuntimeError(f"expected a Setup of protocol version {PROTOCOL_VERSION}, got {type(setup).__name__} "
                                f"{str(setup)[:60]!r}: the trainer runs another audiobuffer")
         if setup.version != PROTOCOL_VERSION:  # the spec may not even unpickle here: say who this is, and leave
-            channel.send(SetupFailed(PROTOCOL_VERSION, package_description(), ""))
+            channel.send(SetupFailed(PROTOCOL_VERSION, f"the helper runs {package_description()}", ""))
             return
         sys.path[:] = [p for p in setup.sys_path if p] + [p for p in sys.path if p not in setup.sys_path]
         try:

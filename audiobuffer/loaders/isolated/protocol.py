@@ -229,11 +229,9 @@ def version_mismatch(answer: object) -> str:
     version, or whatever a helper without this protocol sent) cannot be served; for a ``HelperError``."""
     if isinstance(answer, (Ready, SetupFailed)):
         speaks = f"speaks protocol version {answer.version}"
-        where = f" ({answer.text})" if isinstance(answer, SetupFailed) and answer.text else ""
     else:
         speaks = f"answered {type(answer).__name__} {str(answer)[:60]!r}, not a protocol version"
-        where = ""
+    said = f" (it says: {answer.text})" if isinstance(answer, SetupFailed) and answer.text else ""
     return (f"the helper process {speaks} and this trainer version {PROTOCOL_VERSION}: the helper imported another "
-            f"audiobuffer{where} than the trainer ({package_description()}); one earlier on the helper's path (the "
-            f"current directory comes first for python -m) shadows this one: run from another directory, or remove "
-            f"the other copy")
+            f"audiobuffer than the trainer's ({package_description()}), one earlier on its path (python -m puts the "
+            f"current directory first): run from another directory, or remove the other copy{said}")
