@@ -8,7 +8,8 @@ error policy) in one helper process and collates each batch there, straight into
 slot; the trainer's side copies a slot into (pinned) tensors once and hands the slot back. The
 trainer does a fixed amount of Python per batch, whatever the batch holds.
 
-See NOTE [ Helper process lifecycle ] in ``loaders/isolated/helper.py`` for the protocol and the shutdown.
+See NOTE [ Helper protocol ] in ``protocol.py`` for the messages, and NOTE [ Helper process lifecycle ] in
+``helper.py`` for the process and its shutdown.
 """
 
 from __future__ import annotations
