@@ -2,7 +2,7 @@
 
 :class:`HelperChannel` owns the process; the reader thread and the shutdown are functions because
 they must not keep the channel (or the loader) alive: the finalizer is what stops the helper. See
-NOTE [ Helper process lifecycle ] in ``audiobuffer/_helper.py``.
+NOTE [ Helper process lifecycle ] in ``helper.py`` and NOTE [ Helper protocol ] in ``protocol.py``.
 """
 
 from __future__ import annotations
@@ -28,6 +28,21 @@ from ...buffer import WAIT_SLICE, Buffer
 from ...engine.pool import JOIN_TIMEOUT
 from ...errors import BufferClosed, HelperError
 from . import shm as _shm
+from .protocol import (
+    PROTOCOL_VERSION,
+    Batch,
+    Close,
+    Free,
+    Log,
+    Ready,
+    Setup,
+    SetupFailed,
+    SlotArray,
+    StopEpoch,
+    Stopped,
+    ToHelper,
+    version_mismatch,
+)
 
 #: The helper process's module, run with ``python -m``.
 HELPER_MODULE = "audiobuffer.loaders.isolated.helper"
@@ -39,6 +54,9 @@ CREATE_NEW_PROCESS_GROUP = 0x00000200
 
 __all__ = ["ByReference", "HelperChannel", "RemoteTraceback", "death_message", "pickle_by_reference", "read_messages",
            "shutdown_helper", "torch_dtype"]
+
+#: What a use of the channel raises once it is being closed on purpose, whatever it was doing then.
+CLOSED = "the IsolatedLoader was closed"
 
 
 class RemoteTraceback(Exception):
@@ -100,10 +118,14 @@ def torch_dtype(dtype: str) -> torch.dtype:
     return found
 
 
-def _acquire(lock: threading.Lock) -> None:
-    """Take ``lock``, waking every ``WAIT_SLICE`` seconds (NOTE [ Interruptible waits ] in buffer.py)."""
+def _acquire(lock: threading.Lock, timeout: float | None = None) -> bool:
+    """Take ``lock``, waking every ``WAIT_SLICE`` seconds (NOTE [ Interruptible waits ] in buffer.py); ``False``
+    once ``timeout`` seconds passed without it (``None``: no limit)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
     while not lock.acquire(timeout=WAIT_SLICE):
-        pass
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
+    return True
 
 
 def _wait_exit(proc: subprocess.Popen[bytes], timeout: float) -> int | None:
@@ -126,22 +148,34 @@ def _join(thread: threading.Thread, timeout: float) -> None:
 
 
 def shutdown_helper(proc: subprocess.Popen[bytes], inbox: Buffer[Any], closing: threading.Event,
-                    wanted: threading.Event, segments: dict[str, Any], reader: threading.Thread) -> None:
-    """Stop the helper and free what it held. Runs once: from close(), from GC or at interpreter exit."""
+                    wanted: threading.Event, segments: dict[str, Any], reader: threading.Thread,
+                    send_lock: threading.Lock, slot_lock: threading.Lock) -> None:
+    """Stop the helper and free what it held. Runs once: from close(), from GC or at interpreter exit.
+
+    ``closing`` is set first: a consumer still unpacking a batch then raises ``BufferClosed``, and the
+    segments are freed only once its copy out of a slot is done (``slot_lock``, bounded).
+    """
     closing.set()
-    inbox.abort(BufferClosed("the IsolatedLoader was closed"))
+    inbox.abort(BufferClosed(CLOSED))
     wanted.set()  # the reader reads on, into the aborted inbox, and ends
     try:
-        if proc.poll() is None:
+        # Under the send lock, so the frame never lands in the middle of another thread's; a send that
+        # holds it past JOIN_TIMEOUT (a helper that no longer reads) is cut short by the close instead.
+        locked = _acquire(send_lock, JOIN_TIMEOUT)
+        try:
+            if proc.poll() is None and locked:
+                try:
+                    proc.stdin.write(pickle.dumps(Close(), protocol=pickle.HIGHEST_PROTOCOL))  # type: ignore[union-attr]
+                    proc.stdin.flush()  # type: ignore[union-attr]
+                except (OSError, ValueError):
+                    pass
             try:
-                proc.stdin.write(pickle.dumps(("close",)))  # type: ignore[union-attr]
-                proc.stdin.flush()  # type: ignore[union-attr]
+                proc.stdin.close()  # type: ignore[union-attr]
             except (OSError, ValueError):
                 pass
-        try:
-            proc.stdin.close()  # type: ignore[union-attr]
-        except (OSError, ValueError):
-            pass
+        finally:
+            if locked:
+                send_lock.release()
         if _wait_exit(proc, JOIN_TIMEOUT) is None:
             proc.kill()
             _wait_exit(proc, JOIN_TIMEOUT)
@@ -150,14 +184,19 @@ def shutdown_helper(proc: subprocess.Popen[bytes], inbox: Buffer[Any], closing: 
             _join(reader, JOIN_TIMEOUT)
         if proc.stdout is not None:
             proc.stdout.close()
-        for name, segment in list(segments.items()):
-            if segment is not None:
-                try:
-                    segment.close()
-                except BufferError:  # a batch view still points into it; the OS frees it with the mapping
-                    pass
-            _shm.unlink(name)  # the helper unlinks its own; this covers a helper that died
-        segments.clear()
+        locked = _acquire(slot_lock, JOIN_TIMEOUT)  # a copy out of a slot ends first
+        try:
+            for name, segment in list(segments.items()):
+                if segment is not None:
+                    try:
+                        segment.close()
+                    except BufferError:  # a batch view still points into it; the OS frees it with the mapping
+                        pass
+                _shm.unlink(name)  # the helper unlinks its own; this covers a helper that died
+            segments.clear()
+        finally:
+            if locked:
+                slot_lock.release()
         if proc.poll() is not None:  # and a slot it grew for a batch the trainer never read, by its name prefix
             for name in _shm.leftovers(proc.pid):
                 _shm.unlink(name)
@@ -219,15 +258,18 @@ def death_message(proc: subprocess.Popen[bytes] | None) -> str:
 # message costs one hand-over between two threads while the trainer waits.
 # - What the helper sends meanwhile waits in the pipe and, behind it, in the helper's outgoing queue,
 #   which its writer thread empties into the pipe: no other thread of the helper ever blocks on a full
-#   pipe, so the helper always reads what the trainer sends (``free``, ``stop``, ``close``) and a send
-#   of the trainer never waits for long (NOTE [ Helper process lifecycle ], Channel).
+#   pipe, so the helper always reads what the trainer sends (``Free``, ``StopEpoch``, ``Close``) and a
+#   send of the trainer never waits for long (NOTE [ Helper process lifecycle ], Channel).
 # - No lost wake-up: ``wanted`` is cleared before the read, so a request made after that is seen at the
 #   reader's next turn: at worst it reads one message ahead, into the inbox, as it does when a request
 #   ends without its message (a cancel, a timeout); the next request takes that one without reading.
-# - The helper's death is seen at the next request, as an end of file. Its warnings ("log" messages)
+# - The helper's death is seen at the next request, as an end of file. Its warnings (``Log`` messages)
 #   are logged when the trainer next asks for a message, not as they happen.
-# - Closing: close() aborts the inbox and sets ``wanted``; the reader then reads the pipe to its end
-#   (discarding), so that a helper whose writer is blocked on a full pipe can finish and exit.
+# - Closing: close() sets ``closing``, aborts the inbox and sets ``wanted``; the reader then reads the
+#   pipe to its end (discarding), so that a helper whose writer is blocked on a full pipe can finish and
+#   exit. A consumer that meets the closed channel (the inbox, a send, a slot's segment) raises
+#   ``BufferClosed``, never ``HelperError``: the segments are freed only once a copy out of a slot that
+#   began before is done (``_slot_lock``), and ``closing`` says the helper ended because it was told to.
 def read_messages(proc: subprocess.Popen[bytes], inbox: Buffer[Any], closing: threading.Event,
                   wanted: threading.Event) -> None:
     """The reader thread: a message from the helper into the inbox each time one is wanted (NOTE [ Reading
@@ -240,12 +282,9 @@ def read_messages(proc: subprocess.Popen[bytes], inbox: Buffer[Any], closing: th
         while True:
             wanted.wait()
             wanted.clear()
-            while True:
-                message = pickle.load(stream)
-                if message[0] != "log":
-                    break
+            while isinstance(message := pickle.load(stream), Log):
                 # under the helper's own logger name, so that the user's logging setup applies as in process
-                logging.getLogger(message[2]).log(message[1], "helper process: %s", message[3])
+                logging.getLogger(message.logger).log(message.level, "helper process: %s", message.text)
             inbox.put(message)
     except BufferClosed:  # the trainer closed the loader: let the helper write what it still has, and end
         _drain(stream)
@@ -286,6 +325,8 @@ class HelperChannel:
         self._segments: dict[str, Any] = {}  # every segment the helper made: name -> SharedMemory once attached
         self._slot_names: dict[int, str] = {}
         self._send_lock = threading.Lock()
+        # Held while the segments change or a slot is copied out; the shutdown frees them under it.
+        self._slot_lock = threading.Lock()
         self._closing = threading.Event()  # set when the helper is being stopped on purpose
         self._wanted = threading.Event()  # set while a message is wanted (NOTE [ Reading the helper on demand ])
         self._finalizer: weakref.finalize | None = None
@@ -318,10 +359,10 @@ class HelperChannel:
         reader = threading.Thread(target=read_messages, args=(proc, self.inbox, self._closing, self._wanted),
                                   name="audiobuffer-helper-reader", daemon=True)
         self._finalizer = weakref.finalize(self, shutdown_helper, proc, self.inbox, self._closing, self._wanted,
-                                           self._segments, reader)
+                                           self._segments, reader, self._send_lock, self._slot_lock)
         reader.start()
         try:
-            self.send(("setup", list(sys.path), spec))
+            self.send(Setup(PROTOCOL_VERSION, list(sys.path), spec))
             message = self.receive(START_TIMEOUT)
         except TimeoutError:
             self.close()
@@ -333,11 +374,14 @@ class HelperChannel:
             self.broken = True
             self.close()
             raise
-        if message[0] != "ready":
+        if not isinstance(message, (Ready, SetupFailed)) or message.version != PROTOCOL_VERSION:
+            self.close()  # a helper of another audiobuffer (NOTE [ Helper protocol ], Handshake)
+            raise HelperError(version_mismatch(message))
+        if isinstance(message, SetupFailed):
             self.close()
-            raise HelperError(f"the helper process could not load the pipeline: {message[2]}") \
-                from RemoteTraceback(message[3])
-        self.info = message[1]
+            raise HelperError(f"the helper process could not load the pipeline: {message.text}") \
+                from RemoteTraceback(message.trace)
+        self.info = message.info
         try:  # every slot now: on Windows a segment goes with its last handle, the helper's if it dies
             for slot, name in enumerate(self.info["segments"]):
                 self.attach(slot, name)
@@ -345,11 +389,12 @@ class HelperChannel:
             self.close()
             raise
 
-    def send(self, message: tuple[Any, ...]) -> None:
+    def send(self, message: ToHelper) -> None:
         """Send one message to the helper (any thread).
 
         Raises:
             HelperError: the helper is not running or its channel broke.
+            BufferClosed: the channel was closed (from another thread, maybe) before the message went.
         """
         proc = self.proc
         if proc is None or proc.stdin is None:
@@ -360,6 +405,8 @@ class HelperChannel:
             proc.stdin.write(data)
             proc.stdin.flush()
         except (OSError, ValueError) as exc:
+            if self._closing.is_set():  # closed on purpose: the pipe is shut, the helper is not dead
+                raise BufferClosed(CLOSED) from exc
             raise HelperError(death_message(proc)) from exc
         except BaseException:  # Ctrl-C in the middle of the frame, maybe: the helper would misread what follows
             self.broken = True
@@ -383,33 +430,76 @@ class HelperChannel:
         """The shared memory of ``slot``, now segment ``name`` (attached once, re-attached when it grew).
 
         Raises:
+            BufferClosed: the channel is being closed (from another thread, maybe): its segments are freed.
             HelperError: the segment is gone: the helper died (on Windows a segment goes with its last
                 handle, so one the helper grew just before it died is gone before the trainer attaches).
         """
+        _acquire(self._slot_lock)  # held by a copy or the shutdown, for as long as either takes: in slices
+        try:
+            return self._attach(slot, name)
+        finally:
+            self._slot_lock.release()
+
+    def _attach(self, slot: int, name: str) -> Any:
+        """:meth:`attach`, with ``_slot_lock`` held."""
+        if self._closing.is_set():  # the shutdown frees the segments, now or already
+            raise BufferClosed(CLOSED)
         old = self._slot_names.get(slot)
         if old != name:  # the helper grew this slot into a new segment and unlinked the old one
             segment = self._segments.pop(old, None) if old is not None else None
             if segment is not None:
                 segment.close()
             self._slot_names[slot] = name
-        if self._segments.get(name) is None:
+        segment = self._segments.get(name)
+        if segment is None:
             self._segments[name] = None  # the shutdown unlinks it, whatever happens next
             try:
-                self._segments[name] = _shm.attach(name)
+                segment = self._segments[name] = _shm.attach(name)
             except FileNotFoundError as exc:
+                if self._closing.is_set():  # the helper unlinked its segments as it was told to leave
+                    raise BufferClosed(CLOSED) from exc
                 if self.proc is not None:
                     _wait_exit(self.proc, JOIN_TIMEOUT)  # for its exit code
                 raise HelperError(f"the shared memory of slot {slot} ({name}) is gone: "
                                   f"{death_message(self.proc)}") from exc
-        return self._segments[name]
+        return segment
+
+    def copy_out(self, batch: Batch, *, pin_memory: bool) -> dict[str, Any]:
+        """Copy ``batch`` out of its slot into (pinned) tensors, then hand the slot back to the helper.
+
+        Under ``_slot_lock``: a close from another thread frees the segments only once the copy is done,
+        and a copy that begins after the close began raises ``BufferClosed``.
+
+        Raises:
+            BufferClosed: the channel is being closed (from another thread, maybe).
+            HelperError: the slot's segment is gone with the helper, or the helper died.
+        """
+        _acquire(self._slot_lock)  # held by the shutdown as it frees the segments: in slices
+        try:
+            buf = self._attach(batch.slot, batch.segment).buf
+            out: dict[str, Any] = {}
+            for field, value in batch.fields.items():
+                if not isinstance(value, SlotArray):
+                    out[field] = value
+                    continue
+                tensor = torch.empty(value.shape, dtype=torch_dtype(value.dtype), pin_memory=pin_memory)
+                # numpy's copy: wakes no torch thread pool; the view into the slot ends with the statement
+                np.copyto(tensor.numpy(), np.ndarray(value.shape, dtype=np.dtype(value.dtype), buffer=buf,
+                                                     offset=value.offset))
+                out[field] = tensor
+            del buf  # no view into the slot outlives the hand-back
+        finally:
+            self._slot_lock.release()
+        self.send(Free(batch.gen, batch.slot))
+        return out
 
     def stop_epoch(self, gen: int) -> None:
         """Ask the helper to stop epoch ``gen`` and wait for its confirmation (bounded by ``JOIN_TIMEOUT``)."""
         if not self.running:
             return
         try:
-            self.send(("stop", gen))
-        except HelperError:
+            self.send(StopEpoch(gen))
+        except (HelperError, BufferClosed):
             return
         deadline = time.monotonic() + JOIN_TIMEOUT
         while True:
@@ -417,7 +507,7 @@ class HelperChannel:
                 message = self.receive(max(0.0, deadline - time.monotonic()))
             except (TimeoutError, BufferClosed, HelperError):
                 return
-            if message[0] == "stopped" and message[1] == gen:
+            if isinstance(message, Stopped) and message.gen == gen:
                 return
 
     def close(self) -> None:

@@ -6,48 +6,51 @@ every OS. Nothing here imports torch; decoders hand numpy arrays over (``decoder
 
 NOTE [ Helper process lifecycle ]
 =================================
-Channel. Frames are pickles, only ever from the trainer that started this process: trainer -> helper
-on the helper's stdin, helper -> trainer on its original stdout. Both pipes move first to descriptors
-of their own, which no child process inherits, and descriptors 0 and 1 then point at the null device
-and at stderr (``sys.stdout`` too): neither a ``print`` in a user's decoder nor a child process it
-runs (a command-line tool writing to its stdout) can write into the channel or read the trainer's
-frames, and a child that outlives the helper does not keep the channel open. The trainer reads only
-while it waits for a message (NOTE [ Reading the helper on demand ] in ``_channel.py``), so the pipe is often
-full: every thread here sends into a queue that one writer thread empties into the pipe, and only that
-thread ever waits on it. The main thread is then always free to read ``free``, ``stop`` and ``close``,
-and the epoch thread collates into every free slot whatever the pipe holds. The epoch's data frames
-(batches, failures) wait for room once ``Channel.DATA_FRAMES`` of them are queued, so that a corpus
-failing file after file while the trainer trains holds back as it did behind a full pipe; control
-frames and log lines never wait.
+Channel. Frames are pickled messages (NOTE [ Helper protocol ] in ``protocol.py``), only ever from
+the trainer that started this process: trainer -> helper on the helper's stdin, helper -> trainer on
+its original stdout. Both pipes move first to descriptors of their own, which no child process
+inherits, and descriptors 0 and 1 then point at the null device and at stderr (``sys.stdout`` too):
+neither a ``print`` in a user's decoder nor a child process it runs (a command-line tool writing to
+its stdout) can write into the channel or read the trainer's frames, and a child that outlives the
+helper does not keep the channel open. The trainer reads only while it waits for a message
+(NOTE [ Reading the helper on demand ] in ``channel.py``), so the pipe is often full: every thread here
+sends into a queue that one writer thread empties into the pipe, and only that thread ever waits on
+it. The main thread is then always free to read :class:`Free`, :class:`StopEpoch` and :class:`Close`, and the
+epoch thread collates into every free slot whatever the pipe holds. The epoch's data frames (batches,
+failures) wait for room once ``Channel.DATA_FRAMES`` of them are queued, so that a corpus failing file
+after file while the trainer trains holds back as it did behind a full pipe; control frames and log
+lines never wait.
 
-Start. The trainer sends ``("setup", sys_path, spec_bytes)``; the helper puts the trainer's
-``sys.path`` in place (so the user's modules import as they do in the trainer), unpickles the spec and
-answers ``("ready", info)`` or ``("error", -1, text, traceback)``. With ``background`` (the default) it lowers its own
-scheduling priority (``nice 10``, or below-normal on Windows): its producers use the cores the trainer
-leaves idle, and a Python-bound training step is not slowed by decoding on a machine with few cores.
+Start. The trainer sends :class:`Setup`; the helper checks the trainer's protocol version
+(NOTE [ Helper protocol ] in ``protocol.py``; a helper of another version answers :class:`SetupFailed`
+and exits),
+puts the trainer's ``sys.path`` in place (so the user's modules import as they do in the trainer),
+unpickles the spec and answers :class:`Ready` or :class:`SetupFailed`. With ``background`` (the
+default) it lowers its own scheduling priority (``nice 10``, or below-normal on Windows): its producers
+use the cores the trainer leaves idle, and a Python-bound training step is not slowed by decoding on a
+machine with few cores.
 
-Epochs. ``("epoch", gen, args)`` starts an epoch in a thread of its own (generation ``gen`` tags every
+Epochs. :class:`StartEpoch` starts an epoch in a thread of its own (generation ``gen`` tags every
 message of it, so nothing of an abandoned epoch is mistaken for the next one's). The epoch thread runs
 the epoch that ``engine/epoch.set_up_epoch`` sets up from the spec's pipeline, as every loader's
 epochs are (a :class:`ProducerPool` into a :class:`Buffer`), collates each ``batch_size`` samples
-straight into a free shared-memory slot and sends ``("batch", gen, ...)``; the trainer copies the slot
-out and answers ``("free", gen, slot)``. With batches by duration the trainer plans the batches and
-sends their layout with the epoch; the helper decodes a batch's samples in parallel, collates each
-batch once it is complete (``engine/epoch.Assembler``) and sends ``("skipped", gen, position)`` for one
-whose samples all failed.
+straight into a free shared-memory slot and sends :class:`Batch`; the trainer copies the slot out and
+answers :class:`Free`. With batches by duration the trainer plans the batches and sends their layout
+with the epoch; the helper decodes a batch's samples in parallel, collates each batch once it is
+complete (``engine/epoch.Assembler``) and sends :class:`Skipped` for one whose samples all failed.
 A sample that cannot go into a batch with the batch's first one (not a dict, another rank, an array
 of objects, a value that does not pickle) fails as its item, under the error policy, and the batch
 goes on without it (a batch of ``batch_size`` fills up from the next samples). A slot grows only
 where ``/dev/shm`` has room for the batch, else the epoch ends with a ``HelperError`` that says how to
 make room (``_shm.check_room``; writing past the room would kill the helper with SIGBUS). A stall
-(``timeout``) is sent before the pool is closed: the close waits for the producer stuck in a decode.
-The free and full slot lists are caffe's ``prefetch_free_`` and ``prefetch_full_``; the helper waits
-for a free slot on a condition that ``free`` and ``stop`` notify. An epoch ends with ``("end", gen,
-stats, positions)``, or, when the trainer leaves it early, with ``("stop", gen)`` -> the pool is closed and
-``("stopped", gen)`` confirms it. Every slot is free again at the start of the next epoch. The pools
+(``timeout``: :class:`Stalled`) is sent before the pool is closed: the close waits for the producer
+stuck in a decode. The free and full slot lists are caffe's ``prefetch_free_`` and ``prefetch_full_``; the helper waits
+for a free slot on a condition that :class:`Free` and :class:`StopEpoch` notify. An epoch ends with
+:class:`EpochEnd`, or, when the trainer leaves it early, with :class:`StopEpoch` -> the pool is closed and
+:class:`Stopped` confirms it. Every slot is free again at the start of the next epoch. The pools
 of successive epochs share the pipeline's ``TunerMemory`` (NOTE [ Producer tuning ] in ``engine/tuner.py``).
 
-Exit. ``("close",)`` or end of file on stdin ends the helper: the trainer closed it, exited or was
+Exit. :class:`Close` or end of file on stdin ends the helper: the trainer closed it, exited or was
 killed (a killed trainer's pipe closes with it). A child process the trainer forked (a persistent
 DataLoader worker, a ``multiprocessing`` child) holds a copy of the trainer's end of the pipe, though,
 and keeps it open after the trainer died; so on POSIX the helper also looks every ``TRAINER_CHECK``
@@ -85,12 +88,32 @@ from typing import Any, BinaryIO, cast
 from ..._numpy_collate import SlotArena, collate_numpy
 from ...engine.epoch import Assembler, set_up_epoch
 from ...engine.pipeline import EpochLayout, Pipeline
-from ...engine.plan import EpochShard
 from ...engine.pool import Failure, ProducerPool
 from ...errors import BufferClosed, HelperError, SampleError, StallError
 from ...options import gil_enabled
 from ...sources.source import WorkItem
 from . import shm as _shm
+from .protocol import (
+    PROTOCOL_VERSION,
+    Batch,
+    Close,
+    EpochEnd,
+    EpochError,
+    Free,
+    FromHelper,
+    Log,
+    Ready,
+    SampleFailed,
+    Setup,
+    SetupFailed,
+    Skipped,
+    SlotArray,
+    Stalled,
+    StartEpoch,
+    StopEpoch,
+    Stopped,
+    package_description,
+)
 
 #: Seconds the helper gives its producers to stop before it exits anyway.
 EXIT_GRACE = 1.0
@@ -118,7 +141,7 @@ class Channel:
         self._writer = threading.Thread(target=self._write, name="audiobuffer-helper-writer", daemon=True)
         self._writer.start()
 
-    def send(self, message: tuple[Any, ...], *, data: bool = False) -> None:
+    def send(self, message: FromHelper, *, data: bool = False) -> None:
         """Queue ``message`` for the trainer (any thread). Control frames and log lines never wait; a
         ``data`` frame (a batch, a failure) waits while :data:`DATA_FRAMES` of them are queued."""
         if self._broken:
@@ -166,7 +189,7 @@ class _ChannelLog(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            self._channel.send(("log", record.levelno, record.name, record.getMessage()))
+            self._channel.send(Log(record.levelno, record.name, record.getMessage()))
         except Exception:  # a message that cannot be formatted or pickled: logging must not raise
             pass
 
@@ -262,12 +285,13 @@ class Helper:
 
     # -- commands (main thread) ----------------------------------------------------------------
 
-    def start_epoch(self, gen: int, args: dict[str, Any]) -> None:
+    def start_epoch(self, start: StartEpoch) -> None:
+        gen = start.gen
         self.stop_epoch(self._gen, confirm=False)
         self.slots.reset(gen)
         with self._lock:
             self._gen = gen
-        self._epoch = threading.Thread(target=self._run_epoch, args=(gen, args), name="audiobuffer-helper-epoch",
+        self._epoch = threading.Thread(target=self._run_epoch, args=(start,), name="audiobuffer-helper-epoch",
                                        daemon=True)
         self._epoch.start()
 
@@ -282,23 +306,22 @@ class Helper:
             if self._epoch is not None:
                 self._epoch.join(EXIT_GRACE)
         if confirm:
-            self.channel.send(("stopped", gen))
+            self.channel.send(Stopped(gen))
 
     # -- one epoch (epoch thread) --------------------------------------------------------------
 
-    def _run_epoch(self, gen: int, args: dict[str, Any]) -> None:
+    def _run_epoch(self, start: StartEpoch) -> None:
         try:
-            self._epoch_body(gen, args)
+            self._epoch_body(start)
         except BufferClosed:
             pass  # stopped by the trainer
         except BaseException as exc:  # a bug of ours: the trainer raises it, never hangs
-            self.channel.send(("error", gen, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+            self.channel.send(EpochError(start.gen, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
 
-    def _epoch_body(self, gen: int, args: dict[str, Any]) -> None:
-        batch_size, policy = self.spec["batch_size"], self.pipeline.options.on_error
-        shard = EpochShard(args["epoch"], args["rank"], args["world_size"])
+    def _epoch_body(self, start: StartEpoch) -> None:
+        gen, batch_size, policy = start.gen, self.spec["batch_size"], self.pipeline.options.on_error
         # Batches by duration come laid out by the trainer; samples are planned here, as in process.
-        epoch = set_up_epoch(self.pipeline, shard, resume=args["consumed"], layout=args.get("batches"))
+        epoch = set_up_epoch(self.pipeline, start.shard, resume=start.consumed, layout=start.layout)
         layout, buffer, pool, make_item = epoch.layout, epoch.buffer, epoch.pool, epoch.make_item
         assembler = None if layout.sizes is None else Assembler(layout.sizes)
         with self._lock:
@@ -337,9 +360,9 @@ class Helper:
                 stats = {"decode_s": pool.decode_seconds, "buffer": buffer.stats.as_dict(),
                          "slot_wait_s": self.slots.wait_s, "num_producers": pool.num_producers,
                          "producer_history": pool.history, "gil_enabled": gil_enabled()}
-                self.channel.send(("end", gen, stats, positions))
+                self.channel.send(EpochEnd(gen, stats, positions))
         except StallError as exc:  # said before the close below waits for the producer stuck in a decode
-            self.channel.send(("stall", gen, str(exc)))
+            self.channel.send(Stalled(gen, str(exc)))
         finally:
             pool.close()
 
@@ -359,7 +382,7 @@ class Helper:
                 return True
             if self.pipeline.options.on_error == "raise":
                 return False
-        self.channel.send(("skipped", gen, layout.position(b)), data=True)
+        self.channel.send(Skipped(gen, layout.position(b)), data=True)
         return True
 
     def _report_failure(self, gen: int, failure: Failure, *, fatal: bool) -> None:
@@ -372,8 +395,8 @@ class Helper:
             payload = None
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         item = cast(WorkItem, failure.item)  # a producer's Failure always has its item
-        self.channel.send(("failure", gen, fatal, item.index, item.path, failure.producer,
-                           type(exc).__name__, str(exc), payload, text), data=True)
+        self.channel.send(SampleFailed(gen, fatal, item.index, item.path, failure.producer, type(exc).__name__,
+                                       str(exc), payload, text), data=True)
 
     def _send_batch(self, gen: int, samples: list[Any], taken: list[int], positions: list[int], pool: ProducerPool,
                     make_item: Callable[[int], WorkItem], *, indices: Any = None) -> bool:
@@ -389,8 +412,8 @@ class Helper:
         try:
             fields = self._collate(slot, samples)
             rows = None if indices is None else [int(indices[seq]) for seq in taken]
-            self.channel.send(("batch", gen, slot, slots.name(slot), fields, positions[:], len(samples),
-                               pool.decode_seconds, rows), data=True)
+            self.channel.send(Batch(gen, slot, slots.name(slot), fields, positions[:], len(samples),
+                                    pool.decode_seconds, rows), data=True)
         except HelperError:  # no room left in /dev/shm
             slots.release(slot)
             raise
@@ -416,9 +439,9 @@ class Helper:
         positions.clear()
         return True
 
-    def _collate(self, slot: int, samples: list[Any]) -> list[tuple[str, tuple[Any, ...]]]:
-        """Collate ``samples`` into ``slot``, grown once if the batch does not fit; where each field went:
-        ``("a", offset, shape, dtype)`` for an array in the slot, ``("v", values)`` for a list."""
+    def _collate(self, slot: int, samples: list[Any]) -> dict[str, Any]:
+        """Collate ``samples`` into ``slot``, grown once if the batch does not fit; :attr:`Batch.fields`:
+        where each array went in the slot (a :class:`SlotArray`), or the values themselves."""
         slots, key = self.slots, self.spec["key"]
         arena = SlotArena(slots.buffer(slot))
         batch = collate_numpy(samples, key=key, allocate=arena)
@@ -428,18 +451,15 @@ class Helper:
             slots.grow(slot, needed)
             arena = SlotArena(slots.buffer(slot))
             batch = collate_numpy(samples, key=key, allocate=arena)
-        fields: list[tuple[str, tuple[Any, ...]]] = []
+        fields: dict[str, Any] = {}
         for name, value in batch.items():
             offset = arena.placed.get(id(value)) if hasattr(value, "dtype") else None
-            if offset is None:
-                fields.append((name, ("v", value)))
-            else:
-                fields.append((name, ("a", offset, value.shape, value.dtype.str)))
+            fields[name] = value if offset is None else SlotArray(offset, value.shape, value.dtype.str)
         return fields  # no view into the slot outlives the hand-over
 
-    def free(self, gen: int, slot: int) -> None:
-        if gen == self._gen:
-            self.slots.release(slot)
+    def free(self, free: Free) -> None:
+        if free.gen == self._gen:
+            self.slots.release(free.slot)
 
     def shutdown(self) -> None:
         with self._lock:
@@ -550,34 +570,37 @@ def main() -> None:
                          daemon=True).start()
     code = 0
     try:
-        kind, sys_path, spec_bytes = channel.receive()
-        if kind != "setup":
-            raise RuntimeError(f"expected setup, got {kind!r}")
-        sys.path[:] = [p for p in sys_path if p] + [p for p in sys.path if p not in sys_path]
+        setup = channel.receive()
+        if not isinstance(setup, Setup):
+            raise RuntimeError(f"expected a Setup of protocol version {PROTOCOL_VERSION}, got {type(setup).__name__} "
+                               f"{str(setup)[:60]!r}: the trainer runs another audiobuffer")
+        if setup.version != PROTOCOL_VERSION:  # the spec may not even unpickle here: say who this is, and leave
+            channel.send(SetupFailed(PROTOCOL_VERSION, f"the helper runs {package_description()}", ""))
+            return
+        sys.path[:] = [p for p in setup.sys_path if p] + [p for p in sys.path if p not in setup.sys_path]
         try:
             from ...decoders import _common
 
             _common.TENSORS = False
-            spec = pickle.loads(spec_bytes)
+            spec = pickle.loads(setup.spec)
             if spec["background"]:
                 _lower_priority()
             helper = Helper(channel, spec)
         except Exception as exc:
-            channel.send(("error", -1, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+            channel.send(SetupFailed(PROTOCOL_VERSION, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
             return
-        channel.send(("ready", {"pid": os.getpid(), "torch": "torch" in sys.modules,
-                                "gil": getattr(sys, "_is_gil_enabled", lambda: True)(),
-                                "segments": [helper.slots.name(i) for i in range(spec["num_slots"])]}))
+        channel.send(Ready(PROTOCOL_VERSION, {"pid": os.getpid(), "torch": "torch" in sys.modules,
+                                              "gil": getattr(sys, "_is_gil_enabled", lambda: True)(),
+                                              "segments": [helper.slots.name(i) for i in range(spec["num_slots"])]}))
         while True:
             message = channel.receive()
-            kind = message[0]
-            if kind == "free":
-                helper.free(message[1], message[2])
-            elif kind == "epoch":
-                helper.start_epoch(message[1], message[2])
-            elif kind == "stop":
-                helper.stop_epoch(message[1])
-            elif kind == "close":
+            if isinstance(message, Free):
+                helper.free(message)
+            elif isinstance(message, StartEpoch):
+                helper.start_epoch(message)
+            elif isinstance(message, StopEpoch):
+                helper.stop_epoch(message.gen)
+            elif isinstance(message, Close):
                 break
     except (EOFError, OSError):
         pass  # the trainer closed the pipe: it exited or was killed

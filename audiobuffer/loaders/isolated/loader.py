@@ -8,7 +8,8 @@ error policy) in one helper process and collates each batch there, straight into
 slot; the trainer's side copies a slot into (pinned) tensors once and hands the slot back. The
 trainer does a fixed amount of Python per batch, whatever the batch holds.
 
-See NOTE [ Helper process lifecycle ] in ``loaders/isolated/helper.py`` for the protocol and the shutdown.
+See NOTE [ Helper protocol ] in ``protocol.py`` for the messages, and NOTE [ Helper process lifecycle ] in
+``helper.py`` for the process and its shutdown.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pickle
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import torch
@@ -34,7 +35,8 @@ from ...errors import BufferClosed, DecodeError, HelperError, SampleError, Stall
 from ...options import ErrorPolicy, LoaderOptions, ProducerCount, check_keywords
 from ...sources.source import Source, SourceSpec, WorkItem
 from .._state import EpochCursor, StateKeys
-from .channel import HelperChannel, RemoteTraceback, death_message, pickle_by_reference, torch_dtype
+from .channel import CLOSED, HelperChannel, RemoteTraceback, death_message, pickle_by_reference
+from .protocol import Batch, EpochEnd, EpochError, SampleFailed, Skipped, Stalled, StartEpoch
 
 __all__ = ["IsolatedLoader", "TrainerRun"]
 
@@ -63,23 +65,30 @@ class TrainerRun(EpochCounts):
                       "helper_slot_wait_s": self.helper.get("slot_wait_s", 0.0)},
             producer_history=self.helper.get("producer_history", []), gil_enabled=self.helper.get("gil_enabled", True))
 
-    def on_failure(self, message: tuple[Any, ...], policy: ErrorPolicy) -> None:
+    def on_failure(self, failed: SampleFailed, policy: ErrorPolicy) -> None:
         """A sample that failed in the helper: raise it (``fatal``: the policy is ``raise``) with the
         helper's traceback chained, or count it per ``policy``."""
-        _, _, fatal, index, path, producer, type_name, text, payload, trace = message
-        summary = f"item {index} ({path!r}) failed in {producer} (helper process): {type_name}: {text}"
-        if fatal:
-            cause: BaseException = RemoteTraceback(trace)
-            if payload is not None:
+        summary = (f"item {failed.item_index} ({failed.path!r}) failed in {failed.producer} (helper process): "
+                   f"{failed.type_name}: {failed.text}")
+        if failed.fatal:
+            cause: BaseException = RemoteTraceback(failed.trace)
+            if failed.payload is not None:
                 try:
-                    original = pickle.loads(payload)
+                    original = pickle.loads(failed.payload)
                     original.__cause__ = cause
                     cause = original
                 except Exception:
                     pass
-            cls = DecodeError if type_name == "DecodeError" or isinstance(cause, DecodeError) else SampleError
-            raise cls(summary, path=path, index=index, producer=producer) from cause
-        self.skip(index, path, f"{type_name}: {text}", summary, policy)
+            cls = DecodeError if failed.type_name == "DecodeError" or isinstance(cause, DecodeError) else SampleError
+            raise cls(summary, path=failed.path, index=failed.item_index, producer=failed.producer) from cause
+        self.skip(failed.item_index, failed.path, f"{failed.type_name}: {failed.text}", summary, policy)
+
+
+class _Cancel(NamedTuple):
+    """Put in the inbox by a cancel from another thread, to wake the consumer of epoch ``gen``; never
+    crosses the pipe."""
+
+    gen: int
 
 
 #: Bytes each slot starts with; a batch that does not fit grows its slot.
@@ -251,10 +260,6 @@ class IsolatedLoader(StateKeys):
             gen = self._gen
         pipeline = self.pipeline
         layout = pipeline.lay_out(shard, resume)  # batches by duration: planned here, decoded in the helper
-        args: dict[str, Any] = {"epoch": shard.number, "rank": shard.rank, "world_size": shard.world_size,
-                                "consumed": resume}
-        if layout.sizes is not None:
-            args["batches"] = layout
         producers = cast(ProducerCount, pipeline.options.num_producers)  # LoaderOptions stores None as "auto"
         pinned = 0 if producers == "auto" else min(producers, max(1, len(layout)))  # auto: known at the end
         run = TrainerRun(gen, shard, layout, pinned)
@@ -262,7 +267,7 @@ class IsolatedLoader(StateKeys):
             run.count_header_failures(pipeline.batching)
         with self._lock:
             self._run = run
-        channel.send(("epoch", gen, args))
+        channel.send(StartEpoch(gen, shard, resume, None if layout.sizes is None else layout))
         return self._epoch(run, channel)
 
     def _epoch(self, run: TrainerRun, channel: HelperChannel) -> Iterator[dict[str, Any]]:
@@ -273,27 +278,28 @@ class IsolatedLoader(StateKeys):
         try:
             while not run.cancelled:
                 message = self._next(run, channel)
-                kind = message[0]
-                if kind == "cancel":
-                    return
-                if kind == "batch":
-                    yield self._unpack(run, channel, message)
-                elif kind == "failure":
-                    run.on_failure(message, self.pipeline.options.on_error)
-                elif kind == "skipped":  # a batch by duration whose samples all failed
-                    run.consumed[message[2]] = 1
-                    run.empty_batches += 1
-                elif kind == "end":
-                    run.helper = message[2]
-                    for position in message[3]:
-                        run.consumed[position] = 1
-                    run.decode_s = message[2]["decode_s"]
-                    run.done = True
-                    return
-                elif kind == "stall":
-                    raise StallError(f"{message[2]} (in the helper process)")
-                elif kind == "error":
-                    raise HelperError(f"the helper process failed: {message[2]}") from RemoteTraceback(message[3])
+                match message:
+                    case _Cancel():
+                        return
+                    case Batch():
+                        yield self._unpack(run, channel, message)
+                    case SampleFailed():
+                        run.on_failure(message, self.pipeline.options.on_error)
+                    case Skipped():  # a batch by duration whose samples all failed
+                        run.consumed[message.position] = 1
+                        run.empty_batches += 1
+                    case EpochEnd():
+                        run.helper = message.stats
+                        for position in message.positions:
+                            run.consumed[position] = 1
+                        run.decode_s = message.stats["decode_s"]
+                        run.done = True
+                        return
+                    case Stalled():
+                        raise StallError(f"{message.text} (in the helper process)")
+                    case EpochError():
+                        raise HelperError(f"the helper process failed: {message.text}") \
+                            from RemoteTraceback(message.trace)
         finally:
             unregister()
             run.end = time.perf_counter()
@@ -310,7 +316,7 @@ class IsolatedLoader(StateKeys):
         """Wake the consumer of ``run`` and end its epoch early; returns at once, any thread."""
         run.cancelled = True
         try:
-            channel.inbox.put(("cancel", run.gen), timeout=0)
+            channel.inbox.put(_Cancel(run.gen), timeout=0)
         except (TimeoutError, BufferClosed):
             pass  # a full inbox: the consumer is not waiting, and sees the flag next
 
@@ -326,37 +332,24 @@ class IsolatedLoader(StateKeys):
                 raise StallError(f"the helper process sent nothing for {timeout:.1f} s (timeout "
                                  f"{stall} s plus {SILENCE_GRACE:.0f} s)") from None
             except BufferClosed:
-                raise BufferClosed("the IsolatedLoader was closed") from None
+                raise BufferClosed(CLOSED) from None
             finally:
                 run.wait_s += time.perf_counter() - start
-            if message[1] == run.gen:
+            if message.gen == run.gen:
                 return message
 
-    def _unpack(self, run: TrainerRun, channel: HelperChannel, message: tuple[Any, ...]) -> dict[str, Any]:
-        _, gen, slot, name, fields, positions, rows, decode_s, indices = message
+    def _unpack(self, run: TrainerRun, channel: HelperChannel, message: Batch) -> dict[str, Any]:
         start = time.perf_counter()
-        buf = channel.attach(slot, name).buf
-        batch: dict[str, Any] = {}
-        for field, spec in fields:
-            if spec[0] == "v":
-                batch[field] = spec[1]
-                continue
-            _, offset, shape, dtype = spec
-            source = np.ndarray(shape, dtype=np.dtype(dtype), buffer=buf, offset=offset)
-            tensor = torch.empty(shape, dtype=torch_dtype(dtype), pin_memory=self.pin_memory)
-            np.copyto(tensor.numpy(), source)  # numpy's copy: wakes no torch thread pool
-            batch[field] = tensor
-        source = None  # type: ignore[assignment]  # no view into the slot outlives the hand-back
-        channel.send(("free", gen, slot))
+        batch = channel.copy_out(message, pin_memory=self.pin_memory)
         run.copy_s += time.perf_counter() - start
-        for position in positions:
+        for position in message.positions:
             run.consumed[position] = 1
-        run.yielded += rows
-        run.decode_s = decode_s
+        run.yielded += message.rows
+        run.decode_s = message.decode_s
         batching = self.pipeline.batching
-        if indices is not None and batching is not None:  # a batch by duration: its source indices
+        if message.indices is not None and batching is not None:  # a batch by duration: its source indices
             run.batches = (run.batches or 0) + 1
-            batching.add_padding(run.padding, indices)
+            batching.add_padding(run.padding, np.asarray(message.indices))
         return batch
 
     # -- inspection, resume, shutdown ----------------------------------------------------------
