@@ -22,24 +22,24 @@ _EXPORTS = {
     "AUDIO_PATTERNS": ".sources",
     "AudioBufferError": ".errors",
     "AudioDecoder": ".decoders",
-    "BatchSlotLoader": ".slots",
+    "BatchSlotLoader": ".loaders.slots",
     "Buffer": ".buffer",
     "BufferClosed": ".errors",
     "BufferStats": ".buffer",
-    "BufferedDataset": ".dataset",
+    "BufferedDataset": ".loaders.dataset",
     "ConfigError": ".errors",
-    "DatasetStats": ".dataset",
+    "DatasetStats": ".loaders.dataset",
     "DecodeError": ".errors",
-    "DevicePrefetcher": ".device",
-    "DeviceTensorLoader": ".device",
+    "DevicePrefetcher": ".loaders.device",
+    "DeviceTensorLoader": ".loaders.device",
     "HelperError": ".errors",
     "IMAGE_PATTERNS": ".sources",
     "ImageDecoder": ".decoders",
-    "IsolatedLoader": ".isolated",
+    "IsolatedLoader": ".loaders.isolated.loader",
     "ProducerError": ".errors",
     "ResumeError": ".errors",
     "SampleError": ".errors",
-    "SlotStats": ".slots",
+    "SlotStats": ".loaders.slots",
     "Source": ".sources",
     "SourceError": ".errors",
     "StallError": ".errors",
@@ -98,9 +98,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:
     from .buffer import Buffer, BufferStats, payload_nbytes
     from .collate import pad_collate
-    from .dataset import BufferedDataset, DatasetStats
     from .decoders import AudioDecoder, ImageDecoder
-    from .device import DevicePrefetcher, DeviceTensorLoader
     from .errors import (
         AudioBufferError,
         BufferClosed,
@@ -114,8 +112,10 @@ if TYPE_CHECKING:
         StallError,
         StorageError,
     )
-    from .isolated import IsolatedLoader
-    from .slots import BatchSlotLoader, SlotStats
-    from .sources import AUDIO_PATTERNS, IMAGE_PATTERNS, Source, WorkItem
+    from .loaders.dataset import BufferedDataset, DatasetStats
+    from .loaders.device import DevicePrefetcher, DeviceTensorLoader
+    from .loaders.isolated.loader import IsolatedLoader
+    from .loaders.slots import BatchSlotLoader, SlotStats
+    from .sources.source import AUDIO_PATTERNS, IMAGE_PATTERNS, Source, WorkItem
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())

@@ -1,11 +1,8 @@
 """Argument checks with one message shape, used by every constructor and by the YAML config.
 
-As python-soundfile's ``_check_mode``/``_check_format``: one small function per kind of value. A wrong
-type raises ``TypeError``, a wrong value ``ValueError``; the message names the option, the value (cut
-short, so a huge value never makes a huge message) and what is allowed::
-
-    num_producers must be an integer >= 1 or 'auto', got 'eight'
-
+One small function per kind of value, as python-soundfile's ``_check_mode``/``_check_format``: a wrong
+type raises ``TypeError``, a wrong value ``ValueError``, and the message names the option, the value
+(cut short) and what is allowed: ``num_producers must be an integer >= 1 or 'auto', got 'eight'``.
 Choices come from the ``Literal`` type that annotates the option (``typing.get_args``), so the type,
 the check and the message cannot disagree.
 """

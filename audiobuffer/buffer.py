@@ -1,14 +1,10 @@
-"""A bounded, thread-safe buffer between producer threads and a consumer.
+"""A bounded, thread-safe FIFO buffer between producer threads and a consumer: :class:`Buffer`.
 
-The design follows CPython's ``Lib/queue.py``: one lock shared by two conditions, ``has_data`` (a
-consumer may proceed) and ``has_pos`` (a producer may proceed); every wait is a
-``while not predicate: cond.wait(remaining)`` loop with a deadline from ``time.monotonic()``; every
-change of state notifies. Nothing sleeps; a wait wakes at least every ``WAIT_SLICE`` seconds (NOTE
-[ Interruptible waits ]).
-
-The buffer knows nothing of torch or audio: with ``max_bytes`` it counts the bytes of whatever has an
-``nbytes`` attribute (numpy arrays, torch tensors, memoryviews), ``bytes``, and dicts, lists and tuples
-of those.
+It follows CPython's ``Lib/queue.py``: one lock shared by two conditions, ``has_data`` and ``has_pos``;
+every wait a ``while not predicate: cond.wait(remaining)`` loop against a ``time.monotonic()``
+deadline, woken at least every ``WAIT_SLICE`` seconds (NOTE [ Interruptible waits ]); a notify on
+every change of state, and no sleep. It knows nothing of torch or audio: ``max_bytes`` counts what
+:func:`payload_nbytes` finds (``nbytes`` attributes, ``bytes``, and dicts, lists and tuples of them).
 """
 
 from __future__ import annotations
@@ -17,13 +13,63 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Iterator
+from dataclasses import asdict, dataclass
 from typing import Any, Generic, TypeVar
 
-from ._buffer_stats import BufferStats, payload_nbytes
 from ._checks import check_int
 from .errors import BufferClosed
 
 __all__ = ["Buffer", "BufferClosed", "BufferStats", "payload_nbytes"]
+
+
+def payload_nbytes(item: Any) -> int:
+    """Bytes held by the array payloads of ``item``, walking dicts, lists and tuples.
+
+    Objects with an ``nbytes`` attribute (numpy arrays, torch tensors, memoryviews) count that;
+    ``bytes`` and ``bytearray`` their length; anything else counts as 0.
+    """
+    if isinstance(item, (bytes, bytearray)):
+        return len(item)
+    nbytes = getattr(item, "nbytes", None)
+    if isinstance(nbytes, int):
+        return nbytes
+    if isinstance(item, dict):
+        return sum(payload_nbytes(value) for value in item.values())
+    if isinstance(item, (list, tuple)):
+        return sum(payload_nbytes(value) for value in item)
+    return 0
+
+
+@dataclass(frozen=True)
+class BufferStats:
+    """A snapshot of a :class:`Buffer`'s counters.
+
+    Attributes:
+        capacity: the item bound.
+        max_bytes: the byte bound, or ``None``.
+        puts: items put so far.
+        gets: items taken so far.
+        put_wait_s: total seconds producers spent waiting for room (the consumer was the bottleneck).
+        get_wait_s: total seconds consumers spent waiting for data (the producers were the bottleneck).
+        mean_fill: mean number of items in the buffer as each ``get`` / ``get_many`` call found it.
+        peak_fill: the most items the buffer ever held.
+        peak_bytes: the most payload bytes it ever held (counted only with ``max_bytes``).
+    """
+
+    capacity: int
+    max_bytes: int | None
+    puts: int
+    gets: int
+    put_wait_s: float
+    get_wait_s: float
+    mean_fill: float
+    peak_fill: int
+    peak_bytes: int
+
+    def as_dict(self) -> dict[str, Any]:
+        """The snapshot as a plain dict."""
+        return asdict(self)
+
 
 T = TypeVar("T")
 

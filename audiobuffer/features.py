@@ -1,12 +1,10 @@
 """Batched spectral features as torch modules: STFT magnitude and (log-)mel spectrograms.
 
 Per-sample features in producer threads do not scale (``librosa.feature.melspectrogram`` holds the
-GIL: 1.12x on 2 threads), so features belong here: one call on a whole batch, after it is loaded,
-on whatever device the batch is on. Lengths go in as frames of audio and come out as frames of
-features, so padding can be masked downstream.
-
-The defaults match librosa's (``center=True`` with zero padding, a periodic Hann window, the Slaney
-mel scale and normalisation), and the tests check the output against librosa.
+GIL), so features belong here: one call on a whole batch, after it is loaded, on whatever device the
+batch is on; lengths go in as frames of audio and come out as frames of features, so padding can be
+masked downstream. The defaults match librosa's (``center=True`` with zero padding, a periodic Hann
+window, the Slaney mel scale and normalisation), and the tests check the output against librosa.
 """
 
 from __future__ import annotations

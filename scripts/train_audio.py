@@ -48,10 +48,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
+from audiobuffer.cli._model import SpeechCNN, evaluate, make_optimizer, train_step
 from audiobuffer.config import build_dataset, build_isolated, build_loader, build_source, load_config
-from audiobuffer.device import DevicePrefetcher, resolve_device
 from audiobuffer.errors import AudioBufferError, ResumeError
-from audiobuffer.tools._model import SpeechCNN, evaluate, make_optimizer, train_step
+from audiobuffer.loaders.device import DevicePrefetcher, resolve_device
 
 CHECKPOINT_NAME = "last.pt"
 CHECKPOINT_FORMAT = 2  # 1: the model only, after each epoch (cannot be resumed)
@@ -196,6 +196,9 @@ def _train(args: argparse.Namespace, config: Any, device: torch.device, distribu
     log = print if rank == 0 else (lambda *a, **k: None)
     log(f"{len(train_source)} train / {len(test_source) if test_source else 0} test files, "
         f"{len(source.classes)} classes, {world_size} rank(s), {steps} steps per epoch, device {device}")
+    if not config.loader.shuffle:  # the default, as in Python: a training config says shuffle: true
+        log("loader.shuffle is false: every epoch trains in the source's order (set loader.shuffle: true to "
+            "reshuffle each epoch)")
     if resume is not None:
         log(f"resuming {args.resume} at epoch {start_epoch + 1}, step {start_step}")
     show_progress = rank == 0 and (args.progress if args.progress is not None else sys.stderr.isatty())

@@ -200,7 +200,7 @@ def wait_gone(pid: int, timeout: float) -> bool:
 
 def segment_exists(name: str) -> bool:
     """Whether the shared-memory segment ``name`` is still on the system, looked up by name (every OS)."""
-    from audiobuffer import _shm
+    from audiobuffer.loaders.isolated import shm as _shm
 
     try:
         segment = _shm.attach(name)
@@ -218,7 +218,7 @@ def isolated_leftovers(monkeypatch: Any) -> Iterator[None]:
     gone (looked up by name, on every OS), and where the system lists segments (Linux), so must every
     one named after one of those helper processes (``ab_<pid>_...``: a slot it grew unknown to the trainer).
     """
-    from audiobuffer import _shm
+    from audiobuffer.loaders.isolated import shm as _shm
 
     attach = _shm.attach
     seen: set[str] = set()

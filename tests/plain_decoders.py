@@ -139,7 +139,7 @@ class TightShm(IndexDecoder):
         self.total = total
 
     def __call__(self, item: Any) -> dict[str, Any]:
-        from audiobuffer import _shm
+        from audiobuffer.loaders.isolated import shm as _shm
 
         _shm.room = lambda: (self.free, self.total)
         return super().__call__(item)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from helpers import JOIN_TIMEOUT
 
-from audiobuffer.storage import Retry
+from audiobuffer.sources.storage import Retry
 
 #: Seconds a proxy socket waits for its peer before it gives the connection up.
 SOCKET_TIMEOUT = 5.0

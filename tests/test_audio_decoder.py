@@ -291,7 +291,7 @@ def test_fsdd_every_file_once_with_correct_labels(fsdd):
             assert int(path.rsplit("/", 1)[1].split("_")[0]) == label
 
 
-# -- crops own their frames (issue 9, item 5) -----------------------------------------------------
+# -- crops own their frames ------------------------------------------------------------------------
 
 class FromNumpySpy:
     """Records every array the decoder turns into a tensor (its docstring promises ``torch.from_numpy``)."""
@@ -359,7 +359,7 @@ def test_a_crop_owns_its_frames_on_every_path(tmp_path, monkeypatch, path_kind, 
         assert_owns_its_frames(array)
 
 
-# -- crop length when resampling (item 13) --------------------------------------------------------
+# -- crop length when resampling -------------------------------------------------------------------
 
 @pytest.mark.parametrize("native, out", [(24000, 22050), (44100, 16000), (8000, 22050), (48000, 44100),
                                          (22050, 16000), (16000, 44100)])
@@ -386,7 +386,7 @@ def test_resampled_crop_has_round_n_times_r_real_frames(tmp_path, native, out):
 
 
 def test_resampled_crops_of_a_real_file(audio_formats):
-    """The reported case: a 24 kHz FLAC cropped to 1.37 s at 22.05 kHz."""
+    """A real 24 kHz FLAC cropped to 1.37 s at 22.05 kHz."""
     path = audio_formats / "flac_testbench/faulty/01 - wrong max blocksize.flac"
     assert sf.info(path).samplerate == 24000
     for crop in ("start", "center", "random"):
@@ -396,7 +396,7 @@ def test_resampled_crops_of_a_real_file(audio_formats):
             assert sample["num_frames"] == round(1.37 * 22050) == sample["audio"].shape[0]
 
 
-# -- rates no audio can have (item 10) ------------------------------------------------------------
+# -- rates no audio can have -----------------------------------------------------------------------
 
 def write_wav_with_rate(path, rate):
     """A 16-bit PCM WAV whose header says ``rate`` Hz (0 makes it a damaged file)."""
@@ -454,7 +454,7 @@ def test_a_fallback_array_of_any_layout_becomes_a_contiguous_writable_tensor(tmp
     sample["audio"][0] = -1.0  # writable, and none of the reader's array
 
 
-# -- crop_seconds range (item 8) ------------------------------------------------------------------
+# -- crop_seconds range ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("seconds", [1e9, 1e300, 86400.5, float("nan"), float("-inf"), -1.0])
 def test_crop_seconds_out_of_range_is_refused_up_front(seconds):
@@ -488,7 +488,7 @@ def test_yaml_crop_seconds_has_the_same_range(tmp_path):
     assert build_decoder(config).crop_seconds == 86400
 
 
-# -- fallback errors and warnings (item 21) -------------------------------------------------------
+# -- fallback errors and warnings ------------------------------------------------------------------
 
 class Undecodable(Exception):
     """No reader could make sense of the file."""

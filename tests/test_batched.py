@@ -1,4 +1,4 @@
-"""Batches by duration through BufferedDataset (audiobuffer/_batched.py): exactly once, within the budget,
+"""Batches by duration through BufferedDataset (audiobuffer/engine/epoch.py): exactly once, within the budget,
 resumable, equal per rank, with failures leaving their batch, on generated and real (FSDD) files."""
 
 import json
@@ -23,9 +23,9 @@ from audiobuffer import (
     WorkItem,
     pad_collate,
 )
-from audiobuffer._batched import DynamicBuckets, TimedDecode
-from audiobuffer._batching import plan_batches
-from audiobuffer._durations import CACHE_ENV
+from audiobuffer.engine.plan import plan_batches
+from audiobuffer.engine.streamed import DynamicBuckets, TimedDecode
+from audiobuffer.sources.durations import CACHE_ENV
 
 
 @pytest.fixture(autouse=True)
@@ -192,7 +192,7 @@ def test_padding_counts_the_zeros_a_decoder_pads_a_crop_with(tmp_path, isolate):
 def test_durations_are_read_once_per_dataset_and_cached(tmp_path, monkeypatch):
     tones(tmp_path / "audio", [0.5, 1.0, 1.5])
     BufferedDataset(tmp_path / "audio", AudioDecoder(8000), max_batch_seconds=2.0)  # fills the cache
-    import audiobuffer._durations as durations_module
+    import audiobuffer.sources.durations as durations_module
 
     def refuse(path):
         raise AssertionError(f"header read again: {path}")
@@ -369,7 +369,7 @@ def test_max_batch_size_caps_the_count(tmp_path):
 
 
 def test_an_epoch_is_planned_once_for_len_and_iter(tmp_path, monkeypatch):
-    import audiobuffer._batched as batched
+    import audiobuffer.engine.pipeline as batched
 
     calls = []
     real = batched.plan_batches

@@ -11,8 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from audiobuffer import ResumeError
-from audiobuffer._batching import BatchPlan, bucket_edges, cut_batches, padding_fraction, plan_batches
-from audiobuffer._plan import pack_consumed, unpack_consumed
+from audiobuffer.engine.plan import (
+    BatchPlan,
+    bucket_edges,
+    cut_batches,
+    pack_consumed,
+    padding_fraction,
+    plan_batches,
+    unpack_consumed,
+)
 
 
 def keys(batches):
@@ -215,7 +222,7 @@ def test_bad_options_are_named(kwargs, error, match):
 
 @pytest.mark.timeout(120)
 def test_padding_bench_runs_and_meets_the_goal():
-    script = REPO / "scripts" / "bench_padding.py"
+    script = REPO / "benchmarks" / "bench_padding.py"
     done = subprocess.run([sys.executable, str(script), "--items", "3000", "--epochs", "2", "--budgets", "60"],
                           capture_output=True, text=True, timeout=100)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -16,9 +16,12 @@ import pytest
 from helpers import JOIN_TIMEOUT, fake_paths, isolated_leftovers
 from plain_decoders import IndexDecoder
 
-from audiobuffer import HelperError, IsolatedLoader, _channel, _shm
-from audiobuffer._channel import HelperChannel, death_message
+from audiobuffer import BufferClosed, HelperError, IsolatedLoader
 from audiobuffer.buffer import WAIT_SLICE
+from audiobuffer.loaders.isolated import channel as _channel
+from audiobuffer.loaders.isolated import shm as _shm
+from audiobuffer.loaders.isolated.channel import HelperChannel, death_message
+from audiobuffer.loaders.isolated.protocol import Batch, Free
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -138,7 +141,7 @@ def test_ctrl_c_breaks_a_send_waiting_for_another_threads_send(interrupt_main):
         assert held.wait(JOIN_TIMEOUT)
         interrupt_main(0.1)
         with pytest.raises(Interrupted):
-            channel.send(("free", 1, 0))
+            channel.send(Free(1, 0))
         assert not released.is_set(), "the interrupt came only after the other send ended"
     finally:
         release.set()
@@ -322,4 +325,91 @@ def test_the_helper_runs_in_a_process_group_of_its_own_on_windows(monkeypatch, p
     with pytest.raises(NotStarted):
         HelperChannel(4).start(b"")
     assert seen["creationflags"] == flags
-    assert seen["args"][-2:] == ["audiobuffer._helper", str(os.getpid())]  # the trainer the helper watches
+    # the helper module, and the trainer it watches
+    assert seen["args"][-2:] == ["audiobuffer.loaders.isolated.helper", str(os.getpid())]
+
+
+def test_a_closing_channel_is_buffer_closed_where_a_dead_helper_is_a_helper_error():
+    # The same failures as the helper's death (a segment gone, a shut pipe), met once the channel is
+    # being closed on purpose (from another thread, maybe): BufferClosed, as the inbox says too.
+    channel = HelperChannel(4)
+    channel.proc = Running(io.BytesIO())
+    channel.proc.stdin.close()
+    with pytest.raises(HelperError, match="closed its channel"):
+        channel.send(Free(1, 0))
+    channel._closing.set()
+    with pytest.raises(BufferClosed, match="the IsolatedLoader was closed"):
+        channel.send(Free(1, 0))
+    with pytest.raises(BufferClosed, match="the IsolatedLoader was closed"):
+        channel.attach(1, "ab_0_gone")
+    with pytest.raises(BufferClosed, match="the IsolatedLoader was closed"):
+        channel.copy_out(Batch(1, 1, "ab_0_gone", {}, [0], 4, 0.0, None), pin_memory=False)
+
+
+#: A helper from before the protocol was versioned: it answers a tuple, without reading the setup.
+PRE_PROTOCOL_HELPER = """
+import os, pickle, sys
+out = os.fdopen(os.dup(1), "wb")
+out.write(pickle.dumps(("ready", {"pid": os.getpid()})))
+out.flush()
+sys.stdin.buffer.read()  # until the trainer closes
+"""
+
+
+def stale_copy(where, kind):
+    """An audiobuffer in ``where`` that the helper imports instead of this one (``python -m`` puts the current
+    directory first on its path): this one at the next protocol version, the same without its own check, or
+    one from before the protocol (``PRE_PROTOCOL_HELPER``)."""
+    import re
+    import shutil
+
+    from helpers import REPO
+
+    from audiobuffer.loaders.isolated.protocol import PROTOCOL_VERSION
+
+    package = where / "audiobuffer"
+    if kind == "pre-protocol":
+        (package / "loaders" / "isolated").mkdir(parents=True)
+        for folder in (package, package / "loaders", package / "loaders" / "isolated"):
+            (folder / "__init__.py").write_text("", encoding="utf-8")
+        (package / "loaders" / "isolated" / "helper.py").write_text(PRE_PROTOCOL_HELPER, encoding="utf-8")
+        return
+    shutil.copytree(REPO / "audiobuffer", package, ignore=shutil.ignore_patterns("__pycache__"))
+    protocol = package / "loaders" / "isolated" / "protocol.py"
+    text, n = re.subn(r"(?m)^PROTOCOL_VERSION = \d+$", f"PROTOCOL_VERSION = {PROTOCOL_VERSION + 1}",
+                      protocol.read_text(encoding="utf-8"))
+    assert n == 1
+    protocol.write_text(text, encoding="utf-8")
+    if kind == "unchecked":  # answers Ready at its own version: the trainer's check alone refuses it
+        helper = package / "loaders" / "isolated" / "helper.py"
+        text = helper.read_text(encoding="utf-8")
+        assert text.count("if setup.version != PROTOCOL_VERSION:") == 1
+        helper.write_text(text.replace("if setup.version != PROTOCOL_VERSION:", "if False:"), encoding="utf-8")
+
+
+@pytest.mark.skipif(bool(os.environ.get("PYTHONSAFEPATH")), reason="python -m puts no directory first on its path")
+@pytest.mark.parametrize("kind, says", [
+    ("refusing", r"speaks protocol version 2 and this trainer version 1: the helper imported another audiobuffer "
+                 r"than the trainer's \(audiobuffer \S+ in .*\).*\(it says: the helper runs audiobuffer \S+ in "
+                 r".*stale.audiobuffer\)$"),
+    ("unchecked", r"speaks protocol version 2 and this trainer version 1: the helper imported another audiobuffer "
+                  r"than the trainer's \(audiobuffer \S+ in .*\), one earlier on its path .*other copy$"),
+    ("pre-protocol", r"answered tuple \"\('ready'.*, not a protocol version and this trainer version 1: the helper "
+                     r"imported another audiobuffer"),
+])
+def test_a_helper_of_another_audiobuffer_is_a_helper_error_naming_both_versions(monkeypatch, tmp_path, kind, says):
+    # A stale audiobuffer where the trainer runs shadows this one in the helper; whatever it speaks, the
+    # start says so, never an unpacking error or a death.
+    from audiobuffer.loaders.isolated.protocol import PROTOCOL_VERSION
+
+    assert PROTOCOL_VERSION == 1  # the messages below name it
+    stale = tmp_path / "stale"
+    stale.mkdir()
+    stale_copy(stale, kind)
+    monkeypatch.chdir(stale)
+    spec = IsolatedLoader(fake_paths(4), IndexDecoder(), batch_size=2)._spec
+    channel = HelperChannel(4)
+    with pytest.raises(HelperError, match=says):
+        channel.start(spec)
+    assert not channel.running
+    assert channel.proc.wait(JOIN_TIMEOUT) == 0  # it left as told, not killed

@@ -12,8 +12,8 @@ import yaml
 from helpers import REPO, make_corpus, windows_text_files
 
 from audiobuffer.buffer import BufferStats
-from audiobuffer.dataset import DatasetStats
-from audiobuffer.tools.report import RunSummary, write_json
+from audiobuffer.cli.report import RunSummary, write_json
+from audiobuffer.loaders.dataset import DatasetStats
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -28,7 +28,7 @@ def audiobuffer(*args, cwd=None, timeout=240):
 def pipeline(tmp_path):
     make_corpus(tmp_path / "audio", 12, seconds=0.2)
     config = {"source": {"root": "audio", "labels": r"^(\d+)_"}, "decode": {"sample_rate": 16000},
-              "buffer": {"producers": 2, "on_error": "skip"}, "loader": {"batch_size": 5}, "epochs": 2,
+              "buffer": {"num_producers": 2, "on_error": "skip"}, "loader": {"batch_size": 5}, "epochs": 2,
               "device": "cpu"}
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -50,7 +50,7 @@ def test_run_end_to_end_with_json_summary(pipeline):
 def test_run_counts_skipped_files_and_overrides(pipeline):
     root, config = pipeline
     (root / "audio" / "class0" / "0_9999.wav").write_bytes(b"RIFF not really a wav file")
-    result = audiobuffer("run", config, "--set", "epochs=1", "--set", "buffer.producers=3", "--json", "-",
+    result = audiobuffer("run", config, "--set", "epochs=1", "--set", "buffer.num_producers=3", "--json", "-",
                          "--no-progress")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
@@ -63,7 +63,7 @@ def test_run_counts_skipped_files_and_overrides(pipeline):
 
 def test_run_with_producers_auto_says_what_it_settled_on(pipeline):
     root, config = pipeline
-    result = audiobuffer("run", config, "--set", "epochs=1", "--set", "buffer.producers=auto", "--json", "-",
+    result = audiobuffer("run", config, "--set", "epochs=1", "--set", "buffer.num_producers=auto", "--json", "-",
                          "--no-progress")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
@@ -150,8 +150,9 @@ def assert_config_error(result, *parts):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--set", "buffer.producers=eight"], "buffer.producers: must be an integer in [1, 1024] or 'auto', got 'eight'"),
-    (["--set", "buffer.prodcers=8"], "buffer.prodcers: unknown key"),
+    (["--set", "buffer.num_producers=eight"],
+     "buffer.num_producers: must be an integer in [1, 1024] or 'auto', got 'eight'"),
+    (["--set", "buffer.num_prodcers=8"], "buffer.num_prodcers: unknown key"),
     (["--set", "source.root=missing"], "source.root: no such directory"),
     (["--set", "device=cuda:0"], "device:"),
     (["--set", "seed=-1"], "seed: must be >= 0 and <= 9223372036854775807, got -1"),
@@ -170,6 +171,29 @@ def test_bad_config_exits_2_with_message_and_no_traceback(pipeline, args, messag
     if "cuda" in args[-1] and result.returncode == 0:
         pytest.skip("this machine has CUDA")
     assert_config_error(result, f"{config}: ", message)
+
+
+def test_old_key_names_run_with_a_note_naming_the_new_keys(pipeline):
+    root, config = pipeline
+    old = root / "old.yaml"
+    old.write_text(config.read_text().replace("num_producers:", "producers:") + "\n", encoding="utf-8")
+    result = audiobuffer("run", old, "--set", "epochs=1", "--set", "buffer.capacity=16", "--json", "-",
+                         "--no-progress")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["producers"] == 2 and "producers 2," in result.stderr
+    notes = [line for line in result.stderr.splitlines() if line.startswith("audiobuffer: note: ")]
+    assert notes == [f"audiobuffer: note: {old}: buffer.producers is deprecated: write buffer.num_producers",
+                     f"audiobuffer: note: {old}: buffer.capacity is deprecated: write buffer.buffer_size"]
+    filled = audiobuffer("config", old, cwd=root)  # printed under the new names
+    assert filled.returncode == 0 and yaml.safe_load(filled.stdout)["buffer"]["num_producers"] == 2
+    assert "buffer.producers is deprecated" in filled.stderr
+    result = audiobuffer("run", old, "--set", "buffer.producers=eight")  # the error names the key as written
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.splitlines() == [
+        f"audiobuffer: note: {old}: buffer.producers is deprecated: write buffer.num_producers",
+        f"audiobuffer: error: {old}: buffer.producers: must be an integer in [1, 1024] or 'auto', got 'eight'"]
+    both = audiobuffer("run", old, "--set", "buffer={producers: 2, num_producers: 3}")
+    assert_config_error(both, f"{old}: buffer.producers: the old name of buffer.num_producers, which is given too")
 
 
 def test_missing_config_file_exits_2(tmp_path):
@@ -224,11 +248,11 @@ def test_config_reference_prints_the_shipped_reference(tmp_path):
 
 def test_config_checks_a_config_and_prints_it_filled_in(pipeline):
     root, config = pipeline
-    result = audiobuffer("config", config, "--set", "buffer.producers=3", cwd=root)
+    result = audiobuffer("config", config, "--set", "buffer.num_producers=3", cwd=root)
     assert result.returncode == 0, result.stderr
     filled = yaml.safe_load(result.stdout)
-    assert filled["buffer"]["producers"] == 3 and filled["source"]["root"] == str(root / "audio")
-    assert filled["buffer"]["capacity"] == 64  # a default, filled in
+    assert filled["buffer"]["num_producers"] == 3 and filled["source"]["root"] == str(root / "audio")
+    assert filled["buffer"]["buffer_size"] == 64  # a default, filled in
     assert_config_error(audiobuffer("config", config, "--set", "seed=-1"), config, ": seed: must be >= 0")
     assert_config_error(audiobuffer("config"), "give either --reference or CONFIG.yaml")
 
@@ -287,7 +311,7 @@ def test_console_script_is_installed():
 # -- what every command shares: its help, a stdout that cannot encode every file name ------------------
 
 def test_help_lists_every_command(capsys):
-    from audiobuffer.tools.cli import main
+    from audiobuffer.cli.main import main
 
     with pytest.raises(SystemExit) as exit_info:
         main(["--help"])
@@ -317,12 +341,12 @@ def printed(stdout):
 
 
 def test_run_names_a_file_stdout_cannot_encode_and_writes_its_json(tmp_path, monkeypatch):
-    from audiobuffer.tools.cli import main
+    from audiobuffer.cli.main import main
 
     make_corpus(tmp_path / "audio", 3, seconds=0.1)
     (tmp_path / "audio" / f"{NOT_CP1252}.wav").write_bytes(b"RIFF not really a wav file")  # skipped, listed
     config = tmp_path / "pipeline.yaml"
-    config.write_text(yaml.safe_dump({"source": {"root": "audio"}, "buffer": {"producers": 1, "on_error": "skip"},
+    config.write_text(yaml.safe_dump({"source": {"root": "audio"}, "buffer": {"num_producers": 1, "on_error": "skip"},
                                       "device": "cpu"}), encoding="utf-8")
     out = tmp_path / "summary.json"
     stdout = cp1252_stdout(monkeypatch)
@@ -332,7 +356,7 @@ def test_run_names_a_file_stdout_cannot_encode_and_writes_its_json(tmp_path, mon
 
 
 def test_pack_names_an_output_folder_stdout_cannot_encode(tmp_path, monkeypatch):
-    from audiobuffer.tools.cli import main
+    from audiobuffer.cli.main import main
 
     make_corpus(tmp_path / "src", 3, seconds=0.05)
     out = tmp_path / NOT_CP1252

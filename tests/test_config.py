@@ -1,21 +1,38 @@
+import inspect
 import re
+import warnings
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from helpers import REPO, make_corpus
+from pydantic import BaseModel
+from torch.utils.data import DataLoader
 
 import audiobuffer
-from audiobuffer import BufferedDataset, ConfigError
+from audiobuffer import (
+    AudioDecoder,
+    BatchSlotLoader,
+    BufferedDataset,
+    ConfigError,
+    DevicePrefetcher,
+    ImageDecoder,
+    IsolatedLoader,
+)
 from audiobuffer.config import (
+    PipelineConfig,
     apply_overrides,
     build_dataset,
+    build_decoder,
     build_isolated,
     build_loader,
     load_config,
     parse_config,
     reference_config,
 )
+from audiobuffer.config.schema import _RENAMED
+from audiobuffer.options import DEFAULT_WARN_AFTER, LoaderOptions
 
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
 
@@ -55,34 +72,34 @@ def test_relative_paths_resolve_against_the_config_file(corpus, monkeypatch):
 
 def test_defaults(corpus):
     config = load_config(write(corpus, {"source": {"root": "audio"}}))
-    assert (config.buffer.producers, config.buffer.capacity, config.buffer.on_error) == ("auto", 64, "raise")
+    assert (config.buffer.num_producers, config.buffer.buffer_size, config.buffer.on_error) == ("auto", 64, "raise")
     assert (config.loader.batch_size, config.device, config.epochs, config.decode.kind) == (32, "auto", 1, "audio")
 
 
 def test_producers_auto_or_pinned_reach_the_dataset(corpus):
-    config = load_config(write(corpus, {"source": {"root": "audio"}, "buffer": {"producers": "auto"}}))
+    config = load_config(write(corpus, {"source": {"root": "audio"}, "buffer": {"num_producers": "auto"}}))
     dataset = build_dataset(config)
     assert dataset.num_producers == "auto"
     assert sorted(s["path"] for s in dataset) == sorted(str(p) for p in (corpus / "audio").rglob("*.wav"))
     assert dataset.stats().producer_history[0][2] == "start"
-    pinned = build_dataset(load_config(write(corpus, {"source": {"root": "audio"}, "buffer": {"producers": 3}})))
+    pinned = build_dataset(load_config(write(corpus, {"source": {"root": "audio"}, "buffer": {"num_producers": 3}})))
     assert pinned.num_producers == 3
 
 
 def test_overrides_apply_and_are_validated(corpus):
     path = write(corpus, {"source": {"root": "audio"}})
-    config = load_config(path, ["buffer.producers=8", "loader.pin_memory=false", "decode.crop_seconds=0.5",
+    config = load_config(path, ["buffer.num_producers=8", "loader.pin_memory=false", "decode.crop_seconds=0.5",
                                 "source.patterns=['class1/*.wav']", "epochs=3"])
-    assert (config.buffer.producers, config.loader.pin_memory, config.decode.crop_seconds) == (8, False, 0.5)
+    assert (config.buffer.num_producers, config.loader.pin_memory, config.decode.crop_seconds) == (8, False, 0.5)
     assert config.epochs == 3 and len(build_dataset(config)) == 2
     with pytest.raises(ConfigError,
-                       match=r"buffer\.producers: must be an integer in \[1, 1024\] or 'auto', got 'eight'"):
-        load_config(path, ["buffer.producers=eight"])
-    assert load_config(path, ["buffer.producers=auto"]).buffer.producers == "auto"
+                       match=r"buffer\.num_producers: must be an integer in \[1, 1024\] or 'auto', got 'eight'"):
+        load_config(path, ["buffer.num_producers=eight"])
+    assert load_config(path, ["buffer.num_producers=auto"]).buffer.num_producers == "auto"
 
 
 @pytest.mark.parametrize("override, match", [
-    ("buffer.producers", r"expected key\.path=value"),
+    ("buffer.num_producers", r"expected key\.path=value"),
     ("=3", r"expected key\.path=value"),
     ("epochs.x=3", "epochs is not a section"),
     ("decode.size=[1, ", "not valid YAML"),
@@ -93,16 +110,16 @@ def test_bad_overrides(override, match):
 
 
 BAD_CONFIGS = [
-    ("unknown key", {"source": {"root": "audio"}, "buffer": {"prodcers": 8}},
-     r"buffer\.prodcers: unknown key; allowed keys here: producers, capacity"),
+    ("unknown key", {"source": {"root": "audio"}, "buffer": {"num_prodcers": 8}},
+     r"buffer\.num_prodcers: unknown key; allowed keys here: num_producers, buffer_size"),
     ("unknown section", {"source": {"root": "audio"}, "model": {}}, r"model: unknown key; allowed keys here: source"),
-    ("wrong type", {"source": {"root": "audio"}, "buffer": {"producers": "eight"}},
-     r"buffer\.producers: must be an integer in \[1, 1024\] or 'auto', got 'eight'"),
+    ("wrong type", {"source": {"root": "audio"}, "buffer": {"num_producers": "eight"}},
+     r"buffer\.num_producers: must be an integer in \[1, 1024\] or 'auto', got 'eight'"),
     ("float for int", {"source": {"root": "audio"}, "loader": {"batch_size": 3.5}}, r"loader\.batch_size: .*got 3\.5"),
     ("not a bool", {"source": {"root": "audio"}, "buffer": {"isolate": "maybe"}},
      r"buffer\.isolate: must be true or false, got 'maybe'"),
-    ("too small", {"source": {"root": "audio"}, "buffer": {"producers": 0}},
-     r"buffer\.producers: must be an integer in \[1, 1024\] or 'auto', got 0"),
+    ("too small", {"source": {"root": "audio"}, "buffer": {"num_producers": 0}},
+     r"buffer\.num_producers: must be an integer in \[1, 1024\] or 'auto', got 0"),
     ("bad choice", {"source": {"root": "audio"}, "buffer": {"on_error": "ignore"}},
      r"buffer\.on_error: Input should be 'raise', 'warn' or 'skip', got 'ignore'"),
     ("bad device", {"source": {"root": "audio"}, "device": "tpu"},
@@ -124,7 +141,7 @@ BAD_CONFIGS = [
     ("image size", {"source": {"root": "audio"}, "decode": {"kind": "image", "size": [1, "a"]}},
      r"decode\.size: must be an integer or a list \[height, width\] of two integers, got \(1, 'a'\)$"),
     ("unknown keys", {"source": {"root": "audio"}, "buffer": {"a": 1, "b": 2}},
-     r"buffer: unknown keys a, b; allowed keys here: producers, capacity"),
+     r"buffer: unknown keys a, b; allowed keys here: num_producers, buffer_size"),
     ("empty pattern", {"source": {"root": "audio", "patterns": ["*.wav", ""]}},
      r"source\.patterns\.1: must not be empty, got ''$"),
 ]
@@ -154,8 +171,10 @@ OUT_OF_RANGE = [
     ("crop 1e9", {"decode": {"crop_seconds": 1e9}}, r"decode\.crop_seconds: .* <= 86400, got 1000000000\.0"),
     ("batch_size", {"loader": {"batch_size": 100000000000}},
      r"loader\.batch_size: must be >= 1 and <= 1048576, got 100000000000"),
-    ("producers", {"buffer": {"producers": 100000}},
-     r"buffer\.producers: must be an integer in \[1, 1024\] or 'auto', got 100000"),
+    ("num_producers", {"buffer": {"num_producers": 100000}},
+     r"buffer\.num_producers: must be an integer in \[1, 1024\] or 'auto', got 100000"),
+    ("buffer_size", {"buffer": {"buffer_size": 1 << 21}},
+     r"buffer\.buffer_size: must be >= 1 and <= 1048576, got 2097152"),
 ]
 
 
@@ -180,7 +199,7 @@ def test_exponents_are_numbers(corpus):
 
 def test_values_at_the_bounds_are_accepted(corpus):
     path = write(corpus, {"source": {"root": "audio"}, "seed": 2**63 - 1, "loader": {"batch_size": 1 << 20},
-                          "buffer": {"timeout": 86400, "warn_after": 86400.0, "producers": 1024},
+                          "buffer": {"timeout": 86400, "warn_after": 86400.0, "num_producers": 1024},
                           "decode": {"crop_seconds": 86400.0}})
     config = load_config(path)
     assert (config.seed, config.loader.batch_size, config.buffer.timeout) == (2**63 - 1, 1 << 20, 86400)
@@ -188,9 +207,9 @@ def test_values_at_the_bounds_are_accepted(corpus):
 
 def test_several_problems_are_listed_on_one_line(corpus):
     path = write(corpus, {"source": {"root": "audio"}, "seed": -1, "epochs": 0,
-                          "buffer": {"producers": "x", "capacity": 0, "timeout": -1, "warn_after": 0},
+                          "buffer": {"num_producers": "x", "buffer_size": 0, "timeout": -1, "warn_after": 0},
                           "loader": {"batch_size": 0}})
-    with pytest.raises(ConfigError, match=r"buffer\.producers: .*, got 'x'; buffer\.capacity: ") as info:
+    with pytest.raises(ConfigError, match=r"buffer\.num_producers: .*, got 'x'; buffer\.buffer_size: ") as info:
         load_config(path)
     message = str(info.value)
     assert "\n" not in message and message.count("; ") == 5 and message.endswith("; and 2 more")
@@ -322,7 +341,7 @@ def test_parse_config_without_a_file(corpus):
 
 @pytest.fixture
 def durations_cached_here(tmp_path, monkeypatch):
-    from audiobuffer._durations import CACHE_ENV
+    from audiobuffer.sources.durations import CACHE_ENV
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
 
@@ -340,7 +359,7 @@ def test_loader_max_batch_seconds_builds_batches_by_duration(corpus):
     batches = list(loader)
     assert len(batches) == len(dataset) == 3 and all(b["audio"].shape[0] == 2 for b in batches)  # 0.1 s files
     isolated = build_isolated(config)
-    assert isolated.batch_size is None and isolated.dataset.batching.max_batch_seconds == 0.25
+    assert isolated.batch_size is None and isolated.pipeline.batching.max_batch_seconds == 0.25
     isolated.close()
     assert load_config(path, ["loader.max_batch_seconds=null", "loader.buckets=null",
                               "loader.max_batch_size=null"]).loader.max_batch_seconds is None
@@ -424,3 +443,192 @@ def test_the_reference_config_says_what_to_fill_in_wherever_it_is(tmp_path, wher
                                           r"--set source\.root=PATH") as info:
         load_config(path)
     assert str(info.value).startswith(f"{path}: ")
+
+
+# -- one vocabulary: a key is the Python keyword of the same name, with its default ----------------------
+
+#: The constructors each section's keys feed ("": the top level's).
+FEEDS = {
+    "source": (BufferedDataset,),
+    "decode": (AudioDecoder, ImageDecoder),
+    "buffer": (BufferedDataset,),
+    "loader": (BufferedDataset, IsolatedLoader, BatchSlotLoader, DataLoader),
+    "": (BufferedDataset, DevicePrefetcher),
+}
+#: Keys that feed no keyword of their name, and why.
+NOT_KEYWORDS = {
+    "source.root": "a form of BufferedDataset's source argument",
+    "source.manifest": "a form of BufferedDataset's source argument",
+    "source.files": "a form of BufferedDataset's source argument",
+    "decode.kind": "picks the decoder, AudioDecoder or ImageDecoder",
+    "buffer.isolate": "picks the loader, IsolatedLoader",
+    "epochs": "the loop of audiobuffer run and scripts/train_audio.py",
+    "train": "the section of scripts/train_audio.py",
+}
+#: Keys whose default is the config's own: the keywords they feed have none a config could share.
+OWN_DEFAULTS = {
+    "loader.batch_size": "BatchSlotLoader needs it; IsolatedLoader's None means batches by duration",
+}
+#: Keywords no key feeds, and why.
+PYTHON_ONLY = {
+    BufferedDataset: {"source": "the source section", "decoder": "the decode section",
+                      "transform": "a callable", "rank": "torch.distributed's (or build_dataset's argument)",
+                      "world_size": "torch.distributed's (or build_dataset's argument)"},
+    AudioDecoder: {},
+    ImageDecoder: {"apply_exif_orientation": "left at its default"},
+    IsolatedLoader: {"source": "", "decoder": "", "num_slots": "tuning", "slot_bytes": "tuning",
+                     "key": "the decode kind's", "background": "tests", "options": "BufferedDataset's"},
+    BatchSlotLoader: {"source": "", "decoder": "", "num_slots": "tuning", "transform": "a callable",
+                      "options": "BufferedDataset's"},
+}
+
+
+def keywords(owner):
+    return {name: p for name, p in inspect.signature(owner).parameters.items()
+            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+
+
+def config_keys():
+    """Every key of the schema as (section, name, field): top-level keys in section ''."""
+    for name, field in PipelineConfig.model_fields.items():
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            for key, inner in field.annotation.model_fields.items():
+                yield name, key, inner
+        else:
+            yield "", name, field
+
+
+def test_every_key_is_a_python_keyword_of_the_same_name_and_default():
+    own_defaults = set()
+    for section, name, field in config_keys():
+        path = f"{section}.{name}" if section else name
+        if path in NOT_KEYWORDS or section in NOT_KEYWORDS:
+            continue
+        owners = [owner for owner in FEEDS[section] if name in keywords(owner)]
+        assert owners, f"{path} names no keyword of {[o.__name__ for o in FEEDS[section]]}"
+        for owner in owners:
+            python = keywords(owner)[name].default
+            if python is inspect.Parameter.empty or not owner.__module__.startswith("audiobuffer"):
+                continue  # a required keyword, or torch's DataLoader: names only
+            if field.default != python:
+                own_defaults.add(path)
+    assert own_defaults == set(OWN_DEFAULTS)
+
+
+def test_every_python_keyword_is_a_key_or_said_why_not():
+    keys = {name for _, name, _ in config_keys()}
+    for owner, unfed in PYTHON_ONLY.items():
+        missing = set(inspect.signature(owner).parameters) - keys - set(unfed) - {"self"}
+        assert not missing, f"{owner.__name__}: {missing} are no config key: add them, or say why in PYTHON_ONLY"
+
+
+def test_the_defaults_that_differed_are_one_constant():
+    assert BufferedDataset.__init__.__kwdefaults__["warn_after"] == LoaderOptions.warn_after == DEFAULT_WARN_AFTER
+    config = parse_config({"source": {"files": []}})
+    assert config.buffer.warn_after == DEFAULT_WARN_AFTER == 5.0
+    assert config.loader.shuffle is LoaderOptions.shuffle is False
+    assert config.loader.pin_memory == keywords(IsolatedLoader)["pin_memory"].default == "auto"
+    assert keywords(BatchSlotLoader)["pin_memory"].default == "auto"
+
+
+def test_every_key_reaches_the_keyword_of_its_name(corpus):
+    """Values other than the defaults, so that a key feeding the wrong keyword shows."""
+    buffer = {"num_producers": 3, "buffer_size": 7, "max_bytes": 10**6, "ordered": True, "on_error": "warn",
+              "warn_after": 2.5, "timeout": 100.0, "even_shards": "drop"}
+    decode = {"sample_rate": 8000, "mono": False, "crop_seconds": 0.05, "crop": "center", "pad": False,
+              "quality": "LQ"}
+    config = load_config(write(corpus, {"source": {"root": "audio"}, "buffer": buffer, "decode": decode,
+                                        "loader": {"shuffle": True, "batch_size": 2, "drop_last": True}, "seed": 9}))
+    dataset = build_dataset(config)
+    options = dataset.options
+    assert {name: getattr(options, name) for name in buffer} == buffer
+    assert (options.shuffle, options.seed) == (True, 9)
+    decoder = build_decoder(config)
+    assert {name: getattr(decoder, name) for name in decode} == decode
+    loader = build_loader(config, dataset)
+    assert (loader.batch_size, loader.drop_last, loader.pin_memory) == (2, True, torch.cuda.is_available())
+
+
+@pytest.mark.parametrize("value, pinned", [("auto", None), (True, None), (False, False)])
+def test_pin_memory_takes_the_python_values(corpus, value, pinned):
+    """``auto`` and ``true`` pin where CUDA is available (a config runs unchanged on a machine without)."""
+    config = load_config(write(corpus, {"source": {"root": "audio"}, "loader": {"pin_memory": value}}))
+    assert config.loader.pin_memory == value
+    expected = torch.cuda.is_available() if pinned is None else pinned
+    assert build_loader(config, build_dataset(config)).pin_memory is expected
+    with pytest.raises(ConfigError, match=r"loader\.pin_memory: must be true, false or 'auto' \(YAML 1\.2.*got 'yes'"):
+        load_config(write(corpus, {"source": {"root": "audio"}, "loader": {"pin_memory": "yes"}}))
+
+
+@pytest.mark.parametrize("old, new", [(f"{s}.{o}", f"{s}.{n}") for (s, o), n in _RENAMED.items()])
+def test_old_key_names_load_with_a_warning_naming_the_new_key(corpus, old, new):
+    section, old_key = old.split(".")
+    new_key = new.split(".")[1]
+    path = write(corpus, {"source": {"root": "audio"}, section: {old_key: 3}})
+    with pytest.warns(DeprecationWarning, match=rf"^{re.escape(str(path))}: {old} is deprecated: write {new}$"):
+        config = load_config(path)
+    assert getattr(config.buffer, new_key) == 3
+    plain = write(corpus, {"source": {"root": "audio"}}, name="plain.yaml")
+    with pytest.warns(DeprecationWarning, match=rf"{old} is deprecated: write {new}") as caught:
+        assert getattr(load_config(plain, [f"{old}=4"]).buffer, new_key) == 4
+    assert caught[0].filename == __file__  # the caller's line, where the default filters show it
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the new name: no warning
+        assert getattr(load_config(plain, [f"{new}=5"]).buffer, new_key) == 5
+    with pytest.warns(DeprecationWarning, match=f"config: {old} is deprecated"):
+        assert getattr(parse_config({"source": {"root": "audio"}, section: {old_key: 6}}, base_dir=corpus).buffer,
+                       new_key) == 6
+
+
+def test_old_names_reach_the_dataset_and_errors_name_the_key_as_written(corpus):
+    with pytest.warns(DeprecationWarning):
+        dataset = build_dataset(load_config(write(corpus, {"source": {"root": "audio"},
+                                                           "buffer": {"producers": 3, "capacity": 5}})))
+    assert (dataset.num_producers, dataset.buffer_size) == (3, 5)
+    path = write(corpus, {"source": {"root": "audio"}, "buffer": {"producers": "eight", "capacity": 0}})
+    with pytest.warns(DeprecationWarning), pytest.raises(
+            ConfigError, match=r"buffer\.producers: must be an integer in \[1, 1024\] or 'auto', got 'eight'; "
+                               r"buffer\.capacity: must be >= 1 and <= 1048576, got 0$"):
+        load_config(path)
+    with pytest.warns(DeprecationWarning), pytest.raises(ConfigError, match=r"buffer\.producers: .*got 100000$"):
+        load_config(path, ["buffer.producers=100000", "buffer.capacity=1"])
+
+
+def test_an_option_under_both_names_is_an_error(corpus):
+    path = write(corpus, {"source": {"root": "audio"}, "buffer": {"producers": 2, "num_producers": 4}})
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: buffer\.producers: the old name of "
+                                          r"buffer\.num_producers, which is given too: keep only "
+                                          r"buffer\.num_producers, got buffer\.producers: 2 and "
+                                          r"buffer\.num_producers: 4$"):
+        load_config(path)
+    with pytest.raises(ConfigError, match=r"buffer\.capacity: the old name of buffer\.buffer_size"):
+        parse_config({"source": {"root": "audio"}, "buffer": {"buffer_size": 8, "capacity": 8}}, base_dir=corpus)
+
+
+def test_an_override_replaces_the_option_under_either_name(corpus):
+    old = write(corpus, {"source": {"root": "audio"}, "buffer": {"producers": 2}}, name="old.yaml")
+    assert load_config(old, ["buffer.num_producers=4"]).buffer.num_producers == 4
+    new = write(corpus, {"source": {"root": "audio"}, "buffer": {"num_producers": 2}}, name="new.yaml")
+    with pytest.warns(DeprecationWarning, match="buffer.producers is deprecated"):
+        assert load_config(new, ["buffer.producers=4"]).buffer.num_producers == 4
+
+
+def test_the_old_attribute_names_still_read(corpus):
+    config = load_config(write(corpus, {"source": {"root": "audio"}, "buffer": {"num_producers": 3}}))
+    with pytest.warns(DeprecationWarning, match="BufferConfig.producers is deprecated: use num_producers"):
+        assert config.buffer.producers == 3
+    with pytest.warns(DeprecationWarning, match="BufferConfig.capacity is deprecated: use buffer_size"):
+        assert config.buffer.capacity == 64
+
+
+def test_the_reference_config_lists_every_key_with_its_default(corpus):
+    text = reference_config()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no old name in it
+        config = parse_config({**yaml.safe_load(text), "source": {**yaml.safe_load(text)["source"],
+                                                                   "root": "audio"}}, base_dir=corpus)
+    defaults = parse_config({"source": {"root": "audio"}}, base_dir=corpus)
+    assert config.model_dump() == defaults.model_dump()
+    for section, name, _ in config_keys():
+        pattern = rf"^ +(# )?{name}:" if section else rf"^{name}:"
+        assert re.search(pattern, text, re.MULTILINE), f"{section}.{name} is not in the reference config"

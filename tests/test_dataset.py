@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from audiobuffer import AudioDecoder, BufferClosed, BufferedDataset, DecodeError, SampleError, pad_collate
-from audiobuffer._plan import epoch_order
+from audiobuffer.engine.plan import epoch_order
 
 
 def indices(samples):
@@ -38,6 +38,17 @@ def test_each_item_once_per_epoch(n, producers, ordered, shuffle, seed, slow):
         stats = ds.stats()
         assert (stats.items, stats.yielded, stats.failed, stats.done) == (n, n, 0, True)
     assert not wait_no_threads()
+
+
+def test_options_are_read_only_views_of_the_pipeline():
+    ds = BufferedDataset(fake_paths(4), IndexDecoder(), shuffle=True, seed=7, num_producers=None, timeout=5.0)
+    assert (ds.shuffle, ds.seed, ds.num_producers, ds.even_shards, ds.timeout) == (True, 7, "auto", "pad", 5.0)
+    assert ds.options is ds.pipeline.options and ds.source is ds.pipeline.source
+    assert ds.decoder is ds.pipeline.decoder and ds.batching is None and ds.transform is None
+    for name in ("shuffle", "seed", "num_producers", "source", "decoder", "batching", "options"):
+        with pytest.raises(AttributeError):
+            setattr(ds, name, None)
+    assert ds.shuffle is True
 
 
 def test_shuffle_changes_with_epoch_and_is_reproducible():
@@ -384,7 +395,7 @@ def test_a_thread_that_cannot_start_leaves_no_thread(monkeypatch):
         next(it)
     assert len(started) == 2 and not any(t.is_alive() for t in started)
     assert audiobuffer_threads() == []
-    assert not ds._running  # the epoch is over
+    assert not ds._epochs.running  # the epoch is over
     monkeypatch.undo()
     assert sorted(indices(ds)) == list(range(500))  # the next epoch starts normally
 

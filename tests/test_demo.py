@@ -1,7 +1,7 @@
 import numpy as np
 import soundfile as sf
 
-from audiobuffer.tools.demo import make_demo_corpus
+from audiobuffer.cli.demo import make_demo_corpus
 
 
 def test_demo_corpus_is_deterministic_labelled_and_reused(tmp_path):

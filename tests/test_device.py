@@ -8,8 +8,8 @@ from helpers import JOIN_TIMEOUT, IndexDecoder, audiobuffer_threads, fake_paths,
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from audiobuffer import BatchSlotLoader, BufferClosed, BufferedDataset, pad_collate
-from audiobuffer._cancel import CancelScope, cancel_scope, on_cancel
-from audiobuffer.device import DevicePrefetcher, DeviceTensorLoader, map_tensors, resolve_device, to_device
+from audiobuffer.engine.cancel import CancelScope, cancel_scope, on_cancel
+from audiobuffer.loaders.device import DevicePrefetcher, DeviceTensorLoader, map_tensors, resolve_device, to_device
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 Pair = collections.namedtuple("Pair", "x y")
@@ -131,10 +131,9 @@ def leave(prefetcher, how):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("how", ["break", "exception", "close", "gc"])
 def test_leaving_the_loop_stops_a_slow_loader_and_the_next_epoch_runs(how):
-    # Issue 9, item 3: a decoder taking 0.4 s per item, batches of 64. Leaving the loop after the first
-    # batch used to wait until the prefetch thread had collected the whole next batch (6.4 s with four
-    # producers, up to 10 s), with the producers decoding all the while. Now the epoch the prefetch
-    # thread reads is stopped: the producers finish the item in hand and the next batch is never built.
+    # A decoder taking 0.4 s per item, batches of 64: the whole next batch would take seconds. Leaving
+    # the loop after the first batch stops the epoch the prefetch thread reads: the producers finish
+    # the item in hand and the next batch is never built (NOTE [ Prefetch cancellation ]).
     batch_size, producers = 64, 4
     decoder = SlowAfterFirstBatch(batch_size)
     ds = BufferedDataset(fake_paths(4 * batch_size), decoder, num_producers=producers, buffer_size=batch_size)

@@ -11,10 +11,10 @@ import soundfile as sf
 from helpers import write_tone
 
 from audiobuffer import DecodeError, SourceError
-from audiobuffer._batching import plan_batches
-from audiobuffer._durations import CACHE_ENV, default_cache_dir, header_seconds, read_durations
+from audiobuffer.cli.demo import default_cache_dir as default_demo_dir
+from audiobuffer.engine.plan import plan_batches
 from audiobuffer.sources import Source
-from audiobuffer.tools.demo import default_cache_dir as default_demo_dir
+from audiobuffer.sources.durations import CACHE_ENV, default_cache_dir, header_seconds, read_durations
 
 # (name, seconds, sample rate): WAV and FLAC, several lengths and rates.
 FILES = [("a.wav", 0.25, 8000), ("b.flac", 1.3, 16000), ("c.wav", 0.7, 22050), ("d.flac", 2.0, 8000),
@@ -342,7 +342,7 @@ def test_fsdd_durations_match_soundfile_and_are_cached(fsdd, tmp_path, monkeypat
 def test_a_cache_another_rank_wrote_meanwhile_is_read_not_rewritten(corpus, tmp_path, monkeypatch):
     """Two ranks start with no cache; rank 0 writes it while rank 1 is still reading headers. Rank 1
     finds every header it read in rank 0's file and leaves the file as it is."""
-    import audiobuffer._durations as durations_module
+    import audiobuffer.sources.durations as durations_module
 
     root, expected = corpus
     read_durations(Source(root), cache_dir=tmp_path / "rank0")

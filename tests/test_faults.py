@@ -91,7 +91,7 @@ def test_close_while_producers_are_blocked_on_a_full_buffer():
     ds = BufferedDataset(fake_paths(500), IndexDecoder(), buffer_size=2, num_producers=4)
     it = iter(ds)
     next(it)
-    (epoch,) = ds._running
+    (epoch,) = ds._epochs.running
     assert wait_until_blocked(epoch.buffer._has_pos, 4)  # the producers fill the buffer and block
     ds.close()
     assert not wait_no_threads()

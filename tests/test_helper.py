@@ -12,7 +12,8 @@ import pytest
 from helpers import JOIN_TIMEOUT, REPO, fake_paths, isolated_leftovers, segment_exists, wait_gone
 from plain_decoders import ChildWrites
 
-from audiobuffer import IsolatedLoader, _shm
+from audiobuffer import IsolatedLoader
+from audiobuffer.loaders.isolated import shm as _shm
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -28,7 +29,7 @@ def indices(batches):
     return [int(i) for batch in batches for i in batch["index"]]
 
 
-# Runs the helper as ``python -m audiobuffer._helper`` does, with an import hook that reports SIGINT's
+# Runs the helper as ``python -m audiobuffer.loaders.isolated.helper`` does, with an import hook that reports SIGINT's
 # handler as numpy starts to import: the slow part of the helper's start, during which Ctrl-C in a
 # terminal (sent to the whole process group) printed a KeyboardInterrupt traceback from the helper.
 SPY = textwrap.dedent("""
@@ -43,7 +44,7 @@ SPY = textwrap.dedent("""
             return None
 
     sys.meta_path.insert(0, Spy())
-    runpy.run_module("audiobuffer._helper", run_name="__main__", alter_sys=True)
+    runpy.run_module("audiobuffer.loaders.isolated.helper", run_name="__main__", alter_sys=True)
 """)
 
 
@@ -119,7 +120,7 @@ class Left(Exception):
     ([1], False, 1),  # the trainer died before the watch began
 ])
 def test_the_helper_leaves_once_its_trainer_is_gone(monkeypatch, parents, trainer_alive, looks):
-    from audiobuffer import _helper
+    from audiobuffer.loaders.isolated import helper as _helper
 
     seen = iter(parents)
     calls = []

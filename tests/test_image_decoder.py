@@ -74,7 +74,7 @@ def test_import_audiobuffer_does_not_import_pillow():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
-# -- 16-bit greyscale, alpha, EXIF orientation, several frames (issue 9, item 14) ------------------
+# -- 16-bit greyscale, alpha, EXIF orientation, several frames -------------------------------------
 
 def eight_bit(values):
     return ((np.asarray(values, dtype=np.int64).clip(0, 65535) * 255 + 32767) // 65535).astype(np.uint8)

@@ -39,11 +39,10 @@ from audiobuffer import (
     ResumeError,
     SampleError,
     StallError,
-    _shm,
     pad_collate,
 )
-from audiobuffer._batching import plan_batches
-from audiobuffer._plan import unpack_consumed
+from audiobuffer.engine.plan import plan_batches, unpack_consumed
+from audiobuffer.loaders.isolated import shm as _shm
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -128,6 +127,14 @@ def test_real_audio_with_a_transform(tmp_path):
     assert torch.equal(audio, torch.stack([s["audio"] + 1 for s in samples]))
     assert [n for b in batches for n in b["label_name"]] == [s["label_name"] for s in samples]
     assert loader.classes == ["class0", "class1", "class2"]
+
+
+def test_labels_from_a_local_function_stay_in_the_trainer():
+    # The source is listed here: the helper gets its labels, not the function, which would not pickle.
+    with IsolatedLoader(fake_paths(6), IndexDecoder(), batch_size=3, ordered=True,
+                        labels=lambda path: "odd" if int(path[-5]) % 2 else "even") as loader:
+        batches = list(loader)
+    assert loader.classes == ["even", "odd"] and indices(batches) == list(range(6))
 
 
 @pytest.mark.parametrize("policy", ["skip", "warn"])
@@ -405,8 +412,61 @@ def test_closing_with_a_full_pipe_and_a_stuck_decode_lets_the_helper_exit_by_its
     assert proc.returncode == 0  # exited by itself: a helper that hung would have been killed after JOIN_TIMEOUT
 
 
+#: When another thread closes the loader, in seconds after the epoch began: the first batches' waits,
+#: copies out of a slot (each slot grows at its first batch: a new segment to attach) and hand-backs.
+CLOSE_AT = [i * 0.001 for i in range(30)]
+
+
+@pytest.mark.parametrize("when", CLOSE_AT)
+def test_closing_from_another_thread_as_batches_are_unpacked_is_buffer_closed(when):
+    # Whatever the consumer does as the close lands (waits, attaches a segment the shutdown unlinks,
+    # copies out of a slot, hands it back on a pipe the shutdown shut), it raises BufferClosed: a
+    # HelperError would say the helper died, and it was told to leave.
+    with IsolatedLoader(fake_paths(10_000), IndexDecoder(length=20_000), batch_size=4, num_producers=2, ordered=True,
+                        slot_bytes=1024) as loader:
+        batches = iter(loader)
+        closer = threading.Timer(when, loader.close)
+        closer.start()
+        got = []
+        with pytest.raises(BufferClosed, match="the IsolatedLoader was closed"):
+            for batch in batches:
+                got.append(batch)
+        closer.join(JOIN_TIMEOUT)
+        assert not closer.is_alive()
+    assert sorted(indices(got)) == list(range(4 * len(got)))
+    assert all(bool((batch["audio"][:, 0] == batch["index"]).all()) for batch in got)  # copied whole
+
+
+def test_a_close_during_a_copy_out_of_a_slot_waits_for_it_and_ends_in_buffer_closed(monkeypatch):
+    # The close lands in the middle of the consumer's copy: it sets the channel's closing flag at once
+    # and frees the segments only once the copy is done, so the batch is read whole and what follows
+    # (its hand-back, the next wait) is BufferClosed.
+    from audiobuffer.loaders.isolated import channel as _channel
+
+    dtype, closers = _channel.torch_dtype, []
+
+    def closing_midway(name):
+        if not closers:
+            closer = threading.Thread(target=loader.close, name="test-closer", daemon=True)
+            closers.append(closer)
+            closer.start()
+            assert loader._channel._closing.wait(JOIN_TIMEOUT)
+        return dtype(name)
+
+    monkeypatch.setattr(_channel, "torch_dtype", closing_midway)
+    with IsolatedLoader(fake_paths(40), IndexDecoder(), batch_size=4, num_producers=1, ordered=True) as loader:
+        got = []
+        with pytest.raises(BufferClosed, match="the IsolatedLoader was closed"):
+            for batch in loader:
+                got.append(batch)
+        closers[0].join(JOIN_TIMEOUT)
+        assert not closers[0].is_alive()
+    assert len(got) <= 1 and indices(got) == list(range(4 * len(got)))
+
+
 def test_the_helpers_channel_holds_back_data_frames_but_never_control_frames():
-    from audiobuffer._helper import Channel
+    from audiobuffer.loaders.isolated.helper import Channel
+    from audiobuffer.loaders.isolated.protocol import SampleFailed, Stopped
 
     read_fd, write_fd = os.pipe()
     with open(read_fd, "rb") as incoming, open(write_fd, "wb") as outgoing:
@@ -416,20 +476,20 @@ def test_the_helpers_channel_holds_back_data_frames_but_never_control_frames():
 
         def flood():
             for i in range(Channel.DATA_FRAMES + 2):
-                channel.send(("failure", i, big), data=True)
+                channel.send(SampleFailed(i, False, i, "x", None, "ValueError", big, None, ""), data=True)
             flooded.set()
 
         thread = threading.Thread(target=flood, name="test-flood", daemon=True)
         thread.start()
-        channel.send(("stopped", 1))  # a control frame is queued at once, whatever is waiting
+        channel.send(Stopped(1))  # a control frame is queued at once, whatever is waiting
         # Time for an unbounded sender to queue them all; what is checked is that it did not.
         assert not flooded.wait(0.5)
-        kinds = [pickle.load(incoming)[0] for _ in range(Channel.DATA_FRAMES + 3)]
+        kinds = [type(pickle.load(incoming)).__name__ for _ in range(Channel.DATA_FRAMES + 3)]
         assert flooded.wait(JOIN_TIMEOUT)
         thread.join(JOIN_TIMEOUT)
         assert not thread.is_alive()
         channel.close(JOIN_TIMEOUT)
-    assert kinds.count("failure") == Channel.DATA_FRAMES + 2 and kinds.count("stopped") == 1
+    assert kinds.count("SampleFailed") == Channel.DATA_FRAMES + 2 and kinds.count("Stopped") == 1
 
 
 def test_an_old_epochs_iterator_closed_late_leaves_the_new_epoch_alone():

@@ -6,8 +6,8 @@ import pytest
 import torch
 from helpers import REPO
 
-from audiobuffer.tools import _model, demo
-from audiobuffer.tools._model import SpeechCNN, evaluate, make_optimizer, train_step
+from audiobuffer.cli import _model, demo
+from audiobuffer.cli._model import SpeechCNN, evaluate, make_optimizer, train_step
 
 
 def _batches(n=4, classes=3):

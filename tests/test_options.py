@@ -6,11 +6,12 @@ import math
 
 import pytest
 from helpers import IndexDecoder, fake_paths
+from plain_decoders import IndexDecoder as PlainIndexDecoder
 
-from audiobuffer import BatchSlotLoader, BufferedDataset, Source
-from audiobuffer._options import LoaderOptions
-from audiobuffer._producers import DELIVERED, ProducerPool, delivers_itself
+from audiobuffer import BatchSlotLoader, BufferedDataset, IsolatedLoader, Source
 from audiobuffer.buffer import Buffer
+from audiobuffer.engine.pool import DELIVERED, ProducerPool, delivers_itself
+from audiobuffer.options import LoaderOptions
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
@@ -36,6 +37,26 @@ def test_every_loader_refuses_the_same_bad_options(kwargs, error, match):
     if "buffer_size" not in kwargs:  # BatchSlotLoader sizes its buffer by num_slots
         with pytest.raises(error, match=match):
             BatchSlotLoader(fake_paths(4), IndexDecoder(), batch_size=2, **kwargs)
+
+
+def test_no_producer_count_is_stored_as_auto():
+    assert LoaderOptions(num_producers=None).num_producers == "auto" == LoaderOptions().num_producers
+
+
+def test_every_loader_holds_its_own_pipeline_and_builds_no_other_loader(monkeypatch):
+    made = [BufferedDataset(fake_paths(6), IndexDecoder(), seed=4, shuffle=True)]
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a loader built a BufferedDataset")
+
+    monkeypatch.setattr(BufferedDataset, "__init__", refuse)
+    made.append(BatchSlotLoader(fake_paths(6), IndexDecoder(), batch_size=2, seed=4, shuffle=True))
+    with IsolatedLoader(fake_paths(6), PlainIndexDecoder(), batch_size=2, seed=4, shuffle=True) as isolated:
+        made.append(isolated)  # its helper starts at the first iter(): none here
+    for loader in made:
+        assert (loader.pipeline.options.seed, loader.pipeline.options.shuffle) == (4, True)
+        assert loader.source is loader.pipeline.source and len(loader.source) == 6
+        assert not hasattr(loader, "dataset")
 
 
 def test_infinite_waits_mean_no_limit():
@@ -89,7 +110,7 @@ def test_a_dataset_refuses_what_a_delivering_decoder_cannot_do():
 
 
 def test_most_producers_is_the_pinned_count_or_the_usable_cores():
-    from audiobuffer._options import usable_cores
+    from audiobuffer.options import usable_cores
 
     assert LoaderOptions(num_producers=3).most_producers() == 3
     assert LoaderOptions(num_producers="auto").most_producers() == usable_cores()
@@ -102,7 +123,7 @@ def test_usable_cores_is_pythons_process_count_where_it_has_one(monkeypatch):
     import os
     import sys
 
-    from audiobuffer._options import usable_cores
+    from audiobuffer.options import usable_cores
 
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5}, raising=False)
@@ -119,7 +140,7 @@ def test_usable_cores_before_python_313(monkeypatch):
     import os
     import sys
 
-    from audiobuffer._options import usable_cores
+    from audiobuffer.options import usable_cores
 
     monkeypatch.delattr(os, "process_cpu_count", raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 64)

@@ -1,4 +1,4 @@
-"""audiobuffer/tools/pack.py: ``audiobuffer pack SOURCE OUT --shard-size SIZE``."""
+"""audiobuffer/cli/pack.py: ``audiobuffer pack SOURCE OUT --shard-size SIZE``."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import sys
 import pytest
 from helpers import REPO, make_corpus, windows_text_files
 
-from audiobuffer.shards import INDEX_NAME, read_index
-from audiobuffer.tools.pack import main, parse_size
+from audiobuffer.cli.pack import main, parse_size
+from audiobuffer.sources import INDEX_NAME, read_index
 
 
 @pytest.mark.parametrize("text, expected", [

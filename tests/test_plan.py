@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from audiobuffer import ResumeError
-from audiobuffer._plan import decode_state, encode_state, plan_epoch, shard_length
+from audiobuffer.engine.plan import decode_state, encode_state, plan_epoch, shard_length
 
 SETUP = {"seed": 3, "shuffle": True, "rank": 0, "world_size": 1, "even_shards": "pad", "source_fingerprint": "x"}
 

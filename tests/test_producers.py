@@ -7,9 +7,10 @@ from helpers import JOIN_TIMEOUT, IndexDecoder, ScriptedTuner, fake_paths, wait_
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from audiobuffer import AudioBufferError, BatchSlotLoader, Buffer, BufferedDataset, SampleError, WorkItem, _producers
-from audiobuffer._producers import DELIVERED, Failure, ProducerPool
-from audiobuffer._tuning import PoolTuning
+from audiobuffer import AudioBufferError, BatchSlotLoader, Buffer, BufferedDataset, SampleError, WorkItem
+from audiobuffer.engine import pool as _producers
+from audiobuffer.engine.pool import DELIVERED, Failure, ProducerPool
+from audiobuffer.engine.tuner import PoolTuning
 
 
 def make_item(seq):
@@ -588,7 +589,7 @@ def test_each_epoch_of_a_dataset_starts_where_the_last_one_settled():
             assert history[0][1:] == (0, "start")
         else:
             assert history[0][1] == settled and history[0][2].startswith("start where the last epoch settled")
-        settled = ds._tuned.count
+        settled = ds.pipeline.memory.count
         assert settled is not None and 0 <= settled <= 2 ** 10
     assert not wait_no_threads()
 

@@ -14,8 +14,8 @@ import pytest
 from helpers import make_corpus
 
 from audiobuffer import AudioDecoder, BufferedDataset, SampleError, Source, SourceError, StorageError
-from audiobuffer._stream import ShardStream
-from audiobuffer.shards import pack
+from audiobuffer.sources import pack
+from audiobuffer.sources.stream import ShardStream
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
@@ -132,7 +132,7 @@ def test_s3_yaml_with_storage_options(s3, remote, tmp_path):
         f"    secret: {opts['secret']}\n"
         f"    client_kwargs: {{region_name: {opts['client_kwargs']['region_name']}}}\n"
         "decode: {sample_rate: 8000}\n"
-        "buffer: {producers: 4}\n", encoding="utf-8")
+        "buffer: {num_producers: 4}\n", encoding="utf-8")
     config = load_config(config_file)
     assert config.source.root == f"{base}/index.json"  # a URL is not resolved against the file's folder
     ds = build_dataset(config)

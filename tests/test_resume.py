@@ -9,7 +9,7 @@ from helpers import IndexDecoder, fake_paths, wait_no_threads
 from torch.utils.data import DataLoader
 
 from audiobuffer import BufferedDataset, ResumeError, pad_collate
-from audiobuffer._plan import epoch_order
+from audiobuffer.engine.plan import epoch_order
 
 
 def dataset(n=60, **kwargs):

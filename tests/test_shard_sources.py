@@ -1,5 +1,6 @@
 """BufferedDataset over packed shards on the local disk (no server): by index, streamed by pattern, resume,
-truncated shards, labels from names and sidecars, YAML; audiobuffer/_stream.py and audiobuffer/_listing.py."""
+truncated shards, labels from names and sidecars, YAML; audiobuffer/sources/stream.py and
+audiobuffer/sources/listing.py."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ import pytest
 from helpers import make_corpus, write_tone
 
 from audiobuffer import AudioDecoder, BufferedDataset, DecodeError, SampleError, Source, SourceError
-from audiobuffer._plan import epoch_order, unpack_consumed
-from audiobuffer._stream import MEMBER_STRIDE, ShardStream
-from audiobuffer.shards import INDEX_NAME, pack
+from audiobuffer.engine.plan import epoch_order, unpack_consumed
+from audiobuffer.sources import INDEX_NAME, pack
+from audiobuffer.sources.stream import MEMBER_STRIDE, ShardStream
 
 N = 30  # files in the corpus: 3 classes, about 5 per shard
 
@@ -340,7 +341,7 @@ def test_fsdd_packed_by_index_and_pattern(fsdd, tmp_path):
 
 def test_batches_by_duration_from_an_index_use_its_durations(packed, monkeypatch):
     out, index, originals = packed
-    import audiobuffer._durations as durations
+    import audiobuffer.sources.durations as durations
 
     def no_header(path):  # the index already knows every member's duration
         raise AssertionError(f"opened the header of {path}")

@@ -1,4 +1,5 @@
-"""audiobuffer/shards.py: packing into tar shards, the index, streaming, truncated shards (all local)."""
+"""audiobuffer/sources/pack.py, index.py and tar.py: packing into tar shards, the index, streaming,
+truncated shards (all local)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 
 from audiobuffer import AudioDecoder, WorkItem
 from audiobuffer.errors import DecodeError, SourceError, StorageError
-from audiobuffer.shards import (
+from audiobuffer.sources import (
     INDEX_NAME,
     iter_shard,
     pack,
@@ -238,7 +239,7 @@ def test_shard_names_follow_windows_rules_on_windows(monkeypatch):
     """On Windows a drive, a UNC share, a rooted name and backslashed '..' leave the folder too."""
     import ntpath
 
-    from audiobuffer import _names
+    from audiobuffer.sources import names as _names
 
     monkeypatch.setattr(_names, "_LOCAL", ntpath)
     base = "C:\\data\\packed\\index.json"
@@ -465,7 +466,7 @@ def test_fsdd_packed_read_back_exactly(fsdd, tmp_path):
 @pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
 @pytest.mark.parametrize("name", ["a.wav", "dir/" * 30 + "long.wav", "d" * 99 + "/x.wav", "caf\u00e9.wav", "dir/"])
 def test_fast_header_parse_agrees_with_tarfile(fmt, name):
-    from audiobuffer._tar import ENCODING, ERRORS, _header
+    from audiobuffer.sources.tar import ENCODING, ERRORS, _header
 
     info = tarfile.TarInfo(name)
     info.size = 12345

@@ -6,7 +6,8 @@ import shutil
 
 import pytest
 
-from audiobuffer import HelperError, _shm
+from audiobuffer import HelperError
+from audiobuffer.loaders.isolated import shm as _shm
 
 
 def test_a_segment_that_does_not_fit_in_dev_shm_is_refused_with_the_way_out(monkeypatch):

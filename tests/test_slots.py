@@ -9,11 +9,10 @@ from helpers import JOIN_TIMEOUT, IndexDecoder, fake_paths, make_corpus, wait_no
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from audiobuffer import AudioBufferError, AudioDecoder, DecodeError, SampleError, WorkItem, pad_collate
-from audiobuffer._slot_rows import convert as convert_row
-from audiobuffer._slot_writer import Slot
-from audiobuffer.device import DevicePrefetcher
-from audiobuffer.slots import BatchSlotLoader
+from audiobuffer import AudioBufferError, AudioDecoder, DecodeError, ImageDecoder, SampleError, WorkItem, pad_collate
+from audiobuffer.loaders.device import DevicePrefetcher
+from audiobuffer.loaders.slots import BatchSlotLoader, Slot
+from audiobuffer.loaders.slots import convert as convert_row
 
 
 def fixed(item):
@@ -226,7 +225,7 @@ def test_producers_waiting_for_a_slot_wake_when_the_pool_closes(caplog):
             # One slot held here, the other full on its way to the consumer: the producers that
             # took items 2 and 3 find no slot and wait for one.
             assert taken[2].wait(JOIN_TIMEOUT) and taken[3].wait(JOIN_TIMEOUT)
-            loader.dataset.close()
+            loader._epochs.close()  # the pool alone: it must wake the producers waiting for a slot
     assert len(kept) == 1 and not wait_no_threads()
     assert "still running" not in caplog.text
 
@@ -336,7 +335,7 @@ def test_a_row_write_that_fails_ends_the_epoch_and_leaves_no_stale_row(monkeypat
             values[0] = Unwritable()  # the 'audio' column
         return values
 
-    monkeypatch.setattr("audiobuffer._slot_rows.convert", failing_convert)
+    monkeypatch.setattr("audiobuffer.loaders.slots.convert", failing_convert)
     loader = BatchSlotLoader(fake_paths(24), fixed, batch_size=4, num_slots=2, num_producers=2, on_error="skip")
     with pytest.raises(AudioBufferError, match=r"item_00005\.wav"):
         for batch in loader:
@@ -352,11 +351,26 @@ def test_a_row_write_that_fails_ends_the_epoch_and_leaves_no_stale_row(monkeypat
 # -- keys and counts like BufferedDataset + pad_collate (issue 9, item 19) -------------------------
 
 
+def test_an_unknown_keyword_names_the_closest_ones():
+    with pytest.raises(TypeError, match="BatchSlotLoader got an unexpected keyword argument 'shufle'.*did you mean "
+                                        "'shuffle'"):
+        BatchSlotLoader(fake_paths(4), IndexDecoder(), batch_size=2, shufle=True)
+
+
+def test_a_folder_is_listed_with_the_decoders_patterns(tmp_path):
+    image = pytest.importorskip("PIL.Image", reason="ImageDecoder needs Pillow")
+    for i in range(5):
+        image.new("RGB", (6, 4)).save(tmp_path / f"{i}.png")
+    loader = BatchSlotLoader(tmp_path, ImageDecoder(size=(4, 4)), batch_size=2, num_producers=1)
+    assert len(loader.source) == 5 and len(loader) == 3
+    assert sorted(i for batch in loader for i in batch["index"].tolist()) == list(range(5))
+
+
 def test_batches_have_the_keys_and_lengths_pad_collate_gives(tmp_path):
     make_corpus(tmp_path, 12, seconds=0.1, sample_rate=8000)  # 800 frames each
     decoder = AudioDecoder(8000, crop_seconds=0.15, crop="start")  # padded to 1200 frames
     loader = BatchSlotLoader(tmp_path, decoder, batch_size=5, labels="parent", num_producers=2)
-    source = loader.dataset.source
+    source = loader.source
     for batch in loader:
         expected = pad_collate([decoder(source.item(i)) for i in batch["index"].tolist()])
         assert set(batch) == set(expected)

@@ -6,7 +6,7 @@ import pytest
 from helpers import make_corpus
 
 from audiobuffer import Source, SourceError
-from audiobuffer._plan import epoch_order, shard
+from audiobuffer.engine.plan import epoch_order, shard
 from audiobuffer.sources import AUDIO_PATTERNS
 
 
@@ -148,7 +148,7 @@ def test_shards_cover_each_item_once(n, count):
         shard(order, count, count)
 
 
-# -- manifests as users write them (issue 9, item 12) ---------------------------------------------
+# -- manifests as users write them -----------------------------------------------------------------
 
 @pytest.mark.parametrize("suffix", [".csv", ".tsv", ".jsonl"])
 def test_manifest_with_a_utf8_byte_order_mark(corpus, suffix):

@@ -1,4 +1,4 @@
-"""audiobuffer/storage.py, and shards read from a real S3-compatible server (moto) on 127.0.0.1.
+"""audiobuffer/sources/storage.py, and shards read from a real S3-compatible server (moto) on 127.0.0.1.
 
 The server runs in a thread of the test process for the module; every test uploads what it needs
 under a prefix of its own. Faults come from a proxy in front of the server (storage_helpers.py).
@@ -19,8 +19,8 @@ from helpers import REPO, make_corpus, open_descriptors
 
 from audiobuffer import Source
 from audiobuffer.errors import AudioBufferError, DecodeError, SourceError, StorageError
-from audiobuffer.shards import iter_shard, pack, read_index, stream_shards
-from audiobuffer.storage import (
+from audiobuffer.sources import iter_shard, pack, read_index, stream_shards
+from audiobuffer.sources.storage import (
     MAX_EXPANSION,
     Retry,
     as_retry,
@@ -137,7 +137,7 @@ def test_local_reads(tmp_path):
 @pytest.mark.skipif(not hasattr(os, "pread"), reason="POSIX pread: the ranged path that loops on short reads")
 def test_local_ranged_read_gathers_short_preads(tmp_path, monkeypatch):
     """A pread may return fewer bytes than asked (FUSE, network file systems): the rest is read on."""
-    from audiobuffer import storage
+    from audiobuffer.sources import storage
 
     path = tmp_path / "f.bin"
     path.write_bytes(bytes(range(256)) * 4)
@@ -183,12 +183,12 @@ def test_importing_needs_no_fsspec(tmp_path):
     make_corpus(tmp_path / "src", 4)
     code = (
         "import sys; sys.modules['fsspec'] = None\n"  # any import of fsspec now fails
-        "import audiobuffer, audiobuffer.storage, audiobuffer.shards as s\n"
+        "import audiobuffer, audiobuffer.sources.storage, audiobuffer.sources as s\n"
         f"index = s.pack({str(tmp_path / 'src')!r}, {str(out)!r}, shard_size=10**6, progress=False)\n"
         "assert len(list(s.stream_shards(index.shards))) == 4\n"
         "assert all(m.reader()() for m in index.members)\n"
         "try:\n"
-        "    audiobuffer.storage.read_bytes('s3://b/k')\n"
+        "    audiobuffer.sources.storage.read_bytes('s3://b/k')\n"
         "except audiobuffer.StorageError as exc:\n"  # one line, as every error of the CLI
         "    assert 'audiobuffer[remote]' in str(exc), exc\n"
         "else:\n"
@@ -471,7 +471,7 @@ def test_a_store_that_never_answers_fails_each_try_after_the_timeout(scheme):
 
 
 def test_the_timeout_reaches_each_client_unless_the_options_set_one():
-    from audiobuffer._fs import _make_filesystem
+    from audiobuffer.sources.storage import _make_filesystem
 
     class Recorder:
         def __init__(self, **kwargs):
@@ -542,7 +542,7 @@ def test_s3_truncated_shard_yields_members_before_the_cut(s3, packed):
 def test_local_ranged_reads_keep_files_open_per_thread_and_close_them_with_it(tmp_path):
     import threading
 
-    from audiobuffer import storage
+    from audiobuffer.sources import storage
 
     paths = []
     for i in range(storage.OPEN_PER_THREAD + 5):
@@ -571,7 +571,7 @@ def test_local_ranged_reads_keep_files_open_per_thread_and_close_them_with_it(tm
 
 @pytest.mark.skipif(not hasattr(os, "pread"), reason="POSIX pread: files are kept open only there")
 def test_a_file_replaced_between_epochs_is_read_anew_by_a_thread_that_lives_on(tmp_path):
-    from audiobuffer import storage
+    from audiobuffer.sources import storage
 
     storage.close_kept_files()  # what earlier tests left open in this thread
     path = tmp_path / "shard.bin"
@@ -591,7 +591,7 @@ def test_a_file_replaced_between_epochs_is_read_anew_by_a_thread_that_lives_on(t
 @pytest.mark.skipif(not hasattr(os, "pread"), reason="POSIX pread: files are kept open only there")
 def test_an_index_shard_replaced_between_epochs_is_read_anew_when_decoding_inline(tmp_path):
     from audiobuffer import BufferedDataset
-    from audiobuffer.shards import pack
+    from audiobuffer.sources import pack
 
     files = []
     for i in range(8):

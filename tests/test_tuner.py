@@ -5,8 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from audiobuffer._tuner import MAX_CHECK_SKIP, ProducerTuner, TunerMemory, TunerSample
-from audiobuffer._tuning import PoolTuning
+from audiobuffer.engine.tuner import MAX_CHECK_SKIP, PoolTuning, ProducerTuner, TunerMemory, TunerSample
 
 STEP = 0.05  # seconds per simulated step: 1000 items/s make 50 items, above min_items
 
@@ -146,7 +145,7 @@ def test_pool_tuning_logs_each_decision_and_keeps_seconds_since_the_start(caplog
     clock = iter([10.0, 10.05, 10.1, 10.15]).__next__
     counters = iter([(0, 0.0, 0.0), (100, 0.0, 0.0), (140, 0.0, 0.0)]).__next__
     tuning = PoolTuning(ProducerTuner(2, warmup=False), "pool", counters, clock=clock)
-    with caplog.at_level(logging.DEBUG, logger="audiobuffer._tuning"):
+    with caplog.at_level(logging.DEBUG, logger="audiobuffer.engine.tuner"):
         assert tuning.begin() == 0
         assert tuning.check() == 1  # inline at 2000/s: try a producer
         assert tuning.check() == 0  # 800/s: back

@@ -1,10 +1,10 @@
 """What every decoder shares: accepting a path or a work item, the fields every sample carries, how a
 cause is described in a decode error, and tensors.
 
-Decoders work in numpy and make their output arrays tensors with :func:`as_tensor` (``torch.from_numpy``:
-zero-copy, no torch operator). In the helper process of :class:`~audiobuffer.IsolatedLoader`, which
-runs without torch, :data:`TENSORS` is ``False`` and samples keep their numpy arrays: the trainer
-makes the batch tensors. So torch is imported on first use, never by importing a decoder.
+Arrays become tensors through :func:`as_tensor` (``torch.from_numpy``: zero-copy, no torch operator),
+which imports torch on first use, never on import: in the helper process of
+:class:`~audiobuffer.IsolatedLoader`, which runs without torch, :data:`TENSORS` is ``False`` and
+samples keep their numpy arrays (the trainer makes the batch tensors).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any, Union
 
-from ..sources import WorkItem
+from ..sources.source import WorkItem
 
 ItemLike = Union[WorkItem, str, "os.PathLike[str]"]
 

@@ -1,10 +1,9 @@
 """Reading a libsndfile stream whose header gives no frame count (FLAC without a total-samples field).
 
-libsndfile reports 2**63 - 1 frames for such a stream. python-soundfile's ``read`` moves its position
-with a seek after every read, and libsndfile cannot seek in a stream whose length it does not know,
-so the last read of such a file always fails ("Internal psf_fseek() failed") although libsndfile
-decodes it whole. Here libsndfile's own reader (which ``read`` wraps) is called block by block, and
-the stream's error state is checked once at the end: a file that really breaks off is still an error.
+python-soundfile's ``read`` seeks after every read, and libsndfile cannot seek in a stream of unknown
+length (it reports 2**63 - 1 frames), so the last read of such a file fails ("Internal psf_fseek()
+failed") although libsndfile decodes it whole. Here libsndfile's own reader is called block by block
+and the stream's error state checked once at the end: a file that really breaks off is still an error.
 """
 
 from __future__ import annotations

@@ -1,15 +1,18 @@
 """A native reader for uncompressed WAV: RIFF and RF64, PCM 8/16/24/32-bit and IEEE float 32/64.
 
-Why it exists: reading a tiny WAV through python-soundfile is mostly Python in its wrappers, run with
-the GIL held (about 110 us for an FSDD file), so producer threads cannot overlap it. This reader makes
-as few system calls as it can: ``open``, one read of the first 64 KiB (the whole file when it is
-small, confirmed by a read at its end), ``close``; for a larger file also an ``fstat`` and one seek
-and read of the crop window. It converts with numpy. It is a fast path, never a second opinion:
-where it is not sure to give libsndfile's answer it returns ``None`` and the caller reads the file
-with libsndfile, so errors and the handling of odd files stay libsndfile's.
+A fast path beside libsndfile that gives its samples bit for bit, or ``None`` where it is not sure to
+(NOTE [ Native WAV reads ]). The header walk, and the list of what is read here and what goes to
+libsndfile, are in ``_wav_header.py`` (NOTE [ WAV header walk ]).
 
-The header walk, and the list of what is read here and what goes to libsndfile, are in
-``_wav_header.py``.
+NOTE [ Native WAV reads ]
+=========================
+Why it exists: reading a tiny WAV through python-soundfile is mostly Python in its wrappers, run with
+the GIL held, so producer threads cannot overlap it. This reader makes as few system calls as it can:
+``open``, one read of the first 64 KiB (the whole file when it is small, confirmed by a read at its
+end), ``close``; for a larger file also an ``fstat`` and one seek and read of the crop window. It
+converts with numpy. It is a fast path, never a second opinion: where it is not sure to give
+libsndfile's answer it returns ``None`` and the caller reads the file with libsndfile, so errors and
+the handling of odd files stay libsndfile's.
 
 What it gives: libsndfile's own numbers (frame counts included). Integer samples become float32
 exactly as ``sf_readf_float`` makes them: unsigned 8-bit ``(x - 128) / 128``, 16-bit ``x / 2**15``,

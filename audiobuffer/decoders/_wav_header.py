@@ -1,7 +1,10 @@
 """The header walk of the native WAV reader (``_wav.py``): the chunks, as libsndfile's parser reads them.
 
-Where it is not sure to give libsndfile's answer, it returns ``None`` and the file goes to libsndfile.
+Where it is not sure to give libsndfile's answer, it returns ``None`` and the file goes to libsndfile
+(NOTE [ WAV header walk ]).
 
+NOTE [ WAV header walk ]
+========================
 What it reads (everything else is ``None``):
     * ``RIFF``/``WAVE`` (little-endian) and ``RF64``/``WAVE`` with a ``ds64`` chunk;
     * format tags ``WAVE_FORMAT_PCM`` (1 to 32 bits, stored in 1 to 4 bytes: libsndfile's

@@ -1,10 +1,9 @@
-"""Audio decoding with libsndfile (python-soundfile), resampling with soxr, crop and pad.
+"""Audio decoding with libsndfile (python-soundfile), resampling with soxr, crop and pad: :class:`AudioDecoder`.
 
-Where tensors are made: every step here (decode, mixdown, resample, crop, pad) runs in numpy, soxr or
-libsndfile, all of which release the GIL for the heavy part, and the result becomes a tensor with
-``torch.from_numpy`` (zero-copy, no torch operator). No torch operator runs in a producer thread, so
-decoding never wakes torch's intra-op thread pool, which on few cores would take the cores the
-producers need (see the README, "Threads and cores").
+Every step (decode, mixdown, resample, crop, pad) runs in numpy, soxr or libsndfile, which release the
+GIL for the heavy part, and the result becomes a tensor with ``torch.from_numpy``. No torch operator
+runs in a producer thread, so decoding never wakes torch's intra-op thread pool, which on few cores
+would take the cores the producers need (README, "Threads and cores").
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ import soxr
 
 from .._checks import MAX_SECONDS, check_choice, check_int, check_seconds
 from ..errors import DecodeError
-from ..sources import AUDIO_PATTERNS
+from ..sources.source import AUDIO_PATTERNS
 from . import _wav
 from ._common import ItemLike, as_item, as_tensor, describe, sample_fields
 from ._sndfile import read_to_end
@@ -62,16 +61,17 @@ class _FallbackFailed(Exception):
 
 
 # NOTE [ Quiet fallback warnings ]
+# ================================
 # librosa.load warns "PySoundFile failed. Trying audioread instead." (UserWarning) and that its
 # audioread loader is deprecated (FutureWarning) for every file it hands to audioread, which is
-# every file that reaches our fallback: a run over a folder with broken files printed two warnings
-# per file. warnings.catch_warnings cannot silence them here: it swaps module-global state, so two
-# producer threads entering and leaving it in overlapping order restore each other's state and can
-# leave every later warning of the process swallowed. Instead, while any thread is inside the
-# librosa reader (a count under a lock), one dispatcher is installed as warnings.showwarning: it
-# keeps the warnings of a thread inside the reader for that thread (they go into the DecodeError
-# when the reader fails) and passes every other warning to the showwarning installed before it.
-# The warnings filters are left alone, so "-W error" still turns these warnings into errors.
+# every file that reaches our fallback: a folder of broken files would log two warnings per file.
+# warnings.catch_warnings cannot silence them here: it swaps module-global state, so two producer
+# threads entering and leaving it in overlapping order restore each other's state and can leave
+# every later warning of the process swallowed. Instead, while any thread is inside the librosa
+# reader (a count under a lock), one dispatcher is installed as warnings.showwarning: it keeps the
+# warnings of a thread inside the reader for that thread (they go into the DecodeError when the
+# reader fails) and passes every other warning to the showwarning installed before it. The
+# warnings filters are left alone, so "-W error" still turns these warnings into errors.
 class _WarningGate:
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -1,0 +1,174 @@
+"""What a validated :class:`~audiobuffer.config.schema.PipelineConfig` builds: decoder, source, dataset, loaders.
+
+Each ``build_*`` imports what it builds (so reading a config imports no torch), and turns what the
+built object refuses into a :class:`~audiobuffer.ConfigError` that names the config file and the key.
+They are public as ``audiobuffer.config.build_*``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..collate import image_collate, pad_collate
+from ..errors import ConfigError, SourceError, StorageError
+
+if TYPE_CHECKING:
+    from torch.utils.data import DataLoader
+
+    from ..decoders import AudioDecoder, ImageDecoder
+    from ..loaders.dataset import BufferedDataset
+    from ..loaders.isolated.loader import IsolatedLoader
+    from ..sources.source import Source
+    from ..sources.stream import ShardStream
+    from .schema import PipelineConfig
+
+__all__ = ["build_dataset", "build_decoder", "build_isolated", "build_loader", "build_source", "source_error"]
+
+
+def _source_key(config: PipelineConfig) -> str:
+    """The key that names the source: ``source.root``, ``source.manifest`` or ``source.files``."""
+    src = config.source
+    return "source.root" if src.root is not None else "source.manifest" if src.manifest is not None else "source.files"
+
+
+def source_error(config: PipelineConfig, exc: SourceError | StorageError) -> ConfigError:
+    """A :class:`ConfigError` naming the source key for a source that lists no usable file or cannot be read."""
+    return ConfigError(f"{config.origin}: {_source_key(config)}: {exc}")
+
+
+def build_decoder(config: PipelineConfig) -> AudioDecoder | ImageDecoder:
+    """The decoder the ``decode`` section describes.
+
+    Raises:
+        ConfigError: the decoder refuses the section's values, or ``kind: image`` lacks Pillow.
+    """
+    from ..decoders import AudioDecoder, ImageDecoder
+
+    d = config.decode
+    try:
+        if d.kind == "image":
+            return ImageDecoder(size=d.size, resample=d.resample)
+        return AudioDecoder(d.sample_rate, mono=d.mono, crop_seconds=d.crop_seconds, crop=d.crop, pad=d.pad,
+                            quality=d.quality, fallback=d.fallback)
+    except ImportError as exc:
+        raise ConfigError(f"{config.origin}: decode.kind: 'image' needs Pillow ({exc})") from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{config.origin}: decode: {exc}") from None
+
+
+def build_source(config: PipelineConfig) -> Source | ShardStream:
+    """The :class:`~audiobuffer.Source` the ``source`` section describes (tar shards: a ``ShardStream``).
+
+    Raises:
+        ConfigError: the source lists no usable file, a brace pattern of shards is malformed, or a
+            label expression does not fit.
+    """
+    from ..sources.names import expand_braces
+    from ..sources.source import AUDIO_PATTERNS, IMAGE_PATTERNS, names_shards
+    from ..sources.stream import as_source
+
+    src = config.source
+    spec: Any = src.root if src.root is not None else src.manifest if src.manifest is not None else src.files
+    patterns = src.patterns if src.patterns is not None else (
+        AUDIO_PATTERNS if config.decode.kind == "audio" else IMAGE_PATTERNS)
+    if names_shards(spec):  # a bad brace pattern is the source key's fault: checked before the labels are read
+        for name in [spec] if isinstance(spec, str) else spec:
+            try:
+                expand_braces(name)
+            except ValueError as exc:
+                raise ConfigError(f"{config.origin}: {_source_key(config)}: {exc}") from None
+    try:
+        return as_source(spec, patterns=patterns, labels=src.labels, path_column=src.path_column,
+                         storage_options=src.storage_options)
+    except (SourceError, StorageError) as exc:
+        raise source_error(config, exc) from None
+    except (TypeError, ValueError) as exc:  # the listing's own were checked above: what is left is the labels'
+        key = "source.labels" if src.labels is not None else _source_key(config)
+        raise ConfigError(f"{config.origin}: {key}: {exc}") from None
+
+
+def build_dataset(config: PipelineConfig, *, source: Any = None, shuffle: bool | None = None,
+                  ordered: bool | None = None, rank: int | None = None,
+                  world_size: int | None = None) -> BufferedDataset:
+    """The :class:`~audiobuffer.BufferedDataset` a config describes.
+
+    Args:
+        source: use this :class:`~audiobuffer.Source` (a train or test subset, say) instead of
+            the config's own.
+        shuffle, ordered: override ``loader.shuffle`` and ``buffer.ordered`` (for evaluation).
+        rank, world_size: an explicit shard (default: ``torch.distributed``'s, if initialised).
+
+    Raises:
+        ConfigError: the source lists no usable file, a label expression does not fit, or the
+            dataset refuses a value.
+    """
+    from ..loaders.dataset import BufferedDataset
+
+    source = source if source is not None else build_source(config)
+    decoder = build_decoder(config)
+    try:
+        return BufferedDataset(source, decoder, **_loader_options(config, shuffle, ordered, rank, world_size))
+    except SourceError as exc:
+        raise source_error(config, exc) from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{config.origin}: {exc}") from None
+
+
+def _loader_options(config: PipelineConfig, shuffle: bool | None, ordered: bool | None, rank: int | None,
+                    world_size: int | None) -> dict[str, Any]:
+    """The keywords every loader takes (``LoaderOptions``' fields), each from the config key of its name."""
+    buf = config.buffer
+    return dict(num_producers=buf.num_producers, buffer_size=buf.buffer_size, max_bytes=buf.max_bytes,
+                shuffle=config.loader.shuffle if shuffle is None else shuffle, seed=config.seed,
+                ordered=buf.ordered if ordered is None else ordered, on_error=buf.on_error,
+                warn_after=buf.warn_after, timeout=buf.timeout, even_shards=buf.even_shards, rank=rank,
+                world_size=world_size, max_batch_seconds=config.loader.max_batch_seconds,
+                buckets=config.loader.buckets, max_batch_size=config.loader.max_batch_size,
+                duration_column=config.source.duration_column)
+
+
+def build_isolated(config: PipelineConfig, *, source: Any = None, shuffle: bool | None = None,
+                   ordered: bool | None = None, rank: int | None = None,
+                   world_size: int | None = None) -> IsolatedLoader:
+    """The :class:`~audiobuffer.IsolatedLoader` a config with ``buffer.isolate: true`` describes.
+
+    It yields batches itself (``loader.batch_size``, ``loader.drop_last``, ``loader.pin_memory``, or
+    batches by duration with ``loader.max_batch_seconds``); the arguments are those of :func:`build_dataset`.
+
+    Raises:
+        ConfigError: as :func:`build_dataset`, or the decoder cannot be sent to the helper process.
+    """
+    from ..loaders.isolated.loader import IsolatedLoader
+
+    load = config.loader
+    source = source if source is not None else build_source(config)
+    decoder = build_decoder(config)
+    try:
+        by_size = load.max_batch_seconds is None
+        return IsolatedLoader(source, decoder, batch_size=load.batch_size if by_size else None,
+                              drop_last=load.drop_last, pin_memory=_pin_memory(config),
+                              key="audio" if config.decode.kind == "audio" else "image",
+                              **_loader_options(config, shuffle, ordered, rank, world_size))
+    except SourceError as exc:
+        raise source_error(config, exc) from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{config.origin}: {exc}") from None
+
+
+def _pin_memory(config: PipelineConfig) -> bool:
+    """``loader.pin_memory``: ``auto`` and ``true`` pin when CUDA is available (pinning serves copies to a
+    GPU; ``true`` on a machine without one runs as it would with one, as ``DataLoader`` does, unpinned)."""
+    import torch
+
+    return config.loader.pin_memory is not False and torch.cuda.is_available()
+
+
+def build_loader(config: PipelineConfig, dataset: BufferedDataset) -> DataLoader[Any]:
+    """The ``DataLoader`` (``num_workers=0``) that batches ``dataset`` with :func:`~audiobuffer.pad_collate`
+    (with ``loader.max_batch_seconds`` the dataset yields whole batches: ``batch_size=None``)."""
+    from torch.utils.data import DataLoader
+
+    collate = pad_collate if config.decode.kind == "audio" else image_collate
+    by_size = config.loader.max_batch_seconds is None
+    return DataLoader(dataset, batch_size=config.loader.batch_size if by_size else None, collate_fn=collate,
+                      pin_memory=_pin_memory(config), drop_last=config.loader.drop_last, num_workers=0)

@@ -1,0 +1,541 @@
+"""One epoch, set up and run: :func:`set_up_epoch` (layout, buffer, producer pool) is how every loader's
+epochs start, the helper process's too; :func:`run_epoch` wraps it in the in-process consumer that
+yields samples, planned batches by duration, or batches cut as streamed samples arrive, with its
+counts, error policy and stats.
+
+NOTE [ Batches by duration ]
+============================
+Durations. Read once per pipeline, at construction (``sources/durations.read_durations``: a manifest
+column, or each file's header through the on-disk cache), so that a header failure is raised, logged
+or counted per ``on_error`` before any epoch starts. A decoder's ``crop_seconds`` caps them; with its
+``pad`` as well, every sample is exactly the crop long, and so is its duration here (the batch's
+tensor is what the budget bounds). A file whose header failed has no duration and is in no batch.
+
+Plan. ``plan.plan_batches``: a pure function of the durations and the setup, so every rank and
+DataLoader worker cuts the same batches and takes its own share of them, with no communication; the
+resume mask counts batches. ``DurationBatching.lay_out`` (``pipeline.py``) lays a shard's batches out
+for the pool: sequence numbers ``0 .. S-1`` run through the batches in order, so producers take a
+batch's samples together and decode them in parallel.
+
+Assembly. The consumer (:class:`Assembler`) keeps the samples of each batch until its last one has
+arrived, then hands the batch on whole, in plan order within the batch. In an unordered pool batches
+complete (and are yielded) in the order their last sample finishes; an ordered pool completes them in
+plan order. A failed sample leaves its batch (per ``on_error``), which comes smaller; a batch whose
+samples all failed is counted and skipped; either way the batch counts as consumed for resume once
+complete. Only the batches with a sample still being decoded are held, so memory stays bounded by
+the buffer plus those batches. The buffer holds at least two of the epoch's largest batches (more
+than ``buffer_size`` if need be), so the producers decode the next batch while one trains.
+
+Streamed shards. A :class:`~audiobuffer.sources.stream.ShardStream` cannot be planned: no duration (not
+even the count) is known before a shard streams, and a shard is read from start to end. Its batches
+are cut in the consumer as the samples arrive (``streamed.DynamicBuckets``, as Lhotse's
+``DynamicBucketingSampler`` does). A sample's duration is the ``duration_column`` field of its sidecar,
+read in the producer before decoding (``streamed.TimedDecode``; a sample without one fails per
+``on_error``, undecoded). The bucket edges are estimated from the first samples (``EDGE_SAMPLES`` at
+most, fewer once they hold ``buckets x max_batch_seconds``); a bucket hands its batch on when no more
+sample may join it within the budget (or ``max_batch_size``), and the end of the epoch hands on every
+bucket. Resume stays at shard boundaries (NOTE [ Streamed shards ] in ``sources/stream.py``):
+:class:`StreamBatchRun` marks a shard consumed once its last sample has come and every one of its
+samples was handed on in a batch (or failed), so a saved state never skips a sample still waiting in a
+bucket. The number of batches is unknown until the epoch ends (no ``len()``); beside the buffer, the
+buckets hold less than ``buckets x max_batch_seconds`` of audio.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Generator, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+
+from ..buffer import Buffer, BufferStats
+from ..errors import BufferClosed, DecodeError, SampleError
+from ..options import DEFAULT_BUCKETS, ErrorPolicy, ProducerCount, gil_enabled
+from ..sources.durations import decoder_crop
+from ..sources.source import ReadClock, WorkItem
+from ..sources.stream import ShardStream
+from .pool import CHUNK_ITEMS, Failure, ProducerPool
+from .streamed import DynamicBuckets, ShardReader, TimedDecode
+
+if TYPE_CHECKING:
+    from .pipeline import DurationBatching, EpochLayout, Pipeline
+    from .plan import EpochShard
+
+__all__ = ["MAX_LISTED_FAILURES", "Assembler", "BatchEpochRun", "DatasetStats", "EpochCounts", "EpochRun",
+           "EpochSetup", "PaddingMeter", "RunningEpochs", "StreamBatchRun", "run_epoch", "set_up_epoch"]
+
+logger = logging.getLogger(__name__)
+
+#: How many failed items :class:`DatasetStats` lists by name (all are counted).
+MAX_LISTED_FAILURES = 100
+
+
+@dataclass
+class DatasetStats:
+    """What one epoch of a :class:`BufferedDataset` did (one rank, one DataLoader worker).
+
+    Attributes:
+        epoch: the epoch number.
+        rank: this process's rank; world_size: how many ranks share the epoch.
+        worker: the DataLoader worker id (0 without workers); num_workers: how many workers share it.
+        items: this shard's items in the epoch (those left to do, in a resumed epoch); of streamed tar
+            shards, the samples read so far (yielded, failed, or waiting for their batch), since a shard's
+            count is known only once it has streamed: final when ``done``.
+        shards: of streamed tar shards, the shards this epoch streams (those left to do, in a resumed
+            epoch); ``None`` for other sources.
+        num_producers: the producer threads decoding now (or at the end): the pinned count, or the
+            count ``"auto"`` has settled on; 0 means the consumer decodes in its own thread.
+        resumed: items already consumed before a resume (0 in a fresh epoch); of streamed tar shards,
+            the shards (resume is at shard boundaries).
+        yielded: samples handed to the consumer.
+        failed: items whose decoder or transform raised (skipped with "warn" or "skip").
+        failures: ``(index, path, message)`` of the first 100 failed items.
+        decode_s: seconds the producers spent decoding, summed over producers, without ``read_s``.
+        read_s: seconds the producers spent waiting for bytes (shard members, remote objects, streamed
+            shards), summed over producers: I/O, not decoding.
+        wall_s: seconds from the epoch's start to its end (or to now, while it runs).
+        done: whether the epoch ran to its end.
+        buffer: the buffer's counters (waits on both sides, fill).
+        transfer: an :class:`~audiobuffer.IsolatedLoader`'s hand-over between its processes: seconds the
+            trainer waited for a batch (``trainer_wait_s``) and copied slots out (``trainer_copy_s``), and
+            seconds the helper waited for a free slot (``helper_slot_wait_s``); ``None`` in process.
+        producer_history: the producer count over time, as ``(seconds since the epoch started, count,
+            reason)``: each decision of ``num_producers="auto"`` (the first is the start), or one
+            ``"pinned"`` entry.
+        gil_enabled: whether the GIL was enabled (``sys._is_gil_enabled()``; always before 3.13).
+        batches: with ``max_batch_seconds``, the batches handed out (``None`` without).
+        empty_batches: batches whose samples all failed (skipped).
+        padding: with ``max_batch_seconds``, the padding of the batches handed out: padded seconds /
+            seconds in batches, each batch padded to its longest item (``None`` without).
+
+    With ``max_batch_seconds``, ``items``, ``failed`` and ``failures`` also count the items whose header
+    could not be read (in rank 0's first DataLoader worker, every epoch: those items are in no batch).
+    Once an epoch is done, ``yielded + failed == items`` for every source.
+    """
+
+    epoch: int
+    rank: int
+    world_size: int
+    worker: int
+    num_workers: int
+    items: int
+    num_producers: int
+    shards: int | None = None
+    resumed: int = 0
+    yielded: int = 0
+    failed: int = 0
+    failures: list[tuple[int, str, str]] = field(default_factory=list)
+    decode_s: float = 0.0
+    read_s: float = 0.0
+    wall_s: float = 0.0
+    done: bool = False
+    buffer: BufferStats | None = None
+    transfer: dict[str, float] | None = None
+    batches: int | None = None
+    empty_batches: int = 0
+    padding: float | None = None
+    producer_history: list[tuple[float, int, str]] = field(default_factory=list)
+    gil_enabled: bool = True
+
+    def as_dict(self) -> dict[str, Any]:
+        """The stats as plain builtins."""
+        return asdict(self)
+
+
+class PaddingMeter:
+    """The padding of the batches handed out: padded seconds / seconds in batches, each batch padded to
+    its longest item, and each item's own padding (a sample padded to a crop) counted too."""
+
+    def __init__(self) -> None:
+        self.padded = 0.0
+        self.real = 0.0
+
+    def add(self, seconds: np.ndarray, content: np.ndarray | None = None) -> None:
+        """Count one batch, given its items' lengths and the seconds of audio in them (``seconds``
+        when ``None``)."""
+        if len(seconds):
+            self.padded += len(seconds) * float(seconds.max())
+            self.real += float((seconds if content is None else content).sum())
+
+    @property
+    def fraction(self) -> float:
+        return (self.padded - self.real) / self.padded if self.padded > 0 else 0.0
+
+
+class Assembler:
+    """Collects a pool's ``(seq, out)`` pairs into batches: ``sizes[b]`` consecutive sequence numbers
+    make batch ``b``. Used by one consumer thread."""
+
+    def __init__(self, sizes: Sequence[int]) -> None:
+        self._sizes = list(sizes)
+        self._first = np.concatenate(([0], np.cumsum(self._sizes)[:-1])).astype(np.int64).tolist() if sizes else []
+        self._batch_of = np.repeat(np.arange(len(self._sizes)), self._sizes).tolist()
+        self._pending: dict[int, list[Any]] = {}
+        self._left: dict[int, int] = {}
+
+    def start(self, b: int) -> int:
+        """The first sequence number of batch ``b``."""
+        return self._first[b]
+
+    def add(self, seq: int, out: Any) -> tuple[int, list[Any]] | None:
+        """Take the result of ``seq``; ``(batch, its results in plan order)`` when it completes its batch."""
+        b = self._batch_of[seq]
+        outs = self._pending.get(b)
+        if outs is None:
+            outs = self._pending[b] = [None] * self._sizes[b]
+            self._left[b] = self._sizes[b]
+        outs[seq - self._first[b]] = out  # every place is filled before the batch is handed on
+        self._left[b] -= 1
+        if self._left[b]:
+            return None
+        del self._left[b]
+        return b, self._pending.pop(b)
+
+
+class EpochCounts:
+    """What the consumer of one epoch counts: the resume mask, items, samples handed out, failures and
+    batches. In-process runs and ``IsolatedLoader``'s trainer side count alike.
+
+    Thread safety: the consumer's thread counts; a snapshot may be taken from any thread.
+    """
+
+    def __init__(self, shard: EpochShard, layout: EpochLayout, *, batched: bool) -> None:
+        self.number = shard.number
+        self.rank = shard.rank
+        self.world_size = shard.world_size
+        self.worker = shard.worker
+        self.num_workers = shard.num_workers
+        #: One byte per unit of this shard's full epoch (a sample, a streamed shard or a batch): 1 once
+        #: handed out or failed.
+        self.consumed = bytearray(layout.consumed)
+        #: Streamed shards: the epoch's shards, and ``items`` counts samples as they come.
+        self.shards = len(layout) if layout.streamed else None
+        self.items = 0 if layout.streamed else len(layout)
+        self.resumed = layout.resumed
+        self.yielded = 0
+        self.failed = 0
+        self.failures: list[tuple[int, str, str]] = []
+        self.batches: int | None = 0 if batched else None  # batches by duration: those handed out
+        self.empty_batches = 0
+        self.padding = PaddingMeter()
+        self.done = False
+        self.start = time.perf_counter()
+        self.end: float | None = None
+
+    def skip(self, index: int, path: str, reason: str, summary: str, policy: ErrorPolicy) -> None:
+        """Count a failed item that ``policy`` skips (``"warn"``: log ``summary`` too)."""
+        self.failed += 1
+        if len(self.failures) < MAX_LISTED_FAILURES:
+            self.failures.append((index, path, reason))
+        if policy == "warn":
+            logger.warning("skipping %s", summary)
+
+    def count_header_failures(self, batching: DurationBatching) -> None:
+        """Count the items whose header failed, in rank 0's first worker only: those items are in no rank's
+        batches (already raised, logged or skipped per ``on_error`` when read)."""
+        if self.rank != 0 or self.worker != 0:
+            return
+        for index, path, message in batching.failures:
+            self.items += 1  # an item of the epoch, failed: yielded + failed == items
+            self.failed += 1
+            if len(self.failures) < MAX_LISTED_FAILURES:
+                self.failures.append((index, path, message))
+
+    def stats(self, *, num_producers: int, **measured: Any) -> DatasetStats:
+        """The counts now, with what the producers' side ``measured`` (:class:`DatasetStats`' other fields)."""
+        end = self.end if self.end is not None else time.perf_counter()
+        return DatasetStats(
+            epoch=self.number, rank=self.rank, world_size=self.world_size, worker=self.worker,
+            num_workers=self.num_workers, items=self.items, num_producers=num_producers, shards=self.shards,
+            resumed=self.resumed, yielded=self.yielded, failed=self.failed, failures=list(self.failures),
+            wall_s=end - self.start, done=self.done, batches=self.batches, empty_batches=self.empty_batches,
+            padding=None if self.batches is None else self.padding.fraction, **measured)
+
+
+@dataclass
+class EpochSetup:
+    """One epoch set up, its producers not started: the shard, its layout, the buffer, the pool that
+    fills it, how a sequence number becomes a work item, and the clock of the producers' reads."""
+
+    shard: EpochShard
+    layout: EpochLayout
+    buffer: Buffer[Any]
+    pool: ProducerPool
+    make_item: Callable[[int], WorkItem]
+    clock: ReadClock
+
+
+def set_up_epoch(pipeline: Pipeline, shard: EpochShard, *, resume: bytes | None = None,
+                 layout: EpochLayout | None = None) -> EpochSetup:
+    """Epoch ``shard`` of ``pipeline``, planned (resumed after the units ``resume`` marks) unless ``layout``
+    is given: the helper process decodes the batches by duration that its trainer planned.
+
+    A :class:`~audiobuffer.Source` lays out its items (or batches); streamed tar shards lay out their
+    shards, each streamed whole by one producer (NOTE [ Streamed shards ] in ``sources/stream.py``).
+
+    Raises:
+        ResumeError: ``resume`` does not have one byte per unit of this shard's epoch.
+    """
+    if layout is None:
+        layout = pipeline.lay_out(shard, resume)
+    options, source, clock = pipeline.options, pipeline.source, ReadClock()
+    number, seed, indices = shard.number, options.seed, layout.indices
+    # Batches by duration: room for two of the largest, so producers decode ahead while one trains.
+    capacity = max(options.buffer_size, 2 * max(layout.sizes or (0,)))
+    buffer: Buffer[Any] = Buffer(capacity, max_bytes=options.max_bytes)
+    decode = pipeline.decode
+    make_item: Callable[[int], WorkItem]
+    if isinstance(source, ShardStream):
+        stream = source
+
+        def make_item(seq: int) -> WorkItem:
+            return stream.shard_item(int(indices[seq]), epoch=number, seed=seed, seq=layout.seq(seq))
+
+        if options.max_batch_seconds is not None:  # each sample's duration first (NOTE [ Batches by duration ])
+            crop, pad = decoder_crop(pipeline.decoder)
+            decode = TimedDecode(decode, cast(str, options.duration_column), crop=crop, pad=pad)
+        # Chunks as a pool's own: no more than a producer's share of the buffer (at its most).
+        most = min(options.most_producers(), max(1, len(layout)))
+        decode = ShardReader(stream, decode, buffer, clock, shuffle=options.shuffle,
+                             chunk=max(1, min(CHUNK_ITEMS, options.buffer_size // (2 * most))))
+    else:
+        listed = source
+
+        def make_item(seq: int) -> WorkItem:
+            # A resumed epoch's items keep their places in the full epoch; I/O is timed apart (read_s).
+            return listed.item(int(indices[seq]), epoch=number, seed=seed, seq=layout.seq(seq), clock=clock)
+
+    producers = cast(ProducerCount, options.num_producers)  # LoaderOptions stores None as "auto"
+    pool = ProducerPool(make_item, len(layout), decode, buffer, num_producers=producers, memory=pipeline.memory,
+                        ordered=options.ordered, warn_after=options.warn_after, timeout=options.timeout)
+    return EpochSetup(shard, layout, buffer, pool, make_item, clock)
+
+
+def run_epoch(pipeline: Pipeline, shard: EpochShard, *, resume: bytes | None = None) -> EpochRun:
+    """Epoch ``shard`` of ``pipeline`` with its in-process consumer, not started (:class:`RunningEpochs`
+    starts it): samples, batches by duration (:class:`BatchEpochRun`), or streamed samples batched as they
+    arrive (:class:`StreamBatchRun`).
+
+    Raises:
+        ResumeError: ``resume`` does not have one byte per unit of this shard's epoch.
+    """
+    setup = set_up_epoch(pipeline, shard, resume=resume)
+    options = pipeline.options
+    if pipeline.batching is not None:
+        return BatchEpochRun(setup, pipeline.batching)
+    if setup.layout.streamed and options.max_batch_seconds is not None:
+        buckets = DEFAULT_BUCKETS if options.buckets is None else options.buckets
+        return StreamBatchRun(setup, DynamicBuckets(options.max_batch_seconds, buckets, options.max_batch_size))
+    return EpochRun(setup)
+
+
+class EpochRun(EpochCounts):
+    """One running (or finished) epoch in this process: its pool and buffer, and the consumer's counts;
+    :meth:`consume` yields samples."""
+
+    def __init__(self, setup: EpochSetup, *, batched: bool = False) -> None:
+        super().__init__(setup.shard, setup.layout, batched=batched)
+        self.layout = setup.layout
+        self.pool = setup.pool
+        self.buffer = setup.buffer
+        self.clock = setup.clock
+        #: Marks the consumer's ``seq`` consumed (a streamed epoch: a shard, by its last sample).
+        self.mark: Callable[[Any], None] = self._mark_shard if setup.layout.streamed else self._mark_item
+
+    def _mark_item(self, seq: int) -> None:
+        positions = self.layout.positions
+        self.consumed[seq if positions is None else positions[seq]] = 1
+
+    def _mark_shard(self, tag: Any) -> None:
+        shard, last = self.shard_of(tag)
+        if last:
+            self.consumed[shard] = 1
+
+    def shard_of(self, tag: Any) -> tuple[int, bool]:
+        """A streamed epoch's tag as ``(shard position, whether it is the shard's last output)``: a
+        ShardReader tags each output ``(position, last)`` (NOTE [ Streamed shards ]); a bare seq is the
+        pool's own failure for a shard whose reader itself crashed, its last output."""
+        if tag.__class__ is tuple:
+            return tag[0], tag[1]
+        return self.layout.position(tag), True
+
+    def snapshot(self) -> DatasetStats:
+        """The epoch's stats now."""
+        return self.stats(num_producers=self.pool.num_producers,
+                          decode_s=max(0.0, self.pool.decode_seconds - self.clock.seconds), read_s=self.clock.seconds,
+                          buffer=self.buffer.stats, producer_history=self.pool.history, gil_enabled=gil_enabled())
+
+    def consume(self, policy: ErrorPolicy) -> Iterator[Any]:
+        """Yield each sample from the pool once, marking its position consumed; apply ``policy`` to failures."""
+        mark, streamed = self.mark, self.shards is not None
+        for seq, out in self.pool:
+            mark(seq)
+            if streamed:
+                self.items += 1
+            if out.__class__ is Failure:
+                self.fail(out, policy)
+                continue
+            self.yielded += 1
+            yield out
+
+    def fail(self, failure: Failure, policy: ErrorPolicy) -> None:
+        """Apply the error policy to a failed item: raise it, or count (and log) it and go on."""
+        item, exc = cast(WorkItem, failure.item), failure.exc  # a producer's Failure always has its item
+        message = (f"item {item.index} ({item.path!r}) failed in {failure.producer}: "
+                   f"{type(exc).__name__}: {exc}")
+        if policy == "raise":
+            cls = DecodeError if isinstance(exc, DecodeError) else SampleError
+            raise cls(message, path=item.path, index=item.index, producer=failure.producer) from exc
+        self.skip(item.index, item.path, f"{type(exc).__name__}: {exc}", message, policy)
+
+
+class BatchEpochRun(EpochRun):
+    """One epoch of batches by duration: the consumed mask counts batches, and :meth:`consume` yields
+    whole batches (lists of samples; NOTE [ Batches by duration ], Assembly)."""
+
+    def __init__(self, setup: EpochSetup, batching: DurationBatching) -> None:
+        super().__init__(setup, batched=True)
+        self.batching = batching
+        self.assembler = Assembler(cast(list[int], setup.layout.sizes))
+        self.count_header_failures(batching)
+
+    def consume(self, policy: ErrorPolicy) -> Iterator[list[Any]]:
+        """Yield each complete batch once."""
+        layout, assembler = self.layout, self.assembler
+        for seq, out in self.pool:
+            if out.__class__ is Failure:
+                self.fail(out, policy)  # raises under "raise"
+            done = assembler.add(seq, out)
+            if done is None:
+                continue
+            b, outs = done
+            self.consumed[layout.position(b)] = 1
+            kept = [i for i, o in enumerate(outs) if o.__class__ is not Failure]
+            if not kept:
+                self.empty_batches += 1
+                continue
+            self.batches = cast(int, self.batches) + 1
+            self.yielded += len(kept)
+            first = assembler.start(b)
+            self.batching.add_padding(self.padding, layout.indices[first:first + len(outs)][kept])
+            yield [outs[i] for i in kept]
+
+
+class StreamBatchRun(EpochRun):
+    """One epoch of streamed shards batched by duration as the samples arrive (NOTE [ Batches by duration ],
+    Streamed shards): :meth:`consume` yields whole batches and marks a shard consumed only once every
+    sample of it was handed on."""
+
+    def __init__(self, setup: EpochSetup, buckets: DynamicBuckets[tuple[float, int, Any]]) -> None:
+        super().__init__(setup, batched=True)
+        self.buckets = buckets
+        self._waiting: Counter[int] = Counter()  # shard position -> its samples in a bucket
+        self._ended: set[int] = set()  # the shards whose last output came
+
+    def consume(self, policy: ErrorPolicy) -> Iterator[list[Any]]:
+        """Yield each batch once, as the buckets fill, then every bucket at the end of the epoch."""
+        for tag, out in self.pool:
+            self.items += 1
+            shard, last = self.shard_of(tag)
+            if last:
+                self._ended.add(shard)
+            if out.__class__ is Failure:
+                self.fail(out, policy)  # raises under "raise"
+                self._settle(shard)
+                continue
+            length, content, sample = out
+            self._waiting[shard] += 1
+            for batch in self.buckets.add(length, (content, shard, sample)):
+                yield self._hand_on(batch)
+        if not self.pool.stopped:  # the epoch's end, not a close(): the batches left in the buckets
+            for batch in self.buckets.flush():
+                yield self._hand_on(batch)
+
+    def _hand_on(self, batch: list[tuple[float, tuple[float, int, Any]]]) -> list[Any]:
+        """Count ``batch`` and mark the shards it completes (before the consumer gets it, as every mark)."""
+        self.batches = cast(int, self.batches) + 1
+        self.yielded += len(batch)
+        self.padding.add(np.array([length for length, _ in batch]), np.array([entry[0] for _, entry in batch]))
+        for _, (_, shard, _) in batch:
+            self._waiting[shard] -= 1
+        for shard in {entry[1] for _, entry in batch}:
+            self._settle(shard)
+        return [entry[2] for _, entry in batch]
+
+    def _settle(self, shard: int) -> None:
+        """Mark ``shard`` consumed once its last output came and none of its samples waits in a bucket."""
+        if shard in self._ended and self._waiting[shard] <= 0:
+            self.consumed[shard] = 1
+            del self._waiting[shard]
+
+
+class RunningEpochs:
+    """A loader's epochs in this process: the running ones, which :meth:`close` stops, and the last one,
+    whose stats the loader reports (NOTE [ Producer shutdown protocol ] in ``pool.py``).
+
+    Thread safety: :meth:`close`, :attr:`last` and :attr:`running` from any thread; one thread iterates
+    an epoch.
+    """
+
+    def __init__(self, owner: str) -> None:
+        self._owner = owner  # for the message of an iter() after close()
+        self._lock = threading.Lock()
+        self._running: set[EpochRun] = set()
+        self._last: EpochRun | None = None
+        self._closed = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy (a DataLoader worker's) runs epochs of its own: no threads, locks or stats travel.
+        return {"owner": self._owner}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["owner"])  # type: ignore[misc]
+
+    @property
+    def last(self) -> EpochRun | None:
+        """The epoch started last (running or finished), or ``None``."""
+        with self._lock:
+            return self._last
+
+    @property
+    def running(self) -> list[EpochRun]:
+        """The epochs running now."""
+        with self._lock:
+            return list(self._running)
+
+    def run(self, run: EpochRun, policy: ErrorPolicy) -> Generator[Any, None, None]:
+        """Start ``run``'s producers and yield what its consumer yields; the producers stop however the
+        loop ends. A generator: its ``finally`` runs on exhaustion, on an exception, on ``close()`` and
+        when the generator is garbage-collected.
+
+        Raises:
+            BufferClosed: :meth:`close` was called.
+        """
+        with self._lock:
+            if self._closed:
+                run.pool.close()
+                raise BufferClosed(f"iter() on a closed {self._owner}")
+            self._running.add(run)
+            self._last = run
+        try:
+            run.pool.start()  # inside the try: threads started before a failed start are stopped
+            yield from run.consume(policy)
+            run.done = not run.pool.stopped
+        finally:
+            run.pool.close()
+            run.end = time.perf_counter()
+            with self._lock:
+                self._running.discard(run)
+
+    def close(self) -> None:
+        """Stop every running epoch's producers and refuse new epochs. Idempotent, any thread."""
+        with self._lock:
+            self._closed = True
+            running = list(self._running)
+        for run in running:
+            run.pool.close()

@@ -1,0 +1,291 @@
+"""What a loader runs its epochs over: :class:`Pipeline` (source, decoder, options, durations, tuner
+memory), built once per loader by :meth:`Pipeline.build`, and one shard of one epoch of it laid out
+for a producer pool (:class:`EpochLayout`).
+
+Every loader holds one pipeline and reads each option from it; the engine takes the pipeline, never a
+loader; the helper process of ``IsolatedLoader`` gets a copy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .._checks import check_decoder
+from ..options import DEFAULT_BUCKETS, ErrorPolicy, LoaderOptions
+from ..sources.durations import Failure as HeaderFailure
+from ..sources.durations import decoder_crop, read_durations
+from ..sources.source import AUDIO_PATTERNS, Source, SourceSpec, WorkItem
+from ..sources.stream import ShardStream, as_source
+from .plan import BatchPlan, EpochShard, plan_batches, plan_epoch, shard_length
+from .pool import delivers_itself
+from .streamed import check_streamable
+from .tuner import TunerMemory
+
+if TYPE_CHECKING:
+    from .epoch import PaddingMeter
+
+__all__ = ["Compose", "DurationBatching", "EpochLayout", "EpochShard", "Pipeline", "decoder_crop"]
+
+#: How many plans a :class:`DurationBatching` remembers (planning a large corpus takes a while).
+_REMEMBERED_PLANS = 4
+
+
+class Compose:
+    """``transform(decoder(item))``, picklable when both are."""
+
+    def __init__(self, decoder: Callable[[WorkItem], Any], transform: Callable[[Any], Any]) -> None:
+        self.decoder = decoder
+        self.transform = transform
+
+    def __call__(self, item: WorkItem) -> Any:
+        return self.transform(self.decoder(item))
+
+
+@dataclass(frozen=True)
+class EpochLayout:
+    """One shard's epoch laid out for a producer pool: sequence number ``seq`` decodes source item
+    ``indices[seq]`` (of streamed shards: tar shard ``indices[seq]``, all its samples).
+
+    A *unit* is what the consumed mask counts: a sample, a streamed tar shard, or (with ``sizes``) a batch.
+
+    Attributes:
+        indices: what each sequence number decodes.
+        positions: each unit's position in the shard's full epoch (``None``: its own number, in a fresh
+            epoch; a resumed one skips the positions already consumed).
+        consumed: the mask as the epoch starts: one byte per unit of the full epoch, 1 where consumed.
+        sizes: batches by duration: the samples of each batch, consecutive sequence numbers
+            (NOTE [ Batches by duration ] in ``epoch.py``, Plan); ``None``: a sequence number is a unit.
+        seqs: with ``sizes``, each sample's place among the samples of the full epoch (its work item's ``seq``).
+        resumed: samples (streamed: tar shards) consumed before a resume (0 in a fresh epoch).
+        streamed: the units are streamed tar shards.
+    """
+
+    indices: np.ndarray
+    positions: np.ndarray | None
+    consumed: bytes
+    sizes: list[int] | None = None
+    seqs: np.ndarray | None = None
+    resumed: int = 0
+    streamed: bool = False
+
+    def __len__(self) -> int:
+        """The number of sequence numbers (samples; streamed: tar shards)."""
+        return len(self.indices)
+
+    def position(self, unit: int) -> int:
+        """The position of ``unit`` (a sequence number, or with ``sizes`` a batch) in the full epoch."""
+        return unit if self.positions is None else int(self.positions[unit])
+
+    def seq(self, seq: int) -> int:
+        """The work item ``seq`` of sequence number ``seq``: its place in the full epoch."""
+        return int(self.seqs[seq]) if self.seqs is not None else self.position(seq)
+
+
+class DurationBatching:
+    """A pipeline's batches by duration: the budget, the buckets, and each item's duration (read once).
+
+    Attributes:
+        max_batch_seconds, buckets, max_batch_size: the batch setup.
+        durations: seconds per source item (``NaN`` where its header could not be read): a sample's
+            length in its batch, the crop where the decoder pads to it.
+        content: seconds of audio per source item, the rest of ``durations`` being padding (the same
+            array as ``durations`` unless the decoder pads samples to its crop).
+        failures: the items whose header could not be read, as ``(index, path, message)``.
+    """
+
+    def __init__(self, durations: np.ndarray, failures: list[HeaderFailure], *, max_batch_seconds: float,
+                 buckets: int, max_batch_size: int | None, content: np.ndarray | None = None) -> None:
+        self.durations = durations
+        self.content = durations if content is None else content
+        self.failures = failures
+        self.max_batch_seconds = float(max_batch_seconds)
+        self.buckets = buckets
+        self.max_batch_size = max_batch_size
+        self._plans: dict[tuple[Any, ...], BatchPlan] = {}  # the last few plans: len() and iter() of an epoch
+
+    @classmethod
+    def read(cls, source: Source, decoder: Callable[[WorkItem], Any], *, max_batch_seconds: float,
+             buckets: int | None, max_batch_size: int | None, duration_column: str | None, on_error: ErrorPolicy,
+             num_threads: int) -> DurationBatching:
+        """The durations of ``source``'s items, capped by ``decoder``'s crop (NOTE [ Batches by duration ]).
+
+        Raises:
+            DecodeError: a header failed with ``on_error="raise"``.
+            SourceError: ``duration_column`` is missing or holds something other than durations.
+        """
+        crop, pad = decoder_crop(decoder)
+        durations, failures = read_durations(source, duration_column=duration_column, crop_seconds=crop,
+                                             num_threads=num_threads, on_error=on_error)
+        content = durations
+        if crop is not None and pad:
+            durations = durations.copy()
+            durations[~np.isnan(durations)] = crop  # padded to the crop: every sample is that long
+        return cls(durations, failures, max_batch_seconds=max_batch_seconds,
+                   buckets=DEFAULT_BUCKETS if buckets is None else buckets, max_batch_size=max_batch_size,
+                   content=content)
+
+    def add_padding(self, meter: PaddingMeter, indices: np.ndarray) -> None:
+        """Count the batch of source items ``indices`` in ``meter``."""
+        meter.add(self.durations[indices], self.content[indices])
+
+    def plan(self, *, shuffle: bool, seed: int, epoch: int, rank: int = 0, world_size: int = 1, worker: int = 0,
+             num_workers: int = 1, even_shards: str | None = "pad",
+             consumed: bytes | bytearray | None = None) -> BatchPlan:
+        """The batches of one shard of ``epoch`` (``plan.plan_batches`` with this setup), remembered for
+        the next few calls (a pure function: any thread may call it)."""
+        key = (shuffle, seed, epoch, rank, world_size, worker, num_workers, even_shards,
+               None if consumed is None else bytes(consumed))
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = plan_batches(self.durations, max_batch_seconds=self.max_batch_seconds, buckets=self.buckets,
+                                max_batch_size=self.max_batch_size, shuffle=shuffle, seed=seed, epoch=epoch,
+                                rank=rank, world_size=world_size, worker=worker, num_workers=num_workers,
+                                even_shards=even_shards, consumed=consumed)
+            if len(self._plans) >= _REMEMBERED_PLANS:
+                self._plans.clear()  # one call: safe while another thread reads
+            self._plans[key] = plan
+        return plan
+
+    def lay_out(self, *, consumed: bytes | None = None, **setup: Any) -> EpochLayout:
+        """Plan a shard's epoch (``setup``: :meth:`plan`'s keywords) and lay its batches out for a pool:
+        sequence numbers run through the batches in order (NOTE [ Batches by duration ], Plan)."""
+        plan = self.plan(consumed=consumed, **setup)
+        sizes = [len(b) for b in plan.batches]
+        indices = np.concatenate(plan.batches) if sizes else np.empty(0, dtype=np.int64)
+        if plan.positions is None:
+            return EpochLayout(indices, None, plan.consumed, sizes, np.arange(len(indices), dtype=np.int64))
+        full = [len(b) for b in self.plan(**setup).batches]  # the epoch as it was before the resume
+        starts = np.concatenate(([0], np.cumsum(full)[:-1])).astype(np.int64) if full else np.empty(0, np.int64)
+        seqs = np.concatenate([starts[p] + np.arange(n) for p, n in zip(plan.positions, sizes)]) if sizes \
+            else np.empty(0, dtype=np.int64)
+        return EpochLayout(indices, plan.positions, plan.consumed, sizes, seqs, sum(full) - sum(sizes))
+
+    def state(self) -> dict[str, Any]:
+        """What a state dict's batch mask was counted under (``plan.STATE_BATCHING``): the setup and a
+        digest of the durations (a changed file changes the batches)."""
+        digest = hashlib.sha256(np.ascontiguousarray(self.durations, dtype="<f8").tobytes()).hexdigest()[:16]
+        return {"max_batch_seconds": self.max_batch_seconds, "buckets": self.buckets,
+                "max_batch_size": self.max_batch_size, "durations": f"{len(self.durations)}:{digest}"}
+
+
+@dataclass(frozen=True, eq=False)
+class Pipeline:
+    """What a loader runs its epochs over, one copy of each: build it with :meth:`build`.
+
+    Attributes:
+        source: the listed source (a :class:`~audiobuffer.Source`, or streamed tar shards).
+        decoder: what the producers run on each work item (before ``options.transform``).
+        options: the validated options.
+        batching: with ``options.max_batch_seconds``, the items' durations and the batch setup; ``None``
+            without, and for streamed shards (their batches are cut as they stream).
+        memory: where the last epoch's producer tuner settled (NOTE [ Producer tuning ] in ``tuner.py``).
+
+    Thread safety: read-only, but for ``memory`` and ``batching``'s plan cache, which any thread may use.
+    """
+
+    source: Source | ShardStream
+    decoder: Callable[[WorkItem], Any]
+    options: LoaderOptions
+    batching: DurationBatching | None = None
+    memory: TunerMemory = field(default_factory=TunerMemory)
+
+    @classmethod
+    def build(cls, source: SourceSpec | Source | ShardStream, decoder: Callable[[WorkItem], Any],
+              options: LoaderOptions) -> Pipeline:
+        """List ``source`` (unless it is ready), check that the options fit it and ``decoder``, and read the
+        durations of batches by duration.
+
+        Raises:
+            TypeError, ValueError: a decoder that is not one, or options that do not fit together.
+            SourceError: the source cannot be listed, or (``on_error="raise"``) a duration cannot be read.
+        """
+        check_decoder(decoder)
+        found = getattr(decoder, "patterns", None)  # ImageDecoder's, say
+        patterns = options.patterns if options.patterns is not None else AUDIO_PATTERNS if found is None else found
+        listed = as_source(source, patterns=patterns, labels=options.labels, path_column=options.path_column,
+                           explicit_patterns=options.patterns, storage_options=options.storage_options)
+        _check_combination(listed, decoder, options)
+        batching = None
+        if options.max_batch_seconds is not None and isinstance(listed, Source):
+            batching = DurationBatching.read(
+                listed, decoder, max_batch_seconds=options.max_batch_seconds, buckets=options.buckets,
+                max_batch_size=options.max_batch_size, duration_column=options.duration_column,
+                on_error=options.on_error, num_threads=max(8, options.most_producers()))
+        return cls(listed, decoder, options, batching)
+
+    @property
+    def decode(self) -> Callable[[WorkItem], Any]:
+        """The decoder, then the transform."""
+        transform = self.options.transform
+        return self.decoder if transform is None else Compose(self.decoder, transform)
+
+    @property
+    def streamed(self) -> bool:
+        """Whether the source is tar shards streamed whole (NOTE [ Streamed shards ])."""
+        return isinstance(self.source, ShardStream)
+
+    def lay_out(self, shard: EpochShard, consumed: bytes | None = None) -> EpochLayout:
+        """The plan of ``shard`` (resumed after the units ``consumed`` marks), laid out for a pool.
+
+        Raises:
+            ResumeError: ``consumed`` does not have one byte per unit of this shard's epoch.
+        """
+        setup = self._plan_setup(shard.number, shard.rank, shard.world_size, shard.worker, shard.num_workers)
+        if self.batching is not None:
+            return self.batching.lay_out(consumed=consumed, **setup)
+        source = self.source
+        plan = plan_epoch(len(source.shards) if isinstance(source, ShardStream) else len(source), consumed=consumed,
+                          **setup)
+        return EpochLayout(plan.indices, plan.positions, plan.consumed, resumed=plan.size - len(plan),
+                           streamed=self.streamed)
+
+    def length(self, epoch: int, rank: int, world_size: int) -> int:
+        """Items rank ``rank`` yields in ``epoch`` (its DataLoader workers together); batches, when it
+        batches by duration.
+
+        Raises:
+            TypeError: the length is unknown: streamed shards without a listing, or batched by duration.
+        """
+        source, setup = self.source, self._plan_setup(epoch, rank, world_size)
+        if self.batching is not None:
+            return len(self.batching.plan(**setup))
+        if isinstance(source, ShardStream):
+            if self.options.max_batch_seconds is not None:
+                raise TypeError(f"the number of batches of streamed shards is unknown before they stream (batches "
+                                f"are cut as the samples arrive), so {source.description} batched by duration has "
+                                f"no len(); read the shards through their index.json for planned batches")
+            return source.samples_in(plan_epoch(len(source.shards), **setup).indices.tolist())
+        return shard_length(len(source), rank=rank, world_size=world_size, even_shards=setup["even_shards"])
+
+    def _plan_setup(self, epoch: int, rank: int, world_size: int, worker: int = 0,
+                    num_workers: int = 1) -> dict[str, Any]:
+        """The keywords that plan one shard of ``epoch`` (``plan_epoch``'s, ``DurationBatching.plan``'s)."""
+        o = self.options
+        return dict(shuffle=o.shuffle, seed=o.seed, epoch=epoch, rank=rank, world_size=world_size, worker=worker,
+                    num_workers=num_workers, even_shards=o.even_shards)
+
+
+def _check_combination(source: Source | ShardStream, decoder: Any, options: LoaderOptions) -> None:
+    """Refuse options that do not fit together with this source and decoder (each valid on its own).
+
+    Raises:
+        ValueError: a delivering decoder (NOTE [ Delivering decoders ] in ``pool.py``) with ``ordered``, a
+            ``transform`` or ``max_batch_seconds``; streamed shards with ``ordered``, a delivering decoder,
+            or ``max_batch_seconds`` without ``duration_column``.
+    """
+    if isinstance(source, ShardStream):
+        check_streamable(decoder, options.ordered)
+        if options.max_batch_seconds is not None and options.duration_column is None:
+            raise ValueError("max_batch_seconds on streamed shards needs duration_column: the field of each "
+                             "sample's <key>.json sidecar that holds its duration in seconds (streamed shards "
+                             "give no durations before they stream), or read the shards through their "
+                             "index.json (audiobuffer pack writes one, with each member's duration)")
+    if delivers_itself(decoder) and (options.ordered or options.transform is not None
+                                     or options.max_batch_seconds is not None):
+        raise ValueError(f"{decoder!r} delivers its samples itself: it takes no ordered=True, no transform and "
+                         f"no max_batch_seconds (NOTE [ Delivering decoders ] in audiobuffer/engine/pool.py)")

@@ -1,0 +1,457 @@
+"""The epoch plan: which items one shard of one epoch yields, and in what order.
+
+A pure function of the corpus size and the setup, with no threads, files or torch, so that every
+process computes the same plan and exactly-once can be tested on the plan alone. The steps, in order:
+
+1. the epoch's order: ``0 .. n-1``, or a permutation seeded by ``seed + epoch``;
+2. even shards: with ``world_size > 1``, padded (repeating from the start) or cut to a multiple of
+   ``world_size``, so that every rank gets as many items and none waits forever in a collective;
+3. the rank's shard, then the DataLoader worker's shard of it (interleaved: ``order[i::count]``), by
+   rank first so that every rank gets the same share whatever its workers do;
+4. the resume mask: positions of the shard already consumed before a saved state are left out, and
+   the rest keep the positions they had in the full epoch.
+
+With batches by duration the plan's unit is a batch instead of an item: ``_batching.plan_batches`` cuts
+the epoch into batches from the items' durations and then takes the same steps 2-4 over the batch
+order (with this module's :func:`even_out` and :func:`shard`). A state dict records which of the two
+plans it counts (:data:`STATE_BATCHING`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import ResumeError
+
+__all__ = ["EpochShard",
+    "BatchPlan",
+    "EpochPlan",
+    "bucket_edges",
+    "cut_batches",
+    "decode_state",
+    "encode_state",
+    "epoch_order",
+    "even_out",
+    "padding_fraction",
+    "plan_batches",
+    "plan_epoch",
+    "shard",
+    "shard_length",
+]
+
+
+@dataclass(frozen=True)
+class EpochShard:
+    """Which epoch one consumer runs, and its part of it: the rank's shard, then its DataLoader worker's."""
+
+    number: int
+    rank: int = 0
+    world_size: int = 1
+    worker: int = 0
+    num_workers: int = 1
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """One shard's epoch.
+
+    Attributes:
+        indices: the source indices to decode, in order (sequence number ``seq`` decodes
+            ``indices[seq]``).
+        positions: the shard position of each sequence number (``None``: ``seq`` itself; a resumed
+            epoch skips the positions already consumed).
+        size: the shard's full length, the consumed mask's length.
+        consumed: one byte per shard position, 1 where it was consumed before this epoch started.
+    """
+
+    indices: np.ndarray
+    positions: np.ndarray | None
+    size: int
+    consumed: bytes
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def position(self, seq: int) -> int:
+        """The shard position of sequence number ``seq``."""
+        return seq if self.positions is None else int(self.positions[seq])
+
+
+def epoch_order(n: int, *, shuffle: bool, seed: int, epoch: int) -> np.ndarray:
+    """The order of the source's ``n`` indices for ``epoch``: a permutation seeded by ``seed + epoch``.
+
+    Every rank and worker computes the same order, so their shards are disjoint.
+    """
+    if not shuffle:
+        return np.arange(n, dtype=np.int64)
+    return np.random.default_rng(seed + epoch).permutation(n)
+
+
+def even_out(order: np.ndarray, count: int, mode: str) -> np.ndarray:
+    """``order`` made divisible by ``count``: ``"pad"`` repeats items from its start, ``"drop"`` cuts the rest."""
+    n = len(order)
+    if mode == "pad":
+        total = -(-n // count) * count
+        return np.resize(order, total) if total != n else order  # np.resize repeats cyclically
+    if mode == "drop":
+        return order[: n // count * count]
+    raise ValueError(f"even_shards must be 'pad', 'drop' or None, got {mode!r}")
+
+
+def shard(order: np.ndarray, index: int, count: int) -> np.ndarray:
+    """The ``index``-th of ``count`` interleaved shards of ``order`` (every item in exactly one)."""
+    if not 0 <= index < count:
+        raise ValueError(f"shard index must be in [0, {count}), got {index}")
+    return order[index::count]
+
+
+def shard_length(n: int, *, rank: int = 0, world_size: int = 1, even_shards: str | None = "pad") -> int:
+    """Items of rank ``rank`` per epoch (its DataLoader workers together), without planning the epoch."""
+    if world_size > 1 and even_shards == "pad":
+        return -(-n // world_size)
+    if world_size > 1 and even_shards == "drop":
+        return n // world_size
+    return len(range(rank, n, world_size))
+
+
+def plan_epoch(n: int, *, shuffle: bool, seed: int, epoch: int, rank: int = 0, world_size: int = 1,
+               worker: int = 0, num_workers: int = 1, even_shards: str | None = "pad",
+               consumed: bytes | bytearray | None = None) -> EpochPlan:
+    """The plan of one shard (``rank``, ``worker``) of ``epoch`` over a corpus of ``n`` items.
+
+    Args:
+        n: the corpus size.
+        shuffle, seed, epoch: the order (seeded by ``seed + epoch`` when shuffled).
+        rank, world_size: this process's shard of the ranks.
+        worker, num_workers: this DataLoader worker's shard of the rank's items.
+        even_shards: ``"pad"``, ``"drop"`` or ``None`` (ranks may differ by one item).
+        consumed: the saved mask of a resumed epoch (one byte per shard position), or ``None``.
+
+    Raises:
+        ResumeError: ``consumed`` does not have one byte per position of this shard.
+    """
+    order = epoch_order(n, shuffle=shuffle, seed=seed, epoch=epoch)
+    if world_size > 1 and even_shards is not None:
+        order = even_out(order, world_size, even_shards)
+    indices = shard(shard(order, rank, world_size), worker, num_workers)
+    size = len(indices)
+    if consumed is None:
+        return EpochPlan(indices, None, size, bytes(size))
+    if len(consumed) != size:
+        raise ResumeError(f"the saved state covers {len(consumed)} items, this epoch's shard has {size} "
+                          f"(DataLoader workers: {num_workers}); resume with the setup it was saved under")
+    mask = np.frombuffer(bytes(consumed), dtype=np.uint8)
+    positions = np.flatnonzero(mask == 0)
+    return EpochPlan(indices[positions], positions, size, bytes(consumed))
+
+
+# -- resume: the consumed mask in a state dict ---------------------------------------------------
+
+#: Keys of a state dict (``BufferedDataset.STATE_*`` name the same strings).
+STATE_VERSION = "version"
+STATE_EPOCH = "epoch"
+STATE_SEED = "seed"
+STATE_SHUFFLE = "shuffle"
+STATE_RANK = "rank"
+STATE_WORLD_SIZE = "world_size"
+STATE_EVEN_SHARDS = "even_shards"
+STATE_SOURCE = "source_fingerprint"
+STATE_ITEMS = "items"
+STATE_CONSUMED = "consumed"
+#: The batches by duration a state's mask counts (their budget, buckets and a digest of the durations),
+#: or ``None`` where it counts items; part of the setup (a setup without the key means ``None``).
+STATE_BATCHING = "batching"
+#: The setup a state was saved under; a state loads only into the same setup (and the same batching).
+SETUP_KEYS = (STATE_SEED, STATE_SHUFFLE, STATE_RANK, STATE_WORLD_SIZE, STATE_EVEN_SHARDS, STATE_SOURCE)
+#: 3: with the batching key (the consumed mask counts batches where it is not None); 2 (still loaded):
+#: the consumed bitmap as a base64 str (JSON-serialisable); 1 (still loaded): as bytes. 1 and 2 count items.
+STATE_FORMAT = 3
+
+
+def pack_consumed(consumed: bytes | bytearray) -> str:
+    """One byte per position (0 or 1) -> a base64 string of the bitmap (8 positions a byte)."""
+    bits = np.packbits(np.frombuffer(bytes(consumed), dtype=np.uint8))
+    return base64.b64encode(bits.tobytes()).decode("ascii")
+
+
+def unpack_consumed(packed: Any, items: int) -> bytes:
+    """The one-byte-per-position mask of :func:`pack_consumed`'s string (or format 1's ``bytes``).
+
+    Raises:
+        ResumeError: ``packed`` is not a bitmap of ``items`` positions.
+    """
+    if isinstance(packed, str):
+        try:
+            raw = base64.b64decode(packed.encode("ascii"), validate=True)
+        except (binascii.Error, UnicodeEncodeError) as exc:
+            raise ResumeError(f"consumed must be a base64 string, got {packed[:40]!r}") from exc
+    elif isinstance(packed, (bytes, bytearray)):
+        raw = bytes(packed)
+    else:
+        raise ResumeError(f"consumed must be a base64 string, got {type(packed).__name__}")
+    if len(raw) != (items + 7) // 8:
+        raise ResumeError(f"consumed must hold {(items + 7) // 8} bytes for {items} items, got {len(raw)}")
+    return np.unpackbits(np.frombuffer(raw, dtype=np.uint8))[:items].tobytes()
+
+
+def encode_state(setup: Mapping[str, Any], epoch: int, consumed: bytes | bytearray | None) -> dict[str, Any]:
+    """A state dict of plain builtins: ``setup`` (see :data:`SETUP_KEYS` and :data:`STATE_BATCHING`), the
+    epoch and its consumed mask (of items, or of batches where ``setup``'s batching is not ``None``)."""
+    state: dict[str, Any] = {STATE_VERSION: STATE_FORMAT, STATE_EPOCH: epoch}
+    state.update((key, setup[key]) for key in SETUP_KEYS)
+    state[STATE_BATCHING] = setup.get(STATE_BATCHING)
+    state[STATE_ITEMS] = None if consumed is None else len(consumed)
+    state[STATE_CONSUMED] = "" if consumed is None else pack_consumed(consumed)
+    return state
+
+
+def decode_state(setup: Mapping[str, Any], state: Any) -> tuple[int, bytes | None]:
+    """``(epoch, consumed mask or None)`` of a state dict, checked against ``setup``; nothing is changed.
+
+    Raises:
+        ResumeError: the state is malformed or was saved under another setup.
+    """
+    if not isinstance(state, Mapping):
+        raise ResumeError(f"a state dict is a dict, got {type(state).__name__}")
+    missing = [k for k in (STATE_VERSION, STATE_EPOCH, *SETUP_KEYS, STATE_ITEMS, STATE_CONSUMED) if k not in state]
+    if missing:
+        raise ResumeError(f"the state dict lacks {missing}")
+    if state[STATE_VERSION] not in (1, 2, STATE_FORMAT):
+        raise ResumeError(f"state format {state[STATE_VERSION]!r} is not 1, 2 or {STATE_FORMAT}")
+    if state[STATE_VERSION] == STATE_FORMAT and STATE_BATCHING not in state:
+        raise ResumeError(f"the state dict lacks {[STATE_BATCHING]}")
+    saved = {**state, STATE_BATCHING: state.get(STATE_BATCHING)}  # formats 1 and 2 count items
+    wanted = {**setup, STATE_BATCHING: setup.get(STATE_BATCHING)}
+    for key in (*SETUP_KEYS, STATE_BATCHING):
+        if saved[key] != wanted[key]:
+            raise ResumeError(f"the state was saved with {key}={saved[key]!r}, this dataset has {key}={wanted[key]!r}; "
+                              f"resume with the setup it was saved under")
+    epoch, items = state[STATE_EPOCH], state[STATE_ITEMS]
+    for key, value in ((STATE_EPOCH, epoch), (STATE_ITEMS, items)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ResumeError(f"the state's {key} must be an integer >= 0, got {value!r}")
+    if epoch is None:
+        raise ResumeError("the state's epoch must be an integer >= 0, got None")
+    if items is None:
+        return epoch, None
+    return epoch, unpack_consumed(state[STATE_CONSUMED], items)
+
+
+#: Candidate bucket edges: the corpus's quantiles at multiples of ``1 / _EDGE_GRID``.
+_EDGE_GRID = 512
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """One shard's epoch of duration batches.
+
+    Attributes:
+        batches: the batches to decode, in order, each an array of source indices (sequence number
+            ``seq`` decodes ``batches[seq]``).
+        positions: the shard position of each sequence number (``None``: ``seq`` itself; a resumed
+            epoch skips the positions already consumed).
+        size: the shard's full number of batches, the consumed mask's length.
+        consumed: one byte per shard position, 1 where it was consumed before this epoch started.
+    """
+
+    batches: list[np.ndarray]
+    positions: np.ndarray | None
+    size: int
+    consumed: bytes
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def position(self, seq: int) -> int:
+        """The shard position of sequence number ``seq``."""
+        return seq if self.positions is None else int(self.positions[seq])
+
+    def padding_fraction(self, durations: Sequence[float] | np.ndarray) -> float:
+        """The share of padding in this plan's batches: see :func:`padding_fraction`."""
+        return padding_fraction(self.batches, durations)
+
+
+def padding_fraction(batches: Sequence[np.ndarray], durations: Sequence[float] | np.ndarray) -> float:
+    """Padded frames / frames in ``batches``, each batch padded to its longest item.
+
+    That is ``(sum of count x longest - sum of durations) / (sum of count x longest)`` over the
+    batches (an item in two batches counts twice); 0.0 when the batches hold no audio.
+    """
+    durations = np.asarray(durations, dtype=np.float64)
+    padded = real = 0.0
+    for batch in batches:
+        if len(batch):
+            seconds = durations[batch]
+            padded += len(batch) * float(seconds.max())
+            real += float(seconds.sum())
+    return (padded - real) / padded if padded > 0 else 0.0
+
+
+def bucket_edges(durations: np.ndarray, buckets: int) -> np.ndarray:
+    """The upper edges of the first ``buckets - 1`` duration buckets (an item of duration ``d`` goes
+    to bucket ``np.searchsorted(edges, d, side="left")``: the first whose edge is ``>= d``).
+
+    The edges are quantiles of ``durations`` (at multiples of 1/512), chosen so that batches padded
+    to their bucket's longest item would pad least: the optimal split of the sorted durations into
+    ``buckets`` runs, found by dynamic programming over the candidate quantiles. Equal-count
+    quantiles put a long tail (a few utterances much longer than the rest) into one wide bucket
+    whose batches pad a lot; these edges give the tail narrower buckets. A pure function of the
+    durations: every epoch and rank gets the same edges. Fewer edges come back where the corpus has
+    fewer distinct durations than buckets.
+
+    Args:
+        durations: the items' durations (finite, no ``NaN``), in any order.
+        buckets: the number of buckets, >= 1.
+    """
+    values = np.sort(np.asarray(durations, dtype=np.float64))
+    n = len(values)
+    if buckets <= 1 or n < 2:
+        return np.empty(0, dtype=np.float64)
+    # Candidate cuts: positions between two different durations, at the grid's quantiles (a cut
+    # between equal durations is impossible, since buckets are assigned by value).
+    grid = np.unique(np.round(np.arange(1, _EDGE_GRID) * (n / _EDGE_GRID)).astype(np.int64))
+    grid = grid[(grid > 0) & (grid < n)]
+    grid = grid[values[grid - 1] < values[grid]]
+    if not len(grid):
+        return np.empty(0, dtype=np.float64)
+    points = np.concatenate(([0], grid, [n]))  # bucket j covers values[points[a]:points[b]]
+    total = np.concatenate(([0.0], np.cumsum(values)))
+    m = len(points)
+    lo, hi = np.meshgrid(points, points, indexing="ij")  # cost[a, b]: one bucket from point a to b
+    with np.errstate(invalid="ignore"):
+        cost = (hi - lo) * values[np.maximum(hi - 1, 0)] - (total[hi] - total[lo])
+    cost[np.tril_indices(m)] = np.inf  # a bucket ends after it starts
+    # best[j]: least padding of values[:points[j]] in k buckets; splitting never adds padding, so
+    # using as many buckets as there are candidate runs (up to ``buckets``) is optimal.
+    count = min(buckets, m - 1)
+    best = np.full(m, np.inf)
+    best[0] = 0.0
+    previous = np.zeros((count + 1, m), dtype=np.int64)
+    for k in range(1, count + 1):
+        options = best[:, None] + cost
+        previous[k] = np.argmin(options, axis=0)
+        best = options[previous[k], np.arange(m)]
+    ends = []
+    j = m - 1
+    for k in range(count, 0, -1):
+        j = int(previous[k][j])
+        ends.append(j)
+    cuts = sorted(points[e] for e in ends if e > 0)
+    return values[np.asarray(cuts, dtype=np.int64) - 1]
+
+
+def cut_batches(indices: np.ndarray, durations: np.ndarray, max_batch_seconds: float,
+                max_batch_size: int | None = None) -> list[np.ndarray]:
+    """``indices``, in their order, cut into consecutive batches within the budget.
+
+    A batch grows while ``count x longest <= max_batch_seconds`` and ``count <= max_batch_size``; an
+    item over ``max_batch_seconds`` on its own forms a batch of one.
+    """
+    batches: list[np.ndarray] = []
+    start = count = 0
+    longest = 0.0
+    limit = math.inf if max_batch_size is None else max_batch_size
+    for i, seconds in enumerate(durations[indices].tolist()):
+        grown = max(longest, seconds)
+        if count and ((count + 1) * grown > max_batch_seconds or count + 1 > limit):
+            batches.append(indices[start:i])
+            start, count, grown = i, 0, seconds
+        count += 1
+        longest = grown
+    if count:
+        batches.append(indices[start:])
+    return batches
+
+
+def plan_batches(durations: Sequence[float] | np.ndarray, *, max_batch_seconds: float, buckets: int,
+                 max_batch_size: int | None = None, shuffle: bool, seed: int, epoch: int, rank: int = 0,
+                 world_size: int = 1, worker: int = 0, num_workers: int = 1,
+                 even_shards: str | None = "pad", consumed: bytes | bytearray | None = None) -> BatchPlan:
+    """The duration batches of one shard (``rank``, ``worker``) of ``epoch``.
+
+    Args:
+        durations: each source item's duration in seconds; ``NaN`` leaves an item out.
+        max_batch_seconds: the budget of a batch's padded duration (count x longest item).
+        buckets: the number of duration buckets (1: batches of any mix of lengths).
+        max_batch_size: the most items in a batch, or ``None``.
+        shuffle, seed, epoch: without ``shuffle``, buckets keep the source order and batches come
+            bucket by bucket (shortest first); with it, both are shuffled by ``seed + epoch``.
+        rank, world_size: this process's shard of the ranks.
+        worker, num_workers: this DataLoader worker's shard of the rank's batches.
+        even_shards: ``"pad"`` (repeat batches from the start of the order), ``"drop"`` (leave the
+            remainder out) or ``None`` (ranks may differ by one batch).
+        consumed: the saved mask of a resumed epoch (one byte per batch position of this shard), or
+            ``None``.
+
+    Raises:
+        TypeError, ValueError: an option of the wrong type or value (the message names it).
+        ResumeError: ``consumed`` does not have one byte per batch position of this shard.
+    """
+    values = _check_durations(durations)
+    _check_number("max_batch_seconds", max_batch_seconds)
+    _check_int("buckets", buckets, 1)
+    if max_batch_size is not None:
+        _check_int("max_batch_size", max_batch_size, 1)
+    _check_int("world_size", world_size, 1)
+    _check_int("num_workers", num_workers, 1)
+    if even_shards not in ("pad", "drop", None):
+        raise ValueError(f"even_shards must be 'pad', 'drop' or None, got {even_shards!r}")
+    items = np.flatnonzero(~np.isnan(values))
+    edges = bucket_edges(values[items], buckets)
+    rng = np.random.default_rng(seed + epoch) if shuffle else None
+    which = np.searchsorted(edges, values[items], side="left")
+    batches: list[np.ndarray] = []
+    for bucket in range(len(edges) + 1):
+        members = items[which == bucket]
+        if rng is not None:
+            members = rng.permutation(members)
+        batches.extend(cut_batches(members, values, max_batch_seconds, max_batch_size))
+    order = rng.permutation(len(batches)) if rng is not None else np.arange(len(batches), dtype=np.int64)
+    if world_size > 1 and even_shards is not None:
+        order = even_out(order, world_size, even_shards)
+    mine = shard(shard(order, rank, world_size), worker, num_workers)
+    size = len(mine)
+    if consumed is None:
+        return BatchPlan([batches[b] for b in mine], None, size, bytes(size))
+    if len(consumed) != size:
+        raise ResumeError(f"the saved state covers {len(consumed)} batches, this epoch's shard has {size} "
+                          f"(DataLoader workers: {num_workers}); resume with the setup it was saved under")
+    mask = np.frombuffer(bytes(consumed), dtype=np.uint8)
+    positions = np.flatnonzero(mask == 0)
+    return BatchPlan([batches[mine[p]] for p in positions], positions, size, bytes(consumed))
+
+
+def _check_durations(durations: Sequence[float] | np.ndarray) -> np.ndarray:
+    try:
+        values = np.asarray(durations, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"durations must be a sequence of numbers (seconds), got {durations!r:.80}") from exc
+    if values.ndim != 1:
+        raise ValueError(f"durations must be one-dimensional, got shape {values.shape}")
+    bad = np.flatnonzero(np.isinf(values) | (values < 0))
+    if len(bad):
+        raise ValueError(f"durations must be finite and >= 0 (NaN leaves an item out), got "
+                         f"{float(values[bad[0]])!r} for item {int(bad[0])}")
+    return values
+
+
+def _check_number(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number of seconds > 0, got {value!r}")
+    if not (math.isfinite(float(value)) and float(value) > 0):
+        raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+
+
+def _check_int(name: str, value: object, least: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer >= {least}, got {value!r}")
+    if int(value) < least:
+        raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")

@@ -1,0 +1,251 @@
+"""Streamed tar shards in an epoch: the decoder its producers run, which streams a whole shard into the
+epoch's buffer (NOTE [ Streamed shards ] in ``audiobuffer/sources/stream.py``), and, for batches by
+duration, each sample's duration read before it is decoded and the buckets that cut batches as the
+samples arrive (NOTE [ Batches by duration ] in ``audiobuffer/engine/epoch.py``, Streamed shards)."""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Generator, Iterator
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import numpy as np
+
+from ..buffer import Buffer
+from ..errors import SourceError
+from ..sources.durations import seconds_of
+from ..sources.source import ReadClock, WorkItem
+from ..sources.tar import MEMBER_STRIDE, SHUFFLE_BUFFER, ShardSample, Truncated, iter_shard, shuffle_buffer
+from .plan import bucket_edges
+from .pool import CHUNK_SECONDS, DELIVERED, Failure
+
+if TYPE_CHECKING:
+    from ..sources.stream import ShardStream
+
+__all__ = ["EDGE_SAMPLES", "DynamicBuckets", "ShardReader", "TimedDecode", "check_streamable"]
+
+#: The most samples :class:`DynamicBuckets` estimates its bucket edges from (held until then).
+EDGE_SAMPLES = 200
+
+T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
+
+
+def check_streamable(decoder: Any, ordered: bool) -> None:
+    """Refuse what a streamed source cannot do: an ordered epoch, a decoder that delivers itself."""
+    if ordered:
+        raise ValueError("ordered=True needs random access to the members: give the shards' index.json "
+                         "(audiobuffer pack writes one) instead of the shards, or ordered=False")
+    if getattr(decoder, "delivers_itself", False) is True:
+        raise ValueError(f"{decoder!r} delivers its samples itself, and so do streamed shards: give the "
+                         f"shards' index.json (audiobuffer pack writes one) instead of the shards")
+
+
+class ShardReader:
+    """The decoder a streamed epoch's producers run: an item is a shard, whose samples it decodes and
+    puts into the epoch's buffer itself (see NOTE [ Streamed shards ]).
+
+    Each output goes in as ``((shard position, last), sample or Failure)``: ``last`` on the shard's
+    final output, so that the consumer marks the shard consumed when it hands that one on. Outputs go
+    in chunks of up to ``chunk`` (a chunk waits at most ``CHUNK_SECONDS``), as a pool's producers
+    hand theirs over; it waits only for room in the buffer, never for the consumer otherwise.
+    Thread safety: one instance serves every producer of an epoch.
+    """
+
+    delivers_itself = True
+
+    def __init__(self, stream: ShardStream, decode: Callable[[WorkItem], Any], buffer: Buffer[Any],
+                 clock: ReadClock, *, shuffle: bool, chunk: int = 1) -> None:
+        self._stream = stream
+        self._chunk = chunk
+        self._decode = decode
+        self._buffer = buffer
+        self._clock = clock
+        self._shuffle = shuffle
+        self._stopped = threading.Event()
+
+    def stop_waiting(self) -> None:
+        """The pool stops: read no further (a producer blocked in ``put`` wakes by the buffer's abort)."""
+        self._stopped.set()
+
+    def __call__(self, shard: WorkItem) -> Any:
+        put_many, size = self._buffer.put_many, self._chunk
+        held = None  # each output is put once the next one is known, so that the last is tagged
+        chunk: list[tuple[tuple[int, bool], Any]] = []  # handed over together (NOTE [ Producer shutdown protocol ])
+        oldest = 0.0
+        outputs = self._outputs(shard)
+        try:
+            for out in outputs:
+                if held is not None:
+                    now = time.perf_counter()
+                    if not chunk:
+                        oldest = now
+                    chunk.append(((shard.seq, False), held))
+                    if len(chunk) >= size or now - oldest >= CHUNK_SECONDS:
+                        put_many(chunk)
+                        chunk = []
+                held = out
+            if held is not None and not self._stopped.is_set():
+                chunk.append(((shard.seq, True), held))
+            if chunk:
+                put_many(chunk)
+        finally:
+            outputs.close()  # a stop or a closed buffer: the shard's stream is closed now, not when collected
+        return DELIVERED
+
+    def _outputs(self, shard: WorkItem) -> Generator[Any, None, None]:
+        producer = threading.current_thread().name
+        failed: list[Exception] = []
+        reader = self._read(shard.path, failed)
+        samples: Iterator[tuple[int, ShardSample]] = enumerate(reader)
+        if self._shuffle:
+            rng = np.random.default_rng([shard.seed, shard.epoch, shard.index])
+            samples = shuffle_buffer(samples, SHUFFLE_BUFFER, rng)
+        count = 0
+        try:
+            for position, sample in samples:
+                if self._stopped.is_set():
+                    return
+                count += 1
+                try:
+                    item = self._stream.sample_item(shard, sample, position)
+                except SourceError as exc:
+                    yield Failure(exc, WorkItem(index=shard.index * MEMBER_STRIDE + position, path=sample.path,
+                                                epoch=shard.epoch, seed=shard.seed, seq=shard.seq), producer)
+                    continue
+                try:
+                    yield self._decode(item)
+                except Exception as exc:  # the consumer applies on_error
+                    yield Failure(exc, item, producer)
+        finally:
+            reader.close()
+        if failed:  # the shard ended early or could not be read: one failure for the rest of it
+            cause = failed[0]
+            where = cause.path if isinstance(cause, Truncated) and cause.path else shard.path
+            yield Failure(cause, WorkItem(index=shard.index * MEMBER_STRIDE + count, path=where, epoch=shard.epoch,
+                                        seed=shard.seed, seq=shard.seq), producer)
+
+    def _read(self, url: str, failed: list[Exception]) -> Generator[ShardSample, None, None]:
+        """The shard's samples; a failure to read ends them and is kept in ``failed``."""
+        stream = self._stream
+        samples = iter_shard(url, storage_options=stream.storage_options, retry=stream.retry)
+        try:
+            while True:
+                start = time.perf_counter()
+                try:
+                    sample = next(samples)
+                except StopIteration:
+                    return
+                except Exception as exc:
+                    failed.append(exc)
+                    return
+                finally:
+                    self._clock.add(time.perf_counter() - start)
+                yield sample
+        finally:
+            samples.close()
+
+
+class DynamicBuckets(Generic[T]):
+    """Batches by duration cut as the samples arrive, for what cannot be planned (streamed shards), as
+    Lhotse's ``DynamicBucketingSampler`` cuts them: ``buckets`` duration buckets, each filling one batch.
+
+    The bucket edges are ``plan.bucket_edges`` of the first samples (up to :data:`EDGE_SAMPLES`,
+    fewer once they hold ``buckets x max_batch_seconds``), which wait until then. A bucket's batch grows
+    while count x longest stays within ``max_batch_seconds`` (and the count within ``max_batch_size``),
+    and is handed on as soon as no sample could join it; a sample longer than the budget is a batch of
+    one. :meth:`flush` hands on what is left. Used by one thread.
+
+    Example:
+        >>> cutter = DynamicBuckets(4.0, 1)
+        >>> cutter.add(1.0, "a"), cutter.add(2.0, "b"), cutter.add(0.5, "c"), cutter.flush()
+        ([], [[(1.0, 'a'), (2.0, 'b')]], [], [[(0.5, 'c')]])
+    """
+
+    def __init__(self, max_batch_seconds: float, buckets: int, max_batch_size: int | None = None) -> None:
+        self._budget = float(max_batch_seconds)
+        self._buckets = buckets
+        self._limit = math.inf if max_batch_size is None else max_batch_size
+        self._edges: list[float] | None = [] if buckets <= 1 else None  # None: still estimating them
+        self._early: list[tuple[float, T]] = []  # the samples the edges are estimated from
+        self._early_seconds = 0.0
+        self._open: list[list[tuple[float, T]]] = [[]]  # each bucket's batch being filled
+        self._longest: list[float] = [0.0]
+
+    @property
+    def held(self) -> int:
+        """Samples waiting for their batch."""
+        return len(self._early) + sum(len(batch) for batch in self._open)
+
+    def add(self, seconds: float, entry: T) -> list[list[tuple[float, T]]]:
+        """Take ``entry``, ``seconds`` long; the batches (as ``(seconds, entry)`` pairs) this completes."""
+        if self._edges is not None:
+            return self._place(seconds, entry)
+        self._early.append((seconds, entry))
+        self._early_seconds += seconds
+        if len(self._early) < EDGE_SAMPLES and self._early_seconds < self._buckets * self._budget:
+            return []
+        return self._settle_edges()
+
+    def flush(self) -> list[list[tuple[float, T]]]:
+        """Every batch not yet handed on (the end of the epoch); each is within the budget."""
+        done = self._settle_edges() if self._edges is None else []
+        done.extend(batch for batch in self._open if batch)
+        self._open = [[] for _ in self._open]
+        self._longest = [0.0] * len(self._open)
+        return done
+
+    def _settle_edges(self) -> list[list[tuple[float, T]]]:
+        early, self._early = self._early, []
+        self._edges = bucket_edges(np.array([seconds for seconds, _ in early]), self._buckets).tolist()
+        self._open = [[] for _ in range(len(self._edges) + 1)]
+        self._longest = [0.0] * len(self._open)
+        return [batch for seconds, entry in early for batch in self._place(seconds, entry)]
+
+    def _place(self, seconds: float, entry: T) -> list[list[tuple[float, T]]]:
+        b = bisect.bisect_left(self._edges or [], seconds)  # as plan_batches: the first edge >= seconds
+        batch, done = self._open[b], []
+        longest = max(self._longest[b], seconds)
+        if batch and ((len(batch) + 1) * longest > self._budget or len(batch) + 1 > self._limit):
+            done.append(batch)
+            batch = self._open[b] = []
+            longest = seconds
+        batch.append((seconds, entry))
+        self._longest[b] = longest
+        if (len(batch) + 1) * longest > self._budget or len(batch) >= self._limit:  # no sample could join
+            done.append(batch)
+            self._open[b], self._longest[b] = [], 0.0
+        return done
+
+
+class TimedDecode:
+    """A streamed sample's decode, its duration read first from its sidecar's ``column`` field (NOTE
+    [ Batches by duration ], Streamed shards): ``(length, content, sample)``, where ``length`` is capped by
+    the decoder's crop (the crop itself where the decoder pads to it) and ``content`` is the audio in it.
+    A sample without a duration there fails (a :class:`~audiobuffer.SourceError`) and is not decoded.
+    Thread safety: any producer thread may call it."""
+
+    def __init__(self, decode: Callable[[WorkItem], Any], column: str, *, crop: float | None, pad: bool) -> None:
+        self.decode = decode
+        self.column = column
+        self.crop = crop
+        self.pad = pad
+
+    def __call__(self, item: WorkItem) -> tuple[float, float, Any]:
+        fields, column = item.fields, self.column
+        if column not in fields:
+            raise SourceError(f"no duration: the fields of its sidecar have no {column!r} (duration_column), "
+                              f"only {sorted(fields)}; pack the files from a manifest with that column, or read "
+                              f"the shards through their index.json")
+        seconds = seconds_of(fields[column])
+        if seconds is None:
+            raise SourceError(f"no duration: the field {column!r} (duration_column) of its sidecar holds "
+                              f"{fields[column]!r}, not a finite number of seconds >= 0")
+        content = seconds if self.crop is None else min(seconds, self.crop)
+        length = self.crop if self.crop is not None and self.pad else content
+        return length, content, self.decode(item)

@@ -1,0 +1,2 @@
+"""What a training loop iterates: ``BufferedDataset``, ``BatchSlotLoader``, the device path and
+``IsolatedLoader``, each composing the epoch engine with its options."""

@@ -1,0 +1,126 @@
+"""A loader's place in its run: the epoch its next ``iter()`` runs, this process's shard, the point a
+loaded state resumes at, and the state-dict encoding (:class:`EpochCursor`, :class:`StateKeys`), written
+once for every loader."""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils.data import get_worker_info
+
+from .._checks import check_int
+from ..engine import plan as _plan
+from ..engine.plan import EpochShard
+
+if TYPE_CHECKING:
+    from ..engine.pipeline import Pipeline
+
+__all__ = ["EpochCursor", "StateKeys", "dataloader_worker"]
+
+
+class StateKeys:
+    """The keys of a loader's ``state_dict()`` as class constants (``BufferedDataset.STATE_EPOCH``): the
+    strings of ``engine/plan.py``."""
+
+    STATE_VERSION, STATE_EPOCH, STATE_ITEMS, STATE_CONSUMED, STATE_BATCHING = (
+        _plan.STATE_VERSION, _plan.STATE_EPOCH, _plan.STATE_ITEMS, _plan.STATE_CONSUMED, _plan.STATE_BATCHING)
+    STATE_SEED, STATE_SHUFFLE, STATE_RANK, STATE_WORLD_SIZE, STATE_EVEN_SHARDS, STATE_SOURCE = _plan.SETUP_KEYS
+
+
+def dataloader_worker() -> tuple[int, int] | None:
+    """``(worker id, num_workers)`` in a DataLoader worker process, else ``None``."""
+    info = get_worker_info()
+    return None if info is None else (info.id, info.num_workers)
+
+
+class EpochCursor:
+    """Where a loader is in its run: the epoch its next ``iter()`` runs, and the units of it that a loaded
+    state already consumed; :meth:`state_dict` and :meth:`load_state_dict` encode and check them.
+
+    A loaded state resumes its own epoch once: :meth:`set_epoch` to another epoch forgets it, and so does
+    the next :meth:`begin`. Thread safety: any thread.
+    """
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+        self._lock = threading.Lock()
+        self._epoch = 0
+        self._resume: tuple[int, bytes] | None = None  # (epoch, consumed) from load_state_dict
+
+    def __getstate__(self) -> dict[str, Any]:
+        with self._lock:
+            return {"pipeline": self.pipeline, "epoch": self._epoch, "resume": self._resume}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["pipeline"])  # type: ignore[misc]
+        self._epoch, self._resume = state["epoch"], state["resume"]
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next ``iter()`` runs."""
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Set the epoch of the next ``iter()``; a loaded state of another epoch is forgotten."""
+        check_int("epoch", epoch, 0)
+        with self._lock:
+            self._epoch = epoch
+            if self._resume is not None and self._resume[0] != epoch:
+                self._resume = None
+
+    def shard_info(self) -> tuple[int, int]:
+        """This process's ``(rank, world_size)``: as given, else from ``torch.distributed``, else (0, 1)."""
+        options = self.pipeline.options
+        if options.world_size is not None:
+            return options.rank, options.world_size  # type: ignore[return-value]  # given together
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            return torch.distributed.get_rank(), torch.distributed.get_world_size()
+        return 0, 1
+
+    def begin(self, worker: tuple[int, int] | None = None) -> tuple[EpochShard, bytes | None]:
+        """The shard of the epoch starting now (``worker``: its DataLoader worker and their count) and the
+        units a loaded state consumed of it (``None``: a fresh epoch), taken once."""
+        rank, world_size = self.shard_info()
+        with self._lock:
+            number, resume = self._epoch, self._resume
+            self._resume = None
+        consumed = resume[1] if resume is not None and resume[0] == number else None
+        return EpochShard(number, rank, world_size, *(worker or (0, 1))), consumed
+
+    def length(self) -> int:
+        """Items (batches, by duration) this rank yields in the next epoch: ``Pipeline.length``."""
+        return self.pipeline.length(self._epoch, *self.shard_info())
+
+    def state_dict(self, progress: tuple[int, bytes] | None) -> dict[str, Any]:
+        """The state of plain builtins: a loaded state not yet resumed, else ``progress`` (the epoch run last
+        here and its consumed mask) if it is of the next epoch, else the start of the next epoch."""
+        with self._lock:
+            epoch, resume = self._epoch, self._resume
+        consumed: bytes | None = None
+        if resume is not None:
+            epoch, consumed = resume
+        elif progress is not None and progress[0] == epoch:
+            consumed = progress[1]
+        return _plan.encode_state(self._setup(), epoch, consumed)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Make the next ``iter()`` resume ``state``; checked whole before anything changes.
+
+        Raises:
+            ResumeError: the state is malformed or was saved under another setup.
+        """
+        epoch, consumed = _plan.decode_state(self._setup(), state)
+        with self._lock:
+            self._epoch = epoch
+            self._resume = None if consumed is None else (epoch, consumed)
+
+    def _setup(self) -> dict[str, Any]:
+        """What a state must have been saved under (``plan.SETUP_KEYS`` and the batching)."""
+        pipeline, options = self.pipeline, self.pipeline.options
+        rank, world_size = self.shard_info()
+        return {_plan.STATE_SEED: options.seed, _plan.STATE_SHUFFLE: options.shuffle, _plan.STATE_RANK: rank,
+                _plan.STATE_WORLD_SIZE: world_size, _plan.STATE_EVEN_SHARDS: options.even_shards,
+                _plan.STATE_SOURCE: pipeline.source.fingerprint(),
+                _plan.STATE_BATCHING: None if pipeline.batching is None else pipeline.batching.state()}

@@ -1,0 +1,615 @@
+"""The helper process of :class:`~audiobuffer.IsolatedLoader`: producers and collate, away from the trainer's GIL.
+
+Run as ``python -m audiobuffer.loaders.isolated.helper`` by the trainer, never through ``multiprocessing``: the user's
+``__main__`` is not re-imported, so a script without an ``if __name__ == "__main__":`` guard works on
+every OS. Nothing here imports torch; decoders hand numpy arrays over (``decoders/_common.py``).
+
+NOTE [ Helper process lifecycle ]
+=================================
+Channel. Frames are pickled messages (NOTE [ Helper protocol ] in ``protocol.py``), only ever from
+the trainer that started this process: trainer -> helper on the helper's stdin, helper -> trainer on
+its original stdout. Both pipes move first to descriptors of their own, which no child process
+inherits, and descriptors 0 and 1 then point at the null device and at stderr (``sys.stdout`` too):
+neither a ``print`` in a user's decoder nor a child process it runs (a command-line tool writing to
+its stdout) can write into the channel or read the trainer's frames, and a child that outlives the
+helper does not keep the channel open. The trainer reads only while it waits for a message
+(NOTE [ Reading the helper on demand ] in ``channel.py``), so the pipe is often full: every thread here
+sends into a queue that one writer thread empties into the pipe, and only that thread ever waits on
+it. The main thread is then always free to read :class:`Free`, :class:`StopEpoch` and :class:`Close`, and the
+epoch thread collates into every free slot whatever the pipe holds. The epoch's data frames (batches,
+failures) wait for room once ``Channel.DATA_FRAMES`` of them are queued, so that a corpus failing file
+after file while the trainer trains holds back as it did behind a full pipe; control frames and log
+lines never wait.
+
+Start. The trainer sends :class:`Setup`; the helper checks the trainer's protocol version
+(NOTE [ Helper protocol ] in ``protocol.py``; a helper of another version answers :class:`SetupFailed`
+and exits),
+puts the trainer's ``sys.path`` in place (so the user's modules import as they do in the trainer),
+unpickles the spec and answers :class:`Ready` or :class:`SetupFailed`. With ``background`` (the
+default) it lowers its own scheduling priority (``nice 10``, or below-normal on Windows): its producers
+use the cores the trainer leaves idle, and a Python-bound training step is not slowed by decoding on a
+machine with few cores.
+
+Epochs. :class:`StartEpoch` starts an epoch in a thread of its own (generation ``gen`` tags every
+message of it, so nothing of an abandoned epoch is mistaken for the next one's). The epoch thread runs
+the epoch that ``engine/epoch.set_up_epoch`` sets up from the spec's pipeline, as every loader's
+epochs are (a :class:`ProducerPool` into a :class:`Buffer`), collates each ``batch_size`` samples
+straight into a free shared-memory slot and sends :class:`Batch`; the trainer copies the slot out and
+answers :class:`Free`. With batches by duration the trainer plans the batches and sends their layout
+with the epoch; the helper decodes a batch's samples in parallel, collates each batch once it is
+complete (``engine/epoch.Assembler``) and sends :class:`Skipped` for one whose samples all failed.
+A sample that cannot go into a batch with the batch's first one (not a dict, another rank, an array
+of objects, a value that does not pickle) fails as its item, under the error policy, and the batch
+goes on without it (a batch of ``batch_size`` fills up from the next samples). A slot grows only
+where ``/dev/shm`` has room for the batch, else the epoch ends with a ``HelperError`` that says how to
+make room (``_shm.check_room``; writing past the room would kill the helper with SIGBUS). A stall
+(``timeout``: :class:`Stalled`) is sent before the pool is closed: the close waits for the producer
+stuck in a decode. The free and full slot lists are caffe's ``prefetch_free_`` and ``prefetch_full_``; the helper waits
+for a free slot on a condition that :class:`Free` and :class:`StopEpoch` notify. An epoch ends with
+:class:`EpochEnd`, or, when the trainer leaves it early, with :class:`StopEpoch` -> the pool is closed and
+:class:`Stopped` confirms it. Every slot is free again at the start of the next epoch. The pools
+of successive epochs share the pipeline's ``TunerMemory`` (NOTE [ Producer tuning ] in ``engine/tuner.py``).
+
+Exit. :class:`Close` or end of file on stdin ends the helper: the trainer closed it, exited or was
+killed (a killed trainer's pipe closes with it). A child process the trainer forked (a persistent
+DataLoader worker, a ``multiprocessing`` child) holds a copy of the trainer's end of the pipe, though,
+and keeps it open after the trainer died; so on POSIX the helper also looks every ``TRAINER_CHECK``
+seconds whether its parent is still the trainer whose pid it was given (Windows has no fork, and the
+trainer's end of the pipe is not inheritable there). Either way the epoch's pool is stopped, every
+segment this process created is unlinked, what is queued for the trainer is written (for at most
+``EXIT_GRACE`` seconds: a trainer that closed the loader reads the pipe to its end), and the process
+exits with ``os._exit``, without waiting for a producer stuck in a decode beyond ``EXIT_GRACE``.
+An error of the helper's own (a frame it cannot read, a bug) is printed on stderr with its
+traceback and the exit code is 1. SIGINT is ignored, from the first line run, before the slow imports:
+Ctrl-C in a terminal reaches the whole process group, and the trainer decides when its helper stops.
+On Windows the helper runs in a process group of its own (``CREATE_NEW_PROCESS_GROUP``), which the
+console's Ctrl-C does not reach.
+"""
+
+# ruff: noqa: E402  (the imports come after SIGINT is ignored)
+from __future__ import annotations
+
+import signal
+
+if __name__ == "__main__":  # before the imports below take their time (NOTE [ Helper process lifecycle ], Exit)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+import logging
+import os
+import pickle
+import queue
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any, BinaryIO, cast
+
+from ..._numpy_collate import SlotArena, collate_numpy
+from ...engine.epoch import Assembler, set_up_epoch
+from ...engine.pipeline import EpochLayout, Pipeline
+from ...engine.pool import Failure, ProducerPool
+from ...errors import BufferClosed, HelperError, SampleError, StallError
+from ...options import gil_enabled
+from ...sources.source import WorkItem
+from . import shm as _shm
+from .protocol import (
+    PROTOCOL_VERSION,
+    Batch,
+    Close,
+    EpochEnd,
+    EpochError,
+    Free,
+    FromHelper,
+    Log,
+    Ready,
+    SampleFailed,
+    Setup,
+    SetupFailed,
+    Skipped,
+    SlotArray,
+    Stalled,
+    StartEpoch,
+    StopEpoch,
+    Stopped,
+    package_description,
+)
+
+#: Seconds the helper gives its producers to stop before it exits anyway.
+EXIT_GRACE = 1.0
+#: Seconds between two looks at whether the trainer still runs (POSIX; NOTE [ Helper process lifecycle ], Exit).
+TRAINER_CHECK = 0.5
+
+class Channel:
+    """Pickled frames over a pair of binary streams (NOTE [ Helper process lifecycle ], Channel).
+
+    Frames queue up for one writer thread, which alone waits on the pipe when the trainer is not reading;
+    a sender of data frames waits only for room in the queue (:data:`DATA_FRAMES`). Only the main thread
+    calls :meth:`receive`.
+    """
+
+    #: Frames of an epoch's data (batches, failures) that may wait for the writer at once; the sender
+    #: of one more waits for room, so that a flood of failures while the trainer trains stays bounded.
+    DATA_FRAMES = 64
+
+    def __init__(self, incoming: BinaryIO, outgoing: BinaryIO) -> None:
+        self._in = incoming
+        self._out = outgoing
+        self._queue: queue.SimpleQueue[tuple[bytes, bool] | None] = queue.SimpleQueue()
+        self._room = threading.Semaphore(self.DATA_FRAMES)
+        self._broken = False  # the trainer's end has gone: frames are for nobody
+        self._writer = threading.Thread(target=self._write, name="audiobuffer-helper-writer", daemon=True)
+        self._writer.start()
+
+    def send(self, message: FromHelper, *, data: bool = False) -> None:
+        """Queue ``message`` for the trainer (any thread). Control frames and log lines never wait; a
+        ``data`` frame (a batch, a failure) waits while :data:`DATA_FRAMES` of them are queued."""
+        if self._broken:
+            return
+        frame = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        if data:
+            self._room.acquire()
+        self._queue.put((frame, data))
+
+    def receive(self) -> Any:
+        """The next message; ``EOFError`` when the other side has gone, in the middle of a frame too (a trainer
+        interrupted as it wrote one closes the channel then)."""
+        try:
+            return pickle.load(self._in)
+        except pickle.UnpicklingError as exc:
+            if "truncated" not in str(exc):  # a frame that is not ours
+                raise
+            raise EOFError("the trainer's end closed in the middle of a frame") from exc
+
+    def close(self, timeout: float) -> None:
+        """Let the writer write what was sent, then stop it; give up after ``timeout`` seconds."""
+        self._queue.put(None)
+        self._writer.join(timeout)
+
+    def _write(self) -> None:
+        while (entry := self._queue.get()) is not None:
+            frame, data = entry
+            try:
+                self._out.write(frame)
+                self._out.flush()
+            except (OSError, ValueError):  # the trainer has gone
+                self._broken = True
+                self._room.release(self.DATA_FRAMES)  # no sender waits for room that never comes
+                return
+            if data:
+                self._room.release()
+
+
+class _ChannelLog(logging.Handler):
+    """Forwards the helper's warnings to the trainer, which logs them under its own configuration."""
+
+    def __init__(self, channel: Channel) -> None:
+        super().__init__(logging.WARNING)
+        self._channel = channel
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._channel.send(Log(record.levelno, record.name, record.getMessage()))
+        except Exception:  # a message that cannot be formatted or pickled: logging must not raise
+            pass
+
+
+class _Slots:
+    """The shared-memory ring: ``num_slots`` segments, free or full, grown when a batch does not fit."""
+
+    def __init__(self, num_slots: int, slot_bytes: int) -> None:
+        self._cond = threading.Condition()
+        _shm.check_room(num_slots * slot_bytes, f"{num_slots} batch slots")
+        self._segments = [_shm.create(slot_bytes) for _ in range(num_slots)]
+        self._free = list(range(num_slots))
+        self._gen = -1
+        self._stopped = False
+        self.wait_s = 0.0
+
+    def reset(self, gen: int) -> None:
+        """Epoch ``gen`` starts: every slot is free (the trainer copied out what it took)."""
+        with self._cond:
+            self._gen = gen
+            self._free = list(range(len(self._segments)))
+            self._stopped = False
+            self.wait_s = 0.0
+            self._cond.notify_all()
+
+    def release(self, slot: int) -> None:
+        with self._cond:
+            if slot not in self._free:
+                self._free.append(slot)
+                self._cond.notify_all()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+
+    def take(self, gen: int) -> int:
+        """A free slot for epoch ``gen``; waits for the trainer to return one.
+
+        ``BufferClosed`` once the epoch is stopped, or when ``gen`` is an earlier epoch's (a thread of
+        an abandoned epoch never takes a slot of the next one).
+        """
+        start = time.perf_counter()
+        with self._cond:
+            while not self._free and not self._stopped and gen == self._gen:
+                self._cond.wait()
+            if self._stopped or gen != self._gen:
+                raise BufferClosed("the epoch was stopped")
+            self.wait_s += time.perf_counter() - start
+            return self._free.pop(0)
+
+    def buffer(self, slot: int) -> memoryview:
+        return self._segments[slot].buf  # type: ignore[return-value]
+
+    def name(self, slot: int) -> str:
+        return self._segments[slot].name
+
+    def grow(self, slot: int, nbytes: int) -> None:
+        """Replace ``slot``'s segment with one of at least ``nbytes`` (1.5x, so growth is rare).
+
+        Raises:
+            HelperError: ``/dev/shm`` has not ``nbytes`` left (the batch's pages are taken as it is
+                written: the extra half costs nothing until a larger batch writes it).
+        """
+        _shm.check_room(nbytes, "a batch slot")
+        old = self._segments[slot]
+        self._segments[slot] = _shm.create(max(nbytes, int(old.size * 1.5)))
+        old.close()
+        _shm.unlink(old.name)
+
+    def unlink_all(self) -> None:
+        for segment in self._segments:
+            try:
+                segment.close()
+            except BufferError:  # a view is still alive in a stuck thread; the name goes anyway
+                pass
+            _shm.unlink(segment.name)
+
+
+class Helper:
+    """The helper's state: the spec from the trainer (its pipeline, the batching and slot setup), the slots,
+    the running epoch."""
+
+    def __init__(self, channel: Channel, spec: dict[str, Any]) -> None:
+        self.channel = channel
+        self.spec = spec
+        self.pipeline: Pipeline = spec["pipeline"]
+        self.slots = _Slots(spec["num_slots"], spec["slot_bytes"])
+        self._epoch: threading.Thread | None = None
+        self._gen = -1
+        self._pool: ProducerPool | None = None
+        self._lock = threading.Lock()
+
+    # -- commands (main thread) ----------------------------------------------------------------
+
+    def start_epoch(self, start: StartEpoch) -> None:
+        gen = start.gen
+        self.stop_epoch(self._gen, confirm=False)
+        self.slots.reset(gen)
+        with self._lock:
+            self._gen = gen
+        self._epoch = threading.Thread(target=self._run_epoch, args=(start,), name="audiobuffer-helper-epoch",
+                                       daemon=True)
+        self._epoch.start()
+
+    def stop_epoch(self, gen: int, *, confirm: bool = True) -> None:
+        with self._lock:
+            current = gen == self._gen
+            pool = self._pool if current else None
+        if current:
+            self.slots.stop()
+            if pool is not None:
+                pool.close(EXIT_GRACE)  # a producer stuck in a decode finishes on its own, into nothing
+            if self._epoch is not None:
+                self._epoch.join(EXIT_GRACE)
+        if confirm:
+            self.channel.send(Stopped(gen))
+
+    # -- one epoch (epoch thread) --------------------------------------------------------------
+
+    def _run_epoch(self, start: StartEpoch) -> None:
+        try:
+            self._epoch_body(start)
+        except BufferClosed:
+            pass  # stopped by the trainer
+        except BaseException as exc:  # a bug of ours: the trainer raises it, never hangs
+            self.channel.send(EpochError(start.gen, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+
+    def _epoch_body(self, start: StartEpoch) -> None:
+        gen, batch_size, policy = start.gen, self.spec["batch_size"], self.pipeline.options.on_error
+        # Batches by duration come laid out by the trainer; samples are planned here, as in process.
+        epoch = set_up_epoch(self.pipeline, start.shard, resume=start.consumed, layout=start.layout)
+        layout, buffer, pool, make_item = epoch.layout, epoch.buffer, epoch.pool, epoch.make_item
+        assembler = None if layout.sizes is None else Assembler(layout.sizes)
+        with self._lock:
+            if gen != self._gen:
+                return
+            self._pool = pool
+        pool.start()
+        samples: list[Any] = []
+        taken: list[int] = []  # each sample's sequence number
+        positions: list[int] = []  # consumed with the next batch the trainer takes: its samples and failures
+        try:
+            for seq, out in pool:
+                if out.__class__ is Failure:  # the trainer counts and lists it (one count, the trainer's)
+                    self._report_failure(gen, out, fatal=policy == "raise")
+                    if policy == "raise":
+                        return
+                if assembler is not None:
+                    if not self._batch_done(gen, assembler, seq, out, layout, pool, make_item):
+                        return
+                    continue
+                positions.append(layout.position(seq))
+                if out.__class__ is Failure:
+                    continue
+                samples.append(out)
+                taken.append(seq)
+                if len(samples) == batch_size and not self._send_batch(gen, samples, taken, positions, pool, make_item):
+                    if policy == "raise":
+                        return
+                    # else the batch, short of its misfits, fills up from the next samples
+            done = not pool.stopped
+            if done and not self.spec["drop_last"]:
+                while samples and not self._send_batch(gen, samples, taken, positions, pool, make_item):
+                    if policy == "raise":
+                        return
+            if done:  # what only the helper knows; the trainer counts samples and failures itself
+                stats = {"decode_s": pool.decode_seconds, "buffer": buffer.stats.as_dict(),
+                         "slot_wait_s": self.slots.wait_s, "num_producers": pool.num_producers,
+                         "producer_history": pool.history, "gil_enabled": gil_enabled()}
+                self.channel.send(EpochEnd(gen, stats, positions))
+        except StallError as exc:  # said before the close below waits for the producer stuck in a decode
+            self.channel.send(Stalled(gen, str(exc)))
+        finally:
+            pool.close()
+
+    def _batch_done(self, gen: int, assembler: Assembler, seq: int, out: Any, layout: EpochLayout,
+                    pool: ProducerPool, make_item: Callable[[int], WorkItem]) -> bool:
+        """Send a batch by duration once its last sample is in: collated, less its misfits, or ``skipped``
+        if none is left; ``False`` when a misfit ends the epoch (``on_error="raise"``)."""
+        done = assembler.add(seq, out)
+        if done is None:
+            return True
+        b, outs = done
+        first = assembler.start(b)
+        samples = [sample for sample in outs if sample.__class__ is not Failure]
+        taken = [first + i for i, sample in enumerate(outs) if sample.__class__ is not Failure]
+        while samples:
+            if self._send_batch(gen, samples, taken, [layout.position(b)], pool, make_item, indices=layout.indices):
+                return True
+            if self.pipeline.options.on_error == "raise":
+                return False
+        self.channel.send(Skipped(gen, layout.position(b)), data=True)
+        return True
+
+    def _report_failure(self, gen: int, failure: Failure, *, fatal: bool) -> None:
+        exc = failure.exc
+        payload: bytes | None
+        try:
+            payload = pickle.dumps(exc)
+            pickle.loads(payload)
+        except Exception:
+            payload = None
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        item = cast(WorkItem, failure.item)  # a producer's Failure always has its item
+        self.channel.send(SampleFailed(gen, fatal, item.index, item.path, failure.producer, type(exc).__name__,
+                                       str(exc), payload, text), data=True)
+
+    def _send_batch(self, gen: int, samples: list[Any], taken: list[int], positions: list[int], pool: ProducerPool,
+                    make_item: Callable[[int], WorkItem], *, indices: Any = None) -> bool:
+        """Collate ``samples`` (sequence numbers ``taken``) into a free slot and send it with ``positions``;
+        ``indices``: the epoch's source indices, for the rows of a batch by duration.
+
+        ``True`` once sent; the three lists are emptied then. A sample that cannot go into the batch
+        fails as its item instead (NOTE [ Helper process lifecycle ], Epochs): it is reported and taken
+        out of ``samples`` and ``taken``, and ``False`` returned with nothing sent.
+        """
+        slots = self.slots
+        slot = slots.take(gen)
+        try:
+            fields = self._collate(slot, samples)
+            rows = None if indices is None else [int(indices[seq]) for seq in taken]
+            self.channel.send(Batch(gen, slot, slots.name(slot), fields, positions[:], len(samples),
+                                    pool.decode_seconds, rows), data=True)
+        except HelperError:  # no room left in /dev/shm
+            slots.release(slot)
+            raise
+        except Exception:  # a sample that cannot be collated, or a field that does not pickle
+            slots.release(slot)
+            misfits = _misfits(samples, self.spec["key"])
+            if not misfits:
+                raise  # not the samples': a bug of ours
+            for i in sorted(misfits, reverse=True):
+                item, cause = make_item(taken[i]), misfits[i]
+                error = SampleError(f"its sample cannot join a batch: {type(cause).__name__}: {cause} (a batch's "
+                                    f"samples are dicts with the keys of its first one, {self.spec['key']!r} an array "
+                                    f"of numbers that differs from the first one's only in its last axis, and values "
+                                    f"that pickle: convert them in the decoder or a transform)",
+                                    path=item.path, index=item.index)
+                error.__cause__ = cause
+                self._report_failure(gen, Failure(error, item, "collate"),
+                                     fatal=self.pipeline.options.on_error == "raise")
+                del samples[i], taken[i]
+            return False
+        samples.clear()
+        taken.clear()
+        positions.clear()
+        return True
+
+    def _collate(self, slot: int, samples: list[Any]) -> dict[str, Any]:
+        """Collate ``samples`` into ``slot``, grown once if the batch does not fit; :attr:`Batch.fields`:
+        where each array went in the slot (a :class:`SlotArray`), or the values themselves."""
+        slots, key = self.slots, self.spec["key"]
+        arena = SlotArena(slots.buffer(slot))
+        batch = collate_numpy(samples, key=key, allocate=arena)
+        if arena.overflow:  # a batch larger than the slot: grow it once, collate again
+            needed = arena.needed
+            del batch  # no view into the old segment outlives it
+            slots.grow(slot, needed)
+            arena = SlotArena(slots.buffer(slot))
+            batch = collate_numpy(samples, key=key, allocate=arena)
+        fields: dict[str, Any] = {}
+        for name, value in batch.items():
+            offset = arena.placed.get(id(value)) if hasattr(value, "dtype") else None
+            fields[name] = value if offset is None else SlotArray(offset, value.shape, value.dtype.str)
+        return fields  # no view into the slot outlives the hand-over
+
+    def free(self, free: Free) -> None:
+        if free.gen == self._gen:
+            self.slots.release(free.slot)
+
+    def shutdown(self) -> None:
+        with self._lock:
+            pool = self._pool
+        self.slots.stop()
+        if pool is not None:
+            pool.close(EXIT_GRACE)
+        self.slots.unlink_all()
+
+
+def _misfits(samples: list[Any], key: str) -> dict[int, Exception]:
+    """Which of ``samples`` cannot go into a batch with the first one that can, and why: each is collated
+    alone or beside that one, as into a slot, and pickled as the batch message would be."""
+    found: dict[int, Exception] = {}
+    first = None
+    for i, sample in enumerate(samples):
+        try:
+            pickle.dumps(collate_numpy([sample] if first is None else [first, sample], key=key,
+                                       allocate=SlotArena(None)), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            found[i] = exc
+        else:
+            if first is None:
+                first = sample
+    return found
+
+
+def _lower_priority() -> None:
+    """Run below the trainer's priority: on a machine with few cores, the scheduler then gives a busy
+    training thread its core first and the producers the rest (NOTE [ Helper process lifecycle ], Start)."""
+    try:
+        if sys.platform == "win32":  # a check mypy follows: each platform's branch is checked on its own
+            import ctypes
+
+            kernel32 = ctypes.windll.kernel32
+            kernel32.SetPriorityClass(kernel32.GetCurrentProcess(), 0x4000)  # BELOW_NORMAL_PRIORITY_CLASS
+        else:
+            os.nice(10)
+    except (OSError, AttributeError):  # not allowed, or not on this platform: run as the trainer runs
+        pass
+
+
+def _take_channel() -> tuple[BinaryIO, BinaryIO]:
+    """The trainer's pipes on descriptors of their own, which no child process inherits (PEP 446);
+    descriptors 0 and 1 then point at the null device and at stderr (NOTE [ Helper process lifecycle ],
+    Channel)."""
+    incoming, outgoing = os.dup(0), os.dup(1)
+    if sys.platform == "win32":
+        import msvcrt
+
+        for fd in (incoming, outgoing):
+            msvcrt.setmode(fd, os.O_BINARY)
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    try:
+        os.dup2(2, 1)
+    except OSError:  # no stderr (a trainer without a console): what a child writes goes nowhere
+        os.dup2(null, 1)
+    os.close(null)
+    sys.stdout = sys.stderr  # a print() in a decoder goes to stderr too
+    return os.fdopen(incoming, "rb"), os.fdopen(outgoing, "wb")
+
+
+def _watch_trainer(trainer: int, leave: Callable[[int], None]) -> None:
+    """Thread: ``leave(0)`` once the trainer has gone, this process then being another's child (POSIX).
+
+    Nothing wakes a process when its parent dies, so this looks (NOTE [ Helper process lifecycle ], Exit).
+    """
+    parent = os.getppid()  # the trainer, or a launcher between the two (then its end is watched)
+    if parent != trainer:
+        try:
+            os.kill(trainer, 0)
+        except ProcessLookupError:  # the trainer died before this thread began
+            leave(0)
+        except OSError:  # it runs, as another user
+            pass
+    while os.getppid() == parent:
+        time.sleep(TRAINER_CHECK)
+    leave(0)
+
+
+def main() -> None:
+    channel = Channel(*_take_channel())
+    logging.getLogger("audiobuffer").addHandler(_ChannelLog(channel))
+    helper: Helper | None = None
+    leaving = threading.Lock()
+
+    def leave(code: int) -> None:
+        """Stop, unlink, write what is queued and exit: once, from the main thread or the trainer's watch."""
+        leaving.acquire()  # whoever comes second waits here for the exit
+        try:
+            if helper is not None:
+                helper.shutdown()
+            for name in _shm.leftovers(os.getpid()):  # made as the watch began the exit, if any
+                _shm.unlink(name)
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        finally:
+            # A setup error reaches the trainer; anything else is written so that the writer can end (a
+            # closing trainer reads the pipe to its end and discards it).
+            channel.close(EXIT_GRACE)
+            sys.stderr.flush()
+            os._exit(code)  # do not wait for a producer stuck in a decode (daemon threads)
+
+    if len(sys.argv) > 1 and sys.platform != "win32":  # the trainer's pid, given by HelperChannel.start
+        threading.Thread(target=_watch_trainer, args=(int(sys.argv[1]), leave), name="audiobuffer-helper-watch",
+                         daemon=True).start()
+    code = 0
+    try:
+        setup = channel.receive()
+        if not isinstance(setup, Setup):
+            raise RuntimeError(f"expected a Setup of protocol version {PROTOCOL_VERSION}, got {type(setup).__name__} "
+                               f"{str(setup)[:60]!r}: the trainer runs another audiobuffer")
+        if setup.version != PROTOCOL_VERSION:  # the spec may not even unpickle here: say who this is, and leave
+            channel.send(SetupFailed(PROTOCOL_VERSION, f"the helper runs {package_description()}", ""))
+            return
+        sys.path[:] = [p for p in setup.sys_path if p] + [p for p in sys.path if p not in setup.sys_path]
+        try:
+            from ...decoders import _common
+
+            _common.TENSORS = False
+            spec = pickle.loads(setup.spec)
+            if spec["background"]:
+                _lower_priority()
+            helper = Helper(channel, spec)
+        except Exception as exc:
+            channel.send(SetupFailed(PROTOCOL_VERSION, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+            return
+        channel.send(Ready(PROTOCOL_VERSION, {"pid": os.getpid(), "torch": "torch" in sys.modules,
+                                              "gil": getattr(sys, "_is_gil_enabled", lambda: True)(),
+                                              "segments": [helper.slots.name(i) for i in range(spec["num_slots"])]}))
+        while True:
+            message = channel.receive()
+            if isinstance(message, Free):
+                helper.free(message)
+            elif isinstance(message, StartEpoch):
+                helper.start_epoch(message)
+            elif isinstance(message, StopEpoch):
+                helper.stop_epoch(message.gen)
+            elif isinstance(message, Close):
+                break
+    except (EOFError, OSError):
+        pass  # the trainer closed the pipe: it exited or was killed
+    except BaseException:  # a bug of ours, or a frame that is not ours: say so on stderr and exit non-zero
+        traceback.print_exc()
+        code = 1
+    finally:
+        leave(code)
+
+
+if __name__ == "__main__":
+    main()

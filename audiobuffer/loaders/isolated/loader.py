@@ -1,0 +1,401 @@
+"""``IsolatedLoader``: the producer threads run in one helper process; batches cross in shared memory.
+
+Producer threads decode in parallel wherever a decode releases the GIL, but the Python part of every
+decode (python-soundfile's wrappers, a per-sample transform) holds it, and a training thread that is
+itself Python-bound (a GPU step launching many small kernels) then waits for it. The isolated loader
+keeps the whole pipeline of :class:`~audiobuffer.BufferedDataset` (source, plan, producers, buffer,
+error policy) in one helper process and collates each batch there, straight into a shared-memory
+slot; the trainer's side copies a slot into (pinned) tensors once and hands the slot back. The
+trainer does a fixed amount of Python per batch, whatever the batch holds.
+
+See NOTE [ Helper protocol ] in ``protocol.py`` for the messages, and NOTE [ Helper process lifecycle ] in
+``helper.py`` for the process and its shutdown.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+import pickle
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple, cast
+
+import numpy as np
+import torch
+
+from ...buffer import BufferStats
+from ...engine.cancel import on_cancel
+from ...engine.epoch import DatasetStats, EpochCounts
+from ...engine.pipeline import EpochLayout, Pipeline
+from ...engine.plan import EpochShard
+from ...errors import BufferClosed, DecodeError, HelperError, SampleError, StallError
+from ...options import ErrorPolicy, LoaderOptions, ProducerCount, check_keywords
+from ...sources.source import Source, SourceSpec, WorkItem
+from .._state import EpochCursor, StateKeys
+from .channel import CLOSED, HelperChannel, RemoteTraceback, death_message, pickle_by_reference
+from .protocol import Batch, EpochEnd, EpochError, SampleFailed, Skipped, Stalled, StartEpoch
+
+__all__ = ["IsolatedLoader", "TrainerRun"]
+
+logger = logging.getLogger(__name__)
+
+
+class TrainerRun(EpochCounts):
+    """One epoch as the trainer sees it: its generation, and the counts of :class:`EpochCounts`."""
+
+    def __init__(self, gen: int, shard: EpochShard, layout: EpochLayout, num_producers: int) -> None:
+        super().__init__(shard, layout, batched=layout.sizes is not None)
+        self.gen = gen
+        self.num_producers = num_producers
+        self.decode_s = 0.0
+        self.wait_s = 0.0  # the trainer waiting for a full slot
+        self.copy_s = 0.0  # the trainer copying slots out
+        self.helper: dict[str, Any] = {}
+        self.cancelled = False
+
+    def snapshot(self) -> DatasetStats:
+        buffer = self.helper.get("buffer")
+        return self.stats(
+            num_producers=self.helper.get("num_producers", self.num_producers), decode_s=self.decode_s,
+            buffer=BufferStats(**buffer) if buffer else None,
+            transfer={"trainer_wait_s": self.wait_s, "trainer_copy_s": self.copy_s,
+                      "helper_slot_wait_s": self.helper.get("slot_wait_s", 0.0)},
+            producer_history=self.helper.get("producer_history", []), gil_enabled=self.helper.get("gil_enabled", True))
+
+    def on_failure(self, failed: SampleFailed, policy: ErrorPolicy) -> None:
+        """A sample that failed in the helper: raise it (``fatal``: the policy is ``raise``) with the
+        helper's traceback chained, or count it per ``policy``."""
+        summary = (f"item {failed.item_index} ({failed.path!r}) failed in {failed.producer} (helper process): "
+                   f"{failed.type_name}: {failed.text}")
+        if failed.fatal:
+            cause: BaseException = RemoteTraceback(failed.trace)
+            if failed.payload is not None:
+                try:
+                    original = pickle.loads(failed.payload)
+                    original.__cause__ = cause
+                    cause = original
+                except Exception:
+                    pass
+            cls = DecodeError if failed.type_name == "DecodeError" or isinstance(cause, DecodeError) else SampleError
+            raise cls(summary, path=failed.path, index=failed.item_index, producer=failed.producer) from cause
+        self.skip(failed.item_index, failed.path, f"{failed.type_name}: {failed.text}", summary, policy)
+
+
+class _Cancel(NamedTuple):
+    """Put in the inbox by a cancel from another thread, to wake the consumer of epoch ``gen``; never
+    crosses the pipe."""
+
+    gen: int
+
+
+#: Bytes each slot starts with; a batch that does not fit grows its slot.
+DEFAULT_SLOT_BYTES = 4 << 20
+#: Extra seconds the trainer waits past ``timeout`` before it gives up on a helper that sends nothing.
+SILENCE_GRACE = 5.0
+
+
+class IsolatedLoader(StateKeys):
+    """Batches from producer threads that run in one helper process, so the trainer's GIL stays free.
+
+    Takes :class:`~audiobuffer.BufferedDataset`'s keywords plus the batching ones, and yields
+    :func:`~audiobuffer.pad_collate`'s batches (``audio`` ``(B, T)`` padded, ``lengths``, numbers as
+    tensors, strings as lists). The helper is a fresh ``python -m audiobuffer.loaders.isolated.helper`` started on the
+    first ``iter()`` and kept across epochs (one that died is replaced at the next ``iter()``): it does
+    not import torch or your script, so it is ready in a fraction of a second and needs no
+    ``if __name__ == "__main__":`` guard. What crosses to it: the source, the options, and the decoder
+    and transform, pickled by reference (the built-in decoders, or any importable module-level
+    function or class instance). Batches cross in shared-memory slots and are copied once into
+    (pinned) tensors.
+
+    Use it when the training step is Python-bound (a GPU step launching many small kernels) or the
+    per-sample work holds the GIL (Python transforms, tiny files); in-process producers are simpler
+    where decoding releases the GIL and the step leaves the CPU alone.
+
+    Thread safety: one thread iterates; :meth:`close` and :meth:`stats` may be called from any thread.
+
+    Example:
+        >>> loader = IsolatedLoader("data/fsdd/recordings", AudioDecoder(8000, crop_seconds=1.0),
+        ...                         batch_size=32, shuffle=True, labels=r"^(\\d+)_")  # doctest: +SKIP
+        >>> for epoch in range(3):  # doctest: +SKIP
+        ...     loader.set_epoch(epoch)
+        ...     for batch in loader:
+        ...         batch["audio"], batch["lengths"], batch["label"]
+
+    Args:
+        source, decoder: as for :class:`~audiobuffer.BufferedDataset`.
+        batch_size: samples per batch; leave it out with ``max_batch_seconds`` (batches by duration,
+            planned here in the trainer and decoded and collated whole in the helper).
+        drop_last: drop the last, short batch of an epoch (not with ``max_batch_seconds``).
+        num_slots: shared-memory slots (batches decoded ahead of the trainer; at least 2).
+        pin_memory: copy batches into pinned memory; ``"auto"``: when CUDA is available.
+        key: the sample key padded into the batch (as ``pad_collate``'s ``key``).
+        slot_bytes: the bytes each slot starts with (a larger batch grows its slot).
+        background: run the helper at a lower scheduling priority (``nice 10``; below normal on
+            Windows), so that it decodes on the cores the trainer leaves idle.
+        Other keywords: as for :class:`~audiobuffer.BufferedDataset` (``num_producers``, ``buffer_size``,
+            ``max_bytes``, ``shuffle``, ``seed``, ``ordered``, ``on_error``, ``transform``, ``labels``,
+            ``patterns``, ``path_column``, ``rank``, ``world_size``, ``even_shards``, ``warn_after``,
+            ``timeout``, ``max_batch_seconds``, ``buckets``, ``max_batch_size``, ``duration_column``);
+            they apply in the helper process.
+
+    Raises:
+        TypeError: the decoder or transform cannot be sent by reference (a lambda, a local function,
+            something defined in ``__main__``): the message says how to fix it.
+    """
+
+    def __init__(self, source: SourceSpec | Source, decoder: Callable[[WorkItem], Any], *,
+                 batch_size: int | None = None, drop_last: bool = False, num_slots: int = 4,
+                 pin_memory: bool | str = "auto", key: str = "audio", slot_bytes: int = DEFAULT_SLOT_BYTES,
+                 background: bool = True, **options: Any) -> None:
+        own = [name for name, parameter in inspect.signature(IsolatedLoader.__init__).parameters.items()
+               if parameter.kind is parameter.KEYWORD_ONLY]
+        check_keywords("IsolatedLoader", options, own)
+        by_duration = options.get("max_batch_seconds") is not None
+        if by_duration and (batch_size is not None or drop_last):
+            pairs = (("batch_size", batch_size), ("drop_last", drop_last))
+            given = ", ".join(f"{name}={value!r}" for name, value in pairs if value is not None and value is not False)
+            raise ValueError(f"max_batch_seconds makes batches by duration: leave out {given}")
+        if batch_size is None and not by_duration:
+            raise TypeError("IsolatedLoader needs batch_size (samples per batch) or max_batch_seconds (batches by "
+                            "duration), got neither")
+        for name, value, least in (("batch_size", 1 if by_duration else batch_size, 1), ("num_slots", num_slots, 2),
+                                   ("slot_bytes", slot_bytes, 1)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an integer >= {least}, got {value!r}")
+            if value < least:
+                raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+        if pin_memory not in ("auto", True, False):
+            raise ValueError(f"pin_memory must be 'auto', True or False, got {pin_memory!r}")
+        if not isinstance(key, str):
+            raise TypeError(f"key must be a string, got {key!r}")
+        # Listed, checked and (by duration) timed here in the trainer; the epochs run in the helper.
+        #: What the epochs run over: the source, decoder, options and durations (one copy of each).
+        self.pipeline = pipeline = Pipeline.build(source, decoder, LoaderOptions(**options))
+        if not isinstance(pipeline.source, Source):  # a ShardStream: its epochs are not plans of items
+            raise ValueError(f"IsolatedLoader reads files or an index, not {pipeline.source.description}: give the "
+                             f"shards' index.json (audiobuffer pack writes one)")
+        self.batch_size = batch_size
+        self.drop_last = bool(drop_last)
+        self.num_slots = num_slots
+        self.pin_memory = torch.cuda.is_available() if pin_memory == "auto" else bool(pin_memory)
+        self.key = key
+        pickle_by_reference(pipeline.decoder, "decoder")
+        if pipeline.options.transform is not None:
+            pickle_by_reference(pipeline.options.transform, "transform")
+        # The helper's copy: the source is listed (no listing options, whose labels may be a lambda) and
+        # the trainer plans batches by duration (no durations: each epoch's message carries its batches).
+        listed = dataclasses.replace(pipeline.options, labels=None, patterns=None, path_column="path",
+                                     storage_options=None)
+        spec = {"pipeline": dataclasses.replace(pipeline, options=listed, batching=None),
+                "batch_size": batch_size, "drop_last": self.drop_last, "num_slots": num_slots,
+                "slot_bytes": slot_bytes, "key": key, "background": bool(background)}
+        self._spec = pickle_by_reference(spec, "pipeline")
+        self._cursor = EpochCursor(pipeline)
+        self._channel: HelperChannel | None = None
+        self._lock = threading.Lock()
+        self._gen = 0
+        self._run: TrainerRun | None = None
+        self._closed = False
+
+    # -- what it was built with ----------------------------------------------------------------
+
+    @property
+    def source(self) -> Source:
+        """The listed source."""
+        return self.pipeline.source  # type: ignore[return-value]  # checked in __init__
+
+    @property
+    def classes(self) -> list[str]:
+        """The sorted label names; a batch's ``label`` indexes this list."""
+        return self.pipeline.source.classes
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next ``iter()`` runs."""
+        return self._cursor.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """As :meth:`BufferedDataset.set_epoch`: seeds the next epoch's shuffle and random crops."""
+        self._cursor.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank (failed samples make some batches, or the last one, smaller);
+        with ``max_batch_seconds``, those of the epoch :meth:`set_epoch` set."""
+        n = self._cursor.length()
+        if self.batch_size is None:
+            return n
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    # -- the helper process --------------------------------------------------------------------
+
+    @property
+    def helper_info(self) -> dict[str, Any]:
+        """What the helper reported when it started: ``pid``, ``torch`` (whether it imported torch), ``gil``."""
+        return self._channel.info if self._channel is not None else {}
+
+    def _start(self) -> HelperChannel:
+        if self._closed:
+            raise BufferClosed("iter() on a closed IsolatedLoader")
+        channel = self._channel
+        if channel is not None:
+            if channel.running and not channel.broken:
+                return channel
+            if not channel.broken:  # the epoch that saw it die raised its death; this one runs in a new helper
+                logger.warning("starting a new helper process: %s", death_message(channel.proc))
+            channel.close()  # reaps the dead one (or stops one cut off by Ctrl-C) and unlinks its segments
+        channel = self._channel = HelperChannel(self.num_slots + 64)
+        channel.start(self._spec)
+        return channel
+
+    # -- iteration -----------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        channel = self._start()
+        shard, resume = self._cursor.begin()
+        with self._lock:
+            self._gen += 1
+            gen = self._gen
+        pipeline = self.pipeline
+        layout = pipeline.lay_out(shard, resume)  # batches by duration: planned here, decoded in the helper
+        producers = cast(ProducerCount, pipeline.options.num_producers)  # LoaderOptions stores None as "auto"
+        pinned = 0 if producers == "auto" else min(producers, max(1, len(layout)))  # auto: known at the end
+        run = TrainerRun(gen, shard, layout, pinned)
+        if pipeline.batching is not None:
+            run.count_header_failures(pipeline.batching)
+        with self._lock:
+            self._run = run
+        channel.send(StartEpoch(gen, shard, resume, None if layout.sizes is None else layout))
+        return self._epoch(run, channel)
+
+    def _epoch(self, run: TrainerRun, channel: HelperChannel) -> Iterator[dict[str, Any]]:
+        # A generator: its finally runs on exhaustion, break, an exception and garbage collection.
+        # Under a DevicePrefetcher, leaving its loop cancels this epoch from the consumer's thread
+        # (NOTE [ Prefetch cancellation ] in engine/cancel.py).
+        unregister = on_cancel(lambda: self._cancel(run, channel))
+        try:
+            while not run.cancelled:
+                message = self._next(run, channel)
+                match message:
+                    case _Cancel():
+                        return
+                    case Batch():
+                        yield self._unpack(run, channel, message)
+                    case SampleFailed():
+                        run.on_failure(message, self.pipeline.options.on_error)
+                    case Skipped():  # a batch by duration whose samples all failed
+                        run.consumed[message.position] = 1
+                        run.empty_batches += 1
+                    case EpochEnd():
+                        run.helper = message.stats
+                        for position in message.positions:
+                            run.consumed[position] = 1
+                        run.decode_s = message.stats["decode_s"]
+                        run.done = True
+                        return
+                    case Stalled():
+                        raise StallError(f"{message.text} (in the helper process)")
+                    case EpochError():
+                        raise HelperError(f"the helper process failed: {message.text}") \
+                            from RemoteTraceback(message.trace)
+        finally:
+            unregister()
+            run.end = time.perf_counter()
+            with self._lock:
+                latest = run.gen == self._gen
+            # Leave the epoch early: the helper stops it and confirms. An epoch that a newer one replaced
+            # (its iterator collected late) was stopped by the helper when the newer one began, and
+            # waiting for its confirmation here would drop the newer epoch's messages.
+            if not run.done and latest:
+                channel.stop_epoch(run.gen)
+
+    @staticmethod
+    def _cancel(run: TrainerRun, channel: HelperChannel) -> None:
+        """Wake the consumer of ``run`` and end its epoch early; returns at once, any thread."""
+        run.cancelled = True
+        try:
+            channel.inbox.put(_Cancel(run.gen), timeout=0)
+        except (TimeoutError, BufferClosed):
+            pass  # a full inbox: the consumer is not waiting, and sees the flag next
+
+    def _next(self, run: TrainerRun, channel: HelperChannel) -> Any:
+        """The next message of ``run``'s epoch (stale ones of an abandoned epoch are dropped)."""
+        stall = self.pipeline.options.timeout
+        timeout = None if stall is None else stall + SILENCE_GRACE
+        while True:
+            start = time.perf_counter()
+            try:
+                message = channel.receive(timeout)
+            except TimeoutError:
+                raise StallError(f"the helper process sent nothing for {timeout:.1f} s (timeout "
+                                 f"{stall} s plus {SILENCE_GRACE:.0f} s)") from None
+            except BufferClosed:
+                raise BufferClosed(CLOSED) from None
+            finally:
+                run.wait_s += time.perf_counter() - start
+            if message.gen == run.gen:
+                return message
+
+    def _unpack(self, run: TrainerRun, channel: HelperChannel, message: Batch) -> dict[str, Any]:
+        start = time.perf_counter()
+        batch = channel.copy_out(message, pin_memory=self.pin_memory)
+        run.copy_s += time.perf_counter() - start
+        for position in message.positions:
+            run.consumed[position] = 1
+        run.yielded += message.rows
+        run.decode_s = message.decode_s
+        batching = self.pipeline.batching
+        if message.indices is not None and batching is not None:  # a batch by duration: its source indices
+            run.batches = (run.batches or 0) + 1
+            batching.add_padding(run.padding, np.asarray(message.indices))
+        return batch
+
+    # -- inspection, resume, shutdown ----------------------------------------------------------
+
+    def stats(self) -> DatasetStats | None:
+        """The current or last epoch's stats, with ``transfer`` (seconds the trainer waited for and copied
+        slots, and the helper waited for a free slot); ``None`` before the first epoch."""
+        with self._lock:
+            run = self._run
+        return None if run is None else run.snapshot()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this rank is in its epoch, as JSON-ready builtins (the format of
+        :meth:`BufferedDataset.state_dict`): batches still in slots count as not consumed."""
+        with self._lock:
+            run = self._run
+        return self._cursor.state_dict(None if run is None else (run.number, bytes(run.consumed)))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict` (of an IsolatedLoader or a BufferedDataset of the same setup).
+
+        Raises:
+            ResumeError: the state is malformed or was saved under another setup.
+        """
+        self._cursor.load_state_dict(state)
+
+    def close(self) -> None:
+        """Stop the helper process and free its shared memory. Idempotent, any thread."""
+        self._closed = True
+        if self._channel is not None:
+            self._channel.close()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    def __enter__(self) -> IsolatedLoader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        channel = self._channel
+        state = "closed" if self._closed else ("running" if channel is not None and channel.running else "idle")
+        return (f"IsolatedLoader({self.pipeline.source.description}, {self.pipeline.decoder!r}, "
+                f"batch_size={self.batch_size}, num_slots={self.num_slots}, "
+                f"num_producers={self.pipeline.options.num_producers!r}, helper={state})")

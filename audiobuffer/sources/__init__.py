@@ -1,0 +1,75 @@
+"""Where the work items come from: folders, manifests, tar shards (by index or streamed), object
+storage, and each item's duration. The names below are imported on first use, so that the helper
+process, which needs only :class:`WorkItem`, imports no more than that.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "AUDIO_PATTERNS": ".source",
+    "IMAGE_PATTERNS": ".source",
+    "INDEX_NAME": ".index",
+    "LabelSpec": ".source",
+    "Member": ".index",
+    "ReadClock": ".source",
+    "ShardIndex": ".index",
+    "ShardSample": ".tar",
+    "ShardStream": ".stream",
+    "Source": ".source",
+    "SourceSpec": ".source",
+    "WorkItem": ".source",
+    "as_source": ".stream",
+    "iter_shard": ".tar",
+    "pack": ".pack",
+    "read_index": ".index",
+    "shard_name": ".index",
+    "shuffle_buffer": ".tar",
+    "stream_shards": ".tar",
+}
+
+__all__ = [
+    "AUDIO_PATTERNS",
+    "IMAGE_PATTERNS",
+    "INDEX_NAME",
+    "LabelSpec",
+    "Member",
+    "ReadClock",
+    "ShardIndex",
+    "ShardSample",
+    "ShardStream",
+    "Source",
+    "SourceSpec",
+    "WorkItem",
+    "as_source",
+    "iter_shard",
+    "pack",
+    "read_index",
+    "shard_name",
+    "shuffle_buffer",
+    "stream_shards",
+]
+assert set(__all__) == set(_EXPORTS), "__all__ and _EXPORTS name the same things"
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:
+    from .index import INDEX_NAME, Member, ShardIndex, read_index, shard_name
+    from .pack import pack
+    from .source import AUDIO_PATTERNS, IMAGE_PATTERNS, LabelSpec, ReadClock, Source, SourceSpec, WorkItem
+    from .stream import ShardStream, as_source
+    from .tar import ShardSample, iter_shard, shuffle_buffer, stream_shards

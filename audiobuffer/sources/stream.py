@@ -1,0 +1,279 @@
+"""Tar shards streamed from start to end, without an index: :class:`ShardStream`, a source whose unit
+of work is a shard, and :func:`as_source`, which picks the kind of source a loader was given. The
+producers' decoder that streams a shard is :class:`~audiobuffer.engine.streamed.ShardReader`.
+
+NOTE [ Streamed shards ]
+========================
+A :class:`ShardStream` is a source whose unit of work is a shard. The epoch plan
+(:func:`~audiobuffer.engine.plan.plan_epoch` over the shards) orders the shards (shuffled by
+``seed + epoch``) and splits them by rank and DataLoader worker, as it splits files. Each producer
+takes a shard and streams it whole and in order (:func:`~audiobuffer.sources.iter_shard`; remote
+shards in ranged blocks of ``STREAM_BLOCK`` bytes), with ``shuffle=True`` through a shuffle buffer
+of :data:`SHUFFLE_BUFFER` samples seeded by (seed, epoch, shard) (WebDataset's ``shuffle(n)``),
+decoding each sample as it comes and putting it into the epoch's buffer itself (``ShardReader`` is a
+delivering decoder, NOTE [ Delivering decoders ] in ``engine/pool.py``). Producers waiting on the
+network hold no GIL, so shards stream in parallel. Every sample of the shards an epoch plans is
+yielded exactly once.
+
+Resume is at shard boundaries. One producer puts a shard's samples into the FIFO buffer in order,
+the last one tagged, so the consumer marks a shard consumed when it hands on that last sample
+(``EpochRun.mark`` in ``engine/epoch.py``); a saved state lists the shards consumed, and a resumed
+epoch streams every other shard whole: the samples of a shard that was partly handed on before the
+state was saved come again.
+
+A streamed sample's work item has ``index = shard number * MEMBER_STRIDE + its position in the
+shard``, its ``path`` is ``<shard>/<original name>`` and its fields and label come from its
+``<key>.json`` sidecar (``labels="label"``) or from its name. A shard that ends early yields the
+samples before the cut, then one failure naming the shard and the member cut (``on_error`` applies);
+a shard that cannot be read at all is one such failure.
+
+The listing (samples per shard, their names and labels: what ``len()`` and ``classes`` need) comes
+from the ``index.json`` beside the shards when it lists them all. With ``labels`` (the classes must be
+known before the first epoch) and no such index, every shard is read through once when the source is
+made (a pass over the data: pack with an index to skip it). Without either, ``len()`` is unknown (a
+``TypeError``, as for any iterable without a length) and nothing is read before the first epoch.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import DecodeError, SourceError, StorageError
+from . import storage
+from .index import INDEX_NAME, read_index
+from .source import LABEL_COLUMN, LabelSpec, Source, SourceSpec, WorkItem, _natural_key, _resolve_labels, names_shards
+from .storage import RetrySpec
+from .tar import MEMBER_STRIDE, SHUFFLE_BUFFER, ShardSample, iter_shard
+
+__all__ = ["MEMBER_STRIDE", "SHUFFLE_BUFFER", "ShardStream", "as_source"]
+
+logger = logging.getLogger(__name__)
+
+#: Threads that list shards without an index at once.
+SCAN_THREADS = 16
+
+
+@dataclass(frozen=True)
+class _Listed:
+    counts: tuple[int, ...]  # samples per shard, in the order of ShardStream.shards
+    paths: list[str]
+    rows: list[dict[str, Any]]
+    columns: list[str]
+
+
+class ShardStream:
+    """Tar shards read from start to end, as a source (any WebDataset shards; no index needed).
+
+    See NOTE [ Streamed shards ] at the top of this module.
+
+    Args:
+        shards: a path, URL or brace pattern of shards (``shard-{000000..000011}.tar``), a glob, or
+            a list of them.
+        labels: as for :class:`~audiobuffer.Source`: ``"label"`` (the sidecar's), a sidecar field,
+            ``"parent"``, a regular expression searched in each sample's original file name, or a
+            callable from path to label.
+        storage_options: options for the fsspec filesystem of URLs.
+        retry: how transient storage failures are retried.
+
+    Raises:
+        SourceError: no shard is named, a glob matches nothing, or a label does not fit.
+        StorageError: the listing (when made) cannot read a shard or the index.
+    """
+
+    def __init__(self, shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
+                 labels: LabelSpec = None, storage_options: Mapping[str, Any] | None = None,
+                 retry: RetrySpec = None) -> None:
+        if storage_options is not None and not isinstance(storage_options, Mapping):
+            raise TypeError(f"storage_options must be a mapping of fsspec options or None, got {storage_options!r}")
+        self.storage_options = None if storage_options is None else dict(storage_options)
+        self.retry = storage.as_retry(retry)
+        #: The shards, in order (braces expanded, globs listed).
+        self.shards = storage.expand_urls(shards, storage_options=storage_options, retry=retry)
+        if not self.shards:
+            raise SourceError(f"no shards in {shards!r}")
+        missing = [s for s in self.shards if not storage.is_url(s) and not os.path.isfile(s)]
+        if missing:  # local ones are checked here; a remote one missing is its epoch's failure, named
+            raise SourceError(f"shard {missing[0]!r} does not exist ({len(missing)} of {len(self.shards)} "
+                              f"shards missing)")
+        self.description = (f"{len(self.shards)} tar shards streamed ({self.shards[0]!r}"
+                            f"{' ...' if len(self.shards) > 1 else ''})")
+        self.labels = labels
+        self._listed: _Listed | None = None
+        self._index_tried = False
+        names: set[str] = set()
+        if labels is not None:
+            listed = self.listing()
+            found = _resolve_labels(labels, listed.paths, listed.rows if listed.columns else None, listed.columns)
+            names = {n for n in found or () if n is not None}
+        #: The sorted label names; a sample's ``label`` is an index into this list.
+        self.classes: list[str] = sorted(names, key=_natural_key)
+        self.class_to_idx: dict[str, int] = {name: i for i, name in enumerate(self.classes)}
+
+    def __len__(self) -> int:
+        """Samples in all the shards, from the listing (see NOTE [ Streamed shards ]).
+
+        Raises:
+            TypeError: the length is unknown: no index lists the shards and no ``labels`` had them read.
+        """
+        return sum(self._counts())
+
+    def __repr__(self) -> str:
+        return f"ShardStream({self.description}, classes={len(self.classes)})"
+
+    def fingerprint(self) -> str:
+        """A digest of the shard list: a saved state names the shards it came from."""
+        digest = hashlib.sha256()
+        for shard in self.shards:
+            digest.update(shard.encode("utf-8", "surrogateescape") + b"\0")
+        return f"shards:{len(self.shards)}:{digest.hexdigest()[:16]}"
+
+    def samples_in(self, shards: Sequence[int]) -> int:
+        """Samples in the shards numbered ``shards`` (an epoch's share of them; shards differ in size).
+
+        Raises:
+            TypeError: the length is unknown (see :meth:`__len__`).
+        """
+        counts = self._counts()
+        return sum(counts[int(i)] for i in shards)
+
+    def shard_item(self, number: int, *, epoch: int, seed: int, seq: int) -> WorkItem:
+        """The work item of shard ``number``: a producer's unit of work in a streamed epoch."""
+        return WorkItem(index=number, path=self.shards[number], epoch=epoch, seed=seed, seq=seq)
+
+    def sample_item(self, shard: WorkItem, sample: ShardSample, position: int) -> WorkItem:
+        """The work item of a sample streamed from ``shard``: its bytes, fields and label.
+
+        Raises:
+            SourceError: its label does not match the label expression or is not one of the classes.
+        """
+        meta = sample.meta or {}
+        fields = _fields(meta)
+        data = sample.data
+        item = WorkItem(index=shard.index * MEMBER_STRIDE + position, path=sample.path, fields=fields,
+                        epoch=shard.epoch, seed=shard.seed, seq=shard.seq, read=lambda: data)
+        if self.labels is None:
+            return item
+        columns = self.listing().columns
+        row = {**fields, LABEL_COLUMN: meta.get(LABEL_COLUMN)}
+        name = (_resolve_labels(self.labels, [item.path], [row] if columns else None, columns) or [None])[0]
+        if name is not None and name not in self.class_to_idx:
+            raise SourceError(f"{item.path!r}: label {name!r} is not one of the {len(self.classes)} classes "
+                              f"listed when the dataset was made (the shards changed since?)")
+        label = None if name is None else self.class_to_idx[name]
+        return WorkItem(index=item.index, path=item.path, label=label, label_name=name, fields=fields,
+                        epoch=item.epoch, seed=item.seed, seq=item.seq, read=item.read)
+
+    # -- the listing ---------------------------------------------------------------------------
+
+    def listing(self) -> _Listed:
+        """Samples per shard with their paths and sidecars: from the index beside the shards, else a scan."""
+        listed = self._indexed()
+        if listed is None:
+            listed = self._listed = self._scan()
+        return listed
+
+    def _indexed(self) -> _Listed | None:
+        """The listing if it was made, else from the index beside the shards (looked for once), else ``None``."""
+        if self._listed is None and not self._index_tried:
+            self._index_tried = True
+            self._listed = self._from_index()
+        return self._listed
+
+    def _counts(self) -> tuple[int, ...]:
+        listed = self._indexed()
+        if listed is None:
+            raise TypeError(f"the length of {self.description} is unknown: no index.json beside them lists them "
+                            f"(audiobuffer pack writes one), and without labels= they were not read through")
+        return listed.counts
+
+    def _from_index(self) -> _Listed | None:
+        url = storage.sibling(self.shards[0], INDEX_NAME)
+        try:
+            index = read_index(url, storage_options=self.storage_options, retry=self.retry)
+        except StorageError as exc:
+            if exc.transient:
+                raise
+            return None  # no index there
+        except SourceError:
+            return None  # a file of that name that is no index of ours
+        members: dict[str, list[Any]] = {}
+        for member in index.members:
+            members.setdefault(_same(member.shard), []).append(member)
+        if not {_same(s) for s in self.shards} <= {_same(s) for s in index.shards}:
+            return None  # the index lists other shards
+        paths: list[str] = []
+        rows: list[dict[str, Any]] = []
+        counts = []
+        for shard in self.shards:
+            listed = members.get(_same(shard), [])
+            counts.append(len(listed))
+            paths.extend(f"{shard}/{m.name}" for m in listed)
+            rows.extend({**m.fields, LABEL_COLUMN: m.label} for m in listed)
+        return _Listed(tuple(counts), paths, rows, _columns(rows))
+
+    def _scan(self) -> _Listed:
+        logger.info("listing %d shards without an index: reading each once (pack with an index to skip this)",
+                    len(self.shards))
+        threads = max(1, min(SCAN_THREADS, len(self.shards)))
+        with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="audiobuffer-scan") as pool:
+            scanned = list(pool.map(self._scan_one, self.shards))
+        paths = [path for shard in scanned for path, _ in shard]
+        rows = [row for shard in scanned for _, row in shard]
+        return _Listed(tuple(len(s) for s in scanned), paths, rows, _columns(rows))
+
+    def _scan_one(self, url: str) -> list[tuple[str, dict[str, Any]]]:
+        out = []
+        try:
+            for sample in iter_shard(url, storage_options=self.storage_options, retry=self.retry):
+                meta = sample.meta or {}
+                fields = _fields(meta)
+                out.append((sample.path, {**fields, LABEL_COLUMN: meta.get(LABEL_COLUMN)} if meta else {}))
+        except DecodeError as exc:  # truncated: each epoch reports it (on_error); list what it holds
+            logger.warning("%s", exc)
+        return out
+
+
+def _fields(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """A sidecar's manifest fields (``{}`` without)."""
+    fields = meta.get("fields")
+    return dict(fields) if isinstance(fields, Mapping) else {}
+
+
+def _same(shard: str) -> str:
+    """A shard's path or URL in one spelling, to match the index's shards with the ones given."""
+    return shard if storage.is_url(shard) else os.path.normcase(os.path.abspath(shard))
+
+
+def _columns(rows: list[dict[str, Any]]) -> list[str]:
+    return list(dict.fromkeys(k for row in rows for k in row))
+
+
+def as_source(source: SourceSpec | Source | ShardStream, *, patterns: Sequence[str], labels: LabelSpec,
+              path_column: str, explicit_patterns: Sequence[str] | None = None,
+              storage_options: Mapping[str, Any] | None = None) -> Source | ShardStream:
+    """``source`` itself if it is ready, else the :class:`Source` it describes, or the
+    :class:`~audiobuffer.sources.stream.ShardStream` of the tar shards it names (a path, URL, brace pattern or
+    glob ending in ``.tar``, or a list of them).
+
+    ``labels``, ``patterns`` (``explicit_patterns``, as the caller was given them), ``path_column`` and
+    ``storage_options`` describe how to list a source: with a ready one they would be ignored, so they
+    are refused.
+    """
+    if not isinstance(source, (Source, ShardStream)):
+        if names_shards(source):
+            return ShardStream(source, labels=labels, storage_options=storage_options)
+        return Source(source, patterns=patterns, labels=labels, path_column=path_column,
+                      storage_options=storage_options)
+    given = [name for name, value, default in (("labels", labels, None), ("patterns", explicit_patterns, None),
+                                               ("path_column", path_column, "path"),
+                                               ("storage_options", storage_options, None)) if value != default]
+    if given:
+        raise ValueError(f"{', '.join(given)} describe how to list a source; give them to Source(...), not together "
+                         f"with a ready Source")
+    return source

@@ -1,0 +1,294 @@
+"""Reading tar shards from start to end, WebDataset's way: samples grouped by key, a shuffle buffer.
+
+:func:`iter_shard` reads one shard (any WebDataset shard; no index needed) and yields a
+:class:`ShardSample` per key; :func:`stream_shards` chains shards through a seeded shuffle buffer
+(:func:`shuffle_buffer`, WebDataset's ``shuffle(n)``). A truncated shard yields the members before the
+cut, then raises a :class:`~audiobuffer.DecodeError` naming the shard and the member that was cut.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tarfile
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, BinaryIO, TypeVar
+
+import numpy as np
+
+from ..errors import DecodeError
+from . import storage
+from .storage import RetrySpec
+
+__all__ = [
+    "MEMBER_STRIDE",
+    "SHUFFLE_BUFFER",
+    "ShardSample",
+    "Truncated",
+    "iter_shard",
+    "shuffle_buffer",
+    "split_key",
+    "stream_shards",
+]
+
+#: Samples in each producer's shuffle buffer when a streamed epoch is shuffled.
+SHUFFLE_BUFFER = 100
+#: A streamed sample's index is its shard's number times this, plus its position in the shard.
+MEMBER_STRIDE = 1 << 32
+
+_BLOCK = tarfile.BLOCKSIZE
+ENCODING, ERRORS = "utf-8", "surrogateescape"
+# Extensions of a WebDataset sample that hold metadata, not the sample's main file.
+_META_EXTENSIONS = frozenset({"json", "cls", "cls2", "txt", "id", "index"})
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ShardSample:
+    """One sample streamed from a shard: its files grouped by key.
+
+    Attributes:
+        shard: the path or URL of the shard.
+        key: the sample's key (member names up to the first dot of the base name).
+        files: every file of the sample, by extension (``{"wav": b"...", "json": b"..."}``).
+        member: the member name of the main file (the first that is not metadata: json, cls, txt...).
+        name: the original file name from the JSON sidecar's ``"name"`` (which
+            :func:`~audiobuffer.sources.pack.pack` writes), or ``member``.
+        data: the main file's bytes.
+        meta: the JSON sidecar, parsed, or ``None`` without one.
+    """
+
+    shard: str
+    key: str
+    files: Mapping[str, bytes]
+    member: str
+    name: str
+    data: bytes
+    meta: Mapping[str, Any] | None
+
+    @property
+    def path(self) -> str:
+        """``<shard>/<name>``: names the shard and ends with the original file name."""
+        return f"{self.shard}/{self.name}"
+
+
+def iter_shard(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None,
+               retry: RetrySpec = None, block_size: int = storage.STREAM_BLOCK) -> Generator[ShardSample, None, None]:
+    """The samples of one tar shard, read from start to end (any WebDataset shard; no index needed).
+
+    Members are grouped into samples by key, WebDataset's way: consecutive members whose names agree
+    up to the first dot of the base name. Directories, links and other non-file members are skipped.
+
+    Raises:
+        StorageError: the shard is missing or forbidden, or a block still failing after the retries.
+        DecodeError: the shard is truncated (after yielding every whole sample before the cut) or
+            holds a malformed header; the message names the shard and the member.
+    """
+    url = os.fspath(url)
+    with storage.open_stream(url, storage_options=storage_options, retry=retry, block_size=block_size) as stream:
+        key = ""
+        group: list[tuple[str, bytes]] = []
+        try:
+            for name, payload in _tar_members(stream, url):
+                this = split_key(name)[0]
+                if group and this != key:
+                    yield _sample(url, key, group)
+                    group = []
+                key = this
+                group.append((name, payload))
+        except Truncated as exc:
+            if group and exc.member is not None and split_key(exc.member)[0] != key:
+                yield _sample(url, key, group)  # the cut is in the next sample: this one is whole
+            raise
+        if group:
+            yield _sample(url, key, group)
+
+
+def stream_shards(urls: Iterable[str], *, shuffle: int = 0, seed: int | Sequence[int] = 0,
+                  storage_options: Mapping[str, Any] | None = None, retry: RetrySpec = None
+                  ) -> Iterator[ShardSample]:
+    """The samples of ``urls``' shards, shard after shard, through a shuffle buffer of ``shuffle`` samples.
+
+    Every sample comes exactly once. With ``shuffle`` > 1 the order is WebDataset's
+    ``shuffle(shuffle)``: a seeded buffer mixes samples within a window of about ``shuffle``
+    samples (across shard boundaries); the same ``seed`` (an integer, or integers such as
+    ``(seed, epoch, rank)``) gives the same order. Pick the order of the shards (per epoch, rank and
+    worker) before calling this.
+    """
+    samples = (s for url in urls
+               for s in iter_shard(url, storage_options=storage_options, retry=retry))
+    if shuffle > 1:
+        return shuffle_buffer(samples, shuffle, np.random.default_rng(seed))
+    return samples
+
+
+def shuffle_buffer(items: Iterable[T], size: int, rng: np.random.Generator) -> Iterator[T]:
+    """``items`` in a random order drawn within a window of ``size`` (WebDataset's shuffle buffer).
+
+    The buffer fills to ``size``; then each new item takes the place of one drawn at random, which
+    is yielded. What is left at the end comes out in random order. Every item comes out once.
+    """
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"shuffle buffer size must be an integer >= 1, got {size!r}")
+    buffer: list[T] = []
+    for item in items:
+        if len(buffer) < size:
+            buffer.append(item)
+            continue
+        k = int(rng.integers(len(buffer)))
+        out, buffer[k] = buffer[k], item
+        yield out
+    rng.shuffle(buffer)
+    yield from buffer
+
+
+def split_key(name: str) -> tuple[str, str]:
+    """WebDataset's split of a member name into key and extension: at the first dot of the base name."""
+    folder, _, base = name.rpartition("/")
+    stem, _, ext = base.partition(".")
+    return (f"{folder}/{stem}" if folder else stem), ext
+
+
+def _sample(shard: str, key: str, group: list[tuple[str, bytes]]) -> ShardSample:
+    files = {}
+    main = None
+    for name, payload in group:
+        ext = split_key(name)[1]
+        files[ext] = payload
+        if main is None and ext.lower() not in _META_EXTENSIONS:
+            main = (name, payload)
+    if main is None:
+        main = group[0]
+    meta = None
+    if "json" in files:
+        try:
+            meta = json.loads(files["json"])
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise DecodeError(f"member {key + '.json'!r} of shard {shard!r} is not valid JSON ({exc})",
+                              path=f"{shard}/{key}.json") from exc
+        except RecursionError as exc:
+            raise DecodeError(f"member {key + '.json'!r} of shard {shard!r} is nested too deeply to be a sidecar",
+                              path=f"{shard}/{key}.json") from exc
+    original = meta.get("name") if isinstance(meta, dict) else None
+    name = original if isinstance(original, str) and original else main[0]
+    return ShardSample(shard=shard, key=key, files=files, member=main[0], name=name, data=main[1],
+                       meta=meta if isinstance(meta, dict) else None)
+
+
+def _read_exact(stream: BinaryIO, n: int) -> bytes:
+    parts = []
+    while n > 0:
+        chunk = stream.read(n)
+        if not chunk:
+            break
+        parts.append(chunk)
+        n -= len(chunk)
+    return b"".join(parts)
+
+
+class Truncated(DecodeError):
+    """A shard that ends early; ``member`` is the member cut, or ``None`` when the cut is between members."""
+
+    def __init__(self, shard: str, member: str | None, detail: str) -> None:
+        super().__init__(f"shard {shard!r} is truncated: {detail}; the samples before the cut were read, "
+                         f"the rest of the shard is lost", path=f"{shard}/{member}" if member else shard)
+        self.member = member
+
+
+def _tar_members(stream: BinaryIO, shard: str) -> Iterator[tuple[str, bytes]]:
+    """``(name, data)`` of every regular file of a tar read sequentially from ``stream``.
+
+    Unlike ``tarfile`` in stream mode, which takes a header cut short for the end of the archive,
+    this insists on the end-of-archive marker (a zero block) and reports a cut as truncation.
+    """
+    long_name: str | None = None
+    pax: dict[str, str] = {}
+    last: str | None = None
+    while True:
+        header = _read_exact(stream, _BLOCK)
+        if not header:
+            raise Truncated(shard, None, f"it ends after member {last!r} without the end-of-archive marker"
+                             if last else "it holds no member and no end-of-archive marker")
+        if len(header) < _BLOCK:
+            raise Truncated(shard, None, f"it ends inside the header after member {last!r} "
+                             f"({len(header)} of {_BLOCK} bytes)")
+        if header == bytes(_BLOCK):
+            return  # the end-of-archive marker
+        parsed = _header(header)
+        if parsed is None:  # what the fast path leaves to tarfile: base-256 numbers, odd checksums, errors
+            try:
+                info = tarfile.TarInfo.frombuf(header, ENCODING, ERRORS)
+            except tarfile.HeaderError as exc:
+                raise DecodeError(f"shard {shard!r} has a malformed tar header after member {last!r} ({exc})",
+                                  path=shard) from exc
+            parsed = info.name, info.size, info.type
+        header_name, size, kind = parsed
+        name = pax.get("path") or long_name or header_name
+        size = int(pax["size"]) if "size" in pax else size
+        padded = -(-size // _BLOCK) * _BLOCK
+        payload = _read_exact(stream, padded)
+        if len(payload) < padded:
+            if kind in (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.GNUTYPE_LONGNAME):
+                raise Truncated(shard, None, f"it ends inside an extended header after member {last!r}")
+            raise Truncated(shard, name, f"it ends inside member {name!r} ({min(len(payload), size)} of "
+                             f"its {size} bytes)")
+        data = payload[:size]
+        if kind == tarfile.GNUTYPE_LONGNAME:
+            long_name = data.rstrip(b"\0").decode(ENCODING, ERRORS)
+            continue
+        if kind == tarfile.XHDTYPE:
+            pax = _pax_records(data, shard)
+            continue
+        if kind == tarfile.XGLTYPE:
+            continue
+        long_name, pax = None, {}
+        last = name
+        if kind in tarfile.REGULAR_TYPES and not (kind == tarfile.AREGTYPE and name.endswith("/")):
+            yield name, data
+
+
+def _header(block: bytes) -> tuple[str, int, bytes] | None:
+    """``(name, size, type)`` of a ustar, GNU or v7 header block, as ``tarfile.TarInfo.frombuf`` reads them.
+
+    ``None`` for what this leaves to tarfile: a size in base-256, a checksum that is not the unsigned
+    one, a field that is not octal. It reads only these three fields; ``frombuf`` parses every one.
+    """
+    size_field, checksum_field = block[124:136], block[148:156]
+    if size_field[0] & 0x80:
+        return None
+    try:
+        size = int(size_field.split(b"\0", 1)[0].strip() or b"0", 8)
+        checksum = int(checksum_field.split(b"\0", 1)[0].strip() or b"0", 8)
+    except ValueError:
+        return None
+    if checksum != sum(block) - sum(checksum_field) + 256:  # the checksum field counts as 8 spaces
+        return None
+    kind = block[156:157]
+    name = block[:100].split(b"\0", 1)[0]
+    if kind not in tarfile.GNU_TYPES:  # a ustar name split in two (tarfile reads the field in every format)
+        prefix = block[345:500].split(b"\0", 1)[0]
+        if prefix:
+            name = prefix + b"/" + name
+    return name.decode(ENCODING, ERRORS), size, kind
+
+
+def _pax_records(data: bytes, shard: str) -> dict[str, str]:
+    """The ``path`` and ``size`` records of a PAX extended header (``"<len> <key>=<value>\\n"`` each)."""
+    records: dict[str, str] = {}
+    pos = 0
+    while pos < len(data) and data[pos:pos + 1] != b"\0":
+        space = data.find(b" ", pos)
+        try:
+            length = int(data[pos:space])
+        except ValueError as exc:
+            raise DecodeError(f"shard {shard!r} has a malformed PAX header ({exc})", path=shard) from exc
+        if length <= 0 or space < 0:
+            raise DecodeError(f"shard {shard!r} has a malformed PAX header", path=shard)
+        record = data[space + 1:pos + length - 1]
+        key, _, value = record.partition(b"=")
+        if key in (b"path", b"size"):
+            records[key.decode()] = value.decode(ENCODING, ERRORS)
+        pos += length
+    return records
