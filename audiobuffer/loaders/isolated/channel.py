@@ -252,10 +252,10 @@ def death_message(proc: subprocess.Popen[bytes] | None) -> str:
 # receive sets ``wanted`` when the inbox is empty; the reader clears it, then reads until a message that
 # is not a log line and puts that one in the inbox). A reader that read ahead would wake, take the GIL
 # and unpickle each batch's message while the training step runs, the very contention the helper process
-# exists to avoid: measured on 2 cores, a reader woken once per batch slowed a 1 ms Python-bound step by
-# about 5%. Read on demand, no thread of the loader runs in the trainer's process while it trains (a
-# DevicePrefetcher's thread receives and copies the next batch meanwhile: that is its purpose), and each
-# message costs one hand-over between two threads while the trainer waits.
+# exists to avoid (a reader woken once per batch slows a Python-bound step). Read on demand, no
+# thread of the loader runs in the trainer's process while it trains (a DevicePrefetcher's thread
+# receives and copies the next batch meanwhile: that is its purpose), and each message costs one
+# hand-over between two threads while the trainer waits.
 # - What the helper sends meanwhile waits in the pipe and, behind it, in the helper's outgoing queue,
 #   which its writer thread empties into the pipe: no other thread of the helper ever blocks on a full
 #   pipe, so the helper always reads what the trainer sends (``Free``, ``StopEpoch``, ``Close``) and a
