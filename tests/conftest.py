@@ -1,7 +1,7 @@
 import os
 
 import pytest
-from helpers import AUDIO_FORMATS, FSDD, wait_no_threads
+from helpers import AUDIO_FORMATS, FSDD, isolated_leftovers, wait_no_threads
 
 # CI sets this so that missing shared data fails the run instead of skipping tests.
 REQUIRE_SHARED = os.environ.get("AUDIOBUFFER_REQUIRE_SHARED_DATA") == "1"
@@ -67,3 +67,10 @@ def proxies(s3):
     yield make
     for proxy in made:
         proxy.stop()
+
+
+@pytest.fixture
+def no_helper_left_behind(monkeypatch):
+    """The test ends with no child process and none of its isolated loaders' shared-memory segments."""
+    with isolated_leftovers(monkeypatch):
+        yield

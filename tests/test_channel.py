@@ -13,7 +13,7 @@ import threading
 import time
 
 import pytest
-from helpers import JOIN_TIMEOUT, fake_paths, isolated_leftovers
+from helpers import JOIN_TIMEOUT, fake_paths
 from plain_decoders import IndexDecoder
 
 from audiobuffer import BufferClosed, HelperError, IsolatedLoader
@@ -23,14 +23,7 @@ from audiobuffer.loaders.isolated import shm as _shm
 from audiobuffer.loaders.isolated.channel import HelperChannel, death_message
 from audiobuffer.loaders.isolated.protocol import Batch, Free
 
-pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(autouse=True)
-def nothing_left_behind(monkeypatch):
-    """Every test ends with no child process and none of its helpers' shared-memory segments."""
-    with isolated_leftovers(monkeypatch):
-        yield
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_helper_left_behind")]
 
 
 def indices(batches):

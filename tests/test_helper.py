@@ -9,20 +9,13 @@ import textwrap
 
 import psutil
 import pytest
-from helpers import JOIN_TIMEOUT, REPO, fake_paths, isolated_leftovers, segment_exists, wait_gone
+from helpers import JOIN_TIMEOUT, REPO, fake_paths, segment_exists, wait_gone
 from plain_decoders import ChildWrites
 
 from audiobuffer import IsolatedLoader
 from audiobuffer.loaders.isolated import shm as _shm
 
-pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(autouse=True)
-def nothing_left_behind(monkeypatch):
-    """Every test ends with no child process and none of its helpers' shared-memory segments."""
-    with isolated_leftovers(monkeypatch):
-        yield
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_helper_left_behind")]
 
 
 def indices(batches):

@@ -21,7 +21,6 @@ from helpers import (
     REPO,
     duration_manifest,
     fake_paths,
-    isolated_leftovers,
     make_corpus,
     segment_exists,
     wait_gone,
@@ -44,14 +43,7 @@ from audiobuffer import (
 from audiobuffer.engine.plan import plan_batches, unpack_consumed
 from audiobuffer.loaders.isolated import shm as _shm
 
-pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(autouse=True)
-def nothing_left_behind(monkeypatch):
-    """Every test ends with no child process and none of its helpers' shared-memory segments."""
-    with isolated_leftovers(monkeypatch):
-        yield
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_helper_left_behind")]
 
 
 def indices(batches):
