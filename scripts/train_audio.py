@@ -1,7 +1,7 @@
 """Train a small CNN on log-mel features, fed by audiobuffer from a YAML pipeline config.
 
 Copy it and change the model: the model (``SpeechCNN``), its optimiser, its training step and its
-evaluation are the ones ``audiobuffer demo`` uses, in ``audiobuffer/tools/_model.py``. One process:
+evaluation are the ones ``audiobuffer demo`` uses, in ``audiobuffer/cli/_model.py``. One process:
 
     python scripts/train_audio.py --config configs/fsdd.yaml
 

@@ -1,4 +1,4 @@
-"""The duration-batch plan (audiobuffer/_batching.py), tested on the plan alone."""
+"""The duration-batch plan (audiobuffer/engine/plan.py), tested on the plan alone."""
 
 import math
 import subprocess

@@ -84,6 +84,7 @@ def test_summary_of_a_tuned_epoch():
     assert line == ("producers     auto, settled on 0 (decoding in the loop's thread) after 2 change(s) in the "
                     "last epoch; GIL disabled (free-threaded)")
     assert "auto, which settled on 0" in summary.advice and "raise" not in summary.advice
+    assert "buffer.num_producers: auto" in summary.advice  # the YAML key as it is spelled now
 
 
 def test_summary_of_an_isolated_loader_counts_the_trainers_wait():

@@ -1,4 +1,4 @@
-"""Item durations for batches by duration (audiobuffer/_durations.py): manifest column, headers, cache."""
+"""Item durations for batches by duration (audiobuffer/sources/durations.py): manifest column, headers, cache."""
 
 import json
 import logging

@@ -1,4 +1,4 @@
-"""The example model and training step (audiobuffer/tools/_model.py), shared by the demo and scripts/train_audio.py."""
+"""The example model and training step (audiobuffer/cli/_model.py), shared by the demo and scripts/train_audio.py."""
 
 import importlib.util
 

@@ -118,7 +118,7 @@ class RunSummary:
     def audio_s_per_s(self) -> float:
         return self.audio_s / self.wall_s if self.wall_s else 0.0
 
-    def judge(self, *, producers_key: str = "buffer.producers") -> None:
+    def judge(self, *, producers_key: str = "buffer.num_producers") -> None:
         """Set ``verdict`` and ``advice`` from the waits on both sides of the buffer."""
         wall = self.wall_s or 1e-9
         waited = self.consumer_wait_s / wall

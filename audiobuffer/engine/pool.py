@@ -23,18 +23,18 @@ items and waking producers blocked in ``put`` with ``BufferClosed``), then joins
 one deadline of ``JOIN_TIMEOUT`` seconds. A producer checks the flag before taking each item, so it
 finishes at most the item in hand. A decoder that itself waits for the consumer (the batch slots'
 writer waits for a free slot) is woken by its ``stop_waiting()``, which the pool calls once after the
-abort and before the join (see NOTE [ Delivering decoders ] in ``_outcomes.py``); without it such a
+abort and before the join (see NOTE [ Delivering decoders ] in this module); without it such a
 producer would sit out the whole join. Threads are daemons: a decoder stuck in a system call cannot
 keep the interpreter alive, and ``close()`` logs a warning naming any thread that outlived the join.
 ``close()`` is idempotent and safe to call from any thread but a producer's own.
 :meth:`ProducerPool.stop` is the first half alone (flag, wake, abort, ``stop_waiting``; no join): a
 pool registers it with the cancel scope of the thread that builds it, so a ``DevicePrefetcher`` whose
 loop is left stops the pool its thread waits on, from the consumer's thread (NOTE [ Prefetch
-cancellation ] in ``audiobuffer/_cancel.py``). :meth:`ProducerPool.start` runs under the same
+cancellation ] in ``audiobuffer/engine/cancel.py``). :meth:`ProducerPool.start` runs under the same
 protocol: if a thread cannot be started (``RuntimeError: can't start new thread``), it calls
 ``close()``, which stops and joins the threads already started, and re-raises.
 
-Changing the count, and decoding inline: NOTE [ Changing the producer count ] in ``_feed.py``.
+Changing the count, and decoding inline: NOTE [ Changing the producer count ] in ``engine/feed.py``.
 
 Chunks. In an unordered pool a producer keeps its finished items and puts them in one ``put_many``
 when it has ``CHUNK_ITEMS`` of them, when the oldest has waited ``CHUNK_SECONDS``, or when the feed
@@ -47,7 +47,7 @@ holds back at most the ``CHUNK_ITEMS - 1`` items its producer finished just befo
 other producers keep delivering. A decoder that itself waits for the consumer must run with chunks
 of 1, or the items held in the chunk could be the very ones the consumer needs to make progress.
 
-Ordered mode, and ordered mode with a byte bound: NOTE [ Ordered feed ] in ``_feed.py``.
+Ordered mode, and ordered mode with a byte bound: NOTE [ Ordered feed ] in ``engine/feed.py``.
 """
 
 from __future__ import annotations
@@ -272,7 +272,7 @@ class ProducerPool:
         buffer: where finished samples wait for the consumer (a fresh one per pool).
         num_producers: how many threads decode (no more than ``count``, at least 1), or ``"auto"``:
             a tuner sets the count as the pool runs, from 0 (the consumer decodes inline) up to the
-            usable cores (NOTE [ Producer tuning ] in ``_tuner.py``).
+            usable cores (NOTE [ Producer tuning ] in ``engine/tuner.py``).
         ordered: yield in sequence order. With a byte-bounded buffer, the samples waiting to be
             handed on in order count against its ``max_bytes`` too (NOTE [ Ordered feed ]).
         warn_after: log a "waiting for data" warning when the consumer has waited this many
@@ -310,7 +310,7 @@ class ProducerPool:
         self._delivering = delivers_itself(decode)
         if self._delivering and ordered:
             raise ValueError(f"{decode!r} delivers its results itself and cannot run in an ordered pool "
-                             f"(NOTE [ Delivering decoders ] in audiobuffer/_outcomes.py)")
+                             f"(NOTE [ Delivering decoders ] in audiobuffer/engine/pool.py)")
         # Inline decoding: never for a delivering decoder or under a stall timeout (see the NOTE).
         self._allow_inline = auto and not self._delivering and timeout is None
         most = max(1, min(usable_cores() if auto else cast(int, num_producers), count))
@@ -328,7 +328,7 @@ class ProducerPool:
         self._inline = InlineDecoder(make_item, decode, self._feed, buffer, f"{name}-inline")
         self._started = False
         # A DevicePrefetcher's thread builds pools in a cancel scope: leaving its loop stops this one
-        # (NOTE [ Prefetch cancellation ] in audiobuffer/_cancel.py).
+        # (NOTE [ Prefetch cancellation ] in audiobuffer/engine/cancel.py).
         self._unregister = on_cancel(self.stop)
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -353,7 +353,7 @@ class ProducerPool:
         if self._feed.stop():  # the first stop; the abort also when closed: no unlocked peek decides it
             self._buffer.abort(BufferClosed("the producer pool was closed"))
             if self._delivering:
-                # wake producers waiting inside it for the consumer (NOTE [ Delivering decoders ] in _outcomes.py)
+                # wake producers waiting inside it for the consumer (NOTE [ Delivering decoders ] in engine/pool.py)
                 cast(Any, self._decode).stop_waiting()
 
     def close(self, timeout: float = JOIN_TIMEOUT) -> None:
