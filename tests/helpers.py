@@ -79,6 +79,15 @@ def write_tone(path: Path, *, seconds: float = 0.5, sample_rate: int = 16000, ch
     return path
 
 
+def drop_flac_length(path: Path) -> Path:
+    """Zero the total-samples field of FLAC file ``path``'s STREAMINFO (the low 36 bits of bytes 18-25),
+    as streaming encoders write it: the length is then unknown until the file is decoded."""
+    data = bytearray(path.read_bytes())
+    data[18:26] = (int.from_bytes(data[18:26], "big") & ~((1 << 36) - 1)).to_bytes(8, "big")
+    path.write_bytes(bytes(data))
+    return path
+
+
 def make_corpus(root: Path, n: int, *, fmt: str = "wav", classes: int = 3, seconds: float = 0.1,
                 sample_rate: int = 8000) -> list[Path]:
     """``n`` short tones named ``{label}_{i}.{fmt}`` in class folders ``class{label}/``."""

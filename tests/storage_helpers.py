@@ -99,11 +99,7 @@ class FaultProxy:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._handlers: list[threading.Thread] = []
-        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._listener.bind(("127.0.0.1", 0))
-        self._listener.listen(64)
-        self._listener.settimeout(0.1)  # the accept loop checks the stop event this often
-        self.port = self._listener.getsockname()[1]
+        self._listener, self.port = _listen(0.1)
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self._acceptor = threading.Thread(target=self._accept_loop, name="audiobuffer-test-proxy", daemon=True)
         self._acceptor.start()
@@ -170,6 +166,16 @@ class FaultProxy:
                         conn.sendall(chunk)
             except OSError:
                 return  # the client went away, or the upstream: the client sees a closed connection
+
+
+def _listen(poll: float) -> tuple[socket.socket, int]:
+    """A socket listening on a free loopback port, and that port; its accept waits at most ``poll`` seconds,
+    so that an accept loop checks its stop event that often."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    listener.settimeout(poll)
+    return listener, listener.getsockname()[1]
 
 
 def _read_request(conn: socket.socket) -> bytes | None:
@@ -294,11 +300,7 @@ class SilentServer:
         self.connections = 0
         self._held: list[socket.socket] = []
         self._stop = threading.Event()
-        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._listener.bind(("127.0.0.1", 0))
-        self._listener.listen(64)
-        self._listener.settimeout(0.05)  # the accept loop checks the stop event this often
-        self.port = self._listener.getsockname()[1]
+        self._listener, self.port = _listen(0.05)
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self._thread = threading.Thread(target=self._accept_loop, name="audiobuffer-test-silent", daemon=True)
         self._thread.start()
