@@ -1,6 +1,6 @@
 """A loader's place in its run: the epoch its next ``iter()`` runs, this process's shard, the point a
 loaded state resumes at, and the state-dict encoding (:class:`EpochCursor`, :class:`StateKeys`), written
-once for every loader."""
+once for every loader; :class:`PipelineViews`, what every loader shows of its pipeline and cursor."""
 
 from __future__ import annotations
 
@@ -16,8 +16,10 @@ from ..engine.plan import EpochShard
 
 if TYPE_CHECKING:
     from ..engine.pipeline import Pipeline
+    from ..sources.source import Source
+    from ..sources.stream import ShardStream
 
-__all__ = ["EpochCursor", "StateKeys", "dataloader_worker"]
+__all__ = ["EpochCursor", "PipelineViews", "StateKeys", "dataloader_worker"]
 
 
 class StateKeys:
@@ -124,3 +126,34 @@ class EpochCursor:
                 _plan.STATE_WORLD_SIZE: world_size, _plan.STATE_EVEN_SHARDS: options.even_shards,
                 _plan.STATE_SOURCE: pipeline.source.fingerprint(),
                 _plan.STATE_BATCHING: None if pipeline.batching is None else pipeline.batching.state()}
+
+
+class PipelineViews:
+    """What every loader shows of the :class:`~audiobuffer.engine.pipeline.Pipeline` it holds
+    (``self.pipeline``) and of its :class:`EpochCursor` (``self._cursor``), both set by its constructor."""
+
+    pipeline: Pipeline
+    _cursor: EpochCursor
+
+    @property
+    def source(self) -> Source | ShardStream:
+        """The listed source."""
+        return self.pipeline.source
+
+    @property
+    def classes(self) -> list[str]:
+        """The sorted label names; a sample's ``label`` (a batch's ``label`` entries) indexes this list."""
+        return self.pipeline.source.classes
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next ``iter()`` runs."""
+        return self._cursor.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Set the epoch of the next ``iter()``: it seeds the shuffle and random crops.
+
+        Call it at the start of every epoch, as with ``DistributedSampler``. With
+        ``persistent_workers=True`` DataLoader workers keep the epoch they started with.
+        """
+        self._cursor.set_epoch(epoch)

@@ -19,8 +19,7 @@ from ..engine.epoch import MAX_LISTED_FAILURES, DatasetStats, RunningEpochs, run
 from ..engine.pipeline import DurationBatching, Pipeline
 from ..options import DEFAULT_WARN_AFTER, ErrorPolicy, EvenShards, LoaderOptions, ProducerCount
 from ..sources.source import LabelSpec, Source, SourceSpec, WorkItem
-from ..sources.stream import ShardStream
-from ._state import EpochCursor, StateKeys, dataloader_worker
+from ._state import EpochCursor, PipelineViews, StateKeys, dataloader_worker
 
 __all__ = ["MAX_LISTED_FAILURES", "BufferedDataset", "DatasetStats", "ErrorPolicy", "EvenShards"]
 
@@ -90,7 +89,7 @@ class WorkerEpochs:
             UserWarning, stacklevel=4)
 
 
-class BufferedDataset(StateKeys, IterableDataset):
+class BufferedDataset(PipelineViews, StateKeys, IterableDataset):
     """An ``IterableDataset`` whose samples are decoded ahead of time by a pool of producer threads.
 
     Each ``iter()`` is one epoch: producer threads decode this shard's work items into a
@@ -219,11 +218,6 @@ class BufferedDataset(StateKeys, IterableDataset):
     # -- what it was built with (read-only) ------------------------------------------------------
 
     @property
-    def source(self) -> Source | ShardStream:
-        """The listed source."""
-        return self.pipeline.source
-
-    @property
     def decoder(self) -> Callable[[WorkItem], Any]:
         """The decoder the producers run."""
         return self.pipeline.decoder
@@ -239,25 +233,7 @@ class BufferedDataset(StateKeys, IterableDataset):
         streamed shards (their batches are cut as they stream)."""
         return self.pipeline.batching
 
-    @property
-    def classes(self) -> list[str]:
-        """The sorted label names; a sample's ``label`` indexes this list."""
-        return self.pipeline.source.classes
-
     # -- epochs --------------------------------------------------------------------------------
-
-    @property
-    def epoch(self) -> int:
-        """The epoch the next ``iter()`` runs."""
-        return self._cursor.epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        """Set the epoch of the next ``iter()``: it seeds the shuffle and random crops.
-
-        Call it at the start of every epoch, as with ``DistributedSampler``. With
-        ``persistent_workers=True`` DataLoader workers keep the epoch they started with.
-        """
-        self._cursor.set_epoch(epoch)
 
     def shard_info(self) -> tuple[int, int]:
         """This process's ``(rank, world_size)``: as given, else from ``torch.distributed``, else (0, 1)."""

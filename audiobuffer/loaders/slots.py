@@ -61,8 +61,7 @@ from ..engine.pool import DELIVERED
 from ..errors import BufferClosed, SampleError
 from ..options import LoaderOptions, check_keywords
 from ..sources.source import Source, SourceSpec, WorkItem
-from ..sources.stream import ShardStream
-from ._state import EpochCursor, dataloader_worker
+from ._state import EpochCursor, PipelineViews, dataloader_worker
 
 __all__ = [
     "BatchSlotLoader",
@@ -449,7 +448,7 @@ class SlotStats:
         return f"SlotStats({', '.join(f'{k}={v}' for k, v in self.as_dict().items())})"
 
 
-class BatchSlotLoader:
+class BatchSlotLoader(PipelineViews):
     """Batches of fixed-shape samples, written by producer threads straight into recycled slots.
 
     Takes the place of ``BufferedDataset`` + ``DataLoader(collate_fn=pad_collate, pin_memory=True)``
@@ -528,25 +527,6 @@ class BatchSlotLoader:
                 f"batch_size={self.batch_size}, num_slots={self.num_slots}, drop_last={self.drop_last}, "
                 f"pin_memory={self.pin_memory}, num_producers={options.num_producers!r}, "
                 f"shuffle={options.shuffle}, on_error={options.on_error!r})")
-
-    @property
-    def source(self) -> Source | ShardStream:
-        """The listed source."""
-        return self.pipeline.source
-
-    @property
-    def classes(self) -> list[str]:
-        """The sorted label names; a batch's ``label`` indexes this list."""
-        return self.pipeline.source.classes
-
-    @property
-    def epoch(self) -> int:
-        """The epoch the next ``iter()`` runs."""
-        return self._cursor.epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        """As :meth:`BufferedDataset.set_epoch`."""
-        self._cursor.set_epoch(epoch)
 
     def stats(self) -> DatasetStats | None:
         """The current or last epoch's stats, as :meth:`BufferedDataset.stats` gives them.

@@ -34,7 +34,7 @@ from ...engine.plan import EpochShard
 from ...errors import BufferClosed, DecodeError, HelperError, SampleError, StallError
 from ...options import ErrorPolicy, LoaderOptions, ProducerCount, check_keywords
 from ...sources.source import Source, SourceSpec, WorkItem
-from .._state import EpochCursor, StateKeys
+from .._state import EpochCursor, PipelineViews, StateKeys
 from .channel import CLOSED, HelperChannel, RemoteTraceback, death_message, pickle_by_reference
 from .protocol import Batch, EpochEnd, EpochError, SampleFailed, Skipped, Stalled, StartEpoch
 
@@ -97,7 +97,7 @@ DEFAULT_SLOT_BYTES = 4 << 20
 SILENCE_GRACE = 5.0
 
 
-class IsolatedLoader(StateKeys):
+class IsolatedLoader(PipelineViews, StateKeys):
     """Batches from producer threads that run in one helper process, so the trainer's GIL stays free.
 
     Takes :class:`~audiobuffer.BufferedDataset`'s keywords plus the batching ones, and yields
@@ -206,20 +206,6 @@ class IsolatedLoader(StateKeys):
     def source(self) -> Source:
         """The listed source."""
         return self.pipeline.source  # type: ignore[return-value]  # checked in __init__
-
-    @property
-    def classes(self) -> list[str]:
-        """The sorted label names; a batch's ``label`` indexes this list."""
-        return self.pipeline.source.classes
-
-    @property
-    def epoch(self) -> int:
-        """The epoch the next ``iter()`` runs."""
-        return self._cursor.epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        """As :meth:`BufferedDataset.set_epoch`: seeds the next epoch's shuffle and random crops."""
-        self._cursor.set_epoch(epoch)
 
     def __len__(self) -> int:
         """Batches per epoch on this rank (failed samples make some batches, or the last one, smaller);
