@@ -45,6 +45,7 @@ _EXPORTS = {
     "StallError": ".errors",
     "StorageError": ".errors",
     "WorkItem": ".sources",
+    "make_demo_corpus": ".cli.demo",
     "pad_collate": ".collate",
     "payload_nbytes": ".buffer",
 }
@@ -76,6 +77,7 @@ __all__ = [
     "StallError",
     "StorageError",
     "WorkItem",
+    "make_demo_corpus",
     "pad_collate",
     "payload_nbytes",
 ]
@@ -97,6 +99,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from .buffer import Buffer, BufferStats, payload_nbytes
+    from .cli.demo import make_demo_corpus
     from .collate import pad_collate
     from .decoders import AudioDecoder, ImageDecoder
     from .errors import (
