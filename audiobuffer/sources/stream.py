@@ -22,8 +22,10 @@ epoch streams every other shard whole: the samples of a shard that was partly ha
 state was saved come again.
 
 A streamed sample's work item has ``index = shard number * MEMBER_STRIDE + its position in the
-shard``, its ``path`` is ``<shard>/<original name>`` and its fields and label come from its
-``<key>.json`` sidecar (``labels="label"``) or from its name. A shard that ends early yields the
+shard`` and its ``path`` is ``<shard>/<original name>``. Its fields are its other members
+(:func:`~audiobuffer.sources.tar.sample_fields`: the keys of ``<key>.json``, ``<key>.cls``, ``<key>.txt``...;
+for a shard ``audiobuffer pack`` wrote, the manifest fields its sidecar records, as by index), and
+``labels=`` names one of them, or reads the label from the name. A shard that ends early yields the
 samples before the cut, then one failure naming the shard and the member cut (``on_error`` applies);
 a shard that cannot be read at all is one such failure.
 
@@ -49,7 +51,7 @@ from . import storage
 from .index import INDEX_NAME, read_index
 from .source import LABEL_COLUMN, LabelSpec, Source, SourceSpec, WorkItem, _natural_key, _resolve_labels, names_shards
 from .storage import RetrySpec
-from .tar import MEMBER_STRIDE, SHUFFLE_BUFFER, ShardSample, iter_shard
+from .tar import MEMBER_STRIDE, SHUFFLE_BUFFER, ShardSample, is_packed_sidecar, iter_shard
 
 __all__ = ["MEMBER_STRIDE", "SHUFFLE_BUFFER", "ShardStream", "as_source"]
 
@@ -152,15 +154,14 @@ class ShardStream:
         Raises:
             SourceError: its label does not match the label expression or is not one of the classes.
         """
-        meta = sample.meta or {}
-        fields = _fields(meta)
+        fields = dict(sample.fields)
         data = sample.data
         item = WorkItem(index=shard.index * MEMBER_STRIDE + position, path=sample.path, fields=fields,
                         epoch=shard.epoch, seed=shard.seed, seq=shard.seq, read=lambda: data)
         if self.labels is None:
             return item
         columns = self.listing().columns
-        row = {**fields, LABEL_COLUMN: meta.get(LABEL_COLUMN)}
+        row = _row(sample)
         name = (_resolve_labels(self.labels, [item.path], [row] if columns else None, columns) or [None])[0]
         if name is not None and name not in self.class_to_idx:
             raise SourceError(f"{item.path!r}: label {name!r} is not one of the {len(self.classes)} classes "
@@ -231,18 +232,17 @@ class ShardStream:
         out = []
         try:
             for sample in iter_shard(url, storage_options=self.storage_options, retry=self.retry):
-                meta = sample.meta or {}
-                fields = _fields(meta)
-                out.append((sample.path, {**fields, LABEL_COLUMN: meta.get(LABEL_COLUMN)} if meta else {}))
+                out.append((sample.path, _row(sample)))
         except DecodeError as exc:  # truncated: each epoch reports it (on_error); list what it holds
             logger.warning("%s", exc)
         return out
 
 
-def _fields(meta: Mapping[str, Any]) -> dict[str, Any]:
-    """A sidecar's manifest fields (``{}`` without)."""
-    fields = meta.get("fields")
-    return dict(fields) if isinstance(fields, Mapping) else {}
+def _row(sample: ShardSample) -> dict[str, Any]:
+    """What ``labels=`` may name of a sample: its fields, and a packed sidecar's ``label``."""
+    if is_packed_sidecar(sample.meta):
+        return {**sample.fields, LABEL_COLUMN: sample.label}
+    return dict(sample.fields)
 
 
 def _same(shard: str) -> str:

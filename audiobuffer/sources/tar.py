@@ -9,7 +9,9 @@ cut, then raises a :class:`~audiobuffer.DecodeError` naming the shard and the me
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import tarfile
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,7 +28,10 @@ __all__ = [
     "SHUFFLE_BUFFER",
     "ShardSample",
     "Truncated",
+    "is_packed_sidecar",
     "iter_shard",
+    "member_value",
+    "sample_fields",
     "shuffle_buffer",
     "split_key",
     "stream_shards",
@@ -39,8 +44,9 @@ MEMBER_STRIDE = 1 << 32
 
 _BLOCK = tarfile.BLOCKSIZE
 ENCODING, ERRORS = "utf-8", "surrogateescape"
-# Extensions of a WebDataset sample that hold metadata, not the sample's main file.
-_META_EXTENSIONS = frozenset({"json", "cls", "cls2", "txt", "id", "index"})
+# Extensions of a WebDataset sample that hold metadata, not the sample's main file, by the last part of
+# the extension ("speaker.txt" is metadata too).
+_META_EXTENSIONS = frozenset({"json", "cls", "cls2", "txt", "text", "id", "index", "yaml", "yml"})
 
 T = TypeVar("T")
 
@@ -58,6 +64,8 @@ class ShardSample:
             :func:`~audiobuffer.sources.pack.pack` writes), or ``member``.
         data: the main file's bytes.
         meta: the JSON sidecar, parsed, or ``None`` without one.
+        fields: the sample's fields (see :func:`sample_fields`).
+        label: the label the sidecar of a packed shard records, or ``None``.
     """
 
     shard: str
@@ -67,6 +75,8 @@ class ShardSample:
     name: str
     data: bytes
     meta: Mapping[str, Any] | None
+    fields: Mapping[str, Any]
+    label: Any = None
 
     @property
     def path(self) -> str:
@@ -89,21 +99,51 @@ def iter_shard(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any
     url = os.fspath(url)
     with storage.open_stream(url, storage_options=storage_options, retry=retry, block_size=block_size) as stream:
         key = ""
+        dotted = False  # whether this shard's keys hold dots (see split_key)
         group: list[tuple[str, bytes]] = []
         try:
             for name, payload in _tar_members(stream, url):
-                this = split_key(name)[0]
-                if group and this != key:
-                    yield _sample(url, key, group)
+                this = split_key(name, dotted=dotted)[0]
+                if group and this == key and not dotted and _keys_have_dots(group, name):
+                    dotted = True
+                    yield from (_sample(url, k, g, dotted=True) for k, g in _regroup(group))
+                    group = []
+                    this = split_key(name, dotted=True)[0]
+                elif group and this != key:
+                    yield _sample(url, key, group, dotted=dotted)
                     group = []
                 key = this
                 group.append((name, payload))
         except Truncated as exc:
-            if group and exc.member is not None and split_key(exc.member)[0] != key:
-                yield _sample(url, key, group)  # the cut is in the next sample: this one is whole
+            if group and exc.member is not None and split_key(exc.member, dotted=dotted)[0] != key:
+                yield _sample(url, key, group, dotted=dotted)  # the cut is in the next sample: this one is whole
             raise
         if group:
-            yield _sample(url, key, group)
+            yield _sample(url, key, group, dotted=dotted)
+
+
+def _keys_have_dots(group: list[tuple[str, bytes]], name: str) -> bool:
+    """Whether ``name`` joining ``group`` (one key by WebDataset's rule) shows that the keys hold dots.
+
+    That is when its last extension is already in the group (``utt.000.wav`` then ``utt.001.wav``) and
+    every member's base name has two dots or more, so that each keeps an extension and a dotted key.
+    """
+    last = name.rpartition(".")[2]
+    if last not in {n.rpartition(".")[2] for n, _ in group}:
+        return False
+    return all(n.rpartition("/")[2].count(".") >= 2 for n in (*(n for n, _ in group), name))
+
+
+def _regroup(group: list[tuple[str, bytes]]) -> list[tuple[str, list[tuple[str, bytes]]]]:
+    """``group``'s members regrouped by their dotted keys, in order."""
+    out: list[tuple[str, list[tuple[str, bytes]]]] = []
+    for name, payload in group:
+        key = split_key(name, dotted=True)[0]
+        if out and out[-1][0] == key:
+            out[-1][1].append((name, payload))
+        else:
+            out.append((key, [(name, payload)]))
+    return out
 
 
 def stream_shards(urls: Iterable[str], *, shuffle: int = 0, seed: int | Sequence[int] = 0,
@@ -144,20 +184,28 @@ def shuffle_buffer(items: Iterable[T], size: int, rng: np.random.Generator) -> I
     yield from buffer
 
 
-def split_key(name: str) -> tuple[str, str]:
-    """WebDataset's split of a member name into key and extension: at the first dot of the base name."""
+def split_key(name: str, *, dotted: bool = False) -> tuple[str, str]:
+    """A member name's key and extension: WebDataset's split at the first dot of the base name.
+
+    With ``dotted``, for shards whose keys hold dots (``utt.000.wav``, as ``webdataset.ShardWriter``
+    writes a key ``"utt.000"``), the split is at the last dot instead. :func:`iter_shard` switches to
+    that when a shard shows it: two members of one WebDataset key with the same last extension, every
+    member's base name holding two dots or more.
+    """
     folder, _, base = name.rpartition("/")
-    stem, _, ext = base.partition(".")
+    stem, _, ext = base.rpartition(".") if dotted else base.partition(".")
+    if dotted and "." not in base:
+        stem, ext = base, ""
     return (f"{folder}/{stem}" if folder else stem), ext
 
 
-def _sample(shard: str, key: str, group: list[tuple[str, bytes]]) -> ShardSample:
+def _sample(shard: str, key: str, group: list[tuple[str, bytes]], *, dotted: bool) -> ShardSample:
     files = {}
     main = None
     for name, payload in group:
-        ext = split_key(name)[1]
+        ext = split_key(name, dotted=dotted)[1]
         files[ext] = payload
-        if main is None and ext.lower() not in _META_EXTENSIONS:
+        if main is None and ext.rpartition(".")[2].lower() not in _META_EXTENSIONS:
             main = (name, payload)
     if main is None:
         main = group[0]
@@ -171,10 +219,56 @@ def _sample(shard: str, key: str, group: list[tuple[str, bytes]]) -> ShardSample
         except RecursionError as exc:
             raise DecodeError(f"member {key + '.json'!r} of shard {shard!r} is nested too deeply to be a sidecar",
                               path=f"{shard}/{key}.json") from exc
-    original = meta.get("name") if isinstance(meta, dict) else None
+    meta = meta if isinstance(meta, dict) else None
+    original = meta.get("name") if meta is not None else None
     name = original if isinstance(original, str) and original else main[0]
+    fields, label = sample_fields(files, split_key(main[0], dotted=dotted)[1], meta)
     return ShardSample(shard=shard, key=key, files=files, member=main[0], name=name, data=main[1],
-                       meta=meta if isinstance(meta, dict) else None)
+                       meta=meta, fields=fields, label=label)
+
+
+def is_packed_sidecar(meta: Mapping[str, Any] | None) -> bool:
+    """Whether ``meta`` is the sidecar :func:`~audiobuffer.sources.pack.pack` writes (name, label, fields)."""
+    return meta is not None and isinstance(meta.get("name"), str) and isinstance(meta.get("fields"), Mapping)
+
+
+def sample_fields(files: Mapping[str, bytes], main: str, meta: Mapping[str, Any] | None
+                  ) -> tuple[dict[str, Any], Any]:
+    """A streamed sample's fields and packed label, from its members other than the main file ``main``.
+
+    A shard that :func:`~audiobuffer.sources.pack.pack` wrote gives the manifest fields its sidecar
+    records and the sidecar's label, the same as reading it by index. Any other WebDataset sample gives
+    every top-level key of its ``.json`` member, and every other member by its extension (``cls``,
+    ``txt``, ``index``, ``speaker.txt``...): text as text, a number as a number, bytes that are not
+    UTF-8 as bytes. A member's extension wins over a JSON key of the same name.
+    """
+    if is_packed_sidecar(meta):
+        assert meta is not None
+        return dict(meta["fields"]), meta.get("label")
+    fields: dict[str, Any] = dict(meta) if meta is not None else {}
+    for ext, payload in files.items():
+        if ext != main and ext != "json":
+            fields[ext] = member_value(payload)
+    return fields, None
+
+
+_INTEGER = re.compile(r"[+-]?\d+")
+_DECIMAL = re.compile(r"[+-]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?")
+
+
+def member_value(payload: bytes) -> str | int | float | bytes:
+    """A metadata member's value: its UTF-8 text stripped, a number where the text is one, else the bytes."""
+    try:
+        text = payload.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        return payload
+    if _INTEGER.fullmatch(text):
+        return int(text)
+    if _DECIMAL.fullmatch(text):
+        number = float(text)
+        if math.isfinite(number):
+            return number
+    return text
 
 
 def _read_exact(stream: BinaryIO, n: int) -> bytes:

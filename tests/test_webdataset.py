@@ -1,0 +1,147 @@
+"""Shards written by other tools, read as WebDataset reads them: every member of a sample other than its audio
+is a field (``.cls``, ``.txt``, ``.json`` keys...), keys with dots, members in any order within a sample;
+audiobuffer/sources/tar.py and stream.py. The shards are written by ``webdataset.ShardWriter`` itself where the
+test says so, else by ``tarfile``."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+from helpers import wait_no_threads
+
+from audiobuffer import AudioDecoder, BufferedDataset, SourceError
+from audiobuffer.sources import iter_shard
+from audiobuffer.sources.tar import member_value, split_key
+
+N = 12
+
+
+def _audio(i: int, fmt: str) -> bytes:
+    """A short tone whose length names the sample (800 + i frames at 8 kHz)."""
+    out = io.BytesIO()
+    t = np.arange(800 + i) / 8000
+    sf.write(out, (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32), 8000, format=fmt.upper(),
+             subtype="PCM_16")
+    return out.getvalue()
+
+
+def _write_tar(path: Path, members: list[tuple[str, bytes]]) -> Path:
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def _drain(ds: BufferedDataset) -> list[dict]:
+    samples = list(ds)
+    ds.close()
+    assert wait_no_threads() == []
+    return samples
+
+
+@pytest.fixture(scope="module")
+def wds_shards(tmp_path_factory):
+    """Two corpora written by webdataset.ShardWriter: .wav + .cls with dotted keys, .flac + .json."""
+    webdataset = pytest.importorskip("webdataset", reason="webdataset writes these shards (pip install webdataset)")
+    root = tmp_path_factory.mktemp("wds")
+    with webdataset.ShardWriter(str(root / "cls-%06d.tar"), maxcount=5, verbose=0) as sink:
+        for i in range(N):
+            sink.write({"__key__": f"utt.{i:03d}", "wav": _audio(i, "wav"), "cls": i % 3})
+    with webdataset.ShardWriter(str(root / "json-%06d.tar"), maxcount=5, verbose=0) as sink:
+        for i in range(N):
+            sink.write({"__key__": f"s{i:03d}", "flac": _audio(i, "flac"),
+                        "json": {"label": "yes" if i % 2 else "no", "speaker": f"spk{i % 4}", "text": f"say {i}"}})
+    return root
+
+
+def test_shardwriter_cls_labels_and_dotted_keys(wds_shards):
+    ds = BufferedDataset(str(wds_shards / "cls-{000000..000002}.tar"), AudioDecoder(), labels="cls",
+                         num_producers=2, shuffle=True, seed=1)
+    assert ds.classes == ["0", "1", "2"]
+    samples = _drain(ds)
+    frames = sorted(s["audio"].shape[-1] - 800 for s in samples)
+    assert frames == list(range(N))  # every sample once: the dotted keys did not merge samples
+    for s in samples:
+        i = s["audio"].shape[-1] - 800
+        assert s["cls"] == i % 3 and s["label_name"] == str(i % 3) and ds.classes[s["label"]] == str(i % 3)
+        assert s["path"].endswith(f"utt.{i:03d}.wav")
+
+
+def test_shardwriter_json_keys_are_fields(wds_shards):
+    ds = BufferedDataset(str(wds_shards / "json-*.tar"), AudioDecoder(), labels="label", num_producers=2)
+    assert ds.classes == ["no", "yes"] and len(ds) == N
+    samples = _drain(ds)
+    assert len(samples) == N
+    for s in samples:
+        i = s["audio"].shape[-1] - 800
+        assert (s["speaker"], s["text"], s["label_name"]) == (f"spk{i % 4}", f"say {i}", "yes" if i % 2 else "no")
+
+
+def test_a_custom_decoder_sees_every_field(wds_shards):
+    seen = []
+
+    def decoder(item):
+        seen.append(dict(item.fields))
+        return {"n": len(item.read())}
+
+    _drain(BufferedDataset(str(wds_shards / "json-*.tar"), decoder, labels="speaker", num_producers=1))
+    assert len(seen) == N and all(set(f) == {"label", "speaker", "text"} for f in seen)
+
+
+def test_the_fields_are_what_webdataset_itself_reads(wds_shards):
+    webdataset = pytest.importorskip("webdataset")
+    theirs = {s["__key__"]: s["json"] for s in webdataset.WebDataset(
+        str(wds_shards / "json-{000000..000002}.tar"), shardshuffle=False).decode()}
+    ours = {s["path"].rpartition("/")[2].partition(".")[0]: {k: s[k] for k in ("label", "speaker", "text")}
+            for s in _drain(BufferedDataset(str(wds_shards / "json-*.tar"), AudioDecoder(), num_producers=1))}
+    assert len(theirs) == N and ours == theirs
+
+
+def test_members_in_any_order_several_extensions_and_numbers(tmp_path):
+    members = []
+    for i in range(6):
+        meta = [(f"k{i}.json", json.dumps({"speaker": f"s{i}", "gain": 0.5}).encode()),
+                (f"k{i}.txt", f" word {i}\n".encode()), (f"k{i}.index", str(i).encode()),
+                (f"k{i}.seconds.txt", b"0.1")]
+        audio = (f"k{i}.wav", _audio(i, "wav"))
+        members += [*meta, audio] if i % 2 else [audio, *reversed(meta)]
+    shard = _write_tar(tmp_path / "mixed.tar", members)
+    samples = _drain(BufferedDataset(str(shard), AudioDecoder(), labels="speaker", num_producers=2))
+    assert len(samples) == 6
+    for s in samples:
+        i = s["audio"].shape[-1] - 800
+        assert s["path"].endswith(f"k{i}.wav")
+        assert (s["txt"], s["seconds.txt"], s["gain"]) == (f"word {i}", 0.1, 0.5)
+        assert s["label_name"] == f"s{i}"
+
+
+def test_a_label_field_missing_from_the_shards_names_the_fields(tmp_path):
+    shard = _write_tar(tmp_path / "a.tar", [("a.wav", _audio(0, "wav")), ("a.cls", b"1")])
+    with pytest.raises(SourceError, match="cls"):
+        BufferedDataset(str(shard), AudioDecoder(), labels="speaker")
+
+
+def test_split_key_and_member_values():
+    assert split_key("d/utt.000.wav") == ("d/utt", "000.wav")
+    assert split_key("d/utt.000.wav", dotted=True) == ("d/utt.000", "wav")
+    assert split_key("README", dotted=True) == ("README", "")
+    assert [member_value(b) for b in (b"7\n", b"-2", b"2.5", b"1e3", b"nan", b"1_0", b" hi ", b"\xff\xfe")] == \
+        [7, -2, 2.5, 1000.0, "nan", "1_0", "hi", b"\xff\xfe"]
+
+
+def test_dotted_keys_are_told_from_extensions_with_dots(tmp_path):
+    # WebDataset's own multi-part extensions (one key, "left.png" and "right.png") stay one sample, while
+    # keys with dots (two members with the same last extension, every name with two dots) split.
+    views = _write_tar(tmp_path / "views.tar", [("a.json", b"{}"), ("a.left.wav", b"L"), ("a.right.wav", b"R"),
+                                                 ("b.json", b"{}"), ("b.left.wav", b"L"), ("b.right.wav", b"R")])
+    assert [sorted(s.files) for s in iter_shard(views)] == [["json", "left.wav", "right.wav"]] * 2
+    dotted = _write_tar(tmp_path / "dotted.tar", [(f"x.{i}.{ext}", b"1") for i in range(3) for ext in ("cls", "wav")])
+    assert [(s.key, sorted(s.files)) for s in iter_shard(dotted)] == [(f"x.{i}", ["cls", "wav"]) for i in range(3)]
