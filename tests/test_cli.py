@@ -318,7 +318,7 @@ def test_help_lists_every_command(capsys):
         main(["--help"])
     assert exit_info.value.code == 0
     listed = capsys.readouterr().out
-    for command in ("run", "config", "demo", "bench", "stress", "pack"):
+    for command in ("run", "config", "demo", "bench", "stress", "pack", "index"):
         assert re.search(rf"^\s+{command}\s+\S", listed, re.MULTILINE), (command, listed)
 
 

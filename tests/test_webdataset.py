@@ -16,7 +16,7 @@ import soundfile as sf
 from helpers import wait_no_threads
 
 from audiobuffer import AudioDecoder, BufferedDataset, SourceError
-from audiobuffer.sources import iter_shard
+from audiobuffer.sources import iter_shard, read_index
 from audiobuffer.sources.tar import member_value, split_key
 
 N = 12
@@ -145,3 +145,88 @@ def test_dotted_keys_are_told_from_extensions_with_dots(tmp_path):
     assert [sorted(s.files) for s in iter_shard(views)] == [["json", "left.wav", "right.wav"]] * 2
     dotted = _write_tar(tmp_path / "dotted.tar", [(f"x.{i}.{ext}", b"1") for i in range(3) for ext in ("cls", "wav")])
     assert [(s.key, sorted(s.files)) for s in iter_shard(dotted)] == [(f"x.{i}", ["cls", "wav"]) for i in range(3)]
+
+
+# -- an index for shards that exist ---------------------------------------------------------------------
+
+def _indexed(wds_shards, tmp_path, pattern: str) -> Path:
+    """A copy of the shards matching ``pattern`` in ``tmp_path``, indexed by ``audiobuffer index``."""
+    from audiobuffer.cli.main import main
+
+    for shard in sorted(wds_shards.glob(pattern)):
+        (tmp_path / shard.name).write_bytes(shard.read_bytes())
+    assert main(["index", str(tmp_path / pattern), "--no-progress", "-q"]) == 0
+    return tmp_path / "index.json"
+
+
+def _by_name(samples) -> dict[str, dict]:
+    keep = ("cls", "label", "speaker", "text", "label_name")
+    return {s["path"].rpartition("/")[2]: {k: s.get(k) for k in keep} for s in samples}
+
+
+@pytest.mark.parametrize(("pattern", "labels"), [("cls-*.tar", "cls"), ("json-*.tar", "label")])
+def test_by_index_the_same_samples_fields_and_labels_as_streamed(wds_shards, tmp_path, pattern, labels):
+    index = _indexed(wds_shards, tmp_path, pattern)
+    by_index = BufferedDataset(index, AudioDecoder(), labels=labels, num_producers=2, shuffle=True)
+    streamed = BufferedDataset(sorted(str(p) for p in tmp_path.glob(pattern)), AudioDecoder(), labels=labels,
+                               num_producers=2)
+    assert len(by_index) == N and by_index.classes == streamed.classes
+    indexed, read = _drain(by_index), _drain(streamed)
+    assert len(indexed) == N and _by_name(indexed) == _by_name(read)
+    durations = sorted(m.duration for m in read_index(index).members)
+    assert durations == pytest.approx(sorted((800 + i) / 8000 for i in range(N)))
+
+
+def test_by_index_resume_is_exact(wds_shards, tmp_path):
+    index = _indexed(wds_shards, tmp_path, "cls-*.tar")
+    ds = BufferedDataset(index, AudioDecoder(), labels="cls", shuffle=True, seed=3, num_producers=2)
+    ds.set_epoch(1)
+    it = iter(ds)
+    first = [next(it) for _ in range(5)]
+    state = ds.state_dict()
+    it.close()
+    resumed = BufferedDataset(index, AudioDecoder(), labels="cls", shuffle=True, seed=3, num_producers=2)
+    resumed.load_state_dict(state)
+    rest = _drain(resumed)
+    ds.close()
+    names = [s["path"] for s in first + rest]
+    assert len(names) == N and len(set(names)) == N
+
+
+def test_by_index_the_isolated_loader_and_duration_batches(wds_shards, tmp_path, no_helper_left_behind):
+    from audiobuffer import IsolatedLoader
+
+    index = _indexed(wds_shards, tmp_path, "json-*.tar")
+    with IsolatedLoader(index, AudioDecoder(), labels="label", batch_size=5, num_producers=2) as loader:
+        batches = list(loader)
+    assert sum(len(b["label"]) for b in batches) == N
+    assert sorted(n for b in batches for n in b["speaker"]) == sorted(f"spk{i % 4}" for i in range(N))
+    ds = BufferedDataset(index, AudioDecoder(), labels="label", max_batch_seconds=0.5, num_producers=2)
+    batches = _drain(ds)
+    assert sum(len(b) for b in batches) == N
+    assert all(len(b) * max(s["audio"].shape[-1] for s in b) / 8000 <= 0.5 for b in batches)
+
+
+def test_index_refuses_to_overwrite_and_shards_outside_its_folder(wds_shards, tmp_path, capsys):
+    from audiobuffer.cli.main import main
+    from audiobuffer.sources import index_shards
+
+    index = _indexed(wds_shards, tmp_path, "cls-*.tar")
+    assert main(["index", str(tmp_path / "cls-*.tar"), "--no-progress"]) == 2
+    assert "exists" in capsys.readouterr().err
+    (tmp_path / "sub").mkdir()
+    with pytest.raises(SourceError, match="not inside the folder of the index"):
+        index_shards(str(tmp_path / "cls-*.tar"), tmp_path / "sub" / "index.json", progress=False)
+    assert index.is_file()
+
+
+def test_streamed_foreign_shards_batch_by_a_json_duration(tmp_path):
+    members = []
+    for i in range(N):
+        seconds = json.dumps({"seconds": (800 + i) / 8000}).encode()
+        members += [(f"u{i:02d}.wav", _audio(i, "wav")), (f"u{i:02d}.json", seconds)]
+    shard = _write_tar(tmp_path / "timed.tar", members)
+    ds = BufferedDataset(str(shard), AudioDecoder(), max_batch_seconds=0.5, duration_column="seconds", num_producers=2)
+    batches = _drain(ds)
+    assert sorted(s["audio"].shape[-1] - 800 for b in batches for s in b) == list(range(N))
+    assert all(len(b) * max(s["seconds"] for s in b) <= 0.5 + 1e-9 for b in batches)

@@ -38,6 +38,7 @@ _OWN_ARGUMENTS = {
     "bench": "time an epoch of decoding through each loader (see 'audiobuffer bench -h')",
     "stress": "many producers and consumers through Buffer, against queue.Queue (see 'audiobuffer stress -h')",
     "pack": "pack a source into tar shards and an index for random access (see 'audiobuffer pack -h')",
+    "index": "write the index of tar shards that exist, for random access (see 'audiobuffer index -h')",
 }
 
 

@@ -70,9 +70,14 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _fail(message: str) -> int:
-    print(f"{_PROG}: error: {' '.join(str(message).split())}", file=sys.stderr)
+def _fail_as(prog: str, message: str) -> int:
+    """Print ``message`` as one error line of the command ``prog``; return exit status 2."""
+    print(f"{prog}: error: {' '.join(str(message).split())}", file=sys.stderr)
     return 2
+
+
+def _fail(message: str) -> int:
+    return _fail_as(_PROG, message)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

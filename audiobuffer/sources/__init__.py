@@ -22,6 +22,7 @@ _EXPORTS = {
     "SourceSpec": ".source",
     "WorkItem": ".source",
     "as_source": ".stream",
+    "index_shards": ".pack",
     "iter_shard": ".tar",
     "pack": ".pack",
     "read_index": ".index",
@@ -44,6 +45,7 @@ __all__ = [
     "SourceSpec",
     "WorkItem",
     "as_source",
+    "index_shards",
     "iter_shard",
     "pack",
     "read_index",
@@ -69,7 +71,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from .index import INDEX_NAME, Member, ShardIndex, read_index, shard_name
-    from .pack import pack
+    from .pack import index_shards, pack
     from .source import AUDIO_PATTERNS, IMAGE_PATTERNS, LabelSpec, ReadClock, Source, SourceSpec, WorkItem
     from .stream import ShardStream, as_source
     from .tar import ShardSample, iter_shard, shuffle_buffer, stream_shards

@@ -1,6 +1,7 @@
-"""Packing a source into tar shards in WebDataset's layout, with an index: :func:`pack`.
+"""Packing a source into tar shards in WebDataset's layout, with an index: :func:`pack`; and the same index
+for shards that exist: :func:`index_shards`.
 
-:mod:`audiobuffer.sources` re-exports :func:`pack` and reads the shards back (by index or streamed).
+:mod:`audiobuffer.sources` re-exports both and reads the shards back (by index or streamed).
 
 NOTE [ Shard layout ]
 =====================
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import re
 import tarfile
@@ -31,15 +33,17 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from ..errors import StorageError
+from ..errors import SourceError, StorageError
 from . import storage
 from .index import INDEX_FORMAT, INDEX_NAME, INDEX_VERSION, ShardIndex, read_index, shard_name
-from .tar import ENCODING, ERRORS
+from .tar import ENCODING, ERRORS, is_packed_sidecar
 
 if TYPE_CHECKING:  # annotations only: pack() imports Source when it runs
     from .source import LabelSpec, SourceSpec
 
-__all__ = ["pack"]
+__all__ = ["index_shards", "pack"]
+
+logger = logging.getLogger(__name__)
 
 _SHARD_GLOB = "shard-*.tar"
 _PARTIAL = ".partial"
@@ -114,6 +118,114 @@ def pack(source: SourceSpec, out_dir: str | os.PathLike[str], *, shard_size: int
     index_path = out / INDEX_NAME
     _write_index(index_path, writer.shards, writer.members)
     return read_index(index_path)
+
+
+def index_shards(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+                 out: str | os.PathLike[str] | None = None, *, overwrite: bool = False, progress: bool = True,
+                 storage_options: Mapping[str, Any] | None = None) -> ShardIndex:
+    """Write the ``index.json`` that :func:`pack` writes for tar shards that exist (any WebDataset shards).
+
+    Each shard is read through once (:func:`~audiobuffer.sources.iter_shard`): each sample's main file is
+    recorded with its offset and size, its duration from its header, and its fields (the other members:
+    ``.json`` keys, ``.cls``, ``.txt``...), so that reading by the index gives the samples, fields and
+    labels that streaming the shards gives, with random access, exact resume, the isolated loader and
+    batches by duration. A sample's label in the index is its ``label`` field, where it has one.
+
+    Args:
+        shards: a path, URL, brace pattern or glob of shards, or a list of them.
+        out: the index file to write (a local path); by default ``index.json`` in the folder of the
+            first shard. Every local shard must lie inside its folder, where the index can name it.
+            For shards in object storage it is written here, to be uploaded beside them.
+        overwrite: replace an index file that exists.
+        progress: show a progress bar (tqdm) on stderr.
+        storage_options: fsspec options for shards given as URLs.
+
+    Raises:
+        SourceError: no shard matches, a shard is outside the index's folder, or a shard holds no sample.
+        StorageError: the index exists (without ``overwrite``), or a shard cannot be read.
+        DecodeError: a shard is truncated or malformed (the message names it and the member).
+    """
+    from tqdm import tqdm
+
+    from .tar import iter_shard
+
+    urls = storage.expand_urls(shards, storage_options=storage_options)
+    if not urls:
+        raise SourceError(f"no shards in {shards!r}")
+    remote = storage.is_url(urls[0])
+    if out is None:
+        out = "index.json" if remote else os.path.join(os.path.dirname(os.path.abspath(urls[0])), INDEX_NAME)
+    elif storage.is_url(os.fspath(out)):
+        raise ValueError(f"out must be a local path, got the URL {os.fspath(out)!r}; write the index here, "
+                         f"then upload it beside the shards")
+    path = Path(out)
+    if path.exists() and not overwrite:
+        raise StorageError(f"index {str(path)!r} exists; pass overwrite=True (--overwrite) to replace it",
+                           url=str(path))
+    names = _shard_names(urls, path, remote)
+    entries: list[dict[str, Any]] = []
+    members: list[dict[str, Any]] = []
+    left_out: set[str] = set()
+    with tqdm(total=len(urls), unit="shard", desc="index", disable=not progress) as bar:
+        for url, name in zip(urls, names):
+            count = 0
+            for sample in iter_shard(url, storage_options=storage_options):
+                fields = {}
+                for key, value in sample.fields.items():
+                    if isinstance(value, bytes):
+                        left_out.add(key)
+                    else:
+                        fields[key] = value
+                label = sample.label if is_packed_sidecar(sample.meta) else _label_of(fields)
+                ext = PurePosixPath(sample.member).suffix.lower().lstrip(".")
+                members.append({"shard": name, "member": sample.member, "name": sample.name,
+                                "offset": sample.offset, "size": len(sample.data),
+                                "duration": _duration(ext, sample.data), "label": label, "fields": fields})
+                count += 1
+            entries.append({"name": name, "size": storage.size(url, storage_options=storage_options),
+                            "members": count})
+            bar.update(1)
+    if not members:
+        raise SourceError(f"the {len(urls)} shards of {shards!r} hold no sample")
+    if left_out:
+        logger.warning("members that are not text (%s) are fields when streaming but are not recorded in the "
+                       "index", ", ".join(sorted(left_out)))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_index(path, entries, members)
+    if remote:
+        logger.warning("wrote %s for shards in object storage: upload it beside them, as %s", path,
+                       storage.sibling(urls[0], INDEX_NAME))
+    return read_index(path)  # (for remote shards, its shard paths resolve beside the file written here)
+
+
+def _shard_names(urls: list[str], index: Path, remote: bool) -> list[str]:
+    """Each shard's name as the index at ``index`` records it: relative to the index's folder."""
+    if remote:
+        folder = urls[0].rsplit("/", 1)[0] + "/"
+        outside = [u for u in urls if not u.startswith(folder) or "/" in u[len(folder):]]
+        if outside:
+            raise SourceError(f"shard {outside[0]!r} is not in the folder of {urls[0]!r}: an index names the "
+                              f"shards of one folder")
+        return [u[len(folder):] for u in urls]
+    root = os.path.abspath(index.parent)
+    names = []
+    for url in urls:
+        relative = os.path.relpath(os.path.abspath(url), root) if _same_drive(url, root) else ""
+        if not relative or relative.startswith("..") or os.path.isabs(relative):
+            raise SourceError(f"shard {url!r} is not inside the folder of the index {str(index)!r}; write the "
+                              f"index into the shards' folder (or one above it)")
+        names.append(Path(relative).as_posix())
+    return names
+
+
+def _same_drive(path: str, root: str) -> bool:
+    return os.path.splitdrive(os.path.abspath(path))[0].lower() == os.path.splitdrive(root)[0].lower()
+
+
+def _label_of(fields: Mapping[str, Any]) -> str | None:
+    """A foreign sample's label in the index: its ``label`` field as text, else ``None``."""
+    value = fields.get("label")
+    return None if value is None or value == "" else str(value)
 
 
 def _prepare_out(out: Path, overwrite: bool) -> None:

@@ -66,6 +66,7 @@ class ShardSample:
         meta: the JSON sidecar, parsed, or ``None`` without one.
         fields: the sample's fields (see :func:`sample_fields`).
         label: the label the sidecar of a packed shard records, or ``None``.
+        offset: where the main file's data starts in the shard, in bytes.
     """
 
     shard: str
@@ -77,6 +78,7 @@ class ShardSample:
     meta: Mapping[str, Any] | None
     fields: Mapping[str, Any]
     label: Any = None
+    offset: int = 0
 
     @property
     def path(self) -> str:
@@ -100,9 +102,9 @@ def iter_shard(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any
     with storage.open_stream(url, storage_options=storage_options, retry=retry, block_size=block_size) as stream:
         key = ""
         dotted = False  # whether this shard's keys hold dots (see split_key)
-        group: list[tuple[str, bytes]] = []
+        group: list[_Member] = []
         try:
-            for name, payload in _tar_members(stream, url):
+            for name, payload, offset in _tar_members(stream, url):
                 this = split_key(name, dotted=dotted)[0]
                 if group and this == key and not dotted and _keys_have_dots(group, name):
                     dotted = True
@@ -113,7 +115,7 @@ def iter_shard(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any
                     yield _sample(url, key, group, dotted=dotted)
                     group = []
                 key = this
-                group.append((name, payload))
+                group.append((name, payload, offset))
         except Truncated as exc:
             if group and exc.member is not None and split_key(exc.member, dotted=dotted)[0] != key:
                 yield _sample(url, key, group, dotted=dotted)  # the cut is in the next sample: this one is whole
@@ -122,27 +124,30 @@ def iter_shard(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any
             yield _sample(url, key, group, dotted=dotted)
 
 
-def _keys_have_dots(group: list[tuple[str, bytes]], name: str) -> bool:
+_Member = tuple[str, bytes, int]  # a member's name, data, and the offset of its data in the shard
+
+
+def _keys_have_dots(group: list[_Member], name: str) -> bool:
     """Whether ``name`` joining ``group`` (one key by WebDataset's rule) shows that the keys hold dots.
 
     That is when its last extension is already in the group (``utt.000.wav`` then ``utt.001.wav``) and
     every member's base name has two dots or more, so that each keeps an extension and a dotted key.
     """
     last = name.rpartition(".")[2]
-    if last not in {n.rpartition(".")[2] for n, _ in group}:
+    if last not in {m[0].rpartition(".")[2] for m in group}:
         return False
-    return all(n.rpartition("/")[2].count(".") >= 2 for n in (*(n for n, _ in group), name))
+    return all(n.rpartition("/")[2].count(".") >= 2 for n in (*(m[0] for m in group), name))
 
 
-def _regroup(group: list[tuple[str, bytes]]) -> list[tuple[str, list[tuple[str, bytes]]]]:
+def _regroup(group: list[_Member]) -> list[tuple[str, list[_Member]]]:
     """``group``'s members regrouped by their dotted keys, in order."""
-    out: list[tuple[str, list[tuple[str, bytes]]]] = []
-    for name, payload in group:
-        key = split_key(name, dotted=True)[0]
+    out: list[tuple[str, list[_Member]]] = []
+    for member in group:
+        key = split_key(member[0], dotted=True)[0]
         if out and out[-1][0] == key:
-            out[-1][1].append((name, payload))
+            out[-1][1].append(member)
         else:
-            out.append((key, [(name, payload)]))
+            out.append((key, [member]))
     return out
 
 
@@ -199,14 +204,14 @@ def split_key(name: str, *, dotted: bool = False) -> tuple[str, str]:
     return (f"{folder}/{stem}" if folder else stem), ext
 
 
-def _sample(shard: str, key: str, group: list[tuple[str, bytes]], *, dotted: bool) -> ShardSample:
+def _sample(shard: str, key: str, group: list[_Member], *, dotted: bool) -> ShardSample:
     files = {}
     main = None
-    for name, payload in group:
+    for name, payload, offset in group:
         ext = split_key(name, dotted=dotted)[1]
         files[ext] = payload
         if main is None and ext.rpartition(".")[2].lower() not in _META_EXTENSIONS:
-            main = (name, payload)
+            main = (name, payload, offset)
     if main is None:
         main = group[0]
     meta = None
@@ -224,7 +229,7 @@ def _sample(shard: str, key: str, group: list[tuple[str, bytes]], *, dotted: boo
     name = original if isinstance(original, str) and original else main[0]
     fields, label = sample_fields(files, split_key(main[0], dotted=dotted)[1], meta)
     return ShardSample(shard=shard, key=key, files=files, member=main[0], name=name, data=main[1],
-                       meta=meta, fields=fields, label=label)
+                       meta=meta, fields=fields, label=label, offset=main[2])
 
 
 def is_packed_sidecar(meta: Mapping[str, Any] | None) -> bool:
@@ -291,8 +296,8 @@ class Truncated(DecodeError):
         self.member = member
 
 
-def _tar_members(stream: BinaryIO, shard: str) -> Iterator[tuple[str, bytes]]:
-    """``(name, data)`` of every regular file of a tar read sequentially from ``stream``.
+def _tar_members(stream: BinaryIO, shard: str) -> Iterator[_Member]:
+    """``(name, data, offset of the data)`` of every regular file of a tar read sequentially from ``stream``.
 
     Unlike ``tarfile`` in stream mode, which takes a header cut short for the end of the archive,
     this insists on the end-of-archive marker (a zero block) and reports a cut as truncation.
@@ -300,8 +305,10 @@ def _tar_members(stream: BinaryIO, shard: str) -> Iterator[tuple[str, bytes]]:
     long_name: str | None = None
     pax: dict[str, str] = {}
     last: str | None = None
+    position = 0  # bytes read so far
     while True:
         header = _read_exact(stream, _BLOCK)
+        position += len(header)
         if not header:
             raise Truncated(shard, None, f"it ends after member {last!r} without the end-of-archive marker"
                              if last else "it holds no member and no end-of-archive marker")
@@ -323,6 +330,7 @@ def _tar_members(stream: BinaryIO, shard: str) -> Iterator[tuple[str, bytes]]:
         size = int(pax["size"]) if "size" in pax else size
         padded = -(-size // _BLOCK) * _BLOCK
         payload = _read_exact(stream, padded)
+        offset, position = position, position + len(payload)
         if len(payload) < padded:
             if kind in (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.GNUTYPE_LONGNAME):
                 raise Truncated(shard, None, f"it ends inside an extended header after member {last!r}")
@@ -340,7 +348,7 @@ def _tar_members(stream: BinaryIO, shard: str) -> Iterator[tuple[str, bytes]]:
         long_name, pax = None, {}
         last = name
         if kind in tarfile.REGULAR_TYPES and not (kind == tarfile.AREGTYPE and name.endswith("/")):
-            yield name, data
+            yield name, data, offset
 
 
 def _header(block: bytes) -> tuple[str, int, bytes] | None:
