@@ -356,8 +356,9 @@ def _parse(data: Any, base_dir: str | os.PathLike[str] | None, origin: str) -> P
                           f"on the command line: --set source.root=PATH")
     if src.root is not None:
         update["root"] = root = _resolve_path(src.root, base)
-        # a folder, an index of shards (.json), shards (.tar, maybe a brace pattern or a glob) or a URL
-        kind = "file" if root.lower().endswith((".json", ".tar")) else "directory"
+        # a folder, an index of shards (.json), shards (.tar, maybe a brace pattern or a glob), Parquet
+        # files, a Lhotse manifest (.jsonl, .jsonl.gz) or a URL
+        kind = "file" if root.lower().endswith((".json", ".tar", ".parquet", ".jsonl", ".jsonl.gz")) else "directory"
         if not (_is_url(root) or re.search(r"[{*?\[]", root) or (Path(root).is_file() if kind == "file"
                                                                  else Path(root).is_dir())):
             raise missing("root", src.root, root, kind)

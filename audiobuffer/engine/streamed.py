@@ -19,7 +19,7 @@ from ..buffer import Buffer
 from ..errors import SourceError
 from ..sources.durations import seconds_of
 from ..sources.source import ReadClock, WorkItem
-from ..sources.tar import MEMBER_STRIDE, SHUFFLE_BUFFER, ShardSample, Truncated, iter_shard, shuffle_buffer
+from ..sources.tar import MEMBER_STRIDE, SHUFFLE_BUFFER, ShardSample, Truncated, shuffle_buffer
 from .plan import bucket_edges
 from .pool import CHUNK_SECONDS, DELIVERED, Failure
 
@@ -101,7 +101,7 @@ class ShardReader:
     def _outputs(self, shard: WorkItem) -> Generator[Any, None, None]:
         producer = threading.current_thread().name
         failed: list[Exception] = []
-        reader = self._read(shard.path, failed)
+        reader = self._read(shard.index, failed)
         samples: Iterator[tuple[int, ShardSample]] = enumerate(reader)
         if self._shuffle:
             rng = np.random.default_rng([shard.seed, shard.epoch, shard.index])
@@ -130,10 +130,9 @@ class ShardReader:
             yield Failure(cause, WorkItem(index=shard.index * MEMBER_STRIDE + count, path=where, epoch=shard.epoch,
                                         seed=shard.seed, seq=shard.seq), producer)
 
-    def _read(self, url: str, failed: list[Exception]) -> Generator[ShardSample, None, None]:
-        """The shard's samples; a failure to read ends them and is kept in ``failed``."""
-        stream = self._stream
-        samples = iter_shard(url, storage_options=stream.storage_options, retry=stream.retry)
+    def _read(self, number: int, failed: list[Exception]) -> Generator[ShardSample, None, None]:
+        """Shard ``number``'s samples; a failure to read ends them and is kept in ``failed``."""
+        samples = self._stream.read_shard(number)
         try:
             while True:
                 start = time.perf_counter()

@@ -42,18 +42,21 @@ import concurrent.futures
 import hashlib
 import logging
 import os
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import DecodeError, SourceError, StorageError
 from . import storage
 from .index import INDEX_NAME, read_index
+from .parquet import audio_column as audio_column_of
+from .parquet import class_names, is_parquet, open_parquet, read_row_group, row_name
 from .source import LABEL_COLUMN, LabelSpec, Source, SourceSpec, WorkItem, _natural_key, _resolve_labels, names_shards
 from .storage import RetrySpec
 from .tar import MEMBER_STRIDE, SHUFFLE_BUFFER, ShardSample, is_packed_sidecar, iter_shard
 
-__all__ = ["MEMBER_STRIDE", "SHUFFLE_BUFFER", "ShardStream", "as_source"]
+__all__ = ["MEMBER_STRIDE", "SHUFFLE_BUFFER", "ParquetStream", "ShardStream", "as_source"]
 
 logger = logging.getLogger(__name__)
 
@@ -144,6 +147,16 @@ class ShardStream:
         counts = self._counts()
         return sum(counts[int(i)] for i in shards)
 
+    def read_shard(self, number: int) -> Generator[ShardSample, None, None]:
+        """The samples of shard ``number``, from start to end (:func:`~audiobuffer.sources.iter_shard`)."""
+        return iter_shard(self.shards[number], storage_options=self.storage_options, retry=self.retry)
+
+    def label_row(self, sample: ShardSample) -> dict[str, Any]:
+        """What ``labels=`` may name of a sample: its fields, and a packed sidecar's ``label``."""
+        if is_packed_sidecar(sample.meta):
+            return {**sample.fields, LABEL_COLUMN: sample.label}
+        return dict(sample.fields)
+
     def shard_item(self, number: int, *, epoch: int, seed: int, seq: int) -> WorkItem:
         """The work item of shard ``number``: a producer's unit of work in a streamed epoch."""
         return WorkItem(index=number, path=self.shards[number], epoch=epoch, seed=seed, seq=seq)
@@ -161,7 +174,7 @@ class ShardStream:
         if self.labels is None:
             return item
         columns = self.listing().columns
-        row = _row(sample)
+        row = self.label_row(sample)
         name = (_resolve_labels(self.labels, [item.path], [row] if columns else None, columns) or [None])[0]
         if name is not None and name not in self.class_to_idx:
             raise SourceError(f"{item.path!r}: label {name!r} is not one of the {len(self.classes)} classes "
@@ -232,17 +245,135 @@ class ShardStream:
         out = []
         try:
             for sample in iter_shard(url, storage_options=self.storage_options, retry=self.retry):
-                out.append((sample.path, _row(sample)))
+                out.append((sample.path, self.label_row(sample)))
         except DecodeError as exc:  # truncated: each epoch reports it (on_error); list what it holds
             logger.warning("%s", exc)
         return out
 
 
-def _row(sample: ShardSample) -> dict[str, Any]:
-    """What ``labels=`` may name of a sample: its fields, and a packed sidecar's ``label``."""
-    if is_packed_sidecar(sample.meta):
-        return {**sample.fields, LABEL_COLUMN: sample.label}
-    return dict(sample.fields)
+class ParquetStream(ShardStream):
+    """Hugging Face audio datasets in Parquet, streamed a row group at a time, as a source.
+
+    See NOTE [ Parquet audio datasets ] in ``parquet.py``: the unit of work (a "shard" to the epoch plan)
+    is a row group; ``len()`` comes from the files' footers.
+
+    Args:
+        files: a path, URL, brace pattern or glob of ``.parquet`` files, or a list of them.
+        labels: a column (a ``ClassLabel`` column gives its names), ``"parent"``, a regular expression
+            searched in each sample's original file name, or a callable from path to label.
+        audio_column: the column of encoded audio (default: ``"audio"``, else the first struct column
+            with a binary ``bytes`` field).
+        storage_options: options for the fsspec filesystem of URLs.
+        retry: how transient storage failures are retried.
+
+    Raises:
+        SourceError: no file is named, a file is not Parquet or has no audio column, or a label does not fit.
+        StorageError: a file cannot be read.
+    """
+
+    def __init__(self, files: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
+                 labels: LabelSpec = None, audio_column: str | None = None,
+                 storage_options: Mapping[str, Any] | None = None, retry: RetrySpec = None) -> None:
+        if storage_options is not None and not isinstance(storage_options, Mapping):
+            raise TypeError(f"storage_options must be a mapping of fsspec options or None, got {storage_options!r}")
+        self.storage_options = None if storage_options is None else dict(storage_options)
+        self.retry = storage.as_retry(retry)
+        #: The Parquet files, in order.
+        self.files = storage.expand_urls(files, storage_options=storage_options, retry=retry)
+        if not self.files:
+            raise SourceError(f"no Parquet files in {files!r}")
+        units: list[tuple[int, int, int]] = []  # (file, row group, its first row in the file)
+        counts: list[int] = []
+        self._columns: list[str] = []
+        self._names: list[dict[str, list[str]]] = []
+        for n, url in enumerate(self.files):
+            meta = open_parquet(url, storage_options=self.storage_options, retry=self.retry)
+            self._columns.append(audio_column_of(meta.schema_arrow, url, audio_column))
+            self._names.append(class_names(meta.schema_arrow))
+            first = 0
+            for group in range(meta.metadata.num_row_groups):
+                rows = meta.metadata.row_group(group).num_rows
+                units.append((n, group, first))
+                counts.append(rows)
+                first += rows
+        self._units = units
+        #: One name per row group, ``<file>#<row group>``: the epoch plan's shards.
+        self.shards = [f"{self.files[f]}#{g}" for f, g, _ in units]
+        self.description = (f"{len(self.files)} Parquet files, {len(units)} row groups "
+                            f"({self.files[0]!r}{' ...' if len(self.files) > 1 else ''})")
+        self.labels = labels
+        self._counts_only = _Listed(tuple(counts), [], [], [])
+        self._listed = None
+        self._index_tried = True
+        self._open = threading.local()  # each producer thread's open files (pyarrow's are not shared)
+        names: set[str] = set()
+        if labels is not None:
+            listed = self.listing()
+            found = _resolve_labels(labels, listed.paths, listed.rows if listed.columns else None, listed.columns)
+            names = {n for n in found or () if n is not None}
+        self.classes = sorted(names, key=_natural_key)
+        self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
+
+    def __repr__(self) -> str:
+        return f"ParquetStream({self.description}, classes={len(self.classes)})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_open"}  # open files stay with their thread
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _open=threading.local())
+
+    def read_shard(self, number: int) -> Generator[ShardSample, None, None]:
+        """The samples of row group ``number`` (in the order of :attr:`shards`)."""
+        f, group, first = self._units[number]
+        url = self.files[f]
+        opened: dict[int, Any] = self._open.__dict__.setdefault("files", {})
+        handle = opened.get(f)
+        if handle is None:
+            handle = opened[f] = open_parquet(url, storage_options=self.storage_options, retry=self.retry)
+        return read_row_group(handle, url, group, first, self._columns[f])
+
+    def label_row(self, sample: ShardSample) -> dict[str, Any]:
+        """A sample's fields, a ``ClassLabel`` column's number given as its name."""
+        names = self._names[self.files.index(sample.shard)] if sample.shard in self.files else {}
+        row = dict(sample.fields)
+        for column, labels in names.items():
+            value = row.get(column)
+            if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < len(labels):
+                row[column] = labels[value]
+        return row
+
+    def listing(self) -> _Listed:
+        """Rows per row group, and with ``labels=`` each row's path and the columns it can name."""
+        if self._listed is None:
+            if self.labels is None:
+                return self._counts_only
+            self._listed = self._read_listing()
+        return self._listed
+
+    def _indexed(self) -> _Listed | None:
+        return self._listed if self._listed is not None else self._counts_only
+
+    def _read_listing(self) -> _Listed:
+        column = self.labels if isinstance(self.labels, str) else None
+        paths: list[str] = []
+        rows: list[dict[str, Any]] = []
+        columns: list[str] = []
+        for n, url in enumerate(self.files):
+            meta = open_parquet(url, storage_options=self.storage_options, retry=self.retry)
+            names = list(meta.schema_arrow.names)
+            columns = [c for c in names if c != self._columns[n]]
+            wanted = [f"{self._columns[n]}.path"] + ([column] if column in columns else [])
+            table = meta.read(columns=wanted)
+            originals = table.column(0).combine_chunks().field("path").to_pylist()
+            values = table.column(1).to_pylist() if table.num_columns > 1 else [None] * table.num_rows
+            labels = self._names[n].get(column or "")
+            for row, (original, value) in enumerate(zip(originals, values)):
+                paths.append(f"{url}/{row_name(url, row, original)}")
+                if labels is not None and isinstance(value, int) and 0 <= value < len(labels):
+                    value = labels[value]
+                rows.append({column: value} if column in columns else {})
+        return _Listed(self._counts_only.counts, paths, rows, columns if isinstance(self.labels, str) else [])
 
 
 def _same(shard: str) -> str:
@@ -259,7 +390,7 @@ def as_source(source: SourceSpec | Source | ShardStream, *, patterns: Sequence[s
               storage_options: Mapping[str, Any] | None = None) -> Source | ShardStream:
     """``source`` itself if it is ready, else the :class:`Source` it describes, or the
     :class:`~audiobuffer.sources.stream.ShardStream` of the tar shards it names (a path, URL, brace pattern or
-    glob ending in ``.tar``, or a list of them).
+    glob ending in ``.tar``, or a list of them), or the :class:`ParquetStream` of the Parquet files it names.
 
     ``labels``, ``patterns`` (``explicit_patterns``, as the caller was given them), ``path_column`` and
     ``storage_options`` describe how to list a source: with a ready one they would be ignored, so they
@@ -268,6 +399,8 @@ def as_source(source: SourceSpec | Source | ShardStream, *, patterns: Sequence[s
     if not isinstance(source, (Source, ShardStream)):
         if names_shards(source):
             return ShardStream(source, labels=labels, storage_options=storage_options)
+        if is_parquet(source):
+            return ParquetStream(source, labels=labels, storage_options=storage_options)
         return Source(source, patterns=patterns, labels=labels, path_column=path_column,
                       storage_options=storage_options)
     given = [name for name, value, default in (("labels", labels, None), ("patterns", explicit_patterns, None),

@@ -1,0 +1,191 @@
+"""Hugging Face audio datasets in Parquet: :class:`ParquetStream`, a source that streams row groups.
+
+NOTE [ Parquet audio datasets ]
+===============================
+A Hugging Face audio dataset on disk or in a hub repository is a set of Parquet files whose ``audio``
+column is a struct of the encoded file's ``bytes`` and its original ``path`` (what
+``datasets.Audio(decode=False)`` stores); the other columns are the sample's fields. Such a file is read
+the way tar shards are streamed (NOTE [ Streamed shards ] in ``stream.py``), with a **row group** as the
+unit of work: the epoch plan shuffles the row groups and splits them by rank and DataLoader worker, a
+producer reads one row group (one request per column chunk, never a row at a time) and decodes its
+samples from the bytes in memory, with ``shuffle=True`` through a seeded shuffle buffer, and resume is at
+row-group boundaries. The number of rows comes from each file's footer, so ``len()`` is known before
+anything else is read; with ``labels=`` naming a column, only that column is read to list the classes. A
+column that ``datasets`` declares a ``ClassLabel`` gives its label names, not its numbers.
+
+A sample's ``path`` is ``<file>/<row>/<original name>`` (``<file>/<row>`` without a name), so label
+regular expressions read the original names. Remote files are read through fsspec with the storage
+timeouts and retries of :mod:`~audiobuffer.sources.storage`, a column chunk per ranged request.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Generator, Mapping, Sequence
+from typing import Any
+
+from ..errors import DecodeError, SourceError
+from . import storage
+from .storage import RetrySpec
+from .tar import ShardSample
+
+__all__ = ["AUDIO_COLUMN", "audio_column", "class_names", "is_parquet", "open_parquet", "read_row_group", "row_name"]
+
+#: The column :class:`ParquetStream` reads audio from unless told otherwise (``datasets``' default name).
+AUDIO_COLUMN = "audio"
+
+
+def is_parquet(spec: Any) -> bool:
+    """Whether a source spec names Parquet files (a path, URL, pattern or list ending ``.parquet``)."""
+    if isinstance(spec, (str, os.PathLike)):
+        return os.fspath(spec).lower().endswith(".parquet")
+    if isinstance(spec, Sequence) and spec and all(isinstance(s, (str, os.PathLike)) for s in spec):
+        return all(os.fspath(s).lower().endswith(".parquet") for s in spec)
+    return False
+
+
+def _pyarrow() -> Any:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as exc:  # pragma: no cover - pyarrow is a dependency
+        raise SourceError("reading Parquet needs pyarrow: pip install pyarrow") from exc
+    return pq
+
+
+class _RangeFile:
+    """A read-only, seekable file over ranged reads of a remote object (what pyarrow reads a footer and
+    column chunks through), each read retried and bounded by the storage timeout."""
+
+    def __init__(self, url: str, size: int, storage_options: Mapping[str, Any] | None, retry: RetrySpec) -> None:
+        self.url, self.size, self._options, self._retry = url, size, storage_options, retry
+        self._pos = 0
+        self.closed = False
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.size - self._pos if n is None or n < 0 else min(n, self.size - self._pos)
+        if n <= 0:
+            return b""
+        data = storage.read_range(self.url, self._pos, n, storage_options=self._options, retry=self._retry)
+        self._pos += len(data)
+        return data
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self._pos = {0: offset, 1: self._pos + offset, 2: self.size + offset}[whence]
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seekable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def open_parquet(url: str, *, storage_options: Mapping[str, Any] | None = None, retry: RetrySpec = None) -> Any:
+    """A ``pyarrow.parquet.ParquetFile`` of a local path or a URL.
+
+    Raises:
+        StorageError: the file cannot be read.
+        SourceError: it is not a Parquet file.
+    """
+    pq = _pyarrow()
+    import pyarrow as pa
+
+    if storage.is_url(url):
+        handle: Any = _RangeFile(url, storage.size(url, storage_options=storage_options, retry=retry),
+                                 storage_options, retry)
+    else:
+        handle = url
+    try:
+        return pq.ParquetFile(handle)
+    except (pa.ArrowInvalid, OSError) as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise SourceError(f"Parquet file {url!r} does not exist") from exc
+        raise SourceError(f"{url!r} is not a Parquet file pyarrow can read ({exc})") from exc
+
+
+def audio_column(schema: Any, url: str, wanted: str | None = None) -> str:
+    """The name of the column of encoded audio: a struct with a binary ``bytes`` field (``datasets.Audio``).
+
+    Raises:
+        SourceError: there is none (or ``wanted`` is not one); the message lists the columns.
+    """
+    import pyarrow as pa
+
+    def is_audio(name: str) -> bool:
+        kind = schema.field(name).type
+        if not pa.types.is_struct(kind) or kind.get_field_index("bytes") < 0:
+            return False
+        data = kind.field("bytes").type
+        return bool(pa.types.is_binary(data) or pa.types.is_large_binary(data))
+
+    names = list(schema.names)
+    if wanted is not None:
+        if wanted not in names or not is_audio(wanted):
+            raise SourceError(f"Parquet file {url!r} has no audio column {wanted!r} (a struct of bytes and path, "
+                              f"as datasets.Audio stores); its columns are {names}")
+        return wanted
+    found = [n for n in names if is_audio(n)]
+    if not found:
+        raise SourceError(f"Parquet file {url!r} has no audio column (a struct of bytes and path, as "
+                          f"datasets.Audio stores); its columns are {names}")
+    return AUDIO_COLUMN if AUDIO_COLUMN in found else found[0]
+
+
+def class_names(schema: Any) -> dict[str, list[str]]:
+    """The label names of each ``ClassLabel`` column that ``datasets`` recorded in the file's metadata."""
+    raw = (schema.metadata or {}).get(b"huggingface")
+    if raw is None:
+        return {}
+    try:
+        features = json.loads(raw).get("info", {}).get("features", {})
+    except (ValueError, AttributeError):
+        return {}
+    out = {}
+    for name, feature in features.items() if isinstance(features, dict) else ():
+        if (isinstance(feature, dict) and feature.get("_type") == "ClassLabel"
+                and isinstance(feature.get("names"), list)):
+            out[name] = [str(n) for n in feature["names"]]
+    return out
+
+
+def row_name(file: str, row: int, original: str | None) -> str:
+    """A sample's name inside its file: ``<row>/<original name>``, or ``<row>`` without one."""
+    base = original.replace("\\", "/").rpartition("/")[2] if original else ""
+    return f"{row}/{base}" if base else str(row)
+
+
+def read_row_group(file: Any, url: str, group: int, first_row: int, column: str
+                   ) -> Generator[ShardSample, None, None]:
+    """The samples of row group ``group`` of ``file`` (its first row is row ``first_row`` of the file).
+
+    Raises:
+        DecodeError: the row group cannot be read (a damaged file); the message names file and row group.
+    """
+    import pyarrow as pa
+
+    try:
+        table = file.read_row_group(group)
+    except (pa.ArrowException, OSError) as exc:
+        raise DecodeError(f"row group {group} of Parquet file {url!r} cannot be read ({exc})", path=url) from exc
+    audio = table.column(column).combine_chunks()
+    data = audio.field("bytes").to_pylist()
+    paths = (audio.field("path").to_pylist() if audio.type.get_field_index("path") >= 0
+             else [None] * table.num_rows)
+    others = [n for n in table.column_names if n != column]
+    columns = {n: table.column(n).to_pylist() for n in others}
+    for i in range(table.num_rows):
+        fields = {n: values[i] for n, values in columns.items()}
+        name = row_name(url, first_row + i, paths[i])
+        payload = data[i]
+        if payload is None:
+            raise DecodeError(f"row {first_row + i} of Parquet file {url!r} holds no audio bytes (a path-only "
+                              f"audio column: its files are elsewhere)", path=f"{url}/{name}")
+        yield ShardSample(shard=url, key=str(first_row + i), files={}, member=name, name=name, data=payload,
+                          meta=None, fields=fields)

@@ -1,0 +1,141 @@
+"""Hugging Face audio datasets in Parquet as a source, streamed by row group: files written by the ``datasets``
+library itself, every row once, the audio of the bytes, fields and ClassLabel names, ranks, resume at
+row-group boundaries, object storage; audiobuffer/sources/parquet.py and ParquetStream in stream.py."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+from helpers import wait_no_threads
+
+from audiobuffer import AudioDecoder, BufferedDataset, DecodeError, SourceError
+from audiobuffer.sources.stream import ParquetStream
+
+N = 60  # rows: 2 files of 30, row groups of 8
+CLASSES = ["down", "go", "up"]
+
+
+def _flac(i: int) -> bytes:
+    out = io.BytesIO()
+    rng = np.random.default_rng(i)
+    sf.write(out, (0.2 * rng.standard_normal(800 + 7 * i)).astype(np.float32), 8000, format="FLAC", subtype="PCM_16")
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def hf(tmp_path_factory):
+    """Two Parquet files written by datasets (an Audio column of bytes and path, a ClassLabel, a text column)."""
+    datasets = pytest.importorskip("datasets", reason="the datasets library writes these files (pip install datasets)")
+    root = tmp_path_factory.mktemp("hf")
+    for part in range(2):
+        rows = range(part * N // 2, (part + 1) * N // 2)
+        table = datasets.Dataset.from_dict({
+            "audio": [{"bytes": _flac(i), "path": f"clips/{CLASSES[i % 3]}_{i:03d}.flac"} for i in rows],
+            "label": [i % 3 for i in rows],
+            "sentence": [f"say {CLASSES[i % 3]} {i}" for i in rows],
+        })
+        # decode=False: the bytes as they are (encoding with datasets.Audio() needs torchcodec)
+        table = table.cast_column("audio", datasets.Audio(decode=False))
+        table = table.cast_column("label", datasets.ClassLabel(names=CLASSES))
+        table.to_parquet(str(root / f"train-{part:05d}-of-00002.parquet"), batch_size=8)
+    return root
+
+
+def _index(sample) -> int:
+    return int(sample["path"].rpartition("_")[2].split(".")[0])
+
+
+def _drain(ds) -> list[dict]:
+    samples = list(ds)
+    ds.close()
+    assert wait_no_threads() == []
+    return samples
+
+
+def test_every_row_once_with_the_audio_of_its_bytes_and_its_fields(hf):
+    ds = BufferedDataset(str(hf / "train-*.parquet"), AudioDecoder(), labels="label", shuffle=True, seed=0,
+                         num_producers=2)
+    assert isinstance(ds.pipeline.source, ParquetStream) and len(ds) == N and ds.classes == sorted(CLASSES)
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        samples = list(ds)
+        assert sorted(_index(s) for s in samples) == list(range(N))
+    ds.close()
+    for s in samples:
+        i = _index(s)
+        expected, rate = sf.read(io.BytesIO(_flac(i)), dtype="float32")
+        assert rate == 8000 and np.allclose(s["audio"].numpy(), expected, atol=1e-6)
+        assert s["label_name"] == CLASSES[i % 3] and s["sentence"] == f"say {CLASSES[i % 3]} {i}"
+        assert s["path"].endswith(f"/{i % (N // 2)}/{CLASSES[i % 3]}_{i:03d}.flac")
+
+
+def test_ranks_split_the_row_groups(hf):
+    seen = []
+    for rank in range(2):
+        ds = BufferedDataset(str(hf / "train-{00000..00001}-of-00002.parquet"), AudioDecoder(), rank=rank,
+                             world_size=2, even_shards=None, num_producers=2, shuffle=True)
+        seen.append({_index(s) for s in _drain(ds)})
+    assert not seen[0] & seen[1] and seen[0] | seen[1] == set(range(N))
+
+
+def test_labels_from_the_original_names_and_resume_at_row_groups(hf):
+    spec = sorted(str(p) for p in hf.glob("*.parquet"))
+    ds = BufferedDataset(spec, AudioDecoder(), labels=r"^([a-z]+)_", shuffle=True, seed=4, num_producers=1,
+                         buffer_size=1)
+    assert ds.classes == sorted(CLASSES)
+    it = iter(ds)
+    first = [next(it) for _ in range(20)]
+    state = ds.state_dict()
+    it.close()
+    ds.close()
+    resumed = BufferedDataset(spec, AudioDecoder(), labels=r"^([a-z]+)_", shuffle=True, seed=4, num_producers=2)
+    resumed.load_state_dict(state)
+    rest = _drain(resumed)
+    assert {_index(s) for s in first} | {_index(s) for s in rest} == set(range(N))
+    assert len(rest) < N  # whole row groups handed on before the state are not read again
+    assert all(s["label_name"] == CLASSES[_index(s) % 3] for s in first + rest)
+
+
+def test_a_file_without_audio_and_a_file_that_is_not_parquet(tmp_path, hf):
+    pytest.importorskip("pyarrow")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"path": ["a.wav"], "speaker": ["s1"]}), tmp_path / "manifest.parquet")
+    with pytest.raises(SourceError, match=r"no audio column.*\['path', 'speaker'\]"):
+        ParquetStream(tmp_path / "manifest.parquet")
+    (tmp_path / "bad.parquet").write_bytes(b"PAR1 not really")
+    with pytest.raises(SourceError, match="not a Parquet file"):
+        ParquetStream(str(tmp_path / "bad.parquet"))
+    with pytest.raises(SourceError, match="no audio column 'sound'"):
+        ParquetStream(str(next(hf.glob("*.parquet"))), audio_column="sound")
+
+
+def test_a_row_without_bytes_fails_under_on_error(tmp_path):
+    pytest.importorskip("pyarrow")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    audio = pa.array([{"bytes": _flac(0), "path": "a.flac"}, {"bytes": None, "path": "/elsewhere/b.flac"}],
+                     pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
+    pq.write_table(pa.table({"audio": audio}), tmp_path / "x.parquet")
+    ds = BufferedDataset(str(tmp_path / "x.parquet"), AudioDecoder(), on_error="skip", num_producers=1)
+    samples = _drain(ds)
+    assert len(samples) == 1 and ds.stats().failed == 1
+    with pytest.raises(DecodeError, match="holds no audio bytes"):
+        _drain(BufferedDataset(str(tmp_path / "x.parquet"), AudioDecoder(), num_producers=1))
+
+
+def test_parquet_in_object_storage(s3, hf):
+    from storage_helpers import BUCKET
+
+    for path in sorted(Path(hf).glob("*.parquet")):
+        s3.put(BUCKET, f"hf/{path.name}", path.read_bytes())
+    ds = BufferedDataset(f"s3://{BUCKET}/hf/train-*.parquet", AudioDecoder(), labels="label", num_producers=4,
+                         storage_options=s3.options(), shuffle=True)
+    assert len(ds) == N and ds.classes == sorted(CLASSES)
+    assert sorted(_index(s) for s in _drain(ds)) == list(range(N))
