@@ -16,7 +16,7 @@ import os
 import threading
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import soundfile as sf
@@ -150,6 +150,31 @@ def _window_of(data: np.ndarray, start: int, length: int) -> np.ndarray:
     return data[start:start + length].copy()
 
 
+class _Pick(NamedTuple):
+    """What part of a file one decode keeps: the item's segment, and the random crop's generator."""
+
+    rng: np.random.Generator | None
+    segment: tuple[float, float | None] | None
+    path: str
+
+
+def _segment_frames(segment: tuple[float, float | None], frames: int, sr: int, path: str) -> tuple[int, int]:
+    """The (first frame, frames) of a segment (start and duration in seconds) of a ``frames``-long file.
+
+    A segment that reaches past the end of the file by rounding keeps what the file holds.
+
+    Raises:
+        DecodeError: the segment starts at or after the end of the file.
+    """
+    start, duration = segment
+    first = round(start * sr)
+    if first >= frames:
+        raise DecodeError(f"cannot decode {path!r}: its segment starts at {start:g} s, at or after the end of the "
+                          f"file ({frames / sr:g} s)", path=path)
+    length = frames - first if duration is None else min(round(duration * sr), frames - first)
+    return first, length
+
+
 class AudioDecoder:
     """Decode an audio file into a float32 waveform tensor.
 
@@ -228,14 +253,15 @@ class AudioDecoder:
         item = as_item(item)
         rng = item.rng() if self.crop == "random" and self.crop_seconds is not None else None
         raw = item.read() if item.read is not None else None  # a shard member's or an object's bytes
+        pick = _Pick(rng, item.segment, item.path)
         try:
-            data, native_sr = self._read_soundfile(item.path, rng, raw)
+            data, native_sr = self._read_soundfile(item.path, pick, raw)
         except DecodeError:
             raise
         except Exception as exc:  # libsndfile's errors, and OSError for missing or unreadable files
             if raw is not None:  # the fallback reader takes paths: bytes end here, never in a temp file
                 raise DecodeError(f"cannot decode {item.path!r}: {exc}", path=item.path) from exc
-            data, native_sr = self._read_fallback(item.path, rng, exc)
+            data, native_sr = self._read_fallback(item.path, pick, exc)
         audio, num_frames, sr = self._finish(data, native_sr)
         sample = sample_fields(item)
         sample["audio"] = as_tensor(audio)
@@ -250,8 +276,17 @@ class AudioDecoder:
         assert self.crop_seconds is not None
         return round(self.crop_seconds * out_sr)
 
-    def _window(self, frames: int, sr: int, rng: np.random.Generator | None) -> tuple[int, int]:
-        """The (start, length) in native frames of the part of a ``frames``-long file to keep."""
+    def _window(self, frames: int, sr: int, pick: _Pick) -> tuple[int, int]:
+        """The (start, length) in native frames of the part of a ``frames``-long file to keep: the item's
+        segment of the file (all of it without one), cropped."""
+        offset = 0
+        if pick.segment is not None:
+            offset, frames = _segment_frames(pick.segment, frames, sr, pick.path)
+        start, length = self._crop_window(frames, sr, pick.rng)
+        return offset + start, length
+
+    def _crop_window(self, frames: int, sr: int, rng: np.random.Generator | None) -> tuple[int, int]:
+        """The (start, length) in native frames of the crop of ``frames`` frames."""
         if self.crop_seconds is None:
             return 0, frames
         out_sr = sr if self.sample_rate is None else self.sample_rate
@@ -272,10 +307,10 @@ class AudioDecoder:
         assert rng is not None  # set whenever crop == "random"
         return int(rng.integers(0, slack + 1)), need
 
-    def _read_soundfile(self, path: str, rng: np.random.Generator | None,
-                        raw: bytes | None = None) -> tuple[np.ndarray, int]:
+    def _read_soundfile(self, path: str, pick: _Pick, raw: bytes | None = None) -> tuple[np.ndarray, int]:
         if _NATIVE_WAV and _wav.is_wav_path(path):  # None: not a WAV it reads exactly, so libsndfile
-            window = None if self.crop_seconds is None else lambda frames, sr: self._window(frames, sr, rng)
+            whole = self.crop_seconds is None and pick.segment is None
+            window = None if whole else lambda frames, sr: self._window(frames, sr, pick)
             read = _wav.read_wav(path if raw is None else raw, window=window)  # no window: the whole file
             if read is not None:
                 return read
@@ -284,9 +319,9 @@ class AudioDecoder:
             frames = f.frames
             if frames >= _UNKNOWN_FRAMES:
                 data = self._read_blocks(f, path)
-                start, length = self._window(len(data), sr, rng)
+                start, length = self._window(len(data), sr, pick)
                 return _window_of(data, start, length), sr
-            start, length = self._window(frames, sr, rng)
+            start, length = self._window(frames, sr, pick)
             if start:
                 f.seek(start)
             data = f.read(length, dtype="float32", always_2d=True)
@@ -306,8 +341,7 @@ class AudioDecoder:
                 f"{frames} frames ({error}); the rest of the file would be lost", path=path)
         return data  # type: ignore[return-value]  # an array whenever count_only is off
 
-    def _read_fallback(self, path: str, rng: np.random.Generator | None,
-                       exc: Exception) -> tuple[np.ndarray, int]:
+    def _read_fallback(self, path: str, pick: _Pick, exc: Exception) -> tuple[np.ndarray, int]:
         if not os.path.exists(path):
             raise DecodeError(f"cannot decode {path!r}: no such file", path=path) from exc
         if self._fallback is None:
@@ -327,7 +361,7 @@ class AudioDecoder:
             raise DecodeError(f"cannot decode {path!r}: the fallback reader gave an array of shape {data.shape}; "
                               "expected (frames, channels)", path=path)
         sr = _check_rate(path, sr, data.shape[1])
-        start, length = self._window(len(data), sr, rng)
+        start, length = self._window(len(data), sr, pick)
         return _window_of(data, start, length), sr
 
     # -- shaping -------------------------------------------------------------------------------

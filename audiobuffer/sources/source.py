@@ -29,6 +29,7 @@ import numpy as np
 from ..errors import SourceError
 from . import storage
 from .index import Member, read_index
+from .lhotse import is_lhotse, read_lhotse
 from .storage import RetrySpec, as_retry, is_url, read_bytes
 
 __all__ = [
@@ -63,6 +64,7 @@ class Listing:
         rows: what ``labels=`` may name a column of (the fields, plus an index's ``label``), or ``None``.
         columns: those columns.
         members: an index's members (read by range), or ``None``.
+        segments: each item's part of its file as ``(start, duration)`` seconds (a Lhotse cut's), or ``None``.
     """
 
     paths: list[str]
@@ -71,6 +73,7 @@ class Listing:
     rows: list[dict[str, Any]] | None = None
     columns: list[str] = field(default_factory=list)
     members: tuple[Member, ...] | None = None
+    segments: list[tuple[float, float | None]] | None = None
 
 
 def names_shards(source: Any) -> bool:
@@ -96,6 +99,11 @@ def list_source(source: Any, *, patterns: Sequence[str], path_column: str,
     if names_shards(source):
         raise SourceError(f"{source!r} names tar shards: without their index they are streamed, which "
                           f"BufferedDataset does; for random access give the shards' index.json")
+    if is_lhotse(source, storage_options=storage_options, retry=retry):
+        lhotse = read_lhotse(source, storage_options=storage_options, retry=retry, allow_outside=allow_outside)
+        columns = list(dict.fromkeys(k for row in lhotse.fields for k in row))
+        return Listing(lhotse.paths, lhotse.description, lhotse.fields, lhotse.fields, columns,
+                       segments=lhotse.segments)
     if isinstance(source, (str, os.PathLike)):
         text = os.fspath(source)
         suffix = Path(text.split("?", 1)[0]).suffix.lower() if storage.is_url(text) else Path(text).suffix.lower()
@@ -267,6 +275,9 @@ class WorkItem:
         seq: the item's position in this shard's order for this epoch (0, 1, 2, ...).
         read: ``None`` (decoders open ``path``), or a callable returning the file's bytes (a member
             of a tar shard, an object in remote storage), called by the decoder in its thread.
+        segment: ``None`` (the whole file), or the part of the file this item is, as ``(start,
+            duration)`` in seconds (``duration`` ``None``: to the end): an utterance in a long
+            recording. :class:`~audiobuffer.AudioDecoder` reads only that part, and crops within it.
     """
 
     index: int
@@ -278,10 +289,12 @@ class WorkItem:
     seed: int = 0
     seq: int = 0
     read: Callable[[], bytes] | None = field(default=None, compare=False, repr=False)
+    segment: tuple[float, float | None] | None = None
 
     def __init__(self, index: int, path: str, label: int | None = None, label_name: str | None = None,
                  fields: Mapping[str, Any] | None = None, epoch: int = 0, seed: int = 0, seq: int = 0,
-                 read: Callable[[], bytes] | None = None) -> None:
+                 read: Callable[[], bytes] | None = None, segment: tuple[float, float | None] | None = None
+                 ) -> None:
         # One item is made per sample, in the consumer's thread when it decodes inline. A frozen
         # dataclass's own __init__ sets each field through object.__setattr__; writing the instance
         # dict directly gives the same object for a fraction of the time (BENCHMARKS.md).
@@ -295,6 +308,7 @@ class WorkItem:
         attrs["seed"] = seed
         attrs["seq"] = seq
         attrs["read"] = read
+        attrs["segment"] = segment
 
     def rng(self) -> np.random.Generator:
         """A random generator seeded by (seed, epoch, index).
@@ -387,6 +401,8 @@ class Source:
         self.storage_options = None if storage_options is None else dict(storage_options)
         self.retry = as_retry(retry)
         self._members = listing.members  # an index's members: read by range
+        #: Each item's part of its file as ``(start, duration)`` seconds (a Lhotse cut's), or ``None``.
+        self.segments = listing.segments
         if not self.paths:
             raise SourceError(f"no files in {self.description}")
         self.label_names = _resolve_labels(labels, self.paths, listing.rows, listing.columns)
@@ -406,7 +422,10 @@ class Source:
     @property
     def known_durations(self) -> list[float | None] | None:
         """Each item's duration in seconds where the source knows it without reading the file (an
-        index's members, measured by ``audiobuffer pack``; ``None`` where unknown), else ``None``."""
+        index's members, measured by ``audiobuffer pack``; ``None`` where unknown; a segment's own
+        duration), else ``None``."""
+        if self.segments is not None and all(d is not None for _, d in self.segments):
+            return [d for _, d in self.segments]
         return None if self._members is None else [m.duration for m in self._members]
 
     def _has_urls(self) -> bool:
@@ -423,6 +442,8 @@ class Source:
             digest = hashlib.sha256()
             for path in self.paths:
                 digest.update(path.encode("utf-8", "surrogateescape") + b"\0")
+            if self.segments is not None:  # the cuts of one recording share its path
+                digest.update(repr(self.segments).encode())
             fingerprint = self.__dict__["_fingerprint"] = f"{len(self.paths)}:{digest.hexdigest()[:16]}"
         return fingerprint
 
@@ -437,6 +458,7 @@ class Source:
         part.fields = None if self.fields is None else [self.fields[i] for i in indices]
         part.storage_options, part.retry = self.storage_options, self.retry
         part._members = None if self._members is None else tuple(self._members[i] for i in indices)
+        part.segments = None if self.segments is None else [self.segments[i] for i in indices]
         part.label_names = None if self.label_names is None else [self.label_names[i] for i in indices]
         part.classes = list(self.classes)
         part.class_to_idx = dict(self.class_to_idx)
@@ -458,7 +480,8 @@ class Source:
         if read is not None and clock is not None:
             read = clock.timed(read)
         return WorkItem(index, path, None if name is None else self.class_to_idx[name], name,
-                        None if self.fields is None else self.fields[index], epoch, seed, seq, read)
+                        None if self.fields is None else self.fields[index], epoch, seed, seq, read,
+                        None if self.segments is None else self.segments[index])
 
 
 def _resolve_labels(labels: LabelSpec, paths: list[str], fields: list[dict[str, Any]] | None,
