@@ -3,12 +3,14 @@ resumable, equal per rank, with failures leaving their batch, on generated and r
 
 import json
 import math
+import warnings
 
 import numpy as np
 import pytest
 from helpers import IndexDecoder, duration_manifest, fake_paths, wait_no_threads, write_tone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from plain_decoders import FramesDecoder
 from torch.utils.data import DataLoader
 
 from audiobuffer import (
@@ -154,6 +156,10 @@ def test_padding_fraction_in_stats_is_padded_over_batch_seconds(tmp_path):
     assert (by_samples.stats().batches, by_samples.stats().padding) == (None, None)
 
 
+CROP_AND_PAD = "ignore:max_batch_seconds with a decoder that crops and pads:UserWarning"
+
+
+@pytest.mark.filterwarnings(CROP_AND_PAD)
 @pytest.mark.parametrize("pad", [False, True])
 def test_a_crop_caps_the_durations(tmp_path, pad):
     tones(tmp_path / "audio", [0.3, 2.0, 2.5, 0.4, 3.0, 1.0])
@@ -165,6 +171,7 @@ def test_a_crop_caps_the_durations(tmp_path, pad):
         assert batch["audio"].shape[0] * batch["audio"].shape[1] <= 2.0 * 8000
 
 
+@pytest.mark.filterwarnings(CROP_AND_PAD)
 @pytest.mark.parametrize("isolate", [False, True])
 def test_padding_counts_the_zeros_a_decoder_pads_a_crop_with(tmp_path, isolate):
     # Padded to a 1 s crop, a 0.25 s file is three quarters zeros: the figure must say so.
@@ -187,6 +194,45 @@ def test_padding_counts_the_zeros_a_decoder_pads_a_crop_with(tmp_path, isolate):
         stats = ds.stats()
     assert real == 8000 * sum(min(s, 1.0) for s in seconds)
     assert stats.padding == pytest.approx(1 - real / padded) and stats.padding == pytest.approx(1 - 3.5 / 6)
+
+
+@pytest.mark.parametrize("isolate", [False, True])
+def test_padding_counts_each_samples_real_frames_not_the_durations(tmp_path, isolate):
+    # The manifest says every item lasts 2 s (no padding by durations); the samples hold 0.5-2 s of audio
+    # padded to 2 s: the figure is what the samples hold.
+    frames = [500, 2000, 1000, 1500, 2000, 250]
+    source = duration_manifest(tmp_path, [2.0] * len(frames))
+    options = dict(max_batch_seconds=4.0, buckets=1, duration_column="seconds")
+    decoder = FramesDecoder(frames, 2000)
+    if isolate:
+        with IsolatedLoader(source, decoder, **options) as loader:
+            rows = [len(batch["index"]) for batch in loader]
+            stats = loader.stats()
+    else:
+        ds = BufferedDataset(source, decoder, **options)
+        rows = [len(batch) for batch in ds]
+        stats = ds.stats()
+    assert rows == [2, 2, 2]
+    assert stats.padding == pytest.approx(1 - sum(frames) / (2000 * len(frames)))
+
+
+def test_padding_falls_back_to_the_durations_when_a_transform_changes_the_audio(tmp_path):
+    durations = [1.0, 2.0, 1.0, 2.0]
+    features = lambda sample: {**sample, "audio": np.zeros((40, 3), dtype=np.float32)}  # noqa: E731
+    ds = BufferedDataset(duration_manifest(tmp_path, durations), FramesDecoder([1000, 2000, 1000, 2000], 2000),
+                         transform=features, max_batch_seconds=4.0, buckets=1, duration_column="seconds")
+    list(ds)
+    assert ds.stats().padding == 0.25  # (8 - 6) / 8 from the durations: 3 feature frames are no audio frames
+
+
+def test_crop_and_pad_with_max_batch_seconds_warn_that_every_item_lasts_the_crop(tmp_path):
+    tones(tmp_path / "audio", [0.3, 2.0, 0.5])
+    with pytest.warns(UserWarning, match=r"crop_seconds=1.*every item lasts the crop.*batches of 3 items.*pad=False"):
+        BufferedDataset(tmp_path / "audio", AudioDecoder(8000, crop_seconds=1.0, pad=True), max_batch_seconds=3.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        BufferedDataset(tmp_path / "audio", AudioDecoder(8000, crop_seconds=1.0, pad=False), max_batch_seconds=3.0)
+        BufferedDataset(tmp_path / "audio", AudioDecoder(8000, crop_seconds=1.0, pad=True))
 
 
 def test_durations_are_read_once_per_dataset_and_cached(tmp_path, monkeypatch):

@@ -111,7 +111,9 @@ class DatasetStats:
         batches: with ``max_batch_seconds``, the batches handed out (``None`` without).
         empty_batches: batches whose samples all failed (skipped).
         padding: with ``max_batch_seconds``, the padding of the batches handed out: padded seconds /
-            seconds in batches, each batch padded to its longest item (``None`` without).
+            seconds in batches, each batch padded to its longest item, from each sample's ``num_frames``
+            of real audio where samples carry it (a crop's zero padding counts as padding), else from
+            the durations (``None`` without ``max_batch_seconds``).
 
     With ``max_batch_seconds``, ``items``, ``failed`` and ``failures`` also count the items whose header
     could not be read (in rank 0's first DataLoader worker, every epoch: those items are in no batch).
@@ -149,7 +151,12 @@ class DatasetStats:
 
 class PaddingMeter:
     """The padding of the batches handed out: padded seconds / seconds in batches, each batch padded to
-    its longest item, and each item's own padding (a sample padded to a crop) counted too."""
+    its longest item, and each item's own padding (a sample padded to a crop) counted too.
+
+    A batch is measured from its samples where they say what they hold (an ``AudioDecoder`` sample's
+    ``num_frames`` of real audio against the batch's longest ``audio``, whatever the crop and pad), else
+    estimated from the items' durations.
+    """
 
     def __init__(self) -> None:
         self.padded = 0.0
@@ -162,9 +169,46 @@ class PaddingMeter:
             self.padded += len(seconds) * float(seconds.max())
             self.real += float((seconds if content is None else content).sum())
 
+    def add_samples(self, samples: Sequence[Any]) -> bool:
+        """Count one batch from its samples (dicts with ``audio``, ``num_frames`` and ``sample_rate``): each
+        padded to the longest ``audio``. ``False``, counting nothing, where a sample lacks them."""
+        try:
+            frames = np.array([s["audio"].shape[-1] for s in samples], dtype=np.float64)
+            real = np.array([s["num_frames"] for s in samples], dtype=np.float64)
+            rates = np.array([s["sample_rate"] for s in samples], dtype=np.float64)
+        except (TypeError, KeyError, AttributeError, IndexError, ValueError):
+            return False
+        if np.any(real > frames):  # a transform changed the audio (features): not frames of it
+            return False
+        return self._add_frames(real, float(frames.max(initial=0.0)), rates)
+
+    def add_collated(self, batch: Any) -> bool:
+        """Count one collated batch (``pad_collate``'s: ``audio`` ``(B, [C,] T)``, ``lengths`` and
+        ``sample_rate``); ``False``, counting nothing, where it lacks them."""
+        try:
+            width = float(batch["audio"].shape[-1])
+            real, rates = _numbers(batch["lengths"]), _numbers(batch["sample_rate"])
+        except (TypeError, KeyError, AttributeError, IndexError, ValueError):
+            return False
+        return self._add_frames(real, width, rates)
+
+    def _add_frames(self, real: np.ndarray, width: float, rates: np.ndarray) -> bool:
+        if real.ndim != 1 or rates.shape not in (real.shape, ()) or not np.all(rates > 0) or np.any(real > width):
+            return False
+        self.padded += float((width / np.broadcast_to(rates, real.shape)).sum())
+        self.real += float((real / rates).sum())
+        return True
+
     @property
     def fraction(self) -> float:
         return (self.padded - self.real) / self.padded if self.padded > 0 else 0.0
+
+
+def _numbers(value: Any) -> np.ndarray:
+    """A tensor (on any device), an array or a number as a float64 array."""
+    if hasattr(value, "cpu"):
+        value = value.cpu()
+    return np.asarray(value, dtype=np.float64)
 
 
 class Assembler:
@@ -421,9 +465,11 @@ class BatchEpochRun(EpochRun):
                 continue
             self.batches = cast(int, self.batches) + 1
             self.yielded += len(kept)
-            first = assembler.start(b)
-            self.batching.add_padding(self.padding, layout.indices[first:first + len(outs)][kept])
-            yield [outs[i] for i in kept]
+            samples = [outs[i] for i in kept]
+            if not self.padding.add_samples(samples):  # samples without frames: their durations
+                first = assembler.start(b)
+                self.batching.add_padding(self.padding, layout.indices[first:first + len(outs)][kept])
+            yield samples
 
 
 class StreamBatchRun(EpochRun):
@@ -460,12 +506,14 @@ class StreamBatchRun(EpochRun):
         """Count ``batch`` and mark the shards it completes (before the consumer gets it, as every mark)."""
         self.batches = cast(int, self.batches) + 1
         self.yielded += len(batch)
-        self.padding.add(np.array([length for length, _ in batch]), np.array([entry[0] for _, entry in batch]))
+        samples = [entry[2] for _, entry in batch]
+        if not self.padding.add_samples(samples):  # samples without frames: their durations
+            self.padding.add(np.array([length for length, _ in batch]), np.array([entry[0] for _, entry in batch]))
         for _, (_, shard, _) in batch:
             self._waiting[shard] -= 1
         for shard in {entry[1] for _, entry in batch}:
             self._settle(shard)
-        return [entry[2] for _, entry in batch]
+        return samples
 
     def _settle(self, shard: int) -> None:
         """Mark ``shard`` consumed once its last output came and none of its samples waits in a bucket."""

@@ -9,9 +9,10 @@ loader; the helper process of ``IsolatedLoader`` gets a copy.
 from __future__ import annotations
 
 import hashlib
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -271,7 +272,9 @@ class Pipeline:
 
 
 def _check_combination(source: Source | ShardStream, decoder: Any, options: LoaderOptions) -> None:
-    """Refuse options that do not fit together with this source and decoder (each valid on its own).
+    """Refuse options that do not fit together with this source and decoder (each valid on its own), and
+    warn (a ``UserWarning``, shown once per place by Python's default filter) of ``max_batch_seconds`` with
+    a decoder that pads every sample to its crop.
 
     Raises:
         ValueError: a delivering decoder (NOTE [ Delivering decoders ] in ``pool.py``) with ``ordered``, a
@@ -285,6 +288,13 @@ def _check_combination(source: Source | ShardStream, decoder: Any, options: Load
                              "sample's <key>.json sidecar that holds its duration in seconds (streamed shards "
                              "give no durations before they stream), or read the shards through their "
                              "index.json (audiobuffer pack writes one, with each member's duration)")
+    crop, pad = decoder_crop(decoder)
+    if options.max_batch_seconds is not None and pad:
+        warnings.warn(f"max_batch_seconds with a decoder that crops and pads every sample to crop_seconds={crop:g}: "
+                      f"every item lasts the crop, so batches by duration are batches of "
+                      f"{max(1, int(options.max_batch_seconds // cast(float, crop)))} items and buy nothing "
+                      f"(batch_size does the same); give the decoder pad=False to batch the items by their own "
+                      f"lengths", UserWarning, stacklevel=4)
     if delivers_itself(decoder) and (options.ordered or options.transform is not None
                                      or options.max_batch_seconds is not None):
         raise ValueError(f"{decoder!r} delivers its samples itself: it takes no ordered=True, no transform and "

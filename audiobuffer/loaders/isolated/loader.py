@@ -335,7 +335,8 @@ class IsolatedLoader(PipelineViews, StateKeys):
         batching = self.pipeline.batching
         if message.indices is not None and batching is not None:  # a batch by duration: its source indices
             run.batches = (run.batches or 0) + 1
-            batching.add_padding(run.padding, np.asarray(message.indices))
+            if not run.padding.add_collated(batch):  # rows without frames: their durations
+                batching.add_padding(run.padding, np.asarray(message.indices))
         return batch
 
     # -- inspection, resume, shutdown ----------------------------------------------------------
