@@ -25,7 +25,7 @@ from audiobuffer import (
     WorkItem,
     pad_collate,
 )
-from audiobuffer.engine.plan import plan_batches
+from audiobuffer.engine.plan import batch_cost, plan_batches
 from audiobuffer.engine.streamed import DynamicBuckets, TimedDecode
 from audiobuffer.sources.durations import CACHE_ENV
 
@@ -314,6 +314,25 @@ def test_a_state_loads_only_into_the_same_batching(tmp_path):
         dataset(source, durations, max_batch_seconds=3.0).load_state_dict(old)
 
 
+def test_quadratic_duration_shapes_the_batches_and_is_part_of_a_states_batching(tmp_path):
+    durations = np.random.default_rng(6).uniform(1.0, 20.0, 60).round(2)
+    source = duration_manifest(tmp_path, durations)
+    ds = dataset(source, durations, max_batch_seconds=60.0, quadratic_duration=10.0, shuffle=True, seed=2)
+    got = keys(ds)
+    assert sorted(i for b in got for i in b) == list(range(60))
+    assert sorted(got) == sorted(plan_keys(durations, max_batch_seconds=60.0, buckets=10, quadratic_duration=10.0,
+                                           shuffle=True, seed=2))
+    assert all(len(b) == 1 or batch_cost(len(b), max(durations[i] for i in b), 10.0) <= 60.0 for b in got)
+    state = ds.state_dict()
+    assert state["batching"]["quadratic_duration"] == 10.0
+    for other in (dict(), dict(quadratic_duration=20.0)):
+        with pytest.raises(ResumeError, match="saved with batching="):
+            dataset(source, durations, max_batch_seconds=60.0, shuffle=True, seed=2, **other).load_state_dict(state)
+    dataset(source, durations, max_batch_seconds=60.0, quadratic_duration=10.0, shuffle=True,
+            seed=2).load_state_dict(state)
+    assert "quadratic_duration" not in dataset(source, durations, max_batch_seconds=60.0).state_dict()["batching"]
+
+
 def test_changed_durations_refuse_a_state(tmp_path):
     state = dataset(duration_manifest(tmp_path, [1.0, 2.0, 3.0]), [1.0], max_batch_seconds=3.0).state_dict()
     changed = dataset(duration_manifest(tmp_path, [1.0, 2.0, 2.5]), [1.0], max_batch_seconds=3.0)
@@ -437,16 +456,17 @@ def test_a_delivering_decoder_takes_no_max_batch_seconds():
 
 @settings(deadline=None, max_examples=60)
 @given(durations=st.lists(st.floats(0.0, 12.0), max_size=300), budget=st.sampled_from([1.0, 5.0, 20.0]),
-       buckets=st.integers(1, 6), size=st.one_of(st.none(), st.integers(1, 8)))
-def test_dynamic_buckets_hand_on_each_sample_once_within_the_budget(durations, budget, buckets, size):
-    cutter = DynamicBuckets(budget, buckets, size)
+       buckets=st.integers(1, 6), size=st.one_of(st.none(), st.integers(1, 8)),
+       quadratic=st.one_of(st.none(), st.sampled_from([2.0, 20.0])))
+def test_dynamic_buckets_hand_on_each_sample_once_within_the_budget(durations, budget, buckets, size, quadratic):
+    cutter = DynamicBuckets(budget, buckets, size, quadratic)
     batches = [b for i, d in enumerate(durations) for b in cutter.add(d, i)]
     assert cutter.held == len(durations) - sum(len(b) for b in batches)
     batches += cutter.flush()
     assert cutter.held == 0 and cutter.flush() == []
     assert sorted(i for b in batches for _, i in b) == list(range(len(durations)))
     assert all(seconds == durations[i] for b in batches for seconds, i in b)
-    assert all(len(b) == 1 or len(b) * max(s for s, _ in b) <= budget for b in batches)
+    assert all(len(b) == 1 or batch_cost(len(b), max(s for s, _ in b), quadratic) <= budget for b in batches)
     assert all(size is None or len(b) <= size for b in batches)
 
 

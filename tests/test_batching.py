@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from audiobuffer import ResumeError
 from audiobuffer.engine.plan import (
     BatchPlan,
+    batch_cost,
     bucket_edges,
     cut_batches,
     pack_consumed,
@@ -48,6 +49,7 @@ setups = st.fixed_dictionaries({
     "max_batch_seconds": st.sampled_from([5.0, 20.0, 60.0, 120.0]),
     "buckets": st.integers(1, 12),
     "max_batch_size": st.one_of(st.none(), st.integers(1, 16)),
+    "quadratic_duration": st.one_of(st.none(), st.sampled_from([2.0, 15.0, 300.0])),
     "shuffle": st.booleans(),
     "seed": st.integers(0, 1000),
     "epoch": st.integers(0, 5),
@@ -87,8 +89,9 @@ def test_each_item_once_budget_kept_equal_ranks(durations, setup, world_size, ev
     for batch in everything.batches:
         assert len(batch) >= 1
         longest = durations[batch].max()
-        assert len(batch) * longest <= setup["max_batch_seconds"] or (
-            len(batch) == 1 and longest > setup["max_batch_seconds"]), (len(batch), longest)
+        cost = batch_cost(len(batch), longest, setup["quadratic_duration"])
+        assert cost <= setup["max_batch_seconds"] or (
+            len(batch) == 1 and cost > setup["max_batch_seconds"]), (len(batch), longest)
         if setup["max_batch_size"] is not None:
             assert len(batch) <= setup["max_batch_size"]
 
@@ -106,6 +109,40 @@ def test_resume_yields_exactly_the_batches_not_consumed(durations, setup, world_
     expected = [(p, b) for p, b in enumerate(keys(full.batches)) if not mask[p]]
     assert [(resumed.position(s), b) for s, b in enumerate(keys(resumed.batches))] == expected
     assert resumed.size == full.size and resumed.consumed == consumed
+
+
+def test_batch_cost_is_the_padded_length_plus_lhotses_quadratic_term():
+    assert batch_cost(4, 5.0) == 20.0
+    assert batch_cost(4, 5.0, 10.0) == pytest.approx(4 * (5.0 + 25.0 / 10.0))
+    assert batch_cost(1, 30.0, 30.0) == pytest.approx(60.0)
+
+
+def test_quadratic_duration_gives_long_items_smaller_batches_within_the_budget():
+    durations = corpus("speech", 600, 4)
+    setup = dict(max_batch_seconds=120.0, buckets=10, shuffle=True, seed=1, epoch=0)
+    linear = plan_batches(durations, **setup)
+    quadratic = plan_batches(durations, quadratic_duration=15.0, **setup)
+
+    def mean_size(plan, longer_than):
+        sizes = [len(b) for b in plan.batches if durations[b].max() > longer_than]
+        return sum(sizes) / len(sizes)
+
+    assert sorted(i for b in quadratic.batches for i in b) == list(range(600))
+    for batch in quadratic.batches:
+        longest = float(durations[batch].max())
+        assert len(batch) == 1 or len(batch) * (longest + longest**2 / 15.0) <= 120.0
+    assert len(quadratic) > len(linear)
+    # The quadratic term weighs most on the longest items: their batches shrink the most.
+    long_ratio = mean_size(quadratic, 12.0) / mean_size(linear, 12.0)
+    short_ratio = mean_size(quadratic, 0.0) / mean_size(linear, 0.0)
+    assert long_ratio < short_ratio < 1.0
+
+
+@pytest.mark.parametrize("value, error", [(0.0, ValueError), (math.inf, ValueError), ("15", TypeError)])
+def test_quadratic_duration_is_a_number_of_seconds(value, error):
+    with pytest.raises(error, match="quadratic_duration must be"):
+        plan_batches([1.0, 2.0], max_batch_seconds=4.0, buckets=1, quadratic_duration=value, shuffle=False, seed=0,
+                     epoch=0)
 
 
 def test_resume_mask_of_the_wrong_length_is_refused():

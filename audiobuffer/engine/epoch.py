@@ -374,7 +374,8 @@ def run_epoch(pipeline: Pipeline, shard: EpochShard, *, resume: bytes | None = N
         return BatchEpochRun(setup, pipeline.batching)
     if setup.layout.streamed and options.max_batch_seconds is not None:
         buckets = DEFAULT_BUCKETS if options.buckets is None else options.buckets
-        return StreamBatchRun(setup, DynamicBuckets(options.max_batch_seconds, buckets, options.max_batch_size))
+        return StreamBatchRun(setup, DynamicBuckets(options.max_batch_seconds, buckets, options.max_batch_size,
+                                                    options.quadratic_duration))
     return EpochRun(setup)
 
 

@@ -91,7 +91,7 @@ class DurationBatching:
     """A pipeline's batches by duration: the budget, the buckets, and each item's duration (read once).
 
     Attributes:
-        max_batch_seconds, buckets, max_batch_size: the batch setup.
+        max_batch_seconds, buckets, max_batch_size, quadratic_duration: the batch setup.
         durations: seconds per source item (``NaN`` where its header could not be read): a sample's
             length in its batch, the crop where the decoder pads to it.
         content: seconds of audio per source item, the rest of ``durations`` being padding (the same
@@ -100,19 +100,21 @@ class DurationBatching:
     """
 
     def __init__(self, durations: np.ndarray, failures: list[HeaderFailure], *, max_batch_seconds: float,
-                 buckets: int, max_batch_size: int | None, content: np.ndarray | None = None) -> None:
+                 buckets: int, max_batch_size: int | None, content: np.ndarray | None = None,
+                 quadratic_duration: float | None = None) -> None:
         self.durations = durations
         self.content = durations if content is None else content
         self.failures = failures
         self.max_batch_seconds = float(max_batch_seconds)
         self.buckets = buckets
         self.max_batch_size = max_batch_size
+        self.quadratic_duration = None if quadratic_duration is None else float(quadratic_duration)
         self._plans: dict[tuple[Any, ...], BatchPlan] = {}  # the last few plans: len() and iter() of an epoch
 
     @classmethod
     def read(cls, source: Source, decoder: Callable[[WorkItem], Any], *, max_batch_seconds: float,
              buckets: int | None, max_batch_size: int | None, duration_column: str | None, on_error: ErrorPolicy,
-             num_threads: int) -> DurationBatching:
+             num_threads: int, quadratic_duration: float | None = None) -> DurationBatching:
         """The durations of ``source``'s items, capped by ``decoder``'s crop (NOTE [ Batches by duration ]).
 
         Raises:
@@ -128,7 +130,7 @@ class DurationBatching:
             durations[~np.isnan(durations)] = crop  # padded to the crop: every sample is that long
         return cls(durations, failures, max_batch_seconds=max_batch_seconds,
                    buckets=DEFAULT_BUCKETS if buckets is None else buckets, max_batch_size=max_batch_size,
-                   content=content)
+                   content=content, quadratic_duration=quadratic_duration)
 
     def add_padding(self, meter: PaddingMeter, indices: np.ndarray) -> None:
         """Count the batch of source items ``indices`` in ``meter``."""
@@ -144,7 +146,8 @@ class DurationBatching:
         plan = self._plans.get(key)
         if plan is None:
             plan = plan_batches(self.durations, max_batch_seconds=self.max_batch_seconds, buckets=self.buckets,
-                                max_batch_size=self.max_batch_size, shuffle=shuffle, seed=seed, epoch=epoch,
+                                max_batch_size=self.max_batch_size, quadratic_duration=self.quadratic_duration,
+                                shuffle=shuffle, seed=seed, epoch=epoch,
                                 rank=rank, world_size=world_size, worker=worker, num_workers=num_workers,
                                 even_shards=even_shards, consumed=consumed)
             if len(self._plans) >= _REMEMBERED_PLANS:
@@ -170,8 +173,11 @@ class DurationBatching:
         """What a state dict's batch mask was counted under (``plan.STATE_BATCHING``): the setup and a
         digest of the durations (a changed file changes the batches)."""
         digest = hashlib.sha256(np.ascontiguousarray(self.durations, dtype="<f8").tobytes()).hexdigest()[:16]
-        return {"max_batch_seconds": self.max_batch_seconds, "buckets": self.buckets,
-                "max_batch_size": self.max_batch_size, "durations": f"{len(self.durations)}:{digest}"}
+        state: dict[str, Any] = {"max_batch_seconds": self.max_batch_seconds, "buckets": self.buckets,
+                                 "max_batch_size": self.max_batch_size, "durations": f"{len(self.durations)}:{digest}"}
+        if self.quadratic_duration is not None:  # only where set: a state saved without the option still loads
+            state["quadratic_duration"] = self.quadratic_duration
+        return state
 
 
 @dataclass(frozen=True, eq=False)
@@ -216,7 +222,8 @@ class Pipeline:
             batching = DurationBatching.read(
                 listed, decoder, max_batch_seconds=options.max_batch_seconds, buckets=options.buckets,
                 max_batch_size=options.max_batch_size, duration_column=options.duration_column,
-                on_error=options.on_error, num_threads=max(8, options.most_producers()))
+                on_error=options.on_error, num_threads=max(8, options.most_producers()),
+                quadratic_duration=options.quadratic_duration)
         return cls(listed, decoder, options, batching)
 
     @property

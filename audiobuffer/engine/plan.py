@@ -33,6 +33,7 @@ from ..errors import ResumeError
 
 __all__ = ["EpochShard",
     "BatchPlan",
+    "batch_cost",
     "EpochPlan",
     "bucket_edges",
     "cut_batches",
@@ -348,12 +349,21 @@ def bucket_edges(durations: np.ndarray, buckets: int) -> np.ndarray:
     return values[np.asarray(cuts, dtype=np.int64) - 1]
 
 
+def batch_cost(count: int, longest: float, quadratic_duration: float | None = None) -> float:
+    """What a batch of ``count`` items, the longest ``longest`` seconds, costs against ``max_batch_seconds``:
+    ``count x longest`` (its padded length), or with ``quadratic_duration=Q`` (attention, whose cost grows
+    with the square of the length) ``count x (longest + longest**2 / Q)``, as Lhotse counts it."""
+    if quadratic_duration is None:
+        return count * longest
+    return count * (longest + longest * longest / quadratic_duration)
+
+
 def cut_batches(indices: np.ndarray, durations: np.ndarray, max_batch_seconds: float,
-                max_batch_size: int | None = None) -> list[np.ndarray]:
+                max_batch_size: int | None = None, quadratic_duration: float | None = None) -> list[np.ndarray]:
     """``indices``, in their order, cut into consecutive batches within the budget.
 
-    A batch grows while ``count x longest <= max_batch_seconds`` and ``count <= max_batch_size``; an
-    item over ``max_batch_seconds`` on its own forms a batch of one.
+    A batch grows while its :func:`batch_cost` stays within ``max_batch_seconds`` and ``count <=
+    max_batch_size``; an item over ``max_batch_seconds`` on its own forms a batch of one.
     """
     batches: list[np.ndarray] = []
     start = count = 0
@@ -361,7 +371,7 @@ def cut_batches(indices: np.ndarray, durations: np.ndarray, max_batch_seconds: f
     limit = math.inf if max_batch_size is None else max_batch_size
     for i, seconds in enumerate(durations[indices].tolist()):
         grown = max(longest, seconds)
-        if count and ((count + 1) * grown > max_batch_seconds or count + 1 > limit):
+        if count and (batch_cost(count + 1, grown, quadratic_duration) > max_batch_seconds or count + 1 > limit):
             batches.append(indices[start:i])
             start, count, grown = i, 0, seconds
         count += 1
@@ -372,16 +382,20 @@ def cut_batches(indices: np.ndarray, durations: np.ndarray, max_batch_seconds: f
 
 
 def plan_batches(durations: Sequence[float] | np.ndarray, *, max_batch_seconds: float, buckets: int,
-                 max_batch_size: int | None = None, shuffle: bool, seed: int, epoch: int, rank: int = 0,
+                 max_batch_size: int | None = None, quadratic_duration: float | None = None, shuffle: bool,
+                 seed: int, epoch: int, rank: int = 0,
                  world_size: int = 1, worker: int = 0, num_workers: int = 1,
                  even_shards: str | None = "pad", consumed: bytes | bytearray | None = None) -> BatchPlan:
     """The duration batches of one shard (``rank``, ``worker``) of ``epoch``.
 
     Args:
         durations: each source item's duration in seconds; ``NaN`` leaves an item out.
-        max_batch_seconds: the budget of a batch's padded duration (count x longest item).
+        max_batch_seconds: the budget of a batch's cost (:func:`batch_cost`: its padded duration,
+            count x longest item, without ``quadratic_duration``).
         buckets: the number of duration buckets (1: batches of any mix of lengths).
         max_batch_size: the most items in a batch, or ``None``.
+        quadratic_duration: with a number of seconds ``Q``, a batch costs ``count x (longest +
+            longest**2 / Q)``: long items make smaller batches (attention models); ``None``: no such term.
         shuffle, seed, epoch: without ``shuffle``, buckets keep the source order and batches come
             bucket by bucket (shortest first); with it, both are shuffled by ``seed + epoch``.
         rank, world_size: this process's shard of the ranks.
@@ -400,6 +414,8 @@ def plan_batches(durations: Sequence[float] | np.ndarray, *, max_batch_seconds: 
     _check_int("buckets", buckets, 1)
     if max_batch_size is not None:
         _check_int("max_batch_size", max_batch_size, 1)
+    if quadratic_duration is not None:
+        _check_number("quadratic_duration", quadratic_duration)
     _check_int("world_size", world_size, 1)
     _check_int("num_workers", num_workers, 1)
     if even_shards not in ("pad", "drop", None):
@@ -413,7 +429,7 @@ def plan_batches(durations: Sequence[float] | np.ndarray, *, max_batch_seconds: 
         members = items[which == bucket]
         if rng is not None:
             members = rng.permutation(members)
-        batches.extend(cut_batches(members, values, max_batch_seconds, max_batch_size))
+        batches.extend(cut_batches(members, values, max_batch_seconds, max_batch_size, quadratic_duration))
     order = rng.permutation(len(batches)) if rng is not None else np.arange(len(batches), dtype=np.int64)
     if world_size > 1 and even_shards is not None:
         order = even_out(order, world_size, even_shards)

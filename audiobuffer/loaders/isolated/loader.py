@@ -138,7 +138,8 @@ class IsolatedLoader(PipelineViews, StateKeys):
         Other keywords: as for :class:`~audiobuffer.BufferedDataset` (``num_producers``, ``buffer_size``,
             ``max_bytes``, ``shuffle``, ``seed``, ``ordered``, ``on_error``, ``transform``, ``labels``,
             ``patterns``, ``path_column``, ``rank``, ``world_size``, ``even_shards``, ``warn_after``,
-            ``timeout``, ``max_batch_seconds``, ``buckets``, ``max_batch_size``, ``duration_column``);
+            ``timeout``, ``max_batch_seconds``, ``buckets``, ``max_batch_size``, ``duration_column``,
+            ``quadratic_duration``);
             they apply in the helper process.
 
     Raises:
