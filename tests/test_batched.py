@@ -333,6 +333,39 @@ def test_quadratic_duration_shapes_the_batches_and_is_part_of_a_states_batching(
     assert "quadratic_duration" not in dataset(source, durations, max_batch_seconds=60.0).state_dict()["batching"]
 
 
+@pytest.mark.parametrize("sync", [None, True, False])
+def test_ranks_in_step_by_default_with_exact_resume(tmp_path, sync):
+    durations = np.clip(np.random.default_rng(8).lognormal(math.log(6.0), 0.55, 200), 1.0, 22.0).round(2)
+    source = duration_manifest(tmp_path, durations)
+    slow = IndexDecoder(delays={i: 0.01 for i in range(0, 200, 7)})  # batches complete out of plan order
+    options = dict(max_batch_seconds=40.0, shuffle=True, seed=4, world_size=2, sync_buckets=sync, num_producers=3)
+    ranks = [dataset(source, durations, rank=r, decoder=slow, **options) for r in range(2)]
+    for ds in ranks:
+        ds.set_epoch(1)
+    got = [keys(ds) for ds in ranks]
+    planned = [plan_keys(durations, epoch=1, max_batch_seconds=40.0, buckets=10, shuffle=True, seed=4, rank=r,
+                         world_size=2, sync_buckets=sync is not False) for r in range(2)]
+    if sync is False:
+        assert [sorted(g) for g in got] == [sorted(p) for p in planned]
+    else:  # in step: in plan order, unordered pool or not
+        assert got == planned
+    assert len(got[0]) == len(got[1]) == len(ranks[0])
+    state = ranks[1].state_dict()
+    assert state["batching"].get("sync_buckets", False) == (sync is not False)
+    # Resume rank 1 after its first 3 batches: exactly the rest, in step with rank 0.
+    resumed = dataset(source, durations, rank=1, **options)
+    partial = resumed.state_dict()
+    partial["epoch"] = 1
+    partial["items"] = len(got[1])
+    from audiobuffer.engine.plan import pack_consumed
+    partial["consumed"] = pack_consumed(bytes([1, 1, 1] + [0] * (len(got[1]) - 3)))
+    resumed.load_state_dict(partial)
+    assert sorted(keys(resumed)) == sorted(planned[1][3:])
+    other = dataset(source, durations, rank=1, **{**options, "sync_buckets": sync is False})
+    with pytest.raises(ResumeError, match="saved with batching="):
+        other.load_state_dict(state)
+
+
 def test_changed_durations_refuse_a_state(tmp_path):
     state = dataset(duration_manifest(tmp_path, [1.0, 2.0, 3.0]), [1.0], max_batch_seconds=3.0).state_dict()
     changed = dataset(duration_manifest(tmp_path, [1.0, 2.0, 2.5]), [1.0], max_batch_seconds=3.0)

@@ -349,12 +349,14 @@ def durations_cached_here(tmp_path, monkeypatch):
 @pytest.mark.usefixtures("durations_cached_here")
 def test_loader_max_batch_seconds_builds_batches_by_duration(corpus):
     path = write(corpus, {"source": {"root": "audio"}, "loader": {"max_batch_seconds": 0.25, "buckets": 2,
-                                                                  "max_batch_size": 3, "quadratic_duration": 30}})
+                                                                  "max_batch_size": 3, "quadratic_duration": 30,
+                                                                  "sync_buckets": False}})
     config = load_config(path)
     dataset = build_dataset(config)
     batching = dataset.batching
     assert (batching.max_batch_seconds, batching.buckets, batching.max_batch_size) == (0.25, 2, 3)
     assert batching.quadratic_duration == 30.0  # 2 x (0.1 + 0.01 / 30) s: still two 0.1 s files a batch
+    assert batching.sync_buckets is False
     loader = build_loader(config, dataset)
     assert loader.batch_size is None  # the dataset yields whole batches
     batches = list(loader)
@@ -364,7 +366,8 @@ def test_loader_max_batch_seconds_builds_batches_by_duration(corpus):
     assert isolated.pipeline.batching.quadratic_duration == 30.0
     isolated.close()
     assert load_config(path, ["loader.max_batch_seconds=null", "loader.buckets=null", "loader.max_batch_size=null",
-                              "loader.quadratic_duration=null"]).loader.max_batch_seconds is None
+                              "loader.quadratic_duration=null", "loader.sync_buckets=null"]
+                       ).loader.max_batch_seconds is None
 
 
 @pytest.mark.usefixtures("durations_cached_here")

@@ -199,11 +199,13 @@ class LoaderConfig(_Section):
     quadratic_duration: float | None = Field(default=_python_default(LoaderOptions, "quadratic_duration"), gt=0,
                                              le=_MAX_SECONDS, allow_inf_nan=False,
                                              description="a number of seconds")
+    sync_buckets: bool | None = _python_default(LoaderOptions, "sync_buckets")
 
     @model_validator(mode="after")
     def _batches_by_duration(self) -> LoaderConfig:
         if self.max_batch_seconds is None:
-            given = [k for k in ("buckets", "max_batch_size", "quadratic_duration") if getattr(self, k) is not None]
+            given = [k for k in ("buckets", "max_batch_size", "quadratic_duration", "sync_buckets")
+                     if getattr(self, k) is not None]
             if given:
                 raise ValueError(f"{', '.join(given)} shape batches by duration: set max_batch_seconds too")
         elif self.drop_last:

@@ -20,10 +20,13 @@ batch's samples together and decode them in parallel.
 Assembly. The consumer (:class:`Assembler`) keeps the samples of each batch until its last one has
 arrived, then hands the batch on whole, in plan order within the batch. In an unordered pool batches
 complete (and are yielded) in the order their last sample finishes; an ordered pool completes them in
-plan order. A failed sample leaves its batch (per ``on_error``), which comes smaller; a batch whose
-samples all failed is counted and skipped; either way the batch counts as consumed for resume once
-complete. Only the batches with a sample still being decoded are held, so memory stays bounded by
-the buffer plus those batches. The buffer holds at least two of the epoch's largest batches (more
+plan order, and so does the assembler itself for ranks in step (NOTE [ Ranks in step ] in ``plan.py``:
+a batch handed on a step early or late would meet another bucket's on the other ranks), holding a
+complete batch until those before it are handed on. A failed sample leaves its batch (per
+``on_error``), which comes smaller; a batch whose samples all failed is counted and skipped; either way
+the batch counts as consumed for resume once handed on. Only the batches with a sample still being
+decoded (and, in step, the complete ones behind them) are held, so memory stays bounded by the buffer
+plus those batches. The buffer holds at least two of the epoch's largest batches (more
 than ``buffer_size`` if need be), so the producers decode the next batch while one trains.
 
 Streamed shards. A :class:`~audiobuffer.sources.stream.ShardStream` cannot be planned: no duration (not
@@ -213,9 +216,13 @@ def _numbers(value: Any) -> np.ndarray:
 
 class Assembler:
     """Collects a pool's ``(seq, out)`` pairs into batches: ``sizes[b]`` consecutive sequence numbers
-    make batch ``b``. Used by one consumer thread."""
+    make batch ``b``; ``in_order``: complete batches are handed on in plan order (ranks in step), else as
+    they complete. Used by one consumer thread."""
 
-    def __init__(self, sizes: Sequence[int]) -> None:
+    def __init__(self, sizes: Sequence[int], *, in_order: bool = False) -> None:
+        self._in_order = in_order
+        self._ready: dict[int, list[Any]] = {}  # in order: complete batches behind an incomplete one
+        self._next = 0
         self._sizes = list(sizes)
         self._first = np.concatenate(([0], np.cumsum(self._sizes)[:-1])).astype(np.int64).tolist() if sizes else []
         self._batch_of = np.repeat(np.arange(len(self._sizes)), self._sizes).tolist()
@@ -226,8 +233,9 @@ class Assembler:
         """The first sequence number of batch ``b``."""
         return self._first[b]
 
-    def add(self, seq: int, out: Any) -> tuple[int, list[Any]] | None:
-        """Take the result of ``seq``; ``(batch, its results in plan order)`` when it completes its batch."""
+    def add(self, seq: int, out: Any) -> list[tuple[int, list[Any]]]:
+        """Take the result of ``seq``; the batches this hands on, each as ``(batch, its results in plan
+        order)``: the one ``seq`` completes, or in order, those it lets go."""
         b = self._batch_of[seq]
         outs = self._pending.get(b)
         if outs is None:
@@ -236,9 +244,16 @@ class Assembler:
         outs[seq - self._first[b]] = out  # every place is filled before the batch is handed on
         self._left[b] -= 1
         if self._left[b]:
-            return None
+            return []
         del self._left[b]
-        return b, self._pending.pop(b)
+        if not self._in_order:
+            return [(b, self._pending.pop(b))]
+        self._ready[b] = self._pending.pop(b)
+        done = []
+        while self._next in self._ready:
+            done.append((self._next, self._ready.pop(self._next)))
+            self._next += 1
+        return done
 
 
 class EpochCounts:
@@ -446,7 +461,7 @@ class BatchEpochRun(EpochRun):
     def __init__(self, setup: EpochSetup, batching: DurationBatching) -> None:
         super().__init__(setup, batched=True)
         self.batching = batching
-        self.assembler = Assembler(cast(list[int], setup.layout.sizes))
+        self.assembler = Assembler(cast(list[int], setup.layout.sizes), in_order=setup.layout.in_step)
         self.count_header_failures(batching)
 
     def consume(self, policy: ErrorPolicy) -> Iterator[list[Any]]:
@@ -455,22 +470,19 @@ class BatchEpochRun(EpochRun):
         for seq, out in self.pool:
             if out.__class__ is Failure:
                 self.fail(out, policy)  # raises under "raise"
-            done = assembler.add(seq, out)
-            if done is None:
-                continue
-            b, outs = done
-            self.consumed[layout.position(b)] = 1
-            kept = [i for i, o in enumerate(outs) if o.__class__ is not Failure]
-            if not kept:
-                self.empty_batches += 1
-                continue
-            self.batches = cast(int, self.batches) + 1
-            self.yielded += len(kept)
-            samples = [outs[i] for i in kept]
-            if not self.padding.add_samples(samples):  # samples without frames: their durations
-                first = assembler.start(b)
-                self.batching.add_padding(self.padding, layout.indices[first:first + len(outs)][kept])
-            yield samples
+            for b, outs in assembler.add(seq, out):
+                self.consumed[layout.position(b)] = 1
+                kept = [i for i, o in enumerate(outs) if o.__class__ is not Failure]
+                if not kept:
+                    self.empty_batches += 1
+                    continue
+                self.batches = cast(int, self.batches) + 1
+                self.yielded += len(kept)
+                samples = [outs[i] for i in kept]
+                if not self.padding.add_samples(samples):  # samples without frames: their durations
+                    first = assembler.start(b)
+                    self.batching.add_padding(self.padding, layout.indices[first:first + len(outs)][kept])
+                yield samples
 
 
 class StreamBatchRun(EpochRun):

@@ -139,7 +139,7 @@ class IsolatedLoader(PipelineViews, StateKeys):
             ``max_bytes``, ``shuffle``, ``seed``, ``ordered``, ``on_error``, ``transform``, ``labels``,
             ``patterns``, ``path_column``, ``rank``, ``world_size``, ``even_shards``, ``warn_after``,
             ``timeout``, ``max_batch_seconds``, ``buckets``, ``max_batch_size``, ``duration_column``,
-            ``quadratic_duration``);
+            ``quadratic_duration``, ``sync_buckets``);
             they apply in the helper process.
 
     Raises:
