@@ -86,6 +86,8 @@ class LoaderOptions:
     buckets: int | None = None
     max_batch_size: int | None = None
     duration_column: str | None = None
+    quadratic_duration: float | None = None
+    sync_buckets: bool | None = None
     storage_options: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
@@ -119,11 +121,16 @@ class LoaderOptions:
             check_int("buckets", self.buckets, 1, also="or None")
         if self.max_batch_size is not None:
             check_int("max_batch_size", self.max_batch_size, 1, also="or None")
+        check_seconds("quadratic_duration", self.quadratic_duration, maximum=MAX_SECONDS)
+        if self.sync_buckets is not None and not isinstance(self.sync_buckets, bool):
+            raise TypeError(f"sync_buckets must be True, False or None (with more than one rank), got "
+                            f"{short_repr(self.sync_buckets)}")
         if self.duration_column is not None and not isinstance(self.duration_column, str):
             raise TypeError(f"duration_column must be a manifest column name or None, got "
                             f"{short_repr(self.duration_column)}")
         if self.max_batch_seconds is None:
-            given = [name for name in ("buckets", "max_batch_size", "duration_column")
+            given = [name for name in ("buckets", "max_batch_size", "duration_column", "quadratic_duration",
+                                       "sync_buckets")
                      if getattr(self, name) is not None]
             if given:
                 raise ValueError(f"{', '.join(given)} shape batches by duration: give max_batch_seconds too, "

@@ -27,7 +27,8 @@ then gives the same figures on the same machine and versions, resumed or not.
 
 ``--max-batch-seconds S`` batches by duration (``loader.max_batch_seconds``): each batch holds at most S
 seconds of padded audio, cut from duration buckets so that it pads little; steps per epoch are then the
-batches of the first epoch, the same on every rank.
+batches of the first epoch, the same on every rank. For an attention model, ``--set
+loader.quadratic_duration=Q`` counts a batch of n items whose longest lasts L seconds as n * (L + L*L/Q).
 """
 
 from __future__ import annotations

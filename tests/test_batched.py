@@ -3,12 +3,14 @@ resumable, equal per rank, with failures leaving their batch, on generated and r
 
 import json
 import math
+import warnings
 
 import numpy as np
 import pytest
 from helpers import IndexDecoder, duration_manifest, fake_paths, wait_no_threads, write_tone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from plain_decoders import FramesDecoder
 from torch.utils.data import DataLoader
 
 from audiobuffer import (
@@ -23,7 +25,7 @@ from audiobuffer import (
     WorkItem,
     pad_collate,
 )
-from audiobuffer.engine.plan import plan_batches
+from audiobuffer.engine.plan import batch_cost, plan_batches
 from audiobuffer.engine.streamed import DynamicBuckets, TimedDecode
 from audiobuffer.sources.durations import CACHE_ENV
 
@@ -154,6 +156,10 @@ def test_padding_fraction_in_stats_is_padded_over_batch_seconds(tmp_path):
     assert (by_samples.stats().batches, by_samples.stats().padding) == (None, None)
 
 
+CROP_AND_PAD = "ignore:max_batch_seconds with a decoder that crops and pads:UserWarning"
+
+
+@pytest.mark.filterwarnings(CROP_AND_PAD)
 @pytest.mark.parametrize("pad", [False, True])
 def test_a_crop_caps_the_durations(tmp_path, pad):
     tones(tmp_path / "audio", [0.3, 2.0, 2.5, 0.4, 3.0, 1.0])
@@ -165,6 +171,7 @@ def test_a_crop_caps_the_durations(tmp_path, pad):
         assert batch["audio"].shape[0] * batch["audio"].shape[1] <= 2.0 * 8000
 
 
+@pytest.mark.filterwarnings(CROP_AND_PAD)
 @pytest.mark.parametrize("isolate", [False, True])
 def test_padding_counts_the_zeros_a_decoder_pads_a_crop_with(tmp_path, isolate):
     # Padded to a 1 s crop, a 0.25 s file is three quarters zeros: the figure must say so.
@@ -187,6 +194,45 @@ def test_padding_counts_the_zeros_a_decoder_pads_a_crop_with(tmp_path, isolate):
         stats = ds.stats()
     assert real == 8000 * sum(min(s, 1.0) for s in seconds)
     assert stats.padding == pytest.approx(1 - real / padded) and stats.padding == pytest.approx(1 - 3.5 / 6)
+
+
+@pytest.mark.parametrize("isolate", [False, True])
+def test_padding_counts_each_samples_real_frames_not_the_durations(tmp_path, isolate):
+    # The manifest says every item lasts 2 s (no padding by durations); the samples hold 0.5-2 s of audio
+    # padded to 2 s: the figure is what the samples hold.
+    frames = [500, 2000, 1000, 1500, 2000, 250]
+    source = duration_manifest(tmp_path, [2.0] * len(frames))
+    options = dict(max_batch_seconds=4.0, buckets=1, duration_column="seconds")
+    decoder = FramesDecoder(frames, 2000)
+    if isolate:
+        with IsolatedLoader(source, decoder, **options) as loader:
+            rows = [len(batch["index"]) for batch in loader]
+            stats = loader.stats()
+    else:
+        ds = BufferedDataset(source, decoder, **options)
+        rows = [len(batch) for batch in ds]
+        stats = ds.stats()
+    assert rows == [2, 2, 2]
+    assert stats.padding == pytest.approx(1 - sum(frames) / (2000 * len(frames)))
+
+
+def test_padding_falls_back_to_the_durations_when_a_transform_changes_the_audio(tmp_path):
+    durations = [1.0, 2.0, 1.0, 2.0]
+    features = lambda sample: {**sample, "audio": np.zeros((40, 3), dtype=np.float32)}  # noqa: E731
+    ds = BufferedDataset(duration_manifest(tmp_path, durations), FramesDecoder([1000, 2000, 1000, 2000], 2000),
+                         transform=features, max_batch_seconds=4.0, buckets=1, duration_column="seconds")
+    list(ds)
+    assert ds.stats().padding == 0.25  # (8 - 6) / 8 from the durations: 3 feature frames are no audio frames
+
+
+def test_crop_and_pad_with_max_batch_seconds_warn_that_every_item_lasts_the_crop(tmp_path):
+    tones(tmp_path / "audio", [0.3, 2.0, 0.5])
+    with pytest.warns(UserWarning, match=r"crop_seconds=1.*every item lasts the crop.*batches of 3 items.*pad=False"):
+        BufferedDataset(tmp_path / "audio", AudioDecoder(8000, crop_seconds=1.0, pad=True), max_batch_seconds=3.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        BufferedDataset(tmp_path / "audio", AudioDecoder(8000, crop_seconds=1.0, pad=False), max_batch_seconds=3.0)
+        BufferedDataset(tmp_path / "audio", AudioDecoder(8000, crop_seconds=1.0, pad=True))
 
 
 def test_durations_are_read_once_per_dataset_and_cached(tmp_path, monkeypatch):
@@ -266,6 +312,58 @@ def test_a_state_loads_only_into_the_same_batching(tmp_path):
     dataset(source).load_state_dict(old)
     with pytest.raises(ResumeError, match="saved with batching=None"):
         dataset(source, durations, max_batch_seconds=3.0).load_state_dict(old)
+
+
+def test_quadratic_duration_shapes_the_batches_and_is_part_of_a_states_batching(tmp_path):
+    durations = np.random.default_rng(6).uniform(1.0, 20.0, 60).round(2)
+    source = duration_manifest(tmp_path, durations)
+    ds = dataset(source, durations, max_batch_seconds=60.0, quadratic_duration=10.0, shuffle=True, seed=2)
+    got = keys(ds)
+    assert sorted(i for b in got for i in b) == list(range(60))
+    assert sorted(got) == sorted(plan_keys(durations, max_batch_seconds=60.0, buckets=10, quadratic_duration=10.0,
+                                           shuffle=True, seed=2))
+    assert all(len(b) == 1 or batch_cost(len(b), max(durations[i] for i in b), 10.0) <= 60.0 for b in got)
+    state = ds.state_dict()
+    assert state["batching"]["quadratic_duration"] == 10.0
+    for other in (dict(), dict(quadratic_duration=20.0)):
+        with pytest.raises(ResumeError, match="saved with batching="):
+            dataset(source, durations, max_batch_seconds=60.0, shuffle=True, seed=2, **other).load_state_dict(state)
+    dataset(source, durations, max_batch_seconds=60.0, quadratic_duration=10.0, shuffle=True,
+            seed=2).load_state_dict(state)
+    assert "quadratic_duration" not in dataset(source, durations, max_batch_seconds=60.0).state_dict()["batching"]
+
+
+@pytest.mark.parametrize("sync", [None, True, False])
+def test_ranks_in_step_by_default_with_exact_resume(tmp_path, sync):
+    durations = np.clip(np.random.default_rng(8).lognormal(math.log(6.0), 0.55, 200), 1.0, 22.0).round(2)
+    source = duration_manifest(tmp_path, durations)
+    slow = IndexDecoder(delays={i: 0.01 for i in range(0, 200, 7)})  # batches complete out of plan order
+    options = dict(max_batch_seconds=40.0, shuffle=True, seed=4, world_size=2, sync_buckets=sync, num_producers=3)
+    ranks = [dataset(source, durations, rank=r, decoder=slow, **options) for r in range(2)]
+    for ds in ranks:
+        ds.set_epoch(1)
+    got = [keys(ds) for ds in ranks]
+    planned = [plan_keys(durations, epoch=1, max_batch_seconds=40.0, buckets=10, shuffle=True, seed=4, rank=r,
+                         world_size=2, sync_buckets=sync is not False) for r in range(2)]
+    if sync is False:
+        assert [sorted(g) for g in got] == [sorted(p) for p in planned]
+    else:  # in step: in plan order, unordered pool or not
+        assert got == planned
+    assert len(got[0]) == len(got[1]) == len(ranks[0])
+    state = ranks[1].state_dict()
+    assert state["batching"].get("sync_buckets", False) == (sync is not False)
+    # Resume rank 1 after its first 3 batches: exactly the rest, in step with rank 0.
+    resumed = dataset(source, durations, rank=1, **options)
+    partial = resumed.state_dict()
+    partial["epoch"] = 1
+    partial["items"] = len(got[1])
+    from audiobuffer.engine.plan import pack_consumed
+    partial["consumed"] = pack_consumed(bytes([1, 1, 1] + [0] * (len(got[1]) - 3)))
+    resumed.load_state_dict(partial)
+    assert sorted(keys(resumed)) == sorted(planned[1][3:])
+    other = dataset(source, durations, rank=1, **{**options, "sync_buckets": sync is False})
+    with pytest.raises(ResumeError, match="saved with batching="):
+        other.load_state_dict(state)
 
 
 def test_changed_durations_refuse_a_state(tmp_path):
@@ -391,16 +489,17 @@ def test_a_delivering_decoder_takes_no_max_batch_seconds():
 
 @settings(deadline=None, max_examples=60)
 @given(durations=st.lists(st.floats(0.0, 12.0), max_size=300), budget=st.sampled_from([1.0, 5.0, 20.0]),
-       buckets=st.integers(1, 6), size=st.one_of(st.none(), st.integers(1, 8)))
-def test_dynamic_buckets_hand_on_each_sample_once_within_the_budget(durations, budget, buckets, size):
-    cutter = DynamicBuckets(budget, buckets, size)
+       buckets=st.integers(1, 6), size=st.one_of(st.none(), st.integers(1, 8)),
+       quadratic=st.one_of(st.none(), st.sampled_from([2.0, 20.0])))
+def test_dynamic_buckets_hand_on_each_sample_once_within_the_budget(durations, budget, buckets, size, quadratic):
+    cutter = DynamicBuckets(budget, buckets, size, quadratic)
     batches = [b for i, d in enumerate(durations) for b in cutter.add(d, i)]
     assert cutter.held == len(durations) - sum(len(b) for b in batches)
     batches += cutter.flush()
     assert cutter.held == 0 and cutter.flush() == []
     assert sorted(i for b in batches for _, i in b) == list(range(len(durations)))
     assert all(seconds == durations[i] for b in batches for seconds, i in b)
-    assert all(len(b) == 1 or len(b) * max(s for s, _ in b) <= budget for b in batches)
+    assert all(len(b) == 1 or batch_cost(len(b), max(s for s, _ in b), quadratic) <= budget for b in batches)
     assert all(size is None or len(b) <= size for b in batches)
 
 

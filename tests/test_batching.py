@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from audiobuffer import ResumeError
 from audiobuffer.engine.plan import (
     BatchPlan,
+    batch_cost,
     bucket_edges,
     cut_batches,
     pack_consumed,
@@ -48,6 +49,8 @@ setups = st.fixed_dictionaries({
     "max_batch_seconds": st.sampled_from([5.0, 20.0, 60.0, 120.0]),
     "buckets": st.integers(1, 12),
     "max_batch_size": st.one_of(st.none(), st.integers(1, 16)),
+    "quadratic_duration": st.one_of(st.none(), st.sampled_from([2.0, 15.0, 300.0])),
+    "sync_buckets": st.booleans(),
     "shuffle": st.booleans(),
     "seed": st.integers(0, 1000),
     "epoch": st.integers(0, 5),
@@ -64,7 +67,7 @@ def all_ranks(durations, world_size, even_shards, **setup):
        even_shards=st.sampled_from(["pad", "drop", None]))
 def test_each_item_once_budget_kept_equal_ranks(durations, setup, world_size, even_shards):
     plans = all_ranks(durations, world_size, even_shards, **setup)
-    everything = plan_batches(durations, **setup)  # the epoch's batches, before sharding
+    everything = plan_batches(durations, **setup)  # the epoch's batches, before sharding (one rank: no sync)
     total = len(everything)
     counts = [len(p) for p in plans]
     if even_shards == "pad" and world_size > 1:
@@ -87,8 +90,9 @@ def test_each_item_once_budget_kept_equal_ranks(durations, setup, world_size, ev
     for batch in everything.batches:
         assert len(batch) >= 1
         longest = durations[batch].max()
-        assert len(batch) * longest <= setup["max_batch_seconds"] or (
-            len(batch) == 1 and longest > setup["max_batch_seconds"]), (len(batch), longest)
+        cost = batch_cost(len(batch), longest, setup["quadratic_duration"])
+        assert cost <= setup["max_batch_seconds"] or (
+            len(batch) == 1 and cost > setup["max_batch_seconds"]), (len(batch), longest)
         if setup["max_batch_size"] is not None:
             assert len(batch) <= setup["max_batch_size"]
 
@@ -106,6 +110,81 @@ def test_resume_yields_exactly_the_batches_not_consumed(durations, setup, world_
     expected = [(p, b) for p, b in enumerate(keys(full.batches)) if not mask[p]]
     assert [(resumed.position(s), b) for s, b in enumerate(keys(resumed.batches))] == expected
     assert resumed.size == full.size and resumed.consumed == consumed
+
+
+def step_gap(durations, plans):
+    """The mean over steps of (longest - shortest) / longest of the ranks' padded lengths at that step."""
+    gaps = []
+    for step in zip(*(p.batches for p in plans)):
+        lengths = [float(durations[b].max()) for b in step]
+        gaps.append((max(lengths) - min(lengths)) / max(lengths))
+    return float(np.mean(gaps))
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_synced_ranks_take_each_steps_batches_of_like_length(world_size):
+    durations = np.clip(np.random.default_rng(world_size).lognormal(math.log(6.2), 0.55, 800), 1.1, 22.4)
+    setup = dict(max_batch_seconds=60.0, buckets=10, shuffle=True, seed=3, epoch=2)
+    synced = all_ranks(durations, world_size, "pad", sync_buckets=True, **setup)
+    apart = all_ranks(durations, world_size, "pad", sync_buckets=False, **setup)
+    assert step_gap(durations, synced) <= 0.10 < 0.30 <= step_gap(durations, apart)
+    assert len({len(p) for p in synced}) == 1 and len(synced[0]) == len(apart[0])
+    padding = [np.mean([p.padding_fraction(durations) for p in plans]) for plans in (synced, apart)]
+    assert padding[0] <= 0.10 and padding[0] == pytest.approx(padding[1], abs=0.01)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_sync_deals_the_same_batches_in_another_order(shuffle):
+    durations = corpus("speech", 300, 2)
+    setup = dict(max_batch_seconds=40.0, buckets=6, shuffle=shuffle, seed=1, epoch=0)
+    synced = all_ranks(durations, 3, None, sync_buckets=True, **setup)
+    apart = all_ranks(durations, 3, None, sync_buckets=False, **setup)
+    assert sorted(b for p in synced for b in keys(p.batches)) == sorted(b for p in apart for b in keys(p.batches))
+    assert [b for p in synced for b in keys(p.batches)] != [b for p in apart for b in keys(p.batches)]
+    if not shuffle:  # shortest first, step by step
+        longest = [max(float(durations[b].max()) for b in step) for step in zip(*(p.batches for p in synced))]
+        assert longest == sorted(longest)
+
+
+def test_sync_with_one_rank_changes_nothing():
+    durations = corpus("speech", 200, 5)
+    setup = dict(max_batch_seconds=40.0, buckets=6, shuffle=True, seed=1, epoch=0)
+    assert keys(plan_batches(durations, sync_buckets=True, **setup).batches) == \
+        keys(plan_batches(durations, **setup).batches)
+
+
+def test_batch_cost_is_the_padded_length_plus_lhotses_quadratic_term():
+    assert batch_cost(4, 5.0) == 20.0
+    assert batch_cost(4, 5.0, 10.0) == pytest.approx(4 * (5.0 + 25.0 / 10.0))
+    assert batch_cost(1, 30.0, 30.0) == pytest.approx(60.0)
+
+
+def test_quadratic_duration_gives_long_items_smaller_batches_within_the_budget():
+    durations = corpus("speech", 600, 4)
+    setup = dict(max_batch_seconds=120.0, buckets=10, shuffle=True, seed=1, epoch=0)
+    linear = plan_batches(durations, **setup)
+    quadratic = plan_batches(durations, quadratic_duration=15.0, **setup)
+
+    def mean_size(plan, longer_than):
+        sizes = [len(b) for b in plan.batches if durations[b].max() > longer_than]
+        return sum(sizes) / len(sizes)
+
+    assert sorted(i for b in quadratic.batches for i in b) == list(range(600))
+    for batch in quadratic.batches:
+        longest = float(durations[batch].max())
+        assert len(batch) == 1 or len(batch) * (longest + longest**2 / 15.0) <= 120.0
+    assert len(quadratic) > len(linear)
+    # The quadratic term weighs most on the longest items: their batches shrink the most.
+    long_ratio = mean_size(quadratic, 12.0) / mean_size(linear, 12.0)
+    short_ratio = mean_size(quadratic, 0.0) / mean_size(linear, 0.0)
+    assert long_ratio < short_ratio < 1.0
+
+
+@pytest.mark.parametrize("value, error", [(0.0, ValueError), (math.inf, ValueError), ("15", TypeError)])
+def test_quadratic_duration_is_a_number_of_seconds(value, error):
+    with pytest.raises(error, match="quadratic_duration must be"):
+        plan_batches([1.0, 2.0], max_batch_seconds=4.0, buckets=1, quadratic_duration=value, shuffle=False, seed=0,
+                     epoch=0)
 
 
 def test_resume_mask_of_the_wrong_length_is_refused():

@@ -468,3 +468,16 @@ def test_record_writes_what_an_audiobuffer_command_printed(tmp_path, capsys, har
     with pytest.raises(SystemExit):
         harness.main(["stress", "--file", str(path)])
     assert "name the audiobuffer command after --" in capsys.readouterr().err
+
+
+def test_bench_ranks_writes_each_loaders_figures(tmp_path):
+    out = tmp_path / "ranks.json"
+    done = run_script("bench_ranks.py", "--items", "300", "--ranks", "2", "--budgets", "60", "--epochs", "1",
+                      "--out", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = json.loads(out.read_text(encoding="utf-8"))["rows"]
+    ours = {r["sync_buckets"]: r for r in rows if r["loader"] == "audiobuffer"}
+    assert set(ours) == {False, True} and all(r["every_item"] and r["spread"] == 0 for r in ours.values())
+    assert ours[True]["gap"] < ours[False]["gap"]
+    assert ours[True]["padding"] == pytest.approx(ours[False]["padding"], abs=0.01)  # the repeats differ
+    assert "| audiobuffer | 2 | 60 | yes |" in done.stdout

@@ -387,3 +387,14 @@ def test_json_report_is_utf8_with_unix_newlines_where_text_files_write_crlf(tmp_
     write_json(tmp_path / "summary.json", report)
     data = (tmp_path / "summary.json").read_bytes()
     assert b"\r" not in data and json.loads(data.decode("utf-8")) == report
+
+
+def test_run_reports_the_zeros_of_a_padded_crop_without_batches_by_duration(pipeline):
+    # 0.2 s files padded to a 0.5 s crop: three fifths of every batch are zeros, and the summary says so.
+    root, config = pipeline
+    result = audiobuffer("run", config, "--set", "decode.crop_seconds=0.5", "--set", "decode.pad=true",
+                         "--set", "epochs=1", "--json", "-", "--no-progress")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["padding"] == [pytest.approx(0.6)]
+    assert "padding       60.0% of the batches' audio" in result.stderr

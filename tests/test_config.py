@@ -349,20 +349,25 @@ def durations_cached_here(tmp_path, monkeypatch):
 @pytest.mark.usefixtures("durations_cached_here")
 def test_loader_max_batch_seconds_builds_batches_by_duration(corpus):
     path = write(corpus, {"source": {"root": "audio"}, "loader": {"max_batch_seconds": 0.25, "buckets": 2,
-                                                                  "max_batch_size": 3}})
+                                                                  "max_batch_size": 3, "quadratic_duration": 30,
+                                                                  "sync_buckets": False}})
     config = load_config(path)
     dataset = build_dataset(config)
     batching = dataset.batching
     assert (batching.max_batch_seconds, batching.buckets, batching.max_batch_size) == (0.25, 2, 3)
+    assert batching.quadratic_duration == 30.0  # 2 x (0.1 + 0.01 / 30) s: still two 0.1 s files a batch
+    assert batching.sync_buckets is False
     loader = build_loader(config, dataset)
     assert loader.batch_size is None  # the dataset yields whole batches
     batches = list(loader)
     assert len(batches) == len(dataset) == 3 and all(b["audio"].shape[0] == 2 for b in batches)  # 0.1 s files
     isolated = build_isolated(config)
     assert isolated.batch_size is None and isolated.pipeline.batching.max_batch_seconds == 0.25
+    assert isolated.pipeline.batching.quadratic_duration == 30.0
     isolated.close()
-    assert load_config(path, ["loader.max_batch_seconds=null", "loader.buckets=null",
-                              "loader.max_batch_size=null"]).loader.max_batch_seconds is None
+    assert load_config(path, ["loader.max_batch_seconds=null", "loader.buckets=null", "loader.max_batch_size=null",
+                              "loader.quadratic_duration=null", "loader.sync_buckets=null"]
+                       ).loader.max_batch_seconds is None
 
 
 @pytest.mark.usefixtures("durations_cached_here")
@@ -377,6 +382,8 @@ def test_source_duration_column_reads_a_manifest(corpus):
 @pytest.mark.parametrize("data, match", [
     ({"loader": {"buckets": 4}}, r"loader: buckets shape batches by duration: set max_batch_seconds too"),
     ({"loader": {"max_batch_size": 4}}, r"loader: max_batch_size shape batches by duration"),
+    ({"loader": {"quadratic_duration": 15}}, r"loader: quadratic_duration shape batches by duration"),
+    ({"loader": {"max_batch_seconds": 2, "quadratic_duration": 0}}, r"loader\.quadratic_duration: must be a number"),
     ({"loader": {"max_batch_seconds": 2, "drop_last": True}}, r"loader: drop_last applies to batch_size batches"),
     ({"loader": {"max_batch_seconds": 0}}, r"loader\.max_batch_seconds: must be a number of seconds > 0"),
     ({"loader": {"max_batch_seconds": "long"}}, r"loader\.max_batch_seconds: .*got 'long'"),

@@ -28,6 +28,11 @@ from audiobuffer.options import LoaderOptions
     (dict(warn_after=math.nan), ValueError, "warn_after must be None or a number of seconds > 0"),
     (dict(transform=3), TypeError, "transform must be None or callable"),
     (dict(storage_options="anon"), TypeError, "storage_options must be a mapping of fsspec options or None"),
+    (dict(quadratic_duration=15.0), ValueError, "quadratic_duration shape batches by duration: give max_batch_seconds"),
+    (dict(sync_buckets=True), ValueError, "sync_buckets shape batches by duration: give max_batch_seconds"),
+    (dict(max_batch_seconds=60.0, sync_buckets="yes"), TypeError, "sync_buckets must be True, False or None"),
+    (dict(max_batch_seconds=60.0, quadratic_duration=-1.0), ValueError,
+     "quadratic_duration must be None or a number of seconds > 0"),
 ])
 def test_every_loader_refuses_the_same_bad_options(kwargs, error, match):
     with pytest.raises(error, match=match):

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..engine.epoch import PaddingMeter
 from ..options import usable_cores
 
 if TYPE_CHECKING:
@@ -49,8 +50,10 @@ class RunSummary:
             with an ``IsolatedLoader`` for batches from its helper process.
         producer_wait_s: seconds the producers waited for room, summed over producers (it was full).
         step_s: seconds the loop spent on its own work (the train step, device copies).
-        padding: with batches by duration, each epoch's padding fraction (padded seconds / seconds in
-            batches, from ``DatasetStats.padding``); empty otherwise.
+        padding: each epoch's padding fraction (padded seconds / seconds in batches): measured on the
+            loop's own audio batches (each row's ``lengths``, the real frames, against the padded
+            batch, whatever the decoder's crop and pad), else ``DatasetStats.padding`` (batches by
+            duration); empty when neither is known.
         producers: the last epoch's producer count: pinned, or what ``producers: auto`` settled on (0:
             decoding in the loop's thread); auto: whether it was tuned; changes: how often the count
             changed in the last epoch.
@@ -77,6 +80,9 @@ class RunSummary:
     verdict: str = ""
     advice: str = ""
 
+    def __post_init__(self) -> None:
+        self._meter = PaddingMeter()  # this epoch's batches, so far (not a field: not in as_dict)
+
     def add_epoch(self, stats: DatasetStats | None) -> None:
         """Add one epoch's dataset stats."""
         self.epochs += 1
@@ -87,8 +93,11 @@ class RunSummary:
         self.failures.extend([{"index": i, "path": p, "error": e} for i, p, e in stats.failures[:max(0, room)]])
         self.decode_s += stats.decode_s
         self.producers = stats.num_producers
-        if stats.padding is not None:
+        if self._meter.padded > 0:  # the batches the loop got this epoch
+            self.padding.append(self._meter.fraction)
+        elif stats.padding is not None:
             self.padding.append(stats.padding)
+        self._meter = PaddingMeter()
         history = stats.producer_history
         self.auto = bool(history) and history[0][2] != "pinned"
         self.changes = sum(1 for (_, a, _), (_, b, _) in zip(history, history[1:]) if a != b)
@@ -109,6 +118,7 @@ class RunSummary:
             lengths, rates = batch.get("lengths"), batch.get("sample_rate")
             if self.kind == "audio" and lengths is not None and rates is not None:
                 self.audio_s += float((lengths.double().cpu() / rates.double().cpu()).sum())
+                self._meter.add_collated(batch)
 
     @property
     def samples_per_s(self) -> float:
@@ -169,8 +179,8 @@ class RunSummary:
             f"(summed over producers) | loop's own work {self.step_s:.2f} s",
             f"producers     {self._producers_line()}",
             f"verdict       {self.verdict}: {self.advice}",
-            *([f"padding       {sum(self.padding) / len(self.padding):.1%} of the batches' audio (batches by "
-               f"duration; per epoch: {', '.join(f'{p:.1%}' for p in self.padding)})"] if self.padding else []),
+            *([f"padding       {sum(self.padding) / len(self.padding):.1%} of the batches' audio (zeros against "
+               f"real frames; per epoch: {', '.join(f'{p:.1%}' for p in self.padding)})"] if self.padding else []),
             f"skipped files {self.failed}",
         ]
         out.extend(f"  {f['path']}: {f['error']}" for f in self.failures)

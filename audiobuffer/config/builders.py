@@ -124,6 +124,7 @@ def _loader_options(config: PipelineConfig, shuffle: bool | None, ordered: bool 
                 warn_after=buf.warn_after, timeout=buf.timeout, even_shards=buf.even_shards, rank=rank,
                 world_size=world_size, max_batch_seconds=config.loader.max_batch_seconds,
                 buckets=config.loader.buckets, max_batch_size=config.loader.max_batch_size,
+                quadratic_duration=config.loader.quadratic_duration, sync_buckets=config.loader.sync_buckets,
                 duration_column=config.source.duration_column)
 
 

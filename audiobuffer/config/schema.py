@@ -196,11 +196,16 @@ class LoaderConfig(_Section):
     buckets: int | None = Field(default=_python_default(LoaderOptions, "buckets"), ge=1)
     max_batch_size: int | None = Field(default=_python_default(LoaderOptions, "max_batch_size"), ge=1,
                                        le=_MAX_BATCH_SIZE)
+    quadratic_duration: float | None = Field(default=_python_default(LoaderOptions, "quadratic_duration"), gt=0,
+                                             le=_MAX_SECONDS, allow_inf_nan=False,
+                                             description="a number of seconds")
+    sync_buckets: bool | None = _python_default(LoaderOptions, "sync_buckets")
 
     @model_validator(mode="after")
     def _batches_by_duration(self) -> LoaderConfig:
         if self.max_batch_seconds is None:
-            given = [k for k in ("buckets", "max_batch_size") if getattr(self, k) is not None]
+            given = [k for k in ("buckets", "max_batch_size", "quadratic_duration", "sync_buckets")
+                     if getattr(self, k) is not None]
             if given:
                 raise ValueError(f"{', '.join(given)} shape batches by duration: set max_batch_seconds too")
         elif self.drop_last:

@@ -20,10 +20,13 @@ batch's samples together and decode them in parallel.
 Assembly. The consumer (:class:`Assembler`) keeps the samples of each batch until its last one has
 arrived, then hands the batch on whole, in plan order within the batch. In an unordered pool batches
 complete (and are yielded) in the order their last sample finishes; an ordered pool completes them in
-plan order. A failed sample leaves its batch (per ``on_error``), which comes smaller; a batch whose
-samples all failed is counted and skipped; either way the batch counts as consumed for resume once
-complete. Only the batches with a sample still being decoded are held, so memory stays bounded by
-the buffer plus those batches. The buffer holds at least two of the epoch's largest batches (more
+plan order, and so does the assembler itself for ranks in step (NOTE [ Ranks in step ] in ``plan.py``:
+a batch handed on a step early or late would meet another bucket's on the other ranks), holding a
+complete batch until those before it are handed on. A failed sample leaves its batch (per
+``on_error``), which comes smaller; a batch whose samples all failed is counted and skipped; either way
+the batch counts as consumed for resume once handed on. Only the batches with a sample still being
+decoded (and, in step, the complete ones behind them) are held, so memory stays bounded by the buffer
+plus those batches. The buffer holds at least two of the epoch's largest batches (more
 than ``buffer_size`` if need be), so the producers decode the next batch while one trains.
 
 Streamed shards. A :class:`~audiobuffer.sources.stream.ShardStream` cannot be planned: no duration (not
@@ -111,7 +114,9 @@ class DatasetStats:
         batches: with ``max_batch_seconds``, the batches handed out (``None`` without).
         empty_batches: batches whose samples all failed (skipped).
         padding: with ``max_batch_seconds``, the padding of the batches handed out: padded seconds /
-            seconds in batches, each batch padded to its longest item (``None`` without).
+            seconds in batches, each batch padded to its longest item, from each sample's ``num_frames``
+            of real audio where samples carry it (a crop's zero padding counts as padding), else from
+            the durations (``None`` without ``max_batch_seconds``).
 
     With ``max_batch_seconds``, ``items``, ``failed`` and ``failures`` also count the items whose header
     could not be read (in rank 0's first DataLoader worker, every epoch: those items are in no batch).
@@ -149,7 +154,12 @@ class DatasetStats:
 
 class PaddingMeter:
     """The padding of the batches handed out: padded seconds / seconds in batches, each batch padded to
-    its longest item, and each item's own padding (a sample padded to a crop) counted too."""
+    its longest item, and each item's own padding (a sample padded to a crop) counted too.
+
+    A batch is measured from its samples where they say what they hold (an ``AudioDecoder`` sample's
+    ``num_frames`` of real audio against the batch's longest ``audio``, whatever the crop and pad), else
+    estimated from the items' durations.
+    """
 
     def __init__(self) -> None:
         self.padded = 0.0
@@ -162,16 +172,57 @@ class PaddingMeter:
             self.padded += len(seconds) * float(seconds.max())
             self.real += float((seconds if content is None else content).sum())
 
+    def add_samples(self, samples: Sequence[Any]) -> bool:
+        """Count one batch from its samples (dicts with ``audio``, ``num_frames`` and ``sample_rate``): each
+        padded to the longest ``audio``. ``False``, counting nothing, where a sample lacks them."""
+        try:
+            frames = np.array([s["audio"].shape[-1] for s in samples], dtype=np.float64)
+            real = np.array([s["num_frames"] for s in samples], dtype=np.float64)
+            rates = np.array([s["sample_rate"] for s in samples], dtype=np.float64)
+        except (TypeError, KeyError, AttributeError, IndexError, ValueError):
+            return False
+        if np.any(real > frames):  # a transform changed the audio (features): not frames of it
+            return False
+        return self._add_frames(real, float(frames.max(initial=0.0)), rates)
+
+    def add_collated(self, batch: Any) -> bool:
+        """Count one collated batch (``pad_collate``'s: ``audio`` ``(B, [C,] T)``, ``lengths`` and
+        ``sample_rate``); ``False``, counting nothing, where it lacks them."""
+        try:
+            width = float(batch["audio"].shape[-1])
+            real, rates = _numbers(batch["lengths"]), _numbers(batch["sample_rate"])
+        except (TypeError, KeyError, AttributeError, IndexError, ValueError):
+            return False
+        return self._add_frames(real, width, rates)
+
+    def _add_frames(self, real: np.ndarray, width: float, rates: np.ndarray) -> bool:
+        if real.ndim != 1 or rates.shape not in (real.shape, ()) or not np.all(rates > 0) or np.any(real > width):
+            return False
+        self.padded += float((width / np.broadcast_to(rates, real.shape)).sum())
+        self.real += float((real / rates).sum())
+        return True
+
     @property
     def fraction(self) -> float:
         return (self.padded - self.real) / self.padded if self.padded > 0 else 0.0
 
 
+def _numbers(value: Any) -> np.ndarray:
+    """A tensor (on any device), an array or a number as a float64 array."""
+    if hasattr(value, "cpu"):
+        value = value.cpu()
+    return np.asarray(value, dtype=np.float64)
+
+
 class Assembler:
     """Collects a pool's ``(seq, out)`` pairs into batches: ``sizes[b]`` consecutive sequence numbers
-    make batch ``b``. Used by one consumer thread."""
+    make batch ``b``; ``in_order``: complete batches are handed on in plan order (ranks in step), else as
+    they complete. Used by one consumer thread."""
 
-    def __init__(self, sizes: Sequence[int]) -> None:
+    def __init__(self, sizes: Sequence[int], *, in_order: bool = False) -> None:
+        self._in_order = in_order
+        self._ready: dict[int, list[Any]] = {}  # in order: complete batches behind an incomplete one
+        self._next = 0
         self._sizes = list(sizes)
         self._first = np.concatenate(([0], np.cumsum(self._sizes)[:-1])).astype(np.int64).tolist() if sizes else []
         self._batch_of = np.repeat(np.arange(len(self._sizes)), self._sizes).tolist()
@@ -182,8 +233,9 @@ class Assembler:
         """The first sequence number of batch ``b``."""
         return self._first[b]
 
-    def add(self, seq: int, out: Any) -> tuple[int, list[Any]] | None:
-        """Take the result of ``seq``; ``(batch, its results in plan order)`` when it completes its batch."""
+    def add(self, seq: int, out: Any) -> list[tuple[int, list[Any]]]:
+        """Take the result of ``seq``; the batches this hands on, each as ``(batch, its results in plan
+        order)``: the one ``seq`` completes, or in order, those it lets go."""
         b = self._batch_of[seq]
         outs = self._pending.get(b)
         if outs is None:
@@ -192,9 +244,16 @@ class Assembler:
         outs[seq - self._first[b]] = out  # every place is filled before the batch is handed on
         self._left[b] -= 1
         if self._left[b]:
-            return None
+            return []
         del self._left[b]
-        return b, self._pending.pop(b)
+        if not self._in_order:
+            return [(b, self._pending.pop(b))]
+        self._ready[b] = self._pending.pop(b)
+        done = []
+        while self._next in self._ready:
+            done.append((self._next, self._ready.pop(self._next)))
+            self._next += 1
+        return done
 
 
 class EpochCounts:
@@ -330,7 +389,8 @@ def run_epoch(pipeline: Pipeline, shard: EpochShard, *, resume: bytes | None = N
         return BatchEpochRun(setup, pipeline.batching)
     if setup.layout.streamed and options.max_batch_seconds is not None:
         buckets = DEFAULT_BUCKETS if options.buckets is None else options.buckets
-        return StreamBatchRun(setup, DynamicBuckets(options.max_batch_seconds, buckets, options.max_batch_size))
+        return StreamBatchRun(setup, DynamicBuckets(options.max_batch_seconds, buckets, options.max_batch_size,
+                                                    options.quadratic_duration))
     return EpochRun(setup)
 
 
@@ -401,7 +461,7 @@ class BatchEpochRun(EpochRun):
     def __init__(self, setup: EpochSetup, batching: DurationBatching) -> None:
         super().__init__(setup, batched=True)
         self.batching = batching
-        self.assembler = Assembler(cast(list[int], setup.layout.sizes))
+        self.assembler = Assembler(cast(list[int], setup.layout.sizes), in_order=setup.layout.in_step)
         self.count_header_failures(batching)
 
     def consume(self, policy: ErrorPolicy) -> Iterator[list[Any]]:
@@ -410,20 +470,19 @@ class BatchEpochRun(EpochRun):
         for seq, out in self.pool:
             if out.__class__ is Failure:
                 self.fail(out, policy)  # raises under "raise"
-            done = assembler.add(seq, out)
-            if done is None:
-                continue
-            b, outs = done
-            self.consumed[layout.position(b)] = 1
-            kept = [i for i, o in enumerate(outs) if o.__class__ is not Failure]
-            if not kept:
-                self.empty_batches += 1
-                continue
-            self.batches = cast(int, self.batches) + 1
-            self.yielded += len(kept)
-            first = assembler.start(b)
-            self.batching.add_padding(self.padding, layout.indices[first:first + len(outs)][kept])
-            yield [outs[i] for i in kept]
+            for b, outs in assembler.add(seq, out):
+                self.consumed[layout.position(b)] = 1
+                kept = [i for i, o in enumerate(outs) if o.__class__ is not Failure]
+                if not kept:
+                    self.empty_batches += 1
+                    continue
+                self.batches = cast(int, self.batches) + 1
+                self.yielded += len(kept)
+                samples = [outs[i] for i in kept]
+                if not self.padding.add_samples(samples):  # samples without frames: their durations
+                    first = assembler.start(b)
+                    self.batching.add_padding(self.padding, layout.indices[first:first + len(outs)][kept])
+                yield samples
 
 
 class StreamBatchRun(EpochRun):
@@ -460,12 +519,14 @@ class StreamBatchRun(EpochRun):
         """Count ``batch`` and mark the shards it completes (before the consumer gets it, as every mark)."""
         self.batches = cast(int, self.batches) + 1
         self.yielded += len(batch)
-        self.padding.add(np.array([length for length, _ in batch]), np.array([entry[0] for _, entry in batch]))
+        samples = [entry[2] for _, entry in batch]
+        if not self.padding.add_samples(samples):  # samples without frames: their durations
+            self.padding.add(np.array([length for length, _ in batch]), np.array([entry[0] for _, entry in batch]))
         for _, (_, shard, _) in batch:
             self._waiting[shard] -= 1
         for shard in {entry[1] for _, entry in batch}:
             self._settle(shard)
-        return [entry[2] for _, entry in batch]
+        return samples
 
     def _settle(self, shard: int) -> None:
         """Mark ``shard`` consumed once its last output came and none of its samples waits in a bucket."""

@@ -9,9 +9,10 @@ loader; the helper process of ``IsolatedLoader`` gets a copy.
 from __future__ import annotations
 
 import hashlib
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -63,6 +64,7 @@ class EpochLayout:
         seqs: with ``sizes``, each sample's place among the samples of the full epoch (its work item's ``seq``).
         resumed: samples (streamed: tar shards) consumed before a resume (0 in a fresh epoch).
         streamed: the units are streamed tar shards.
+        in_step: batches for ranks in step (NOTE [ Ranks in step ] in ``plan.py``), handed on in plan order.
     """
 
     indices: np.ndarray
@@ -72,6 +74,7 @@ class EpochLayout:
     seqs: np.ndarray | None = None
     resumed: int = 0
     streamed: bool = False
+    in_step: bool = False
 
     def __len__(self) -> int:
         """The number of sequence numbers (samples; streamed: tar shards)."""
@@ -90,7 +93,9 @@ class DurationBatching:
     """A pipeline's batches by duration: the budget, the buckets, and each item's duration (read once).
 
     Attributes:
-        max_batch_seconds, buckets, max_batch_size: the batch setup.
+        max_batch_seconds, buckets, max_batch_size, quadratic_duration: the batch setup.
+        sync_buckets: whether the ranks take each step's batches from the same bucket (NOTE [ Ranks in
+            step ] in ``plan.py``); ``None``: with more than one rank.
         durations: seconds per source item (``NaN`` where its header could not be read): a sample's
             length in its batch, the crop where the decoder pads to it.
         content: seconds of audio per source item, the rest of ``durations`` being padding (the same
@@ -99,19 +104,23 @@ class DurationBatching:
     """
 
     def __init__(self, durations: np.ndarray, failures: list[HeaderFailure], *, max_batch_seconds: float,
-                 buckets: int, max_batch_size: int | None, content: np.ndarray | None = None) -> None:
+                 buckets: int, max_batch_size: int | None, content: np.ndarray | None = None,
+                 quadratic_duration: float | None = None, sync_buckets: bool | None = None) -> None:
         self.durations = durations
         self.content = durations if content is None else content
         self.failures = failures
         self.max_batch_seconds = float(max_batch_seconds)
         self.buckets = buckets
         self.max_batch_size = max_batch_size
+        self.quadratic_duration = None if quadratic_duration is None else float(quadratic_duration)
+        self.sync_buckets = sync_buckets
         self._plans: dict[tuple[Any, ...], BatchPlan] = {}  # the last few plans: len() and iter() of an epoch
 
     @classmethod
     def read(cls, source: Source, decoder: Callable[[WorkItem], Any], *, max_batch_seconds: float,
              buckets: int | None, max_batch_size: int | None, duration_column: str | None, on_error: ErrorPolicy,
-             num_threads: int) -> DurationBatching:
+             num_threads: int, quadratic_duration: float | None = None,
+             sync_buckets: bool | None = None) -> DurationBatching:
         """The durations of ``source``'s items, capped by ``decoder``'s crop (NOTE [ Batches by duration ]).
 
         Raises:
@@ -127,7 +136,7 @@ class DurationBatching:
             durations[~np.isnan(durations)] = crop  # padded to the crop: every sample is that long
         return cls(durations, failures, max_batch_seconds=max_batch_seconds,
                    buckets=DEFAULT_BUCKETS if buckets is None else buckets, max_batch_size=max_batch_size,
-                   content=content)
+                   content=content, quadratic_duration=quadratic_duration, sync_buckets=sync_buckets)
 
     def add_padding(self, meter: PaddingMeter, indices: np.ndarray) -> None:
         """Count the batch of source items ``indices`` in ``meter``."""
@@ -143,9 +152,10 @@ class DurationBatching:
         plan = self._plans.get(key)
         if plan is None:
             plan = plan_batches(self.durations, max_batch_seconds=self.max_batch_seconds, buckets=self.buckets,
-                                max_batch_size=self.max_batch_size, shuffle=shuffle, seed=seed, epoch=epoch,
+                                max_batch_size=self.max_batch_size, quadratic_duration=self.quadratic_duration,
+                                shuffle=shuffle, seed=seed, epoch=epoch,
                                 rank=rank, world_size=world_size, worker=worker, num_workers=num_workers,
-                                even_shards=even_shards, consumed=consumed)
+                                even_shards=even_shards, sync_buckets=self.synced(world_size), consumed=consumed)
             if len(self._plans) >= _REMEMBERED_PLANS:
                 self._plans.clear()  # one call: safe while another thread reads
             self._plans[key] = plan
@@ -157,20 +167,31 @@ class DurationBatching:
         plan = self.plan(consumed=consumed, **setup)
         sizes = [len(b) for b in plan.batches]
         indices = np.concatenate(plan.batches) if sizes else np.empty(0, dtype=np.int64)
+        in_step = self.synced(setup.get("world_size", 1))
         if plan.positions is None:
-            return EpochLayout(indices, None, plan.consumed, sizes, np.arange(len(indices), dtype=np.int64))
+            return EpochLayout(indices, None, plan.consumed, sizes, np.arange(len(indices), dtype=np.int64),
+                               in_step=in_step)
         full = [len(b) for b in self.plan(**setup).batches]  # the epoch as it was before the resume
         starts = np.concatenate(([0], np.cumsum(full)[:-1])).astype(np.int64) if full else np.empty(0, np.int64)
         seqs = np.concatenate([starts[p] + np.arange(n) for p, n in zip(plan.positions, sizes)]) if sizes \
             else np.empty(0, dtype=np.int64)
-        return EpochLayout(indices, plan.positions, plan.consumed, sizes, seqs, sum(full) - sum(sizes))
+        return EpochLayout(indices, plan.positions, plan.consumed, sizes, seqs, sum(full) - sum(sizes), in_step=in_step)
 
-    def state(self) -> dict[str, Any]:
-        """What a state dict's batch mask was counted under (``plan.STATE_BATCHING``): the setup and a
-        digest of the durations (a changed file changes the batches)."""
+    def synced(self, world_size: int) -> bool:
+        """Whether ``world_size`` ranks take each step's batches from the same bucket."""
+        return world_size > 1 and (self.sync_buckets is None or self.sync_buckets)
+
+    def state(self, world_size: int = 1) -> dict[str, Any]:
+        """What a state dict's batch mask was counted under (``plan.STATE_BATCHING``) by one of ``world_size``
+        ranks: the setup and a digest of the durations (a changed file changes the batches)."""
         digest = hashlib.sha256(np.ascontiguousarray(self.durations, dtype="<f8").tobytes()).hexdigest()[:16]
-        return {"max_batch_seconds": self.max_batch_seconds, "buckets": self.buckets,
-                "max_batch_size": self.max_batch_size, "durations": f"{len(self.durations)}:{digest}"}
+        state: dict[str, Any] = {"max_batch_seconds": self.max_batch_seconds, "buckets": self.buckets,
+                                 "max_batch_size": self.max_batch_size, "durations": f"{len(self.durations)}:{digest}"}
+        if self.quadratic_duration is not None:  # only where set: a state saved without the option still loads
+            state["quadratic_duration"] = self.quadratic_duration
+        if self.synced(world_size):  # the batches in another order
+            state["sync_buckets"] = True
+        return state
 
 
 @dataclass(frozen=True, eq=False)
@@ -215,7 +236,8 @@ class Pipeline:
             batching = DurationBatching.read(
                 listed, decoder, max_batch_seconds=options.max_batch_seconds, buckets=options.buckets,
                 max_batch_size=options.max_batch_size, duration_column=options.duration_column,
-                on_error=options.on_error, num_threads=max(8, options.most_producers()))
+                on_error=options.on_error, num_threads=max(8, options.most_producers()),
+                quadratic_duration=options.quadratic_duration, sync_buckets=options.sync_buckets)
         return cls(listed, decoder, options, batching)
 
     @property
@@ -271,7 +293,9 @@ class Pipeline:
 
 
 def _check_combination(source: Source | ShardStream, decoder: Any, options: LoaderOptions) -> None:
-    """Refuse options that do not fit together with this source and decoder (each valid on its own).
+    """Refuse options that do not fit together with this source and decoder (each valid on its own), and
+    warn (a ``UserWarning``, shown once per place by Python's default filter) of ``max_batch_seconds`` with
+    a decoder that pads every sample to its crop.
 
     Raises:
         ValueError: a delivering decoder (NOTE [ Delivering decoders ] in ``pool.py``) with ``ordered``, a
@@ -285,6 +309,13 @@ def _check_combination(source: Source | ShardStream, decoder: Any, options: Load
                              "sample's <key>.json sidecar that holds its duration in seconds (streamed shards "
                              "give no durations before they stream), or read the shards through their "
                              "index.json (audiobuffer pack writes one, with each member's duration)")
+    crop, pad = decoder_crop(decoder)
+    if options.max_batch_seconds is not None and pad:
+        warnings.warn(f"max_batch_seconds with a decoder that crops and pads every sample to crop_seconds={crop:g}: "
+                      f"every item lasts the crop, so batches by duration are batches of "
+                      f"{max(1, int(options.max_batch_seconds // cast(float, crop)))} items and buy nothing "
+                      f"(batch_size does the same); give the decoder pad=False to batch the items by their own "
+                      f"lengths", UserWarning, stacklevel=4)
     if delivers_itself(decoder) and (options.ordered or options.transform is not None
                                      or options.max_batch_seconds is not None):
         raise ValueError(f"{decoder!r} delivers its samples itself: it takes no ordered=True, no transform and "

@@ -11,9 +11,10 @@ process computes the same plan and exactly-once can be tested on the plan alone.
 4. the resume mask: positions of the shard already consumed before a saved state are left out, and
    the rest keep the positions they had in the full epoch.
 
-With batches by duration the plan's unit is a batch instead of an item: ``_batching.plan_batches`` cuts
+With batches by duration the plan's unit is a batch instead of an item: :func:`plan_batches` cuts
 the epoch into batches from the items' durations and then takes the same steps 2-4 over the batch
-order (with this module's :func:`even_out` and :func:`shard`). A state dict records which of the two
+order (with this module's :func:`even_out` and :func:`shard`); with ``sync_buckets`` the order puts
+batches of like length at the same step of every rank (NOTE [ Ranks in step ]). A state dict records which of the two
 plans it counts (:data:`STATE_BATCHING`).
 """
 
@@ -33,6 +34,7 @@ from ..errors import ResumeError
 
 __all__ = ["EpochShard",
     "BatchPlan",
+    "batch_cost",
     "EpochPlan",
     "bucket_edges",
     "cut_batches",
@@ -45,6 +47,7 @@ __all__ = ["EpochShard",
     "plan_epoch",
     "shard",
     "shard_length",
+    "step_rounds",
 ]
 
 
@@ -348,12 +351,21 @@ def bucket_edges(durations: np.ndarray, buckets: int) -> np.ndarray:
     return values[np.asarray(cuts, dtype=np.int64) - 1]
 
 
+def batch_cost(count: int, longest: float, quadratic_duration: float | None = None) -> float:
+    """What a batch of ``count`` items, the longest ``longest`` seconds, costs against ``max_batch_seconds``:
+    ``count x longest`` (its padded length), or with ``quadratic_duration=Q`` (attention, whose cost grows
+    with the square of the length) ``count x (longest + longest**2 / Q)``, as Lhotse counts it."""
+    if quadratic_duration is None:
+        return count * longest
+    return count * (longest + longest * longest / quadratic_duration)
+
+
 def cut_batches(indices: np.ndarray, durations: np.ndarray, max_batch_seconds: float,
-                max_batch_size: int | None = None) -> list[np.ndarray]:
+                max_batch_size: int | None = None, quadratic_duration: float | None = None) -> list[np.ndarray]:
     """``indices``, in their order, cut into consecutive batches within the budget.
 
-    A batch grows while ``count x longest <= max_batch_seconds`` and ``count <= max_batch_size``; an
-    item over ``max_batch_seconds`` on its own forms a batch of one.
+    A batch grows while its :func:`batch_cost` stays within ``max_batch_seconds`` and ``count <=
+    max_batch_size``; an item over ``max_batch_seconds`` on its own forms a batch of one.
     """
     batches: list[np.ndarray] = []
     start = count = 0
@@ -361,7 +373,7 @@ def cut_batches(indices: np.ndarray, durations: np.ndarray, max_batch_seconds: f
     limit = math.inf if max_batch_size is None else max_batch_size
     for i, seconds in enumerate(durations[indices].tolist()):
         grown = max(longest, seconds)
-        if count and ((count + 1) * grown > max_batch_seconds or count + 1 > limit):
+        if count and (batch_cost(count + 1, grown, quadratic_duration) > max_batch_seconds or count + 1 > limit):
             batches.append(indices[start:i])
             start, count, grown = i, 0, seconds
         count += 1
@@ -372,22 +384,28 @@ def cut_batches(indices: np.ndarray, durations: np.ndarray, max_batch_seconds: f
 
 
 def plan_batches(durations: Sequence[float] | np.ndarray, *, max_batch_seconds: float, buckets: int,
-                 max_batch_size: int | None = None, shuffle: bool, seed: int, epoch: int, rank: int = 0,
-                 world_size: int = 1, worker: int = 0, num_workers: int = 1,
-                 even_shards: str | None = "pad", consumed: bytes | bytearray | None = None) -> BatchPlan:
+                 max_batch_size: int | None = None, quadratic_duration: float | None = None, shuffle: bool,
+                 seed: int, epoch: int, rank: int = 0, world_size: int = 1, worker: int = 0, num_workers: int = 1,
+                 even_shards: str | None = "pad", sync_buckets: bool = False,
+                 consumed: bytes | bytearray | None = None) -> BatchPlan:
     """The duration batches of one shard (``rank``, ``worker``) of ``epoch``.
 
     Args:
         durations: each source item's duration in seconds; ``NaN`` leaves an item out.
-        max_batch_seconds: the budget of a batch's padded duration (count x longest item).
+        max_batch_seconds: the budget of a batch's cost (:func:`batch_cost`: its padded duration,
+            count x longest item, without ``quadratic_duration``).
         buckets: the number of duration buckets (1: batches of any mix of lengths).
         max_batch_size: the most items in a batch, or ``None``.
+        quadratic_duration: with a number of seconds ``Q``, a batch costs ``count x (longest +
+            longest**2 / Q)``: long items make smaller batches (attention models); ``None``: no such term.
         shuffle, seed, epoch: without ``shuffle``, buckets keep the source order and batches come
             bucket by bucket (shortest first); with it, both are shuffled by ``seed + epoch``.
         rank, world_size: this process's shard of the ranks.
         worker, num_workers: this DataLoader worker's shard of the rank's batches.
         even_shards: ``"pad"`` (repeat batches from the start of the order), ``"drop"`` (leave the
             remainder out) or ``None`` (ranks may differ by one batch).
+        sync_buckets: with ``world_size > 1``, the ranks take their batches of each step from the same
+            bucket (:func:`step_rounds`); the same batches as without, in another order.
         consumed: the saved mask of a resumed epoch (one byte per batch position of this shard), or
             ``None``.
 
@@ -400,6 +418,8 @@ def plan_batches(durations: Sequence[float] | np.ndarray, *, max_batch_seconds: 
     _check_int("buckets", buckets, 1)
     if max_batch_size is not None:
         _check_int("max_batch_size", max_batch_size, 1)
+    if quadratic_duration is not None:
+        _check_number("quadratic_duration", quadratic_duration)
     _check_int("world_size", world_size, 1)
     _check_int("num_workers", num_workers, 1)
     if even_shards not in ("pad", "drop", None):
@@ -413,8 +433,12 @@ def plan_batches(durations: Sequence[float] | np.ndarray, *, max_batch_seconds: 
         members = items[which == bucket]
         if rng is not None:
             members = rng.permutation(members)
-        batches.extend(cut_batches(members, values, max_batch_seconds, max_batch_size))
-    order = rng.permutation(len(batches)) if rng is not None else np.arange(len(batches), dtype=np.int64)
+        batches.extend(cut_batches(members, values, max_batch_seconds, max_batch_size, quadratic_duration))
+    if sync_buckets and world_size > 1:
+        longest = np.array([values[b].max() for b in batches], dtype=np.float64)
+        order = step_rounds(longest, world_size, rng, pad=even_shards == "pad")
+    else:
+        order = rng.permutation(len(batches)) if rng is not None else np.arange(len(batches), dtype=np.int64)
     if world_size > 1 and even_shards is not None:
         order = even_out(order, world_size, even_shards)
     mine = shard(shard(order, rank, world_size), worker, num_workers)
@@ -427,6 +451,43 @@ def plan_batches(durations: Sequence[float] | np.ndarray, *, max_batch_seconds: 
     mask = np.frombuffer(bytes(consumed), dtype=np.uint8)
     positions = np.flatnonzero(mask == 0)
     return BatchPlan([batches[mine[p]] for p in positions], positions, size, bytes(consumed))
+
+
+def step_rounds(longest: np.ndarray, world_size: int, rng: np.random.Generator | None, *,
+                pad: bool = False) -> np.ndarray:
+    """An order of the batches (``longest``: each batch's longest item) in which every run of ``world_size``
+    consecutive batches, one step of every rank once sharded, holds batches of like length; with ``pad``,
+    a short last round is filled up with the batches next shorter than its own (repeated), so the order
+    divides by ``world_size``.
+
+    NOTE [ Ranks in step ]
+    ======================
+    Under DDP every step waits for the slowest rank, so the ranks' batches of one step should pad to like
+    lengths. The batches (cut bucket by bucket, as without sync) are sorted by their longest item and cut
+    into rounds of ``world_size``: a round holds batches of one bucket, or of two neighbouring buckets where
+    a bucket's batches do not divide by ``world_size``. Shuffled, the rounds' order and each round's
+    batches among the ranks are seeded by ``seed + epoch`` (``rng``), so every rank computes the same
+    rounds with no communication; unshuffled, rounds go shortest first. A short last round (the longest
+    batches, left over) is filled up with the batches next shorter than its own under
+    ``even_shards="pad"`` (those repeat, as padding repeats batches), and otherwise stays last for
+    ``even_shards`` to drop or leave short. The batches are the same as without sync, so the padding is
+    too, and exactly-once, equal counts and resume are those of any order.
+    """
+    n = len(longest)
+    if rng is None:
+        ranked = np.argsort(longest, kind="stable")
+    else:
+        ranked = np.lexsort((rng.random(n), longest))  # ties in a seeded order
+    full = n // world_size * world_size
+    short = ranked[full:]
+    if pad and len(short) and n >= world_size:
+        ranked = np.concatenate((ranked[:full], ranked[full - (world_size - len(short)):]))
+        full, short = len(ranked), short[:0]
+    rounds = ranked[:full].reshape(-1, world_size)
+    if rng is not None:
+        rounds = rounds[rng.permutation(len(rounds))]
+        rounds = rng.permuted(rounds, axis=1)  # which rank takes which batch of its round
+    return np.concatenate((rounds.reshape(-1), short)).astype(np.int64)
 
 
 def _check_durations(durations: Sequence[float] | np.ndarray) -> np.ndarray:

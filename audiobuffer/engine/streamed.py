@@ -20,7 +20,7 @@ from ..errors import SourceError
 from ..sources.durations import seconds_of
 from ..sources.source import ReadClock, WorkItem
 from ..sources.tar import MEMBER_STRIDE, SHUFFLE_BUFFER, ShardSample, Truncated, shuffle_buffer
-from .plan import bucket_edges
+from .plan import batch_cost, bucket_edges
 from .pool import CHUNK_SECONDS, DELIVERED, Failure
 
 if TYPE_CHECKING:
@@ -156,7 +156,8 @@ class DynamicBuckets(Generic[T]):
 
     The bucket edges are ``plan.bucket_edges`` of the first samples (up to :data:`EDGE_SAMPLES`,
     fewer once they hold ``buckets x max_batch_seconds``), which wait until then. A bucket's batch grows
-    while count x longest stays within ``max_batch_seconds`` (and the count within ``max_batch_size``),
+    while its ``plan.batch_cost`` (count x longest, plus the quadratic term with ``quadratic_duration``)
+    stays within ``max_batch_seconds`` (and the count within ``max_batch_size``),
     and is handed on as soon as no sample could join it; a sample longer than the budget is a batch of
     one. :meth:`flush` hands on what is left. Used by one thread.
 
@@ -166,8 +167,10 @@ class DynamicBuckets(Generic[T]):
         ([], [[(1.0, 'a'), (2.0, 'b')]], [], [[(0.5, 'c')]])
     """
 
-    def __init__(self, max_batch_seconds: float, buckets: int, max_batch_size: int | None = None) -> None:
+    def __init__(self, max_batch_seconds: float, buckets: int, max_batch_size: int | None = None,
+                 quadratic_duration: float | None = None) -> None:
         self._budget = float(max_batch_seconds)
+        self._quadratic = quadratic_duration
         self._buckets = buckets
         self._limit = math.inf if max_batch_size is None else max_batch_size
         self._edges: list[float] | None = [] if buckets <= 1 else None  # None: still estimating them
@@ -210,13 +213,15 @@ class DynamicBuckets(Generic[T]):
         b = bisect.bisect_left(self._edges or [], seconds)  # as plan_batches: the first edge >= seconds
         batch, done = self._open[b], []
         longest = max(self._longest[b], seconds)
-        if batch and ((len(batch) + 1) * longest > self._budget or len(batch) + 1 > self._limit):
+        if batch and (batch_cost(len(batch) + 1, longest, self._quadratic) > self._budget
+                      or len(batch) + 1 > self._limit):
             done.append(batch)
             batch = self._open[b] = []
             longest = seconds
         batch.append((seconds, entry))
         self._longest[b] = longest
-        if (len(batch) + 1) * longest > self._budget or len(batch) >= self._limit:  # no sample could join
+        if batch_cost(len(batch) + 1, longest, self._quadratic) > self._budget or len(batch) >= self._limit:
+            # no sample could join
             done.append(batch)
             self._open[b], self._longest[b] = [], 0.0
         return done

@@ -323,7 +323,7 @@ class Helper:
         # Batches by duration come laid out by the trainer; samples are planned here, as in process.
         epoch = set_up_epoch(self.pipeline, start.shard, resume=start.consumed, layout=start.layout)
         layout, buffer, pool, make_item = epoch.layout, epoch.buffer, epoch.pool, epoch.make_item
-        assembler = None if layout.sizes is None else Assembler(layout.sizes)
+        assembler = None if layout.sizes is None else Assembler(layout.sizes, in_order=layout.in_step)
         with self._lock:
             if gen != self._gen:
                 return
@@ -370,19 +370,22 @@ class Helper:
                     pool: ProducerPool, make_item: Callable[[int], WorkItem]) -> bool:
         """Send a batch by duration once its last sample is in: collated, less its misfits, or ``skipped``
         if none is left; ``False`` when a misfit ends the epoch (``on_error="raise"``)."""
-        done = assembler.add(seq, out)
-        if done is None:
-            return True
-        b, outs = done
-        first = assembler.start(b)
+        for b, outs in assembler.add(seq, out):
+            if not self._send_assembled(gen, assembler.start(b), outs, layout.position(b), layout, pool, make_item):
+                return False
+        return True
+
+    def _send_assembled(self, gen: int, first: int, outs: list[Any], position: int, layout: EpochLayout,
+                        pool: ProducerPool, make_item: Callable[[int], WorkItem]) -> bool:
+        """Send one assembled batch (its first sequence number ``first``): see :meth:`_batch_done`."""
         samples = [sample for sample in outs if sample.__class__ is not Failure]
         taken = [first + i for i, sample in enumerate(outs) if sample.__class__ is not Failure]
         while samples:
-            if self._send_batch(gen, samples, taken, [layout.position(b)], pool, make_item, indices=layout.indices):
+            if self._send_batch(gen, samples, taken, [position], pool, make_item, indices=layout.indices):
                 return True
             if self.pipeline.options.on_error == "raise":
                 return False
-        self.channel.send(Skipped(gen, layout.position(b)), data=True)
+        self.channel.send(Skipped(gen, position), data=True)
         return True
 
     def _report_failure(self, gen: int, failure: Failure, *, fatal: bool) -> None:

@@ -138,7 +138,8 @@ class IsolatedLoader(PipelineViews, StateKeys):
         Other keywords: as for :class:`~audiobuffer.BufferedDataset` (``num_producers``, ``buffer_size``,
             ``max_bytes``, ``shuffle``, ``seed``, ``ordered``, ``on_error``, ``transform``, ``labels``,
             ``patterns``, ``path_column``, ``rank``, ``world_size``, ``even_shards``, ``warn_after``,
-            ``timeout``, ``max_batch_seconds``, ``buckets``, ``max_batch_size``, ``duration_column``);
+            ``timeout``, ``max_batch_seconds``, ``buckets``, ``max_batch_size``, ``duration_column``,
+            ``quadratic_duration``, ``sync_buckets``);
             they apply in the helper process.
 
     Raises:
@@ -335,7 +336,8 @@ class IsolatedLoader(PipelineViews, StateKeys):
         batching = self.pipeline.batching
         if message.indices is not None and batching is not None:  # a batch by duration: its source indices
             run.batches = (run.batches or 0) + 1
-            batching.add_padding(run.padding, np.asarray(message.indices))
+            if not run.padding.add_collated(batch):  # rows without frames: their durations
+                batching.add_padding(run.padding, np.asarray(message.indices))
         return batch
 
     # -- inspection, resume, shutdown ----------------------------------------------------------
