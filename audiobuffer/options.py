@@ -86,6 +86,7 @@ class LoaderOptions:
     buckets: int | None = None
     max_batch_size: int | None = None
     duration_column: str | None = None
+    start_column: str | None = None
     quadratic_duration: float | None = None
     sync_buckets: bool | None = None
     storage_options: Mapping[str, Any] | None = None
@@ -128,10 +129,14 @@ class LoaderOptions:
         if self.duration_column is not None and not isinstance(self.duration_column, str):
             raise TypeError(f"duration_column must be a manifest column name or None, got "
                             f"{short_repr(self.duration_column)}")
+        if self.start_column is not None and not isinstance(self.start_column, str):
+            raise TypeError(f"start_column must be a manifest column name or None, got "
+                            f"{short_repr(self.start_column)}")
         if self.max_batch_seconds is None:
-            given = [name for name in ("buckets", "max_batch_size", "duration_column", "quadratic_duration",
-                                       "sync_buckets")
-                     if getattr(self, name) is not None]
+            # duration_column also bounds the segments of start_column
+            shaping = ("buckets", "max_batch_size", "quadratic_duration", "sync_buckets",
+                       *(("duration_column",) if self.start_column is None else ()))
+            given = [name for name in shaping if getattr(self, name) is not None]
             if given:
                 raise ValueError(f"{', '.join(given)} shape batches by duration: give max_batch_seconds too, "
                                  f"got {given[0]}={short_repr(getattr(self, given[0]))}")

@@ -166,3 +166,33 @@ def test_a_segment_past_the_end_of_its_file(tmp_path):
     assert decode(WorkItem(0, str(path), segment=(0.5, 2.0)))["num_frames"] == RATE // 2  # cut at the end
     with pytest.raises(DecodeError, match="starts at 1.5 s, at or after the end of the file"):
         decode(WorkItem(0, str(path), segment=(1.5, 0.2)))
+
+
+def test_a_manifest_with_start_and_duration_columns(corpus, tmp_path):
+    """The same segments as a CSV of start and duration columns, in Python and in YAML."""
+    from audiobuffer.config import build_dataset, load_config
+
+    root, cuts = corpus
+    lines = ["path,start,seconds,speaker"]
+    lines += [f"{root / 'audio' / Path(c.recording.sources[0].source).name},{c.start},{c.duration},"
+              f"{c.supervisions[0].speaker}" for c in cuts]
+    manifest = tmp_path / "segments.csv"
+    manifest.write_text("\n".join(lines) + "\n", encoding="utf-8", newline="\n")
+    by_start = {(Path(c.recording.sources[0].source).name, round(c.start, 3)): c for c in cuts}
+    ds = BufferedDataset(manifest, AudioDecoder(), start_column="start", duration_column="seconds", num_producers=2)
+    samples = _drain(ds)
+    assert len(samples) == CUTS
+    for s in samples:
+        cut = by_start[(Path(s["path"]).name, round(float(s["start"]), 3))]
+        np.testing.assert_allclose(s["audio"].numpy(), cut.load_audio()[0], atol=1e-6)
+    config = tmp_path / "segments.yaml"
+    config.write_text("source: {manifest: segments.csv, start_column: start, duration_column: seconds, "
+                      "labels: speaker}\ndecode: {kind: audio}\n", encoding="utf-8", newline="\n")
+    ds = build_dataset(load_config(config))
+    assert sorted(s["num_frames"] for s in _drain(ds)) == sorted(round(c.duration * RATE) for c in cuts)
+    with pytest.raises(SourceError, match=r"row 1: start 'soon' is not a number of seconds"):
+        bad = tmp_path / "bad.csv"
+        bad.write_text("path,start\na.wav,soon\n", encoding="utf-8", newline="\n")
+        Source(bad, start_column="start")
+    with pytest.raises(SourceError, match="no column 'begin'"):
+        Source(manifest, start_column="begin")

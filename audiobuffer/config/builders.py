@@ -79,7 +79,8 @@ def build_source(config: PipelineConfig) -> Source | ShardStream:
                 raise ConfigError(f"{config.origin}: {_source_key(config)}: {exc}") from None
     try:
         return as_source(spec, patterns=patterns, labels=src.labels, path_column=src.path_column,
-                         storage_options=src.storage_options)
+                         storage_options=src.storage_options, start_column=src.start_column,
+                         duration_column=src.duration_column if src.start_column else None)
     except (SourceError, StorageError) as exc:
         raise source_error(config, exc) from None
     except (TypeError, ValueError) as exc:  # the listing's own were checked above: what is left is the labels'
@@ -125,7 +126,8 @@ def _loader_options(config: PipelineConfig, shuffle: bool | None, ordered: bool 
                 world_size=world_size, max_batch_seconds=config.loader.max_batch_seconds,
                 buckets=config.loader.buckets, max_batch_size=config.loader.max_batch_size,
                 quadratic_duration=config.loader.quadratic_duration, sync_buckets=config.loader.sync_buckets,
-                duration_column=config.source.duration_column)
+                # the source is listed (build_source): its segments' durations are read there
+                duration_column=config.source.duration_column if config.loader.max_batch_seconds else None)
 
 
 def build_isolated(config: PipelineConfig, *, source: Any = None, shuffle: bool | None = None,

@@ -107,6 +107,7 @@ class SourceConfig(_Section):
     labels: str | None = _python_default(LoaderOptions, "labels")
     path_column: str = _python_default(LoaderOptions, "path_column")
     duration_column: str | None = _python_default(LoaderOptions, "duration_column")
+    start_column: str | None = _python_default(LoaderOptions, "start_column")
     storage_options: dict[str, Any] | None = _python_default(LoaderOptions, "storage_options")
 
     @model_validator(mode="after")
@@ -346,7 +347,7 @@ def _parse(data: Any, base_dir: str | os.PathLike[str] | None, origin: str) -> P
         raise ConfigError(f"{origin}: {format_errors(exc, PipelineConfig, written)}") from None
     base = Path(base_dir) if base_dir is not None else Path.cwd()
     src = config.source
-    if src.duration_column is not None and config.loader.max_batch_seconds is None:
+    if src.duration_column is not None and config.loader.max_batch_seconds is None and src.start_column is None:
         raise ConfigError(f"{origin}: source.duration_column: read for batches by duration, set "
                           f"loader.max_batch_seconds too, got {quote(src.duration_column)}")
 

@@ -229,7 +229,9 @@ class Pipeline:
         found = getattr(decoder, "patterns", None)  # ImageDecoder's, say
         patterns = options.patterns if options.patterns is not None else AUDIO_PATTERNS if found is None else found
         listed = as_source(source, patterns=patterns, labels=options.labels, path_column=options.path_column,
-                           explicit_patterns=options.patterns, storage_options=options.storage_options)
+                           explicit_patterns=options.patterns, storage_options=options.storage_options,
+                           start_column=options.start_column,
+                           duration_column=options.duration_column if options.start_column else None)
         _check_combination(listed, decoder, options)
         batching = None
         if options.max_batch_seconds is not None and isinstance(listed, Source):

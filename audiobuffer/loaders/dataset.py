@@ -174,6 +174,9 @@ class BufferedDataset(PipelineViews, StateKeys, IterableDataset):
         duration_column: a manifest column holding each item's duration in seconds, read instead of
             the file headers; of streamed tar shards, the field of each sample's ``<key>.json`` sidecar
             that holds it (its manifest fields, as ``audiobuffer pack`` writes them).
+        start_column: a manifest column holding where each item starts in its file, in seconds: each
+            row is then a segment of its file (with ``duration_column``, that long; else to the end),
+            which :class:`~audiobuffer.AudioDecoder` reads alone; many rows may name one long recording.
         quadratic_duration: for models whose cost grows with the square of the length (attention): a
             batch of ``n`` items, the longest ``L`` seconds, costs ``n x (L + L*L / quadratic_duration)``
             against ``max_batch_seconds`` instead of ``n x L``, so batches of long items hold fewer.
@@ -212,7 +215,8 @@ class BufferedDataset(PipelineViews, StateKeys, IterableDataset):
                  even_shards: EvenShards = "pad", warn_after: float | None = DEFAULT_WARN_AFTER,
                  timeout: float | None = None, max_batch_seconds: float | None = None, buckets: int | None = None,
                  max_batch_size: int | None = None, duration_column: str | None = None,
-                 quadratic_duration: float | None = None, sync_buckets: bool | None = None,
+                 start_column: str | None = None, quadratic_duration: float | None = None,
+                 sync_buckets: bool | None = None,
                  storage_options: Mapping[str, Any] | None = None) -> None:
         super().__init__()
         options = LoaderOptions(
@@ -220,7 +224,8 @@ class BufferedDataset(PipelineViews, StateKeys, IterableDataset):
             ordered=ordered, on_error=on_error, transform=transform, labels=labels, patterns=patterns,
             path_column=path_column, rank=rank, world_size=world_size, even_shards=even_shards,
             warn_after=warn_after, timeout=timeout, max_batch_seconds=max_batch_seconds, buckets=buckets,
-            max_batch_size=max_batch_size, duration_column=duration_column, quadratic_duration=quadratic_duration,
+            max_batch_size=max_batch_size, duration_column=duration_column, start_column=start_column,
+            quadratic_duration=quadratic_duration,
             sync_buckets=sync_buckets, storage_options=storage_options)
         #: What the epochs run over: the source, decoder, options and durations (one copy of each).
         self.pipeline = Pipeline.build(source, decoder, options)

@@ -15,6 +15,7 @@ import functools
 import hashlib
 import io
 import json
+import math
 import os
 import re
 import threading
@@ -367,6 +368,10 @@ class Source:
         storage_options: options for the fsspec filesystem of URLs (``{"endpoint_url": ..., "key":
             ..., "secret": ...}``), passed to every remote read.
         retry: how transient storage failures are retried (:class:`~audiobuffer.sources.storage.Retry`).
+        start_column: a manifest column of where each row starts in its file, in seconds: each row is
+            then a segment of its file (:attr:`WorkItem.segment`), ``duration_column`` seconds long (to
+            the end of the file without one).
+        duration_column: with ``start_column``, the column of each segment's duration in seconds.
         allow_outside: read what an index or a remote manifest names wherever it points. Without it
             (the default), an index's shards must lie inside the index's folder and a remote
             manifest's files inside its bucket or host (relative paths, ``..`` within the bucket, and
@@ -387,7 +392,8 @@ class Source:
     def __init__(self, source: SourceSpec, *, patterns: Sequence[str] = AUDIO_PATTERNS,
                  labels: LabelSpec = None, path_column: str = "path",
                  storage_options: Mapping[str, Any] | None = None, retry: RetrySpec = None,
-                 allow_outside: bool = False) -> None:
+                 allow_outside: bool = False, start_column: str | None = None,
+                 duration_column: str | None = None) -> None:
         if storage_options is not None and not isinstance(storage_options, Mapping):
             raise TypeError(f"storage_options must be a mapping of fsspec options or None, got {storage_options!r}")
         if not isinstance(allow_outside, bool):
@@ -403,6 +409,8 @@ class Source:
         self._members = listing.members  # an index's members: read by range
         #: Each item's part of its file as ``(start, duration)`` seconds (a Lhotse cut's), or ``None``.
         self.segments = listing.segments
+        if start_column is not None:
+            self.segments = _segments(listing, start_column, duration_column)
         if not self.paths:
             raise SourceError(f"no files in {self.description}")
         self.label_names = _resolve_labels(labels, self.paths, listing.rows, listing.columns)
@@ -482,6 +490,34 @@ class Source:
         return WorkItem(index, path, None if name is None else self.class_to_idx[name], name,
                         None if self.fields is None else self.fields[index], epoch, seed, seq, read,
                         None if self.segments is None else self.segments[index])
+
+
+def _segments(listing: Listing, start_column: str, duration_column: str | None) -> list[tuple[float, float | None]]:
+    """Each row's segment of its file from a manifest's start (and duration) columns.
+
+    Raises:
+        SourceError: the source has no such column, or a row's value is not a number of seconds >= 0.
+    """
+    if listing.fields is None:
+        raise SourceError(f"start_column={start_column!r} reads a manifest's column; {listing.description} has "
+                          f"no columns")
+    for column in (start_column, duration_column):
+        if column is not None and column not in listing.columns:
+            raise SourceError(f"{listing.description} has no column {column!r}; its columns are {listing.columns}")
+
+    def seconds(row: int, column: str) -> float:
+        value = listing.fields[row].get(column)  # type: ignore[index]  # checked above
+        try:
+            number = float(value)  # type: ignore[arg-type]  # CSV text or JSON numbers
+        except (TypeError, ValueError):
+            number = math.nan
+        if isinstance(value, bool) or not math.isfinite(number) or number < 0:
+            raise SourceError(f"{listing.description} row {row + 1}: {column} {value!r} is not a number of seconds "
+                              f">= 0")
+        return number
+
+    return [(seconds(i, start_column), None if duration_column is None else seconds(i, duration_column))
+            for i in range(len(listing.paths))]
 
 
 def _resolve_labels(labels: LabelSpec, paths: list[str], fields: list[dict[str, Any]] | None,

@@ -387,25 +387,31 @@ def _columns(rows: list[dict[str, Any]]) -> list[str]:
 
 def as_source(source: SourceSpec | Source | ShardStream, *, patterns: Sequence[str], labels: LabelSpec,
               path_column: str, explicit_patterns: Sequence[str] | None = None,
-              storage_options: Mapping[str, Any] | None = None) -> Source | ShardStream:
+              storage_options: Mapping[str, Any] | None = None, start_column: str | None = None,
+              duration_column: str | None = None) -> Source | ShardStream:
     """``source`` itself if it is ready, else the :class:`Source` it describes, or the
     :class:`~audiobuffer.sources.stream.ShardStream` of the tar shards it names (a path, URL, brace pattern or
     glob ending in ``.tar``, or a list of them), or the :class:`ParquetStream` of the Parquet files it names.
 
-    ``labels``, ``patterns`` (``explicit_patterns``, as the caller was given them), ``path_column`` and
-    ``storage_options`` describe how to list a source: with a ready one they would be ignored, so they
-    are refused.
+    ``labels``, ``patterns`` (``explicit_patterns``, as the caller was given them), ``path_column``,
+    ``storage_options`` and ``start_column`` (with its ``duration_column``) describe how to list a source:
+    with a ready one they would be ignored, so they are refused.
     """
     if not isinstance(source, (Source, ShardStream)):
+        streamed = names_shards(source) or is_parquet(source)
+        if streamed and start_column is not None:
+            raise ValueError(f"start_column={start_column!r} reads segments of files a manifest lists; streamed "
+                             f"samples are whole")
         if names_shards(source):
             return ShardStream(source, labels=labels, storage_options=storage_options)
         if is_parquet(source):
             return ParquetStream(source, labels=labels, storage_options=storage_options)
         return Source(source, patterns=patterns, labels=labels, path_column=path_column,
-                      storage_options=storage_options)
+                      storage_options=storage_options, start_column=start_column, duration_column=duration_column)
     given = [name for name, value, default in (("labels", labels, None), ("patterns", explicit_patterns, None),
                                                ("path_column", path_column, "path"),
-                                               ("storage_options", storage_options, None)) if value != default]
+                                               ("storage_options", storage_options, None),
+                                               ("start_column", start_column, None)) if value != default]
     if given:
         raise ValueError(f"{', '.join(given)} describe how to list a source; give them to Source(...), not together "
                          f"with a ready Source")
