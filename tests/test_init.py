@@ -29,3 +29,14 @@ def test_the_readmes_quickstart_runs_without_a_warning(tmp_path, monkeypatch):
         warnings.simplefilter("error")
         exec(compile(code, "README.md", "exec"), {})
     assert (tmp_path / "demo-v1-50-0" / "COMPLETE").is_file()
+
+
+def test_a_lazy_name_is_never_hidden_by_its_module_of_the_same_name():
+    # importing audiobuffer.sources.pack (for index_shards) binds the submodule as ``sources.pack``
+    import subprocess
+    import sys
+
+    code = ("from audiobuffer.sources import index_shards, pack; from audiobuffer import sources; "
+            "assert callable(pack) and sources.pack is pack and callable(index_shards), pack")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr

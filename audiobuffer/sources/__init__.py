@@ -60,9 +60,13 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
+    loaded = importlib.import_module(module, __name__)
+    # every name of that module at once: importing ``.pack`` binds the submodule as ``pack`` here, which
+    # would hide the function of that name
+    for other, where in _EXPORTS.items():
+        if where == module:
+            globals()[other] = getattr(loaded, other)
+    return globals()[name]
 
 
 def __dir__() -> list[str]:
