@@ -196,3 +196,14 @@ def test_a_manifest_with_start_and_duration_columns(corpus, tmp_path):
         Source(bad, start_column="start")
     with pytest.raises(SourceError, match="no column 'begin'"):
         Source(manifest, start_column="begin")
+
+
+def test_yaml_source_root_names_the_cuts(corpus, tmp_path):
+    from audiobuffer.config import build_dataset, load_config
+
+    root, cuts = corpus
+    config = tmp_path / "cuts.yaml"
+    config.write_text(f"source: {{root: '{(root / 'cuts.jsonl.gz').as_posix()}', labels: speaker}}\n"
+                      "decode: {kind: audio}\n", encoding="utf-8", newline="\n")
+    ds = build_dataset(load_config(config))
+    assert sorted(s["id"] for s in _drain(ds)) == sorted(c.id for c in cuts)

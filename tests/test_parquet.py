@@ -139,3 +139,15 @@ def test_parquet_in_object_storage(s3, hf):
                          storage_options=s3.options(), shuffle=True)
     assert len(ds) == N and ds.classes == sorted(CLASSES)
     assert sorted(_index(s) for s in _drain(ds)) == list(range(N))
+
+
+def test_yaml_source_root_names_the_parquet_files(hf, tmp_path):
+    from audiobuffer.config import build_dataset, load_config
+
+    config = tmp_path / "hf.yaml"
+    config.write_text(f"source: {{root: '{(hf / 'train-*.parquet').as_posix()}', labels: label}}\n"
+                      "decode: {kind: audio, sample_rate: 8000}\nloader: {batch_size: 8}\n",
+                      encoding="utf-8", newline="\n")
+    ds = build_dataset(load_config(config))
+    assert isinstance(ds.pipeline.source, ParquetStream) and ds.classes == sorted(CLASSES)
+    assert sorted(_index(s) for s in _drain(ds)) == list(range(N))
