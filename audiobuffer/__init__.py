@@ -45,6 +45,7 @@ _EXPORTS = {
     "StallError": ".errors",
     "StorageError": ".errors",
     "WorkItem": ".sources",
+    "mix": ".sources",
     "pad_collate": ".collate",
     "payload_nbytes": ".buffer",
 }
@@ -76,6 +77,7 @@ __all__ = [
     "StallError",
     "StorageError",
     "WorkItem",
+    "mix",
     "pad_collate",
     "payload_nbytes",
 ]
@@ -116,6 +118,7 @@ if TYPE_CHECKING:
     from .loaders.device import DevicePrefetcher, DeviceTensorLoader
     from .loaders.isolated.loader import IsolatedLoader
     from .loaders.slots import BatchSlotLoader, SlotStats
+    from .sources.mixture import mix
     from .sources.source import AUDIO_PATTERNS, IMAGE_PATTERNS, Source, WorkItem
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())

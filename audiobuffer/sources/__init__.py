@@ -14,6 +14,7 @@ _EXPORTS = {
     "INDEX_NAME": ".index",
     "LabelSpec": ".source",
     "Member": ".index",
+    "Mixture": ".mixture",
     "ReadClock": ".source",
     "ShardIndex": ".index",
     "ShardSample": ".tar",
@@ -23,6 +24,7 @@ _EXPORTS = {
     "WorkItem": ".source",
     "as_source": ".stream",
     "iter_shard": ".tar",
+    "mix": ".mixture",
     "pack": ".pack",
     "read_index": ".index",
     "shard_name": ".index",
@@ -36,6 +38,7 @@ __all__ = [
     "INDEX_NAME",
     "LabelSpec",
     "Member",
+    "Mixture",
     "ReadClock",
     "ShardIndex",
     "ShardSample",
@@ -45,6 +48,7 @@ __all__ = [
     "WorkItem",
     "as_source",
     "iter_shard",
+    "mix",
     "pack",
     "read_index",
     "shard_name",
@@ -69,6 +73,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from .index import INDEX_NAME, Member, ShardIndex, read_index, shard_name
+    from .mixture import Mixture, mix
     from .pack import pack
     from .source import AUDIO_PATTERNS, IMAGE_PATTERNS, LabelSpec, ReadClock, Source, SourceSpec, WorkItem
     from .stream import ShardStream, as_source
