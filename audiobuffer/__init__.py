@@ -46,6 +46,7 @@ _EXPORTS = {
     "StorageError": ".errors",
     "WorkItem": ".sources",
     "make_demo_corpus": ".cli.demo",
+    "mix": ".sources",
     "pad_collate": ".collate",
     "payload_nbytes": ".buffer",
 }
@@ -78,6 +79,7 @@ __all__ = [
     "StorageError",
     "WorkItem",
     "make_demo_corpus",
+    "mix",
     "pad_collate",
     "payload_nbytes",
 ]
@@ -119,6 +121,7 @@ if TYPE_CHECKING:
     from .loaders.device import DevicePrefetcher, DeviceTensorLoader
     from .loaders.isolated.loader import IsolatedLoader
     from .loaders.slots import BatchSlotLoader, SlotStats
+    from .sources.mixture import mix
     from .sources.source import AUDIO_PATTERNS, IMAGE_PATTERNS, Source, WorkItem
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())

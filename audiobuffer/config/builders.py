@@ -7,7 +7,8 @@ They are public as ``audiobuffer.config.build_*``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 from ..collate import image_collate, pad_collate
 from ..errors import ConfigError, SourceError, StorageError
@@ -28,6 +29,8 @@ __all__ = ["build_dataset", "build_decoder", "build_isolated", "build_loader", "
 def _source_key(config: PipelineConfig) -> str:
     """The key that names the source: ``source.root``, ``source.manifest`` or ``source.files``."""
     src = config.source
+    if src.mix is not None:
+        return "source.mix"
     return "source.root" if src.root is not None else "source.manifest" if src.manifest is not None else "source.files"
 
 
@@ -68,9 +71,11 @@ def build_source(config: PipelineConfig) -> Source | ShardStream:
     from ..sources.stream import as_source
 
     src = config.source
-    spec: Any = src.root if src.root is not None else src.manifest if src.manifest is not None else src.files
     patterns = src.patterns if src.patterns is not None else (
         AUDIO_PATTERNS if config.decode.kind == "audio" else IMAGE_PATTERNS)
+    if src.mix is not None:
+        return _build_mixture(config, patterns)
+    spec: Any = src.root if src.root is not None else src.manifest if src.manifest is not None else src.files
     if names_shards(spec):  # a bad brace pattern is the source key's fault: checked before the labels are read
         for name in [spec] if isinstance(spec, str) else spec:
             try:
@@ -86,6 +91,28 @@ def build_source(config: PipelineConfig) -> Source | ShardStream:
     except (TypeError, ValueError) as exc:  # the listing's own were checked above: what is left is the labels'
         key = "source.labels" if src.labels is not None else _source_key(config)
         raise ConfigError(f"{config.origin}: {key}: {exc}") from None
+
+
+def _build_mixture(config: PipelineConfig, patterns: Sequence[str]) -> Source:
+    """The :func:`~audiobuffer.mix` of ``source.mix``, each entry listed as a :class:`~audiobuffer.Source`."""
+    from ..sources.mixture import mix
+    from ..sources.source import Source
+
+    src = config.source
+    sources = []
+    for n, entry in enumerate(cast(list, src.mix)):
+        spec: Any = entry.root if entry.root is not None else entry.manifest if entry.manifest is not None \
+            else entry.files
+        try:
+            sources.append(Source(spec, patterns=entry.patterns if entry.patterns is not None else patterns,
+                                  labels=entry.labels if entry.labels is not None else src.labels,
+                                  path_column=entry.path_column, storage_options=src.storage_options))
+        except (SourceError, StorageError, TypeError, ValueError) as exc:
+            raise ConfigError(f"{config.origin}: source.mix[{n}]: {exc}") from None
+    try:
+        return mix(*sources, weights=src.weights, size=src.size)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{config.origin}: source.mix: {exc}") from None
 
 
 def build_dataset(config: PipelineConfig, *, source: Any = None, shuffle: bool | None = None,

@@ -96,13 +96,36 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
-class SourceConfig(_Section):
-    """Where the files come from: exactly one of ``root``, ``manifest`` or ``files`` (the forms of
-    ``BufferedDataset``'s ``source``); the other keys are its keywords of the same names."""
+class MixEntry(_Section):
+    """One source of a mixture (``source.mix``): exactly one of ``root``, ``manifest`` or ``files``, and how
+    to list it (``Source``'s keywords of the same names; ``labels`` defaults to ``source.labels``)."""
 
     root: str | None = None
     manifest: str | None = None
     files: list[str] | None = None
+    patterns: list[Annotated[str, Field(min_length=1)]] | None = None
+    labels: str | None = None
+    path_column: str = _python_default(LoaderOptions, "path_column")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> MixEntry:
+        given = [k for k in ("root", "manifest", "files") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of root, manifest or files (got {given or 'none'})")
+        return self
+
+
+class SourceConfig(_Section):
+    """Where the files come from: exactly one of ``root``, ``manifest`` or ``files`` (the forms of
+    ``BufferedDataset``'s ``source``), or ``mix`` (``audiobuffer.mix`` of several, with ``weights`` and
+    ``size``); the other keys are its keywords of the same names."""
+
+    root: str | None = None
+    manifest: str | None = None
+    files: list[str] | None = None
+    mix: list[MixEntry] | None = Field(default=None, min_length=2)
+    weights: list[Annotated[float, Field(gt=0, allow_inf_nan=False)]] | None = None
+    size: int | None = Field(default=None, ge=1)
     patterns: list[Annotated[str, Field(min_length=1)]] | None = _python_default(LoaderOptions, "patterns")
     labels: str | None = _python_default(LoaderOptions, "labels")
     path_column: str = _python_default(LoaderOptions, "path_column")
@@ -112,9 +135,14 @@ class SourceConfig(_Section):
 
     @model_validator(mode="after")
     def _one_kind(self) -> SourceConfig:
-        given = [k for k in ("root", "manifest", "files") if getattr(self, k) is not None]
+        given = [k for k in ("root", "manifest", "files", "mix") if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError(f"give exactly one of root, manifest or files (got {given or 'none'})")
+            raise ValueError(f"give exactly one of root, manifest, files or mix (got {given or 'none'})")
+        if self.mix is None and (self.weights is not None or self.size is not None):
+            raise ValueError("weights and size shape a mixture: give mix (a list of sources) too")
+        if self.mix is not None and self.weights is not None and len(self.weights) != len(self.mix):
+            raise ValueError(f"weights must give one number per source of mix: {len(self.mix)} sources, "
+                             f"{len(self.weights)} weights")
         return self
 
 
@@ -374,6 +402,20 @@ def _parse(data: Any, base_dir: str | os.PathLike[str] | None, origin: str) -> P
             raise missing("manifest", src.manifest, update["manifest"], "file")
     if src.files is not None:
         update["files"] = [_resolve_path(f, base) for f in src.files]
+    if src.mix is not None:
+        entries = []
+        for n, entry in enumerate(src.mix):
+            moved: dict[str, Any] = {}
+            for key in ("root", "manifest"):
+                given = getattr(entry, key)
+                if given is not None:
+                    moved[key] = _resolve_path(given, base)
+                    if not _is_url(moved[key]) and not Path(moved[key]).exists():
+                        raise missing(f"mix[{n}].{key}", given, moved[key], "file or directory")
+            if entry.files is not None:
+                moved["files"] = [_resolve_path(f, base) for f in entry.files]
+            entries.append(entry.model_copy(update=moved))
+        update["mix"] = entries
     train_update = {}
     if config.train.checkpoint is not None:
         train_update["checkpoint"] = _resolve_path(config.train.checkpoint, base)

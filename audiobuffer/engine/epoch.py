@@ -60,6 +60,7 @@ from ..buffer import Buffer, BufferStats
 from ..errors import BufferClosed, DecodeError, SampleError
 from ..options import DEFAULT_BUCKETS, ErrorPolicy, ProducerCount, gil_enabled
 from ..sources.durations import decoder_crop
+from ..sources.mixture import Mixture
 from ..sources.source import ReadClock, WorkItem
 from ..sources.stream import ShardStream
 from .pool import CHUNK_ITEMS, Failure, ProducerPool
@@ -70,7 +71,8 @@ if TYPE_CHECKING:
     from .plan import EpochShard
 
 __all__ = ["MAX_LISTED_FAILURES", "Assembler", "BatchEpochRun", "DatasetStats", "EpochCounts", "EpochRun",
-           "EpochSetup", "PaddingMeter", "RunningEpochs", "StreamBatchRun", "run_epoch", "set_up_epoch"]
+           "EpochSetup", "PaddingMeter", "RunningEpochs", "StreamBatchRun", "mixture_counts", "run_epoch",
+           "set_up_epoch"]
 
 logger = logging.getLogger(__name__)
 
@@ -117,6 +119,8 @@ class DatasetStats:
             seconds in batches, each batch padded to its longest item, from each sample's ``num_frames``
             of real audio where samples carry it (a crop's zero padding counts as padding), else from
             the durations (``None`` without ``max_batch_seconds``).
+        sources: of a mixture (``audiobuffer.mix``), this shard's draws of the epoch from each source, by
+            name (those left to do, in a resumed epoch; failures included); ``None`` for other sources.
 
     With ``max_batch_seconds``, ``items``, ``failed`` and ``failures`` also count the items whose header
     could not be read (in rank 0's first DataLoader worker, every epoch: those items are in no batch).
@@ -144,6 +148,7 @@ class DatasetStats:
     batches: int | None = None
     empty_batches: int = 0
     padding: float | None = None
+    sources: dict[str, int] | None = None
     producer_history: list[tuple[float, int, str]] = field(default_factory=list)
     gil_enabled: bool = True
 
@@ -263,7 +268,9 @@ class EpochCounts:
     Thread safety: the consumer's thread counts; a snapshot may be taken from any thread.
     """
 
-    def __init__(self, shard: EpochShard, layout: EpochLayout, *, batched: bool) -> None:
+    def __init__(self, shard: EpochShard, layout: EpochLayout, *, batched: bool,
+                 sources: dict[str, int] | None = None) -> None:
+        self.sources = sources  # a mixture's draws per source
         self.number = shard.number
         self.rank = shard.rank
         self.world_size = shard.world_size
@@ -313,7 +320,8 @@ class EpochCounts:
             num_workers=self.num_workers, items=self.items, num_producers=num_producers, shards=self.shards,
             resumed=self.resumed, yielded=self.yielded, failed=self.failed, failures=list(self.failures),
             wall_s=end - self.start, done=self.done, batches=self.batches, empty_batches=self.empty_batches,
-            padding=None if self.batches is None else self.padding.fraction, **measured)
+            padding=None if self.batches is None else self.padding.fraction,
+            sources=None if self.sources is None else dict(self.sources), **measured)
 
 
 @dataclass
@@ -327,6 +335,16 @@ class EpochSetup:
     pool: ProducerPool
     make_item: Callable[[int], WorkItem]
     clock: ReadClock
+    seed: int = 0
+    sources: dict[str, int] | None = None
+
+
+def mixture_counts(pipeline: Pipeline, shard: EpochShard, layout: EpochLayout) -> dict[str, int] | None:
+    """A mixture's draws from each source in ``layout`` (NOTE [ Mixtures ]); ``None`` for other sources."""
+    source = pipeline.source
+    if not isinstance(source, Mixture):
+        return None
+    return source.counts(pipeline.options.seed, shard.number, layout.indices)
 
 
 def set_up_epoch(pipeline: Pipeline, shard: EpochShard, *, resume: bytes | None = None,
@@ -372,7 +390,7 @@ def set_up_epoch(pipeline: Pipeline, shard: EpochShard, *, resume: bytes | None 
     producers = cast(ProducerCount, options.num_producers)  # LoaderOptions stores None as "auto"
     pool = ProducerPool(make_item, len(layout), decode, buffer, num_producers=producers, memory=pipeline.memory,
                         ordered=options.ordered, warn_after=options.warn_after, timeout=options.timeout)
-    return EpochSetup(shard, layout, buffer, pool, make_item, clock)
+    return EpochSetup(shard, layout, buffer, pool, make_item, clock, seed, mixture_counts(pipeline, shard, layout))
 
 
 def run_epoch(pipeline: Pipeline, shard: EpochShard, *, resume: bytes | None = None) -> EpochRun:
@@ -399,7 +417,8 @@ class EpochRun(EpochCounts):
     :meth:`consume` yields samples."""
 
     def __init__(self, setup: EpochSetup, *, batched: bool = False) -> None:
-        super().__init__(setup.shard, setup.layout, batched=batched)
+        super().__init__(setup.shard, setup.layout, batched=batched, sources=setup.sources)
+        self.seed = setup.seed
         self.layout = setup.layout
         self.pool = setup.pool
         self.buffer = setup.buffer
@@ -481,7 +500,8 @@ class BatchEpochRun(EpochRun):
                 samples = [outs[i] for i in kept]
                 if not self.padding.add_samples(samples):  # samples without frames: their durations
                     first = assembler.start(b)
-                    self.batching.add_padding(self.padding, layout.indices[first:first + len(outs)][kept])
+                    self.batching.add_padding(self.padding, layout.indices[first:first + len(outs)][kept],
+                                              seed=self.seed, epoch=self.number)
                 yield samples
 
 

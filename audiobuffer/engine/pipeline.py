@@ -20,6 +20,7 @@ from .._checks import check_decoder
 from ..options import DEFAULT_BUCKETS, ErrorPolicy, LoaderOptions
 from ..sources.durations import Failure as HeaderFailure
 from ..sources.durations import decoder_crop, read_durations
+from ..sources.mixture import Mixture
 from ..sources.source import AUDIO_PATTERNS, Source, SourceSpec, WorkItem
 from ..sources.stream import ShardStream, as_source
 from .plan import BatchPlan, EpochShard, plan_batches, plan_epoch, shard_length
@@ -96,6 +97,8 @@ class DurationBatching:
         max_batch_seconds, buckets, max_batch_size, quadratic_duration: the batch setup.
         sync_buckets: whether the ranks take each step's batches from the same bucket (NOTE [ Ranks in
             step ] in ``plan.py``); ``None``: with more than one rank.
+        draw: a mixture's draws (``Mixture.draw``): an epoch's items are ``durations[draw(seed, epoch)]``
+            (NOTE [ Mixtures ] in ``sources/mixture.py``); ``None``: the source's items themselves.
         durations: seconds per source item (``NaN`` where its header could not be read): a sample's
             length in its batch, the crop where the decoder pads to it.
         content: seconds of audio per source item, the rest of ``durations`` being padding (the same
@@ -105,7 +108,8 @@ class DurationBatching:
 
     def __init__(self, durations: np.ndarray, failures: list[HeaderFailure], *, max_batch_seconds: float,
                  buckets: int, max_batch_size: int | None, content: np.ndarray | None = None,
-                 quadratic_duration: float | None = None, sync_buckets: bool | None = None) -> None:
+                 quadratic_duration: float | None = None, sync_buckets: bool | None = None,
+                 draw: Callable[[int, int], np.ndarray] | None = None) -> None:
         self.durations = durations
         self.content = durations if content is None else content
         self.failures = failures
@@ -114,6 +118,7 @@ class DurationBatching:
         self.max_batch_size = max_batch_size
         self.quadratic_duration = None if quadratic_duration is None else float(quadratic_duration)
         self.sync_buckets = sync_buckets
+        self.draw = draw
         self._plans: dict[tuple[Any, ...], BatchPlan] = {}  # the last few plans: len() and iter() of an epoch
 
     @classmethod
@@ -136,11 +141,17 @@ class DurationBatching:
             durations[~np.isnan(durations)] = crop  # padded to the crop: every sample is that long
         return cls(durations, failures, max_batch_seconds=max_batch_seconds,
                    buckets=DEFAULT_BUCKETS if buckets is None else buckets, max_batch_size=max_batch_size,
-                   content=content, quadratic_duration=quadratic_duration, sync_buckets=sync_buckets)
+                   content=content, quadratic_duration=quadratic_duration, sync_buckets=sync_buckets,
+                   draw=source.draw if isinstance(source, Mixture) else None)
 
-    def add_padding(self, meter: PaddingMeter, indices: np.ndarray) -> None:
-        """Count the batch of source items ``indices`` in ``meter``."""
-        meter.add(self.durations[indices], self.content[indices])
+    def epoch_items(self, seed: int, epoch: int, indices: np.ndarray) -> np.ndarray:
+        """The items behind an epoch's ``indices`` (a mixture's draws; else ``indices`` themselves)."""
+        return indices if self.draw is None else self.draw(seed, epoch)[indices]
+
+    def add_padding(self, meter: PaddingMeter, indices: np.ndarray, *, seed: int = 0, epoch: int = 0) -> None:
+        """Count the batch of ``indices`` (source items; a mixture's draws of ``epoch``) in ``meter``."""
+        items = self.epoch_items(seed, epoch, indices)
+        meter.add(self.durations[items], self.content[items])
 
     def plan(self, *, shuffle: bool, seed: int, epoch: int, rank: int = 0, world_size: int = 1, worker: int = 0,
              num_workers: int = 1, even_shards: str | None = "pad",
@@ -151,7 +162,8 @@ class DurationBatching:
                None if consumed is None else bytes(consumed))
         plan = self._plans.get(key)
         if plan is None:
-            plan = plan_batches(self.durations, max_batch_seconds=self.max_batch_seconds, buckets=self.buckets,
+            durations = self.durations if self.draw is None else self.durations[self.draw(seed, epoch)]
+            plan = plan_batches(durations, max_batch_seconds=self.max_batch_seconds, buckets=self.buckets,
                                 max_batch_size=self.max_batch_size, quadratic_duration=self.quadratic_duration,
                                 shuffle=shuffle, seed=seed, epoch=epoch,
                                 rank=rank, world_size=world_size, worker=worker, num_workers=num_workers,

@@ -14,6 +14,7 @@ _EXPORTS = {
     "INDEX_NAME": ".index",
     "LabelSpec": ".source",
     "Member": ".index",
+    "Mixture": ".mixture",
     "ReadClock": ".source",
     "ShardIndex": ".index",
     "ShardSample": ".tar",
@@ -24,6 +25,7 @@ _EXPORTS = {
     "as_source": ".stream",
     "index_shards": ".pack",
     "iter_shard": ".tar",
+    "mix": ".mixture",
     "pack": ".pack",
     "read_index": ".index",
     "shard_name": ".index",
@@ -37,6 +39,7 @@ __all__ = [
     "INDEX_NAME",
     "LabelSpec",
     "Member",
+    "Mixture",
     "ReadClock",
     "ShardIndex",
     "ShardSample",
@@ -47,6 +50,7 @@ __all__ = [
     "as_source",
     "index_shards",
     "iter_shard",
+    "mix",
     "pack",
     "read_index",
     "shard_name",
@@ -75,6 +79,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from .index import INDEX_NAME, Member, ShardIndex, read_index, shard_name
+    from .mixture import Mixture, mix
     from .pack import index_shards, pack
     from .source import AUDIO_PATTERNS, IMAGE_PATTERNS, LabelSpec, ReadClock, Source, SourceSpec, WorkItem
     from .stream import ShardStream, as_source

@@ -28,7 +28,7 @@ import torch
 
 from ...buffer import BufferStats
 from ...engine.cancel import on_cancel
-from ...engine.epoch import DatasetStats, EpochCounts
+from ...engine.epoch import DatasetStats, EpochCounts, mixture_counts
 from ...engine.pipeline import EpochLayout, Pipeline
 from ...engine.plan import EpochShard
 from ...errors import BufferClosed, DecodeError, HelperError, SampleError, StallError
@@ -46,8 +46,9 @@ logger = logging.getLogger(__name__)
 class TrainerRun(EpochCounts):
     """One epoch as the trainer sees it: its generation, and the counts of :class:`EpochCounts`."""
 
-    def __init__(self, gen: int, shard: EpochShard, layout: EpochLayout, num_producers: int) -> None:
-        super().__init__(shard, layout, batched=layout.sizes is not None)
+    def __init__(self, gen: int, shard: EpochShard, layout: EpochLayout, num_producers: int, *,
+                 sources: dict[str, int] | None = None) -> None:
+        super().__init__(shard, layout, batched=layout.sizes is not None, sources=sources)
         self.gen = gen
         self.num_producers = num_producers
         self.decode_s = 0.0
@@ -249,7 +250,7 @@ class IsolatedLoader(PipelineViews, StateKeys):
         layout = pipeline.lay_out(shard, resume)  # batches by duration: planned here, decoded in the helper
         producers = cast(ProducerCount, pipeline.options.num_producers)  # LoaderOptions stores None as "auto"
         pinned = 0 if producers == "auto" else min(producers, max(1, len(layout)))  # auto: known at the end
-        run = TrainerRun(gen, shard, layout, pinned)
+        run = TrainerRun(gen, shard, layout, pinned, sources=mixture_counts(self.pipeline, shard, layout))
         if pipeline.batching is not None:
             run.count_header_failures(pipeline.batching)
         with self._lock:
@@ -337,7 +338,8 @@ class IsolatedLoader(PipelineViews, StateKeys):
         if message.indices is not None and batching is not None:  # a batch by duration: its source indices
             run.batches = (run.batches or 0) + 1
             if not run.padding.add_collated(batch):  # rows without frames: their durations
-                batching.add_padding(run.padding, np.asarray(message.indices))
+                batching.add_padding(run.padding, np.asarray(message.indices), seed=self.pipeline.options.seed,
+                                     epoch=run.number)
         return batch
 
     # -- inspection, resume, shutdown ----------------------------------------------------------
