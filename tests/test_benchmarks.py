@@ -556,3 +556,31 @@ def test_benchmarks_md_is_short_current_and_its_images_exist():
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
     assert images and all((REPO / image).is_file() for image in images), images
 
+
+# -- benchmarks/bench_train.py ------------------------------------------------------------------------
+
+def test_train_bench_rows_leave_the_first_epoch_out(load_benchmark):
+    bench = load_benchmark("bench_train")
+
+    def run(*seconds, accuracy=0.5):
+        return {"epochs": [{"seconds": s, "test_accuracy": accuracy} for s in seconds]}
+
+    rows = {r["pipeline"]: r for r in bench.rows_of({"threads-2": [run(3.0, 1.0, 1.2), run(2.5, 1.1, 0.9)],
+                                                     "isolated-2": [run(4.0, 0.5, 0.6, accuracy=1.0)]})}
+    threads, isolated = rows["threads-2"], rows["isolated-2"]
+    assert threads["epochs_s"] == [[1.0, 1.2], [1.1, 0.9]] and threads["first_epoch_s"] == [3.0, 2.5]
+    assert threads["median_s"] == pytest.approx(1.05) and threads["mean_s"] == pytest.approx(1.05)
+    assert threads["vs_threads"] == 1.0 and isolated["vs_threads"] == pytest.approx(1.05 / 0.55)
+    assert isolated["test_accuracy_range"] == [1.0, 1.0] and isolated["label"] == "`IsolatedLoader`, 2 producers"
+
+
+@pytest.mark.timeout(600)
+def test_train_bench_smoke_run_prints_the_section(fsdd):
+    result = run_script("bench_train.py", "--epochs", "2", "--max-steps", "2", "--rounds", "1", "--pipelines",
+                        "threads-2", "--fsdd", str(fsdd))
+    assert result.returncode == 0, result.stderr[-3000:]
+    (rows,) = markdown_tables(result.stdout)
+    assert rows[0][:2] == ["pipeline", "epoch 2 s, each run"] and rows[1][0] == "`BufferedDataset`, 2 producers"
+    assert float(rows[1][2]) > 0 and rows[1][4] == "1.00x"
+    with_write = run_script("bench_train.py", "--max-steps", "2", "--write")
+    assert with_write.returncode == 2 and "--write takes a full run on a CUDA machine" in with_write.stderr
