@@ -348,7 +348,7 @@ def test_free_threaded_bench_child_decodes_every_file_once_without_torch(tmp_pat
 
 def test_free_threaded_bench_rows_and_section(load_benchmark):
     module = load_benchmark("bench_free_threaded")
-    sections = load_benchmark("sections")
+    sections = load_benchmark("render").sections  # the package benchmarks/sections/
     by_key = {f"{gil}/{approach}": {"seconds": seconds, "gil_enabled": [gil == "on"], "producers": [0]}
               for gil, scale in (("on", 1.0), ("off", 0.5))
               for approach, seconds in zip(module.APPROACHES, [scale * s for s in (0.4, 0.1, 0.3, 0.2, 0.1)])}
