@@ -1,7 +1,7 @@
 """Throughput of batches by duration against sample mode, on FSDD, in one run.
 
-    python benchmarks/bench_batches.py            # print the table
-    python benchmarks/bench_batches.py --write    # and rewrite its section of BENCHMARKS.md
+    python benchmarks/bench_batches.py            # print the section
+    python benchmarks/bench_batches.py --write    # and save results/batches.json, render BENCHMARKS.md
 
 Both modes decode the same files with the same decoder and producer count, and feed a
 ``DataLoader(num_workers=0, collate_fn=pad_collate)``: sample mode batches ``batch_size`` samples
@@ -17,8 +17,10 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 
-from harness import FSDD, machine, table, write_section
+import render
+from harness import FSDD, command_line, results
 from torch.utils.data import DataLoader
 
 from audiobuffer import AudioDecoder, BufferedDataset, pad_collate
@@ -41,50 +43,39 @@ def epoch(ds: BufferedDataset, batch_size: int | None, number: int) -> tuple[flo
     return frames / RATE / wall, 1 - frames / padded, batches, frames / RATE
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--write", action="store_true", help="rewrite the batch-throughput section of BENCHMARKS.md")
+    parser.add_argument("--write", action="store_true", help="save results/batches.json and render BENCHMARKS.md")
     parser.add_argument("--runs", type=int, default=5, help="epochs per figure (default 5)")
     parser.add_argument("--budget", type=float, default=16.0, help="max_batch_seconds (default 16)")
     parser.add_argument("--producers", default="2,auto", help="num_producers values (default 2,auto)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if not FSDD.is_dir():
         print(f"FSDD not found at {FSDD}", file=sys.stderr)
         return 2
     decoder = AudioDecoder(RATE)
-    rows, met = [], True
+    rows: list[dict[str, object]] = []
     for producers in args.producers.split(","):
         count: int | str = producers if producers == "auto" else int(producers)
         by_duration = BufferedDataset(FSDD, decoder, shuffle=True, seed=0, max_batch_seconds=args.budget,
                                       num_producers=count)
         size = max(1, round(len(by_duration.source) / len(by_duration)))
         by_sample = BufferedDataset(FSDD, decoder, shuffle=True, seed=0, num_producers=count)
-        results = {}
+        rates = {}
         for name, ds, batch_size in (("samples", by_sample, size), ("by duration", by_duration, None)):
             runs = [epoch(ds, batch_size, n) for n in range(args.runs + 1)][1:]  # the first warms the cache
-            results[name] = statistics.median(r[0] for r in runs)
-            rows.append((name, producers, f"{args.budget:g}" if batch_size is None else f"batch_size={size}",
-                         runs[0][2], f"{runs[0][3]:.0f}", f"{results[name]:.0f}",
-                         f"{100 * statistics.median(r[1] for r in runs):.1f} %"))
-        ratio = results["by duration"] / results["samples"]
-        met &= ratio >= 0.95
-        rows.append(("ratio", producers, "", "", "", f"{ratio:.2f}x", ""))
-    header = ("mode", "num_producers", "batching", "batches", "audio s per epoch", "audio s per s (median)",
-              "padding")
-    body = "\n".join([
-        "## Batch-by-duration throughput",
-        "",
-        f"`python benchmarks/bench_batches.py --write` ({args.runs} epochs per figure after one warm-up, FSDD, "
-        f"8 kHz, uncropped). {machine()}",
-        "",
-        table(header, rows),
-        "",
-        "Goal (issue 13): audio seconds per second with batches by duration no lower than in sample mode "
-        f"(counted as met within 5 %, the noise of this shared machine): {'met' if met else 'not met'}.",
-    ])
-    print(body)
+            rates[name] = statistics.median(r[0] for r in runs)
+            rows.append({"producers": producers, "mode": name,
+                         "batching": f"{args.budget:g}" if batch_size is None else f"batch_size={size}",
+                         "batches": runs[0][2], "audio_s_per_epoch": runs[0][3], "audio_s_per_s": rates[name],
+                         "padding": statistics.median(r[1] for r in runs)})
+        rows[-1]["vs_samples"] = rates["by duration"] / rates["samples"]
+    measured = results("batches", rows, command=command_line("bench_batches.py", argv),
+                       settings={"runs": args.runs, "budget": args.budget})
+    print(render.preview(measured))
     if args.write:
-        write_section("batch-throughput", body)
+        render.publish(measured)
     return 0
 
 

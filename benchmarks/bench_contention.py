@@ -1,8 +1,8 @@
 """Contention: a Python-bound training step fed by each loader, and how much the loader slows it.
 
-    python benchmarks/bench_contention.py --write    # the full run; rewrites the "contention" section of BENCHMARKS.md
-    python benchmarks/bench_contention.py --quick    # a smoke run (32 files, 1 run, light step): prints Markdown
-    python benchmarks/bench_contention.py --device cuda --write   # the step on a GPU: the "contention-cuda" section
+    python benchmarks/bench_contention.py --write    # the full run: saves results/contention.json, renders its section
+    python benchmarks/bench_contention.py --quick    # a smoke run (32 files, 1 run, light step): prints the section
+    python benchmarks/bench_contention.py --device cuda --write   # the step on a GPU: results/contention-cuda.json
 
 The step stands for a GPU training step, which is Python launching many small kernels: ``rounds``
 times ``relu(h @ W) + 0.1`` on an (8, 64) tensor, then ``.item()``, with one intra-op thread. The
@@ -37,7 +37,8 @@ and warms the step up before its clock starts, then for each step (light, then h
 loader and runs one epoch, timing each step call alone (after its batch is in hand), the epoch, and
 the time from starting to build the loader to the first batch in hand. The parent samples the peak
 RSS of the subprocess's whole tree (the helper process and DataLoader workers included) over its
-run. Reported: medians over ``--runs`` runs, all from one invocation.
+run. Reported: medians over ``--runs`` runs, all from one invocation, and the isolated loader's goals
+checked against them (:func:`goals`).
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness import FSDD, REPO, fsdd_files, machine, read_lines, table, write_lines, write_section
+import render
+from harness import FSDD, REPO, command_line, fsdd_files, machine_info, read_lines, results, table, write_lines
 
 from audiobuffer.cli.bench import BATCH_SIZE, BUFFER_SIZE, make_corpus, run_with_peak_rss
 
@@ -340,11 +342,11 @@ def run_corpus(name: str, paths: list[str], approaches: Sequence[str], steps: Se
             out = workdir / f"{file_list.stem}.{approach}.{run}.json"
             measured[approach].append(measure(approach, steps, file_list, transform, out, device))
     rows: dict[str, dict[str, Any]] = {}
-    for approach, results in measured.items():
-        row: dict[str, Any] = {"approach": approach, "runs": len(results),
-                               "peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in results)}
+    for approach, runs_of in measured.items():
+        row: dict[str, Any] = {"approach": approach, "runs": len(runs_of),
+                               "peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in runs_of)}
         for step in steps:
-            row[step] = {key: _median([r[step][key] for r in results])
+            row[step] = {key: _median([r[step][key] for r in runs_of])
                          for key in ("step_s", "epoch_s", "first_batch_s", "batches", "files")}
         rows[approach] = row
     alone = rows.get("step-alone")
@@ -363,27 +365,6 @@ def run_corpus(name: str, paths: list[str], approaches: Sequence[str], steps: Se
 
 def _x(ratio: float | None) -> str:
     return "-" if ratio is None else f"{ratio:.2f}x"
-
-
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{1000 * seconds:.0f}"
-
-
-HEADER_PER_STEP = ["step ms", "vs alone", "epoch s", "first batch ms"]
-
-
-def corpus_table(corpus: dict[str, Any]) -> str:
-    """One Markdown table: a row per approach, the columns of each step side by side."""
-    steps = corpus["steps"]
-    header = ["approach"] + [f"{step}: {h}" for step in steps for h in HEADER_PER_STEP] + ["peak RSS MiB (tree)"]
-    rows = []
-    for row in corpus["rows"]:
-        cells: list[object] = [LABELS[row["approach"]]]
-        for step in steps:
-            m = row[step]
-            cells += [f"{1000 * m['step_s']:.2f}", _x(m["vs_alone"]), f"{m['epoch_s']:.2f}", _ms(m["first_batch_s"])]
-        rows.append(cells + [f"{row['peak_rss_mb']:.0f}"])
-    return table(header, rows)
 
 
 def goals(results: Sequence[dict[str, Any]]) -> list[list[object]]:
@@ -435,56 +416,22 @@ def goals(results: Sequence[dict[str, Any]]) -> list[list[object]]:
     return out
 
 
-def markdown(results: Sequence[dict[str, Any]], runs: int, device: str = "cpu") -> str:
-    """The section: what was measured, the goals, then one table per corpus."""
+def rows_of(corpora: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (corpus, approach), named by both, with the approach's label."""
+    return [{"corpus": corpus["name"], "files": corpus["files"], "label": LABELS[row["approach"]], **row}
+            for corpus in corpora for row in corpus["rows"]]
+
+
+def machine_of_children() -> dict[str, str]:
+    """This machine and versions as the measuring subprocesses see them (one intra-op thread)."""
     import torch
 
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as in every subprocess, so that the machine line says what they ran with
+    torch.set_num_threads(1)
     try:
-        host = machine()
+        return machine_info()
     finally:
         torch.set_num_threads(threads)
-    intro = (
-        f"Machine: {host}. {f'Medians of {runs} runs' if runs > 1 else 'One run'}, all from one invocation; "
-        "every (corpus, approach, run) "
-        "is a fresh subprocess with one intra-op thread. The step: 50 (light) or 500 (heavy) rounds of "
-        "`relu(h @ W) + 0.1` on an (8, 64) tensor, then `.item()`: Python launching small kernels, as a GPU "
-        f"step does{'' if device == 'cpu' else f'; here the tensors are on `{device}`: it is a GPU step'}. "
-        f"Batches of {BATCH_SIZE}; buffers of {BUFFER_SIZE} samples. Each subprocess runs one epoch "
-        "per step (light first), each with a fresh loader. *step ms*: the median step call alone, timed once "
-        "its batch is in hand; *vs alone*: over the step with the data already there (one batch reused, steps "
-        "back to back), same run; the second row copies each of the corpus's batches, decoded before the clock, "
-        "into fresh tensors before its step, as a loader hands a batch over: what receiving batches costs the "
-        "step with no loader running at all; the third runs the step as the first does while another process "
-        "decodes the corpus over and over (one thread, at the helper's lower priority): what decoding anywhere on "
-        "the machine costs the step, with no loader in its process (its peak RSS counts that process); *epoch s*: the "
-        "whole epoch, loading included; *first batch ms*: from starting to build the loader to the first batch "
-        "in hand (worker or helper start included); *peak RSS*: the subprocess's whole tree over its run "
-        "(DataLoader workers and the IsolatedLoader's helper included; forked workers' shared pages count in "
-        "each). Goals: the IsolatedLoader's step at most 1.05x the step alone; its epoch no slower than the "
-        "best in-process setting on FSDD and FLAC, and than the in-process threads with the GIL-holding "
-        "transform; its first batch at most 1/5 of spawned DataLoader workers'; its peak RSS at most 0.6x "
-        "forked DataLoader workers'. With the log-mel transform, librosa loads itself (about 2 s) when its "
-        "module is imported: before the clock in the trainer's process, in the helper's start (its first "
-        "batch) for the IsolatedLoader, once per run in training. The helper's own start (a fresh interpreter "
-        "with numpy and soundfile, about 0.3 s) is inside each of these one-epoch measurements too, and in "
-        "training it is paid once per run (the helper persists across epochs): the goals table also compares "
-        "the epochs after their first batch."
-    )
-    on = "" if device == "cpu" else f", the step on `{device}`"
-    parts = [f"## Contention: a Python-bound step fed by each loader{on} (`benchmarks/bench_contention.py`)", intro]
-    checked = goals(results)
-    if checked:
-        parts += ["### Goals (this run)", table(["goal", "where", "measured", "target", "met"], checked)]
-    for corpus in results:
-        title = {"fsdd": f"FSDD, {corpus['files']} real recordings (WAV, 8 kHz)",
-                 "wav": f"WAV, {corpus['files']} generated files of 1-4 s at 16 kHz",
-                 "flac": f"FLAC, {corpus['files']} generated files of 1-4 s at 16 kHz",
-                 "flac+mel": f"FLAC, {corpus['files']} files, plus a librosa log-mel per sample in the producers "
-                             "(GIL-holding transform)"}[corpus["name"]]
-        parts += [f"#### {title}", corpus_table(corpus)]
-    return "\n\n".join(parts) + "\n"
 
 
 def _csv(value: str, known: Sequence[str], flag: str, parser: argparse.ArgumentParser) -> list[str]:
@@ -496,6 +443,7 @@ def _csv(value: str, known: Sequence[str], flag: str, parser: argparse.ArgumentP
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=None, help="runs per approach; medians are reported "
                         "(default 3; --quick: 1)")
@@ -509,8 +457,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a smoke run: 32 files, 1 run, the light step "
                         "(its numbers mean little)")
     parser.add_argument("--device", default="cpu", help="where the step's tensors live: cpu (default) or cuda; "
-                        f"cuda writes the {SECTION + '-cuda'!r} section")
-    parser.add_argument("--write", action="store_true", help=f"write the {SECTION!r} section of BENCHMARKS.md")
+                        f"cuda saves the results {SECTION + '-cuda'!r}")
+    parser.add_argument("--write", action="store_true",
+                        help=f"save results/{SECTION}.json (or {SECTION}-cuda.json) and render BENCHMARKS.md")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--cache-dir", type=Path, default=None, help="where corpora are made (default: a temp folder)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -543,7 +492,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if not torch.cuda.is_available():
             parser.error("--device cuda: torch sees no CUDA device here")
-    results = []
+    corpora_measured = []
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="audiobuffer-contention-") as tmp:
         cache = args.cache_dir or Path(tmp)
@@ -560,15 +509,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             corpus_steps = steps[:1] if transform else steps  # the mel corpus: its first step only
             chosen = [a for a in approaches if not transform or a in TRANSFORM_APPROACHES]
             print(f"{name}: {len(paths)} files, {', '.join(chosen)}; steps {', '.join(corpus_steps)}", file=sys.stderr)
-            results.append(run_corpus(name, paths, chosen, corpus_steps, runs, transform=transform,
-                                      workdir=Path(tmp), device=args.device))
+            corpora_measured.append(run_corpus(name, paths, chosen, corpus_steps, runs, transform=transform,
+                                               workdir=Path(tmp), device=args.device))
     print(f"took {time.perf_counter() - started:.0f} s", file=sys.stderr)
-    text = markdown(results, runs, args.device)
-    print(text)
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2), encoding="utf-8", newline="\n")
+        Path(args.json).write_text(json.dumps(corpora_measured, indent=2), encoding="utf-8", newline="\n")
+    if not corpora_measured:
+        print("Contention: no corpus was measured.")
+        return 0
+    name = SECTION if args.device == "cpu" else f"{SECTION}-{args.device}"
+    measured = results(name, rows_of(corpora_measured), command=command_line("bench_contention.py", argv),
+                       machine=machine_of_children(),
+                       settings={"runs": runs, "device": args.device, "steps": {s: STEPS[s] for s in steps},
+                                 "batch_size": BATCH_SIZE, "buffer_size": BUFFER_SIZE})
+    print(render.preview(measured))
+    checked = goals(corpora_measured)
+    if checked:
+        print("\nThe IsolatedLoader's goals, checked against this run:\n")
+        print(table(["goal", "where", "measured", "target", "met"], checked))
     if args.write:
-        write_section(SECTION if args.device == "cpu" else f"{SECTION}-{args.device}", text)
+        render.publish(measured)
     return 0
 
 

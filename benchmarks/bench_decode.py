@@ -1,7 +1,7 @@
-"""Decoding an epoch: audiobuffer's loaders against other libraries'; writes its section of BENCHMARKS.md and a plot.
+"""Decoding an epoch: audiobuffer's loaders against other libraries'; saves results/decode.json, renders its section.
 
     python benchmarks/bench_decode.py --fsdd ../shared/data/fsdd/recordings   # the full run (several minutes)
-    python benchmarks/bench_decode.py --quick                                  # a smoke run, writes nothing
+    python benchmarks/bench_decode.py --quick                                  # a smoke run, saves nothing
 
 This is ``audiobuffer bench`` (``audiobuffer/cli/bench.py``: the same options, corpora, measurements and
 tables) with the peers added to its line-up (:data:`PEERS`); each approach runs in a fresh process of
@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from harness import BENCHMARKS, machine, write_section
+import render
+from harness import command_line, machine_info, results
 
 from audiobuffer.cli import bench
 from audiobuffer.cli.bench import BATCH_SIZE, BUFFER_SIZE, Transform, batches_of, decoding
 
-PLOT = Path(__file__).resolve().parent / "decode.png"
 SECTION = "decode"
 
 
@@ -150,29 +150,19 @@ def run(argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if "--quick" in args or "--child" in args or "-h" in args or "--help" in args:
-        return run(args)  # a smoke run, a child, or the help: nothing to write
+        return run(args)  # a smoke run, a child, or the help: nothing to save
     with tempfile.TemporaryDirectory() as tmp:
-        out, tables = Path(tmp) / "bench.json", Path(tmp) / "bench.md"
-        status = run(args + ["--json", str(out), "--markdown", str(tables), "--plot", str(PLOT)])
+        out = Path(tmp) / "bench.json"
+        status = run(args + ["--json", str(out)])
         if status:
             return status
-        text = tables.read_text(encoding="utf-8")
-        results = json.loads(out.read_text(encoding="utf-8"))
-    runs = next(iter(results.values()))[0]["runs"]
-    body = "\n\n".join([
-        "## Decoding an epoch: audiobuffer against the alternatives (`benchmarks/bench_decode.py`)",
-        f"Machine: {machine()}. Command: `python benchmarks/bench_decode.py {' '.join(args)}`. Medians of {runs} "
-        "runs (the approaches taking turns in each round), "
-        "each approach in a fresh process; batches of 16 through the same `AudioDecoder` and numpy `pad_collate` "
-        "(`spdl-load_wav` alone decodes with SPDL's WAV parser; the log-mel corpus adds the same librosa transform "
-        "per sample in every approach). "
-        "Peak RSS sums the processes of the tree (forked workers' shared pages count in each); CPU % is user + "
-        "system time of the process and its joined workers over the wall time of the same window (the epoch "
-        "and the workers' shutdown), so at most 100 per usable core.",
-        text.strip(),
-        f"![throughput and time to first batch]({PLOT.relative_to(BENCHMARKS.parent).as_posix()})",
-    ])
-    write_section(SECTION, body)
+        by_corpus = json.loads(out.read_text(encoding="utf-8"))
+    rows = [{"corpus": corpus, **row} for corpus, corpus_rows in by_corpus.items() for row in corpus_rows]
+    measured = results(SECTION, rows, command=command_line("bench_decode.py", args),
+                       versions=f"{machine_info()['versions']}; {bench.gil_line(by_corpus, LINEUP).rstrip('.')}",
+                       settings={"runs": rows[0]["runs"] if rows else 0, "batch_size": BATCH_SIZE})
+    render.publish(measured)
+    print(render.preview(measured))
     return 0
 
 

@@ -1,7 +1,7 @@
 """The device path, measured: DevicePrefetcher, DeviceTensorLoader, recycled batch slots.
 
-    python benchmarks/bench_device.py                      # full run, prints the tables
-    python benchmarks/bench_device.py --write              # ... and rewrites its section of BENCHMARKS.md
+    python benchmarks/bench_device.py                      # full run, prints the section
+    python benchmarks/bench_device.py --write              # ... and saves results/device-DEVICE.json, renders it
     python benchmarks/bench_device.py --quick              # a smoke run (what the tests run)
 
 1. Prefetch: a model step of a few milliseconds on batches of a few MB, with the copy to the device
@@ -18,13 +18,14 @@ import argparse
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
+import render
 import soundfile as sf
 import torch
-from harness import machine, median_time, table, write_section
+from harness import command_line, machine_info, median_time, results
 from torch.utils.data import DataLoader, TensorDataset
 
 from audiobuffer import AudioDecoder, BufferedDataset, pad_collate
@@ -51,8 +52,9 @@ def make_step(device: torch.device, width: int, layers: int) -> Callable[[torch.
     return step
 
 
-def bench_prefetch(device: torch.device, batches: int, runs: int, step_ms: float) -> tuple[list, float, int]:
-    """Rows of the prefetch table, the step's ms and its layers.
+def bench_prefetch(device: torch.device, batches: int, runs: int, step_ms: float
+                   ) -> tuple[list[dict[str, object]], float, int]:
+    """Rows of the prefetch part, the step's ms and its layers.
 
     The step is grown (layers doubled from 4) until it takes ``step_ms`` on ``device``: a fixed step
     is a few ms on a CPU and well under one on a GPU, where the loop would then measure the loader.
@@ -90,15 +92,17 @@ def bench_prefetch(device: torch.device, batches: int, runs: int, step_ms: float
         sync(device)
 
     plain(), prefetched()  # warm up
-    results = {name: median_time(fn, runs)[0] for name, fn in
+    times = {name: median_time(fn, runs)[0] for name, fn in
                (("step alone (data already there)", lambda: step_alone(step)), ("loop copies each batch", plain),
                 ("DevicePrefetcher", prefetched))}
-    rows = [(name, f"{1000 * seconds / batches:.2f}", f"{results['loop copies each batch'] / seconds:.2f}x")
-            for name, seconds in results.items()]
-    return rows, 1000 * results["step alone (data already there)"] / batches, layers
+    rows: list[dict[str, object]] = [
+        {"part": "prefetch", "label": name, "intra_op_threads": torch.get_num_threads(),
+         "ms_per_step": 1000 * seconds / batches, "ratio": times["loop copies each batch"] / seconds}
+        for name, seconds in times.items()]
+    return rows, 1000 * times["step alone (data already there)"] / batches, layers
 
 
-def bench_tensor_loader(device: torch.device, samples: int, runs: int) -> list:
+def bench_tensor_loader(device: torch.device, samples: int, runs: int) -> list[dict[str, object]]:
     x = torch.randn(samples, 784)
     y = torch.randint(0, 10, (samples,))
     loader = DeviceTensorLoader(x, y, batch_size=128, shuffle=True, device=device)
@@ -120,8 +124,8 @@ def bench_tensor_loader(device: torch.device, samples: int, runs: int) -> list:
     with_dataloader(), with_device_loader()
     base, _ = median_time(with_dataloader, runs)
     fast, _ = median_time(with_device_loader, runs)
-    return [("DataLoader(TensorDataset, shuffle)", f"{base:.3f}", "1.00x"),
-            ("DeviceTensorLoader(shuffle)", f"{fast:.3f}", f"{base / fast:.1f}x")]
+    return [{"part": "tensors", "label": "DataLoader(TensorDataset, shuffle)", "epoch_s": base, "ratio": 1.0},
+            {"part": "tensors", "label": "DeviceTensorLoader(shuffle)", "epoch_s": fast, "ratio": base / fast}]
 
 
 def make_corpus(root: Path, files: int) -> Path:
@@ -132,7 +136,7 @@ def make_corpus(root: Path, files: int) -> Path:
     return root
 
 
-def bench_slots(corpus: Path, device: torch.device, runs: int) -> list:
+def bench_slots(corpus: Path, device: torch.device, runs: int) -> list[dict[str, object]]:
     decoder = AudioDecoder(16000, crop_seconds=1.0, crop="start")
     pin = device.type == "cuda"
     batch_size = 32
@@ -153,7 +157,7 @@ def bench_slots(corpus: Path, device: torch.device, runs: int) -> list:
             n += 1
         return n, time.process_time() - cpu
 
-    results = {}
+    measured = {}
     for name, fn in (("BufferedDataset + DataLoader(pad_collate, pin_memory)", collate_path),
                      ("BatchSlotLoader (recycled slots)", slot_path)):
         fn()  # warm up (page cache, slots)
@@ -163,9 +167,9 @@ def bench_slots(corpus: Path, device: torch.device, runs: int) -> list:
             batches, cpu = fn()
             times.append(time.perf_counter() - start)
             cpus.append(cpu / batches)
-        results[name] = (float(np.median(times)), float(np.median(cpus)), batches)
+        measured[name] = (float(np.median(times)), float(np.median(cpus)), batches)
     files = len(list(corpus.glob("*.flac")))
-    base = results["BufferedDataset + DataLoader(pad_collate, pin_memory)"][0]
+    base = measured["BufferedDataset + DataLoader(pad_collate, pin_memory)"][0]
     epochs = runs + 1
     allocations = {
         "BufferedDataset + DataLoader(pad_collate, pin_memory)":
@@ -178,53 +182,49 @@ def bench_slots(corpus: Path, device: torch.device, runs: int) -> list:
             f"{batch_size} rows into the batch{' + 1 batch to pinned memory' if pin else ''}",
         "BatchSlotLoader (recycled slots)": f"{batch_size} rows into the slot",
     }
-    return [(name, f"{files / seconds:.0f}", f"{base / seconds:.2f}x", f"{1000 * cpu:.2f}", copies[name],
-             allocations[name])
-            for name, (seconds, cpu, _) in results.items()]
+    return [{"part": "slots", "label": name, "files_per_s": files / seconds, "ratio": base / seconds,
+             "cpu_ms_per_batch": 1000 * cpu, "copies": copies[name], "allocated": allocations[name]}
+            for name, (seconds, cpu, _) in measured.items()]
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--device", default="auto")
     parser.add_argument("--runs", type=int, default=5, help="runs per measurement (median)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one run: a smoke test")
     parser.add_argument("--step-ms", type=float, default=4.0,
                         help="the prefetch table's step is grown until it takes at least this long")
-    parser.add_argument("--write", action="store_true", help="rewrite the device section of BENCHMARKS.md")
-    args = parser.parse_args()
+    parser.add_argument("--write", action="store_true",
+                        help="save results/device-DEVICE.json (cpu or cuda) and render BENCHMARKS.md")
+    args = parser.parse_args(argv)
+    if args.write and args.quick:
+        parser.error("--write takes a full run; --quick is a smoke test whose numbers mean little")
     device = resolve_device(args.device)
     runs = 1 if args.quick else args.runs
     batches, samples, files = (4, 2048, 40) if args.quick else (40, 60000, 640)
+    machine = machine_info()  # at the default intra-op threads, before the one-thread run changes them
 
     rows, step_ms, layers = bench_prefetch(device, batches, runs, args.step_ms)
-    prefetch = [(f"{name} (intra-op threads {torch.get_num_threads()})", *rest) for name, *rest in rows]
-    steps = [f"{step_ms:.1f} ms ({layers} layers)"]
+    steps, all_layers = [step_ms], [layers]
     if device.type == "cpu":
         # On the CPU the step and the prefetch thread share the cores: measure with a free core too.
         default_threads = torch.get_num_threads()
         torch.set_num_threads(1)
-        rows, step_ms, layers = bench_prefetch(device, batches, runs, args.step_ms)
-        prefetch += [(f"{name} (intra-op threads 1)", *rest) for name, *rest in rows]
-        steps.append(f"{step_ms:.1f} ms ({layers} layers) on one thread")
+        one_thread, step_ms, layers = bench_prefetch(device, batches, runs, args.step_ms)
+        rows += one_thread
+        steps.append(step_ms)
+        all_layers.append(layers)
         torch.set_num_threads(default_threads)
-    tensors = bench_tensor_loader(device, samples, runs)
+    rows += bench_tensor_loader(device, samples, runs)
     with tempfile.TemporaryDirectory() as tmp:
-        slots = bench_slots(make_corpus(Path(tmp), files), device, runs)
-
-    body = "\n\n".join([
-        f"## Device path (`benchmarks/bench_device.py`, device `{device}`)",
-        f"Machine: {machine()}. Medians of {runs} runs.",
-        f"### Prefetch: a step of {', '.join(steps)}, batches of 4 MiB ({batches} batches)",
-        table(["loop", "ms per step", "vs copying in the loop"], prefetch),
-        f"### {samples} x 784 float32 tensors, batches of 128, shuffled, one epoch",
-        table(["loader", "epoch s", "speed-up"], tensors),
-        f"### Recycled batch slots: {files} FLAC files of 1-2 s, 1 s crops at 16 kHz, batches of 32, 2 producers",
-        table(["pipeline", "files/s", "vs collate", "CPU ms per batch", "copies per batch", "batch buffers allocated"],
-              slots),
-    ])
-    print(body)
-    if args.write and not args.quick:
-        write_section(f"device-{device.type}", body)
+        rows += bench_slots(make_corpus(Path(tmp), files), device, runs)
+    measured = results(f"device-{device.type}", rows, command=command_line("bench_device.py", argv), machine=machine,
+                       settings={"runs": runs, "device": device.type, "batches": batches, "samples": samples,
+                                 "files": files, "step_ms": steps, "layers": all_layers})
+    print(render.preview(measured))
+    if args.write:
+        render.publish(measured)
     return 0
 
 

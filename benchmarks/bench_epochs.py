@@ -1,7 +1,7 @@
 """Epoch after epoch: ``num_producers="auto"`` against fixed counts over several epochs of one dataset.
 
-    python benchmarks/bench_epochs.py            # print the table
-    python benchmarks/bench_epochs.py --write    # and rewrite its section of BENCHMARKS.md
+    python benchmarks/bench_epochs.py            # print the section
+    python benchmarks/bench_epochs.py --write    # and save results/epochs.json, render BENCHMARKS.md
 
 ``audiobuffer bench`` times one epoch in a fresh process, so ``auto`` there always pays its first
 epoch's trials. A training run reuses its dataset: from the second epoch on, ``auto`` starts at the
@@ -22,8 +22,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import render
 from bench_decode import LINEUP
-from harness import FSDD, fsdd_files, machine, table, write_section
+from harness import FSDD, command_line, fsdd_files, results
 from torch.utils.data import DataLoader
 
 from audiobuffer import AudioDecoder, BufferedDataset, pad_collate
@@ -93,39 +94,33 @@ def name_of(setting: Any) -> str:
     return "`auto` (the default)" if setting == "auto" else f"{setting} producer{'s' * (setting != 1)}"
 
 
-def report(results: dict[str, dict[Any, list[list[float]]]], epochs: int, rounds: int) -> str:
-    lines = ["## Epoch after epoch: `auto` against fixed counts (`benchmarks/bench_epochs.py`)", "",
-             f"Machine: {machine()}. One `BufferedDataset` per setting runs {epochs} epochs into "
-             f"`DataLoader(num_workers=0, collate_fn=pad_collate)` (batches of {BATCH_SIZE}); the settings take "
-             f"turns epoch by epoch; medians of {rounds} rounds, each with fresh datasets. From the second epoch "
-             "on, `auto` starts where the last epoch settled (and keeps a failed trial's back-off). The loops below "
-             "the settings decode and collate in the training thread, timed in turn with them as references; the "
-             "last column is the soundfile loop's epoch over each row's (higher is faster)."]
-    for corpus, times in results.items():
+def rows_of(times_by_corpus: dict[str, dict[Any, list[list[float]]]]) -> list[dict[str, Any]]:
+    """One row per corpus and setting (or loop): the median of each epoch over the rounds, the last epoch
+    over the best fixed count's, and the soundfile loop's last epoch over this one's (higher is faster)."""
+    rows = []
+    for corpus, times in times_by_corpus.items():
         med = {s: [statistics.median(t) for t in per_epoch] for s, per_epoch in times.items()}
-        best = [min(med[s][e] for s in SETTINGS if s != "auto") for e in range(epochs)]
+        best = min(med[s][-1] for s in SETTINGS if s != "auto")
         reference = med.get("loop-libsndfile")
-        rows = [[name_of(s)] + [f"{med[s][e]:.3f}" for e in range(epochs)]
-                + [f"{med[s][-1] / best[-1]:.2f}x" if s in SETTINGS else "-"]
-                + [f"{reference[-1] / med[s][-1]:.2f}x" if reference else "-"] for s in med]
-        lines += ["", f"### {corpus}", "",
-                  table(["setting"] + [f"epoch {e + 1} s" for e in range(epochs)]
-                        + [f"epoch {epochs} vs best fixed", f"epoch {epochs}: soundfile loop / this"], rows)]
-    return "\n".join(lines)
+        rows += [{"corpus": corpus, "setting": str(s), "label": name_of(s), "epochs_s": med[s],
+                  "vs_best_fixed": med[s][-1] / best if s in SETTINGS else None,
+                  "soundfile_loop_over_this": reference[-1] / med[s][-1] if reference else None} for s in med]
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--files", type=int, default=1000, help="files per generated corpus (default 1000)")
     parser.add_argument("--epochs", type=int, default=3, help="epochs per dataset (default 3)")
     parser.add_argument("--rounds", type=int, default=5, help="rounds; medians are reported (default 5)")
     parser.add_argument("--fsdd", type=Path, default=FSDD, help=f"the FSDD recordings (default {FSDD})")
     parser.add_argument("--cache-dir", type=Path, default=None, help="where corpora are made (default: a temp folder)")
-    parser.add_argument("--write", action="store_true", help="rewrite the 'epochs' section of BENCHMARKS.md")
+    parser.add_argument("--write", action="store_true", help="save results/epochs.json and render BENCHMARKS.md")
     args = parser.parse_args(argv)
     if args.epochs < 2 or args.rounds < 1 or args.files < BATCH_SIZE:
         parser.error(f"--epochs must be >= 2, --rounds >= 1 and --files >= {BATCH_SIZE}")
-    results: dict[str, dict[Any, list[list[float]]]] = {}
+    times: dict[str, dict[Any, list[list[float]]]] = {}
     with tempfile.TemporaryDirectory(prefix="audiobuffer-epochs-") as tmp:
         cache = args.cache_dir or Path(tmp)
         corpora = {f"{fmt.upper()}, {args.files} generated files of 1-4 s at 16 kHz":
@@ -134,12 +129,14 @@ def main(argv: list[str] | None = None) -> int:
         if fsdd:
             corpora[f"FSDD, {len(fsdd)} real recordings (WAV, 8 kHz)"] = fsdd
         for corpus, paths in corpora.items():
-            results[corpus] = run_corpus(paths, args.epochs, args.rounds)
+            times[corpus] = run_corpus(paths, args.epochs, args.rounds)
             print(f"  {corpus}: done", file=sys.stderr)
-    text = report(results, args.epochs, args.rounds)
-    print(text)
+    measured = results("epochs", rows_of(times), command=command_line("bench_epochs.py", argv),
+                       settings={"epochs": args.epochs, "rounds": args.rounds, "files": args.files,
+                                 "batch_size": BATCH_SIZE})
+    print(render.preview(measured))
     if args.write:
-        write_section("epochs", text)
+        render.publish(measured)
     return 0
 
 

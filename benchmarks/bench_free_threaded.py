@@ -1,10 +1,10 @@
 """Free-threaded Python: audiobuffer's producer pool with the GIL on and off, on one interpreter.
 
-    python3.13t benchmarks/bench_free_threaded.py --write    # a free-threaded build (3.13t, 3.14t): BENCHMARKS.md
-    python3.13t benchmarks/bench_free_threaded.py --quick    # a smoke run: 64 files, 1 run, prints Markdown
+    python3.13t benchmarks/bench_free_threaded.py --write    # a free-threaded build (3.13t, 3.14t): the results
+    python3.13t benchmarks/bench_free_threaded.py --quick    # a smoke run: 64 files, 1 run, prints the section
 
 Tiny WAV files are the case threads win least under the GIL: their decode is mostly Python, so a
-producer thread can only run beside the loop in its system calls (BENCHMARKS.md, the targets). This
+producer thread can only run beside the loop in its system calls (BENCHMARKS.md, decode speed). This
 script measures what the same code does without the GIL. It needs no torch: it runs what the
 ``IsolatedLoader``'s helper runs (``ProducerPool``, ``Buffer``, ``AudioDecoder`` with numpy samples,
 the numpy collate), so a free-threaded interpreter needs only numpy, soundfile and soxr.
@@ -16,7 +16,7 @@ a figure is the median over ``--runs`` rounds. Each child reports whether the GI
 batches of 16:
 
 - ``soundfile-loop``: ``AudioDecoder`` reading every file through libsndfile, then the collate, in one
-  thread (the soundfile loop of the targets in BENCHMARKS.md);
+  thread (the soundfile loop of the other benchmarks);
 - ``loop``: the same with audiobuffer's own WAV reader;
 - ``pool-1``, ``pool-2``, ``pool-auto``: a ``ProducerPool`` with 1 or 2 producer threads, or tuned
   (``"auto"``, the default), the consumer thread collating.
@@ -36,7 +36,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import FSDD, machine, read_lines, table, write_lines, write_section
+import render
+from harness import FSDD, command_line, machine_info, read_lines, results, write_lines
 
 APPROACHES = ["soundfile-loop", "loop", "pool-1", "pool-2", "pool-auto"]
 BATCH_SIZE = 16
@@ -144,38 +145,26 @@ def run(files: int, runs: int, cache: Path, fsdd: Path | None) -> dict[str, dict
     return results
 
 
-def markdown(results: dict[str, dict[str, dict[str, Any]]], runs: int) -> str:
-    """The BENCHMARKS.md section."""
-    build = "free-threaded build" if free_threaded() else "default build"
-    parts = [
-        "## Free-threaded Python: the producer pool with the GIL on and off (`benchmarks/bench_free_threaded.py`)",
-        "",
-        f"Machine: {machine()}. Interpreter: Python {sys.version.split()[0]}, {build}. "
-        f"Medians of {runs} runs; every (GIL setting, corpus, approach, run) a fresh process of this "
-        "interpreter with `PYTHON_GIL=1` or `PYTHON_GIL=0`, the approaches taking turns. No torch: the "
-        "pool, the decoder with numpy samples and the numpy collate, as the IsolatedLoader's helper runs "
-        "them; batches of 16. *GIL* is what `sys._is_gil_enabled()` said in the children. Every epoch "
-        "yielded each item once (checked in each child).",
-    ]
-    header = ["approach", "GIL on: epoch s", "vs soundfile loop", "GIL off: epoch s", "vs soundfile loop",
-              "off vs on", "producers at the epoch's end (auto)"]
-    for name, rows in results.items():
-        base_on, base_off = rows["on/soundfile-loop"]["seconds"], rows["off/soundfile-loop"]["seconds"]
-        lines = []
+def rows_of(measured: dict[str, dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per corpus and approach: the epoch with the GIL on and off, each against the soundfile loop
+    with the same GIL setting, off over on, and what the children reported (GIL, producers settled on)."""
+    rows = []
+    for corpus, by_key in measured.items():
+        base_on, base_off = by_key["on/soundfile-loop"]["seconds"], by_key["off/soundfile-loop"]["seconds"]
         for approach in APPROACHES:
-            on, off = rows[f"on/{approach}"], rows[f"off/{approach}"]
-            lines.append([approach, f"{on['seconds']:.3f}", f"{base_on / on['seconds']:.2f}x", f"{off['seconds']:.3f}",
-                          f"{base_off / off['seconds']:.2f}x", f"{on['seconds'] / off['seconds']:.2f}x",
-                          f"on {on['producers']}, off {off['producers']}" if approach == "pool-auto" else ""])
-        gil: dict[str, set[bool]] = {"on": set(), "off": set()}
-        for key, value in rows.items():  # every approach's children, merged
-            gil[key.split("/")[0]].update(value["gil_enabled"])
-        parts += ["", f"### {name}", "", f"GIL as reported: on {sorted(gil['on'])}, off {sorted(gil['off'])}.", "",
-                  table(header, lines)]
-    return "\n".join(parts) + "\n"
+            on, off = by_key[f"on/{approach}"], by_key[f"off/{approach}"]
+            rows.append({"corpus": corpus, "approach": approach, "gil_on_s": on["seconds"],
+                         "on_vs_soundfile_loop": base_on / on["seconds"], "gil_off_s": off["seconds"],
+                         "off_vs_soundfile_loop": base_off / off["seconds"],
+                         "off_vs_on": on["seconds"] / off["seconds"],
+                         "gil_reported": {"on": on["gil_enabled"], "off": off["gil_enabled"]},
+                         "producers": ({"on": on["producers"], "off": off["producers"]} if approach == "pool-auto"
+                                       else None)})
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5, help="runs per approach and GIL setting (medians)")
@@ -183,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fsdd", type=Path, default=FSDD, help="the FSDD recordings")
     parser.add_argument("--cache-dir", type=Path, default=None, help="where the generated corpora are made")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 64 files, 1 run")
-    parser.add_argument("--write", action="store_true", help=f"write the '{SECTION}' section of BENCHMARKS.md")
+    parser.add_argument("--write", action="store_true", help=f"save results/{SECTION}.json and render BENCHMARKS.md")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--file-list", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -203,12 +192,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"FSDD not found at {fsdd}: that corpus is left out", file=sys.stderr)
         fsdd = None
     files, runs = (64, 1) if args.quick else (args.files, args.runs)
+    if args.write and args.quick:
+        parser.error("--write takes a full run; --quick is a smoke test whose numbers mean little")
     with tempfile.TemporaryDirectory(prefix="audiobuffer-ft-corpora-") as tmp:
-        results = run(files, runs, args.cache_dir or Path(tmp), fsdd)
-    text = markdown(results, runs)
-    print(text)
+        by_corpus = run(files, runs, args.cache_dir or Path(tmp), fsdd)
+    build = "free-threaded build" if free_threaded() else "default build"
+    info = machine_info()
+    measured = results(SECTION, rows_of(by_corpus), machine=info, versions=f"{info['versions']}; {build}",
+                       command=command_line("bench_free_threaded.py", argv, python=Path(sys.executable).name),
+                       settings={"runs": runs, "batch_size": BATCH_SIZE})
+    print(render.preview(measured))
     if args.write:
-        write_section(SECTION, text)
+        render.publish(measured)
     return 0
 
 

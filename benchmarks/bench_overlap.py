@@ -1,7 +1,7 @@
 """Overlap: a load step of T1 ms and a train step of T2 ms, in sequence and through audiobuffer.
 
-    python benchmarks/bench_overlap.py --write     # the grid; rewrites its section of BENCHMARKS.md
-    python benchmarks/bench_overlap.py --quick     # a smoke run
+    python benchmarks/bench_overlap.py --write     # the grid; saves results/overlap.json, renders its section
+    python benchmarks/bench_overlap.py --quick     # a smoke run (prints the section, saves nothing)
 
 Loading in the training thread costs n * (T1 + T2); loading in the background should come to the
 ideal n * max(T1, T2). Two kinds of work:
@@ -16,11 +16,13 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 
 import numpy as np
+import render
 import soxr
 import torch
-from harness import machine, table, timed, write_section
+from harness import command_line, results, timed
 
 from audiobuffer import BufferedDataset
 
@@ -52,7 +54,9 @@ def train_units(units: int) -> None:
         x = torch.tanh(x @ MATRIX)
 
 
-def cell(kind: str, t1: float, t2: float, steps: int, runs: int) -> tuple:
+def cell(kind: str, t1: float, t2: float, steps: int, runs: int) -> dict[str, object]:
+    """One cell of the grid: the times asked and measured, the epoch in sequence and through audiobuffer,
+    and the ideal (the larger of the loads alone and the train steps alone)."""
     if kind == "sleep":
         def load(_item):
             time.sleep(t1 / 1000)
@@ -94,34 +98,31 @@ def cell(kind: str, t1: float, t2: float, steps: int, runs: int) -> tuple:
     seq = statistics.median(timed(sequential) for _ in range(runs))
     buf = statistics.median(timed(buffered) for _ in range(runs))
     ideal = max(load_s, train_s)
-    return (kind, t1, t2, f"{1000 * load_s / steps:.1f}", f"{1000 * train_s / steps:.1f}", f"{seq:.3f}", f"{buf:.3f}",
-            f"{ideal:.3f}", f"{buf / ideal:.3f}", f"{seq / buf:.2f}x")
+    return {"work": kind, "t1_ms": t1, "t2_ms": t2, "t1_measured_ms": 1000 * load_s / steps,
+            "t2_measured_ms": 1000 * train_s / steps, "sequential_s": seq, "audiobuffer_s": buf, "ideal_s": ideal,
+            "over_ideal": buf / ideal, "speedup": seq / buf}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--write", action="store_true")
-    args = parser.parse_args()
+    parser.add_argument("--write", action="store_true", help="save results/overlap.json and render BENCHMARKS.md")
+    args = parser.parse_args(argv)
+    if args.write and args.quick:
+        parser.error("--write takes a full run; --quick is a smoke test whose numbers mean little")
     torch.set_num_threads(1)  # the step leaves the other core to the producer, as a GPU step would
     grid = ([(5, 5), (10, 5), (5, 10)] if args.quick
             else [(2, 2), (5, 5), (10, 5), (5, 10), (20, 10), (10, 20), (20, 20)])
     steps, runs = (10, 1) if args.quick else (args.steps, args.runs)
     rows = [cell(kind, t1, t2, steps, runs) for kind in ("real", "sleep") for t1, t2 in grid]
-    text = table(["work", "T1 asked ms", "T2 asked ms", "T1 measured ms", "T2 measured ms", "sequential s",
-                  "audiobuffer s", "ideal n*max s", "audiobuffer / ideal", "speed-up"], rows)
-    print(text)
-    if args.write and not args.quick:
-        write_section("overlap", "\n\n".join([
-            f"## Overlap: load T1 ms and train T2 ms, {steps} steps (`benchmarks/bench_overlap.py`)",
-            f"Machine: {machine()}. Medians of {runs} runs; one producer, buffer of 2; the train step runs with 1 "
-            "intra-op thread. Real work: soxr resampling (load) and torch matmuls (train), both release the GIL; "
-            "sleep: the control. The ideal is the larger of the loads alone and the train steps alone, timed in "
-            "the same run (the real work is calibrated to the asked times only roughly).",
-            text,
-        ]))
+    measured = results("overlap", rows, command=command_line("bench_overlap.py", argv),
+                       settings={"steps": steps, "runs": runs})
+    print(render.preview(measured))
+    if args.write:
+        render.publish(measured)
     return 0
 
 

@@ -1,7 +1,7 @@
 """Padding of batches by duration against fixed-size random batches of the same mean size.
 
-    python benchmarks/bench_padding.py            # print the table
-    python benchmarks/bench_padding.py --write    # and rewrite its section of BENCHMARKS.md
+    python benchmarks/bench_padding.py            # print the section
+    python benchmarks/bench_padding.py --write    # and save results/padding.json, render BENCHMARKS.md
 
 A batch is padded to its longest item: padding = (sum of count x longest - audio) / (sum of count x
 longest). Two corpora: FSDD (../shared/data/fsdd/recordings, uncropped, durations from the file
@@ -16,9 +16,11 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from collections.abc import Sequence
 
 import numpy as np
-from harness import FSDD, table, write_section
+import render
+from harness import FSDD, command_line, results
 
 from audiobuffer.engine.plan import padding_fraction, plan_batches
 from audiobuffer.sources import Source
@@ -52,14 +54,15 @@ def measure(durations: np.ndarray, max_batch_seconds: float, buckets: int, epoch
             "size": float(np.mean(sizes)), "batches": len(plan), "largest": largest, "over": over}
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--write", action="store_true", help="rewrite the duration-batches section of BENCHMARKS.md")
+    parser.add_argument("--write", action="store_true", help="save results/padding.json and render BENCHMARKS.md")
     parser.add_argument("--epochs", type=int, default=5, help="epochs averaged per figure (default 5)")
     parser.add_argument("--budgets", default="60,120", help="max_batch_seconds values (default 60,120)")
     parser.add_argument("--buckets", default="10", help="bucket counts (default 10)")
     parser.add_argument("--items", type=int, default=20000, help="items of the generated corpus (default 20000)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     budgets = [float(b) for b in args.budgets.split(",")]
     bucket_counts = [int(b) for b in args.buckets.split(",")]
 
@@ -74,32 +77,21 @@ def main() -> int:
     rows, met = [], True
     for name, durations in corpora:
         valid = durations[~np.isnan(durations)]
-        spread = f"{valid.min():.2f} / {np.median(valid):.2f} / {valid.max():.2f}"
         for budget in budgets:
             for buckets in bucket_counts:
                 m = measure(durations, budget, buckets, args.epochs)
                 met &= m["duration"] <= GOAL
-                rows.append((name, spread, f"{budget:g}", buckets, m["batches"], f"{m['size']:.1f}",
-                             f"{m['largest']:.1f}", m["over"], f"{100 * m['duration']:.1f} %",
-                             f"{100 * m['random']:.1f} %"))
-    header = ("corpus", "duration s (min / median / max)", "max_batch_seconds", "buckets", "batches",
-              "mean batch size", "largest padded batch s", "batches over budget", "padding, duration batches",
-              "padding, random batches")
-    body = "\n".join([
-        "## Duration batches",
-        "",
-        "`python benchmarks/bench_padding.py --write`. Padding = padded frames / frames in batches (each batch "
-        "padded to its longest item), the mean over "
-        f"{args.epochs} epochs (seed 0). Random batches: fixed size = the duration batches' mean size, from a "
-        "random permutation. Goal (issue 13): at most 10 % padding with duration batches on both corpora.",
-        "",
-        table(header, rows),
-        "",
-        f"Goal met: {'yes' if met else 'no'}.",
-    ])
-    print(body)
+                rows.append({"corpus": name, "min_s": float(valid.min()), "median_s": float(np.median(valid)),
+                             "max_s": float(valid.max()), "max_batch_seconds": budget, "buckets": buckets,
+                             "batches": m["batches"], "mean_batch_size": m["size"], "largest_padded_s": m["largest"],
+                             "over_budget": int(m["over"]), "padding_duration": m["duration"],
+                             "padding_random": m["random"]})
+    measured = results("padding", rows, command=command_line("bench_padding.py", argv),
+                       settings={"epochs": args.epochs, "seed": 0})
+    print(render.preview(measured))
+    print(f"\nAt most {100 * GOAL:g}% padding with batches by duration on every corpus: {'yes' if met else 'no'}.")
     if args.write:
-        write_section("duration-batches", body)
+        render.publish(measured)
     return 0 if met else 1
 
 

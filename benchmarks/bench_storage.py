@@ -1,7 +1,7 @@
 """Packed shards and object storage: FSDD from local shards and from an S3 server with 20 ms of latency.
 
-    python benchmarks/bench_storage.py                        # ../shared/data/fsdd/recordings, writes BENCHMARKS.md
-    python benchmarks/bench_storage.py --runs 5 --remote-files 600 --producers 32 --no-write
+    python benchmarks/bench_storage.py                        # ../shared/data/fsdd/recordings: results/storage.json
+    python benchmarks/bench_storage.py --runs 5 --remote-files 600 --producers 32 --no-write   # print only
 
 Two goals, each measured in one run of this script (medians of ``--runs`` runs, the approaches
 interleaved run by run so that a noisy neighbour hits them alike):
@@ -38,10 +38,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from harness import FSDD, PeakRSS, interleaved, machine, table, write_section
+import render
+from harness import FSDD, PeakRSS, command_line, interleaved, results, table
 
-from audiobuffer.sources.storage import STREAM_BLOCK
-from audiobuffer.sources.stream import SHUFFLE_BUFFER
+from audiobuffer.options import usable_cores
 
 KEY = SECRET = "bench"
 REGION = "us-east-1"
@@ -295,101 +295,69 @@ def remote(files: list[Path], work: Path, runs: int, producers: list[int], loop_
         moto.stop()
 
 
-# -- report ---------------------------------------------------------------------------------------
+# -- the results ----------------------------------------------------------------------------------
 
-def report(loc: dict, rem: dict | None, runs: int) -> str:
-    med = {name: statistics.median(t) for name, t in loc["times"].items()}  # type: ignore[union-attr]
+#: Each goal: at least this many times the per-file (local) or per-member (S3) loop.
+GOALS = {"local": 3.0, "s3": 10.0}
+
+
+def rows_of(loc: dict, rem: dict | None) -> list[dict[str, object]]:
+    """One row per approach: where, the median epoch and each run, files/s, the speed against that place's
+    single-threaded per-file loop and, for the S3 epochs by audiobuffer, the peak RSS rise."""
+    med = {name: statistics.median(t) for name, t in loc["times"].items()}
     base = med["soundfile loop over the files"]
-    rows = [[name, f"{m:.3f}", f"{base / m:.2f}x", ", ".join(f"{t:.2f}" for t in loc["times"][name])]
-            for name, m in med.items()]
-    best_name = min((n for n in med if n.startswith("index")), key=med.__getitem__)
-    local_ratio = base / med[best_name]
-    lines = [
-        "## Packed shards and object storage (`benchmarks/bench_storage.py`)",
-        "",
-        f"Machine: {machine()}. Medians of {runs} runs, the approaches taking turns in each round. The machine "
-        "is shared with other people's test runs, so single runs vary by tens of percent.",
-        "",
-        f"### FSDD from local shards: {loc['files']} recordings (8 kHz WAV) in {loc['shards']} shards",
-        "",
-        table(["approach", "epoch s (median)", "vs loop", "runs s"], rows),
-        "",
-        f"Goal: the index at least 3x the per-file `soundfile.read` loop. Measured: **{local_ratio:.2f}x** "
-        f"({best_name}): {'met' if local_ratio >= 3 else 'not met'}.",
-        "",
-        "What one recording costs, single thread, microseconds (medians, same run):",
-        "",
-        table(["part", "us per file"], [[name, f"{us:.0f}"] for name, us in loc["costs"].items()]),
-        "",
-        "A recording here is under a second of 8 kHz audio: `soundfile.read` of the file is mostly Python "
-        "work in python-soundfile's wrappers, and the page cache holds the files, so the per-file loop pays "
-        "no disk seek that the shards could save. The index reads a member with one pread on a file each "
-        "thread keeps open and decodes it from bytes with the native WAV reader. Almost all of that holds "
-        "the GIL, so producer threads add hand-overs and GIL switches without adding parallel work: with "
-        "`num_producers=\"auto\"` the pool finds that out in the first epoch's first intervals and decodes in "
-        "the consuming thread; the timed epochs start there (each dataset ran one warm-up epoch first, and an "
-        "epoch starts where the last one settled). On a file system where "
-        "opening a file costs a round trip (network storage, millions of files) the per-file loop pays "
-        "that per file and the shards do not.",
-    ]
+    rows: list[dict[str, object]] = [
+        {"where": "local", "approach": name, "median_s": m, "files_per_s": loc["files"] / m, "vs_loop": base / m,
+         "peak_rss_rise_mb": None, "runs_s": loc["times"][name]} for name, m in med.items()]
+    if rem is None:
+        return rows
+    n, loop = rem["members"], statistics.median(rem["loop"])
+
+    def row(name: str, times: list[float], rss: float | None) -> dict[str, object]:
+        m = statistics.median(times)
+        return {"where": "s3", "approach": name, "median_s": m, "files_per_s": n / m, "vs_loop": loop / m,
+                "peak_rss_rise_mb": rss, "runs_s": times}
+
+    rows += [row("single-threaded loop: one ranged GET per member, then `soundfile.read`", rem["loop"], None),
+             row(f"single-threaded loop over the shards ({rem['shards']}): one GET each, `tarfile`, "
+                 "`soundfile.read`", rem["shard_loop"], None)]
+    for count, epoch in rem["epochs"].items():
+        name = ("`BufferedDataset(\"s3://.../shard-*.tar\")`: streamed shards, auto (the default)"
+                if count == STREAMED else f"`BufferedDataset(\"s3://.../index.json\", num_producers={count})`")
+        rows.append(row(name, epoch["times"], max(epoch["rss"]) / 2**20))
+    return rows
+
+
+def settings_of(loc: dict, rem: dict | None, args: argparse.Namespace) -> dict[str, object]:
+    """What the run was, and what explains it: each part's cost per file, and over S3 the CPU time each
+    request took in the server, the proxy and the client, with the cap that puts on the threads here."""
+    settings: dict[str, object] = {"runs": args.runs, "loop_runs": args.loop_runs, "files": loc["files"],
+                                   "shards": loc["shards"], "costs_us": loc["costs"]}
     if rem is not None:
-        loop = statistics.median(rem["loop"])
-        shard_loop = statistics.median(rem["shard_loop"])
-        epochs = rem["epochs"]
-        med = {count: statistics.median(e["times"]) for count, e in epochs.items()}
-        by_index = {count: m for count, m in med.items() if count != STREAMED}
-        best = min(by_index, key=by_index.__getitem__)
-        ratio, streamed = loop / med[best], loop / med[STREAMED]
-        n = rem["members"]
-
-        def row(name: str, m: float, times: list[float], rss: str) -> list[str]:
-            return [name, f"{m:.2f}", f"{n / m:.0f}", f"{loop / m:.1f}x", rss, ", ".join(f"{t:.2f}" for t in times)]
-
-        rows = [row("single-threaded loop: one ranged GET per member, then `soundfile.read`", loop, rem["loop"], "-"),
-                row(f"single-threaded loop over the shards ({rem['shards']}): one GET each, `tarfile`, "
-                    "`soundfile.read`",
-                    shard_loop, rem["shard_loop"], "-")]
-        for count, m in med.items():
-            name = ("`BufferedDataset(\"s3://.../shard-*.tar\")`: streamed shards, auto (the default)"
-                    if count == STREAMED else f"`BufferedDataset(\"s3://.../index.json\", num_producers={count})`")
-            rows.append(row(name, m, epochs[count]["times"], f"{max(epochs[count]['rss']) / 2**20:.1f}"))
         cpu = rem["loop_cpu_ms"]
         per_request = sum(cpu.values())
-        bound = rem["buffer_size"] * rem["largest_sample"] / 2**20
-        e = epochs[best]
-        lines += [
-            "",
-            f"### FSDD from S3 (moto on 127.0.0.1, 20 ms added to every request): {n} recordings",
-            "",
-            table(["approach", "epoch s (median)", "files/s", "vs loop", "peak RSS rise MiB", "runs s"], rows),
-            "",
-            f"Goal: the index, whose threads overlap the requests, at least 10x the per-member loop. Measured: "
-            f"**{ratio:.1f}x** with {best} producer threads: {'met' if ratio >= 10 else 'not met'}. The streamed "
-            f"shards ran at {streamed:.1f}x the per-member loop, a gain of packing, not of threads: they read "
-            f"{rem['shards']} object(s) where the loop reads {n}, and the single-threaded loop over the same "
-            f"shards is {loop / shard_loop:.1f}x the per-member loop (audiobuffer streaming them: "
-            f"{shard_loop / med[STREAMED]:.2f}x that loop).",
-            "",
-            "Where the time goes by index: every request costs CPU time in three processes, measured (psutil) "
-            f"over the per-member loop: moto's server {cpu['moto']:.1f} ms, the delaying proxy {cpu['proxy']:.1f} "
-            f"ms and the client (s3fs and aiobotocore building, signing and parsing the request, then the decode) "
-            f"{cpu['client']:.1f} ms, {per_request:.1f} ms in all. The three share this machine's two cores "
-            f"(and other people's tests), so no client can go past about {2e3 / per_request:.0f} requests/s "
-            f"here, which caps the ratio near {(loop / n) * 2e3 / per_request:.1f}x whatever "
-            f"the thread count: the producers overlap the 20 ms waits (in the best epoch they spent "
-            f"{e['read_s']:.1f} s, summed over threads, waiting for bytes, and {e['decode_s']:.2f} s "
-            "decoding), and the CPU the requests need is what is left. Against a real object store the "
-            "server's share is on other machines.",
-            "",
-            f"Peak memory: an epoch by index raised the process's resident memory by at most "
-            f"**{max(max(x['rss']) for c, x in epochs.items() if c != STREAMED) / 2**20:.1f} MiB** over what it "
-            f"held before (sampled every 5 ms), against a buffer of {rem['buffer_size']} samples of at most "
-            f"{rem['largest_sample'] / 1024:.0f} KiB ({bound:.1f} MiB), plus each producer's member and sample "
-            "in hand: bounded by the buffer, not by the corpus. A streamed epoch also holds, in each producer, "
-            f"the block of the shard it reads (up to {STREAM_BLOCK / 2**20:.0f} MiB) and a shuffle buffer of "
-            f"{SHUFFLE_BUFFER} samples: **{max(epochs[STREAMED]['rss']) / 2**20:.1f} MiB**.",
-        ]
-    return "\n".join(lines)
+        by_index = {c: statistics.median(e["times"]) for c, e in rem["epochs"].items() if c != STREAMED}
+        best = rem["epochs"][min(by_index, key=by_index.__getitem__)]
+        cores = 1e3 * usable_cores()  # ms of CPU a second on this machine, which server, proxy and client share
+        settings.update({"remote_files": rem["members"], "remote_shards": rem["shards"], "delay_ms": 1000 * DELAY,
+                         "producers": args.producers, "request_cpu_ms": cpu,
+                         "request_cap": statistics.median(rem["loop"]) / rem["members"] * cores / per_request,
+                         "best_read_s": best["read_s"], "best_decode_s": best["decode_s"],
+                         "buffer_size": rem["buffer_size"], "largest_sample_kib": rem["largest_sample"] / 1024})
+    return settings
+
+
+def goal_lines(rows: list[dict[str, object]]) -> list[str]:
+    """Each goal against this run's best epoch by index."""
+    lines = []
+    for where, target in GOALS.items():
+        by_index = [r for r in rows if r["where"] == where and "index" in str(r["approach"])]
+        if by_index:
+            best = max(by_index, key=lambda r: float(r["vs_loop"]))  # type: ignore[arg-type]
+            ratio = float(best["vs_loop"])  # type: ignore[arg-type]
+            lines.append(f"Goal, {where}: the index at least {target:g}x the per-file loop. Measured {ratio:.2f}x "
+                         f"({best['approach']}): {'met' if ratio >= target else 'not met'}.")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -409,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="producer threads reading from S3 (each count is timed)")
     parser.add_argument("--shard-size", type=int, default=4_000_000, help="bytes per local shard")
     parser.add_argument("--no-remote", action="store_true", help="skip the S3 part")
-    parser.add_argument("--no-write", action="store_true", help="print, do not write BENCHMARKS.md")
+    parser.add_argument("--no-write", action="store_true", help="print, do not save results/storage.json")
     args = parser.parse_args(argv)
     files = sorted(args.root.glob("*.wav"))
     if not files:
@@ -420,10 +388,15 @@ def main(argv: list[str] | None = None) -> int:
         step = max(1, len(files) // args.remote_files)
         rem = None if args.no_remote else remote(files[::step][:args.remote_files], work, args.runs,
                                                   args.producers, args.loop_runs)
-    text = report(loc, rem, args.runs)
-    print(text)
+    rows = rows_of(loc, rem)
+    measured = results("storage", rows, command=command_line("bench_storage.py", argv),
+                       settings=settings_of(loc, rem, args))
+    print(render.preview(measured))
+    print("\nWhat one recording costs, single thread, microseconds (medians):\n")
+    print(table(["part", "us per file"], [[name, f"{us:.0f}"] for name, us in loc["costs"].items()]))
+    print("\n" + "\n".join(goal_lines(rows)))
     if not args.no_write:
-        write_section("storage", text)
+        render.publish(measured)
     return 0
 
 

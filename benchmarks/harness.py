@@ -1,13 +1,14 @@
-"""The benchmarks' shared harness: timing and medians, the machine's description, and BENCHMARKS.md sections.
+"""The benchmarks' shared harness: timing and medians, the machine's description, and saving results.
 
-Each benchmark owns sections of BENCHMARKS.md, between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``,
-and rewrites only those, so the benchmarks can be run one at a time. Importing this module puts this
-checkout's ``audiobuffer`` first on ``sys.path``: a benchmark measures the code beside it.
+Each benchmark saves its raw results (:func:`results`: the machine, the versions, the command, the date
+and commit, its settings and rows) to ``benchmarks/results/NAME.json`` and renders its section of
+BENCHMARKS.md again (``render.py``). Importing this module puts this checkout's ``audiobuffer`` first on
+``sys.path``: a benchmark measures the code beside it.
 
-Run as a script, it records what a command of the ``audiobuffer`` CLI prints into a section:
+Run as a script, it saves what ``audiobuffer stress`` measures and renders its section:
 
-    python benchmarks/harness.py stress --title "Buffer stress test against queue.Queue" -- stress
-    python benchmarks/harness.py soak --title "Soak: the stress test for 10 minutes" -- stress --minutes 10
+    python benchmarks/harness.py stress -- stress --rounds 5
+    python benchmarks/harness.py soak -- stress --minutes 10 --rounds 5
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -32,8 +34,8 @@ SHARED = Path(os.environ.get("AUDIOBUFFER_SHARED", REPO.parent / "shared"))
 #: The FSDD recordings in the shared data.
 FSDD = SHARED / "data" / "fsdd" / "recordings"
 
-__all__ = ["BENCHMARKS", "FSDD", "REPO", "PeakRSS", "fsdd_files", "interleaved", "machine", "median_time",
-           "read_lines", "record", "table", "timed", "write_lines", "write_section"]
+__all__ = ["BENCHMARKS", "FSDD", "REPO", "PeakRSS", "command_line", "fsdd_files", "interleaved", "machine_info",
+           "median_time", "read_lines", "record", "results", "revision", "table", "timed", "write_lines"]
 
 
 # -- timing -----------------------------------------------------------------------------------------
@@ -107,10 +109,10 @@ def read_lines(path: Path) -> list[str]:
     return [line for line in path.read_text(encoding="utf-8").splitlines() if line]
 
 
-# -- the report -------------------------------------------------------------------------------------
+# -- the results ------------------------------------------------------------------------------------
 
-def machine() -> str:
-    """One line about this machine and the versions that matter."""
+def machine_info() -> dict[str, str]:
+    """This machine (architecture, usable cores, GPU) and the versions that matter, as two lines."""
     import numpy
     import soundfile
 
@@ -123,10 +125,56 @@ def machine() -> str:
     try:
         import torch
     except ImportError:  # an interpreter without torch (bench_free_threaded.py runs the torch-free parts)
-        return f"{platform.machine()}, {cores} cores; Python {platform.python_version()}, no torch, {versions}"
+        return {"machine": f"{platform.machine()}, {cores} cores",
+                "versions": f"Python {platform.python_version()}, no torch, {versions}"}
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return (f"{platform.machine()}, {cores} cores, {gpu}; Python {platform.python_version()}, "
-            f"torch {torch.__version__}, {versions}; intra-op threads {torch.get_num_threads()}")
+    return {"machine": f"{platform.machine()}, {cores} cores, {gpu}",
+            "versions": f"Python {platform.python_version()}, torch {torch.__version__}, {versions}; "
+                        f"intra-op threads {torch.get_num_threads()}"}
+
+
+#: What a measured checkout may hold besides the code measured: the page, the results and the plots.
+_OUTPUTS = ["BENCHMARKS.md", "benchmarks/results", "benchmarks/*.png"]
+
+
+def revision() -> tuple[str | None, bool]:
+    """The checkout's commit (short hash; ``None`` outside a git checkout) and whether its tracked files
+    differ from it (the benchmarks' own outputs left out)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, check=True,
+                              timeout=60).stdout.strip()
+
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+        changes = git("status", "--porcelain", "--untracked-files=no", "--", ".", *(f":!{p}" for p in _OUTPUTS))
+    except (OSError, subprocess.SubprocessError):
+        return None, False
+    return head, bool(changes)
+
+
+def command_line(script: str, argv: Sequence[str], python: str = "python") -> str:
+    """How ``benchmarks/SCRIPT`` was run, as a command to copy."""
+    return " ".join([python, f"benchmarks/{script}", *argv])
+
+
+def results(name: str, rows: Sequence[Mapping[str, object]], *, command: str | Sequence[str],
+            settings: Mapping[str, object] | None = None, versions: str | None = None,
+            machine: Mapping[str, str] | None = None) -> dict[str, object]:
+    """What a benchmark saves to ``benchmarks/results/NAME.json`` (``render.publish``): this machine (or
+    ``machine``, from :func:`machine_info` taken where the figures were measured), the versions (``versions``
+    replaces them), today's date (UTC), this checkout's commit, the commands, the settings and the rows."""
+    import datetime
+
+    info = dict(machine) if machine is not None else machine_info()
+    commit, dirty = revision()
+    data: dict[str, object] = {
+        "name": name, "machine": info["machine"], "versions": versions or info["versions"],
+        "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(), "commit": commit,
+        "command": [command] if isinstance(command, str) else list(command), "settings": dict(settings or {}),
+        "rows": [dict(row) for row in rows]}
+    if dirty:
+        data["dirty"] = True
+    return data
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -136,54 +184,61 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join(lines)
 
 
-def write_section(name: str, body: str, path: Path = BENCHMARKS) -> None:
-    """Replace (or append) the section ``name`` of BENCHMARKS.md with ``body``."""
-    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
-    block = f"{start}\n{body.rstrip()}\n{end}"
-    text = path.read_text(encoding="utf-8") if path.exists() else "# Benchmarks\n"
-    if start in text and end in text:
-        before, rest = text.split(start, 1)
-        text = before + block + rest.split(end, 1)[1]
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    path.write_text(text, encoding="utf-8", newline="\n")
+def _stress_results(name: str, args: Sequence[str], report: Mapping[str, Any]) -> dict[str, object]:
+    """``audiobuffer stress --json``'s report as results: its shapes the rows, the rest the settings."""
+    settings = {key: value for key, value in report.items() if key != "summary"}
+    return results(name, report["summary"], command=f"python benchmarks/harness.py {name} -- {' '.join(args)}",
+                   settings=settings)
 
 
-def record(section: str, args: Sequence[str], *, title: str | None = None, path: Path = BENCHMARKS) -> int:
-    """Run ``audiobuffer ARGS`` in a fresh process of this interpreter (this checkout's package) and write
-    what it printed into ``section``, under a title naming the command and a line naming the machine.
+#: The ``audiobuffer`` commands :func:`record` saves, each with what makes results of its JSON report.
+RECORDED = {"stress": _stress_results}
+
+
+def record(name: str, args: Sequence[str], *, folder: Path | None = None, page: Path = BENCHMARKS) -> int:
+    """Run ``audiobuffer ARGS --json ...`` in a fresh process of this interpreter (this checkout's package),
+    save what it measured as the results ``name`` and render the page again (``render.publish``).
 
     Returns:
-        The command's exit status. A run that printed no table (bad arguments, ``--help``) writes nothing;
-        one that printed its tables is written whatever its status (a stress run that lost items says so).
+        The command's exit status. A run that wrote no report (bad arguments, ``--help``) saves nothing;
+        one that did is saved whatever its status (a stress run that lost items says so).
     """
+    import json
+    import tempfile
+
+    import render
+
+    if not args or args[0] not in RECORDED:
+        raise ValueError(f"harness records the audiobuffer commands {sorted(RECORDED)}, not {list(args)[:1]}")
     env = dict(os.environ, PYTHONIOENCODING="utf-8")
     env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    done = subprocess.run([sys.executable, "-m", "audiobuffer", *args], stdout=subprocess.PIPE, env=env,
-                          check=False)
-    out = done.stdout.decode("utf-8", errors="replace")
-    print(out, end="")
-    if not any(line.startswith("|") for line in out.splitlines()):
-        return done.returncode
-    command = f"`audiobuffer {' '.join(args)}`"
-    heading = f"## {title} ({command})" if title else f"## {command}"
-    write_section(section, "\n\n".join([heading, f"Machine: {machine()}.", out.strip()]), path)
+    with tempfile.TemporaryDirectory(prefix="audiobuffer-record-") as tmp:
+        report = Path(tmp) / "report.json"
+        done = subprocess.run([sys.executable, "-m", "audiobuffer", *args, "--json", str(report)], env=env,
+                              check=False)
+        if not report.exists():
+            return done.returncode
+        measured = RECORDED[args[0]](name, args, json.loads(report.read_text(encoding="utf-8")))
+    render.publish(measured, folder=folder or render.RESULTS, page_path=page)
+    print(render.preview(measured))
     return done.returncode
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ours, command = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    parser = argparse.ArgumentParser(usage="%(prog)s [-h] [--title TITLE] [--file FILE] SECTION -- COMMAND ...",
-                                     description="Record what an audiobuffer command prints into a section of "
-                                                 "BENCHMARKS.md.")
-    parser.add_argument("section", help="the section's name (its <!-- NAME:start --> marker)")
-    parser.add_argument("--title", default=None, help="the section's heading (default: the command)")
-    parser.add_argument("--file", type=Path, default=BENCHMARKS, help="the Markdown file (default BENCHMARKS.md)")
+    parser = argparse.ArgumentParser(usage="%(prog)s [-h] [--results DIR] [--page FILE] NAME -- stress ...",
+                                     description="Save what an audiobuffer command measures as the results NAME "
+                                                 "and render BENCHMARKS.md again.")
+    parser.add_argument("name", help="the results' name (benchmarks/results/NAME.json): stress or soak")
+    parser.add_argument("--results", type=Path, default=None, help="the results folder (default benchmarks/results)")
+    parser.add_argument("--page", type=Path, default=BENCHMARKS, help="the page (default BENCHMARKS.md)")
     args = parser.parse_args(ours)
     if not command:
         parser.error("name the audiobuffer command after --, e.g. -- stress --minutes 10")
-    return record(args.section, command, title=args.title, path=args.file)
+    if command[0] not in RECORDED:
+        parser.error(f"records the audiobuffer commands {', '.join(sorted(RECORDED))}, got {command[0]!r}")
+    return record(args.name, command, folder=args.results, page=args.page)
 
 
 if __name__ == "__main__":

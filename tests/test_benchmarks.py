@@ -154,7 +154,7 @@ def test_contention_transform_is_the_bench_mel_transform(contention):
     assert contention._transform(None) is None
 
 
-def test_contention_bench_quick_fills_every_column(tmp_path):
+def test_contention_bench_quick_fills_every_column(tmp_path, contention):
     """Tiny corpora, one run: every approach gives numbers and each table has one full row per approach."""
     out = tmp_path / "contention.json"
     result = run_script("bench_contention.py", "--quick", "--files", "16", "--corpora", "flac,flac+mel",
@@ -180,23 +180,20 @@ def test_contention_bench_quick_fills_every_column(tmp_path):
                 assert 0 < m["first_batch_s"] <= m["epoch_s"], row
 
     assert not [p for p in psutil.process_iter(["cmdline"]) if "--neighbour" in (p.info["cmdline"] or [])]
-    goals, flac, mel = markdown_tables(result.stdout)
+    section, goals = markdown_tables(result.stdout)
     assert goals[0] == ["goal", "where", "measured", "target", "met"]
     # FLAC: step ratio, epoch against in-process and the same after the first batch, first batch, RSS;
     # mel: step ratio, epoch against threads, and the same after the first batch.
     assert len(goals) == 1 + 8 and {row[-1] for row in goals[1:]} <= {"yes", "**no**"}
     assert any("flac+mel" in row[1] and "BufferedDataset, 1 producer" in row[0] for row in goals[1:])
-    for rows, approaches in ((flac, CONTENTION_APPROACHES), (mel, with_transform)):
-        assert rows[0] == ["approach", "light: step ms", "light: vs alone", "light: epoch s", "light: first batch ms",
-                           "peak RSS MiB (tree)"]
-        assert len(rows) == 1 + len(approaches)
-        for row, approach in zip(rows[1:], approaches):
-            assert len(row) == len(rows[0])
-            numbers = [cell.rstrip("x") for cell in row[1:]]
-            if approach in ("step-alone", "step-copy", "step-beside"):
-                assert numbers[3] == "-"
-                del numbers[3]
-            assert all(float(n) >= 0 for n in numbers), row
+    # The section: a row per approach, the light step against the step alone on each corpus of this run
+    header, rows = section[0], {row[0]: row for row in section[1:]}
+    flac, mel = header.index("CPU: FLAC"), header.index("CPU: FLAC + log-mel")
+    for approach in CONTENTION_APPROACHES:
+        row = rows[contention.LABELS[approach]]
+        assert float(row[flac].rstrip("x")) > 0, row
+        assert row[mel] == "-" if approach.startswith("dataloader") else float(row[mel].rstrip("x")) > 0, row
+    assert rows[contention.LABELS["step-alone"]][flac] == "1.00x"
 
 
 def test_contention_neighbour_ends_with_its_parent(tmp_path):
@@ -281,7 +278,7 @@ def test_contention_flags(contention, tmp_path, capsys):
     # No FSDD where it is looked for: that corpus is left out with a note, and nothing runs.
     assert contention.main(["--corpora", "fsdd", "--fsdd", str(tmp_path / "absent")]) == 0
     captured = capsys.readouterr()
-    assert "FSDD not found" in captured.err and "## Contention" in captured.out
+    assert "FSDD not found" in captured.err and "no corpus was measured" in captured.out
     assert markdown_tables(captured.out) == []
 
 
@@ -290,19 +287,27 @@ def test_epochs_bench_runs_every_setting_for_every_epoch(tmp_path):
                         "--fsdd", str(tmp_path / "absent"), "--cache-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "FSDD not found" in result.stderr
-    tables = markdown_tables(result.stdout)
-    assert len(tables) == 2  # FLAC and WAV
+    (rows,) = markdown_tables(result.stdout)
+    assert rows[0] == ["setting", "FLAC: epoch 1 s", "FLAC: epoch 2 s", "WAV: epoch 1 s", "WAV: epoch 2 s"]
     loops = ["plain loop (same decoder, one thread)", "soundfile loop (WAV through libsndfile too)"]
     spdl = ["`spdl.io.load_wav` loop"] if importlib.util.find_spec("spdl") is not None else []
-    for rows, wav in zip(tables, (False, True)):  # FLAC, then WAV (SPDL's loop reads WAV only)
-        assert rows[0] == ["setting", "epoch 1 s", "epoch 2 s", "epoch 2 vs best fixed",
-                           "epoch 2: soundfile loop / this"]
-        assert [r[0] for r in rows[1:]] == ["`auto` (the default)", "1 producer", "2 producers"] + loops + (
-            spdl if wav else [])
-        for row in rows[1:]:
-            assert float(row[1]) > 0 and float(row[2]) > 0 and float(row[4].rstrip("x")) > 0
-            assert row[3] == "-" if "loop" in row[0] else float(row[3].rstrip("x")) > 0
-        assert rows[5][4] == "1.00x"  # the soundfile loop against itself
+    assert [r[0] for r in rows[1:]] == ["`auto` (the default)", "1 producer", "2 producers"] + loops + spdl
+    for row in rows[1:]:  # seconds to 3 decimals: a 16-file WAV epoch may read 0.000
+        flac, wav = row[1:3], row[3:5]  # SPDL's loop reads WAV only
+        assert all(float(cell) >= 0 for cell in wav) and flac == ["-", "-"] if "spdl" in row[0] else all(
+            float(cell) >= 0 for cell in flac + wav), row
+    assert "At epoch 2, `auto` took" in result.stdout
+
+
+def test_epochs_rows_compare_the_last_epoch(load_benchmark):
+    epochs = load_benchmark("bench_epochs")
+    times = {"auto": [[1.0, 3.0], [0.5, 0.4]], 1: [[2.0], [0.8]], 2: [[1.0], [0.5]],
+             "loop-libsndfile": [[1.0], [1.0]]}
+    rows = {r["setting"]: r for r in epochs.rows_of({"c": times})}
+    assert rows["auto"]["epochs_s"] == [2.0, 0.45] and rows["auto"]["vs_best_fixed"] == pytest.approx(0.9)
+    assert rows["1"]["vs_best_fixed"] == pytest.approx(1.6) and rows["2"]["vs_best_fixed"] == 1.0
+    assert rows["loop-libsndfile"]["vs_best_fixed"] is None and rows["loop-libsndfile"]["soundfile_loop_over_this"] == 1
+    assert rows["2"]["soundfile_loop_over_this"] == pytest.approx(2.0) and rows["2"]["label"] == "2 producers"
 
 
 # -- benchmarks/bench_free_threaded.py ---------------------------------------------------------------
@@ -342,18 +347,21 @@ def test_free_threaded_bench_child_decodes_every_file_once_without_torch(tmp_pat
     assert report["producers"] == {"pool-1": 1, "pool-2": 2}.get(approach, report["producers"])
 
 
-def test_free_threaded_bench_tables(load_benchmark):
+def test_free_threaded_bench_rows_and_section(load_benchmark):
     module = load_benchmark("bench_free_threaded")
-    rows = {f"{gil}/{approach}": {"seconds": seconds, "gil_enabled": [gil == "on"], "producers": [0]}
-            for gil, scale in (("on", 1.0), ("off", 0.5))
-            for approach, seconds in zip(module.APPROACHES, [scale * s for s in (0.4, 0.1, 0.3, 0.2, 0.1)])}
-    text = module.markdown({"FSDD, 3000 real recordings (WAV, 8 kHz)": rows}, runs=5)
-    assert "### FSDD, 3000 real recordings (WAV, 8 kHz)" in text
-    assert "GIL as reported: on [True], off [False]." in text
-    assert "| pool-2 | 0.200 | 2.00x | 0.100 | 2.00x | 2.00x |  |" in text
-    assert "| pool-auto | 0.100 | 4.00x | 0.050 | 4.00x | 2.00x | on [0], off [0] |" in text
-
-
+    sections = load_benchmark("render").sections  # the package benchmarks/sections/
+    by_key = {f"{gil}/{approach}": {"seconds": seconds, "gil_enabled": [gil == "on"], "producers": [0]}
+              for gil, scale in (("on", 1.0), ("off", 0.5))
+              for approach, seconds in zip(module.APPROACHES, [scale * s for s in (0.4, 0.1, 0.3, 0.2, 0.1)])}
+    rows = module.rows_of({"FSDD, 3000 real recordings (WAV, 8 kHz)": by_key})
+    pool2 = next(r for r in rows if r["approach"] == "pool-2")
+    assert (pool2["on_vs_soundfile_loop"], pool2["off_vs_soundfile_loop"], pool2["off_vs_on"]) == (2.0, 2.0, 2.0)
+    assert pool2["producers"] is None and rows[-1]["producers"] == {"on": [0], "off": [0]}
+    results = {"free-threaded": {"rows": rows, "settings": {}}}
+    table = markdown_tables(sections.FREE_THREADED.table(results))[0]
+    assert table[0] == ["approach", "FSDD: GIL on s", "FSDD: GIL off s"]
+    assert ["pool-2", "0.200", "0.100"] in table
+    assert "was True with `PYTHON_GIL=1` and False with `PYTHON_GIL=0`" in sections.FREE_THREADED.reading(results)
 
 
 # -- benchmarks/bench_decode.py: the peers beside audiobuffer bench's approaches -----------------------
@@ -384,24 +392,21 @@ def test_a_lineup_names_each_approach_it_measures():
         Lineup(("loop",), ("isolated-2",))
 
 
-def test_decode_bench_writes_its_section_and_plot(tmp_path, monkeypatch, load_benchmark):
-    """A full (tiny) run: the "decode" section holds the command, the machine, the tables and the plot."""
-    pytest.importorskip("matplotlib")
+def test_decode_bench_saves_its_results(tmp_path, monkeypatch, capsys, load_benchmark):
+    """A full (tiny) run: the results name the command, the machine, the versions and the peers; each row its
+    corpus; the section is printed."""
     decode = load_benchmark("bench_decode")
-    written = {}
-    monkeypatch.setattr(decode, "BENCHMARKS", tmp_path / "BENCHMARKS.md")
-    monkeypatch.setattr(decode, "PLOT", tmp_path / "benchmarks" / "decode.png")
-    monkeypatch.setattr(decode, "write_section", lambda name, body: written.update({name: body}))
-    (tmp_path / "benchmarks").mkdir()
+    saved = {}
+    monkeypatch.setattr(decode.render, "publish", lambda measured: saved.update(measured))
     args = ["--formats", "wav", "--files", "16", "--runs", "1", "--approaches", "loop,audiobuffer-1",
             "--cache-dir", str(tmp_path)]
     assert decode.main(args) == 0
-    body = written["decode"]
-    assert body.startswith("## Decoding an epoch: audiobuffer against the alternatives (`benchmarks/bench_decode.py`)")
-    assert f"Command: `python benchmarks/bench_decode.py {' '.join(args)}`" in body and "Machine: " in body
-    assert [row[0] for row in markdown_tables(body)[0]] == ["approach", "loop", "audiobuffer-1"]
-    assert body.endswith("![throughput and time to first batch](benchmarks/decode.png)")
-    assert decode.PLOT.stat().st_size > 10_000
+    assert saved["name"] == "decode" and saved["command"] == [f"python benchmarks/bench_decode.py {' '.join(args)}"]
+    assert saved["machine"] and "Peers: " in saved["versions"] and saved["settings"]["runs"] == 1
+    assert [(r["corpus"].split(",")[0], r["approach"]) for r in saved["rows"]] == [("WAV", "loop"),
+                                                                                  ("WAV", "audiobuffer-1")]
+    out = capsys.readouterr().out
+    assert "## Decode speed: audiobuffer against its peers" in out and "| audiobuffer-1 | " in out
 
 
 # -- benchmarks/harness.py ---------------------------------------------------------------------------
@@ -409,20 +414,6 @@ def test_decode_bench_writes_its_section_and_plot(tmp_path, monkeypatch, load_be
 @pytest.fixture
 def harness(load_benchmark):
     return load_benchmark("harness")
-
-
-def test_write_section_rewrites_only_its_own_section(tmp_path, monkeypatch, harness):
-    """UTF-8 and \\n on every platform; the other sections and the text around them stay as they were."""
-    windows_text_files(monkeypatch)
-    path = tmp_path / "BENCHMARKS.md"
-    path.write_bytes("# Benchmarks\n\nintro\n\n<!-- a:start -->\nold a\n<!-- a:end -->\n\n"
-                     "<!-- b:start -->\nold b \u2248\n<!-- b:end -->\n\nend\n".encode())
-    harness.write_section("a", "new a \u2264 1\n", path)
-    harness.write_section("a", "newer a \u2264 1\n", path)
-    harness.write_section("c", "c\n", path)
-    assert path.read_bytes().decode() == ("# Benchmarks\n\nintro\n\n<!-- a:start -->\nnewer a \u2264 1\n<!-- a:end -->"
-                                          "\n\n<!-- b:start -->\nold b \u2248\n<!-- b:end -->\n\nend\n\n"
-                                          "<!-- c:start -->\nc\n<!-- c:end -->\n")
 
 
 def test_interleaved_takes_turns_and_median_time_times_each_run(harness):
@@ -449,25 +440,151 @@ def test_fsdd_files_notes_a_missing_folder(tmp_path, capsys, harness):
     assert harness.fsdd_files(tmp_path) == [str(tmp_path / "a.wav"), str(tmp_path / "b.wav")]
 
 
-def test_record_writes_what_an_audiobuffer_command_printed(tmp_path, capsys, harness):
-    """`audiobuffer stress` into its section (what scripts/stress_buffer.py did); --help writes nothing."""
-    path = tmp_path / "BENCHMARKS.md"
-    path.write_text("# Benchmarks\n\n<!-- stress:start -->\nold\n<!-- stress:end -->\n", encoding="utf-8")
-    argv = ["stress", "--file", str(path), "--title", "Buffer stress test against queue.Queue", "--",
-            "stress", "--quick", "--shapes", "1x1x2"]
+def test_record_saves_what_audiobuffer_stress_measured(tmp_path, capsys, harness):
+    """`audiobuffer stress` into results/stress.json, then the page and its plot rendered; --help and bad
+    arguments save nothing."""
+    pytest.importorskip("matplotlib")
+    folder, page = tmp_path / "results", tmp_path / "BENCHMARKS.md"
+    argv = ["stress", "--results", str(folder), "--page", str(page), "--", "stress", "--quick", "--shapes", "1x1x2"]
     assert harness.main(argv) == 0
-    text = path.read_text(encoding="utf-8")
-    assert "<!-- stress:start -->\n## Buffer stress test against queue.Queue (`audiobuffer stress --quick --shapes " \
-           "1x1x2`)\n\nMachine: " in text
-    assert "0 lost, 0 duplicated" in text and "old" not in text and "| 1 | 1 | 2 |" in text
+    saved = json.loads((folder / "stress.json").read_text(encoding="utf-8"))
+    assert saved["command"] == ["python benchmarks/harness.py stress -- stress --quick --shapes 1x1x2"]
+    assert saved["settings"]["lost"] == saved["settings"]["duplicated"] == 0
+    assert saved["settings"]["rounds_per_shape"] == 1 and saved["rows"][0]["capacity"] == 2
+    text = page.read_text(encoding="utf-8")
+    assert "<!-- stress:start -->\n## Buffer stress test and soak" in text and "| 1 x 1 x 2 | " in text
+    assert "0 lost, 0 duplicated" in text and (tmp_path / "benchmarks" / "stress.png").stat().st_size > 5000
     assert "0 lost, 0 duplicated" in capsys.readouterr().out  # printed as well
-    assert harness.main(["stress", "--file", str(path), "--", "stress", "--help"]) == 0
-    assert path.read_text(encoding="utf-8") == text
-    assert harness.main(["stress", "--file", str(path), "--", "stress", "--shapes", "1x2"]) == 2  # bad arguments
-    assert path.read_text(encoding="utf-8") == text
+    assert harness.main(["stress", "--results", str(folder), "--page", str(page), "--", "stress", "--help"]) == 0
+    assert harness.main(["soak", "--results", str(folder), "--page", str(page), "--", "stress", "--shapes", "1x2"]) == 2
+    assert sorted(p.name for p in folder.iterdir()) == ["stress.json"] and page.read_text(encoding="utf-8") == text
     with pytest.raises(SystemExit):
-        harness.main(["stress", "--file", str(path)])
+        harness.main(["stress", "--page", str(page)])
     assert "name the audiobuffer command after --" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        harness.main(["decode", "--page", str(page), "--", "bench", "--quick"])
+    assert "records the audiobuffer commands stress, got 'bench'" in capsys.readouterr().err
+
+
+def test_results_name_the_machine_the_commit_and_the_command(harness):
+    import datetime
+
+    measured = harness.results("x", [{"a": 1}], command="python benchmarks/x.py --write", settings={"runs": 3})
+    assert measured["name"] == "x" and measured["rows"] == [{"a": 1}] and measured["settings"] == {"runs": 3}
+    assert measured["command"] == ["python benchmarks/x.py --write"]
+    assert " cores" in measured["machine"] and measured["versions"].startswith("Python ")
+    assert datetime.date.fromisoformat(measured["date"])
+    commit, dirty = harness.revision()
+    assert measured["commit"] == commit and measured.get("dirty", False) == dirty
+    assert harness.command_line("y.py", ["--a", "1"], python="python3.13t") == "python3.13t benchmarks/y.py --a 1"
+
+
+# -- benchmarks/render.py and BENCHMARKS.md -------------------------------------------------------------
+
+@pytest.fixture
+def render(load_benchmark):
+    return load_benchmark("render")
+
+
+def small_results(name, rows, **settings):
+    return {"name": name, "machine": "x86_64, 2 cores, no GPU", "versions": "Python 3.11, torch 2",
+            "date": "2026-01-02", "commit": "abc1234", "command": [f"python benchmarks/{name}.py --write"],
+            "settings": settings, "rows": rows}
+
+
+STRESS_ROW = {"producers": 2, "consumers": 1, "capacity": 8, "queue_items_per_s": 1000.0,
+              "buffer_items_per_s": 1500.4, "ratio": 1.5004, "buffer_many_items_per_s": 2000.0, "ratio_many": 2.0,
+              "jittered_buffer_items_per_s": 10.0}
+STRESS_CHECKS = {"rounds": 10, "items_moved": 12345, "lost": 0, "duplicated": 0, "bound_violations": 0,
+                 "threads_start": 1, "threads_peak": 3, "threads_end": 1, "fds_start": None, "fds_peak": None,
+                 "fds_end": None, "rounds_per_shape": 2, "minutes": None}
+
+
+def test_render_turns_small_results_into_sections(render):
+    """Only the sections with results; the table formats the saved figures, ratios as saved; where and
+    how it was measured, and the plot's link."""
+    results = {"stress": small_results("stress", [STRESS_ROW], **STRESS_CHECKS),
+               "overlap": small_results("overlap", [
+                   {"work": "real", "t1_ms": 5, "t2_ms": 10, "t1_measured_ms": 5.1, "t2_measured_ms": 9.9,
+                    "sequential_s": 1.5, "audiobuffer_s": 1.06, "ideal_s": 1.0, "over_ideal": 1.06, "speedup": 1.4}],
+                   steps=100, runs=3)}
+    text = render.page(results)
+    assert text.startswith("# Benchmarks\n") and text.endswith("<!-- stress:end -->\n")
+    assert "- [Overlap: loading beside training](#overlap-loading-beside-training)" in text
+    assert "## Decode speed" not in text and text.index("<!-- overlap:start -->") < text.index("<!-- stress:start")
+    tables = markdown_tables(text)
+    assert tables[0][1] == ["5", "10", "1.500", "1.060", "1.000", "1.06x", "-"]
+    assert tables[1][1] == ["2 x 1 x 8", "1,000", "1,500", "1.50x", "2,000", "2.00x"]
+    assert "moved 12,345 items in 10 rounds: 0 lost, 0 duplicated" in " ".join(text.split())
+    assert "open files not counted" in text
+    assert ("  Measured 2026-01-02, commit abc1234, medians of 2 rounds per shape: "
+            "`python benchmarks/stress.py --write`") in text
+    assert "![Buffer's items/s over queue.Queue's per shape](benchmarks/stress.png)" in text
+    results["stress"]["dirty"] = True
+    assert "commit abc1234 with uncommitted changes" in render.page(results)
+
+
+def test_publish_saves_renders_and_draws(tmp_path, render):
+    pytest.importorskip("matplotlib")
+    folder, page = tmp_path / "results", tmp_path / "BENCHMARKS.md"
+    touched = render.publish(small_results("soak", [STRESS_ROW], **{**STRESS_CHECKS, "minutes": 0.5}), folder=folder,
+                             page_path=page)
+    assert [section.name for section in touched] == ["stress"]
+    assert json.loads((folder / "soak.json").read_text(encoding="utf-8"))["rows"] == [STRESS_ROW]
+    assert page.read_text(encoding="utf-8") == render.page(render.load_all(folder))
+    assert "0.5-minute soak: get vs Queue" in page.read_text(encoding="utf-8")
+    assert (tmp_path / "benchmarks" / "stress.png").stat().st_size > 5000
+    (folder / "x.json").write_text('{"name": "y"}', encoding="utf-8")
+    with pytest.raises(ValueError, match="x.json: its 'name' is 'y', not 'x'"):
+        render.load_all(folder)
+
+
+def test_render_reproduces_benchmarks_md_from_the_saved_results(render):
+    """BENCHMARKS.md is what the saved results give, byte for byte: the page and the results cannot drift
+    (after changing either, run python benchmarks/render.py)."""
+    saved = render.load_all()
+    assert (REPO / "BENCHMARKS.md").read_bytes().decode("utf-8") == render.page(saved)
+    shown = {name for section in render.SECTIONS for name in section.sources}
+    assert set(saved) <= shown, f"results no section shows: {sorted(set(saved) - shown)}"
+
+
+def test_benchmarks_md_is_short_current_and_its_images_exist():
+    import re
+
+    text = (REPO / "BENCHMARKS.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 350
+    assert not re.search(r"\bissues?\b", text, re.IGNORECASE) and not re.search(r"\bRun \d", text)
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
+    assert images and all((REPO / image).is_file() for image in images), images
+
+
+# -- benchmarks/bench_train.py ------------------------------------------------------------------------
+
+def test_train_bench_rows_leave_the_first_epoch_out(load_benchmark):
+    bench = load_benchmark("bench_train")
+
+    def run(*seconds, accuracy=0.5):
+        return {"epochs": [{"seconds": s, "test_accuracy": accuracy} for s in seconds]}
+
+    rows = {r["pipeline"]: r for r in bench.rows_of({"threads-2": [run(3.0, 1.0, 1.2), run(2.5, 1.1, 0.9)],
+                                                     "isolated-2": [run(4.0, 0.5, 0.6, accuracy=1.0)]})}
+    threads, isolated = rows["threads-2"], rows["isolated-2"]
+    assert threads["epochs_s"] == [[1.0, 1.2], [1.1, 0.9]] and threads["first_epoch_s"] == [3.0, 2.5]
+    assert threads["median_s"] == pytest.approx(1.05) and threads["mean_s"] == pytest.approx(1.05)
+    assert threads["vs_threads"] == 1.0 and isolated["vs_threads"] == pytest.approx(1.05 / 0.55)
+    assert isolated["test_accuracy_range"] == [1.0, 1.0] and isolated["label"] == "`IsolatedLoader`, 2 producers"
+
+
+@pytest.mark.timeout(600)
+def test_train_bench_smoke_run_prints_the_section(fsdd):
+    result = run_script("bench_train.py", "--epochs", "2", "--max-steps", "2", "--rounds", "1", "--pipelines",
+                        "threads-2", "--fsdd", str(fsdd))
+    assert result.returncode == 0, result.stderr[-3000:]
+    (rows,) = markdown_tables(result.stdout)
+    assert rows[0][:2] == ["pipeline", "epoch 2 s, each run"] and rows[1][0] == "`BufferedDataset`, 2 producers"
+    assert float(rows[1][2]) > 0 and rows[1][4] == "1.00x"
+    with_write = run_script("bench_train.py", "--max-steps", "2", "--write")
+    assert with_write.returncode == 2 and "--write takes a full run on a CUDA machine" in with_write.stderr
 
 
 def test_bench_ranks_writes_each_loaders_figures(tmp_path):

@@ -213,6 +213,7 @@ def stress(shapes: Sequence[tuple], *, items: int, payload: int, rounds: int, mi
         "threads_start": threads0, "threads_peak": threads_peak, "threads_end": threading.active_count(),
         "fds_start": fds0, "fds_peak": fds_peak, "fds_end": _open_fds(),
         "summary": summary, "minutes": minutes, "payload": payload, "items_per_round": items,
+        "rounds_per_shape": rounds,
     }
 
 
