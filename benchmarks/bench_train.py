@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -47,7 +48,9 @@ def train(overrides: Sequence[str], epochs: int, max_steps: int | None, fsdd: Pa
         cmd += ["--set", override]
     if max_steps is not None:
         cmd += ["--max-steps", str(max_steps)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT, check=False, cwd=work)
+    # the checkout beside this script, as every benchmark measures it (harness.py), installed or not
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT, check=False, cwd=work, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"train_audio.py {' '.join(overrides)} failed (exit {done.returncode}):\n{done.stderr}")
     metrics: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
