@@ -7,7 +7,8 @@ folder in the session's temporary folder (``make_demo_corpus()`` makes its 500 f
 else a page needs (a manifest, shards, a YAML file) an earlier block of the page makes, as a user would.
 
 A block directly after ``<!-- not run: REASON -->`` is not run; the reason must say it needs a GPU,
-``torchrun`` or object-storage credentials.
+``torchrun`` or object-storage credentials. One that needs a GPU (its reason names a GPU or CUDA) runs
+where CUDA is available.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from helpers import JOIN_TIMEOUT, REPO
 
@@ -36,8 +38,10 @@ PAGES = [REPO / "README.md", *sorted(DOCS.rglob("*.md"))]
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[\w+-]*)[^\n]*\n(?P<body>.*?)^(?P=indent)```[ \t]*$",
                     re.MULTILINE | re.DOTALL)
 _NOT_RUN = re.compile(r"<!--\s*not run\b(?P<rest>.*?)-->", re.DOTALL)
-#: What a ``not run`` reason must name: the only things a test machine may lack.
-_REASONS = re.compile(r"\b(GPU|CUDA|torchrun|credentials?|object storage|bucket)\b", re.IGNORECASE)
+#: What a ``not run`` reason must name: the only things a test machine may lack. A block that needs a GPU
+#: and nothing else runs where CUDA is available.
+_GPU = re.compile(r"\b(GPU|CUDA)\b", re.IGNORECASE)
+_ELSEWHERE = re.compile(r"\b(torchrun|credentials?|object storage|bucket)\b", re.IGNORECASE)
 
 
 @dataclass
@@ -75,7 +79,7 @@ def python_blocks(page: Path) -> list[Block]:
             if not comment.group("rest").strip().startswith(":") or not reason:
                 raise ValueError(f"{page.name}:{line - 1}: '<!-- not run -->' needs a reason: "
                                  f"'<!-- not run: REASON -->'")
-            if not _REASONS.search(reason):
+            if not (_GPU.search(reason) or _ELSEWHERE.search(reason)):
                 raise ValueError(f"{page.name}:{line - 1}: only examples that need a GPU, torchrun or object-storage "
                                  f"credentials may be left out, got the reason {reason!r}")
         indent = fence.group("indent")
@@ -116,10 +120,18 @@ def _threads_left(before: set[threading.Thread]) -> list[str]:
     return [t.name for t in started if t.is_alive()]
 
 
+def runs_here(block: Block, cuda: bool) -> bool:
+    """Whether ``block`` runs on this machine: always, unless it is marked ``not run``; then only where
+    CUDA is available (``cuda``) if it needs a GPU and nothing else."""
+    if block.not_run is None:
+        return True
+    return cuda and bool(_GPU.search(block.not_run)) and not _ELSEWHERE.search(block.not_run)
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("page", PAGES, ids=[page_id(p) for p in PAGES])
 def test_the_examples_of_the_page_run(page, docs_data, tmp_path, monkeypatch, no_helper_left_behind):
-    blocks = [b for b in python_blocks(page) if b.not_run is None]
+    blocks = [b for b in python_blocks(page) if runs_here(b, torch.cuda.is_available())]
     if not blocks:
         pytest.skip("no Python example to run")
     digits, cache = docs_data
@@ -161,6 +173,15 @@ def test_a_not_run_comment_needs_a_reason_that_names_what_is_missing(tmp_path):
                     encoding="utf-8", newline="\n")
     first, second = python_blocks(page)
     assert (first.not_run, first.code, second.not_run, second.code) == ("needs a CUDA GPU", "x = 1\n", None, "y = 2\n")
+    for cuda in (False, True):
+        assert (runs_here(first, cuda), runs_here(second, cuda)) == (cuda, True)
+
+
+@pytest.mark.parametrize("reason, with_cuda", [("needs a CUDA GPU", True), ("needs torchrun and GPUs", False),
+                                               ("needs object-storage credentials", False)])
+def test_a_block_that_needs_a_gpu_and_nothing_else_runs_where_cuda_is(reason, with_cuda):
+    block = Block(1, "x = 1\n", reason)
+    assert (runs_here(block, cuda=False), runs_here(block, cuda=True)) == (False, with_cuda)
 
 
 # -- the site ----------------------------------------------------------------------------------------
