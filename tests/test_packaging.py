@@ -69,7 +69,7 @@ def _unnamed_text_settings(path):
 
 
 def test_text_files_name_their_encoding_and_newline():
-    """The package, its scripts and benchmarks read and write the same bytes on every platform: UTF-8, and \\n."""
-    found = [problem for folder in ("audiobuffer", "scripts", "benchmarks")
+    """The package, its scripts, benchmarks and the site's hooks read and write the same bytes anywhere: UTF-8, \\n."""
+    found = [problem for folder in ("audiobuffer", "scripts", "benchmarks", "docs")
              for path in sorted((REPO / folder).rglob("*.py")) for problem in _unnamed_text_settings(path)]
     assert found == []

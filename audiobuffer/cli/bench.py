@@ -72,8 +72,8 @@ from ._bench_approaches import (  # noqa: F401
 from ._measure import Window, cpu_percent, measure_epoch, run_with_peak_rss
 from .report import write_json
 
-__all__ = ["APPROACHES", "LINEUP", "Lineup", "Peer", "Window", "cpu_percent", "gil_line", "main", "make_corpus",
-           "measure_epoch", "mel_transform", "run_bench", "run_with_peak_rss", "usable_cores"]
+__all__ = ["APPROACHES", "LINEUP", "Lineup", "Peer", "Window", "build_parser", "cpu_percent", "gil_line", "main",
+           "make_corpus", "measure_epoch", "mel_transform", "run_bench", "run_with_peak_rss", "usable_cores"]
 
 INSTALL_HINT = 'pip install "audiobuffer[bench]"'
 
@@ -200,13 +200,9 @@ def _add_ratios(rows: list[dict[str, Any]]) -> None:
         r["vs_best_dataloader"] = best / r["total_s"] if best else None
 
 
-def main(argv: Sequence[str] | None = None, *, lineup: Lineup = LINEUP, prog: str = "audiobuffer bench",
-         description: str = DESCRIPTION) -> int:
-    """``audiobuffer bench``; also the subprocess entry point (``--child``).
-
-    A script that measures peers beside audiobuffer's loaders calls this with its own ``lineup`` (whose
-    ``child`` runs that script), ``prog`` and ``description``: the options stay the same.
-    """
+def build_parser(*, lineup: Lineup = LINEUP, prog: str = "audiobuffer bench",
+                 description: str = DESCRIPTION) -> argparse.ArgumentParser:
+    """The parser of ``audiobuffer bench`` (for ``lineup``, ``prog`` and ``description``; see :func:`main`)."""
     parser = argparse.ArgumentParser(prog=prog, description=description, epilog=EPILOG)
     parser.add_argument("--files", type=int, default=1000, help="files per generated corpus (default 1000)")
     parser.add_argument("--formats", default="flac,wav,flac+mel",
@@ -224,6 +220,17 @@ def main(argv: Sequence[str] | None = None, *, lineup: Lineup = LINEUP, prog: st
     parser.add_argument("--file-list", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--transform", choices=TRANSFORMS, help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, *, lineup: Lineup = LINEUP, prog: str = "audiobuffer bench",
+         description: str = DESCRIPTION) -> int:
+    """``audiobuffer bench``; also the subprocess entry point (``--child``).
+
+    A script that measures peers beside audiobuffer's loaders calls this with its own ``lineup`` (whose
+    ``child`` runs that script), ``prog`` and ``description``: the options stay the same.
+    """
+    parser = build_parser(lineup=lineup, prog=prog, description=description)
     args = parser.parse_args(argv)
     if args.child:
         paths = args.file_list.read_text(encoding="utf-8").split("\n")

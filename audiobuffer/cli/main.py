@@ -28,7 +28,7 @@ from .report import write_json
 if TYPE_CHECKING:
     from ..config import PipelineConfig
 
-__all__ = ["main"]
+__all__ = ["command_parsers", "main"]
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +96,15 @@ def _parser() -> argparse.ArgumentParser:
     for name, line in _OWN_ARGUMENTS.items():  # listed here, parsed by their own main()
         sub.add_parser(name, help=line, add_help=False)
     return parser
+
+
+def command_parsers() -> dict[str, argparse.ArgumentParser]:
+    """Each command's parser by name, in ``audiobuffer --help``'s order (the documentation's command-line
+    reference is made from these): ``run``, ``config`` and ``demo``, and those that parse their own
+    arguments with the ``build_parser()`` of their module."""
+    commands = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return {name: importlib.import_module(f".{name}", __package__).build_parser() if name in _OWN_ARGUMENTS
+            else parser for name, parser in commands.choices.items()}
 
 
 def _setup_logging(args: argparse.Namespace) -> None:

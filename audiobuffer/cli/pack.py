@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-__all__ = ["main", "parse_size"]
+__all__ = ["build_parser", "main", "parse_size"]
 
 _PROG = "audiobuffer pack"
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(I?)(B?)\s*$", re.IGNORECASE)
@@ -48,7 +48,8 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(message)
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``audiobuffer pack``: a usage error raises instead of exiting (:func:`main` reports it)."""
     parser = _Parser(
         prog=_PROG,
         description="Pack the files of SOURCE (a folder, a manifest) into WebDataset-style tar shards "
@@ -84,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``audiobuffer pack`` with ``argv`` (the arguments after ``pack``); return the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = _parser().parse_args(argv)
+        args = build_parser().parse_args(argv)
     except _UsageError as exc:
         return _fail(f"{exc} (see '{_PROG} -h')")
     except SystemExit as exc:  # -h

@@ -34,7 +34,7 @@ from ..buffer import Buffer
 from ..errors import BufferClosed
 from .report import write_json
 
-__all__ = ["RoundResult", "run_round", "stress"]
+__all__ = ["RoundResult", "build_parser", "main", "run_round", "stress"]
 
 _STOP = object()
 JOIN_TIMEOUT = 60.0
@@ -252,7 +252,8 @@ def parse_shapes(text: str) -> list[tuple]:
     return shapes
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``audiobuffer stress``."""
     parser = argparse.ArgumentParser(prog="audiobuffer stress", description=DESCRIPTION, epilog=EPILOG)
     parser.add_argument("--shapes", default="1x1x64,4x1x64,2x2x16,8x2x4",
                         help="producers x consumers x capacity, comma-separated (default 1x1x64,4x1x64,2x2x16,8x2x4)")
@@ -264,6 +265,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "stay flat")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 2000 items, 1 round per shape")
     parser.add_argument("--json", metavar="PATH", help="write the report as JSON ('-': stdout)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``audiobuffer stress`` with ``argv`` (the arguments after ``stress``); return the exit status."""
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         shapes = parse_shapes(args.shapes)

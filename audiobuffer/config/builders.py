@@ -123,8 +123,10 @@ def build_dataset(config: PipelineConfig, *, source: Any = None, shuffle: bool |
     Args:
         source: use this :class:`~audiobuffer.Source` (a train or test subset, say) instead of
             the config's own.
-        shuffle, ordered: override ``loader.shuffle`` and ``buffer.ordered`` (for evaluation).
-        rank, world_size: an explicit shard (default: ``torch.distributed``'s, if initialised).
+        shuffle: override ``loader.shuffle`` (for evaluation).
+        ordered: override ``buffer.ordered`` (for evaluation).
+        rank: with ``world_size``, an explicit shard (default: ``torch.distributed``'s, if initialised).
+        world_size: the number of ranks of an explicit shard.
 
     Raises:
         ConfigError: the source lists no usable file, a label expression does not fit, or the

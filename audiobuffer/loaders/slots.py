@@ -476,13 +476,14 @@ class BatchSlotLoader(PipelineViews):
         ...     batch["audio"], batch["lengths"]  # (32, 8000) and (32,) on the GPU, from a recycled pinned slot
 
     Args:
-        source, decoder: as for :class:`~audiobuffer.BufferedDataset`.
+        source: as for :class:`~audiobuffer.BufferedDataset`.
+        decoder: as for :class:`~audiobuffer.BufferedDataset`.
         batch_size: rows per batch.
         num_slots: slots owned at a time (at least 2; more lets producers run further ahead).
         drop_last: drop the last, short batch of an epoch.
         pin_memory: ``"auto"`` pins when CUDA is available.
         transform: applied to each sample before it is written into its row.
-        Other keywords: as for :class:`~audiobuffer.BufferedDataset` (``num_producers``, ``shuffle``,
+        **options: as for :class:`~audiobuffer.BufferedDataset` (``num_producers``, ``shuffle``,
             ``seed``, ``on_error``, ``labels``, ...), but not ``buffer_size`` (``num_slots`` sizes the
             buffer) or ``ordered`` (rows come as producers finish).
     """

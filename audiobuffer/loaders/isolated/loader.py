@@ -126,7 +126,8 @@ class IsolatedLoader(PipelineViews, StateKeys):
         ...         batch["audio"], batch["lengths"], batch["label"]
 
     Args:
-        source, decoder: as for :class:`~audiobuffer.BufferedDataset`.
+        source: as for :class:`~audiobuffer.BufferedDataset`.
+        decoder: as for :class:`~audiobuffer.BufferedDataset`.
         batch_size: samples per batch; leave it out with ``max_batch_seconds`` (batches by duration,
             planned here in the trainer and decoded and collated whole in the helper).
         drop_last: drop the last, short batch of an epoch (not with ``max_batch_seconds``).
@@ -136,7 +137,7 @@ class IsolatedLoader(PipelineViews, StateKeys):
         slot_bytes: the bytes each slot starts with (a larger batch grows its slot).
         background: run the helper at a lower scheduling priority (``nice 10``; below normal on
             Windows), so that it decodes on the cores the trainer leaves idle.
-        Other keywords: as for :class:`~audiobuffer.BufferedDataset` (``num_producers``, ``buffer_size``,
+        **options: as for :class:`~audiobuffer.BufferedDataset` (``num_producers``, ``buffer_size``,
             ``max_bytes``, ``shuffle``, ``seed``, ``ordered``, ``on_error``, ``transform``, ``labels``,
             ``patterns``, ``path_column``, ``rank``, ``world_size``, ``even_shards``, ``warn_after``,
             ``timeout``, ``max_batch_seconds``, ``buckets``, ``max_batch_size``, ``duration_column``,
