@@ -15,12 +15,13 @@ from collections.abc import Sequence
 
 from .pack import _fail_as, _Parser, _UsageError
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
 
 _PROG = "audiobuffer index"
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of `audiobuffer index` (the docs list its options from it)."""
     parser = _Parser(
         prog=_PROG,
         description="Read tar shards (local or URLs, brace patterns or globs) once and write the index.json "
@@ -41,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``audiobuffer index`` with ``argv`` (the arguments after ``index``); return the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = _parser().parse_args(argv)
+        args = build_parser().parse_args(argv)
     except _UsageError as exc:
         return _fail_as(_PROG, f"{exc} (see '{_PROG} -h')")
     except SystemExit as exc:  # -h
