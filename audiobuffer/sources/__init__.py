@@ -9,18 +9,18 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
-    "AUDIO_PATTERNS": ".source",
-    "IMAGE_PATTERNS": ".source",
+    "AUDIO_PATTERNS": ".item",
+    "IMAGE_PATTERNS": ".item",
     "INDEX_NAME": ".index",
     "LabelSpec": ".source",
     "Member": ".index",
-    "ReadClock": ".source",
+    "ReadClock": ".item",
     "ShardIndex": ".index",
     "ShardSample": ".tar",
     "ShardStream": ".stream",
     "Source": ".source",
     "SourceSpec": ".source",
-    "WorkItem": ".source",
+    "WorkItem": ".item",
     "as_source": ".stream",
     "iter_shard": ".tar",
     "pack": ".pack",
@@ -69,7 +69,8 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from .index import INDEX_NAME, Member, ShardIndex, read_index, shard_name
+    from .item import AUDIO_PATTERNS, IMAGE_PATTERNS, ReadClock, WorkItem
     from .pack import pack
-    from .source import AUDIO_PATTERNS, IMAGE_PATTERNS, LabelSpec, ReadClock, Source, SourceSpec, WorkItem
+    from .source import LabelSpec, Source, SourceSpec
     from .stream import ShardStream, as_source
     from .tar import ShardSample, iter_shard, shuffle_buffer, stream_shards
