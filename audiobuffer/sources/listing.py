@@ -14,7 +14,6 @@ import csv
 import io
 import json
 import os
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,21 +115,9 @@ def table_of_paths(paths: Sequence[str], **columns: Any) -> ItemTable:
 
 def _split(paths: Any) -> tuple[list[str], np.ndarray, Strings]:
     """``paths`` (a list of strings or a pyarrow string array) split after their last separator:
-    the distinct folder parts (``""`` for none), each path's folder part, and the rest."""
+    the distinct folder parts (with that separator; ``""`` for none), each path's folder part, and the rest."""
     try:
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        array = paths if isinstance(paths, (pa.Array, pa.ChunkedArray)) else pa.array(paths, type=pa.large_string())
-        seps = re.escape(_SEPARATORS).replace("/", "/")
-        parts = pc.extract_regex(array, f"(?s)^(?P<dir>.*[{seps}])?(?P<base>[^{seps}]*)$")
-        if isinstance(parts, pa.ChunkedArray):
-            parts = parts.combine_chunks()
-        folders = pc.dictionary_encode(parts.field("dir"))
-        if isinstance(folders, pa.ChunkedArray):
-            folders = folders.combine_chunks()
-        return (folders.dictionary.to_pylist(), np.asarray(folders.indices, dtype=np.int32).copy(),
-                Strings.from_arrow(parts.field("base")))
+        return _split_arrow(paths)
     except (ImportError, UnicodeEncodeError, ValueError, TypeError):
         # Without pyarrow, or a path that is not UTF-8 (POSIX file names may be any bytes): one by one.
         pass
@@ -138,6 +125,31 @@ def _split(paths: Any) -> tuple[list[str], np.ndarray, Strings]:
     cut = [max(p.rfind(s) for s in _SEPARATORS) + 1 for p in items]
     coded = Coded.encode([p[:k] for p, k in zip(items, cut)])
     return coded.values, coded.codes, Strings.from_strings([p[k:] for p, k in zip(items, cut)])
+
+
+def _split_arrow(paths: Any) -> tuple[list[str], np.ndarray, Strings]:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    array = paths if isinstance(paths, (pa.Array, pa.ChunkedArray)) else pa.array(paths, type=pa.large_string())
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    found = [sep for sep in _SEPARATORS if pc.any(pc.match_substring(array, sep)).as_py()]
+    if len(found) > 1:  # both of Windows' separators: a regular expression finds the last of either
+        parts = pc.extract_regex(array, r"(?s)^(?P<dir>.*[/\\])?(?P<base>[^/\\]*)$")
+        folders = pc.dictionary_encode(parts.field("dir"))
+        return (folders.dictionary.to_pylist(), np.asarray(folders.indices, dtype=np.int32).copy(),
+                Strings.from_arrow(parts.field("base")))
+    sep = found[0] if found else "/"
+    parts = pc.split_pattern(array, sep, max_splits=1, reverse=True)  # [folder, rest] or [rest]
+    starts = np.asarray(parts.offsets, dtype=np.int64)
+    values = parts.values
+    rest = values.take(pa.array(starts[1:] - 1))
+    alone = (starts[1:] - starts[:-1]) == 1
+    folders = pc.dictionary_encode(values.take(pa.array(starts[:-1], mask=alone)))
+    prefixes = [folder + sep for folder in folders.dictionary.to_pylist()]
+    codes = np.asarray(pc.fill_null(folders.indices, len(prefixes)), dtype=np.int32).copy()
+    return [*prefixes, ""], codes, Strings.from_arrow(rest)
 
 
 def _list_dir(root: Path, patterns: Sequence[str]) -> list[str]:
@@ -242,9 +254,22 @@ def _manifest(name: str, data: Path | bytes, kind: str, path_column: str, resolv
     if path_column not in columns:
         raise SourceError(f"manifest {name!r} has no path column {path_column!r}; its columns are {order}")
     paths = columns.pop(path_column)
-    fields = {key: value for key, value in columns.items()}
-    return Listing(resolver.table(name, _checked_paths(name, paths, path_column), columns=order,
-                                  fields={k: as_column(v) for k, v in fields.items()}), f"manifest {name!r}")
+    table = resolver.table(name, _checked_paths(name, paths, path_column), columns=order,
+                           fields={k: as_column(v) for k, v in columns.items()})
+    del paths, columns
+    _release_arrow_memory()
+    return Listing(table, f"manifest {name!r}")
+
+
+def _release_arrow_memory() -> None:
+    """Give the memory pyarrow's pool keeps after a listing back to the system: the table holds copies
+    in numpy arrays, and the pool would otherwise keep the parsed manifest's size for the process's life."""
+    try:
+        import pyarrow as pa
+
+        pa.default_memory_pool().release_unused()
+    except (ImportError, AttributeError):
+        pass
 
 
 def _text(name: str, data: Path | bytes) -> IO[str]:

@@ -160,9 +160,10 @@ class Source:
         #: The sorted label names; a sample's ``label`` is an index into this list.
         self.classes: list[str] = []
         if names is not None:
-            self.classes = sorted({v for v in names.values if v is not None}, key=_natural_key)
+            used = np.unique(names.codes[names.codes >= 0]).tolist()  # a value no item has is no class
+            self.classes = sorted({names.values[c] for c in used if names.values[c] is not None}, key=_natural_key)
             order = {name: i for i, name in enumerate(self.classes)}
-            remap = np.array([order[v] if v is not None else -1 for v in names.values] + [-1], dtype=np.int32)
+            remap = np.array([order.get(v, -1) if v is not None else -1 for v in names.values] + [-1], dtype=np.int32)
             self.table.label_of = remap[names.codes]
         #: The label name to class index map.
         self.class_to_idx: dict[str, int] = {name: i for i, name in enumerate(self.classes)}
@@ -211,7 +212,8 @@ class Source:
         has = self.__dict__.get("_urls")
         if has is None:
             table = self.table
-            has = any(is_url(p) for p in table.prefixes) or b"::" in table.names.data.tobytes()
+            data = table.names.data
+            has = any(is_url(p) for p in table.prefixes) or bool(np.any((data[:-1] == 58) & (data[1:] == 58)))  # "::"
             self.__dict__["_urls"] = has
         return has
 
@@ -242,6 +244,7 @@ class Source:
         """This source with its table written to ``folder`` for another process to memory-map: pickling
         the copy returned sends the folder's name, not the items (NOTE [ Shared item table ] in
         ``table.py``). The caller deletes the folder once that process is done."""
+        self.has_urls()  # looked at here, once: the copy carries the answer
         copy = object.__new__(Source)
         copy.__dict__.update(self.__dict__)
         copy.table = self.table.share(folder)
