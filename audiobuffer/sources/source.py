@@ -1,8 +1,9 @@
 """Where the work items come from: files, manifests, indexes of shards, and labels.
 
-A :class:`Source` is listed once (a folder with glob patterns, a CSV/TSV/JSONL manifest, an
-``index.json`` of shards, or a list; local or through fsspec), labels resolved, and is immutable
-afterwards; it turns an epoch plan's indices into :class:`WorkItem` objects as producers ask for them.
+A :class:`Source` is listed once into an item table of columns (a folder with glob patterns, a
+CSV/TSV/JSONL/Parquet manifest, an ``index.json`` of shards, or a list; local or through fsspec), labels
+resolved, and is immutable afterwards; it turns an epoch plan's indices into :class:`WorkItem` objects
+as producers ask for them.
 What data files name stays inside the data: a remote manifest's paths inside its bucket or host, an
 index's shards inside its folder (``allow_outside`` lifts both). Tar shards without an index are
 streamed instead (:class:`~audiobuffer.sources.stream.ShardStream`).
