@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any, Union
 
-from ..sources.source import WorkItem
+from ..sources.item import WorkItem
 
 ItemLike = Union[WorkItem, str, "os.PathLike[str]"]
 

@@ -24,7 +24,7 @@ import soxr
 
 from .._checks import MAX_SECONDS, check_choice, check_int, check_seconds
 from ..errors import DecodeError
-from ..sources.source import AUDIO_PATTERNS
+from ..sources.item import AUDIO_PATTERNS
 from . import _wav
 from ._common import ItemLike, as_item, as_tensor, describe, sample_fields
 from ._sndfile import read_to_end

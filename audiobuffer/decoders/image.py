@@ -14,7 +14,7 @@ import numpy as np
 
 from .._checks import check_choice
 from ..errors import DecodeError
-from ..sources.source import IMAGE_PATTERNS
+from ..sources.item import IMAGE_PATTERNS
 from ._common import ItemLike, as_item, as_tensor, describe, sample_fields
 
 __all__ = ["ImageDecoder", "Resample"]

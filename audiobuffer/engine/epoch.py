@@ -60,8 +60,8 @@ from ..buffer import Buffer, BufferStats
 from ..errors import BufferClosed, DecodeError, SampleError
 from ..options import DEFAULT_BUCKETS, ErrorPolicy, ProducerCount, gil_enabled
 from ..sources.durations import decoder_crop
+from ..sources.item import ReadClock, WorkItem
 from ..sources.mixture import Mixture
-from ..sources.source import ReadClock, WorkItem
 from ..sources.stream import ShardStream
 from .pool import CHUNK_ITEMS, Failure, ProducerPool
 from .streamed import DynamicBuckets, ShardReader, TimedDecode

@@ -68,7 +68,7 @@ from .feed import Feed, Producer
 from .tuner import PoolTuning, TunerMemory, default_tuner
 
 if TYPE_CHECKING:
-    from ..sources.source import WorkItem
+    from ..sources.item import WorkItem
 
 __all__ = [
     "ConsumerWait",

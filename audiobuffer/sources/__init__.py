@@ -9,19 +9,19 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
-    "AUDIO_PATTERNS": ".source",
-    "IMAGE_PATTERNS": ".source",
+    "AUDIO_PATTERNS": ".item",
+    "IMAGE_PATTERNS": ".item",
     "INDEX_NAME": ".index",
     "LabelSpec": ".source",
     "Member": ".index",
     "Mixture": ".mixture",
-    "ReadClock": ".source",
+    "ReadClock": ".item",
     "ShardIndex": ".index",
     "ShardSample": ".tar",
     "ShardStream": ".stream",
     "Source": ".source",
     "SourceSpec": ".source",
-    "WorkItem": ".source",
+    "WorkItem": ".item",
     "as_source": ".stream",
     "index_shards": ".pack",
     "iter_shard": ".tar",
@@ -79,8 +79,9 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from .index import INDEX_NAME, Member, ShardIndex, read_index, shard_name
+    from .item import AUDIO_PATTERNS, IMAGE_PATTERNS, ReadClock, WorkItem
     from .mixture import Mixture, mix
     from .pack import index_shards, pack
-    from .source import AUDIO_PATTERNS, IMAGE_PATTERNS, LabelSpec, ReadClock, Source, SourceSpec, WorkItem
+    from .source import LabelSpec, Source, SourceSpec
     from .stream import ShardStream, as_source
     from .tar import ShardSample, iter_shard, shuffle_buffer, stream_shards

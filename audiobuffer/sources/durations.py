@@ -24,7 +24,6 @@ import math
 import numbers
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal, TypeGuard, Union
@@ -35,7 +34,7 @@ import soundfile as sf
 from ..buffer import WAIT_SLICE
 from ..decoders._sndfile import read_to_end
 from ..errors import DecodeError, SourceError
-from .names import is_url
+from .table import ABSENT, seconds_array, seconds_of
 
 __all__ = [
     "CACHE_ENV",
@@ -166,57 +165,46 @@ def read_durations(source: Any, *, duration_column: str | None = None, crop_seco
         raise ValueError(f"on_error must be one of {_POLICIES}, got {on_error!r}")
     if not (cache_dir is None or cache_dir is False or isinstance(cache_dir, (str, os.PathLike))):
         raise TypeError(f"cache_dir must be a folder, None (the default folder) or False (no cache), got {cache_dir!r}")
-    known = getattr(source, "known_durations", None)
+    table = getattr(source, "table", None)
+    known = table.durations if table is not None else None
     if duration_column is not None:
         durations, failures = _from_column(source, duration_column), []
-    elif known is not None and None not in known:  # an index of packed shards
-        durations, failures = np.asarray(known, dtype=np.float64), []
-    elif known is not None or any(is_url(path) for path in source.paths):
+    elif known is not None and not np.isnan(known).any():  # an index of packed shards
+        durations, failures = np.array(known, dtype=np.float64), []
+    elif known is not None or source.has_urls():
         raise SourceError(f"batches by duration need each item's duration, and {source.description} has none "
                           f"to read a header from locally: give duration_column (a manifest column), or pack the "
                           f"files with `audiobuffer pack`, whose index records each member's duration")
     else:
         folder = None if cache_dir is False else Path(default_cache_dir() if cache_dir is None else cache_dir)
-        durations, failures = _from_headers(list(source.paths), num_threads, folder, on_error)
+        durations, failures = _from_headers(source.table.paths(), num_threads, folder, on_error)
     if crop_seconds is not None:
         durations = np.minimum(durations, float(crop_seconds))  # NaN stays NaN
     return durations, failures
 
 
 def _from_column(source: Any, column: str) -> np.ndarray:
-    rows: Sequence[Mapping[str, Any]] | None = getattr(source, "fields", None)
+    """The column ``column`` of ``source``'s table read as seconds, in bulk."""
+    table = source.table
     description = getattr(source, "description", "the source")
-    if rows is None:
-        raise ValueError(f"duration_column={column!r} needs a manifest source (CSV, TSV or JSONL); "
+    if table.fields is None:
+        raise ValueError(f"duration_column={column!r} needs a manifest source (CSV, TSV, JSONL or Parquet); "
                          f"{description} has no columns: leave duration_column out to read file headers")
-    if rows and not any(column in row for row in rows):
+    values = table.column(column)
+    if values is None:
+        others = [c for c in table.columns if c in table.fields]
         raise SourceError(f"{description} has no duration column {column!r}; its columns are "
-                          f"{sorted(rows[0])} (besides the path column)")
-    durations = np.empty(len(rows), dtype=np.float64)
-    for n, row in enumerate(rows):
-        if column not in row:
+                          f"{sorted(others)} (besides the path column)")
+    durations, valid = seconds_array(values)
+    bad = np.flatnonzero(~valid)
+    if len(bad):
+        n = int(bad[0])
+        value = values[n]
+        if value is ABSENT:
             raise SourceError(f"{description} row {n + 1} has no value in column {column!r}")
-        value = row[column]
-        seconds = seconds_of(value)
-        if seconds is None:
-            raise SourceError(f"{description} row {n + 1}: column {column!r} holds {value!r}, not a duration "
-                              f"(a finite number of seconds >= 0)")
-        durations[n] = seconds
+        raise SourceError(f"{description} row {n + 1}: column {column!r} holds {value!r}, not a duration "
+                          f"(a finite number of seconds >= 0)")
     return durations
-
-
-def seconds_of(value: Any) -> float | None:
-    """A duration column's value (a number, or a string of one: CSV cells are) as seconds; ``None`` when
-    it is not a finite number >= 0. Manifest rows and streamed samples' sidecar fields are read alike."""
-    seconds = None
-    if isinstance(value, str):
-        try:
-            seconds = float(value)
-        except ValueError:
-            pass
-    elif isinstance(value, numbers.Real) and not isinstance(value, bool):
-        seconds = float(value)
-    return seconds if seconds is not None and math.isfinite(seconds) and seconds >= 0 else None
 
 
 # -- headers and their cache --------------------------------------------------------------------

@@ -26,7 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from .listing import as_column, table_of_paths
 from .source import ReadClock, Source, SourceSpec, WorkItem, _natural_key
+from .table import ABSENT, ItemTable
 
 __all__ = ["Mixture", "mix"]
 
@@ -97,18 +99,16 @@ class Mixture(Source):
         self.names = [n if names.count(n) == 1 else f"{n} #{i}" for i, n in enumerate(names)]
         # The concatenation, as a Source: what durations, labels and fields are read over.
         self.description = f"a mixture of {', '.join(self.names)}"
-        self.paths = [p for s in listed for p in s.paths]
-        fields = [s.fields for s in listed]
-        self.fields = None if all(f is None for f in fields) else \
-            [row for s in listed for row in (s.fields if s.fields is not None else [{}] * len(s.paths))]
+        self.table = _concatenated(listed)
         self.storage_options, self.retry = None, listed[0].retry
-        self._members = None
         labelled = [s.label_names for s in listed]
-        self.label_names = None if all(n is None for n in labelled) else \
-            [name for s in listed for name in (s.label_names if s.label_names is not None else [None] * len(s.paths))]
-        names_seen = {n for n in self.label_names or () if n is not None}
-        self.classes = sorted(names_seen, key=_natural_key)
+        label_names: list[str | None] = [
+            name for s in listed for name in (s.label_names if s.label_names is not None else [None] * len(s))]
+        self.classes = sorted({n for n in label_names if n is not None}, key=_natural_key)
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
+        if any(n is not None for n in labelled):
+            self.table.label_of = np.array([-1 if n is None else self.class_to_idx[n] for n in label_names],
+                                           dtype=np.int32)
         self._draws: dict[tuple[int, int], np.ndarray] = {}
         self._lock = threading.Lock()
 
@@ -189,7 +189,27 @@ class Mixture(Source):
         k = int(self.source_of(np.array([g]))[0])
         inner = self.sources[k].item(g - int(self.offsets[k]), epoch=epoch, seed=seed, seq=seq, clock=clock)
         label = None if inner.label_name is None else self.class_to_idx[inner.label_name]
-        return WorkItem(g, inner.path, label, inner.label_name, inner.fields, epoch, seed, seq, inner.read)
+        return WorkItem(g, inner.path, label, inner.label_name, inner.fields, epoch, seed, seq, inner.read,
+                        inner.segment)
+
+
+def _concatenated(sources: Sequence[Source]) -> ItemTable:
+    """One table of the sources' items, in order: their paths, fields (a row lacks what its source has not)
+    and segments (a whole file: from 0 s to its end)."""
+    paths = [p for s in sources for p in s.paths]
+    table: ItemTable | None = None
+    if any(s.fields is not None for s in sources):
+        rows = [row for s in sources for row in (s.fields if s.fields is not None else [{}] * len(s))]
+        keys = list(dict.fromkeys(k for row in rows for k in row))
+        table = table_of_paths(paths, columns=keys,
+                               fields={k: as_column([row.get(k, ABSENT) for row in rows]) for k in keys})
+    else:
+        table = table_of_paths(paths)
+    if any(s.table.segments is not None for s in sources):
+        whole = np.array([[0.0, np.nan]])
+        table.segments = np.concatenate([s.table.segments if s.table.segments is not None
+                                         else np.repeat(whole, len(s), axis=0) for s in sources])
+    return table
 
 
 def _check_weights(weights: Sequence[float] | None, count: int, lengths: np.ndarray) -> np.ndarray:

@@ -94,7 +94,8 @@ def pack(source: SourceSpec, out_dir: str | os.PathLike[str], *, shard_size: int
     out = Path(out_dir)
     src = Source(source, patterns=AUDIO_PATTERNS if patterns is None else patterns, labels=labels,
                  path_column=path_column)
-    names = _relative_names(source, src.paths)
+    paths = src.table.paths()
+    names = _relative_names(source, paths)
     keys = _unique_keys(names)
     _prepare_out(out, overwrite)
     writer = _ShardWriter(out, shard_size)
@@ -102,7 +103,7 @@ def pack(source: SourceSpec, out_dir: str | os.PathLike[str], *, shard_size: int
 
     try:
         with tqdm(total=len(src), unit="file", desc="pack", disable=not progress) as bar:
-            for i, path in enumerate(src.paths):
+            for i, path in enumerate(paths):
                 data = storage.read_bytes(path, storage_options=storage_options)
                 ext = PurePosixPath(names[i]).suffix.lower().lstrip(".") or "bin"
                 label = src.label_names[i] if src.label_names else None

@@ -25,12 +25,13 @@ import os
 from collections.abc import Generator, Mapping, Sequence
 from typing import Any
 
-from ..errors import DecodeError, SourceError
+from ..errors import DecodeError, SourceError, StorageError
 from . import storage
 from .storage import RetrySpec
 from .tar import ShardSample
 
-__all__ = ["AUDIO_COLUMN", "audio_column", "class_names", "is_parquet", "open_parquet", "read_row_group", "row_name"]
+__all__ = ["AUDIO_COLUMN", "audio_column", "class_names", "holds_audio", "is_parquet", "open_parquet", "read_row_group",
+           "row_name"]
 
 #: The column :class:`ParquetStream` reads audio from unless told otherwise (``datasets``' default name).
 AUDIO_COLUMN = "audio"
@@ -43,6 +44,21 @@ def is_parquet(spec: Any) -> bool:
     if isinstance(spec, Sequence) and spec and all(isinstance(s, (str, os.PathLike)) for s in spec):
         return all(os.fspath(s).lower().endswith(".parquet") for s in spec)
     return False
+
+
+def holds_audio(spec: Any, *, storage_options: Mapping[str, Any] | None = None, retry: RetrySpec = None) -> bool:
+    """Whether Parquet files ``spec`` hold encoded audio (a Hugging Face dataset), judged by the first file's
+    schema; ``False`` for a Parquet manifest of paths (or for files that cannot be read: the manifest's
+    reader then names what is wrong)."""
+    try:
+        urls = storage.expand_urls(spec, storage_options=storage_options, retry=retry)
+        if not urls:
+            return False
+        schema = open_parquet(urls[0], storage_options=storage_options, retry=retry).schema_arrow
+        audio_column(schema, urls[0])
+    except (SourceError, StorageError, ValueError):
+        return False
+    return True
 
 
 def _pyarrow() -> Any:

@@ -51,7 +51,7 @@ from ..errors import DecodeError, SourceError, StorageError
 from . import storage
 from .index import INDEX_NAME, read_index
 from .parquet import audio_column as audio_column_of
-from .parquet import class_names, is_parquet, open_parquet, read_row_group, row_name
+from .parquet import class_names, holds_audio, is_parquet, open_parquet, read_row_group, row_name
 from .source import LABEL_COLUMN, LabelSpec, Source, SourceSpec, WorkItem, _natural_key, _resolve_labels, names_shards
 from .storage import RetrySpec
 from .tar import MEMBER_STRIDE, SHUFFLE_BUFFER, ShardSample, is_packed_sidecar, iter_shard
@@ -398,13 +398,14 @@ def as_source(source: SourceSpec | Source | ShardStream, *, patterns: Sequence[s
     with a ready one they would be ignored, so they are refused.
     """
     if not isinstance(source, (Source, ShardStream)):
-        streamed = names_shards(source) or is_parquet(source)
+        audio = is_parquet(source) and holds_audio(source, storage_options=storage_options)
+        streamed = names_shards(source) or audio
         if streamed and start_column is not None:
             raise ValueError(f"start_column={start_column!r} reads segments of files a manifest lists; streamed "
                              f"samples are whole")
         if names_shards(source):
             return ShardStream(source, labels=labels, storage_options=storage_options)
-        if is_parquet(source):
+        if audio:
             return ParquetStream(source, labels=labels, storage_options=storage_options)
         return Source(source, patterns=patterns, labels=labels, path_column=path_column,
                       storage_options=storage_options, start_column=start_column, duration_column=duration_column)

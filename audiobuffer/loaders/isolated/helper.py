@@ -91,7 +91,7 @@ from ...engine.pipeline import EpochLayout, Pipeline
 from ...engine.pool import Failure, ProducerPool
 from ...errors import BufferClosed, HelperError, SampleError, StallError
 from ...options import gil_enabled
-from ...sources.source import WorkItem
+from ...sources.item import WorkItem
 from . import shm as _shm
 from .protocol import (
     PROTOCOL_VERSION,

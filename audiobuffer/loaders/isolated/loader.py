@@ -18,8 +18,11 @@ import dataclasses
 import inspect
 import logging
 import pickle
+import shutil
+import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, cast
 
@@ -192,7 +195,11 @@ class IsolatedLoader(PipelineViews, StateKeys):
         # the trainer plans batches by duration (no durations: each epoch's message carries its batches).
         listed = dataclasses.replace(pipeline.options, labels=None, patterns=None, path_column="path",
                                      storage_options=None)
-        spec = {"pipeline": dataclasses.replace(pipeline, options=listed, batching=None),
+        # The items go as files the helper memory-maps (NOTE [ Shared item table ] in sources/table.py).
+        self._table_dir = tempfile.mkdtemp(prefix="audiobuffer-table-")
+        self._forget_table = weakref.finalize(self, shutil.rmtree, self._table_dir, ignore_errors=True)
+        shared = pipeline.source.shared(self._table_dir)
+        spec = {"pipeline": dataclasses.replace(pipeline, source=shared, options=listed, batching=None),
                 "batch_size": batch_size, "drop_last": self.drop_last, "num_slots": num_slots,
                 "slot_bytes": slot_bytes, "key": key, "background": bool(background)}
         self._spec = pickle_by_reference(spec, "pipeline")
@@ -372,6 +379,7 @@ class IsolatedLoader(PipelineViews, StateKeys):
         self._closed = True
         if self._channel is not None:
             self._channel.close()
+        self._forget_table()  # after the helper is gone: Windows deletes no mapped file
 
     @property
     def closed(self) -> bool:

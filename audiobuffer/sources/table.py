@@ -1,0 +1,460 @@
+"""The item table: a source's items as columns of arrays, with no Python object per item.
+
+An :class:`ItemTable` holds each item's path (a folder prefix shared by many items, and the rest of
+the path), its label's class, a manifest's other columns, and an index member's shard, offset, size
+and duration. Python values are made for one item at a time, when a work item is made for a producer.
+A table can be saved to a folder whose arrays another process memory-maps (NOTE [ Shared item table ]).
+
+NOTE [ Shared item table ]
+==========================
+The helper process of ``IsolatedLoader`` gets its source's table as files, not as a pickle of its
+items: :meth:`ItemTable.share` writes each array of the table as a ``.npy`` file in a folder and the
+rest (column names, the few folder prefixes, class names) as one small pickle; pickling the shared
+table then writes only the folder's name, and unpickling it in the helper memory-maps the arrays
+(``np.load(mmap_mode="r")``), so the helper starts in the same time whatever the number of items and
+its pages are the trainer's page cache. The trainer keeps its own copy in memory and owns the folder:
+it deletes the folder when it closes, after the helper has exited (Windows refuses to delete a mapped
+file, so the helper's maps must be gone first; a folder left behind by a crash is a temporary folder).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import math
+import numbers
+import os
+import pickle
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, overload
+
+import numpy as np
+
+__all__ = ["ABSENT", "Coded", "Column", "ItemTable", "Numbers", "Objects", "Strings", "TableView", "column_of",
+           "seconds_array", "seconds_of"]
+
+
+class _Absent:
+    """A column's value for a row that does not have the column (a JSONL row without the key)."""
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+    def __reduce__(self) -> str:
+        return "ABSENT"
+
+
+#: The value of a row without that column: its work item's ``fields`` leave the key out.
+ABSENT: Any = _Absent()
+_ENCODING = ("utf-8", "surrogateescape")  # undecodable file names round-trip as POSIX keeps them
+
+
+class Strings:
+    """A column of strings: their UTF-8 bytes end to end (``data``) and where each starts (``offsets``)."""
+
+    __slots__ = ("data", "offsets")
+
+    def __init__(self, data: np.ndarray, offsets: np.ndarray) -> None:
+        self.data = data
+        self.offsets = offsets
+
+    @classmethod
+    def from_strings(cls, values: Iterable[str]) -> Strings:
+        encoded = [v.encode(*_ENCODING) for v in values]
+        lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+        offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        return cls(np.frombuffer(b"".join(encoded), dtype=np.uint8).copy(), offsets)
+
+    @classmethod
+    def from_arrow(cls, array: Any) -> Strings:
+        """From a pyarrow string or binary array (chunked or not) without nulls: its buffers, copied once."""
+        import pyarrow as pa
+
+        if isinstance(array, pa.ChunkedArray):
+            array = array.combine_chunks() if array.num_chunks != 1 else array.chunk(0)
+        if not (pa.types.is_large_string(array.type) or pa.types.is_large_binary(array.type)):
+            array = array.cast(pa.large_binary() if pa.types.is_binary(array.type) else pa.large_string())
+        n = len(array)
+        buffers = array.buffers()
+        offsets = np.frombuffer(buffers[1], dtype=np.int64, count=n + 1, offset=array.offset * 8)
+        start, end = int(offsets[0]), int(offsets[-1])
+        data = np.frombuffer(buffers[2], dtype=np.uint8)[start:end].copy() if buffers[2] is not None and end > start \
+            else np.empty(0, dtype=np.uint8)
+        return cls(data, offsets - start)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int) -> str:
+        o = self.offsets
+        return self.data[o[i]:o[i + 1]].tobytes().decode(*_ENCODING)
+
+    def raw(self, i: int) -> bytes:
+        o = self.offsets
+        return self.data[o[i]:o[i + 1]].tobytes()
+
+    def tolist(self) -> list[str]:
+        data, o = self.data.tobytes(), self.offsets.tolist()
+        return [data[o[i]:o[i + 1]].decode(*_ENCODING) for i in range(len(o) - 1)]
+
+    def take(self, indices: np.ndarray) -> Strings:
+        starts, ends = self.offsets[indices], self.offsets[np.asarray(indices) + 1]
+        lengths = ends - starts
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        # Each output byte's source: its row's start plus its place within the row.
+        where = np.arange(offsets[-1], dtype=np.int64) + np.repeat(starts - offsets[:-1], lengths)
+        return Strings(self.data[where], offsets)
+
+    def arrow(self) -> Any:
+        """The column as a pyarrow ``large_binary`` array over the same memory (for bulk string work)."""
+        import pyarrow as pa
+
+        return pa.Array.from_buffers(pa.large_binary(), len(self),
+                                     [None, pa.py_buffer(self.offsets), pa.py_buffer(self.data)])
+
+
+class Coded:
+    """A column of few distinct values: each row's code (``-1``: :data:`ABSENT`) into ``values``."""
+
+    __slots__ = ("codes", "values")
+
+    def __init__(self, codes: np.ndarray, values: list[Any]) -> None:
+        self.codes = codes
+        self.values = values
+
+    @classmethod
+    def encode(cls, values: Sequence[Any]) -> Coded:
+        """Code hashable ``values`` (:data:`ABSENT` for a missing one) in order of first appearance."""
+        lookup: dict[Any, int] = {ABSENT: -1}
+        codes = np.fromiter((lookup.setdefault(v, len(lookup) - 1) for v in values), dtype=np.int32,
+                            count=len(values))
+        del lookup[ABSENT]
+        return cls(codes, list(lookup))
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    def __getitem__(self, i: int) -> Any:
+        code = self.codes[i]
+        return ABSENT if code < 0 else self.values[code]
+
+    def take(self, indices: np.ndarray) -> Coded:
+        return Coded(self.codes[indices], self.values)
+
+
+class Numbers:
+    """A column of numbers (or booleans) as one array; ``absent`` marks the rows without a value."""
+
+    __slots__ = ("array", "absent")
+
+    def __init__(self, array: np.ndarray, absent: np.ndarray | None = None) -> None:
+        self.array = array
+        self.absent = absent
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def __getitem__(self, i: int) -> Any:
+        if self.absent is not None and self.absent[i]:
+            return ABSENT
+        return self.array[i].item()
+
+    def take(self, indices: np.ndarray) -> Numbers:
+        return Numbers(self.array[indices], None if self.absent is None else self.absent[indices])
+
+
+class Objects:
+    """A column of any values (nested JSON, a malformed CSV's rows): one Python object per row."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, values: list[Any]) -> None:
+        self.values = values
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.values[i]
+
+    def take(self, indices: np.ndarray) -> Objects:
+        return Objects([self.values[i] for i in indices.tolist()])
+
+
+Column = Strings | Coded | Numbers | Objects
+
+
+def column_of(values: Sequence[Any]) -> Column:
+    """The most compact column for Python ``values`` (:data:`ABSENT` where a row lacks it), each value
+    given back as it was (an int stays an int, a float a float)."""
+    kinds = {type(v) for v in values}
+    if kinds <= {str, _Absent}:
+        distinct = len(set(values))
+        if distinct <= max(16, len(values) // 4) or _Absent in kinds:
+            return Coded.encode(values)
+        return Strings.from_strings(values)
+    if len(kinds) == 1 and kinds <= {int, float, bool}:
+        try:
+            return Numbers(np.asarray(values, dtype={int: np.int64, float: np.float64, bool: np.bool_}[kinds.pop()]))
+        except OverflowError:  # an int beyond 64 bits
+            pass
+    return Objects(list(values))
+
+
+def seconds_array(column: Column) -> tuple[np.ndarray, np.ndarray]:
+    """A column read as seconds: ``(float64 values, valid)``; ``valid`` is false where a value is not a
+    finite number >= 0 (a string of one counts) or is absent. Numbers are converted in bulk; strings
+    by pyarrow where it can, one by one where it cannot."""
+    if isinstance(column, Numbers) and column.array.dtype.kind in "iuf":
+        seconds = column.array.astype(np.float64)
+    elif isinstance(column, Coded):
+        per_value = np.array([_nan_if_none(seconds_of(v)) for v in column.values] + [np.nan], dtype=np.float64)
+        seconds = per_value[column.codes]  # code -1 picks the NaN at the end
+    elif isinstance(column, Strings):
+        seconds = _parse_floats(column)
+    else:
+        seconds = np.array([_nan_if_none(None if v is ABSENT else seconds_of(v))
+                            for v in (column[i] for i in range(len(column)))], dtype=np.float64)
+    valid = np.isfinite(seconds) & (seconds >= 0)
+    if isinstance(column, Numbers) and column.absent is not None:
+        valid &= ~column.absent
+    return seconds, valid
+
+
+def _nan_if_none(value: float | None) -> float:
+    return np.nan if value is None else value
+
+
+def seconds_of(value: Any) -> float | None:
+    """A duration column's value (a number, or a string of one: CSV cells are) as seconds; ``None`` when
+    it is not a finite number >= 0. Manifest rows and streamed samples' sidecar fields are read alike."""
+    seconds = None
+    if isinstance(value, str):
+        try:
+            seconds = float(value)
+        except ValueError:
+            pass
+    elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+        seconds = float(value)
+    return seconds if seconds is not None and math.isfinite(seconds) and seconds >= 0 else None
+
+
+def _parse_floats(column: Strings) -> np.ndarray:
+    try:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        return np.asarray(pc.cast(column.arrow().cast(pa.large_string()), pa.float64()), dtype=np.float64)
+    except Exception:  # noqa: BLE001 - a value pyarrow does not read ("1_000", " 2"): Python reads each
+        return np.array([_nan_if_none(seconds_of(v)) for v in column.tolist()], dtype=np.float64)
+
+
+class TableView(Sequence[Any]):
+    """A read-only sequence over one of a table's columns, made an item at a time (``Source.paths``)."""
+
+    def __init__(self, n: int, get: Any) -> None:
+        self._n = n
+        self._get = get
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, i: int) -> Any: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[Any]: ...
+
+    def __getitem__(self, i: int | slice) -> Any:
+        if isinstance(i, slice):
+            return [self._get(j) for j in range(*i.indices(self._n))]
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError(f"index {i} out of range for {self._n} items")
+        return self._get(i)
+
+    def __iter__(self) -> Iterator[Any]:
+        return (self._get(i) for i in range(self._n))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (TableView, list, tuple)):
+            return len(other) == self._n and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __repr__(self) -> str:
+        shown = ", ".join(repr(v) for v in self[:3])
+        return f"[{shown}{', ...' if self._n > 3 else ''}] ({self._n} items)"
+
+
+class ItemTable:
+    """The items of a source, in columns.
+
+    Attributes:
+        prefixes: the distinct folder prefixes of the paths (with their trailing separator).
+        prefix_of: each item's prefix, an index into ``prefixes``.
+        names: the rest of each item's path (``prefixes[prefix_of[i]] + names[i]`` is the path).
+        columns: a manifest's column names (the path column included), in order; empty without one.
+        fields: each non-path column of a manifest (or an index's fields), or ``None`` without columns.
+        shards, shard_of, offsets, sizes, members, durations: an index's shards and each member's shard
+            (an index into ``shards``), data offset and size in it, tar member name and duration
+            (``NaN``: unknown); ``None`` for other sources.
+        labels: a column ``labels=`` may name beside ``fields`` (an index's packed label), or ``None``.
+        segments: each item's part of its file as ``(start, duration)`` seconds, an ``(n, 2)`` float array
+            (a duration of ``NaN``: to the end of the file), or ``None`` where every item is a whole file.
+        label_of: each item's class as its source resolved it (-1: no label), or ``None``.
+
+    Thread safety: read-only once made; any thread may read it.
+    """
+
+    def __init__(self, prefixes: list[str], prefix_of: np.ndarray, names: Strings, *,
+                 columns: list[str] | None = None, fields: dict[str, Column] | None = None,
+                 labels: Column | None = None, shards: list[str] | None = None, shard_of: np.ndarray | None = None,
+                 offsets: np.ndarray | None = None, sizes: np.ndarray | None = None, members: Strings | None = None,
+                 durations: np.ndarray | None = None, segments: np.ndarray | None = None) -> None:
+        self.prefixes = prefixes
+        self.prefix_of = prefix_of
+        self.names = names
+        self.columns = columns or []
+        self.fields = fields
+        self.labels = labels
+        self.shards = shards
+        self.shard_of = shard_of
+        self.offsets = offsets
+        self.sizes = sizes
+        self.members = members
+        self.durations = durations
+        self.segments = segments
+        #: Each item's class, set by the source that resolves the labels (-1: none), or ``None``.
+        self.label_of: np.ndarray | None = None
+        self._shared: str | None = None  # the folder of share(): pickles as a reference to it
+
+    def __len__(self) -> int:
+        return len(self.prefix_of)
+
+    def path(self, i: int) -> str:
+        return self.prefixes[self.prefix_of[i]] + self.names[i]
+
+    def paths(self) -> list[str]:
+        """Every path (one string per item: for listings, not for the items' lifetime)."""
+        prefixes = self.prefixes
+        return [prefixes[p] + n for p, n in zip(self.prefix_of.tolist(), self.names.tolist())]
+
+    def row(self, i: int) -> dict[str, Any]:
+        """Item ``i``'s fields (a manifest row without its path column; an index member's fields)."""
+        if not self.fields:
+            return {}
+        row = {}
+        for name, column in self.fields.items():
+            value = column[i]
+            if value is not ABSENT:
+                row[name] = value
+        return row
+
+    def column(self, name: str) -> Column | None:
+        """The column ``name``: ``label`` of an index (its packed label), else one of the fields; or ``None``."""
+        if name == "label" and self.labels is not None:
+            return self.labels
+        return self.fields.get(name) if self.fields is not None else None
+
+    @property
+    def is_index(self) -> bool:
+        return self.offsets is not None
+
+    def take(self, indices: Sequence[int] | np.ndarray) -> ItemTable:
+        """A table of the items at ``indices``, in that order."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+
+        def opt(array: np.ndarray | None) -> np.ndarray | None:
+            return None if array is None else array[idx]
+
+        part = ItemTable(self.prefixes, self.prefix_of[idx], self.names.take(idx), columns=self.columns,
+                         fields=None if self.fields is None else {k: c.take(idx) for k, c in self.fields.items()},
+                         labels=None if self.labels is None else self.labels.take(idx), shards=self.shards,
+                         shard_of=opt(self.shard_of), offsets=opt(self.offsets), sizes=opt(self.sizes),
+                         members=None if self.members is None else self.members.take(idx),
+                         durations=opt(self.durations), segments=opt(self.segments))
+        part.label_of = opt(self.label_of)
+        return part
+
+    def fingerprint(self) -> str:
+        """``<items>:<digest>``: the SHA-256 of every path, each followed by a NUL byte, in order."""
+        digest = hashlib.sha256()
+        try:
+            import pyarrow as pa
+            import pyarrow.compute as pc
+
+            prefixes = pa.array([p.encode(*_ENCODING) for p in self.prefixes], type=pa.large_binary())
+            step = 1 << 20
+            for start in range(0, len(self), step):
+                stop = min(start + step, len(self))
+                part = self.names.take(np.arange(start, stop)) if start or stop < len(self) else self.names
+                joined = pc.binary_join_element_wise(pc.take(prefixes, pa.array(self.prefix_of[start:stop])),
+                                                     part.arrow(), pa.scalar(b"\0", pa.large_binary()),
+                                                     pa.scalar(b"", pa.large_binary()))
+                offsets = np.frombuffer(joined.buffers()[1], dtype=np.int64, count=len(joined) + 1,
+                                        offset=joined.offset * 8)
+                digest.update(memoryview(joined.buffers()[2])[int(offsets[0]):int(offsets[-1])])
+        except ImportError:
+            for path in self.paths():
+                digest.update(path.encode(*_ENCODING) + b"\0")
+        if self.segments is not None:  # the segments of one recording share its path
+            digest.update(np.ascontiguousarray(self.segments, dtype=np.float64).tobytes())
+        return f"{len(self)}:{digest.hexdigest()[:16]}"
+
+    # -- sharing with another process (NOTE [ Shared item table ]) --------------------------------
+
+    def share(self, folder: str | os.PathLike[str]) -> ItemTable:
+        """This table, written to ``folder`` (which must exist and be empty) for another process to
+        memory-map: the copy returned pickles as the folder's name. The caller deletes the folder."""
+        folder = Path(folder)
+        arrays: list[np.ndarray] = []
+
+        class Saver(pickle.Pickler):
+            def persistent_id(self, obj: Any) -> Any:
+                if isinstance(obj, np.ndarray) and obj.dtype != object and obj.nbytes >= 4096:
+                    arrays.append(obj)
+                    return len(arrays) - 1
+                return None
+
+        state = io.BytesIO()
+        Saver(state, protocol=pickle.HIGHEST_PROTOCOL).dump(self.__dict__)
+        for n, array in enumerate(arrays):
+            np.save(folder / f"{n}.npy", np.ascontiguousarray(array), allow_pickle=False)
+        (folder / "table.pickle").write_bytes(state.getvalue())
+        shared = object.__new__(ItemTable)
+        shared.__dict__.update(self.__dict__)
+        shared._shared = str(folder)
+        return shared
+
+    def __reduce__(self) -> Any:
+        if self._shared is not None:
+            return (_open_shared, (self._shared,))
+        return (_from_state, (self.__dict__,))
+
+
+def _from_state(state: Mapping[str, Any]) -> ItemTable:
+    table = object.__new__(ItemTable)
+    table.__dict__.update(state)
+    return table
+
+
+def _open_shared(folder: str) -> ItemTable:
+    """The table :meth:`ItemTable.share` wrote to ``folder``, its arrays memory-mapped (read-only)."""
+    root = Path(folder)
+
+    class Loader(pickle.Unpickler):
+        def persistent_load(self, pid: Any) -> Any:
+            return np.load(root / f"{int(pid)}.npy", mmap_mode="r", allow_pickle=False).view(np.ndarray)
+
+    with open(root / "table.pickle", "rb") as f:
+        state = Loader(f).load()
+    table = _from_state(state)
+    table._shared = None  # a copy pickled on from here carries its arrays
+    return table

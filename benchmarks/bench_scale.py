@@ -1,0 +1,159 @@
+"""Millions of items: the time and memory to build a loader over a manifest of N rows, and its first batch.
+
+For each size (10k, 100k, 1M, 10M rows by default) a CSV manifest (``path,speaker,seconds``) names
+the FSDD recordings over and over; each case runs in a fresh process, with ``torch`` and
+``audiobuffer`` imported before the clock starts:
+
+- ``dataset``: ``BufferedDataset(manifest, AudioDecoder(...), shuffle=True)``;
+- ``duration``: the same with ``max_batch_seconds=8, duration_column="seconds"`` (durations from the column);
+- ``isolated``: ``IsolatedLoader(manifest, AudioDecoder(...), batch_size=32, shuffle=True)``.
+
+Each reports the build time, the resident memory it added (per item; pyarrow, torch and audiobuffer
+are imported before, their own memory reported apart), the time to its first batch,
+and for ``isolated`` the helper process's memory (resident, and proportional: its share of pages it
+maps with others). Results go to ``benchmarks/results/scale.json``.
+
+    python benchmarks/bench_scale.py                 # every size and case
+    python benchmarks/bench_scale.py --sizes 10000 1000000 --cases dataset isolated
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from harness import FSDD, REPO, fsdd_files, machine
+
+RESULTS = REPO / "benchmarks" / "results" / "scale.json"
+SIZES = (10_000, 100_000, 1_000_000, 10_000_000)
+CASES = ("dataset", "duration", "isolated")
+BATCH = 32
+
+
+def write_manifest(path: Path, n: int) -> None:
+    """A CSV of ``n`` rows naming the FSDD recordings in turn, with each one's speaker and seconds."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+    import soundfile as sf
+
+    files = fsdd_files()
+    if not files:
+        raise SystemExit(f"the FSDD recordings are needed at {FSDD}")
+    seconds = [f"{sf.info(f).duration:.4f}" for f in files]
+    speakers = [Path(f).stem.split("_")[1] for f in files]
+    take = pa.array(np.arange(n, dtype=np.int64) % len(files))
+    table = pa.table({"path": pa.array(files).take(take), "speaker": pa.array(speakers).take(take),
+                      "seconds": pa.array(seconds).take(take)})
+    pcsv.write_csv(table, str(path))
+
+
+def measure(case: str, manifest: str, n: int) -> dict[str, object]:
+    """One case in this (fresh) process."""
+    import gc
+
+    import psutil
+
+    proc = psutil.Process()
+    bare = proc.memory_info().rss
+    import pyarrow.compute
+    import pyarrow.csv  # noqa: F401 - the libraries' own memory is a fixed cost, counted apart (imports_mib)
+    import torch  # noqa: F401 - imported before the clock, as a training script has it
+
+    import audiobuffer as ab
+    from audiobuffer import AudioDecoder, BufferedDataset, IsolatedLoader, pad_collate
+
+    decoder = AudioDecoder(sample_rate=8000, crop_seconds=1.0)
+    gc.collect()
+    before = proc.memory_info().rss
+    start = time.perf_counter()
+    if case == "isolated":
+        loader: object = IsolatedLoader(manifest, decoder, batch_size=BATCH, shuffle=True, num_producers=2)
+    elif case == "duration":
+        loader = BufferedDataset(manifest, decoder, shuffle=True, num_producers=2, max_batch_seconds=8.0,
+                                 duration_column="seconds")
+    else:
+        loader = BufferedDataset(manifest, decoder, shuffle=True, num_producers=2)
+    built = time.perf_counter() - start
+    gc.collect()
+    added = proc.memory_info().rss - before
+    start = time.perf_counter()
+    if case == "dataset":
+        from torch.utils.data import DataLoader
+
+        batches = iter(DataLoader(loader, batch_size=BATCH, collate_fn=pad_collate))  # type: ignore[arg-type]
+    elif case == "duration":
+        from torch.utils.data import DataLoader
+
+        batches = iter(DataLoader(loader, batch_size=None))  # type: ignore[arg-type]
+    else:
+        batches = iter(loader)  # type: ignore[call-overload]
+    next(batches)
+    first = time.perf_counter() - start
+    result: dict[str, object] = {"case": case, "items": n, "imports_mib": round((before - bare) / 2**20, 1),
+                                 "build_s": round(built, 3),
+                                 "added_mib": round(added / 2**20, 1), "bytes_per_item": round(added / n, 1),
+                                 "first_batch_s": round(first, 3)}
+    trainer = proc.memory_info().rss - before
+    result["trainer_after_first_batch_mib"] = round(trainer / 2**20, 1)
+    if case == "isolated":
+        helper = psutil.Process(loader.helper_info["pid"])  # type: ignore[attr-defined]
+        info = helper.memory_full_info()
+        result["helper_rss_mib"] = round(info.rss / 2**20, 1)
+        result["helper_pss_mib"] = round(getattr(info, "pss", info.rss) / 2**20, 1)
+        result["helper_uss_mib"] = round(info.uss / 2**20, 1)
+    state = loader.state_dict()  # type: ignore[attr-defined]
+    result["state_dict_bytes"] = len(json.dumps({k: (v.hex() if isinstance(v, bytes) else v)
+                                                 for k, v in state.items()}, default=str))
+    del batches
+    loader.close()  # type: ignore[attr-defined]
+    result["version"] = ab.__version__
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--one", nargs=3, metavar=("CASE", "MANIFEST", "N"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        case, manifest, n = args.one
+        print(json.dumps(measure(case, manifest, int(n))), flush=True)
+        return
+    results = []
+    with tempfile.TemporaryDirectory(prefix="bench-scale-") as work:
+        for n in args.sizes:
+            manifest = Path(work) / f"manifest-{n}.csv"
+            start = time.perf_counter()
+            write_manifest(manifest, n)
+            if hasattr(os, "sync"):
+                os.sync()  # the manifest's pages written back now, not during the first case's build
+            print(f"{n} rows written in {time.perf_counter() - start:.1f} s "
+                  f"({manifest.stat().st_size / 2**20:.0f} MiB)", file=sys.stderr, flush=True)
+            for case in args.cases:
+                done = subprocess.run([sys.executable, __file__, "--one", case, str(manifest), str(n)],
+                                      capture_output=True, text=True, encoding="utf-8", timeout=1800)
+                if done.returncode != 0:
+                    print(f"{case} at {n} failed:\n{done.stderr[-3000:]}", file=sys.stderr)
+                    results.append({"case": case, "items": n, "error": done.stderr.strip().splitlines()[-1:]})
+                    continue
+                row = json.loads(done.stdout.strip().splitlines()[-1])
+                print(json.dumps(row), flush=True)
+                results.append(row)
+            manifest.unlink()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"machine": machine(), "results": results}, indent=1) + "\n",
+                        encoding="utf-8", newline="\n")
+    print(f"wrote {args.out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""The item table (audiobuffer/sources/table.py) and the listings that fill it (sources/listing.py)."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import pickle
+
+import numpy as np
+import pytest
+
+from audiobuffer.errors import SourceError
+from audiobuffer.sources.source import Source
+from audiobuffer.sources.table import ABSENT, Coded, Numbers, Objects, Strings, column_of
+
+
+def write_csv(path, rows, header=("path", "speaker", "seconds")):
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return path
+
+
+def rows_of(n):
+    return [(f"spk{i % 3}/{i}_x.wav", f"spk{i % 3}", f"{0.5 + i / 100:.2f}") for i in range(n)]
+
+
+def items_of(source):
+    return [(w.index, w.path, w.label, w.label_name, dict(w.fields)) for w in map(source.item, range(len(source)))]
+
+
+@pytest.mark.parametrize("names", [["a.wav", "bb/c.wav", "", "\u00e9t\u00e9.flac"], ["x\udcff.wav", "y.wav"]])
+def test_strings_round_trip_and_take(names):
+    column = Strings.from_strings(names)
+    assert column.tolist() == names and [column[i] for i in range(len(names))] == names
+    order = np.array(list(reversed(range(len(names)))))
+    assert column.take(order).tolist() == names[::-1]
+
+
+def test_column_of_keeps_each_value_as_given():
+    assert isinstance(column_of(["a", "b", "a"]), Coded)
+    ints = column_of([1, 2, 3])
+    assert isinstance(ints, Numbers) and [ints[i] for i in range(3)] == [1, 2, 3] and type(ints[0]) is int
+    mixed = column_of([1, 2.5, ABSENT])
+    assert isinstance(mixed, Objects) and mixed[2] is ABSENT and type(mixed[0]) is int
+
+
+def test_csv_manifest_items_and_the_fingerprint_of_their_paths(tmp_path):
+    manifest = write_csv(tmp_path / "m.csv", rows_of(50))
+    source = Source(manifest, labels="speaker")
+    assert source.classes == ["spk0", "spk1", "spk2"]
+    assert list(source.paths) == [str(tmp_path / f"spk{i % 3}" / f"{i}_x.wav") for i in range(50)]
+    item = source.item(7)
+    assert item.fields == {"speaker": "spk1", "seconds": "0.57"} and item.label_name == "spk1"
+    digest = hashlib.sha256(b"".join(p.encode() + b"\0" for p in source.paths)).hexdigest()[:16]
+    assert source.fingerprint() == f"50:{digest}"
+
+
+def test_a_ragged_csv_reads_as_the_csv_module_reads_it(tmp_path):
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("path,speaker\na.wav,x\nb.wav\nc.wav,y,extra\n", encoding="utf-8", newline="\n")
+    source = Source(manifest)
+    assert [dict(f) for f in source.fields] == [{"speaker": "x"}, {"speaker": None}, {"speaker": "y", None: ["extra"]}]
+
+
+def test_parquet_manifest(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    table = pa.table({"path": [f"{i}.wav" for i in range(5)], "n": list(range(5)), "tag": ["a", None, "b", "a", "c"]})
+    pq.write_table(table, tmp_path / "m.parquet")
+    source = Source(tmp_path / "m.parquet", labels="tag")
+    assert source.paths[4] == str(tmp_path / "4.wav")
+    assert source.item(1).fields == {"n": 1, "tag": None} and source.item(1).label is None
+    assert source.classes == ["a", "b", "c"] and source.item(2).label_name == "b"
+
+
+def test_parent_labels_and_a_subset_keep_their_classes(tmp_path):
+    source = Source(write_csv(tmp_path / "m.csv", rows_of(12)), labels="parent")
+    part = source.subset([11, 0, 4])
+    assert [w.label_name for w in map(part.item, range(3))] == ["spk2", "spk0", "spk1"]
+    assert part.classes == source.classes and list(part.paths) == [source.paths[i] for i in (11, 0, 4)]
+
+
+def test_a_bad_duration_names_its_row(tmp_path):
+    from audiobuffer.sources.durations import read_durations
+
+    rows = rows_of(6)
+    rows[4] = (rows[4][0], rows[4][1], "soon")
+    with pytest.raises(SourceError, match=r"row 5: column 'seconds' holds 'soon'"):
+        read_durations(Source(write_csv(tmp_path / "m.csv", rows)), duration_column="seconds")
+    good = read_durations(Source(write_csv(tmp_path / "n.csv", rows_of(6))), duration_column="seconds")[0]
+    assert good.tolist() == [0.5 + i / 100 for i in range(6)]
+
+
+def test_a_shared_table_pickles_as_its_folder_and_maps_the_same_items(tmp_path):
+    small = Source(write_csv(tmp_path / "small.csv", rows_of(10)), labels="speaker")
+    large = Source(write_csv(tmp_path / "large.csv", rows_of(5000)), labels="speaker")
+    sizes = []
+    for n, source in enumerate((small, large)):
+        folder = tmp_path / f"shared{n}"
+        folder.mkdir()
+        payload = pickle.dumps(source.shared(folder))
+        sizes.append(len(payload))
+        copy = pickle.loads(payload)
+        assert items_of(copy) == items_of(source) and copy.classes == source.classes
+        assert copy.fingerprint() == source.fingerprint()
+        del copy
+    assert sizes[1] < 2 * sizes[0] + 4096  # the items are in the folder, not in the pickle
+
+
+def test_jsonl_keeps_missing_keys_missing(tmp_path):
+    manifest = tmp_path / "m.jsonl"
+    rows = [{"path": "a.wav", "n": 1}, {"path": "b.wav"}, {"path": "c.wav", "n": 2.5, "tags": ["x"]}]
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8", newline="\n")
+    assert [dict(f) for f in Source(manifest).fields] == [{"n": 1}, {}, {"n": 2.5, "tags": ["x"]}]
