@@ -1,6 +1,6 @@
 """Lhotse manifests as sources, read without importing Lhotse in the library: cuts of long recordings (each a
 segment AudioDecoder reads alone), recordings with supervisions, recordings alone; the manifests are written
-by lhotse itself, and the audio compared with ``cut.load_audio()``. audiobuffer/sources/lhotse.py and the
+by lhotse itself, and the audio compared with ``cut.load_audio()``. audiobuffer/sources/formats/lhotse.py and the
 segments of audiobuffer/decoders/audio.py."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Hugging Face audio datasets in Parquet as a source, streamed by row group: files written by the ``datasets``
 library itself, every row once, the audio of the bytes, fields and ClassLabel names, ranks, resume at
-row-group boundaries, object storage; audiobuffer/sources/parquet.py and ParquetStream in stream.py."""
+row-group boundaries, object storage; audiobuffer/sources/formats/parquet.py and ParquetStream in stream.py."""
 
 from __future__ import annotations
 

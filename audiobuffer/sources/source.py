@@ -23,9 +23,9 @@ import numpy as np
 
 from ..errors import SourceError
 from . import storage
+from .formats.lhotse import is_lhotse, read_lhotse
 from .index import read_index
 from .item import AUDIO_PATTERNS, IMAGE_PATTERNS, ReadClock, WorkItem
-from .lhotse import is_lhotse, read_lhotse
 from .listing import LABEL_COLUMN, MANIFEST_SUFFIXES, Listing, as_column, list_files, names_shards, table_of_paths
 from .storage import RetrySpec, as_retry, is_url, read_bytes
 from .table import ABSENT, Coded, Column, ItemTable, Strings, TableView, seconds_array
@@ -99,7 +99,8 @@ def _list_index(url: str, storage_options: Mapping[str, Any] | None, retry: Retr
 
 def _list_lhotse(source: Any, storage_options: Mapping[str, Any] | None, retry: RetrySpec,
                  allow_outside: bool) -> Listing:
-    """A Lhotse manifest's items: each a segment of its recording (NOTE [ Lhotse manifests ] in ``lhotse.py``)."""
+    """A Lhotse manifest's items: each a segment of its recording (NOTE [ Lhotse manifests ] in
+    ``formats/lhotse.py``)."""
     found = read_lhotse(source, storage_options=storage_options, retry=retry, allow_outside=allow_outside)
     keys = list(dict.fromkeys(k for row in found.fields for k in row))
     fields = {key: as_column([row.get(key, ABSENT) for row in found.fields]) for key in keys}

@@ -49,9 +49,9 @@ from typing import Any
 
 from ..errors import DecodeError, SourceError, StorageError
 from . import storage
+from .formats.parquet import audio_column as audio_column_of
+from .formats.parquet import class_names, holds_audio, is_parquet, open_parquet, read_row_group, row_name
 from .index import INDEX_NAME, read_index
-from .parquet import audio_column as audio_column_of
-from .parquet import class_names, holds_audio, is_parquet, open_parquet, read_row_group, row_name
 from .source import LABEL_COLUMN, LabelSpec, Source, SourceSpec, WorkItem, _natural_key, _resolve_labels, names_shards
 from .storage import RetrySpec
 from .tar import MEMBER_STRIDE, SHUFFLE_BUFFER, ShardSample, is_packed_sidecar, iter_shard
@@ -254,7 +254,7 @@ class ShardStream:
 class ParquetStream(ShardStream):
     """Hugging Face audio datasets in Parquet, streamed a row group at a time, as a source.
 
-    See NOTE [ Parquet audio datasets ] in ``parquet.py``: the unit of work (a "shard" to the epoch plan)
+    See NOTE [ Parquet audio datasets ] in ``formats/parquet.py``: the unit of work (a "shard" to the epoch plan)
     is a row group; ``len()`` comes from the files' footers.
 
     Args:

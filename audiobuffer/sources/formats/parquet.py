@@ -25,10 +25,10 @@ import os
 from collections.abc import Generator, Mapping, Sequence
 from typing import Any
 
-from ..errors import DecodeError, SourceError, StorageError
-from . import storage
-from .storage import RetrySpec
-from .tar import ShardSample
+from ...errors import DecodeError, SourceError, StorageError
+from .. import storage
+from ..storage import RetrySpec
+from ..tar import ShardSample
 
 __all__ = ["AUDIO_COLUMN", "audio_column", "class_names", "holds_audio", "is_parquet", "open_parquet", "read_row_group",
            "row_name"]

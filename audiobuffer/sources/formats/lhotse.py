@@ -29,9 +29,9 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from ..errors import SourceError
-from . import storage
-from .storage import RetrySpec
+from ...errors import SourceError
+from .. import storage
+from ..storage import RetrySpec
 
 __all__ = ["LhotseListing", "is_lhotse", "read_lhotse"]
 
