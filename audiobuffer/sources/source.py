@@ -298,7 +298,7 @@ class Source:
         the copy returned sends the folder's name, not the items (NOTE [ Shared item table ] in
         ``table.py``). The caller deletes the folder once that process is done."""
         self.has_urls()  # looked at here, once: the copy carries the answer
-        copy = object.__new__(Source)
+        copy = object.__new__(type(self))  # a subclass (a Mixture) stays one
         copy.__dict__.update(self.__dict__)
         copy.table = self.table.share(folder)
         return copy
