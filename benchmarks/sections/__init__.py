@@ -14,6 +14,7 @@ from .durations import DURATIONS
 from .epochs import EPOCHS
 from .free_threaded import FREE_THREADED
 from .overlap import OVERLAP
+from .ranks import RANKS
 from .storage import STORAGE
 from .stress import STRESS
 from .train import TRAIN
@@ -41,4 +42,5 @@ section again (`audiobuffer stress` through `python benchmarks/harness.py NAME -
 measuring anything."""
 
 #: The page's sections, in order.
-SECTIONS = [DECODE, EPOCHS, OVERLAP, CONTENTION, TRAIN, DEVICE, STORAGE, DURATIONS, STRESS, FREE_THREADED]
+SECTIONS = [DECODE, EPOCHS, OVERLAP, CONTENTION, TRAIN, DEVICE, STORAGE, DURATIONS, RANKS, STRESS,
+            FREE_THREADED]
