@@ -587,7 +587,7 @@ def test_train_bench_smoke_run_prints_the_section(fsdd):
     assert with_write.returncode == 2 and "--write takes a full run on a CUDA machine" in with_write.stderr
 
 
-# -- benchmarks/bench_ranks.py -----------------------------------------------------------------------------
+# -- benchmarks/bench_ranks.py, bench_segments.py and bench_formats.py ------------------------------------
 
 def smoke_write(tmp_path):
     """``--write`` into a results folder and a page under ``tmp_path``: the real page is left alone."""
@@ -630,3 +630,33 @@ def test_ranks_section_without_lhotse(render):
     rows[1]["over_budget"] = 1
     assert "audiobuffer left an item out, gave the ranks different batch counts or a batch over the budget" in \
         section.reading(results)
+
+
+@pytest.mark.timeout(600)
+def test_formats_and_segments_benches_save_their_results_into_one_section(tmp_path):
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("pyarrow")
+    page = (REPO / "BENCHMARKS.md").read_bytes()
+    segments = run_script("bench_segments.py", "--hours", "0.02", "--runs", "1", "--decodes", "2",
+                          *smoke_write(tmp_path))
+    assert segments.returncode == 0, segments.stdout + segments.stderr
+    saved = json.loads((tmp_path / "results" / "segments.json").read_text(encoding="utf-8"))
+    assert [r["format"] for r in saved["rows"]] == ["FLAC", "WAV"] and saved["settings"]["decodes"] == 2
+    assert all(r["segment_ms"] > 0 and r["file_ms"] > 0 and len(r["segment_runs_ms"]) == 1 for r in saved["rows"])
+    formats = run_script("bench_formats.py", "--files", "30", "--runs", "1", *smoke_write(tmp_path))
+    assert formats.returncode == 0, formats.stdout + formats.stderr
+    saved = json.loads((tmp_path / "results" / "formats.json").read_text(encoding="utf-8"))
+    assert [r["form"] for r in saved["rows"]] == ["files", "Hugging Face Parquet (`audio` bytes)",
+                                                  "tar shards, streamed", "tar shards, by index",
+                                                  "Lhotse cuts of 10-minute recordings"]
+    assert saved["rows"][0]["vs_files"] == 1.0 and all(r["median_s"] > 0 for r in saved["rows"])
+    text = (tmp_path / "BENCHMARKS.md").read_text(encoding="utf-8")
+    (table,) = markdown_tables(text)
+    assert table[0] == ["form", "epoch s", "vs files"] and [row[0] for row in table[1:]] == [
+        r["form"] for r in saved["rows"]]
+    sentence = " ".join(text.split())
+    assert "Decoding a 10 s segment of a 0.02-hour recording" in sentence and "FLAC " in sentence
+    assert " and WAV " in sentence
+    assert "`python benchmarks/bench_formats.py --files 30" in text and "`python benchmarks/bench_segments.py" in text
+    assert (tmp_path / "benchmarks" / "formats.png").stat().st_size > 5000
+    assert (REPO / "BENCHMARKS.md").read_bytes() == page

@@ -12,6 +12,7 @@ from .decode import DECODE
 from .device import DEVICE
 from .durations import DURATIONS
 from .epochs import EPOCHS
+from .formats import FORMATS
 from .free_threaded import FREE_THREADED
 from .overlap import OVERLAP
 from .ranks import RANKS
@@ -42,5 +43,5 @@ section again (`audiobuffer stress` through `python benchmarks/harness.py NAME -
 measuring anything."""
 
 #: The page's sections, in order.
-SECTIONS = [DECODE, EPOCHS, OVERLAP, CONTENTION, TRAIN, DEVICE, STORAGE, DURATIONS, RANKS, STRESS,
+SECTIONS = [DECODE, EPOCHS, OVERLAP, CONTENTION, TRAIN, DEVICE, STORAGE, FORMATS, DURATIONS, RANKS, STRESS,
             FREE_THREADED]
