@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from .base import Results, Section, listing, num, ratio, rows_of, table
-from .plots import barh, figure, finish, grouped_barh
+from .plots import barh, figure, finish
 
 
 def formats_table(results: Results) -> str:
@@ -29,27 +29,26 @@ def formats_reading(results: Results) -> str:
 def formats_plot(results: Results) -> Any:
     forms, segments = rows_of(results, "formats"), rows_of(results, "segments")
     panels = [p for p in (forms, segments) if p]
-    fig, axes = figure(1, len(panels), width=11 if len(panels) == 2 else 6, height=3.2)
+    fig, axes = figure(1, len(panels), width=12 if len(panels) == 2 else 7, height=3.0)
     column = iter(axes.flat)
     if forms:
         barh(next(column), [r["form"].replace("`", "") for r in forms], [r["vs_files"] for r in forms],
-             title="one epoch, against the same audio as files", xlabel="time against the files (lower is faster)")
+             title="one epoch, against the same audio as files", xlabel="time against the files (lower is faster)",
+             colors=["tab:blue"] * len(forms))
     if segments:
-        grouped_barh(next(column), [r["format"] for r in segments],
-                     {"segment of the long recording": [r["segment_ms"] for r in segments],
-                      "file of the same length": [r["file_ms"] for r in segments]},
-                     title=f"one decode of {results['segments']['settings']['segment_s']:g} s",
-                     xlabel="milliseconds (lower is faster)", reference=None)
+        seconds, hours = (results["segments"]["settings"][key] for key in ("segment_s", "hours"))
+        barh(next(column), [r["format"] for r in segments], [r["ratio"] for r in segments],
+             title=f"a {seconds:g} s segment of a {hours:g}-hour recording, against a {seconds:g} s file",
+             xlabel="decode time against the file's (lower is faster)", colors=["tab:blue"] * len(segments))
     return finish(fig)
 
 
 FORMATS = Section(
     name="formats", title="Reading what users have: Parquet, shards, Lhotse, segments",
     sources={"formats": None, "segments": None},
-    about="The decode section's FLAC corpus (1000 files of 1-4 s, 16 kHz) read as it is kept: the files; one "
-          "Parquet file in the layout of Hugging Face `datasets` (an `audio` column of bytes, row groups of 100); "
-          "tar shards, streamed and by their index; a Lhotse cuts manifest of the files joined into 10-minute "
-          "recordings, a cut per file. One epoch of `BufferedDataset(..., AudioDecoder(), shuffle=True, "
-          "num_producers=2)` each, the forms taking turns.",
+    about="The decode section's FLAC corpus as users keep it: files; a Parquet file of Hugging Face `datasets` "
+          "(`audio` bytes, row groups of 100); tar shards, streamed and by index; Lhotse cuts of 10-minute recordings "
+          "made of the files. An epoch of `BufferedDataset(..., AudioDecoder(), shuffle=True, num_producers=2)` each, "
+          "in turns.",
     table=formats_table, reading=formats_reading, plot=formats_plot,
     alt="each form's epoch time against the files, and a segment's decode against a file's")

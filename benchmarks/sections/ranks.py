@@ -52,19 +52,18 @@ def ranks_reading(results: Results) -> str:
     settings = results["ranks"]["settings"]
     corpus, epochs = settings["corpus"], settings["epochs"]
     if all(r["every_item"] and r["spread"] == 0 and r["over_budget"] == 0 for r in ours):
-        found = (f"audiobuffer gave every rank the same number of batches, every item in every epoch (repeating up "
-                 f"to {max(r['repeated_items'] for r in ours):.1f} items per epoch to even out the ranks) and no "
-                 "batch over the budget, in every row")
+        found = (f"audiobuffer gave the ranks equal batch counts, every item each epoch (up to "
+                 f"{max(r['repeated_items'] for r in ours):.1f} repeated to even out the ranks) and no batch over "
+                 "the budget, in every row")
     else:
         found = "audiobuffer left an item out, gave the ranks different batch counts or a batch over the budget"
-    sentence = (f"Over {epochs} epoch{'s' * (epochs != 1)} of {corpus['items']} utterances ({corpus['min_s']:g}-"
-                f"{corpus['max_s']:g} s), {settings['buckets']} buckets, {found}.")
+    sentence = (f"Over {epochs} epoch{'s' * (epochs != 1)} of {corpus['items']} generated durations "
+                f"({corpus['min_s']:g}-{corpus['max_s']:g} s, log-normal; nothing decoded), {settings['buckets']} "
+                f"buckets, {found}.")
     missing = sorted({r["sync_buckets"] for r in theirs if not r["every_item"]})
     if missing:
         which = {(False,): "without `sync_buckets`", (True,): "with `sync_buckets`"}.get(tuple(missing), "")
         sentence += f" Lhotse's epochs {which} left items out.".replace("  ", " ")
-    if theirs:
-        sentence += " Batches over the budget (count x longest above it) are counted over all ranks and epochs."
     return sentence
 
 
@@ -86,10 +85,9 @@ def ranks_plot(results: Results) -> Any:
 
 RANKS = Section(
     name="ranks", title="Ranks in step: batches by duration across ranks", sources={"ranks": None},
-    about="Under DDP every step waits for the slowest rank. A step's gap: (longest - shortest) / longest of the "
-          "ranks' padded lengths (each batch's longest item) at that step, averaged over the steps; "
-          "`sync_buckets=True` draws every rank's batch of a step from the same duration bucket. audiobuffer's plan "
-          "(`max_batch_seconds`) against Lhotse's `DynamicBucketingSampler` (`max_duration`), the same budget and "
-          "bucket count, on generated speech-like durations (log-normal); nothing is decoded.",
+    about="Under DDP each step waits for the slowest rank. A step's gap: (longest - shortest) / longest of the ranks' "
+          "padded lengths (a batch's longest item), averaged over the steps; `sync_buckets=True` draws all ranks' "
+          "batches of a step from one bucket. audiobuffer against Lhotse's `DynamicBucketingSampler`, same budget and "
+          "buckets.",
     table=ranks_table, reading=ranks_reading, plot=ranks_plot,
     alt="mean step gap across ranks, with and without sync_buckets, audiobuffer and Lhotse")
