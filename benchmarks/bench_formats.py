@@ -21,12 +21,13 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
+import render
 import soundfile as sf
-from harness import interleaved, machine, table
+from harness import add_write_options, command_line, interleaved, results, write_results
 
 from audiobuffer import AudioDecoder, BufferedDataset
 from audiobuffer.cli._bench_approaches import make_corpus
@@ -52,7 +53,9 @@ def write_parquet(paths: list[str], out: Path) -> Path:
 def write_lhotse(paths: list[str], folder: Path) -> Path:
     """The files joined into recordings of about ``RECORDING_SECONDS``, and a cuts manifest of one cut per file."""
     folder.mkdir(parents=True, exist_ok=True)
-    cuts, group, number = [], [], 0
+    cuts: list[dict[str, object]] = []
+    group: list[str] = []
+    number = 0
 
     def flush() -> None:
         nonlocal group, number
@@ -85,7 +88,7 @@ def write_lhotse(paths: list[str], folder: Path) -> Path:
     return manifest
 
 
-def epoch(spec: object, producers: int) -> Callable[[], None]:
+def epoch(spec: str | list[str], producers: int) -> Callable[[], None]:
     ds = BufferedDataset(spec, AudioDecoder(), shuffle=True, num_producers=producers)
     count = [0]
 
@@ -93,16 +96,19 @@ def epoch(spec: object, producers: int) -> Callable[[], None]:
         ds.set_epoch(count[0])
         count[0] += 1
         n = sum(1 for _ in ds)
-        assert n == len(ds), (spec, n, len(ds))
+        if n != len(ds):
+            raise RuntimeError(f"{spec}: an epoch yielded {n} of {len(ds)} items")
     return run
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--files", type=int, default=1000, help="utterances (default 1000)")
     parser.add_argument("--runs", type=int, default=5, help="rounds (default 5)")
     parser.add_argument("--producers", type=int, default=2, help="num_producers (default 2)")
-    args = parser.parse_args()
+    add_write_options(parser, "formats")
+    args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-formats-") as tmp:
         root = Path(tmp)
         paths = make_corpus(root / "files", args.files, "flac")
@@ -111,19 +117,24 @@ def main() -> int:
         shards = sorted(str(p) for p in (root / "shards").glob("shard-*.tar"))
         index_shards(shards, root / "shards" / "index.json", overwrite=True, progress=False)
         cuts = write_lhotse(paths, root / "lhotse")
-        forms = {"files": epoch(paths, args.producers), "parquet": epoch(str(parquet), args.producers),
-                 "shards, streamed": epoch(shards, args.producers),
-                 "shards, by index": epoch(str(root / "shards" / "index.json"), args.producers),
-                 "Lhotse cuts of 10 min recordings": epoch(str(cuts), args.producers)}
+        forms = {"files": epoch(paths, args.producers),
+                 "Hugging Face Parquet (`audio` bytes)": epoch(str(parquet), args.producers),
+                 "tar shards, streamed": epoch(shards, args.producers),
+                 "tar shards, by index": epoch(str(root / "shards" / "index.json"), args.producers),
+                 f"Lhotse cuts of {RECORDING_SECONDS / 60:g}-minute recordings": epoch(str(cuts), args.producers)}
         for run in forms.values():
             run()  # warm the page cache
         start = time.perf_counter()
         times = interleaved(forms, args.runs)
         print(f"measured in {time.perf_counter() - start:.0f} s", file=sys.stderr)
     base = statistics.median(times["files"])
-    rows = [[name, f"{statistics.median(t):.2f}", f"{statistics.median(t) / base:.2f}x"] for name, t in times.items()]
-    print(f"Machine: {machine()}")
-    print(table(["form", "epoch s", "vs files"], rows))
+    rows = [{"form": name, "median_s": statistics.median(t), "epochs_s": t, "vs_files": statistics.median(t) / base}
+            for name, t in times.items()]
+    measured = results("formats", rows, command=command_line("bench_formats.py", argv),
+                       settings={"runs": args.runs, "files": args.files, "producers": args.producers,
+                                 "row_group": ROW_GROUP, "recording_s": RECORDING_SECONDS, "sample_rate": RATE})
+    print(render.preview(measured, args.results or render.RESULTS))
+    write_results(measured, args)
     return 0
 
 

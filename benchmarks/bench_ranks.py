@@ -1,8 +1,8 @@
 """Ranks in step: the padded lengths of the ranks' batches at the same step, with and without
 ``sync_buckets``, beside Lhotse's ``DynamicBucketingSampler`` (when lhotse is installed).
 
-    python benchmarks/bench_ranks.py                      # print the table, write benchmarks/results/ranks.json
-    python benchmarks/bench_ranks.py --ranks 2 --epochs 2 # a quicker run
+    python benchmarks/bench_ranks.py             # print the figures and the section
+    python benchmarks/bench_ranks.py --write     # and save results/ranks.json, render BENCHMARKS.md
 
 Under DDP every step waits for the slowest rank, so what counts is how far apart the ranks' batches of
 one step are: a step's gap is (longest - shortest) / longest of the ranks' padded lengths (each batch's
@@ -18,21 +18,19 @@ copies of cuts), and the milliseconds one rank spends planning an epoch.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
 import warnings
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from harness import REPO, machine, table
+import render
+from harness import add_write_options, command_line, machine_info, results, table, write_results
 
 from audiobuffer.engine.plan import plan_batches
 
-#: Where the results go.
-RESULTS = REPO / "benchmarks" / "results" / "ranks.json"
 #: The goals: mean per-step gap and padding, at most.
 GAP_GOAL = 0.10
 PADDING_GOAL = 0.10
@@ -106,15 +104,18 @@ def measure(durations: np.ndarray, epochs_of: list[list[list[np.ndarray]]], budg
             "plan_s_per_epoch": seconds / (len(epochs_of) * world_size)}
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: argparse.Namespace) -> tuple[np.ndarray, list[dict[str, Any]], str | None]:
+    """The corpus, a row per (ranks, budget, sync_buckets, loader), and Lhotse's version (None: left out)."""
     durations = speech_corpus(args.items)
     loaders = {"audiobuffer": audiobuffer_epochs}
     try:
-        import lhotse  # noqa: F401
+        import lhotse
     except ImportError:
         print("lhotse is not installed: audiobuffer alone (pip install lhotse for the peer)", file=sys.stderr)
+        version = None
     else:
         loaders["lhotse"] = lhotse_epochs
+        version = lhotse.__version__
     rows = []
     for world_size in args.ranks:
         for budget in args.budgets:
@@ -127,12 +128,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     rows.append({"loader": name, "ranks": world_size, "max_batch_seconds": budget,
                                  "buckets": args.buckets, "sync_buckets": sync,
                                  **measure(durations, epochs, budget, seconds)})
-    return {"corpus": {"items": args.items, "median_s": float(np.median(durations)),
-                       "min_s": float(durations.min()), "max_s": float(durations.max())},
-            "epochs": args.epochs, "machine": machine(), "rows": rows}
+    return durations, rows, version
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--items", type=int, default=800, help="utterances in the corpus (default 800)")
     parser.add_argument("--ranks", type=lambda s: [int(x) for x in s.split(",")], default=[2, 4],
@@ -141,27 +141,30 @@ def main(argv: list[str] | None = None) -> int:
                         help="max_batch_seconds values (default 120,60)")
     parser.add_argument("--buckets", type=int, default=10, help="duration buckets (default 10)")
     parser.add_argument("--epochs", type=int, default=5, help="epochs per figure (default 5)")
-    parser.add_argument("--out", type=Path, default=RESULTS, help=f"the JSON results (default {RESULTS})")
+    add_write_options(parser, "ranks")
     args = parser.parse_args(argv)
-    results = run(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8", newline="\n")
-    corpus = results["corpus"]
+    durations, rows, lhotse_version = run(args)
+    corpus = {"items": args.items, "median_s": float(np.median(durations)), "min_s": float(durations.min()),
+              "max_s": float(durations.max())}
+    versions = machine_info()["versions"] + (f". Peer: lhotse {lhotse_version}" if lhotse_version else "")
+    measured = results("ranks", rows, command=command_line("bench_ranks.py", argv), versions=versions,
+                       settings={"corpus": corpus, "epochs": args.epochs, "buckets": args.buckets, "seed": 0})
     print(f"{corpus['items']} utterances, {corpus['min_s']:.1f}-{corpus['max_s']:.1f} s (median "
-          f"{corpus['median_s']:.1f} s), {args.buckets} buckets, {args.epochs} epochs; {results['machine']}\n")
+          f"{corpus['median_s']:.1f} s), {args.buckets} buckets, {args.epochs} epochs\n")
     print(table(["loader", "ranks", "budget s", "sync", "mean step gap", "padding", "batches/rank", "spread",
                  "over budget", "every item", "repeated items", "plan ms/epoch"],
                 [[r["loader"], r["ranks"], f"{r['max_batch_seconds']:g}", "yes" if r["sync_buckets"] else "no",
                   f"{r['gap']:.1%}", f"{r['padding']:.1%}", f"{r['batches']:.1f}", r["spread"], r["over_budget"],
                   "yes" if r["every_item"] else "no", f"{r['repeated_items']:.1f}",
                   f"{1000 * r['plan_s_per_epoch']:.1f}"]
-                 for r in results["rows"]]))
-    synced = [r for r in results["rows"] if r["loader"] == "audiobuffer" and r["sync_buckets"]]
+                 for r in rows]))
+    synced = [r for r in rows if r["loader"] == "audiobuffer" and r["sync_buckets"]]
     met = all(r["gap"] <= GAP_GOAL and r["padding"] <= PADDING_GOAL and r["every_item"] and r["spread"] == 0
               and r["over_budget"] == 0 for r in synced)
     print(f"\nGoal (audiobuffer in step: mean step gap <= {GAP_GOAL:.0%}, padding <= {PADDING_GOAL:.0%}, exactly "
-          f"once, equal batch counts, never over the budget) met: {'yes' if met else 'no'}.")
-    print(f"Results: {args.out}")
+          f"once, equal batch counts, never over the budget) met: {'yes' if met else 'no'}.\n")
+    print(render.preview(measured, args.results or render.RESULTS))
+    write_results(measured, args)
     return 0
 
 

@@ -1,7 +1,7 @@
 """Segments of long recordings: decoding a 10 s segment of a one-hour file against decoding a 10 s file.
 
-    python benchmarks/bench_segments.py              # print the table
-    python benchmarks/bench_segments.py --write      # and rewrite its section of BENCHMARKS.md
+    python benchmarks/bench_segments.py              # print the figures and the section
+    python benchmarks/bench_segments.py --write      # and save results/segments.json, render BENCHMARKS.md
 
 A corpus of utterances cut from long recordings (a Lhotse cut, a manifest's start and duration columns) is
 read as ``WorkItem.segment``: ``AudioDecoder`` seeks to the segment and reads only it. This measures what
@@ -18,11 +18,14 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import render
 import soundfile as sf
-from harness import machine, table, write_section
+from harness import add_write_options, command_line, results, table, write_results
 
 from audiobuffer import AudioDecoder, WorkItem
 
@@ -51,7 +54,7 @@ def _write_long(path: Path, seconds: float, fmt: str, rng: np.random.Generator) 
             left -= block
 
 
-def measure(folder: Path, fmt: str, hours: float, runs: int, decodes: int) -> dict[str, float]:
+def measure(folder: Path, fmt: str, hours: float, runs: int, decodes: int) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     long_path, short_path = folder / f"long.{fmt}", folder / f"short.{fmt}"
     _write_long(long_path, hours * 3600, fmt, rng)
@@ -62,7 +65,9 @@ def measure(folder: Path, fmt: str, hours: float, runs: int, decodes: int) -> di
     segment_items = [WorkItem(i, str(long_path), segment=(float(s), SEGMENT)) for i, s in enumerate(starts)]
     file_item = WorkItem(0, str(short_path))
     for item in segment_items[:2]:  # warm the page cache and the decoder
-        assert decode(item)["num_frames"] == round(SEGMENT * RATE)
+        frames = decode(item)["num_frames"]
+        if frames != round(SEGMENT * RATE):
+            raise RuntimeError(f"{long_path}: a {SEGMENT:g} s segment at {item.segment} decoded {frames} frames")
     decode(file_item)
     seg_times, file_times = [], []
     for _ in range(runs):
@@ -75,38 +80,33 @@ def measure(folder: Path, fmt: str, hours: float, runs: int, decodes: int) -> di
             decode(file_item)
         file_times.append((time.perf_counter() - start) / decodes)
     seg, one = statistics.median(seg_times), statistics.median(file_times)
-    return {"segment_ms": seg * 1e3, "file_ms": one * 1e3, "ratio": seg / one,
-            "long_mb": long_path.stat().st_size / 1e6}
+    return {"format": fmt.upper(), "hours": hours, "long_mb": long_path.stat().st_size / 1e6,
+            "segment_ms": seg * 1e3, "file_ms": one * 1e3, "ratio": seg / one,
+            "segment_runs_ms": [t * 1e3 for t in seg_times], "file_runs_ms": [t * 1e3 for t in file_times]}
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hours", type=float, default=1.0, help="length of the long recording (default 1)")
     parser.add_argument("--runs", type=int, default=5, help="rounds (default 5)")
     parser.add_argument("--decodes", type=int, default=20, help="decodes per round (default 20)")
     parser.add_argument("--formats", default="flac,wav", help="formats (default flac,wav)")
-    parser.add_argument("--write", action="store_true", help="rewrite the segments section of BENCHMARKS.md")
-    args = parser.parse_args()
+    add_write_options(parser, "segments")
+    args = parser.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-segments-") as tmp:
         for fmt in args.formats.split(","):
-            result = measure(Path(tmp), fmt, args.hours, args.runs, args.decodes)
-            rows.append([fmt.upper(), f"{args.hours:g} h ({result['long_mb']:.0f} MB)", f"{result['segment_ms']:.2f}",
-                         f"{result['file_ms']:.2f}", f"{result['ratio']:.2f}x"])
-            print(rows[-1], flush=True)
-    body = "\n".join([
-        "## Segments of long recordings (`benchmarks/bench_segments.py`)",
-        "",
-        f"Machine: {machine()}. Command: `python benchmarks/bench_segments.py --hours {args.hours:g} --runs "
-        f"{args.runs} --decodes {args.decodes}`. One decode of a {SEGMENT:g} s segment at a random place in a long "
-        f"16 kHz mono recording (`WorkItem.segment`) against one decode of a {SEGMENT:g} s file, medians of "
-        f"{args.runs} rounds of {args.decodes} decodes, the two in turn. Goal: a segment at most 2x the file.",
-        "",
-        table(["format", "recording", "segment ms", "10 s file ms", "segment / file"], rows),
-    ])
-    print(body)
-    if args.write:
-        write_section("segments", body)
+            rows.append(measure(Path(tmp), fmt, args.hours, args.runs, args.decodes))
+            print(f"{fmt}: measured", file=sys.stderr, flush=True)
+    print(table(["format", "recording", "segment ms", f"{SEGMENT:g} s file ms", "segment / file"],
+                [[r["format"], f"{r['hours']:g} h ({r['long_mb']:.0f} MB)", f"{r['segment_ms']:.2f}",
+                  f"{r['file_ms']:.2f}", f"{r['ratio']:.2f}x"] for r in rows]) + "\n")
+    measured = results("segments", rows, command=command_line("bench_segments.py", argv),
+                       settings={"runs": args.runs, "decodes": args.decodes, "hours": args.hours,
+                                 "segment_s": SEGMENT, "sample_rate": RATE})
+    print(render.preview(measured, args.results or render.RESULTS))
+    write_results(measured, args)
     return 0
 
 

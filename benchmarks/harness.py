@@ -34,8 +34,9 @@ SHARED = Path(os.environ.get("AUDIOBUFFER_SHARED", REPO.parent / "shared"))
 #: The FSDD recordings in the shared data.
 FSDD = SHARED / "data" / "fsdd" / "recordings"
 
-__all__ = ["BENCHMARKS", "FSDD", "REPO", "PeakRSS", "command_line", "fsdd_files", "interleaved", "machine_info",
-           "median_time", "read_lines", "record", "results", "revision", "table", "timed", "write_lines"]
+__all__ = ["BENCHMARKS", "FSDD", "REPO", "PeakRSS", "add_write_options", "command_line", "fsdd_files", "interleaved",
+           "machine_info", "median_time", "read_lines", "record", "results", "revision", "table", "timed",
+           "write_lines", "write_results"]
 
 
 # -- timing -----------------------------------------------------------------------------------------
@@ -175,6 +176,24 @@ def results(name: str, rows: Sequence[Mapping[str, object]], *, command: str | S
     if dirty:
         data["dirty"] = True
     return data
+
+
+def add_write_options(parser: argparse.ArgumentParser, name: str) -> None:
+    """``--write`` (save ``results/NAME.json`` and render BENCHMARKS.md), and where to: ``--results`` and
+    ``--page`` (a smoke run's results kept out of the real page)."""
+    parser.add_argument("--write", action="store_true", help=f"save results/{name}.json and render BENCHMARKS.md")
+    parser.add_argument("--results", type=Path, default=None,
+                        help="with --write: the results folder (default benchmarks/results)")
+    parser.add_argument("--page", type=Path, default=BENCHMARKS, help="with --write: the page (default BENCHMARKS.md)")
+
+
+def write_results(measured: Mapping[str, Any], args: argparse.Namespace) -> None:
+    """Save ``measured`` and render the page again (``render.publish``) where ``args`` (from
+    :func:`add_write_options`) asks for it; otherwise nothing."""
+    import render
+
+    if args.write:
+        render.publish(measured, folder=args.results or render.RESULTS, page_path=args.page)
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

@@ -587,14 +587,77 @@ def test_train_bench_smoke_run_prints_the_section(fsdd):
     assert with_write.returncode == 2 and "--write takes a full run on a CUDA machine" in with_write.stderr
 
 
-def test_bench_ranks_writes_each_loaders_figures(tmp_path):
-    out = tmp_path / "ranks.json"
+# -- benchmarks/bench_ranks.py, bench_segments.py and bench_formats.py ------------------------------------
+
+def smoke_write(tmp_path):
+    """``--write`` into a results folder and a page under ``tmp_path``: the real page is left alone."""
+    return ["--write", "--results", str(tmp_path / "results"), "--page", str(tmp_path / "BENCHMARKS.md")]
+
+
+def test_ranks_bench_saves_each_loaders_figures_and_renders_its_section(tmp_path):
+    pytest.importorskip("matplotlib")
+    page = (REPO / "BENCHMARKS.md").read_bytes()
     done = run_script("bench_ranks.py", "--items", "300", "--ranks", "2", "--budgets", "60", "--epochs", "1",
-                      "--out", str(out))
+                      *smoke_write(tmp_path))
     assert done.returncode == 0, done.stdout + done.stderr
-    rows = json.loads(out.read_text(encoding="utf-8"))["rows"]
-    ours = {r["sync_buckets"]: r for r in rows if r["loader"] == "audiobuffer"}
+    saved = json.loads((tmp_path / "results" / "ranks.json").read_text(encoding="utf-8"))
+    assert saved["name"] == "ranks" and saved["settings"]["epochs"] == 1 and saved["settings"]["corpus"]["items"] == 300
+    ours = {r["sync_buckets"]: r for r in saved["rows"] if r["loader"] == "audiobuffer"}
     assert set(ours) == {False, True} and all(r["every_item"] and r["spread"] == 0 for r in ours.values())
     assert ours[True]["gap"] < ours[False]["gap"]
     assert ours[True]["padding"] == pytest.approx(ours[False]["padding"], abs=0.01)  # the repeats differ
-    assert "| audiobuffer | 2 | 60 | yes |" in done.stdout
+    assert "| audiobuffer | 2 | 60 | yes |" in done.stdout  # every figure printed, the section too
+    text = (tmp_path / "BENCHMARKS.md").read_text(encoding="utf-8")
+    (table,) = markdown_tables(text)
+    assert table[1][:4] == ["2", "60", f"{100 * ours[False]['gap']:.1f}%", f"{100 * ours[True]['gap']:.1f}%"]
+    assert "## Ranks in step: batches by duration across ranks" in done.stdout
+    assert "Over 1 epoch of 300 generated durations" in " ".join(text.split())
+    assert (tmp_path / "benchmarks" / "ranks.png").stat().st_size > 5000
+    assert (REPO / "BENCHMARKS.md").read_bytes() == page
+
+
+def test_ranks_section_without_lhotse(render):
+    rows = [{"loader": "audiobuffer", "ranks": 2, "max_batch_seconds": 60.0, "buckets": 4, "sync_buckets": sync,
+             "gap": gap, "padding": 0.05, "batches": 10.0, "spread": 0, "over_budget": 0, "every_item": True,
+             "repeated_items": 1.5, "plan_s_per_epoch": 0.001} for sync, gap in ((False, 0.4), (True, 0.02))]
+    corpus = {"items": 100, "median_s": 5.0, "min_s": 1.5, "max_s": 20.0}
+    results = {"ranks": small_results("ranks", rows, corpus=corpus, epochs=3, buckets=4)}
+    section = render.sections.RANKS
+    assert markdown_tables(section.table(results))[0][1] == ["2", "60", "40.0%", "2.0%", "-", "-", "5.0% / -", "-"]
+    assert section.reading(results) == (
+        "Over 3 epochs of 100 generated durations (1.5-20 s, log-normal; nothing decoded), 4 buckets, audiobuffer "
+        "gave the ranks equal batch counts, every item each epoch (up to 1.5 repeated to even out the ranks) and no "
+        "batch over the budget, in every row.")
+    rows[1]["over_budget"] = 1
+    assert "audiobuffer left an item out, gave the ranks different batch counts or a batch over the budget" in \
+        section.reading(results)
+
+
+@pytest.mark.timeout(600)
+def test_formats_and_segments_benches_save_their_results_into_one_section(tmp_path):
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("pyarrow")
+    page = (REPO / "BENCHMARKS.md").read_bytes()
+    segments = run_script("bench_segments.py", "--hours", "0.02", "--runs", "1", "--decodes", "2",
+                          *smoke_write(tmp_path))
+    assert segments.returncode == 0, segments.stdout + segments.stderr
+    saved = json.loads((tmp_path / "results" / "segments.json").read_text(encoding="utf-8"))
+    assert [r["format"] for r in saved["rows"]] == ["FLAC", "WAV"] and saved["settings"]["decodes"] == 2
+    assert all(r["segment_ms"] > 0 and r["file_ms"] > 0 and len(r["segment_runs_ms"]) == 1 for r in saved["rows"])
+    formats = run_script("bench_formats.py", "--files", "30", "--runs", "1", *smoke_write(tmp_path))
+    assert formats.returncode == 0, formats.stdout + formats.stderr
+    saved = json.loads((tmp_path / "results" / "formats.json").read_text(encoding="utf-8"))
+    assert [r["form"] for r in saved["rows"]] == ["files", "Hugging Face Parquet (`audio` bytes)",
+                                                  "tar shards, streamed", "tar shards, by index",
+                                                  "Lhotse cuts of 10-minute recordings"]
+    assert saved["rows"][0]["vs_files"] == 1.0 and all(r["median_s"] > 0 for r in saved["rows"])
+    text = (tmp_path / "BENCHMARKS.md").read_text(encoding="utf-8")
+    (table,) = markdown_tables(text)
+    assert table[0] == ["form", "epoch s", "vs files"] and [row[0] for row in table[1:]] == [
+        r["form"] for r in saved["rows"]]
+    sentence = " ".join(text.split())
+    assert "Decoding a 10 s segment of a 0.02-hour recording" in sentence and "FLAC " in sentence
+    assert " and WAV " in sentence
+    assert "`python benchmarks/bench_formats.py --files 30" in text and "`python benchmarks/bench_segments.py" in text
+    assert (tmp_path / "benchmarks" / "formats.png").stat().st_size > 5000
+    assert (REPO / "BENCHMARKS.md").read_bytes() == page

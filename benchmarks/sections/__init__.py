@@ -12,8 +12,10 @@ from .decode import DECODE
 from .device import DEVICE
 from .durations import DURATIONS
 from .epochs import EPOCHS
+from .formats import FORMATS
 from .free_threaded import FREE_THREADED
 from .overlap import OVERLAP
+from .ranks import RANKS
 from .storage import STORAGE
 from .stress import STRESS
 from .train import TRAIN
@@ -23,22 +25,17 @@ __all__ = ["INTRO", "SECTIONS", "Section", "anchor"]
 INTRO = """\
 # Benchmarks
 
-What audiobuffer's loaders gain and cost, one section per question: one table of the current figures,
-how and where they were measured (machine, versions, date, commit, the command that measures them
-again) and a plot. Ratios compare approaches measured in the same run on the same machine. Sections
-were measured on different days, and the CPU machine's host has changed over time (the same loop has
-run at different speeds on different dates), so compare figures across sections only where the
-machine and the date match.
-
-The machines:
-- **CPU**: a virtual machine with 2 cores (x86_64) and no GPU, shared with other work: read
-  differences under about 15% as noise.
+What audiobuffer's loaders gain and cost, one section per question: a table, how and where it was measured
+(machine, versions, date, commit, the command that measures it again) and a plot. Ratios compare approaches
+measured in one run; compare figures across sections only where the machine and the date match (the CPU
+machine's host has changed over time).
+- **CPU**: a virtual machine with 2 cores (x86_64) and no GPU, shared with other work: read differences under
+  about 15% as noise.
 - **H100**: 16 cores and one NVIDIA H100 80GB HBM3; its timings varied by up to 25% from run to run.
 
-A benchmark run with `--write` saves its results to `benchmarks/results/NAME.json` and renders its
-section again (`audiobuffer stress` through `python benchmarks/harness.py NAME -- stress ...`).
-`python benchmarks/render.py` renders the whole page and every plot from the saved results, without
-measuring anything."""
+A benchmark run with `--write` saves its results (`benchmarks/results/NAME.json`) and renders its section again;
+`python benchmarks/render.py` renders the whole page and every plot from the saved results, measuring nothing."""
 
 #: The page's sections, in order.
-SECTIONS = [DECODE, EPOCHS, OVERLAP, CONTENTION, TRAIN, DEVICE, STORAGE, DURATIONS, STRESS, FREE_THREADED]
+SECTIONS = [DECODE, EPOCHS, OVERLAP, CONTENTION, TRAIN, DEVICE, STORAGE, FORMATS, DURATIONS, RANKS, STRESS,
+            FREE_THREADED]

@@ -58,12 +58,11 @@ def contention_plot(results: Results) -> Any:
 
 CONTENTION = Section(
     name="contention", title="Contention: a Python-bound step fed by each loader", sources=CONTENTION_SOURCES,
-    about="A GPU training step is Python launching small kernels, and producer threads in the training process hold "
-          "the GIL for the Python of every decode. The light step: 50 rounds of `relu(h @ W) + 0.1` on an (8, 64) "
-          "tensor, then `.item()`, one intra-op thread, on the CPU or the GPU. Each cell is the median step beside "
-          "that loader over the step alone with the data already there (lower is better); each (corpus, "
-          "approach, run) is a fresh process running one epoch. The first three rows have no loader: the step "
-          "alone, receiving each batch as a fresh copy, and beside another process decoding the corpus. WAV and "
-          "FLAC: 300 generated files of 1-4 s. The first batch includes the worker or helper process's start.",
+    about="Producer threads in the training process hold the GIL for the Python of each decode; a GPU step is Python "
+          "launching kernels. The light step: 50 rounds of `relu(h @ W) + 0.1` on an (8, 64) tensor, then `.item()`, "
+          "one intra-op thread. A cell: the median step beside that loader over the step alone with the data already "
+          "there (lower is better), a fresh process per (corpus, approach, run). No loader in the first three rows: "
+          "the step alone, fed fresh copies, or beside a process decoding the corpus. WAV and FLAC: 300 generated "
+          "files of 1-4 s.",
     table=contention_table, reading=contention_reading, plot=contention_plot,
     alt="the light step's slowdown beside each loader, per corpus, on the CPU and on the H100")

@@ -48,13 +48,12 @@ def decode_plot(results: Results) -> Any:
 
 DECODE = Section(
     name="decode", title="Decode speed: audiobuffer against its peers", sources={"decode": None},
-    about="One epoch through each loader, each approach in a fresh process, the approaches taking turns: the same "
-          "files, `AudioDecoder`, transform and `pad_collate`, batches of 16. `loop` decodes in the training thread "
-          "(`loop-libsndfile`: WAV through libsndfile); `dataloader-N` is `DataLoader(num_workers=N)` (fork; "
-          "`-spawn`, `-pin`); `audiobuffer-N` is `BufferedDataset(num_producers=N)`, `-auto` its default; "
-          "`isolated-2` is `IsolatedLoader`; the peers: torchdata's `ParallelMapper`, prefetch_generator's "
-          "`BackgroundGenerator`, SPDL's pipeline and a loop over SPDL's `load_wav`. FLAC and WAV: 1000 generated "
-          "files of 1-4 s at 16 kHz (+ log-mel: a librosa log-mel per sample, which holds the GIL); FSDD: 3000 "
-          "recordings under a second at 8 kHz. Epoch seconds (lower is faster) include each loader's start.",
+    about="One epoch (start included) per loader, each in a fresh process, in turns: the same files, `AudioDecoder`, "
+          "transform and `pad_collate`, batches of 16. `loop` decodes in the training thread (`-libsndfile`: WAV "
+          "through libsndfile); `dataloader-N` is `DataLoader(num_workers=N)` (fork; `-spawn`, `-pin`); "
+          "`audiobuffer-N` is `BufferedDataset(num_producers=N)`, `-auto` its default; `isolated-2` is "
+          "`IsolatedLoader`; peers: torchdata's `ParallelMapper`, prefetch_generator, SPDL's pipeline and `load_wav`. "
+          "FLAC, WAV: 1000 generated files of 1-4 s, 16 kHz (+ log-mel: librosa's, per sample, holding the GIL); FSDD: "
+          "3000 files under 1 s, 8 kHz.",
     table=decode_table, reading=decode_reading, plot=decode_plot,
     alt="each approach's epoch speed against the loop, per corpus")

@@ -62,11 +62,10 @@ def device_reading(results: Results) -> str:
 
 DEVICE = Section(
     name="device", title="Device path: prefetch, tensors on the device, batch slots", sources=DEVICE_SOURCES,
-    about="Three ways to cut the host's work between batches. `DevicePrefetcher` copies the next batch (4 MiB) on a "
-          "side stream while the step runs (a step grown to a few ms on the device at hand), against the loop "
-          "that copies each batch itself; `DeviceTensorLoader` keeps whole tensors on the device (60000 x 784 "
-          "float32, batches of 128, one shuffled epoch), against `DataLoader(TensorDataset)`; `BatchSlotLoader` "
-          "writes rows into recycled (pinned) batches, against `BufferedDataset` + `DataLoader(pad_collate, "
-          "pin_memory)` (640 FLAC files of 1-2 s, 1 s crops, batches of 32, 2 producers). Higher is faster.",
+    about="`DevicePrefetcher` copies the next batch (4 MiB) on a side stream during the step (a few ms on the device "
+          "at hand), against a loop that copies each batch itself; `DeviceTensorLoader` keeps whole tensors on the "
+          "device (60000 x 784 float32, batches of 128, a shuffled epoch), against `DataLoader(TensorDataset)`; "
+          "`BatchSlotLoader` writes rows into recycled pinned batches, against `BufferedDataset` + "
+          "`DataLoader(pad_collate, pin_memory)` (640 FLAC files of 1-2 s, 1 s crops, batches of 32, 2 producers).",
     table=device_table, reading=device_reading, plot=device_plot,
     alt="speed-ups of the prefetcher, DeviceTensorLoader and the batch slots")

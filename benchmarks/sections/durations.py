@@ -50,9 +50,7 @@ def durations_plot(results: Results) -> Any:
 DURATIONS = Section(
     name="duration-batches", title="Duration batches: padding and throughput",
     sources={"padding": None, "batches": None},
-    about="With `max_batch_seconds`, batches are cut from duration buckets so that a batch's padded length "
-          "(count x longest) stays within the budget. Padding: the share of padded frames (the mean over 5 "
-          "epochs), against random batches of the same mean size; durations from the file headers (FSDD) or "
-          "drawn log-normal in 1-20 s (speech-like). The first row decodes FSDD through `BufferedDataset`, "
-          "batches by duration against sample mode, and compares the seconds of audio delivered per second.",
+    about="With `max_batch_seconds`, batches come from duration buckets and count x longest stays within the budget. "
+          "Padding: the share of padded frames (mean of 5 epochs), against random batches of the same mean size. The "
+          "first row decodes FSDD and compares audio seconds per second, by duration and in sample mode.",
     table=durations_table, plot=durations_plot, alt="padding of batches by duration and of random batches")

@@ -31,8 +31,7 @@ def epochs_reading(results: Results) -> str:
         return ""
     last = len(rows[0]["epochs_s"])
     parts = [f"{ratio(r['vs_best_fixed'])} ({short_corpus(r['corpus'])})" for r in rows]
-    return (f"At epoch {last}, `auto` took {listing(parts)} the time of the best fixed count (under 1.00x: "
-            "faster).")
+    return f"At epoch {last}, `auto` took {listing(parts)} the time of the best fixed count."
 
 
 def epochs_plot(results: Results) -> Any:
@@ -56,8 +55,7 @@ def epochs_plot(results: Results) -> Any:
 
 EPOCHS = Section(
     name="epochs", title="Epoch after epoch: auto against fixed producer counts", sources={"epochs": None},
-    about="A training run reuses its dataset: from the second epoch on, `num_producers=\"auto\"` starts at the "
-          "count the last epoch settled on instead of paying its first trials again. One `BufferedDataset` per "
-          "setting runs its epochs into a `DataLoader` (batches of 16), the settings taking turns epoch by epoch; "
-          "the loops decode in the training thread, as references. The decode section's corpora; lower is faster.",
+    about="From the second epoch on, `num_producers=\"auto\"` starts at the count the last epoch settled on. One "
+          "`BufferedDataset` per setting runs its epochs into a `DataLoader` (batches of 16), the settings taking "
+          "turns epoch by epoch; the loops, in the training thread, are references. The decode section's corpora.",
     table=epochs_table, reading=epochs_reading, plot=epochs_plot, alt="epoch seconds per epoch, per setting")

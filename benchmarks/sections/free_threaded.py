@@ -47,10 +47,8 @@ def free_threaded_plot(results: Results) -> Any:
 FREE_THREADED = Section(
     name="free-threaded", title="Free-threaded Python: the producer pool with the GIL on and off",
     sources={"free-threaded": None},
-    about="The producer pool with the GIL on (`PYTHON_GIL=1`) and off (`PYTHON_GIL=0`) on one free-threaded "
-          "interpreter, without torch, as the `IsolatedLoader`'s helper runs it (numpy samples and collate), "
-          "batches of 16. `soundfile-loop` reads through libsndfile and `loop` with audiobuffer's WAV reader, in "
-          "one thread; `pool-N` decodes in N producer threads. Each (GIL, corpus, approach, run) is a fresh "
-          "process; epoch seconds, lower is faster.",
+    about="The producer pool on a free-threaded interpreter, GIL on (`PYTHON_GIL=1`) and off (`PYTHON_GIL=0`), without "
+          "torch, as `IsolatedLoader`'s helper runs it (numpy collate, batches of 16). `soundfile-loop` and `loop` "
+          "(audiobuffer's WAV reader) use one thread, `pool-N` N threads; each run is a fresh process.",
     table=free_threaded_table, reading=free_threaded_reading, plot=free_threaded_plot,
     alt="speed against the soundfile loop with the GIL on and off")

@@ -50,9 +50,8 @@ def overlap_plot(results: Results) -> Any:
 
 OVERLAP = Section(
     name="overlap", title="Overlap: loading beside training", sources={"overlap": None},
-    about="A load step of T1 ms and a train step of T2 ms, n of each (100): in sequence in one thread, and through "
-          "`BufferedDataset` (1 producer, a buffer of 2). The ideal is n * max(T1, T2): the larger of the loads "
-          "alone and the train steps alone, timed in the same run (1.00x). Real work: soxr resampling and torch "
-          "matmuls on one intra-op thread, both of which release the GIL; sleep: the control.",
+    about="T1 ms of loading and T2 ms of training, 100 steps: in sequence in one thread, and through `BufferedDataset` "
+          "(1 producer, a buffer of 2). The ideal (1.00x): 100 x max(T1, T2), timed in the same run. Real work: soxr "
+          "resampling and torch matmuls on one intra-op thread, both releasing the GIL; sleep: the control.",
     table=overlap_table, reading=overlap_reading, plot=overlap_plot,
     alt="epoch time over the ideal, sequential and through audiobuffer")

@@ -48,12 +48,14 @@ def barh(ax: Any, labels: Sequence[str], values: Sequence[float | None], *, titl
 
 
 def grouped_barh(ax: Any, labels: Sequence[str], series: Mapping[str, Sequence[float | None]], *, title: str,
-                 xlabel: str, reference: float | None = 1.0) -> None:
-    """Several series of horizontal bars side by side for each label; a missing value is left out."""
+                 xlabel: str, reference: float | None = 1.0, colors: Sequence[str] | None = None) -> None:
+    """Several series of horizontal bars side by side for each label (``colors``: one per series; default
+    matplotlib's cycle); a missing value is left out."""
     height = 0.8 / max(1, len(series))
     for i, (name, values) in enumerate(series.items()):
         ys = [y + i * height for y, v in enumerate(values) if v is not None]
-        ax.barh(ys, [v for v in values if v is not None], height=height, label=name)
+        ax.barh(ys, [v for v in values if v is not None], height=height, label=name,
+                **({"color": colors[i]} if colors else {}))
     ax.set_yticks([y + 0.4 - height / 2 for y in range(len(labels))], labels)
     ax.invert_yaxis()
     if reference is not None:

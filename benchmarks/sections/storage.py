@@ -37,10 +37,9 @@ def storage_reading(results: Results) -> str:
     cpu = settings.get("request_cpu_ms")
     if not cpu:
         return ""
-    return (f"Over S3 every request cost {num(sum(cpu.values()), 1)} ms of CPU in the server, the proxy and the "
-            f"client together, all on this machine's cores, which caps the threads near "
-            f"{ratio(settings['request_cap'])} the per-member loop here, whatever their count; against a real "
-            "object store the server's share is on other machines.")
+    return (f"Over S3 each request cost {num(sum(cpu.values()), 1)} ms of CPU (server, proxy and client, all on "
+            f"this machine's cores), which caps the threads near {ratio(settings['request_cap'])} the per-member "
+            "loop whatever their count; a real object store's server runs elsewhere.")
 
 
 def storage_plot(results: Results) -> Any:
@@ -58,9 +57,8 @@ def storage_plot(results: Results) -> Any:
 
 STORAGE = Section(
     name="storage", title="Packed shards and object storage", sources={"storage": None},
-    about="FSDD packed into tar shards with an index (`audiobuffer pack`): an epoch by index (members read by byte "
-          "range) and of the streamed shards, against `soundfile.read` over the original files; then FSDD on an S3 "
-          "server (moto on 127.0.0.1) behind a proxy that holds every request 20 ms, against single-threaded "
-          "loops that read each member with a ranged GET, or each shard whole. The approaches take turns.",
+    about="FSDD packed into tar shards (`audiobuffer pack`): epochs by index (byte ranges) and of the streamed shards, "
+          "against `soundfile.read` over the files; then on S3 (moto on 127.0.0.1) behind a proxy that holds each "
+          "request 20 ms, against one-thread loops that GET each member's bytes or each shard whole. In turns.",
     table=storage_table, reading=storage_reading, plot=storage_plot,
     alt="each approach's speed against the loop, local shards and S3")

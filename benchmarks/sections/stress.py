@@ -29,17 +29,24 @@ def stress_table(results: Results) -> str:
 
 
 def stress_reading(results: Results) -> str:
-    parts = []
-    for name in ("stress", "soak"):
-        if name in results:
-            s = results[name]["settings"]
-            files = ("open files not counted" if s["fds_start"] is None else
-                     f"open files {s['fds_start']} / {s['fds_peak']} / {s['fds_end']}")
-            parts.append(f"the {'soak' if name == 'soak' else 'stress test'} moved {s['items_moved']:,} items in "
-                         f"{s['rounds']:,} rounds: {s['lost']} lost, {s['duplicated']} duplicated, "
-                         f"{s['bound_violations']} rounds over the bound; threads {s['threads_start']} / "
-                         f"{s['threads_peak']} / {s['threads_end']} and {files} (at the start / at most / at the end)")
-    return ("Checks: " + "; ".join(parts) + ".") if parts else ""
+    runs = [(("soak" if name == "soak" else "stress test"), results[name]["settings"])
+            for name in ("stress", "soak") if name in results]
+    if not runs:
+        return ""
+
+    def flat(what: str, key: str) -> str:
+        """``threads 1 / 2 / 1``, once where every run counted the same, else per run."""
+        counts = [f"{s[key + '_start']} / {s[key + '_peak']} / {s[key + '_end']}" for _, s in runs]
+        if len(set(counts)) == 1:
+            return f"{what} {counts[0]}"
+        return f"{what} " + ", ".join(f"{c} ({label})" for (label, _), c in zip(runs, counts))
+
+    moved = "; ".join(f"the {label} moved {s['items_moved']:,} items in {s['rounds']:,} rounds: {s['lost']} lost, "
+                      f"{s['duplicated']} duplicated, {s['bound_violations']} rounds over the bound"
+                      for label, s in runs)
+    files = ("open files not counted" if any(s["fds_start"] is None for _, s in runs) else flat("open files", "fds"))
+    return (f"Checks of every round, jittered ones too: {moved}; {flat('threads', 'threads')} and {files} (at the "
+            "start / at most / at the end).")
 
 
 def stress_plot(results: Results) -> Any:
@@ -59,10 +66,7 @@ def stress_plot(results: Results) -> Any:
 
 STRESS = Section(
     name="stress", title="Buffer stress test and soak", sources={"stress": None, "soak": None},
-    about="P producer threads move numbered items to C consumer threads through a `Buffer`, against `queue.Queue` "
-          "of the same shape in the same run: items per second, 100,000 items a round with no delays. `get` takes "
-          "one item per call, as `queue.Queue.get` does; `get_many` every ready item at once, as "
-          "`BufferedDataset`'s consumer does. Every round (jittered ones too) checks that each item arrives "
-          "exactly once and the buffer never holds more than its capacity; the soak also checks that threads and "
-          "open files stay flat.",
+    about="P producer threads move numbered items to C consumer threads through a `Buffer` and, in the same run, a "
+          "`queue.Queue`: items per second, 100,000 items a round. `get` takes one item a call, as `Queue.get` does; "
+          "`get_many` every ready item, as `BufferedDataset`'s consumer does.",
     table=stress_table, reading=stress_reading, plot=stress_plot, alt="Buffer's items/s over queue.Queue's per shape")

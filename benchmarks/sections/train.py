@@ -38,10 +38,8 @@ def train_plot(results: Results) -> Any:
 
 TRAIN = Section(
     name="train-cuda", title="GPU training: threads against the helper process", sources={"train-cuda": None},
-    about="`scripts/train_audio.py` trains the small log-mel CNN of `configs/fsdd.yaml` on the GPU (2700 FSDD files, "
-          "batches of 32, 1 s crops, features on the GPU, 4 epochs): a step of Python launching kernels, fed from "
-          "tiny WAV files. Producer threads in the training process take the GIL from it for every decode; "
-          "`IsolatedLoader` (`buffer.isolate: true`) decodes in a helper process. The pipelines take turns, each "
-          "run a fresh process; the first epoch, which pays the helper's start, is left out. "
-          "`python benchmarks/bench_train.py --write` runs this on a GPU.",
+    about="`scripts/train_audio.py` trains the log-mel CNN of `configs/fsdd.yaml` on the GPU (2700 FSDD files, batches "
+          "of 32, 1 s crops, 4 epochs): a step of Python launching kernels, fed by producer threads that take the GIL "
+          "from it or by `IsolatedLoader`'s helper process. In turns, a fresh process per run "
+          "(`benchmarks/bench_train.py --write`); the first epoch, which pays the helper's start, is left out.",
     table=train_table, plot=train_plot, alt="epoch seconds after the first, threads and helper process")
