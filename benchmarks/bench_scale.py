@@ -28,9 +28,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import FSDD, REPO, fsdd_files, machine
+from harness import FSDD, add_write_options, command_line, fsdd_files, write_results
+from harness import results as harness_results
 
-RESULTS = REPO / "benchmarks" / "results" / "scale.json"
 SIZES = (10_000, 100_000, 1_000_000, 10_000_000)
 CASES = ("dataset", "duration", "isolated")
 BATCH = 32
@@ -121,7 +121,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    add_write_options(parser, "scale")
     parser.add_argument("--one", nargs=3, metavar=("CASE", "MANIFEST", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -149,10 +149,12 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
                 results.append(row)
             manifest.unlink()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"machine": machine(), "results": results}, indent=1) + "\n",
-                        encoding="utf-8", newline="\n")
-    print(f"wrote {args.out}", file=sys.stderr)
+    argv = [a for a in sys.argv[1:] if a != "--write"]
+    measured = harness_results("scale", results, command=command_line("bench_scale.py", [*argv, "--write"]),
+                               settings={"sizes": list(args.sizes), "cases": list(args.cases),
+                                         "imports_mib": results[0].get("imports_mib") if results else None})
+    print(json.dumps(measured["rows"], indent=1))
+    write_results(measured, args)
 
 
 if __name__ == "__main__":

@@ -69,12 +69,11 @@ def section_text(section: Section, results: Mapping[str, Mapping[str, Any]]) -> 
 
 
 def page(results: Mapping[str, Mapping[str, Any]]) -> str:
-    """BENCHMARKS.md: the introduction and contents, then every section that has results, one after the other
-    (a section's end marker followed by the next one's start)."""
+    """BENCHMARKS.md: the introduction, then every section that has results, one after the other (a section's
+    end marker followed by the next one's start). GitHub and the documentation site list the sections."""
     present = [s for s in SECTIONS if s.has_results(results)]
-    contents = "\n".join(f"- [{s.title}](#{sections.anchor(s.title)})" for s in present)
     body = "\n".join(section_text(s, results) for s in present)
-    return "\n\n".join([sections.INTRO, "Contents:\n\n" + contents, body]) + "\n"
+    return "\n\n".join([sections.INTRO, body]) + "\n"
 
 
 def write_page(results: Mapping[str, Mapping[str, Any]], path: Path = BENCHMARKS) -> None:

@@ -16,6 +16,7 @@ from .formats import FORMATS
 from .free_threaded import FREE_THREADED
 from .overlap import OVERLAP
 from .ranks import RANKS
+from .scale import SCALE
 from .storage import STORAGE
 from .stress import STRESS
 from .train import TRAIN
@@ -27,15 +28,12 @@ INTRO = """\
 
 What audiobuffer's loaders gain and cost, one section per question: a table, how and where it was measured
 (machine, versions, date, commit, the command that measures it again) and a plot. Ratios compare approaches
-measured in one run; compare figures across sections only where the machine and the date match (the CPU
-machine's host has changed over time).
-- **CPU**: a virtual machine with 2 cores (x86_64) and no GPU, shared with other work: read differences under
-  about 15% as noise.
-- **H100**: 16 cores and one NVIDIA H100 80GB HBM3; its timings varied by up to 25% from run to run.
-
-A benchmark run with `--write` saves its results (`benchmarks/results/NAME.json`) and renders its section again;
-`python benchmarks/render.py` renders the whole page and every plot from the saved results, measuring nothing."""
+measured in one run; compare figures across sections only where the machine and the date match. **CPU**: a
+virtual machine with 2 cores and no GPU, shared with other work (read differences under about 15% as noise).
+**H100**: 16 cores and one NVIDIA H100 80GB HBM3 (timings varied by up to 25% from run to run). A benchmark run
+with `--write` saves its results (`benchmarks/results/NAME.json`) and renders its section again;
+`python benchmarks/render.py` renders the page and every plot from the saved results, measuring nothing."""
 
 #: The page's sections, in order.
-SECTIONS = [DECODE, EPOCHS, OVERLAP, CONTENTION, TRAIN, DEVICE, STORAGE, FORMATS, DURATIONS, RANKS, STRESS,
+SECTIONS = [DECODE, EPOCHS, OVERLAP, CONTENTION, TRAIN, DEVICE, STORAGE, SCALE, FORMATS, DURATIONS, RANKS, STRESS,
             FREE_THREADED]
