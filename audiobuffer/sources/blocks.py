@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import StorageError
-from .retry import Retry
+from .retry import Retry, where
 from .storage import read_range
 from .table import ItemTable
 
@@ -112,11 +112,13 @@ class BlockReads:
             if fetch:
                 self._fetch(block, url, start, first, last)
             elif not block.done.wait(self._wait):
-                raise StorageError(f"cannot read {url} member {member}: its block (members {first}..{last}) was "
-                                   f"still being read after {self._wait:.0f} s", url=url, member=member)
-            if block.error is not None:
-                raise StorageError(f"cannot read {url} member {member}: its block (members {first}..{last}) "
-                                   f"failed: {block.error}", url=url, member=member) from block.error
+                raise StorageError(f"cannot read {where(url, member)}: the block of items {first}..{last} that "
+                                   f"holds it was still being read after {self._wait:.0f} s", url=url, member=member)
+            error = block.error
+            if error is not None:
+                raise StorageError(f"cannot read {where(url, member)} (read in one block with its neighbours): "
+                                   f"{error}", url=url, member=member, attempts=getattr(error, "attempts", 1),
+                                   transient=getattr(error, "transient", False)) from error
             at = int(table.offsets[index]) - start  # type: ignore[index]
             return block.data[at:at + int(table.sizes[index])]  # type: ignore[index]
         finally:
