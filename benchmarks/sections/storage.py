@@ -37,10 +37,17 @@ def storage_reading(results: Results) -> str:
     cpu = settings.get("request_cpu_ms")
     if not cpu:
         return ""
-    return (f"Over S3 every request cost {num(sum(cpu.values()), 1)} ms of CPU in the server, the proxy and the "
+    text = (f"Over S3 every request cost {num(sum(cpu.values()), 1)} ms of CPU in the server, the proxy and the "
             f"client together, all on this machine's cores, which caps the threads near "
             f"{ratio(settings['request_cap'])} the per-member loop here, whatever their count; against a real "
             "object store the server's share is on other machines.")
+    caps = {key[len("block"):]: cap for key, cap in settings.get("cpu_cap", {}).items() if key.startswith("block")}
+    if caps:
+        text += (" Blocks of members (`read_block`) spread a request over the block: a member then cost "
+                 + ", ".join(f"{num(c['cpu_ms'], 2)} ms of CPU in blocks of {n}" for n, c in caps.items())
+                 + ", a ceiling of " + ", ".join(f"{ratio(c['cap'])}" for c in caps.values())
+                 + " the loop on these cores.")
+    return text
 
 
 def storage_plot(results: Results) -> Any:
