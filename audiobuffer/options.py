@@ -19,8 +19,8 @@ from ._checks import MAX_SECONDS, check_choice, check_int, check_seconds, short_
 if TYPE_CHECKING:
     from .sources.source import LabelSpec
 
-__all__ = ["DEFAULT_WARN_AFTER", "ErrorPolicy", "EvenShards", "LoaderOptions", "ProducerCount", "check_keywords",
-           "gil_enabled", "usable_cores"]
+__all__ = ["DEFAULT_READ_BLOCK", "DEFAULT_WARN_AFTER", "ErrorPolicy", "EvenShards", "LoaderOptions", "ProducerCount",
+           "ReadBlock", "check_keywords", "gil_enabled", "usable_cores"]
 
 ErrorPolicy = Literal["raise", "warn", "skip"]
 EvenShards = Literal["pad", "drop"] | None
@@ -32,6 +32,10 @@ MAX_PRODUCERS = 1024
 MAX_BUFFER = 1 << 20
 #: Duration buckets when ``max_batch_seconds`` is set and ``buckets`` is not.
 DEFAULT_BUCKETS = 10
+#: ``read_block``: a pinned count of index members a request reads, ``"auto"`` or ``None`` (one a request).
+ReadBlock = int | Literal["auto"] | None
+#: ``read_block="auto"``'s members per request, for an index read from a URL (benchmarks/bench_storage.py).
+DEFAULT_READ_BLOCK = 32
 #: ``warn_after``'s default, in Python and YAML alike: a loop starved this long says so in the log.
 DEFAULT_WARN_AFTER = 5.0
 
@@ -90,6 +94,7 @@ class LoaderOptions:
     quadratic_duration: float | None = None
     sync_buckets: bool | None = None
     storage_options: Mapping[str, Any] | None = None
+    read_block: ReadBlock = "auto"
 
     def __post_init__(self) -> None:
         if self.num_producers is None:
@@ -140,6 +145,8 @@ class LoaderOptions:
             if given:
                 raise ValueError(f"{', '.join(given)} shape batches by duration: give max_batch_seconds too, "
                                  f"got {given[0]}={short_repr(getattr(self, given[0]))}")
+        if self.read_block not in (None, "auto"):
+            check_int("read_block", self.read_block, 1, also="or 'auto' or None")
         if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
             raise TypeError(f"storage_options must be a mapping of fsspec options or None, got "
                             f"{self.storage_options!r}")

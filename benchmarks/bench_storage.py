@@ -12,8 +12,10 @@ interleaved run by run so that a noisy neighbour hits them alike):
    original files. Goal: at least 3x. The streamed shards (``shard-*.tar``) are timed too.
 2. **S3 with latency.** The first ``--remote-files`` recordings packed and uploaded to moto's S3 server,
    which runs in a subprocess on 127.0.0.1 behind a proxy (a second subprocess) that holds every
-   request 20 ms before forwarding it. One epoch by index with ``--producers`` threads, and one of the
-   streamed shards (``shard-*.tar``, the default producer count), against a single-threaded loop over
+   request 20 ms before forwarding it. One epoch by index with ``--producers`` threads, a member a
+   request (``read_block=None``) and in blocks of ``--blocks`` members a request (``read_block``, with the
+   first producer count), and one of the streamed shards (``shard-*.tar``, the default producer count),
+   against a single-threaded loop over
    the same members through the same proxy (one ranged request each, then ``soundfile.read``). Goal: at
    least 10x, with the peak memory of the epoch bounded by the buffer. A second single-threaded loop
    reads the shards whole (one request each, ``tarfile``, ``soundfile.read``), so that the table shows
@@ -47,8 +49,10 @@ KEY = SECRET = "bench"
 REGION = "us-east-1"
 BUCKET = "bench"
 DELAY = 0.020
-#: The key of the streamed shards' epochs in the remote results (the index's are producer counts).
+#: The key of the streamed shards' epochs in the remote results (the index's are producer counts, and
+#: ``block<N>`` for blocks of N members a request).
 STREAMED = "streamed"
+BLOCK = "block"
 
 
 # -- the servers (subprocesses) -------------------------------------------------------------------
@@ -210,7 +214,8 @@ def _costs(files: list[Path], work: Path, runs: int) -> dict[str, float]:
     return {name: statistics.median(t) / n * 1e6 for name, t in interleaved(parts, runs).items()}
 
 
-def remote(files: list[Path], work: Path, runs: int, producers: list[int], loop_runs: int) -> dict[str, object]:
+def remote(files: list[Path], work: Path, runs: int, producers: list[int], loop_runs: int,
+           blocks: list[int]) -> dict[str, object]:
     import tarfile
 
     import boto3
@@ -261,7 +266,8 @@ def remote(files: list[Path], work: Path, runs: int, producers: list[int], loop_
                                   "largest_sample": max(decode(str(f))["audio"].nbytes for f in files)}
         epochs: dict[int | str, dict[str, object]] = {}
         settings: list[tuple[int | str, str, dict[str, object]]] = [
-            (count, url, {"num_producers": count}) for count in producers]
+            (count, url, {"num_producers": count, "read_block": None}) for count in producers]
+        settings += [(f"{BLOCK}{block}", url, {"num_producers": producers[0], "read_block": block}) for block in blocks]
         settings.append((STREAMED, f"s3://{BUCKET}/fsdd/shard-*.tar", {}))
         for count, source, kwargs in settings:
             ds = BufferedDataset(source, decode, shuffle=True, buffer_size=buffer_size, storage_options=options,
@@ -299,6 +305,8 @@ def remote(files: list[Path], work: Path, runs: int, producers: list[int], loop_
 
 #: Each goal: at least this many times the per-file (local) or per-member (S3) loop.
 GOALS = {"local": 3.0, "s3": 10.0}
+#: In blocks over S3: at least this many times the per-member loop, and within this factor of the streamed shards.
+BLOCK_GOALS = (20.0, 2.0)
 
 
 def rows_of(loc: dict, rem: dict | None) -> list[dict[str, object]]:
@@ -321,9 +329,15 @@ def rows_of(loc: dict, rem: dict | None) -> list[dict[str, object]]:
     rows += [row("single-threaded loop: one ranged GET per member, then `soundfile.read`", rem["loop"], None),
              row(f"single-threaded loop over the shards ({rem['shards']}): one GET each, `tarfile`, "
                  "`soundfile.read`", rem["shard_loop"], None)]
+    producers = next(c for c in rem["epochs"] if isinstance(c, int))
     for count, epoch in rem["epochs"].items():
-        name = ("`BufferedDataset(\"s3://.../shard-*.tar\")`: streamed shards, auto (the default)"
-                if count == STREAMED else f"`BufferedDataset(\"s3://.../index.json\", num_producers={count})`")
+        if count == STREAMED:
+            name = "`BufferedDataset(\"s3://.../shard-*.tar\")`: streamed shards, auto (the default)"
+        elif str(count).startswith(BLOCK):
+            name = (f"`BufferedDataset(\"s3://.../index.json\", num_producers={producers}, "
+                    f"read_block={str(count)[len(BLOCK):]})`")
+        else:
+            name = f"`BufferedDataset(\"s3://.../index.json\", num_producers={count}, read_block=None)`"
         rows.append(row(name, epoch["times"], max(epoch["rss"]) / 2**20))
     return rows
 
@@ -339,6 +353,11 @@ def settings_of(loc: dict, rem: dict | None, args: argparse.Namespace) -> dict[s
         by_index = {c: statistics.median(e["times"]) for c, e in rem["epochs"].items() if c != STREAMED}
         best = rem["epochs"][min(by_index, key=by_index.__getitem__)]
         cores = 1e3 * usable_cores()  # ms of CPU a second on this machine, which server, proxy and client share
+        per_member = statistics.median(rem["loop"]) / rem["members"]
+        # each epoch's ceiling here: the loop's time a member over the CPU a member cost (all parties) per core
+        settings["cpu_cap"] = {str(c): {"cpu_ms": sum(e["cpu_ms"].values()),
+                                        "cap": per_member * cores / sum(e["cpu_ms"].values())}
+                               for c, e in rem["epochs"].items()}
         settings.update({"remote_files": rem["members"], "remote_shards": rem["shards"], "delay_ms": 1000 * DELAY,
                          "producers": args.producers, "request_cpu_ms": cpu,
                          "request_cap": statistics.median(rem["loop"]) / rem["members"] * cores / per_request,
@@ -357,6 +376,16 @@ def goal_lines(rows: list[dict[str, object]]) -> list[str]:
             ratio = float(best["vs_loop"])  # type: ignore[arg-type]
             lines.append(f"Goal, {where}: the index at least {target:g}x the per-file loop. Measured {ratio:.2f}x "
                          f"({best['approach']}): {'met' if ratio >= target else 'not met'}.")
+    blocked = [r for r in rows if r["where"] == "s3" and "read_block=" in str(r["approach"])
+               and "read_block=None" not in str(r["approach"])]
+    streamed = [r for r in rows if r["where"] == "s3" and "streamed" in str(r["approach"])]
+    if blocked and streamed:
+        best = max(blocked, key=lambda r: float(r["vs_loop"]))  # type: ignore[arg-type]
+        ratio, behind = float(best["vs_loop"]), float(best["median_s"]) / float(streamed[0]["median_s"])  # type: ignore[arg-type]
+        loop, within = BLOCK_GOALS
+        lines.append(f"Goal, s3 in blocks: at least {loop:g}x the per-member loop and within {within:g}x of the "
+                     f"streamed shards. Measured {ratio:.1f}x and {behind:.2f}x the streamed epoch "
+                     f"({best['approach']}): {'met' if ratio >= loop and behind <= within else 'not met'}.")
     return lines
 
 
@@ -373,8 +402,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5, help="runs of each approach (medians)")
     parser.add_argument("--loop-runs", type=int, default=3, help="runs of the remote loop (slow: 20 ms a file)")
     parser.add_argument("--remote-files", type=int, default=600, help="recordings uploaded to the S3 server")
-    parser.add_argument("--producers", type=int, nargs="+", default=[16, 32],
-                        help="producer threads reading from S3 (each count is timed)")
+    parser.add_argument("--producers", type=int, nargs="+", default=[16],
+                        help="producer threads reading from S3 a member a request (each count is timed)")
+    parser.add_argument("--blocks", type=int, nargs="*", default=[8, 32, 128],
+                        help="members a request (read_block) by index from S3, with the first producer count")
     parser.add_argument("--shard-size", type=int, default=4_000_000, help="bytes per local shard")
     parser.add_argument("--no-remote", action="store_true", help="skip the S3 part")
     parser.add_argument("--no-write", action="store_true", help="print, do not save results/storage.json")
@@ -387,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         loc = local(files, work, args.runs, args.shard_size)
         step = max(1, len(files) // args.remote_files)
         rem = None if args.no_remote else remote(files[::step][:args.remote_files], work, args.runs,
-                                                  args.producers, args.loop_runs)
+                                                  args.producers, args.loop_runs, args.blocks)
     rows = rows_of(loc, rem)
     measured = results("storage", rows, command=command_line("bench_storage.py", argv),
                        settings=settings_of(loc, rem, args))

@@ -49,6 +49,8 @@ def load_all(folder: Path = RESULTS) -> dict[str, dict[str, Any]]:
     found: dict[str, dict[str, Any]] = {}
     for path in sorted(folder.glob("*.json")):
         data = json.loads(path.read_text(encoding="utf-8"))
+        if "name" not in data:  # written by a script in its own format (bench_ranks.py): no section of the page
+            continue
         if data.get("name") != path.stem:
             raise ValueError(f"{path}: its 'name' is {data.get('name')!r}, not {path.stem!r} (the file's name)")
         found[path.stem] = data

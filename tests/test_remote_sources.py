@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from helpers import make_corpus
 
-from audiobuffer import AudioDecoder, BufferedDataset, SampleError, Source, SourceError, StorageError
+from audiobuffer import AudioDecoder, BufferedDataset, ResumeError, SampleError, Source, SourceError, StorageError
+from audiobuffer.options import DEFAULT_READ_BLOCK
 from audiobuffer.sources import pack
 from audiobuffer.sources.stream import ShardStream
 
@@ -213,12 +214,12 @@ def test_s3_stopped_server_gives_named_errors(s3, remote):
 
 
 @pytest.mark.parametrize("mode", ["503", "reset"])
-@pytest.mark.parametrize("kind", ["index", "pattern"])
+@pytest.mark.parametrize("kind", ["index", "blocks", "pattern"])
 def test_s3_transient_failures_mid_epoch_are_retried(s3, remote, proxies, kind, mode):
     base, index, names = remote
-    proxy = proxies(faults={4, 9, 15}, mode=mode)
-    spec = f"{base}/index.json" if kind == "index" else _pattern(base, index)
-    ds = BufferedDataset(spec, _decode(), num_producers=4, shuffle=True,
+    proxy = proxies(faults={4, 6, 8} if kind == "blocks" else {4, 9, 15}, mode=mode)
+    spec = _pattern(base, index) if kind == "pattern" else f"{base}/index.json"
+    ds = BufferedDataset(spec, _decode(), num_producers=4, shuffle=True, read_block=4 if kind == "blocks" else None,
                          storage_options=s3.options(proxy.endpoint))
     samples = list(ds)
     assert sorted(_names(samples)) == sorted(names)
@@ -244,7 +245,61 @@ def test_s3_by_index_one_ranged_request_per_member(s3, remote, proxies):
     GET per member."""
     base, _, names = remote
     proxy = proxies()
-    ds = BufferedDataset(f"{base}/index.json", _decode(), num_producers=8,
+    ds = BufferedDataset(f"{base}/index.json", _decode(), num_producers=8, read_block=None,
                          storage_options=s3.options(proxy.endpoint))
     assert sorted(_names(ds)) == sorted(names)
     assert proxy.requests == 2 + N
+
+
+def _block_count(index, block: int) -> int:
+    """Blocks of ``block`` consecutive members of one shard (every shard's members packed back to back)."""
+    per_shard = [sum(m.shard == shard for m in index.members) for shard in index.shards]
+    return sum(-(-count // block) for count in per_shard)
+
+
+@pytest.mark.parametrize("block", ["auto", 4, 64])
+def test_s3_by_index_one_ranged_request_per_block(s3, remote, proxies, block):
+    """Blocks of neighbouring members: one ranged GET a block, the same bytes as member reads, each member once."""
+    base, index, names = remote
+    proxy = proxies()
+    ds = BufferedDataset(f"{base}/index.json", _decode(), num_producers=8, shuffle=True, read_block=block,
+                         storage_options=s3.options(proxy.endpoint))
+    samples = list(ds)
+    assert sorted(_names(samples)) == sorted(names)
+    for s in samples:
+        assert s["audio"].equal(_decode()(str(names[_names([s])[0]]))["audio"])
+    size = DEFAULT_READ_BLOCK if block == "auto" else block
+    assert proxy.requests == 2 + _block_count(index, size) < 2 + N
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_s3_blocks_resume_exactly_and_split_ranks(s3, remote, world_size):
+    base, _, names = remote
+    spec, options = f"{base}/index.json", s3.options()
+    got = []
+    for rank in range(world_size):
+        setup = dict(shuffle=True, num_producers=4, read_block=4, storage_options=options, even_shards=None,
+                     rank=rank, world_size=world_size)
+        ds = BufferedDataset(spec, _decode(), **setup)
+        it = iter(ds)
+        first = [next(it) for _ in range(5)]
+        state = ds.state_dict()
+        it.close()
+        resumed = BufferedDataset(spec, _decode(), **setup)
+        resumed.load_state_dict(state)
+        got += _names(first) + _names(resumed)
+        with pytest.raises(ResumeError, match="read_block"):
+            BufferedDataset(spec, _decode(), **{**setup, "read_block": None}).load_state_dict(state)
+    assert sorted(got) == sorted(names)
+
+
+def test_s3_a_block_that_fails_fails_each_of_its_members(s3, remote, proxies):
+    base, index, names = remote
+    proxy = proxies(faults=set(range(3, 200)), mode="403")  # the index reads, then nothing
+    ds = BufferedDataset(f"{base}/index.json", _decode(), num_producers=8, shuffle=True, read_block=8,
+                         on_error="skip", storage_options=s3.options(proxy.endpoint))
+    assert list(ds) == []
+    failures = ds.stats().failures
+    assert ds.stats().failed == N and len({f[1] for f in failures}) == len(failures)
+    assert all(f"{Path(f[1]).name}' of" in f[2] and "access denied" in f[2] for f in failures)
+    assert proxy.requests == 2 + _block_count(index, 8)  # a refused block is not asked again per member

@@ -155,6 +155,7 @@ def _loader_options(config: PipelineConfig, shuffle: bool | None, ordered: bool 
                 world_size=world_size, max_batch_seconds=config.loader.max_batch_seconds,
                 buckets=config.loader.buckets, max_batch_size=config.loader.max_batch_size,
                 quadratic_duration=config.loader.quadratic_duration, sync_buckets=config.loader.sync_buckets,
+                read_block=config.loader.read_block,
                 # the source is listed (build_source): its segments' durations are read there
                 duration_column=config.source.duration_column if config.loader.max_batch_seconds else None)
 

@@ -229,6 +229,7 @@ class LoaderConfig(_Section):
                                              le=_MAX_SECONDS, allow_inf_nan=False,
                                              description="a number of seconds")
     sync_buckets: bool | None = _python_default(LoaderOptions, "sync_buckets")
+    read_block: Annotated[int, Field(ge=1)] | Literal["auto"] | None = _python_default(LoaderOptions, "read_block")
 
     @model_validator(mode="after")
     def _batches_by_duration(self) -> LoaderConfig:

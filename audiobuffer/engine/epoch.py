@@ -59,10 +59,12 @@ import numpy as np
 from ..buffer import Buffer, BufferStats
 from ..errors import BufferClosed, DecodeError, SampleError
 from ..options import DEFAULT_BUCKETS, ErrorPolicy, ProducerCount, gil_enabled
+from ..sources.blocks import BlockReads
 from ..sources.durations import decoder_crop
 from ..sources.item import ReadClock, WorkItem
 from ..sources.mixture import Mixture
 from ..sources.stream import ShardStream
+from .plan import BLOCK_WINDOW
 from .pool import CHUNK_ITEMS, Failure, ProducerPool
 from .streamed import DynamicBuckets, ShardReader, TimedDecode
 
@@ -380,6 +382,15 @@ def set_up_epoch(pipeline: Pipeline, shard: EpochShard, *, resume: bytes | None 
         most = min(options.most_producers(), max(1, len(layout)))
         decode = ShardReader(stream, decode, buffer, clock, shuffle=options.shuffle,
                              chunk=max(1, min(CHUNK_ITEMS, options.buffer_size // (2 * most))))
+    elif (starts := pipeline.read_blocks()) is not None:
+        # Blocks of members, each read once by the first producer to need it (NOTE [ Block order ] in plan.py)
+        blocks = BlockReads(source.table, starts, indices, storage_options=source.storage_options,
+                            retry=source.retry, capacity=2 * BLOCK_WINDOW + options.most_producers() + 2)
+        block_source = source
+
+        def make_item(seq: int) -> WorkItem:
+            return block_source.item(int(indices[seq]), epoch=number, seed=seed, seq=layout.seq(seq), clock=clock,
+                                     blocks=blocks)
     else:
         listed = source
 

@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from .._checks import check_decoder
-from ..options import DEFAULT_BUCKETS, ErrorPolicy, LoaderOptions
+from ..options import DEFAULT_BUCKETS, DEFAULT_READ_BLOCK, ErrorPolicy, LoaderOptions
 from ..sources.durations import Failure as HeaderFailure
 from ..sources.durations import decoder_crop, read_durations
 from ..sources.mixture import Mixture
 from ..sources.source import AUDIO_PATTERNS, Source, SourceSpec, WorkItem
 from ..sources.stream import ShardStream, as_source
-from .plan import BatchPlan, EpochShard, plan_batches, plan_epoch, shard_length
+from .plan import BatchPlan, EpochShard, block_starts, plan_batches, plan_epoch, shard_length
 from .pool import delivers_itself
 from .streamed import check_streamable
 from .tuner import TunerMemory
@@ -276,9 +276,32 @@ class Pipeline:
             return self.batching.lay_out(consumed=consumed, **setup)
         source = self.source
         plan = plan_epoch(len(source.shards) if isinstance(source, ShardStream) else len(source), consumed=consumed,
-                          **setup)
+                          blocks=self.read_blocks(), **setup)
         return EpochLayout(plan.indices, plan.positions, plan.consumed, resumed=plan.size - len(plan),
                            streamed=self.streamed)
+
+    def read_block(self) -> int | None:
+        """Index members a request reads (``options.read_block`` resolved), or ``None``: one member a request,
+        in the plain order (not an index, streamed shards, a mixture, or local data under ``"auto"``)."""
+        source, block = self.source, self.options.read_block
+        if not isinstance(source, Source) or isinstance(source, Mixture) or source.table.offsets is None:
+            return None
+        if block == "auto":
+            return DEFAULT_READ_BLOCK if self.batching is None and source.has_urls() else None
+        return block
+
+    def read_blocks(self) -> np.ndarray | None:
+        """The first item of each read block (NOTE [ Block order ] in ``plan.py``), or ``None`` (:meth:`read_block`)."""
+        block = self.read_block()
+        if block is None:
+            return None
+        found = self.__dict__.get("_blocks")
+        if found is None or found[0] != block:
+            table = cast(Source, self.source).table
+            found = (block, block_starts(cast(np.ndarray, table.shard_of), cast(np.ndarray, table.offsets),
+                                         cast(np.ndarray, table.sizes), block))
+            self.__dict__["_blocks"] = found  # frozen, but a pure function of the fields: remembered
+        return cast(np.ndarray, found[1])
 
     def length(self, epoch: int, rank: int, world_size: int) -> int:
         """Items rank ``rank`` yields in ``epoch`` (its DataLoader workers together); batches, when it
@@ -330,6 +353,10 @@ def _check_combination(source: Source | ShardStream, decoder: Any, options: Load
                       f"{max(1, int(options.max_batch_seconds // cast(float, crop)))} items and buy nothing "
                       f"(batch_size does the same); give the decoder pad=False to batch the items by their own "
                       f"lengths", UserWarning, stacklevel=4)
+    if options.max_batch_seconds is not None and options.read_block not in ("auto", None):
+        raise ValueError(f"read_block={options.read_block!r} with max_batch_seconds: batches by duration take their "
+                         f"items by duration bucket, not in blocks of neighbouring members; leave read_block "
+                         f"'auto' or None")
     if delivers_itself(decoder) and (options.ordered or options.transform is not None
                                      or options.max_batch_seconds is not None):
         raise ValueError(f"{decoder!r} delivers its samples itself: it takes no ordered=True, no transform and "

@@ -3,11 +3,14 @@
 A pure function of the corpus size and the setup, with no threads, files or torch, so that every
 process computes the same plan and exactly-once can be tested on the plan alone. The steps, in order:
 
-1. the epoch's order: ``0 .. n-1``, or a permutation seeded by ``seed + epoch``;
+1. the epoch's order: ``0 .. n-1``, or a permutation seeded by ``seed + epoch``; with read blocks
+   (``read_block``), a block order: blocks of consecutive items shuffled, then the items within
+   windows of a few blocks (NOTE [ Block order ]);
 2. even shards: with ``world_size > 1``, padded (repeating from the start) or cut to a multiple of
    ``world_size``, so that every rank gets as many items and none waits forever in a collective;
-3. the rank's shard, then the DataLoader worker's shard of it (interleaved: ``order[i::count]``), by
-   rank first so that every rank gets the same share whatever its workers do;
+3. the rank's shard, then the DataLoader worker's shard of it (interleaved: ``order[i::count]``; in a
+   block order, consecutive runs of the same lengths, so that each keeps whole blocks), by rank
+   first so that every rank gets the same share whatever its workers do;
 4. the resume mask: positions of the shard already consumed before a saved state are left out, and
    the rest keep the positions they had in the full epoch.
 
@@ -33,7 +36,10 @@ import numpy as np
 from ..errors import ResumeError
 
 __all__ = ["EpochShard",
+    "BLOCK_WINDOW",
     "BatchPlan",
+    "block_order",
+    "block_starts",
     "batch_cost",
     "EpochPlan",
     "bucket_edges",
@@ -46,6 +52,7 @@ __all__ = ["EpochShard",
     "plan_batches",
     "plan_epoch",
     "shard",
+    "split",
     "shard_length",
     "step_rounds",
 ]
@@ -98,6 +105,70 @@ def epoch_order(n: int, *, shuffle: bool, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng(seed + epoch).permutation(n)
 
 
+# NOTE [ Block order ]
+# =====================
+# An object store answers a request in tens of milliseconds whatever its size up to megabytes, so
+# reading an index member by member costs a request per member. With ``read_block=N`` the items are
+# cut into blocks of up to N consecutive index members of one shard (:func:`block_starts`), and the
+# epoch's order shuffles the blocks, then the items within each window of BLOCK_WINDOW consecutive
+# blocks of that order (:func:`block_order`): the items of a block come close together, so one
+# ranged request reads the whole block (``sources/blocks.py``), and an item still lands anywhere in
+# its window. It is a permutation of ``0 .. n-1`` like the plain order, so exactly-once, even shards
+# and the consumed mask are unchanged; only the rank and worker shards differ: consecutive runs of
+# the order instead of interleaved items (:func:`split`), of the same lengths as interleaving gives,
+# so each keeps whole blocks and :func:`shard_length` still holds.
+
+#: Blocks whose items the block order shuffles among themselves (NOTE [ Block order ]).
+BLOCK_WINDOW = 4
+
+
+def block_starts(shard_of: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, block: int) -> np.ndarray:
+    """The first item of each read block: a new block every ``block`` items, at a new shard, and where
+    an item does not follow the one before it in its shard (a block is one contiguous byte range)."""
+    n = len(shard_of)
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise ValueError(f"read_block must be an integer >= 1, got {block!r}")
+    if n == 0:
+        return np.empty(0, dtype=np.int64)
+    ends = offsets + sizes
+    cut = np.ones(n, dtype=bool)
+    cut[1:] = (shard_of[1:] != shard_of[:-1]) | (offsets[1:] < ends[:-1]) | (offsets[1:] - ends[:-1] > _MAX_GAP)
+    starts = np.flatnonzero(cut)
+    # every ``block`` items within each run between cuts
+    run = np.repeat(starts, np.diff(np.append(starts, n)))
+    cut |= (np.arange(n) - run) % block == 0
+    return np.flatnonzero(cut).astype(np.int64)
+
+
+#: The most bytes between two members that still share a block (a tar header is 512).
+_MAX_GAP = 1 << 16
+
+
+def block_order(starts: np.ndarray, n: int, *, shuffle: bool, seed: int, epoch: int,
+                window: int = BLOCK_WINDOW) -> np.ndarray:
+    """The block order of ``n`` items cut into blocks at ``starts`` (NOTE [ Block order ]): the blocks
+    shuffled, then the items within each window of ``window`` blocks; ``0 .. n-1`` without ``shuffle``."""
+    if not shuffle:
+        return np.arange(n, dtype=np.int64)
+    rng = np.random.default_rng(seed + epoch)
+    lengths = np.diff(np.append(starts, n))
+    chosen = rng.permutation(len(starts))
+    taken = lengths[chosen]
+    first = np.concatenate(([0], np.cumsum(taken)[:-1])) if len(taken) else taken
+    order = np.arange(n, dtype=np.int64) + np.repeat(starts[chosen] - first, taken)
+    windows = np.repeat(np.arange(len(chosen)) // window, taken)
+    return order[np.lexsort((rng.random(n), windows))]
+
+
+def split(order: np.ndarray, index: int, count: int) -> np.ndarray:
+    """The ``index``-th of ``count`` consecutive runs of ``order``, as long as :func:`shard`'s."""
+    if not 0 <= index < count:
+        raise ValueError(f"shard index must be in [0, {count}), got {index}")
+    n = len(order)
+    start = sum(len(range(i, n, count)) for i in range(index))
+    return order[start:start + len(range(index, n, count))]
+
+
 def even_out(order: np.ndarray, count: int, mode: str) -> np.ndarray:
     """``order`` made divisible by ``count``: ``"pad"`` repeats items from its start, ``"drop"`` cuts the rest."""
     n = len(order)
@@ -127,7 +198,7 @@ def shard_length(n: int, *, rank: int = 0, world_size: int = 1, even_shards: str
 
 def plan_epoch(n: int, *, shuffle: bool, seed: int, epoch: int, rank: int = 0, world_size: int = 1,
                worker: int = 0, num_workers: int = 1, even_shards: str | None = "pad",
-               consumed: bytes | bytearray | None = None) -> EpochPlan:
+               consumed: bytes | bytearray | None = None, blocks: np.ndarray | None = None) -> EpochPlan:
     """The plan of one shard (``rank``, ``worker``) of ``epoch`` over a corpus of ``n`` items.
 
     Args:
@@ -137,14 +208,19 @@ def plan_epoch(n: int, *, shuffle: bool, seed: int, epoch: int, rank: int = 0, w
         worker, num_workers: this DataLoader worker's shard of the rank's items.
         even_shards: ``"pad"``, ``"drop"`` or ``None`` (ranks may differ by one item).
         consumed: the saved mask of a resumed epoch (one byte per shard position), or ``None``.
+        blocks: the first item of each read block (:func:`block_starts`): a block order, split in
+            consecutive runs (NOTE [ Block order ]); ``None``: the plain order, interleaved.
 
     Raises:
         ResumeError: ``consumed`` does not have one byte per position of this shard.
     """
-    order = epoch_order(n, shuffle=shuffle, seed=seed, epoch=epoch)
+    if blocks is None:
+        order, cut = epoch_order(n, shuffle=shuffle, seed=seed, epoch=epoch), shard
+    else:
+        order, cut = block_order(blocks, n, shuffle=shuffle, seed=seed, epoch=epoch), split
     if world_size > 1 and even_shards is not None:
         order = even_out(order, world_size, even_shards)
-    indices = shard(shard(order, rank, world_size), worker, num_workers)
+    indices = cut(cut(order, rank, world_size), worker, num_workers)
     size = len(indices)
     if consumed is None:
         return EpochPlan(indices, None, size, bytes(size))
@@ -172,6 +248,9 @@ STATE_CONSUMED = "consumed"
 #: The batches by duration a state's mask counts (their budget, buckets and a digest of the durations),
 #: or ``None`` where it counts items; part of the setup (a setup without the key means ``None``).
 STATE_BATCHING = "batching"
+#: The members a read block holds (``read_block`` resolved), where the order is a block order (NOTE [ Block
+#: order ]); part of the setup, written only where not ``None`` (a state without the key means ``None``).
+STATE_READ_BLOCK = "read_block"
 #: The setup a state was saved under; a state loads only into the same setup (and the same batching).
 SETUP_KEYS = (STATE_SEED, STATE_SHUFFLE, STATE_RANK, STATE_WORLD_SIZE, STATE_EVEN_SHARDS, STATE_SOURCE)
 #: 3: with the batching key (the consumed mask counts batches where it is not None); 2 (still loaded):
@@ -211,6 +290,8 @@ def encode_state(setup: Mapping[str, Any], epoch: int, consumed: bytes | bytearr
     state: dict[str, Any] = {STATE_VERSION: STATE_FORMAT, STATE_EPOCH: epoch}
     state.update((key, setup[key]) for key in SETUP_KEYS)
     state[STATE_BATCHING] = setup.get(STATE_BATCHING)
+    if setup.get(STATE_READ_BLOCK) is not None:  # a block order: another order of the items
+        state[STATE_READ_BLOCK] = setup[STATE_READ_BLOCK]
     state[STATE_ITEMS] = None if consumed is None else len(consumed)
     state[STATE_CONSUMED] = "" if consumed is None else pack_consumed(consumed)
     return state
@@ -231,9 +312,10 @@ def decode_state(setup: Mapping[str, Any], state: Any) -> tuple[int, bytes | Non
         raise ResumeError(f"state format {state[STATE_VERSION]!r} is not 1, 2 or {STATE_FORMAT}")
     if state[STATE_VERSION] == STATE_FORMAT and STATE_BATCHING not in state:
         raise ResumeError(f"the state dict lacks {[STATE_BATCHING]}")
-    saved = {**state, STATE_BATCHING: state.get(STATE_BATCHING)}  # formats 1 and 2 count items
-    wanted = {**setup, STATE_BATCHING: setup.get(STATE_BATCHING)}
-    for key in (*SETUP_KEYS, STATE_BATCHING):
+    saved = {**state, STATE_BATCHING: state.get(STATE_BATCHING),  # formats 1 and 2 count items
+             STATE_READ_BLOCK: state.get(STATE_READ_BLOCK)}
+    wanted = {**setup, STATE_BATCHING: setup.get(STATE_BATCHING), STATE_READ_BLOCK: setup.get(STATE_READ_BLOCK)}
+    for key in (*SETUP_KEYS, STATE_BATCHING, STATE_READ_BLOCK):
         if saved[key] != wanted[key]:
             raise ResumeError(f"the state was saved with {key}={saved[key]!r}, this dataset has {key}={wanted[key]!r}; "
                               f"resume with the setup it was saved under")

@@ -125,7 +125,8 @@ class EpochCursor:
         return {_plan.STATE_SEED: options.seed, _plan.STATE_SHUFFLE: options.shuffle, _plan.STATE_RANK: rank,
                 _plan.STATE_WORLD_SIZE: world_size, _plan.STATE_EVEN_SHARDS: options.even_shards,
                 _plan.STATE_SOURCE: pipeline.source.fingerprint(),
-                _plan.STATE_BATCHING: None if pipeline.batching is None else pipeline.batching.state(world_size)}
+                _plan.STATE_BATCHING: None if pipeline.batching is None else pipeline.batching.state(world_size),
+                _plan.STATE_READ_BLOCK: pipeline.read_block()}
 
 
 class PipelineViews:

@@ -17,7 +17,7 @@ from torch.utils.data import IterableDataset
 
 from ..engine.epoch import MAX_LISTED_FAILURES, DatasetStats, RunningEpochs, run_epoch
 from ..engine.pipeline import DurationBatching, Pipeline
-from ..options import DEFAULT_WARN_AFTER, ErrorPolicy, EvenShards, LoaderOptions, ProducerCount
+from ..options import DEFAULT_WARN_AFTER, ErrorPolicy, EvenShards, LoaderOptions, ProducerCount, ReadBlock
 from ..sources.source import LabelSpec, Source, SourceSpec, WorkItem
 from ._state import EpochCursor, PipelineViews, StateKeys, dataloader_worker
 
@@ -190,6 +190,13 @@ class BufferedDataset(PipelineViews, StateKeys, IterableDataset):
             streamed tar shards).
         storage_options: options for fsspec's filesystem of the URLs read (``{"endpoint_url": ...,
             "key": ..., "secret": ...}``), passed to every remote read.
+        read_block: an ``index.json``'s members read a block at a time: the epoch's order shuffles
+            blocks of this many consecutive members of a shard, then the members within a window of a
+            few blocks, and the first producer to need a member of a block reads the whole block in
+            one ranged request (NOTE [ Block order ] in ``engine/plan.py``). ``"auto"`` (the default):
+            blocks of :data:`~audiobuffer.options.DEFAULT_READ_BLOCK` for an index read from a URL
+            (not with ``max_batch_seconds``), one member a request for local data; ``None``: one member
+            a request, in the plain order. Exactly once, ranks, workers and resume as ever.
     """
 
     #: The options, read-only (one copy of each: ``pipeline.options``).
@@ -217,7 +224,7 @@ class BufferedDataset(PipelineViews, StateKeys, IterableDataset):
                  max_batch_size: int | None = None, duration_column: str | None = None,
                  start_column: str | None = None, quadratic_duration: float | None = None,
                  sync_buckets: bool | None = None,
-                 storage_options: Mapping[str, Any] | None = None) -> None:
+                 storage_options: Mapping[str, Any] | None = None, read_block: ReadBlock = "auto") -> None:
         super().__init__()
         options = LoaderOptions(
             num_producers=num_producers, buffer_size=buffer_size, max_bytes=max_bytes, shuffle=shuffle, seed=seed,
@@ -226,7 +233,7 @@ class BufferedDataset(PipelineViews, StateKeys, IterableDataset):
             warn_after=warn_after, timeout=timeout, max_batch_seconds=max_batch_seconds, buckets=buckets,
             max_batch_size=max_batch_size, duration_column=duration_column, start_column=start_column,
             quadratic_duration=quadratic_duration,
-            sync_buckets=sync_buckets, storage_options=storage_options)
+            sync_buckets=sync_buckets, storage_options=storage_options, read_block=read_block)
         #: What the epochs run over: the source, decoder, options and durations (one copy of each).
         self.pipeline = Pipeline.build(source, decoder, options)
         self._cursor = EpochCursor(self.pipeline)

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from .blocks import BlockReads
 from .listing import as_column, table_of_paths
 from .source import ReadClock, Source, SourceSpec, WorkItem, _natural_key
 from .table import ABSENT, ItemTable
@@ -182,9 +183,12 @@ class Mixture(Source):
         return {name: int(c) for name, c in zip(self.names, tally.tolist())}
 
     def item(self, index: int, *, epoch: int = 0, seed: int = 0, seq: int = 0,
-             clock: ReadClock | None = None) -> WorkItem:
+             clock: ReadClock | None = None, blocks: BlockReads | None = None) -> WorkItem:
         """The work item of draw ``index`` of epoch ``epoch``: its source's item, whose ``index`` is its place
-        in the mixture's items (stable across epochs) and whose ``label`` counts in the mixture's classes."""
+        in the mixture's items (stable across epochs) and whose ``label`` counts in the mixture's classes.
+        A mixture reads a member at a time: ``blocks`` must be ``None``."""
+        if blocks is not None:
+            raise ValueError("a mixture reads its sources' members one at a time, not in blocks")
         g = int(self.draw(seed, epoch)[index])
         k = int(self.source_of(np.array([g]))[0])
         inner = self.sources[k].item(g - int(self.offsets[k]), epoch=epoch, seed=seed, seq=seq, clock=clock)

@@ -23,6 +23,7 @@ import numpy as np
 
 from ..errors import SourceError
 from . import storage
+from .blocks import BlockReads
 from .formats.lhotse import is_lhotse, read_lhotse
 from .index import read_index
 from .item import AUDIO_PATTERNS, IMAGE_PATTERNS, ReadClock, WorkItem
@@ -304,9 +305,10 @@ class Source:
         return copy
 
     def item(self, index: int, *, epoch: int = 0, seed: int = 0, seq: int = 0,
-             clock: ReadClock | None = None) -> WorkItem:
+             clock: ReadClock | None = None, blocks: BlockReads | None = None) -> WorkItem:
         """The work item for the source's ``index``-th file (with ``read`` set for an index member or a URL,
-        its time counted by ``clock`` when given)."""
+        its time counted by ``clock`` when given; an index member's read from its block in ``blocks``
+        when given)."""
         table = self.table
         label: int | None = None
         name: str | None = None
@@ -316,7 +318,9 @@ class Source:
                 label, name = code, self.classes[code]
         path = table.path(index)
         read: Callable[[], bytes] | None = None
-        if table.offsets is not None:  # an index member: one ranged request, sized to the member
+        if table.offsets is not None and blocks is not None:  # an index member, sliced from its block
+            read = functools.partial(blocks.read, index)
+        elif table.offsets is not None:  # an index member: one ranged request, sized to the member
             read = functools.partial(storage.read_range, table.shards[table.shard_of[index]],  # type: ignore[index]
                                      int(table.offsets[index]), int(table.sizes[index]),  # type: ignore[index]
                                      storage_options=self.storage_options, retry=self.retry,

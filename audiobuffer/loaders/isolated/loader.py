@@ -144,7 +144,7 @@ class IsolatedLoader(PipelineViews, StateKeys):
             ``max_bytes``, ``shuffle``, ``seed``, ``ordered``, ``on_error``, ``transform``, ``labels``,
             ``patterns``, ``path_column``, ``rank``, ``world_size``, ``even_shards``, ``warn_after``,
             ``timeout``, ``max_batch_seconds``, ``buckets``, ``max_batch_size``, ``duration_column``,
-            ``quadratic_duration``, ``sync_buckets``);
+            ``quadratic_duration``, ``sync_buckets``, ``read_block``);
             they apply in the helper process.
 
     Raises:
