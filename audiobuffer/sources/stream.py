@@ -94,14 +94,8 @@ class ShardStream:
     def __init__(self, shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
                  labels: LabelSpec = None, storage_options: Mapping[str, Any] | None = None,
                  retry: RetrySpec = None) -> None:
-        if storage_options is not None and not isinstance(storage_options, Mapping):
-            raise TypeError(f"storage_options must be a mapping of fsspec options or None, got {storage_options!r}")
-        self.storage_options = None if storage_options is None else dict(storage_options)
-        self.retry = storage.as_retry(retry)
         #: The shards, in order (braces expanded, globs listed).
-        self.shards = storage.expand_urls(shards, storage_options=storage_options, retry=retry)
-        if not self.shards:
-            raise SourceError(f"no shards in {shards!r}")
+        self.shards = self._expand(shards, "shards", storage_options, retry)
         missing = [s for s in self.shards if not storage.is_url(s) and not os.path.isfile(s)]
         if missing:  # local ones are checked here; a remote one missing is its epoch's failure, named
             raise SourceError(f"shard {missing[0]!r} does not exist ({len(missing)} of {len(self.shards)} "
@@ -119,6 +113,22 @@ class ShardStream:
         #: The sorted label names; a sample's ``label`` is an index into this list.
         self.classes: list[str] = sorted(names, key=_natural_key)
         self.class_to_idx: dict[str, int] = {name: i for i, name in enumerate(self.classes)}
+
+    def _expand(self, spec: Any, what: str, storage_options: Mapping[str, Any] | None, retry: RetrySpec) -> list[str]:
+        """Keep the storage options and retry; the paths or URLs ``spec`` names (braces expanded, globs listed).
+
+        Raises:
+            TypeError: ``storage_options`` is not a mapping.
+            SourceError: ``spec`` names nothing.
+        """
+        if storage_options is not None and not isinstance(storage_options, Mapping):
+            raise TypeError(f"storage_options must be a mapping of fsspec options or None, got {storage_options!r}")
+        self.storage_options = None if storage_options is None else dict(storage_options)
+        self.retry = storage.as_retry(retry)
+        found = storage.expand_urls(spec, storage_options=storage_options, retry=retry)
+        if not found:
+            raise SourceError(f"no {what} in {spec!r}")
+        return found
 
     def __len__(self) -> int:
         """Samples in all the shards, from the listing (see NOTE [ Streamed shards ]).
@@ -274,14 +284,8 @@ class ParquetStream(ShardStream):
     def __init__(self, files: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
                  labels: LabelSpec = None, audio_column: str | None = None,
                  storage_options: Mapping[str, Any] | None = None, retry: RetrySpec = None) -> None:
-        if storage_options is not None and not isinstance(storage_options, Mapping):
-            raise TypeError(f"storage_options must be a mapping of fsspec options or None, got {storage_options!r}")
-        self.storage_options = None if storage_options is None else dict(storage_options)
-        self.retry = storage.as_retry(retry)
         #: The Parquet files, in order.
-        self.files = storage.expand_urls(files, storage_options=storage_options, retry=retry)
-        if not self.files:
-            raise SourceError(f"no Parquet files in {files!r}")
+        self.files = self._expand(files, "Parquet files", storage_options, retry)
         units: list[tuple[int, int, int]] = []  # (file, row group, its first row in the file)
         counts: list[int] = []
         self._columns: list[str] = []
