@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -252,8 +254,12 @@ def isolated_leftovers(monkeypatch: Any) -> Iterator[None]:
     monkeypatch.setattr(_shm, "attach", recording_attach)
     # Children from before (multiprocessing's resource tracker, once some test used spawn) stay.
     older = {p.pid for p in psutil.Process().children(recursive=True)}
+    tables = set(Path(tempfile.gettempdir()).glob("audiobuffer-table-*"))  # item tables shared with a helper
     yield
     monkeypatch.setattr(_shm, "attach", attach)
+    gc.collect()  # a loader left unclosed removes its table folder when it is collected
+    left_tables = set(Path(tempfile.gettempdir()).glob("audiobuffer-table-*")) - tables
+    assert not left_tables, f"item-table folders left: {sorted(map(str, left_tables))}"
     deadline = time.monotonic() + JOIN_TIMEOUT
     children = [p for p in psutil.Process().children(recursive=True) if p.pid not in older]
     _, alive = psutil.wait_procs(children, timeout=max(0.0, deadline - time.monotonic()))

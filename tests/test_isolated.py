@@ -676,3 +676,21 @@ def test_batches_by_duration_lose_samples_that_cannot_be_collated(tmp_path):
         assert (stats.failed, stats.empty_batches, stats.batches, stats.yielded) == (4, 1, 3, 8)
         state = loader.state_dict()
         assert unpack_consumed(state["consumed"], state["items"]) == b"\x01" * 4
+
+
+def test_table_folders_of_trainers_gone_are_swept_and_the_others_kept(tmp_path):
+    from audiobuffer.loaders.isolated import tables
+
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          timeout=60)
+    dead = int(done.stdout)  # a pid that ran and was reaped
+    parent = os.getppid()
+    folders = {pid: tmp_path / f"{tables.PREFIX}{pid}-abc" for pid in (dead, os.getpid(), parent)}
+    for folder in folders.values():
+        folder.mkdir()
+        (folder / "0.npy").write_bytes(b"x")
+    (tmp_path / f"{tables.PREFIX}unnamed").mkdir()  # not a name this makes: left alone
+    assert not tables.pid_running(dead) and tables.pid_running(os.getpid())
+    assert tables.sweep(tmp_path) == [str(folders[dead])]
+    assert [f.exists() for f in folders.values()] == [False, True, True]
+    assert (tmp_path / f"{tables.PREFIX}unnamed").is_dir()

@@ -334,6 +334,9 @@ class ItemTable:
         #: Each item's class, set by the source that resolves the labels (-1: none), or ``None``.
         self.label_of: np.ndarray | None = None
         self._shared: str | None = None  # the folder of share(): pickles as a reference to it
+        #: The folder this table's arrays are memory-mapped from (in the process that opened a shared
+        #: table), or ``None``.
+        self.mapped_from: str | None = None
 
     def __len__(self) -> int:
         return len(self.prefix_of)
@@ -457,4 +460,5 @@ def _open_shared(folder: str) -> ItemTable:
         state = Loader(f).load()
     table = _from_state(state)
     table._shared = None  # a copy pickled on from here carries its arrays
+    table.mapped_from = str(root)
     return table

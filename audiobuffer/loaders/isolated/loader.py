@@ -19,7 +19,6 @@ import inspect
 import logging
 import pickle
 import shutil
-import tempfile
 import threading
 import time
 import weakref
@@ -38,6 +37,7 @@ from ...errors import BufferClosed, DecodeError, HelperError, SampleError, Stall
 from ...options import ErrorPolicy, LoaderOptions, ProducerCount, check_keywords
 from ...sources.source import Source, SourceSpec, WorkItem
 from .._state import EpochCursor, PipelineViews, StateKeys
+from . import tables
 from .channel import CLOSED, HelperChannel, RemoteTraceback, death_message, pickle_by_reference
 from .protocol import Batch, EpochEnd, EpochError, SampleFailed, Skipped, Stalled, StartEpoch
 
@@ -196,7 +196,7 @@ class IsolatedLoader(PipelineViews, StateKeys):
         listed = dataclasses.replace(pipeline.options, labels=None, patterns=None, path_column="path",
                                      storage_options=None)
         # The items go as files the helper memory-maps (NOTE [ Shared item table ] in sources/table.py).
-        self._table_dir = tempfile.mkdtemp(prefix="audiobuffer-table-")
+        self._table_dir = tables.make_folder()
         self._forget_table = weakref.finalize(self, shutil.rmtree, self._table_dir, ignore_errors=True)
         shared = pipeline.source.shared(self._table_dir)
         spec = {"pipeline": dataclasses.replace(pipeline, source=shared, options=listed, batching=None),
