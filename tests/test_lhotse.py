@@ -207,3 +207,12 @@ def test_yaml_source_root_names_the_cuts(corpus, tmp_path):
                       "decode: {kind: audio}\n", encoding="utf-8", newline="\n")
     ds = build_dataset(load_config(config))
     assert sorted(s["id"] for s in _drain(ds)) == sorted(c.id for c in cuts)
+
+
+def test_pack_refuses_segments_rather_than_copy_whole_recordings(corpus, tmp_path):
+    from audiobuffer.sources import pack
+
+    root, _ = corpus
+    with pytest.raises(SourceError, match="names segments of its files .* pack copies whole files"):
+        pack(root / "cuts.jsonl.gz", tmp_path / "out", shard_size=10**6, progress=False)
+    assert not (tmp_path / "out" / "index.json").exists()
