@@ -151,3 +151,19 @@ def test_yaml_source_root_names_the_parquet_files(hf, tmp_path):
     ds = build_dataset(load_config(config))
     assert isinstance(ds.pipeline.source, ParquetStream) and ds.classes == sorted(CLASSES)
     assert sorted(_index(s) for s in _drain(ds)) == list(range(N))
+
+
+def test_what_a_parquet_dataset_cannot_do_is_said_with_what_to_do(hf, tmp_path, no_helper_left_behind):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from audiobuffer import IsolatedLoader
+
+    with pytest.raises(ValueError, match=r"not 1 Parquet file, 4 row groups .*streamed: read the dataset with "
+                                         r"BufferedDataset"):
+        IsolatedLoader(str(next(hf.glob("*.parquet"))), AudioDecoder(), batch_size=4)
+    with pytest.raises(ValueError, match="ordered=True needs random access to the samples: Parquet row groups"):
+        BufferedDataset(str(next(hf.glob("*.parquet"))), AudioDecoder(), ordered=True)
+    pq.write_table(pa.table({"audio": [1, 2]}), tmp_path / "ints.parquet")
+    with pytest.raises(SourceError, match=r"column 'audio' of Parquet file .*ints.parquet' holds int64, not encoded"):
+        BufferedDataset(str(tmp_path / "ints.parquet"), AudioDecoder())

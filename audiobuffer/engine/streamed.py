@@ -36,14 +36,13 @@ T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
 
-def check_streamable(decoder: Any, ordered: bool) -> None:
-    """Refuse what a streamed source cannot do: an ordered epoch, a decoder that delivers itself."""
+def check_streamable(decoder: Any, ordered: bool, hint: str) -> None:
+    """Refuse what a streamed source cannot do: an ordered epoch, a decoder that delivers itself (``hint``: what
+    to give instead)."""
     if ordered:
-        raise ValueError("ordered=True needs random access to the members: give the shards' index.json "
-                         "(audiobuffer pack writes one) instead of the shards, or ordered=False")
+        raise ValueError(f"ordered=True needs random access to the samples: {hint}; or ordered=False")
     if getattr(decoder, "delivers_itself", False) is True:
-        raise ValueError(f"{decoder!r} delivers its samples itself, and so do streamed shards: give the "
-                         f"shards' index.json (audiobuffer pack writes one) instead of the shards")
+        raise ValueError(f"{decoder!r} delivers its samples itself, and so does a streamed source: {hint}")
 
 
 class ShardReader:

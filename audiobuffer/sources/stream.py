@@ -130,6 +130,9 @@ class ShardStream:
             raise SourceError(f"no {what} in {spec!r}")
         return found
 
+    #: What to give a loader that needs random access instead of this source.
+    random_access_hint = "give the shards' index.json (audiobuffer index or audiobuffer pack writes one)"
+
     def __len__(self) -> int:
         """Samples in all the shards, from the listing (see NOTE [ Streamed shards ]).
 
@@ -281,6 +284,9 @@ class ParquetStream(ShardStream):
         StorageError: a file cannot be read.
     """
 
+    random_access_hint = ("Parquet row groups are streamed: read the dataset with BufferedDataset, or give its "
+                          "files as a folder or a manifest")
+
     def __init__(self, files: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
                  labels: LabelSpec = None, audio_column: str | None = None,
                  storage_options: Mapping[str, Any] | None = None, retry: RetrySpec = None) -> None:
@@ -303,7 +309,8 @@ class ParquetStream(ShardStream):
         self._units = units
         #: One name per row group, ``<file>#<row group>``: the epoch plan's shards.
         self.shards = [f"{self.files[f]}#{g}" for f, g, _ in units]
-        self.description = (f"{len(self.files)} Parquet files, {len(units)} row groups "
+        self.description = (f"{len(self.files)} Parquet file{'s' * (len(self.files) != 1)}, {len(units)} row "
+                            f"group{'s' * (len(units) != 1)} "
                             f"({self.files[0]!r}{' ...' if len(self.files) > 1 else ''})")
         self.labels = labels
         self._counts_only = _Listed(tuple(counts), [], [], [])

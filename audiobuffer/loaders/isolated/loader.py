@@ -181,8 +181,8 @@ class IsolatedLoader(PipelineViews, StateKeys):
         #: What the epochs run over: the source, decoder, options and durations (one copy of each).
         self.pipeline = pipeline = Pipeline.build(source, decoder, LoaderOptions(**options))
         if not isinstance(pipeline.source, Source):  # a ShardStream: its epochs are not plans of items
-            raise ValueError(f"IsolatedLoader reads files or an index, not {pipeline.source.description}: give the "
-                             f"shards' index.json (audiobuffer pack writes one)")
+            raise ValueError(f"IsolatedLoader reads files or an index, not {pipeline.source.description}: "
+                             f"{pipeline.source.random_access_hint}")
         self.batch_size = batch_size
         self.drop_last = bool(drop_last)
         self.num_slots = num_slots

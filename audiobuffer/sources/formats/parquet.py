@@ -55,8 +55,15 @@ def holds_audio(spec: Any, *, storage_options: Mapping[str, Any] | None = None, 
         if not urls:
             return False
         schema = open_parquet(urls[0], storage_options=storage_options, retry=retry).schema_arrow
-        audio_column(schema, urls[0])
     except (SourceError, StorageError, ValueError):
+        return False
+    try:
+        audio_column(schema, urls[0])
+    except SourceError:
+        if AUDIO_COLUMN in schema.names:  # meant as audio, stored otherwise
+            raise SourceError(f"column {AUDIO_COLUMN!r} of Parquet file {urls[0]!r} holds "
+                              f"{schema.field(AUDIO_COLUMN).type}, not encoded audio: a struct of bytes and path, "
+                              f"as datasets.Audio(decode=False) stores it") from None
         return False
     return True
 
