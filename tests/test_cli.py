@@ -398,3 +398,13 @@ def test_run_reports_the_zeros_of_a_padded_crop_without_batches_by_duration(pipe
     summary = json.loads(result.stdout)
     assert summary["padding"] == [pytest.approx(0.6)]
     assert "padding       60.0% of the batches' audio" in result.stderr
+
+
+def test_a_warning_of_ours_is_one_line_without_a_source_location(pipeline):
+    root, config = pipeline
+    result = audiobuffer("run", config, "--no-progress", "--set", "decode.crop_seconds=0.1",
+                         "--set", "loader.max_batch_seconds=1")
+    assert result.returncode == 0, result.stderr
+    warned = [line for line in result.stderr.splitlines() if "every item lasts the crop" in line]
+    assert warned and all(line.startswith("audiobuffer: warning: ") for line in warned), result.stderr
+    assert ".py:" not in result.stderr

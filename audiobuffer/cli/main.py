@@ -233,6 +233,21 @@ def _one_line(message: str, limit: int = 4000) -> str:
     return message if len(message) <= limit else message[:limit - 3] + "..."
 
 
+_PACKAGE = str(Path(__file__).resolve().parents[1])
+
+
+def _format_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                    line: str | None = None) -> str:
+    """audiobuffer's own warnings as one line on the command line (``audiobuffer: warning: ...``), not as a
+    source location; any other as Python shows it."""
+    if str(Path(filename).resolve()).startswith(_PACKAGE):
+        return f"audiobuffer: warning: {_one_line(str(message))}\n"
+    return _SHOW_WARNING(message, category, filename, lineno, line)
+
+
+_SHOW_WARNING = warnings.formatwarning
+
+
 def _tolerant_stdout() -> None:
     """Let stdout print any file name: a Windows console or redirect (cp1252) cannot encode every
     character, and a print that raised would end the command before its ``--json`` is written."""
@@ -252,6 +267,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _setup_logging(args)
     command = {"run": _cmd_run, "config": _cmd_config, "demo": _cmd_demo}[args.command]
+    shown = warnings.formatwarning
+    warnings.formatwarning = _format_warning
     try:
         return command(args)
     except ConfigError as exc:
@@ -269,6 +286,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("audiobuffer: interrupted", file=sys.stderr)
         return 130
+    finally:
+        warnings.formatwarning = shown
 
 
 if __name__ == "__main__":
