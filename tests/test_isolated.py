@@ -24,6 +24,7 @@ from helpers import (
     make_corpus,
     segment_exists,
     wait_gone,
+    write_tone,
 )
 from plain_decoders import Exit, ExitOnce, Flood, IndexDecoder, Misfit, TightShm, add_one
 
@@ -694,3 +695,29 @@ def test_table_folders_of_trainers_gone_are_swept_and_the_others_kept(tmp_path):
     assert tables.sweep(tmp_path) == [str(folders[dead])]
     assert [f.exists() for f in folders.values()] == [False, True, True]
     assert (tmp_path / f"{tables.PREFIX}unnamed").is_dir()
+
+
+OPEN_AT_EXIT = textwrap.dedent("""
+    from pathlib import Path
+    import audiobuffer as ab
+    files = sorted(str(p) for p in Path({folder!r}).glob("*.wav"))
+    ds = ab.BufferedDataset(files, ab.AudioDecoder(8000))
+    it = iter(ds)  # globals of the script, as a script holds them
+    next(it)
+    isolated = iter(ab.IsolatedLoader(files, ab.AudioDecoder(8000), batch_size=4))
+    next(isolated)
+    slots = iter(ab.BatchSlotLoader(files, ab.AudioDecoder(8000, crop_seconds=0.05), batch_size=4))
+    next(slots)
+    print("left open", flush=True)
+""")
+
+
+def test_a_script_that_ends_mid_epoch_exits_quietly(tmp_path):
+    # An epoch left open is closed before the interpreter empties its modules, not finalized after.
+    script = tmp_path / "open_at_exit.py"
+    for i in range(60):
+        write_tone(tmp_path / "audio" / f"{i}.wav", seconds=0.1, sample_rate=8000)
+    script.write_text(OPEN_AT_EXIT.format(folder=str(tmp_path / "audio")), encoding="utf-8", newline="\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "left open", done.stderr
+    assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr

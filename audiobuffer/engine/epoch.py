@@ -46,13 +46,15 @@ buckets hold less than ``buckets x max_batch_seconds`` of audio.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 
@@ -566,6 +568,31 @@ class StreamBatchRun(EpochRun):
             del self._waiting[shard]
 
 
+#: The epochs' generators still open (weakly): closed when the interpreter exits (see closed_at_exit).
+_OPEN: weakref.WeakSet[Any] = weakref.WeakSet()
+_Epoch = TypeVar("_Epoch", bound=Iterator[Any])
+
+
+def closed_at_exit(epoch: _Epoch) -> _Epoch:
+    """``epoch``, closed when the interpreter exits if the loop left it open (a script that ends mid-epoch).
+
+    A generator left open is otherwise finalized while the interpreter tears its modules down, when its
+    ``finally`` (stopping producers, telling the helper) finds the modules it calls emptied and Python
+    prints the failure as "Exception ignored". An ``atexit`` handler runs before that teardown.
+    """
+    _OPEN.add(epoch)
+    return epoch
+
+
+@atexit.register
+def _close_open_epochs() -> None:
+    for epoch in list(_OPEN):
+        try:
+            epoch.close()
+        except Exception:  # noqa: BLE001 - at exit: what fails here has nobody left to report to
+            pass
+
+
 class RunningEpochs:
     """A loader's epochs in this process: the running ones, which :meth:`close` stops, and the last one,
     whose stats the loader reports (NOTE [ Producer shutdown protocol ] in ``pool.py``).
@@ -602,12 +629,16 @@ class RunningEpochs:
 
     def run(self, run: EpochRun, policy: ErrorPolicy) -> Generator[Any, None, None]:
         """Start ``run``'s producers and yield what its consumer yields; the producers stop however the
-        loop ends. A generator: its ``finally`` runs on exhaustion, on an exception, on ``close()`` and
-        when the generator is garbage-collected.
+        loop ends. A generator: its ``finally`` runs on exhaustion, on an exception, on ``close()``, when
+        the generator is garbage-collected, and at the latest when the interpreter exits
+        (:func:`closed_at_exit`).
 
         Raises:
             BufferClosed: :meth:`close` was called.
         """
+        return closed_at_exit(self._run(run, policy))
+
+    def _run(self, run: EpochRun, policy: ErrorPolicy) -> Generator[Any, None, None]:
         with self._lock:
             if self._closed:
                 run.pool.close()

@@ -30,7 +30,7 @@ import torch
 
 from ...buffer import BufferStats
 from ...engine.cancel import on_cancel
-from ...engine.epoch import DatasetStats, EpochCounts, mixture_counts
+from ...engine.epoch import DatasetStats, EpochCounts, closed_at_exit, mixture_counts
 from ...engine.pipeline import EpochLayout, Pipeline
 from ...engine.plan import EpochShard
 from ...errors import BufferClosed, DecodeError, HelperError, SampleError, StallError
@@ -264,7 +264,7 @@ class IsolatedLoader(PipelineViews, StateKeys):
         with self._lock:
             self._run = run
         channel.send(StartEpoch(gen, shard, resume, None if layout.sizes is None else layout))
-        return self._epoch(run, channel)
+        return closed_at_exit(self._epoch(run, channel))
 
     def _epoch(self, run: TrainerRun, channel: HelperChannel) -> Iterator[dict[str, Any]]:
         # A generator: its finally runs on exhaustion, break, an exception and garbage collection.
