@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import SourceError, StorageError
 from . import storage
 from .index import INDEX_FORMAT, INDEX_NAME, INDEX_VERSION, ShardIndex, read_index, shard_name
-from .tar import ENCODING, ERRORS, is_packed_sidecar
+from .tar import ENCODING, ERRORS, is_packed_sidecar, iter_shard
 
 if TYPE_CHECKING:  # annotations only: pack() imports Source when it runs
     from .source import LabelSpec, SourceSpec
@@ -152,7 +152,7 @@ def index_shards(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str
     """
     from tqdm import tqdm
 
-    from .tar import iter_shard
+    from .source import LABEL_COLUMN, _label_str
 
     urls = storage.expand_urls(shards, storage_options=storage_options)
     if not urls:
@@ -181,7 +181,8 @@ def index_shards(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str
                         left_out.add(key)
                     else:
                         fields[key] = value
-                label = sample.label if is_packed_sidecar(sample.meta) else _label_of(fields)
+                # a foreign sample's label in the index: its "label" field as a label name, as streaming reads it
+                label = sample.label if is_packed_sidecar(sample.meta) else _label_str(fields.get(LABEL_COLUMN))
                 ext = PurePosixPath(sample.member).suffix.lower().lstrip(".")
                 members.append({"shard": name, "member": sample.member, "name": sample.name,
                                 "offset": sample.offset, "size": len(sample.data),
@@ -226,11 +227,6 @@ def _shard_names(urls: list[str], index: Path, remote: bool) -> list[str]:
 def _same_drive(path: str, root: str) -> bool:
     return os.path.splitdrive(os.path.abspath(path))[0].lower() == os.path.splitdrive(root)[0].lower()
 
-
-def _label_of(fields: Mapping[str, Any]) -> str | None:
-    """A foreign sample's label in the index: its ``label`` field as text, else ``None``."""
-    value = fields.get("label")
-    return None if value is None or value == "" else str(value)
 
 
 def _prepare_out(out: Path, overwrite: bool) -> None:

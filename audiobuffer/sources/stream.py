@@ -295,7 +295,7 @@ class ParquetStream(ShardStream):
         units: list[tuple[int, int, int]] = []  # (file, row group, its first row in the file)
         counts: list[int] = []
         self._columns: list[str] = []
-        self._names: list[dict[str, list[str]]] = []
+        self._names: list[dict[str, list[str]]] = []  # each file's ClassLabel names, by column
         for n, url in enumerate(self.files):
             meta = open_parquet(url, storage_options=self.storage_options, retry=self.retry)
             self._columns.append(audio_column_of(meta.schema_arrow, url, audio_column))
@@ -307,6 +307,7 @@ class ParquetStream(ShardStream):
                 counts.append(rows)
                 first += rows
         self._units = units
+        self._names_of = dict(zip(self.files, self._names))  # a sample's file to its names, per sample
         #: One name per row group, ``<file>#<row group>``: the epoch plan's shards.
         self.shards = [f"{self.files[f]}#{g}" for f, g, _ in units]
         self.description = (f"{len(self.files)} Parquet file{'s' * (len(self.files) != 1)}, {len(units)} row "
@@ -346,7 +347,7 @@ class ParquetStream(ShardStream):
 
     def label_row(self, sample: ShardSample) -> dict[str, Any]:
         """A sample's fields, a ``ClassLabel`` column's number given as its name."""
-        names = self._names[self.files.index(sample.shard)] if sample.shard in self.files else {}
+        names = self._names_of.get(sample.shard, {})
         row = dict(sample.fields)
         for column, labels in names.items():
             value = row.get(column)
