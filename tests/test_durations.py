@@ -4,8 +4,11 @@ import json
 import logging
 import os
 import threading
+from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.ipc
 import pytest
 import soundfile as sf
 from helpers import drop_flac_length, write_tone
@@ -114,7 +117,7 @@ def test_a_second_run_opens_no_file(corpus, tmp_path, monkeypatch, opens):
     cache = tmp_path / "cache"
     first, _ = read_durations(Source(root), cache_dir=cache)
     assert sorted(opens) == sorted(expected)
-    assert len(list(cache.glob("*.json"))) == 1
+    assert len(list(cache.glob("*.arrow"))) == 1
     forbid_opening(monkeypatch)
     again, failures = read_durations(Source(root), cache_dir=cache)
     assert again.tolist() == first.tolist() and failures == []
@@ -150,22 +153,49 @@ def test_a_changed_file_is_read_again(corpus, tmp_path, opens):
     assert opens == []
 
 
-@pytest.mark.parametrize("content", [b"{not json", b"\xff\xfe", b"[1, 2]", b'{"format": 99, "entries": {}}',
-                                     b'{"format": 1, "entries": {"x": 1}}'])
+def cache_table(file: Path) -> pa.Table:
+    with pa.OSFile(str(file), "rb") as f:
+        return pa.ipc.open_file(f).read_all()
+
+
+def write_cache_table(file: Path, table: pa.Table) -> None:
+    with pa.OSFile(str(file), "wb") as f, pa.ipc.new_file(f, table.schema) as writer:
+        writer.write_table(table)
+
+
+def test_the_cache_is_one_file_of_columns(corpus, tmp_path):
+    root, expected = corpus
+    cache = tmp_path / "cache"
+    read_durations(Source(root), cache_dir=cache)
+    (file,) = cache.glob("*.arrow")
+    table = cache_table(file)
+    assert table.column_names == ["path", "size", "mtime_ns", "seconds"]
+    by_path = {os.path.basename(p.decode()): s for p, s in zip(table.column("path").to_pylist(),
+                                                              table.column("seconds").to_pylist())}
+    assert by_path == expected
+    assert table.schema.metadata[b"root"] == os.path.abspath(root).encode()
+
+
+WRONG_COLUMNS = pa.table({"path": pa.array([b"x"], pa.large_binary()), "seconds": pa.array([1.0])})
+
+
+@pytest.mark.parametrize("content", [b"{not json", b"\xff\xfe", b"", "wrong columns"])
 def test_a_corrupt_cache_is_ignored_and_rewritten(corpus, tmp_path, opens, monkeypatch, content, caplog):
     root, expected = corpus
     cache = tmp_path / "cache"
     read_durations(Source(root), cache_dir=cache)
-    (file,) = cache.glob("*.json")
-    file.write_bytes(content)
+    (file,) = cache.glob("*.arrow")
+    if content == "wrong columns":
+        write_cache_table(file, WRONG_COLUMNS)
+    else:
+        file.write_bytes(content)
     opens.clear()
     with caplog.at_level(logging.WARNING, logger="audiobuffer"):
         durations, _ = read_durations(Source(root), cache_dir=cache)
     assert by_name(Source(root), durations) == expected
-    if content != b'{"format": 1, "entries": {"x": 1}}':  # a valid file whose entry is junk: no warning
-        assert "ignoring the duration cache" in caplog.text
+    assert "ignoring the duration cache" in caplog.text
     assert sorted(opens) == sorted(expected)  # read again
-    assert json.loads(file.read_text())["format"] == 1
+    assert cache_table(file).column_names == ["path", "size", "mtime_ns", "seconds"]
     forbid_opening(monkeypatch)
     assert read_durations(Source(root), cache_dir=cache)[0].tolist() == durations.tolist()
 
@@ -174,14 +204,29 @@ def test_bad_cache_entries_are_read_again(corpus, tmp_path, opens):
     root, expected = corpus
     cache = tmp_path / "cache"
     read_durations(Source(root), cache_dir=cache)
-    (file,) = cache.glob("*.json")
-    data = json.loads(file.read_text())
-    key = os.path.abspath(root / "b.flac")
-    data["entries"][key][2] = -1.0
-    file.write_text(json.dumps(data))
+    (file,) = cache.glob("*.arrow")
+    table = cache_table(file)
+    key = os.path.abspath(root / "b.flac").encode()
+    seconds = [-1.0 if p == key else s for p, s in zip(table.column("path").to_pylist(),
+                                                       table.column("seconds").to_pylist())]
+    write_cache_table(file, table.set_column(3, "seconds", pa.array(seconds)))
     opens.clear()
     durations, _ = read_durations(Source(root), cache_dir=cache)
     assert opens == ["b.flac"] and by_name(Source(root), durations) == expected
+
+
+def test_a_million_cache_entries_load_and_match_in_bulk(tmp_path):
+    # A cache of a million files, matched against a source's paths without an object per entry.
+    from audiobuffer.sources.durations import _Entries
+
+    n = 1_000_000
+    paths = [f"/corpus/speaker{i % 997}/utt{i:07d}.flac" for i in range(n)]
+    entries = _Entries(paths, np.arange(n, dtype=np.int64), np.full(n, 7, np.int64), np.arange(n) / 1000.0)
+    entries.save(tmp_path / "c.arrow", "/corpus")
+    loaded = _Entries.load(tmp_path / "c.arrow")
+    wanted = [paths[5], paths[n - 1], "/corpus/elsewhere.flac"]
+    assert loaded.rows_of(wanted).tolist() == [5, n - 1, -1]
+    assert loaded.seconds[loaded.rows_of(paths[::1000])].tolist() == (np.arange(0, n, 1000) / 1000.0).tolist()
 
 
 def test_cache_folder_from_the_environment_or_none(corpus, tmp_path, monkeypatch, opens):
@@ -193,12 +238,12 @@ def test_cache_folder_from_the_environment_or_none(corpus, tmp_path, monkeypatch
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "env"))
     assert default_cache_dir() == tmp_path / "env" / "durations" and default_demo_dir() == tmp_path / "env"
     read_durations(Source(root))
-    assert len(list((tmp_path / "env" / "durations").glob("*.json"))) == 1
+    assert len(list((tmp_path / "env" / "durations").glob("*.arrow"))) == 1
     opens.clear()
     for _ in range(2):
         read_durations(Source(root), cache_dir=False)
     assert sorted(opens) == sorted(list(expected) * 2)  # no cache: every header read each time
-    assert len(list((tmp_path / "env" / "durations").glob("*.json"))) == 1
+    assert len(list((tmp_path / "env" / "durations").glob("*.arrow"))) == 1
 
 
 def test_an_unwritable_cache_is_a_warning_not_an_error(corpus, tmp_path, caplog):
@@ -341,7 +386,7 @@ def test_a_cache_another_rank_wrote_meanwhile_is_read_not_rewritten(corpus, tmp_
 
     root, expected = corpus
     read_durations(Source(root), cache_dir=tmp_path / "rank0")
-    (written,) = (tmp_path / "rank0").glob("*.json")
+    (written,) = (tmp_path / "rank0").glob("*.arrow")
     cache = tmp_path / "shared"
     real_header_seconds = durations_module.header_seconds
 
@@ -367,8 +412,9 @@ def test_a_cache_held_open_by_another_process_stays_and_the_run_goes_on(corpus, 
     root, expected = corpus
     cache = tmp_path / "cache"
     read_durations(Source(root), cache_dir=cache)
-    (file,) = cache.glob("*.json")
-    file.write_bytes(b'{"format": 1, "root": "", "entries": {}}')  # another rank's file, without these entries
+    (file,) = cache.glob("*.arrow")
+    write_cache_table(file, cache_table(file).slice(0, 0))  # another rank's file, without these entries
+    other = file.read_bytes()
 
     def refuse(src, dst):
         raise PermissionError(13, "Access is denied", str(dst))
@@ -378,6 +424,6 @@ def test_a_cache_held_open_by_another_process_stays_and_the_run_goes_on(corpus, 
         durations, failures = read_durations(Source(root), cache_dir=cache)
     assert by_name(Source(root), durations) == expected and failures == []
     assert [p.name for p in cache.iterdir()] == [file.name]
-    assert file.read_bytes() == b'{"format": 1, "root": "", "entries": {}}'
+    assert file.read_bytes() == other
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
     assert "open in another process" in caplog.text

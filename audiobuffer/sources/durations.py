@@ -3,22 +3,23 @@ each file's header, the headers read once in parallel and cached on disk (NOTE [
 
 NOTE [ Duration cache ]
 =======================
-One JSON file per corpus folder (the deepest folder holding all of a source's files) in the cache
-folder, mapping each file's absolute path to its size, modification time (ns) and duration. An
-entry counts only while the file's size and modification time are unchanged, so a second run over
-the same files opens none of them (it only looks up their size and modification time), and a
-changed file is read again. The file is replaced atomically (a temporary file and ``os.replace``); a
-cache file that cannot be read or parsed is ignored and rewritten. Processes reading the same files
-at once (DDP ranks) read the file again before writing it: one that finds every header it read there
-(another rank wrote them meanwhile) leaves the file as it is, and one that Windows does not let
-replace it (another process holds it open) leaves the other's copy. Sources that share a folder share
-its cache file, so a train and a test split read each header once. Failed headers are not cached:
-they are tried again on the next run.
+One file per corpus folder (the deepest folder holding all of a source's files) in the cache folder:
+an Arrow IPC file of four columns, each file's absolute path, size, modification time (ns) and
+duration, read and matched against a source's paths in bulk (no Python object per entry, so a
+million entries load in a fraction of a second). An entry counts only while the file's size and
+modification time are unchanged, so a second run over the same files opens none of them (it only
+looks up their size and modification time), and a changed file is read again. The file is replaced
+atomically (a temporary file and ``os.replace``); a cache file that cannot be read, or holds other
+columns, is ignored and rewritten. Processes reading the same files at once (DDP ranks) read the
+file again before writing it: one that finds every header it read there (another rank wrote them
+meanwhile) leaves the file as it is, and one that Windows does not let replace it (another process
+holds it open) leaves the other's copy. Sources that share a folder share its cache file, so a train
+and a test split read each header once. Failed headers are not cached: they are tried again on the
+next run.
 """
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import math
 import numbers
@@ -26,7 +27,7 @@ import os
 import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Literal, TypeGuard, Union
+from typing import Any, Literal, Union
 
 import numpy as np
 import soundfile as sf
@@ -55,7 +56,8 @@ CACHE_ENV = "AUDIOBUFFER_CACHE_DIR"
 Failure = tuple[int, str, str]
 CacheDir = Union[str, "os.PathLike[str]", None, Literal[False]]
 
-_CACHE_FORMAT = 1
+#: The cache file's columns and their types, as pyarrow names them.
+_CACHE_COLUMNS = {"path": "large_binary", "size": "int64", "mtime_ns": "int64", "seconds": "double"}
 # libsndfile reports 2**63 - 1 frames for streams whose header carries no length (FLAC without a
 # total-samples field, as AudioDecoder notes): such files are counted by reading them once.
 _UNKNOWN_FRAMES = 2**62
@@ -214,28 +216,30 @@ def _from_headers(paths: list[str], num_threads: int, folder: Path | None,
     keys = [os.path.abspath(p) for p in paths]
     root = _common_folder(keys)
     digest = hashlib.sha256(root.encode("utf-8", "surrogateescape")).hexdigest()[:16]
-    cache_file = None if folder is None else folder / f"{digest}.json"
-    cached = {} if cache_file is None else _load(cache_file)
+    cache_file = None if folder is None else folder / f"{digest}.arrow"
+    cached = _Entries.load(cache_file)
+    row = cached.rows_of(keys)  # each key's entry in the cache, -1: none
     durations = np.full(len(paths), np.nan)
-    fresh: dict[str, list[Any]] = {}
+    stamps = np.zeros((len(paths), 2), dtype=np.int64)  # size and modification time of each header read
+    fresh = np.zeros(len(paths), dtype=bool)  # read from its header now: a new entry
     failures: list[Failure] = []
 
-    def read(start: int) -> list[tuple[int, float, list[Any] | None, Exception | None]]:
-        """The durations of the chunk from ``start``: (index, seconds, new cache entry, error)."""
-        out: list[tuple[int, float, list[Any] | None, Exception | None]] = []
+    def read(start: int) -> list[tuple[int, Exception]]:
+        """Fill in the durations of the chunk from ``start``; return its errors."""
+        errors: list[tuple[int, Exception]] = []
         for i in range(start, min(start + _CHUNK, len(paths))):
             try:
                 stat = os.stat(keys[i])
-                stamp = [stat.st_size, stat.st_mtime_ns]
-                entry = cached.get(keys[i])
-                if _valid(entry) and entry[:2] == stamp:
-                    out.append((i, float(entry[2]), None, None))
+                r = row[i]
+                if r >= 0 and cached.sizes[r] == stat.st_size and cached.mtimes[r] == stat.st_mtime_ns:
+                    durations[i] = cached.seconds[r]
                 else:
-                    seconds = header_seconds(paths[i])
-                    out.append((i, seconds, [*stamp, seconds], None))
+                    durations[i] = header_seconds(paths[i])
+                    stamps[i] = (stat.st_size, stat.st_mtime_ns)
+                    fresh[i] = True
             except Exception as exc:  # noqa: BLE001 - reported per on_error below
-                out.append((i, math.nan, None, exc))
-        return out
+                errors.append((i, exc))
+        return errors
 
     first_error: tuple[int, str, Exception] | None = None
     starts = range(0, len(paths), _CHUNK)
@@ -245,12 +249,7 @@ def _from_headers(paths: list[str], num_threads: int, folder: Path | None,
                               thread_name_prefix="audiobuffer-durations")
     try:
         for future in [pool.submit(read, start) for start in starts]:
-            for i, seconds, entry, exc in _result(future):
-                if exc is None:
-                    durations[i] = seconds
-                    if entry is not None:
-                        fresh[keys[i]] = entry
-                    continue
+            for i, exc in _result(future):
                 message = _describe(paths[i], exc)
                 if on_error == "raise":
                     first_error = (i, message, exc)
@@ -260,11 +259,14 @@ def _from_headers(paths: list[str], num_threads: int, folder: Path | None,
                 break
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
-    if cache_file is not None and fresh:
-        now = _load(cache_file, warn=False)  # another rank may have written it meanwhile: then leave it
-        if any(now.get(key) != entry for key, entry in fresh.items()):
-            kept = {key: entry for key, entry in {**cached, **now}.items() if _valid(entry)}
-            _save(cache_file, root, {**kept, **fresh})
+    if cache_file is not None and fresh.any():
+        new = np.flatnonzero(fresh)
+        _, first = np.unique(np.asarray([keys[i] for i in new.tolist()]), return_index=True)
+        new = new[np.sort(first)]  # a file listed twice: one entry
+        entries = _Entries([keys[i] for i in new.tolist()], stamps[new, 0], stamps[new, 1], durations[new])
+        now = _Entries.load(cache_file, warn=False)  # another rank may have written it meanwhile: then leave it
+        if not now.holds(entries):
+            now.merged(cached).merged(entries).save(cache_file, root)
     if first_error is not None:
         i, message, exc = first_error
         raise DecodeError(f"item {i}: {message}", path=paths[i], index=i) from exc
@@ -292,56 +294,112 @@ def _common_folder(keys: list[str]) -> str:
         return ""
 
 
-def _valid(entry: Any) -> TypeGuard[list[Any]]:
-    return (isinstance(entry, list) and len(entry) == 3
-            and all(isinstance(v, int) and not isinstance(v, bool) for v in entry[:2])
-            and isinstance(entry[2], (int, float)) and not isinstance(entry[2], bool)
-            and math.isfinite(entry[2]) and entry[2] >= 0)
+def _encoded(paths: list[str]) -> Any:
+    import pyarrow as pa
+
+    return pa.array([p.encode("utf-8", "surrogateescape") for p in paths], type=pa.large_binary())
 
 
-def _load(file: Path, *, warn: bool = True) -> dict[str, list[Any]]:
-    """The entries of a cache file; ``{}`` when it is missing or cannot be read or parsed (a warning
-    unless ``warn`` is false: the second read of one run)."""
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return {}
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        if warn:
-            logger.warning("ignoring the duration cache %s, which cannot be read (%s); it will be rewritten", file,
-                           exc)
-        return {}
-    if not isinstance(data, dict) or data.get("format") != _CACHE_FORMAT or not isinstance(data.get("entries"), dict):
-        if warn:
-            logger.warning("ignoring the duration cache %s, which is not a format-%d cache; it will be rewritten",
-                           file, _CACHE_FORMAT)
-        return {}
-    return data["entries"]
+class _Entries:
+    """Entries of the duration cache, in columns (NOTE [ Duration cache ]): each file's absolute path
+    (a pyarrow array of its UTF-8 bytes, undecodable names as POSIX keeps them), size, modification
+    time (ns) and duration in seconds (numpy arrays)."""
 
+    def __init__(self, paths: Any, sizes: np.ndarray, mtimes: np.ndarray, seconds: np.ndarray) -> None:
+        self.paths = paths if not isinstance(paths, list) else _encoded(paths)
+        self.sizes, self.mtimes, self.seconds = sizes, mtimes, seconds
 
-def _save(file: Path, root: str, entries: dict[str, list[Any]]) -> None:
-    """Write ``entries`` to ``file`` atomically; a failure is logged, never raised (the cache is optional)."""
-    body = json.dumps({"format": _CACHE_FORMAT, "root": root, "entries": entries})
-    temp = None
-    try:
-        file.parent.mkdir(parents=True, exist_ok=True)
-        handle, temp = tempfile.mkstemp(dir=file.parent, prefix=file.name + ".", suffix=".tmp")
-        with os.fdopen(handle, "w", encoding="utf-8", newline="\n") as f:
-            f.write(body)
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    @classmethod
+    def load(cls, file: Path | None, *, warn: bool = True) -> _Entries:
+        """The entries of a cache file; none when it is missing or cannot be read (a warning unless ``warn``
+        is false: the second read of one run). Entries whose values are impossible are left out."""
+        empty = cls([], np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64))
+        if file is None:
+            return empty
+        import pyarrow as pa
+        import pyarrow.ipc
+
         try:
-            os.replace(temp, file)
-        except PermissionError as exc:  # Windows: another process (a rank reading it) holds the file open
-            logger.info("the duration cache %s is open in another process, which keeps its copy (%s)", file, exc)
-            return  # the temporary file goes in the finally
+            with pa.OSFile(str(file), "rb") as f:  # read whole and closed: Windows replaces no open file
+                table = pa.ipc.open_file(f).read_all()
+        except FileNotFoundError:
+            return empty
+        except (OSError, pa.ArrowException) as exc:
+            if warn:
+                logger.warning("ignoring the duration cache %s, which cannot be read (%s); it will be rewritten",
+                               file, exc)
+            return empty
+        if {field.name: str(field.type) for field in table.schema} != _CACHE_COLUMNS:
+            if warn:
+                logger.warning("ignoring the duration cache %s, whose columns are not %s; it will be rewritten",
+                               file, ", ".join(_CACHE_COLUMNS))
+            return empty
+        table = table.combine_chunks()
+        paths = table.column("path").combine_chunks()
+        sizes, mtimes, seconds = (table.column(name).to_numpy() for name in ("size", "mtime_ns", "seconds"))
+        good = np.asarray(paths.is_valid(), dtype=bool) & (sizes >= 0) & np.isfinite(seconds) & (seconds >= 0)
+        keep = np.flatnonzero(good)
+        return cls(paths.take(pa.array(keep)), sizes[keep], mtimes[keep], seconds[keep])
+
+    def rows_of(self, keys: Any) -> np.ndarray:
+        """Each of ``keys``' row here, or -1 (``keys``: paths, or a pyarrow array of them as ``paths`` has)."""
+        import pyarrow.compute as pc
+
+        keys = _encoded(keys) if isinstance(keys, list) else keys
+        if not len(self) or not len(keys):
+            return np.full(len(keys), -1, dtype=np.int64)
+        found = pc.index_in(keys, value_set=self.paths)
+        return np.asarray(pc.fill_null(found, -1), dtype=np.int64)
+
+    def holds(self, other: _Entries) -> bool:
+        """Whether every entry of ``other`` is here, the same."""
+        rows = self.rows_of(other.paths)
+        return bool((rows >= 0).all() and (self.sizes[rows] == other.sizes).all()
+                    and (self.mtimes[rows] == other.mtimes).all() and (self.seconds[rows] == other.seconds).all())
+
+    def merged(self, newer: _Entries) -> _Entries:
+        """These entries and ``newer``'s, which replace those of the same paths."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        if not len(self):
+            return newer
+        keep = pa.array(np.flatnonzero(~np.asarray(pc.is_in(self.paths, value_set=newer.paths), dtype=bool)))
+        k = np.asarray(keep, dtype=np.int64)
+        return _Entries(pa.concat_arrays([self.paths.take(keep), newer.paths]),
+                        np.concatenate([self.sizes[k], newer.sizes]), np.concatenate([self.mtimes[k], newer.mtimes]),
+                        np.concatenate([self.seconds[k], newer.seconds]))
+
+    def save(self, file: Path, root: str) -> None:
+        """Write the entries to ``file`` atomically; a failure is logged, never raised (the cache is optional)."""
+        import pyarrow as pa
+        import pyarrow.ipc
+
+        table = pa.table({"path": self.paths, "size": self.sizes, "mtime_ns": self.mtimes, "seconds": self.seconds},
+                         metadata={"root": root.encode("utf-8", "surrogateescape")})
         temp = None
-    except OSError as exc:
-        logger.warning("cannot write the duration cache %s (%s); headers will be read again next time", file, exc)
-    finally:
-        if temp is not None:
+        try:
+            file.parent.mkdir(parents=True, exist_ok=True)
+            handle, temp = tempfile.mkstemp(dir=file.parent, prefix=file.name + ".", suffix=".tmp")
+            with os.fdopen(handle, "wb") as f, pa.ipc.new_file(f, table.schema) as writer:
+                writer.write_table(table)
             try:
-                os.unlink(temp)
-            except OSError:
-                pass
+                os.replace(temp, file)
+            except PermissionError as exc:  # Windows: another process (a rank reading it) holds the file open
+                logger.info("the duration cache %s is open in another process, which keeps its copy (%s)", file, exc)
+                return  # the temporary file goes in the finally
+            temp = None
+        except (OSError, pa.ArrowException) as exc:
+            logger.warning("cannot write the duration cache %s (%s); headers will be read again next time", file, exc)
+        finally:
+            if temp is not None:
+                try:
+                    os.unlink(temp)
+                except OSError:
+                    pass
 
 
 def decoder_crop(decoder: Any) -> tuple[float | None, bool]:
