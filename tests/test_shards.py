@@ -16,7 +16,7 @@ from helpers import drop_flac_length, make_corpus, write_tone
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from audiobuffer import AudioDecoder, WorkItem
+from audiobuffer import AudioDecoder, Source, WorkItem
 from audiobuffer.errors import DecodeError, SourceError, StorageError
 from audiobuffer.sources import (
     INDEX_NAME,
@@ -480,3 +480,52 @@ def test_fast_header_parse_agrees_with_tarfile(fmt, name):
     bad = bytearray(block)
     bad[0] ^= 1  # the checksum no longer fits: left to tarfile (which refuses it)
     assert _header(bytes(bad)) is None
+
+
+def _index_items(index: Path) -> list[tuple]:
+    source = Source(str(index), labels="label")
+    return [(w.path, w.label_name, dict(w.fields)) for w in (source.item(i) for i in range(len(source)))] + [
+        (source.table.offsets.tolist(), source.table.sizes.tolist(), source.table.durations.tolist(),
+         source.table.members.tolist())]
+
+
+def test_a_plain_index_is_read_in_columns_without_json_objects(tmp_path, monkeypatch):
+    # pyarrow parses what pack writes into columns; json.loads is not needed (and made to fail here).
+    index = _rewrite_index(_packed(tmp_path, 6), lambda data: [m.update({"fields": {"speaker": f"s{i % 2}",
+                                                                                     "take": i, "gain": 0.5 * i}})
+                                                                for i, m in enumerate(data["members"])])
+    expected = _index_items(index)
+    by_json = read_index(str(index))
+
+    def no_json(*args, **kwargs):
+        raise AssertionError("json.loads called")
+
+    import audiobuffer.sources.index as index_module
+
+    monkeypatch.setattr(index_module.json, "loads", no_json)
+    assert _index_items(index) == expected
+    assert read_index(str(index)) == by_json
+    assert expected[0][2] == {"speaker": "s0", "take": 0, "gain": 0.0} and type(expected[1][2]["take"]) is int
+
+
+@pytest.mark.parametrize("edit", ["a field some members lack", "a field of mixed types", "no label", "null duration"])
+def test_an_index_of_other_shapes_reads_as_json_says(tmp_path, edit):
+    index = _packed(tmp_path, 5)
+
+    def change(data):
+        for i, member in enumerate(data["members"]):
+            if edit == "a field some members lack" and i % 2:
+                member["fields"] = {"extra": i}
+            elif edit == "a field of mixed types":
+                member["fields"] = {"extra": i if i % 2 else str(i)}
+            elif edit == "no label":
+                member.pop("label", None)
+            elif edit == "null duration" and i == 3:
+                member["duration"] = None
+
+    _rewrite_index(index, change)
+    items = _index_items(index)
+    rows = json.loads(index.read_text(encoding="utf-8"))["members"]
+    assert [fields for _, _, fields in items[:-1]] == [m.get("fields", {}) for m in rows]
+    assert [label for _, label, _ in items[:-1]] == [m.get("label") for m in rows]
+    np.testing.assert_array_equal(items[-1][2], [np.nan if m.get("duration") is None else m["duration"] for m in rows])

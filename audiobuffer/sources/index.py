@@ -2,8 +2,9 @@
 
 :func:`read_index` gives :class:`Member` records with the URL of the shard, and the offset and size
 of the member's data in it, so a producer reads one member with one ranged request
-(:meth:`Member.reader`, :func:`~audiobuffer.sources.storage.read_range`). :mod:`audiobuffer.sources`
-re-exports the public names.
+(:meth:`Member.reader`, :func:`~audiobuffer.sources.storage.read_range`). :func:`read_index_columns`
+gives the same as columns, checked in bulk, with no object per member: what a source of millions of
+members is listed from. :mod:`audiobuffer.sources` re-exports the public names.
 """
 
 from __future__ import annotations
@@ -16,12 +17,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
+import numpy as np
+
 from .._checks import short_repr
 from ..errors import SourceError
 from . import storage
 from .storage import RetrySpec
+from .table import ABSENT, Coded, Column, Strings, as_column, release_arrow_memory
 
-__all__ = ["INDEX_FORMAT", "INDEX_NAME", "INDEX_VERSION", "Member", "ShardIndex", "read_index", "shard_name"]
+__all__ = ["INDEX_FORMAT", "INDEX_NAME", "INDEX_VERSION", "IndexColumns", "Member", "ShardIndex", "read_index",
+           "read_index_columns", "shard_name"]
 
 #: The index file :func:`~audiobuffer.sources.pack.pack` writes beside the shards.
 INDEX_NAME = "index.json"
@@ -98,6 +103,45 @@ class ShardIndex:
         return [(m.shard, m.offset, m.size) for m in self.members]
 
 
+@dataclass(frozen=True)
+class IndexColumns:
+    """An index's members as columns (:func:`read_index_columns`), in packing order.
+
+    Attributes:
+        url: where the index was read from.
+        shards: the shards' paths or URLs, in order.
+        shard_of: each member's shard, an index into ``shards``.
+        members, names: each member's name in its tar, and its original path relative to the source.
+        offsets, sizes: where each member's data starts in its shard, and its size, in bytes.
+        durations: each member's duration in seconds (``NaN``: unknown).
+        labels: each member's label (``None`` for none).
+        fields: each of the members' other columns (:data:`~audiobuffer.sources.table.ABSENT` where a
+            member lacks it), in order of first appearance.
+    """
+
+    url: str
+    shards: tuple[str, ...]
+    shard_of: np.ndarray
+    members: Strings
+    names: Strings
+    offsets: np.ndarray
+    sizes: np.ndarray
+    durations: np.ndarray
+    labels: Coded
+    fields: dict[str, Column]
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def member(self, i: int) -> Member:
+        """Member ``i`` as a record."""
+        duration = float(self.durations[i])
+        fields = {key: value for key, value in ((k, c[i]) for k, c in self.fields.items()) if value is not ABSENT}
+        return Member(shard=self.shards[self.shard_of[i]], member=self.members[i], name=self.names[i],
+                      offset=int(self.offsets[i]), size=int(self.sizes[i]),
+                      duration=None if math.isnan(duration) else duration, label=self.labels[i], fields=fields)
+
+
 def read_index(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None,
                retry: RetrySpec = None, allow_outside: bool = False) -> ShardIndex:
     """Read an ``index.json`` written by :func:`~audiobuffer.sources.pack.pack` from a path or URL.
@@ -121,14 +165,52 @@ def read_index(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any
             names a shard outside its folder, or holds a value that does not fit (the message names
             the member and the value).
     """
+    columns = read_index_columns(url, storage_options=storage_options, retry=retry, allow_outside=allow_outside)
+    return ShardIndex(url=columns.url, shards=columns.shards,
+                      members=tuple(columns.member(i) for i in range(len(columns))))
+
+
+def read_index_columns(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None,
+                       retry: RetrySpec = None, allow_outside: bool = False) -> IndexColumns:
+    """:func:`read_index` as columns, with no object per member: the index is parsed into columns by
+    pyarrow and checked a column at a time where it has the plain shape ``pack`` writes (each member's
+    values of one type, its fields in every member); otherwise parsed by :mod:`json` and checked as
+    :func:`read_index` does.
+
+    Raises:
+        StorageError, SourceError: as :func:`read_index` (a malformed member is named as it does).
+    """
     url = os.fspath(url)
     raw = storage.read_bytes(url, storage_options=storage_options, retry=retry)
+    resolve = functools.partial(storage.sibling if allow_outside else storage.inside_folder, url)
+    parsed = _parse_arrow(raw)
+    if parsed is not None:
+        head, members = parsed
+        columns = _columns_arrow(url, members, _shards(url, head, resolve))
+        del parsed, members
+        release_arrow_memory()
+        if columns is not None:
+            return columns
     try:
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise SourceError(f"index {url!r} is not valid JSON ({exc})") from exc
     except RecursionError as exc:
         raise SourceError(f"index {url!r} is nested too deeply to be an index of shards") from exc
+    del raw
+    shards = _shards(url, data, resolve)
+    rows = data["members"]
+    found = _columns(url, rows, shards)
+    if found is None:  # a member the bulk checks refuse: the checks of one member name it
+        for n, row in enumerate(rows):
+            _member(url, n, row, shards)
+        raise SourceError(f"index {url!r} is malformed: its members do not fit together (pack the source again)")
+    return found
+
+
+def _shards(url: str, data: Any, resolve: Callable[[str], str]) -> dict[str, tuple[str, int]]:
+    """The shards of the parsed index ``data`` (its format and version checked): name in the index ->
+    (path or URL, size in bytes)."""
     if not isinstance(data, dict) or data.get("format") != INDEX_FORMAT:
         raise SourceError(f"{url!r} is not an index of audiobuffer shards (no \"format\": \"{INDEX_FORMAT}\")")
     if data.get("version") != INDEX_VERSION:
@@ -137,8 +219,7 @@ def read_index(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any
     entries, rows = data.get("shards"), data.get("members")
     if not isinstance(entries, list) or not isinstance(rows, list):
         raise SourceError(f"index {url!r} is malformed: \"shards\" and \"members\" must be lists")
-    resolve = functools.partial(storage.sibling if allow_outside else storage.inside_folder, url)
-    shards: dict[str, tuple[str, int]] = {}  # name in the index -> (path or URL, size)
+    shards: dict[str, tuple[str, int]] = {}
     for n, entry in enumerate(entries):
         name = entry.get("name") if isinstance(entry, dict) else None
         size = entry.get("size") if isinstance(entry, dict) else None
@@ -150,8 +231,160 @@ def read_index(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any
         except ValueError as exc:
             raise SourceError(f"index {url!r} shard {exc}; an index names shards inside its own folder: pass "
                               f"allow_outside=True (read_index, Source) to read shards elsewhere") from exc
-    members = tuple(_member(url, n, row, shards) for n, row in enumerate(rows))
-    return ShardIndex(url=url, shards=tuple(path for path, _ in shards.values()), members=members)
+    return shards
+
+
+# -- members in bulk: parsed by pyarrow, or by json ------------------------------------------------
+
+#: A member name that is empty, rooted, holds a NUL or steps out with ``..`` (as ``_is_inner_name`` says).
+_OUTER_NAME = r"^$|^[/\\]|\x00|(^|[/\\])\.\.([/\\]|$)"
+
+
+def _parse_arrow(raw: bytes) -> tuple[dict[str, Any], Any] | None:
+    """The index parsed by pyarrow's JSON reader: its header (format, version, shards; ``members`` an
+    empty list) and its members as one struct array; ``None`` where it cannot (not a single JSON object,
+    a member of another shape, values of mixed types, pyarrow missing)."""
+    try:
+        import pyarrow as pa
+        import pyarrow.json as pj
+
+        table = pj.read_json(pa.BufferReader(raw), read_options=pj.ReadOptions(block_size=len(raw) + 1),
+                             parse_options=pj.ParseOptions(newlines_in_values=True))
+    except Exception:  # noqa: BLE001 - whatever pyarrow refuses, json reads (and explains)
+        return None
+    if table.num_rows != 1 or not {"shards", "members"} <= set(table.column_names):
+        return None
+    members = table.column("members").combine_chunks()
+    if not pa.types.is_list(members.type) or not pa.types.is_struct(members.type.value_type) or members.null_count:
+        return None
+    head = {name: table.column(name)[0].as_py() for name in ("format", "version", "shards")
+            if name in table.column_names}
+    head["members"] = []
+    return head, members.values
+
+
+def _columns_arrow(url: str, members: Any, shards: Mapping[str, tuple[str, int]]) -> IndexColumns | None:
+    """The members of a struct array as columns, checked a column at a time as :func:`_member` checks each;
+    ``None`` when a check fails or a column has a shape :mod:`json` reads otherwise (a field some members
+    lack): the caller reads the index again with :mod:`json`, which names what is wrong."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kind = members.type
+    names = {kind.field(i).name for i in range(kind.num_fields)}
+
+    def child(name: str) -> Any:
+        return members.field(name) if name in names else pa.nulls(len(members))
+
+    if members.null_count or not {"member", "shard", "name", "offset", "size"} <= names:
+        return None
+    member, shard, name = child("member"), child("shard"), child("name")
+    if any(not pa.types.is_string(c.type) or c.null_count for c in (member, shard, name)):
+        return None
+    if not pc.all(pc.greater(pc.binary_length(member), 0)).as_py() \
+            or pc.any(pc.match_substring_regex(name, _OUTER_NAME)).as_py():
+        return None
+    numbers = []
+    for column in (child("offset"), child("size")):
+        if not pa.types.is_int64(column.type) or column.null_count:
+            return None
+        array = column.to_numpy()
+        if (array < 0).any():
+            return None
+        numbers.append(array.copy())
+    offsets, sizes = numbers
+    encoded = pc.dictionary_encode(shard)
+    code = {name: n for n, name in enumerate(shards)}
+    known = np.array([code.get(s, -1) for s in encoded.dictionary.to_pylist()] + [-1], dtype=np.int32)
+    shard_of = known[np.asarray(encoded.indices, dtype=np.int64)]
+    if (shard_of < 0).any():
+        return None
+    shard_sizes = np.array([size for _, size in shards.values()], dtype=np.float64)
+    if (offsets.astype(np.float64) + sizes > shard_sizes[shard_of]).any():  # float: no int64 overflow
+        return None
+    duration = child("duration")
+    if not any(test(duration.type) for test in (pa.types.is_floating, pa.types.is_integer, pa.types.is_null)):
+        return None
+    seconds = duration.cast(pa.float64())
+    given = np.asarray(seconds.is_valid(), dtype=bool)
+    durations = np.asarray(pc.fill_null(seconds, math.nan), dtype=np.float64).copy()
+    if not (np.isfinite(durations[given]).all() and (durations[given] >= 0).all()):  # NaN, Infinity: refused
+        return None
+    label = child("label")
+    if not (pa.types.is_string(label.type) or pa.types.is_null(label.type)):
+        return None
+    labels = pc.dictionary_encode(label.cast(pa.string()), null_encoding="encode")
+    fields: dict[str, Column] = {}
+    if "fields" in names and not pa.types.is_null(child("fields").type):
+        struct = child("fields")
+        if not pa.types.is_struct(struct.type) or struct.null_count:
+            return None
+        for i in range(struct.type.num_fields):
+            values = struct.field(i)
+            if values.null_count:  # a member without the field, or with null: json tells them apart
+                return None
+            fields[struct.type.field(i).name] = as_column(values)
+    return IndexColumns(url=url, shards=tuple(path for path, _ in shards.values()), shard_of=shard_of,
+                        members=Strings.from_arrow(member), names=Strings.from_arrow(name), offsets=offsets,
+                        sizes=sizes, durations=durations,
+                        labels=Coded(np.asarray(labels.indices, dtype=np.int32).copy(), labels.dictionary.to_pylist()),
+                        fields=fields)
+
+
+def _columns(url: str, rows: list[Any], shards: Mapping[str, tuple[str, int]]) -> IndexColumns | None:
+    """The members parsed by :mod:`json` as columns, checked a column at a time as :func:`_member` checks
+    each; ``None`` when a check fails (:func:`_member` then finds the member and says what is wrong)."""
+    if any(type(row) is not dict for row in rows):
+        return None
+    members = [row.get("member") for row in rows]
+    names = [row.get("name") for row in rows]
+    if not _all_of(members, str) or not all(members) or not _all_of(names, str) \
+            or not all(map(_is_inner_name, names)):
+        return None
+    code = {name: n for n, name in enumerate(shards)}
+    try:
+        shard_of = np.fromiter((code.get(row.get("shard"), -1) for row in rows), dtype=np.int32, count=len(rows))
+    except TypeError:  # a shard value that cannot be looked up (a list)
+        return None
+    if (shard_of < 0).any():
+        return None
+    numbers = []
+    for key in ("offset", "size"):
+        values = [row.get(key) for row in rows]
+        if not _all_of(values, int):
+            return None
+        try:
+            array = np.array(values, dtype=np.int64).reshape(-1)
+        except OverflowError:
+            return None
+        if (array < 0).any():
+            return None
+        numbers.append(array)
+    offsets, sizes = numbers
+    shard_sizes = np.array([size for _, size in shards.values()], dtype=np.float64)
+    if (offsets.astype(np.float64) + sizes > shard_sizes[shard_of]).any():  # float: no int64 overflow
+        return None
+    raw = [row.get("duration") for row in rows]
+    if not {type(d) for d in raw} <= {int, float, type(None)}:
+        return None
+    durations = np.array([math.nan if d is None else d for d in raw], dtype=np.float64).reshape(-1)
+    given = np.fromiter((d is not None for d in raw), dtype=bool, count=len(raw))
+    if not (np.isfinite(durations[given]).all() and (durations[given] >= 0).all()):
+        return None
+    rows_fields = [row.get("fields") for row in rows]
+    if not {type(f) for f in rows_fields} <= {dict, type(None)}:
+        return None
+    present = [f or {} for f in rows_fields]
+    keys = list(dict.fromkeys(k for f in present if f for k in f))
+    return IndexColumns(url=url, shards=tuple(path for path, _ in shards.values()), shard_of=shard_of,
+                        members=Strings.from_strings(members), names=Strings.from_strings(names), offsets=offsets,
+                        sizes=sizes, durations=durations, labels=Coded.encode([row.get("label") for row in rows]),
+                        fields={key: as_column([f.get(key, ABSENT) for f in present]) for key in keys})
+
+
+def _all_of(values: list[Any], kind: type) -> bool:
+    """Whether every value is of type ``kind`` exactly (no bool for int)."""
+    return all(type(v) is kind for v in values)
 
 
 def _member(url: str, n: int, row: Any, shards: Mapping[str, tuple[str, int]]) -> Member:
