@@ -7,7 +7,6 @@ import gc
 import os
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -234,6 +233,22 @@ def segment_exists(name: str) -> bool:
     return True
 
 
+def table_descriptors(pid: int | str = "self") -> set[str]:
+    """The descriptors process ``pid`` holds open to an item table's region (Linux; empty elsewhere), as
+    ``<fd> -> <target>``: an IsolatedLoader holds one until it closes, its helper one it inherited."""
+    folder = Path(f"/proc/{pid}/fd")
+    found = set()
+    if folder.is_dir():
+        for fd in folder.iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:  # closed since the listing
+                continue
+            if "audiobuffer-table-" in target:
+                found.add(f"{fd.name} -> {target}")
+    return found
+
+
 @contextlib.contextmanager
 def isolated_leftovers(monkeypatch: Any) -> Iterator[None]:
     """Fail unless the isolated loaders run inside leave no child process and no shared-memory segment.
@@ -254,12 +269,12 @@ def isolated_leftovers(monkeypatch: Any) -> Iterator[None]:
     monkeypatch.setattr(_shm, "attach", recording_attach)
     # Children from before (multiprocessing's resource tracker, once some test used spawn) stay.
     older = {p.pid for p in psutil.Process().children(recursive=True)}
-    tables = set(Path(tempfile.gettempdir()).glob("audiobuffer-table-*"))  # item tables shared with a helper
+    tables = table_descriptors()  # item tables shared with a helper (held by an open loader)
     yield
     monkeypatch.setattr(_shm, "attach", attach)
-    gc.collect()  # a loader left unclosed removes its table folder when it is collected
-    left_tables = set(Path(tempfile.gettempdir()).glob("audiobuffer-table-*")) - tables
-    assert not left_tables, f"item-table folders left: {sorted(map(str, left_tables))}"
+    gc.collect()  # a loader left unclosed lets go of its table's descriptor when it is collected
+    left_tables = table_descriptors() - tables
+    assert not left_tables, f"item-table descriptors left open: {sorted(left_tables)}"
     deadline = time.monotonic() + JOIN_TIMEOUT
     children = [p for p in psutil.Process().children(recursive=True) if p.pid not in older]
     _, alive = psutil.wait_procs(children, timeout=max(0.0, deadline - time.monotonic()))

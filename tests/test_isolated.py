@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import logging
@@ -12,6 +13,7 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,6 +25,7 @@ from helpers import (
     fake_paths,
     make_corpus,
     segment_exists,
+    table_descriptors,
     wait_gone,
     write_tone,
 )
@@ -679,22 +682,27 @@ def test_batches_by_duration_lose_samples_that_cannot_be_collated(tmp_path):
         assert unpack_consumed(state["consumed"], state["items"]) == b"\x01" * 4
 
 
-def test_table_folders_of_trainers_gone_are_swept_and_the_others_kept(tmp_path):
-    from audiobuffer.loaders.isolated import tables
+def region_inodes(pid: int | str) -> set[str]:
+    """The inodes of the item-table regions process ``pid`` maps (Linux)."""
+    lines = Path(f"/proc/{pid}/maps").read_text(encoding="utf-8").splitlines()
+    return {line.split()[4] for line in lines if "audiobuffer-table-" in line}
 
-    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
-                          timeout=60)
-    dead = int(done.stdout)  # a pid that ran and was reaped
-    parent = os.getppid()
-    folders = {pid: tmp_path / f"{tables.PREFIX}{pid}-abc" for pid in (dead, os.getpid(), parent)}
-    for folder in folders.values():
-        folder.mkdir()
-        (folder / "0.npy").write_bytes(b"x")
-    (tmp_path / f"{tables.PREFIX}unnamed").mkdir()  # not a name this makes: left alone
-    assert not tables.pid_running(dead) and tables.pid_running(os.getpid())
-    assert tables.sweep(tmp_path) == [str(folders[dead])]
-    assert [f.exists() for f in folders.values()] == [False, True, True]
-    assert (tmp_path / f"{tables.PREFIX}unnamed").is_dir()
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc (Linux)")
+def test_trainer_and_helper_map_one_table_and_nothing_is_left_after_close():
+    with IsolatedLoader(fake_paths(5000), IndexDecoder(), batch_size=100, shuffle=True) as loader:
+        table = loader.source.table
+        assert not table.names.data.flags.writeable  # the trainer reads the region, its own copy given up
+        assert sorted(indices(loader)) == list(range(5000))
+        helper = loader.helper_info["pid"]
+        mapped = region_inodes("self")
+        assert len(mapped) == 1 and region_inodes(helper) == mapped  # the same pages, in memory once
+        assert len(table_descriptors("self")) == 2  # the loader's, and the one its map keeps (mmap's own)
+    assert len(table_descriptors("self")) == 1
+    assert loader.source.paths[4999] == "/nonexistent/item_04999.wav"  # the trainer's map outlives the close
+    del loader, table
+    gc.collect()
+    assert not table_descriptors("self")  # the region goes with its last map: no file, nothing to sweep
 
 
 OPEN_AT_EXIT = textwrap.dedent("""

@@ -94,20 +94,76 @@ def test_a_bad_duration_names_its_row(tmp_path):
     assert good.tolist() == [0.5 + i / 100 for i in range(6)]
 
 
-def test_a_shared_table_pickles_as_its_folder_and_maps_the_same_items(tmp_path):
+def test_a_shared_table_pickles_as_its_region_and_maps_the_same_items(tmp_path):
+    from audiobuffer.loaders.isolated.tables import TableRegion
+
     small = Source(write_csv(tmp_path / "small.csv", rows_of(10)), labels="speaker")
     large = Source(write_csv(tmp_path / "large.csv", rows_of(5000)), labels="speaker")
     sizes = []
-    for n, source in enumerate((small, large)):
-        folder = tmp_path / f"shared{n}"
-        folder.mkdir()
-        payload = pickle.dumps(source.shared(folder))
+    regions: list[TableRegion] = []
+    for source in (small, large):
+        here, there = source.shared(lambda size: regions.append(TableRegion(size)) or regions[-1])
+        payload = pickle.dumps(there)
         sizes.append(len(payload))
-        copy = pickle.loads(payload)
-        assert items_of(copy) == items_of(source) and copy.classes == source.classes
-        assert copy.fingerprint() == source.fingerprint()
-        del copy
-    assert sizes[1] < 2 * sizes[0] + 4096  # the items are in the folder, not in the pickle
+        copy = pickle.loads(payload)  # this process holds the descriptor, as a helper inherits it
+        for shared in (here, copy):
+            assert items_of(shared) == items_of(source) and shared.classes == source.classes
+            assert shared.fingerprint() == source.fingerprint()
+            if len(source) > 1000:  # arrays under 4 KiB go in the pickle of the rest
+                assert not shared.table.names.data.flags.writeable and not shared.label_of.flags.writeable
+        assert pickle.loads(pickle.dumps(here)).fingerprint() == source.fingerprint()  # by value, as any table
+        del copy, here
+    assert sizes[1] < 2048 < len(pickle.dumps(large))  # the items are in the region, not in the pickle
+    for region in regions:
+        region.close()
+
+
+def test_a_shared_table_refuses_a_region_that_does_not_hold_it(tmp_path):
+    from audiobuffer.loaders.isolated.tables import RegionHandle, TableRegion
+
+    source = Source(write_csv(tmp_path / "m.csv", rows_of(3000)))
+    regions: list[TableRegion] = []
+    _, there = source.shared(lambda size: regions.append(TableRegion(size)) or regions[-1])
+    regions.append(TableRegion(there.table.handle.size))  # the same size, empty: as a section made anew
+    there.table.handle = regions[-1].handle
+    with pytest.raises(ValueError, match="not in the region mapped"):
+        pickle.loads(pickle.dumps(there))
+    with pytest.raises(OSError, match="cannot map the item table shared by descriptor 10000"):
+        RegionHandle(4096, fd=10_000).map()  # a descriptor this process does not have
+    for region in regions:
+        region.close()
+
+
+def test_a_shared_table_crosses_in_a_named_section_on_windows(tmp_path, monkeypatch):
+    # Windows maps the paging file by tag: sections are stood in for by anonymous maps kept by tag.
+    import mmap
+    import sys
+
+    from audiobuffer.loaders.isolated import tables
+
+    sections: dict[str, mmap.mmap] = {}
+    real_mmap = mmap.mmap
+
+    def windows_mmap(fileno: int, length: int, tagname: str | None = None, **kwargs: object) -> mmap.mmap:
+        assert fileno == -1 and tagname and not kwargs
+        if tagname not in sections:  # CreateFileMapping makes a section the first time, opens it after
+            sections[tagname] = real_mmap(-1, length)
+        return sections[tagname]
+
+    monkeypatch.setattr(sys, "platform", "win32")
+    monkeypatch.setattr(mmap, "mmap", windows_mmap)
+    source = Source(write_csv(tmp_path / "m.csv", rows_of(3000)), labels="speaker")
+    region = tables.TableRegion(1)
+    assert region.pass_fds == () and region.handle.fd == -1 and region.handle.tag.startswith("audiobuffer-table-")
+    here, there = source.shared(lambda size: (region := tables.TableRegion(size)))
+    copy = pickle.loads(pickle.dumps(there))
+    assert items_of(copy) == items_of(here) == items_of(source)
+    assert not copy.table.names.data.flags.writeable  # a section maps writable: the arrays are not
+    gone = tables.RegionHandle(there.table.handle.size, tag="audiobuffer-table-gone")
+    there.table.handle = gone  # opening a tag nobody holds makes an empty section: refused by its token
+    with pytest.raises(ValueError, match="not in the region mapped"):
+        pickle.loads(pickle.dumps(there))
+    region.close()
 
 
 def test_jsonl_keeps_missing_keys_missing(tmp_path):

@@ -24,9 +24,16 @@ import numpy as np
 from ..errors import SourceError
 from . import storage
 from .storage import RetrySpec
-from .table import ABSENT, Coded, Column, ItemTable, Numbers, Objects, Strings, column_of
+from .table import (
+    ABSENT,
+    Coded,
+    ItemTable,
+    Strings,
+    as_column,
+    release_arrow_memory,
+)
 
-__all__ = ["LABEL_COLUMN", "Listing", "MANIFEST_SUFFIXES", "as_column", "list_files", "names_shards", "table_of_paths"]
+__all__ = ["LABEL_COLUMN", "Listing", "MANIFEST_SUFFIXES", "list_files", "names_shards", "table_of_paths"]
 
 MANIFEST_SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}
 #: The column of an index's (or a shard sidecar's) label name, as ``labels=`` names it.
@@ -110,6 +117,7 @@ def list_files(source: Any, *, patterns: Sequence[str], path_column: str,
 def table_of_paths(paths: Sequence[str], **columns: Any) -> ItemTable:
     """A table of ``paths`` as given, each split into its folder prefix and the rest."""
     prefixes, prefix_of, names = _split(paths)
+    release_arrow_memory()
     return ItemTable(prefixes, prefix_of, names, **columns)
 
 
@@ -249,6 +257,7 @@ def _manifest(name: str, data: Path | bytes, kind: str, path_column: str, resolv
                 with _text(name, data) as f:
                     found = _read_csv_rows(name, f, delimiter)
             columns, order = found
+            del found  # the parsed columns go with ``columns`` below
     except OSError as exc:
         raise SourceError(f"cannot read manifest {name!r}: {exc}") from exc
     if path_column not in columns:
@@ -257,19 +266,8 @@ def _manifest(name: str, data: Path | bytes, kind: str, path_column: str, resolv
     table = resolver.table(name, _checked_paths(name, paths, path_column), columns=order,
                            fields={k: as_column(v) for k, v in columns.items()})
     del paths, columns
-    _release_arrow_memory()
+    release_arrow_memory()
     return Listing(table, f"manifest {name!r}")
-
-
-def _release_arrow_memory() -> None:
-    """Give the memory pyarrow's pool keeps after a listing back to the system: the table holds copies
-    in numpy arrays, and the pool would otherwise keep the parsed manifest's size for the process's life."""
-    try:
-        import pyarrow as pa
-
-        pa.default_memory_pool().release_unused()
-    except (ImportError, AttributeError):
-        pass
 
 
 def _text(name: str, data: Path | bytes) -> IO[str]:
@@ -309,33 +307,6 @@ def _checked_paths(name: str, paths: Any, path_column: str) -> Any:
         if "\0" in value:
             raise SourceError(f"manifest {name!r} row {n + 1}: the path {value[:80]!r} holds a NUL character")
     return paths
-
-
-def as_column(values: Any) -> Column:
-    """A manifest column (a list of Python values, or a pyarrow array) as a table column."""
-    if isinstance(values, (Strings, Coded, Numbers, Objects)):
-        return values
-    if isinstance(values, list):
-        return column_of(values)
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if isinstance(values, pa.ChunkedArray):
-        values = values.combine_chunks()
-    if pa.types.is_dictionary(values.type):
-        values = values.dictionary_decode()
-    if values.null_count == 0 and (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
-        encoded = pc.dictionary_encode(values)
-        if len(encoded.dictionary) <= max(16, len(values) // 4):
-            return Coded(np.asarray(encoded.indices, dtype=np.int32).copy(), encoded.dictionary.to_pylist())
-        return Strings.from_arrow(values)
-    if values.null_count == 0 and (pa.types.is_integer(values.type) or pa.types.is_floating(values.type)
-                                   or pa.types.is_boolean(values.type)):
-        array = np.asarray(values.to_numpy(zero_copy_only=False))
-        if array.dtype.kind in "iuf":
-            array = array.astype(np.float64 if array.dtype.kind == "f" else np.int64)
-        return Numbers(array.copy())
-    return Objects(values.to_pylist())
 
 
 def _read_csv_arrow(name: str, data: Path | bytes, delimiter: str) -> tuple[dict[str, Any], list[str]] | None:

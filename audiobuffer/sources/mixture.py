@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 
 from .blocks import BlockReads
-from .listing import as_column, table_of_paths
+from .listing import table_of_paths
 from .source import ReadClock, Source, SourceSpec, WorkItem, _natural_key
-from .table import ABSENT, ItemTable
+from .table import ABSENT, ItemTable, as_column
 
 __all__ = ["Mixture", "mix"]
 

@@ -25,11 +25,11 @@ from ..errors import SourceError
 from . import storage
 from .blocks import BlockReads
 from .formats.lhotse import is_lhotse, read_lhotse
-from .index import read_index
+from .index import read_index_columns
 from .item import AUDIO_PATTERNS, IMAGE_PATTERNS, ReadClock, WorkItem
-from .listing import LABEL_COLUMN, MANIFEST_SUFFIXES, Listing, as_column, list_files, names_shards, table_of_paths
+from .listing import LABEL_COLUMN, MANIFEST_SUFFIXES, Listing, list_files, names_shards, table_of_paths
 from .storage import RetrySpec, as_retry, is_url, read_bytes
-from .table import ABSENT, Coded, Column, ItemTable, Strings, TableView, seconds_array
+from .table import ABSENT, Coded, Column, ItemTable, Region, Strings, TableView, as_column, seconds_array
 
 __all__ = [
     "AUDIO_PATTERNS",
@@ -80,22 +80,14 @@ def _list_index(url: str, storage_options: Mapping[str, Any] | None, retry: Retr
                 allow_outside: bool) -> Listing:
     if not storage.is_url(url) and not Path(url).is_file():
         raise SourceError(f"index {url!r} does not exist")
-    index = read_index(url, storage_options=storage_options, retry=retry, allow_outside=allow_outside)
-    members = index.members
-    shard_code = {shard: n for n, shard in enumerate(index.shards)}
-    n = len(members)
-    rows = [m.fields for m in members]
-    keys = list(dict.fromkeys(k for row in rows for k in row))
-    fields = {key: as_column([row.get(key, ABSENT) for row in rows]) for key in keys}
-    table = table_of_paths(
-        [m.path for m in members], columns=[LABEL_COLUMN, *(k for k in keys if k != LABEL_COLUMN)], fields=fields,
-        labels=Coded.encode([m.label for m in members]), shards=list(index.shards),
-        shard_of=np.fromiter((shard_code[m.shard] for m in members), dtype=np.int32, count=n),
-        offsets=np.fromiter((m.offset for m in members), dtype=np.int64, count=n),
-        sizes=np.fromiter((m.size for m in members), dtype=np.int64, count=n),
-        members=Strings.from_strings([m.member for m in members]),
-        durations=np.array([np.nan if m.duration is None else m.duration for m in members], dtype=np.float64))
-    return Listing(table, f"index {url!r} ({len(index.shards)} shards)")
+    index = read_index_columns(url, storage_options=storage_options, retry=retry, allow_outside=allow_outside)
+    shards = index.shards
+    keys = list(index.fields)
+    paths = [shards[s] + "/" + name for s, name in zip(index.shard_of.tolist(), index.names.tolist())]
+    table = table_of_paths(paths, columns=[LABEL_COLUMN, *(k for k in keys if k != LABEL_COLUMN)],
+                           fields=index.fields, labels=index.labels, shards=list(shards), shard_of=index.shard_of,
+                           offsets=index.offsets, sizes=index.sizes, members=index.members, durations=index.durations)
+    return Listing(table, f"index {url!r} ({len(shards)} shards)")
 
 
 def _list_lhotse(source: Any, storage_options: Mapping[str, Any] | None, retry: RetrySpec,
@@ -294,15 +286,17 @@ class Source:
         part.class_to_idx = dict(self.class_to_idx)
         return part
 
-    def shared(self, folder: str | os.PathLike[str]) -> Source:
-        """This source with its table written to ``folder`` for another process to memory-map: pickling
-        the copy returned sends the folder's name, not the items (NOTE [ Shared item table ] in
-        ``table.py``). The caller deletes the folder once that process is done."""
-        self.has_urls()  # looked at here, once: the copy carries the answer
-        copy = object.__new__(type(self))  # a subclass (a Mixture) stays one
-        copy.__dict__.update(self.__dict__)
-        copy.table = self.table.share(folder)
-        return copy
+    def shared(self, make_region: Callable[[int], Region]) -> tuple[Source, Source]:
+        """This source with its table moved into a region of memory another process maps (NOTE [ Shared
+        item table ] in ``table.py``): the copy to use here from now on, and the copy to pickle for that
+        process, which sends the region's handle, not the items."""
+        self.has_urls()  # looked at here, once: the copies carry the answer
+        table, reference = self.table.share(make_region)
+        here, there = object.__new__(type(self)), object.__new__(type(self))  # a subclass (a Mixture) stays one
+        here.__dict__.update(self.__dict__)
+        there.__dict__.update(self.__dict__)
+        here.table, there.table = table, reference  # type: ignore[assignment]  # unpickles as an ItemTable
+        return here, there
 
     def item(self, index: int, *, epoch: int = 0, seed: int = 0, seq: int = 0,
              clock: ReadClock | None = None, blocks: BlockReads | None = None) -> WorkItem:

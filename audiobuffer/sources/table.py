@@ -3,18 +3,20 @@
 An :class:`ItemTable` holds each item's path (a folder prefix shared by many items, and the rest of
 the path), its label's class, a manifest's other columns, and an index member's shard, offset, size
 and duration. Python values are made for one item at a time, when a work item is made for a producer.
-A table can be saved to a folder whose arrays another process memory-maps (NOTE [ Shared item table ]).
+A table can be moved into memory that another process maps too (NOTE [ Shared item table ]).
 
 NOTE [ Shared item table ]
 ==========================
-The helper process of ``IsolatedLoader`` gets its source's table as files, not as a pickle of its
-items: :meth:`ItemTable.share` writes each array of the table as a ``.npy`` file in a folder and the
-rest (column names, the few folder prefixes, class names) as one small pickle; pickling the shared
-table then writes only the folder's name, and unpickling it in the helper memory-maps the arrays
-(``np.load(mmap_mode="r")``), so the helper starts in the same time whatever the number of items and
-its pages are the trainer's page cache. The trainer keeps its own copy in memory and owns the folder:
-it deletes the folder when it closes, after the helper has exited (Windows refuses to delete a mapped
-file, so the helper's maps must be gone first; a folder left behind by a crash is a temporary folder).
+The helper process of ``IsolatedLoader`` gets its source's table as memory both processes map, not
+as a pickle of its items, and the trainer gives up the copy it built: the table's pages are in
+memory once, however many processes read them. :meth:`ItemTable.share` writes every array of the
+table (64-byte aligned) and a small pickle of the rest (column names, the few folder prefixes, class
+names, where each array lies) into one region of memory, and maps it back: the trainer goes on with
+the table over its map, whose arrays are read-only views. The :class:`SharedTable` it returns
+pickles as the region's handle and layout; unpickled in the helper, it maps the region and makes the
+same views, so the helper starts in the same time whatever the number of items. The region begins
+with a random token the reference carries, so that a map of anything else is refused. What the
+region is, and how the system frees it with its last map, is in ``loaders/isolated/tables.py``.
 """
 
 from __future__ import annotations
@@ -23,16 +25,15 @@ import hashlib
 import io
 import math
 import numbers
-import os
 import pickle
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from pathlib import Path
-from typing import Any, overload
+import secrets
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Protocol, overload
 
 import numpy as np
 
-__all__ = ["ABSENT", "Coded", "Column", "ItemTable", "Numbers", "Objects", "Strings", "TableView", "column_of",
-           "seconds_array", "seconds_of"]
+__all__ = ["ABSENT", "Coded", "Column", "ItemTable", "Numbers", "Objects", "Region", "SharedTable", "Strings",
+           "TableView", "as_column", "column_of", "release_arrow_memory", "seconds_array", "seconds_of"]
 
 
 class _Absent:
@@ -204,6 +205,45 @@ def column_of(values: Sequence[Any]) -> Column:
     return Objects(list(values))
 
 
+def as_column(values: Any) -> Column:
+    """A manifest column (a list of Python values, or a pyarrow array) as a table column."""
+    if isinstance(values, (Strings, Coded, Numbers, Objects)):
+        return values
+    if isinstance(values, list):
+        return column_of(values)
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if pa.types.is_dictionary(values.type):
+        values = values.dictionary_decode()
+    if values.null_count == 0 and (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
+        encoded = pc.dictionary_encode(values)
+        if len(encoded.dictionary) <= max(16, len(values) // 4):
+            return Coded(np.asarray(encoded.indices, dtype=np.int32).copy(), encoded.dictionary.to_pylist())
+        return Strings.from_arrow(values)
+    if values.null_count == 0 and (pa.types.is_integer(values.type) or pa.types.is_floating(values.type)
+                                   or pa.types.is_boolean(values.type)):
+        array = np.asarray(values.to_numpy(zero_copy_only=False))
+        if array.dtype.kind in "iuf":
+            array = array.astype(np.float64 if array.dtype.kind == "f" else np.int64)
+        return Numbers(array.copy())
+    return Objects(values.to_pylist())
+
+
+def release_arrow_memory() -> None:
+    """Give back to the system the memory pyarrow's pool keeps after bulk work on a table (reading a
+    manifest, a fingerprint): the table holds its own arrays, and the pool would otherwise keep the
+    largest size it reached for the process's life."""
+    try:
+        import pyarrow as pa
+
+        pa.default_memory_pool().release_unused()
+    except (ImportError, AttributeError):
+        pass
+
+
 def seconds_array(column: Column) -> tuple[np.ndarray, np.ndarray]:
     """A column read as seconds: ``(float64 values, valid)``; ``valid`` is false where a value is not a
     finite number >= 0 (a string of one counts) or is absent. Numbers are converted in bulk; strings
@@ -333,10 +373,6 @@ class ItemTable:
         self.segments = segments
         #: Each item's class, set by the source that resolves the labels (-1: none), or ``None``.
         self.label_of: np.ndarray | None = None
-        self._shared: str | None = None  # the folder of share(): pickles as a reference to it
-        #: The folder this table's arrays are memory-mapped from (in the process that opened a shared
-        #: table), or ``None``.
-        self.mapped_from: str | None = None
 
     def __len__(self) -> int:
         return len(self.prefix_of)
@@ -390,56 +426,131 @@ class ItemTable:
         """``<items>:<digest>``: the SHA-256 of every path, each followed by a NUL byte, in order."""
         digest = hashlib.sha256()
         try:
-            import pyarrow as pa
-            import pyarrow.compute as pc
-
-            prefixes = pa.array([p.encode(*_ENCODING) for p in self.prefixes], type=pa.large_binary())
-            step = 1 << 20
-            for start in range(0, len(self), step):
-                stop = min(start + step, len(self))
-                part = self.names.take(np.arange(start, stop)) if start or stop < len(self) else self.names
-                joined = pc.binary_join_element_wise(pc.take(prefixes, pa.array(self.prefix_of[start:stop])),
-                                                     part.arrow(), pa.scalar(b"\0", pa.large_binary()),
-                                                     pa.scalar(b"", pa.large_binary()))
-                offsets = np.frombuffer(joined.buffers()[1], dtype=np.int64, count=len(joined) + 1,
-                                        offset=joined.offset * 8)
-                digest.update(memoryview(joined.buffers()[2])[int(offsets[0]):int(offsets[-1])])
+            self._digest_paths(digest)
         except ImportError:
             for path in self.paths():
                 digest.update(path.encode(*_ENCODING) + b"\0")
+        release_arrow_memory()  # what the joined paths took, back to the system
         if self.segments is not None:  # the segments of one recording share its path
             digest.update(np.ascontiguousarray(self.segments, dtype=np.float64).tobytes())
         return f"{len(self)}:{digest.hexdigest()[:16]}"
 
+    def _digest_paths(self, digest: Any) -> None:
+        """Feed every path and a NUL byte after each to ``digest``, a million at a time (pyarrow).
+
+        Raises:
+            ImportError: pyarrow is not installed.
+        """
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        prefixes = pa.array([p.encode(*_ENCODING) for p in self.prefixes], type=pa.large_binary())
+        step = 1 << 20
+        for start in range(0, len(self), step):
+            stop = min(start + step, len(self))
+            part = self.names.take(np.arange(start, stop)) if start or stop < len(self) else self.names
+            joined = pc.binary_join_element_wise(pc.take(prefixes, pa.array(self.prefix_of[start:stop])),
+                                                 part.arrow(), pa.scalar(b"\0", pa.large_binary()),
+                                                 pa.scalar(b"", pa.large_binary()))
+            offsets = np.frombuffer(joined.buffers()[1], dtype=np.int64, count=len(joined) + 1,
+                                    offset=joined.offset * 8)
+            digest.update(memoryview(joined.buffers()[2])[int(offsets[0]):int(offsets[-1])])
+
     # -- sharing with another process (NOTE [ Shared item table ]) --------------------------------
 
-    def share(self, folder: str | os.PathLike[str]) -> ItemTable:
-        """This table, written to ``folder`` (which must exist and be empty) for another process to
-        memory-map: the copy returned pickles as the folder's name. The caller deletes the folder."""
-        folder = Path(folder)
+    def share(self, make_region: Callable[[int], Region]) -> tuple[ItemTable, SharedTable]:
+        """This table moved into a region of memory another process maps (NOTE [ Shared item table ]).
+
+        Args:
+            make_region: makes a region of the given size in bytes, which this writes once.
+
+        Returns:
+            The table over the region (read-only arrays: this process's copy from then on, the one made in
+            memory being free to go) and a reference that pickles as the region, unpickling into the same
+            table over the other process's map of it.
+        """
         arrays: list[np.ndarray] = []
 
         class Saver(pickle.Pickler):
             def persistent_id(self, obj: Any) -> Any:
                 if isinstance(obj, np.ndarray) and obj.dtype != object and obj.nbytes >= 4096:
-                    arrays.append(obj)
+                    arrays.append(np.ascontiguousarray(obj))
                     return len(arrays) - 1
                 return None
 
         state = io.BytesIO()
         Saver(state, protocol=pickle.HIGHEST_PROTOCOL).dump(self.__dict__)
-        for n, array in enumerate(arrays):
-            np.save(folder / f"{n}.npy", np.ascontiguousarray(array), allow_pickle=False)
-        (folder / "table.pickle").write_bytes(state.getvalue())
-        shared = object.__new__(ItemTable)
-        shared.__dict__.update(self.__dict__)
-        shared._shared = str(folder)
-        return shared
+        places: list[tuple[int, str, tuple[int, ...]]] = []
+        end = len(_TOKEN_SPACE)
+        for array in arrays:
+            places.append((end, array.dtype.str, array.shape))
+            end = _aligned(end + array.nbytes)
+        region = make_region(end + state.tell())
+        token = secrets.token_bytes(len(_TOKEN_SPACE))
+        region.write(0, memoryview(token))
+        for (offset, _, _), array in zip(places, arrays):
+            if array.nbytes:
+                region.write(offset, array.reshape(-1).view(np.uint8).data)
+        region.write(end, state.getbuffer())
+        reference = SharedTable(region.handle, token, places, end, state.tell())
+        return reference.over(region.map()), reference
 
     def __reduce__(self) -> Any:
-        if self._shared is not None:
-            return (_open_shared, (self._shared,))
         return (_from_state, (self.__dict__,))
+
+
+def _aligned(offset: int) -> int:
+    return -(-offset // 64) * 64
+
+
+_TOKEN_SPACE = bytes(64)  # the region's first bytes: its random token (16 bytes), then up to the first array
+
+
+class Region(Protocol):
+    """Memory that :meth:`ItemTable.share` writes once and maps (``loaders/isolated/tables.py``)."""
+
+    handle: Any  # picklable; ``handle.map()`` maps the region in another process
+
+    def write(self, offset: int, data: memoryview) -> None: ...
+
+    def map(self) -> Any: ...
+
+
+class SharedTable:
+    """A reference to a table that :meth:`ItemTable.share` wrote into a region: pickled, it is the region's
+    handle and the table's layout; unpickled, the table over this process's map of the region."""
+
+    def __init__(self, handle: Any, token: bytes, places: list[tuple[int, str, tuple[int, ...]]], state_at: int,
+                 state_size: int) -> None:
+        self.handle, self.token, self.places = handle, token, places
+        self.state_at, self.state_size = state_at, state_size
+
+    def over(self, region: Any) -> ItemTable:
+        """The table over ``region`` (a buffer: the mapped region), its arrays read-only views of it.
+
+        Raises:
+            ValueError: ``region`` does not hold this table (another region, or an empty one made in its
+                place after its owner had gone).
+        """
+        view = memoryview(region)
+        if bytes(view[:len(self.token)]) != self.token:
+            raise ValueError("the shared item table is not in the region mapped (the process that shared it "
+                             "has gone, or closed it)")
+        places = self.places
+
+        class Loader(pickle.Unpickler):
+            def persistent_load(self, pid: Any) -> Any:
+                offset, dtype, shape = places[int(pid)]
+                array = np.frombuffer(region, dtype=np.dtype(dtype), count=math.prod(shape), offset=offset)
+                array = array.reshape(shape)
+                array.flags.writeable = False  # a Windows section maps writable: nobody writes it
+                return array
+
+        state = Loader(io.BytesIO(view[self.state_at:self.state_at + self.state_size])).load()
+        return _from_state(state)
+
+    def __reduce__(self) -> Any:
+        return (_open_shared, (self.handle, self.token, self.places, self.state_at, self.state_size))
 
 
 def _from_state(state: Mapping[str, Any]) -> ItemTable:
@@ -448,17 +559,7 @@ def _from_state(state: Mapping[str, Any]) -> ItemTable:
     return table
 
 
-def _open_shared(folder: str) -> ItemTable:
-    """The table :meth:`ItemTable.share` wrote to ``folder``, its arrays memory-mapped (read-only)."""
-    root = Path(folder)
-
-    class Loader(pickle.Unpickler):
-        def persistent_load(self, pid: Any) -> Any:
-            return np.load(root / f"{int(pid)}.npy", mmap_mode="r", allow_pickle=False).view(np.ndarray)
-
-    with open(root / "table.pickle", "rb") as f:
-        state = Loader(f).load()
-    table = _from_state(state)
-    table._shared = None  # a copy pickled on from here carries its arrays
-    table.mapped_from = str(root)
-    return table
+def _open_shared(handle: Any, token: bytes, places: list[tuple[int, str, tuple[int, ...]]], state_at: int,
+                 state_size: int) -> ItemTable:
+    """The table a :class:`SharedTable` pickled refers to, over this process's map of its region."""
+    return SharedTable(handle, token, places, state_at, state_size).over(handle.map())

@@ -340,9 +340,10 @@ class HelperChannel:
         """Whether the helper was started and has not exited."""
         return self.proc is not None and self.proc.poll() is None
 
-    def start(self, spec: bytes) -> None:
+    def start(self, spec: bytes, *, pass_fds: tuple[int, ...] = ()) -> None:
         """Start the helper (``python -m`` :data:`HELPER_MODULE`), send it the pickled pipeline ``spec`` and
-        wait for it.
+        wait for it. ``pass_fds``: descriptors the helper inherits, under the same numbers (POSIX: the
+        region of the item table, NOTE [ Shared item table ] in ``sources/table.py``).
 
         Raises:
             HelperError: the helper died, did not answer within ``START_TIMEOUT`` or could not load the
@@ -353,7 +354,7 @@ class HelperChannel:
         env["PYTHONPATH"] = os.pathsep.join([here] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         # The trainer's pid: the helper also leaves when the trainer has gone (NOTE [ Helper process lifecycle ], Exit).
         proc = subprocess.Popen([sys.executable, "-m", HELPER_MODULE, str(os.getpid())], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, env=env,
+                                stdout=subprocess.PIPE, env=env, pass_fds=pass_fds,
                                 creationflags=CREATE_NEW_PROCESS_GROUP if sys.platform == "win32" else 0)
         self.proc = proc
         reader = threading.Thread(target=read_messages, args=(proc, self.inbox, self._closing, self._wanted),

@@ -78,13 +78,11 @@ import logging
 import os
 import pickle
 import queue
-import shutil
 import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, BinaryIO, cast
 
 from ..._numpy_collate import SlotArena, collate_numpy
@@ -95,7 +93,6 @@ from ...errors import BufferClosed, HelperError, SampleError, StallError
 from ...options import gil_enabled
 from ...sources.item import WorkItem
 from . import shm as _shm
-from . import tables
 from .protocol import (
     PROTOCOL_VERSION,
     Batch,
@@ -475,13 +472,6 @@ class Helper:
             pool.close(EXIT_GRACE)
         self.slots.unlink_all()
 
-    def forget_table(self) -> None:
-        """Remove the folder the trainer shared its item table through (its trainer has gone: nobody else
-        will). Best effort: Windows deletes no file this process still maps (``tables.sweep`` does, later)."""
-        folder = getattr(getattr(self.pipeline.source, "table", None), "mapped_from", None)
-        if folder is not None and Path(folder).name.startswith(tables.PREFIX):
-            shutil.rmtree(folder, ignore_errors=True)
-
 
 def _misfits(samples: list[Any], key: str) -> dict[int, Exception]:
     """Which of ``samples`` cannot go into a batch with the first one that can, and why: each is collated
@@ -560,17 +550,14 @@ def main() -> None:
     helper: Helper | None = None
     leaving = threading.Lock()
 
-    def leave(code: int, orphaned: bool = False) -> None:
-        """Stop, unlink, write what is queued and exit: once, from the main thread or the trainer's watch.
-        ``orphaned``: the trainer has gone without closing, so its item-table folder is removed here."""
+    def leave(code: int) -> None:
+        """Stop, unlink, write what is queued and exit: once, from the main thread or the trainer's watch."""
         leaving.acquire()  # whoever comes second waits here for the exit
         try:
             if helper is not None:
                 helper.shutdown()
             for name in _shm.leftovers(os.getpid()):  # made as the watch began the exit, if any
                 _shm.unlink(name)
-            if orphaned and helper is not None:
-                helper.forget_table()
         except BaseException:
             traceback.print_exc()
             code = 1
@@ -582,9 +569,9 @@ def main() -> None:
             os._exit(code)  # do not wait for a producer stuck in a decode (daemon threads)
 
     if len(sys.argv) > 1 and sys.platform != "win32":  # the trainer's pid, given by HelperChannel.start
-        threading.Thread(target=_watch_trainer, args=(int(sys.argv[1]), lambda c: leave(c, orphaned=True)),
+        threading.Thread(target=_watch_trainer, args=(int(sys.argv[1]), leave),
                          name="audiobuffer-helper-watch", daemon=True).start()
-    code, orphaned = 0, False
+    code = 0
     try:
         setup = channel.receive()
         if not isinstance(setup, Setup):
@@ -618,13 +605,13 @@ def main() -> None:
                 helper.stop_epoch(message.gen)
             elif isinstance(message, Close):
                 break
-    except (EOFError, OSError):
-        orphaned = True  # the trainer closed the pipe without a Close: it exited or was killed
+    except (EOFError, OSError):  # the trainer closed the pipe without a Close: it exited or was killed
+        pass
     except BaseException:  # a bug of ours, or a frame that is not ours: say so on stderr and exit non-zero
         traceback.print_exc()
         code = 1
     finally:
-        leave(code, orphaned)
+        leave(code)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ import dataclasses
 import inspect
 import logging
 import pickle
-import shutil
 import threading
 import time
 import weakref
@@ -195,11 +194,19 @@ class IsolatedLoader(PipelineViews, StateKeys):
         # the trainer plans batches by duration (no durations: each epoch's message carries its batches).
         listed = dataclasses.replace(pipeline.options, labels=None, patterns=None, path_column="path",
                                      storage_options=None)
-        # The items go as files the helper memory-maps (NOTE [ Shared item table ] in sources/table.py).
-        self._table_dir = tables.make_folder()
-        self._forget_table = weakref.finalize(self, shutil.rmtree, self._table_dir, ignore_errors=True)
-        shared = pipeline.source.shared(self._table_dir)
-        spec = {"pipeline": dataclasses.replace(pipeline, source=shared, options=listed, batching=None),
+        # The items go in memory both processes map (NOTE [ Shared item table ] in sources/table.py): the
+        # table built here is given up for the one over the region.
+        regions: list[tables.TableRegion] = []
+
+        def make_region(size: int) -> tables.TableRegion:
+            regions.append(tables.TableRegion(size))
+            return regions[-1]
+
+        here, there = pipeline.source.shared(make_region)
+        self._region = regions[0]
+        self._forget_region = weakref.finalize(self, self._region.close)
+        self.pipeline = pipeline = dataclasses.replace(pipeline, source=here)
+        spec = {"pipeline": dataclasses.replace(pipeline, source=there, options=listed, batching=None),
                 "batch_size": batch_size, "drop_last": self.drop_last, "num_slots": num_slots,
                 "slot_bytes": slot_bytes, "key": key, "background": bool(background)}
         self._spec = pickle_by_reference(spec, "pipeline")
@@ -209,6 +216,7 @@ class IsolatedLoader(PipelineViews, StateKeys):
         self._gen = 0
         self._run: TrainerRun | None = None
         self._closed = False
+        tables.give_back_heap()  # the table built in memory is gone
 
     # -- what it was built with ----------------------------------------------------------------
 
@@ -243,7 +251,7 @@ class IsolatedLoader(PipelineViews, StateKeys):
                 logger.warning("starting a new helper process: %s", death_message(channel.proc))
             channel.close()  # reaps the dead one (or stops one cut off by Ctrl-C) and unlinks its segments
         channel = self._channel = HelperChannel(self.num_slots + 64)
-        channel.start(self._spec)
+        channel.start(self._spec, pass_fds=self._region.pass_fds)
         return channel
 
     # -- iteration -----------------------------------------------------------------------------
@@ -379,7 +387,7 @@ class IsolatedLoader(PipelineViews, StateKeys):
         self._closed = True
         if self._channel is not None:
             self._channel.close()
-        self._forget_table()  # after the helper is gone: Windows deletes no mapped file
+        self._forget_region()  # the maps made stay: the trainer's table is one of them
 
     @property
     def closed(self) -> bool:
