@@ -171,3 +171,14 @@ def test_jsonl_keeps_missing_keys_missing(tmp_path):
     rows = [{"path": "a.wav", "n": 1}, {"path": "b.wav"}, {"path": "c.wav", "n": 2.5, "tags": ["x"]}]
     manifest.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8", newline="\n")
     assert [dict(f) for f in Source(manifest).fields] == [{"n": 1}, {}, {"n": 2.5, "tags": ["x"]}]
+
+
+def test_paths_split_into_the_folders_some_path_has():
+    from audiobuffer.sources.listing import table_of_paths
+
+    paths = ["a.wav", "x/b.wav", "c.wav", "x/y/d.wav", "x/e.wav", "dir/"]
+    table = table_of_paths(paths)
+    assert table.paths() == paths
+    assert sorted(table.prefixes) == ["", "dir/", "x/", "x/y/"]  # no code for a folder no path has
+    assert [table.prefixes[c] for c in table.prefix_of] == ["", "x/", "", "x/y/", "x/", "dir/"]
+    assert table.names.tolist() == ["a.wav", "b.wav", "c.wav", "d.wav", "e.wav", ""]

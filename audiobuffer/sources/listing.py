@@ -153,10 +153,17 @@ def _split_arrow(paths: Any) -> tuple[list[str], np.ndarray, Strings]:
     starts = np.asarray(parts.offsets, dtype=np.int64)
     values = parts.values
     rest = values.take(pa.array(starts[1:] - 1))
-    alone = (starts[1:] - starts[:-1]) == 1
-    folders = pc.dictionary_encode(values.take(pa.array(starts[:-1], mask=alone)))
-    prefixes = [folder + sep for folder in folders.dictionary.to_pylist()]
-    codes = np.asarray(pc.fill_null(folders.indices, len(prefixes)), dtype=np.int32).copy()
+    alone = (starts[1:] - starts[:-1]) == 1  # no separator: no folder part
+    # Every path's first part, coded (a path alone gives its rest: coded, then given the code of "").
+    folders = pc.dictionary_encode(values.take(pa.array(starts[:-1])))
+    codes = np.asarray(folders.indices, dtype=np.int32).copy()
+    names = folders.dictionary
+    if alone.any():
+        codes[alone] = len(names)
+        used, codes = np.unique(codes, return_inverse=True)  # only the folders some path has
+        codes = codes.astype(np.int32).reshape(-1)
+        names = names.take(pa.array(used[used < len(names)]))
+    prefixes = [folder + sep for folder in names.to_pylist()]
     return [*prefixes, ""], codes, Strings.from_arrow(rest)
 
 
