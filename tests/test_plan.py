@@ -162,3 +162,13 @@ def test_state_round_trips_through_json_and_checks_its_setup():
         decode_state(SETUP, {**state, "consumed": "not base64!"})
     with pytest.raises(ResumeError, match="must hold 2 bytes for 9 items"):
         decode_state(SETUP, {**state, "consumed": "AAAA"})
+
+
+def test_the_epoch_order_is_int32_and_the_permutation_it_always_was():
+    from audiobuffer.engine.plan import epoch_order
+
+    for n in (0, 1, 7, 100_003):
+        order = epoch_order(n, shuffle=True, seed=3, epoch=2)
+        assert order.dtype == np.int32
+        assert order.tolist() == np.random.default_rng(5).permutation(n).tolist()  # as saved states were planned
+        assert epoch_order(n, shuffle=False, seed=3, epoch=2).tolist() == list(range(n))

@@ -98,11 +98,14 @@ class EpochPlan:
 def epoch_order(n: int, *, shuffle: bool, seed: int, epoch: int) -> np.ndarray:
     """The order of the source's ``n`` indices for ``epoch``: a permutation seeded by ``seed + epoch``.
 
-    Every rank and worker computes the same order, so their shards are disjoint.
+    Every rank and worker computes the same order, so their shards are disjoint. Under 2**31 items the
+    order is int32 (the same permutation: shuffling an int32 ``arange`` draws as ``permutation(n)`` does),
+    half the memory of a plan held by the trainer and by a helper process.
     """
+    order = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)
     if not shuffle:
-        return np.arange(n, dtype=np.int64)
-    return np.random.default_rng(seed + epoch).permutation(n)
+        return order
+    return np.random.default_rng(seed + epoch).permutation(order)
 
 
 # NOTE [ Block order ]
