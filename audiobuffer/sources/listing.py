@@ -160,8 +160,8 @@ def _split_arrow(paths: Any) -> tuple[list[str], np.ndarray, Strings]:
     names = folders.dictionary
     if alone.any():
         codes[alone] = len(names)
-        used, codes = np.unique(codes, return_inverse=True)  # only the folders some path has
-        codes = codes.astype(np.int32).reshape(-1)
+        used, inverse = np.unique(codes, return_inverse=True)  # only the folders some path has
+        codes = inverse.astype(np.int32).reshape(-1)
         names = names.take(pa.array(used[used < len(names)]))
     prefixes = [folder + sep for folder in names.to_pylist()]
     return [*prefixes, ""], codes, Strings.from_arrow(rest)

@@ -47,8 +47,8 @@ def scale_reading(results: Results) -> str:
             continue
         ratio = _running(isolated) / _running(dataset)
         floor = isolated.get("bare_helper_uss_mib")
-        less = "" if floor is None else \
-            f", {(_running(isolated) - floor) / _running(dataset):.2f}x less the {num(floor, 0)} MiB of a helper over 10 rows"
+        beyond = None if floor is None else (_running(isolated) - floor) / _running(dataset)
+        less = "" if beyond is None else f", {beyond:.2f}x less the {num(floor, 0)} MiB of a helper over 10 rows"
         parts.append(f"{_size(n)} rows {ratio:.2f}x{less}")
     if not parts:
         return ""
