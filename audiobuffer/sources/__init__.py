@@ -12,6 +12,7 @@ _EXPORTS = {
     "AUDIO_PATTERNS": ".item",
     "IMAGE_PATTERNS": ".item",
     "INDEX_NAME": ".index",
+    "IndexColumns": ".index",
     "LabelSpec": ".source",
     "Member": ".index",
     "Mixture": ".mixture",
@@ -28,6 +29,7 @@ _EXPORTS = {
     "mix": ".mixture",
     "pack": ".pack",
     "read_index": ".index",
+    "read_index_columns": ".index",
     "shard_name": ".index",
     "shuffle_buffer": ".tar",
     "stream_shards": ".tar",
@@ -37,6 +39,7 @@ __all__ = [
     "AUDIO_PATTERNS",
     "IMAGE_PATTERNS",
     "INDEX_NAME",
+    "IndexColumns",
     "LabelSpec",
     "Member",
     "Mixture",
@@ -53,6 +56,7 @@ __all__ = [
     "mix",
     "pack",
     "read_index",
+    "read_index_columns",
     "shard_name",
     "shuffle_buffer",
     "stream_shards",
@@ -78,7 +82,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from .index import INDEX_NAME, Member, ShardIndex, read_index, shard_name
+    from .index import INDEX_NAME, IndexColumns, Member, ShardIndex, read_index, read_index_columns, shard_name
     from .item import AUDIO_PATTERNS, IMAGE_PATTERNS, ReadClock, WorkItem
     from .mixture import Mixture, mix
     from .pack import index_shards, pack
