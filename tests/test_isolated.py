@@ -729,3 +729,19 @@ def test_a_script_that_ends_mid_epoch_exits_quietly(tmp_path):
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "left open", done.stderr
     assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_no_room_for_the_item_table_is_a_clear_error(monkeypatch):
+    import errno
+
+    from audiobuffer.loaders.isolated import tables
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tables.os, "pwrite", full)
+    with pytest.raises(HelperError, match=r"cannot write the .* MiB item table to the temp folder '.*' \(.*No space "
+                                          r"left on device\): free room there, or point TMPDIR at a folder with room"):
+        IsolatedLoader(fake_paths(3000), IndexDecoder(), batch_size=10)
+    gc.collect()
+    assert not table_descriptors("self")

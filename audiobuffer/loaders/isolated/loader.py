@@ -20,7 +20,6 @@ import logging
 import pickle
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, cast
 
@@ -203,8 +202,7 @@ class IsolatedLoader(PipelineViews, StateKeys):
             return regions[-1]
 
         here, there = pipeline.source.shared(make_region)
-        self._region = regions[0]
-        self._forget_region = weakref.finalize(self, self._region.close)
+        self._region = regions[0]  # its descriptor closes with it, or on close()
         self.pipeline = pipeline = dataclasses.replace(pipeline, source=here)
         spec = {"pipeline": dataclasses.replace(pipeline, source=there, options=listed, batching=None),
                 "batch_size": batch_size, "drop_last": self.drop_last, "num_slots": num_slots,
@@ -387,7 +385,7 @@ class IsolatedLoader(PipelineViews, StateKeys):
         self._closed = True
         if self._channel is not None:
             self._channel.close()
-        self._forget_region()  # the maps made stay: the trainer's table is one of them
+        self._region.close()  # the maps made stay: the trainer's table is one of them
 
     @property
     def closed(self) -> bool:

@@ -16,7 +16,10 @@ import os
 import secrets
 import sys
 import tempfile
+import weakref
 from dataclasses import dataclass
+
+from ...errors import HelperError
 
 __all__ = ["PREFIX", "RegionHandle", "TableRegion", "give_back_heap"]
 
@@ -61,21 +64,23 @@ class TableRegion:
     def __init__(self, size: int) -> None:
         size = max(1, size)
         self._view: mmap.mmap | None = None
-        if sys.platform == "win32":
-            tag = f"audiobuffer-table-{os.getpid()}-{secrets.token_hex(8)}"
-            self._view = mmap.mmap(-1, size, tagname=tag)  # held until close(): the section lives as long
-            self.handle = RegionHandle(size, tag=tag)      # as one handle to it does
-            self._fd = -1
-        else:
-            fd, path = tempfile.mkstemp(prefix=PREFIX)
-            os.unlink(path)  # no name on disk from here: the file goes with its last descriptor and map
-            try:
+        self._fd = -1
+        self._closer: weakref.finalize | None = None
+        try:
+            if sys.platform == "win32":
+                tag = f"audiobuffer-table-{os.getpid()}-{secrets.token_hex(8)}"
+                self._view = mmap.mmap(-1, size, tagname=tag)  # held until close(): the section lives as
+                self.handle = RegionHandle(size, tag=tag)      # long as one handle to it does
+            else:
+                fd, path = tempfile.mkstemp(prefix=PREFIX)
+                self._fd = fd
+                self._closer = weakref.finalize(self, os.close, fd)  # a loader that failed to build: gc closes it
+                os.unlink(path)  # no name on disk from here: the file goes with its last descriptor and map
                 os.ftruncate(fd, size)
-            except BaseException:
-                os.close(fd)
-                raise
-            self._fd = fd
-            self.handle = RegionHandle(size, fd=fd)
+                self.handle = RegionHandle(size, fd=fd)
+        except OSError as exc:
+            self.close()
+            raise _no_room(size, exc) from exc
 
     @property
     def pass_fds(self) -> tuple[int, ...]:
@@ -88,9 +93,12 @@ class TableRegion:
             assert self._view is not None
             self._view[offset:offset + len(data)] = data
             return
-        while len(data):
-            done = os.pwrite(self._fd, data, offset)
-            data, offset = data[done:], offset + done
+        try:
+            while len(data):
+                done = os.pwrite(self._fd, data, offset)
+                data, offset = data[done:], offset + done
+        except OSError as exc:  # no room left in the temp folder: the file is sparse until written
+            raise _no_room(self.handle.size, exc) from exc
 
     def map(self) -> mmap.mmap:
         """The region as this process reads it from now on (what :meth:`RegionHandle.map` gives the helper)."""
@@ -101,10 +109,19 @@ class TableRegion:
     def close(self) -> None:
         """Let go of the descriptor (POSIX): the maps made stay, and a helper started from now on could
         not map the region. On Windows the section stays as long as a map of it does. Idempotent."""
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        if self._closer is not None:
+            self._closer()
+        self._fd = -1
         self._view = None
+
+
+def _no_room(size: int, exc: OSError) -> HelperError:
+    mib = f"{size / (1 << 20):.1f} MiB"
+    if sys.platform == "win32":
+        return HelperError(f"cannot make the {mib} of memory the item table is shared in ({exc}): free some "
+                           f"memory, or let Windows grow the paging file")
+    return HelperError(f"cannot write the {mib} item table to the temp folder {tempfile.gettempdir()!r} ({exc}): "
+                       f"free room there, or point TMPDIR at a folder with room")
 
 
 def give_back_heap() -> None:
