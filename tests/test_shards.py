@@ -265,6 +265,7 @@ def test_read_index_caps_each_member_by_its_shard(tmp_path):
     ("duration", float("nan"), r"duration nan is not a number of seconds >= 0"),
     ("duration", True, r"duration True is not a number of seconds >= 0"),
     ("fields", ["a"], r"fields \['a'\] is not a JSON object"),
+    ("label", ["a"], r"label \['a'\] is not a string, a number or null"),
     ("offset", "12", r"offset '12' is not an integer >= 0"),
     ("size", -5, r"size -5 is not an integer >= 0"),
     ("name", "../../etc/passwd", r"name '\.\./\.\./etc/passwd' is not a relative path inside the shard"),
@@ -508,7 +509,8 @@ def test_a_plain_index_is_read_in_columns_without_json_objects(tmp_path, monkeyp
     assert expected[0][2] == {"speaker": "s0", "take": 0, "gain": 0.0} and type(expected[1][2]["take"]) is int
 
 
-@pytest.mark.parametrize("edit", ["a field some members lack", "a field of mixed types", "no label", "null duration"])
+@pytest.mark.parametrize("edit", ["a field some members lack", "a field of mixed types", "no label", "null duration",
+                                  "a field of dates"])
 def test_an_index_of_other_shapes_reads_as_json_says(tmp_path, edit):
     index = _packed(tmp_path, 5)
 
@@ -522,6 +524,8 @@ def test_an_index_of_other_shapes_reads_as_json_says(tmp_path, edit):
                 member.pop("label", None)
             elif edit == "null duration" and i == 3:
                 member["duration"] = None
+            elif edit == "a field of dates":  # strings pyarrow would read as timestamps
+                member["fields"] = {"recorded": f"2024-05-0{i + 1}", "at": f"2024-05-01T10:0{i}:00"}
 
     _rewrite_index(index, change)
     items = _index_items(index)

@@ -243,7 +243,8 @@ _OUTER_NAME = r"^$|^[/\\]|\x00|(^|[/\\])\.\.([/\\]|$)"
 def _parse_arrow(raw: bytes) -> tuple[dict[str, Any], Any] | None:
     """The index parsed by pyarrow's JSON reader: its header (format, version, shards; ``members`` an
     empty list) and its members as one struct array; ``None`` where it cannot (not a single JSON object,
-    a member of another shape, values of mixed types, pyarrow missing)."""
+    a member of another shape, values of mixed types, pyarrow missing) or where it reads a value otherwise
+    than :mod:`json` does (a string in the form of a date or a time becomes a timestamp)."""
     try:
         import pyarrow as pa
         import pyarrow.json as pj
@@ -255,12 +256,25 @@ def _parse_arrow(raw: bytes) -> tuple[dict[str, Any], Any] | None:
     if table.num_rows != 1 or not {"shards", "members"} <= set(table.column_names):
         return None
     members = table.column("members").combine_chunks()
-    if not pa.types.is_list(members.type) or not pa.types.is_struct(members.type.value_type) or members.null_count:
+    if not pa.types.is_list(members.type) or not pa.types.is_struct(members.type.value_type) or members.null_count \
+            or not _as_json_reads(members.type.value_type):
         return None
     head = {name: table.column(name)[0].as_py() for name in ("format", "version", "shards")
             if name in table.column_names}
     head["members"] = []
     return head, members.values
+
+
+def _as_json_reads(kind: Any) -> bool:
+    """Whether values of the pyarrow type ``kind`` are what :mod:`json` reads them as: pyarrow's JSON reader
+    reads a string that looks like a date or a time (``"2024-05-01"``) as a timestamp."""
+    import pyarrow as pa
+
+    if pa.types.is_struct(kind):
+        return all(_as_json_reads(kind.field(i).type) for i in range(kind.num_fields))
+    if pa.types.is_list(kind):
+        return _as_json_reads(kind.value_type)
+    return not pa.types.is_temporal(kind)
 
 
 def _columns_arrow(url: str, members: Any, shards: Mapping[str, tuple[str, int]]) -> IndexColumns | None:
@@ -374,12 +388,19 @@ def _columns(url: str, rows: list[Any], shards: Mapping[str, tuple[str, int]]) -
     rows_fields = [row.get("fields") for row in rows]
     if not {type(f) for f in rows_fields} <= {dict, type(None)}:
         return None
+    labels = [row.get("label") for row in rows]
+    if not {type(label) for label in labels} <= _LABEL_TYPES:
+        return None
     present = [f or {} for f in rows_fields]
     keys = list(dict.fromkeys(k for f in present if f for k in f))
     return IndexColumns(url=url, shards=tuple(path for path, _ in shards.values()), shard_of=shard_of,
                         members=Strings.from_strings(members), names=Strings.from_strings(names), offsets=offsets,
-                        sizes=sizes, durations=durations, labels=Coded.encode([row.get("label") for row in rows]),
+                        sizes=sizes, durations=durations, labels=Coded.encode(labels),
                         fields={key: as_column([f.get(key, ABSENT) for f in present]) for key in keys})
+
+
+#: The types a member's label may have in the JSON (a string as ``pack`` writes it, a number, or null).
+_LABEL_TYPES = {str, int, float, bool, type(None)}
 
 
 def _all_of(values: list[Any], kind: type) -> bool:
@@ -420,8 +441,11 @@ def _member(url: str, n: int, row: Any, shards: Mapping[str, tuple[str, int]]) -
     fields = row.get("fields")
     if fields is not None and not isinstance(fields, dict):
         raise bad(f"fields {short_repr(fields)} is not a JSON object")
+    label = row.get("label")
+    if type(label) not in _LABEL_TYPES:
+        raise bad(f"label {short_repr(label)} is not a string, a number or null")
     return Member(shard=path, member=member, name=name, offset=offset, size=size,
-                  duration=None if duration is None else float(duration), label=row.get("label"),
+                  duration=None if duration is None else float(duration), label=label,
                   fields=fields or {})
 
 
