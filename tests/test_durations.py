@@ -176,6 +176,20 @@ def test_the_cache_is_one_file_of_columns(corpus, tmp_path):
     assert table.schema.metadata[b"root"] == os.path.abspath(root).encode()
 
 
+def test_a_file_listed_twice_is_one_cache_entry(corpus, tmp_path, monkeypatch):
+    root, expected = corpus
+    cache = tmp_path / "cache"
+    files = sorted(str(p) for p in root.iterdir())
+    twice = [files[1], files[0], files[1], files[2], files[0]]
+    durations, _ = read_durations(Source(twice), cache_dir=cache)
+    assert durations.tolist() == [expected[os.path.basename(f)] for f in twice]
+    (file,) = cache.glob("*.arrow")
+    assert [os.path.basename(p.decode()) for p in cache_table(file).column("path").to_pylist()] == \
+        [os.path.basename(f) for f in files[1::-1] + files[2:3]]  # the files in order of first listing
+    forbid_opening(monkeypatch)
+    assert read_durations(Source(twice), cache_dir=cache)[0].tolist() == durations.tolist()
+
+
 WRONG_COLUMNS = pa.table({"path": pa.array([b"x"], pa.large_binary()), "seconds": pa.array([1.0])})
 
 

@@ -261,9 +261,10 @@ def _from_headers(paths: list[str], num_threads: int, folder: Path | None,
         pool.shutdown(wait=True, cancel_futures=True)
     if cache_file is not None and fresh.any():
         new = np.flatnonzero(fresh)
-        _, first = np.unique(np.asarray([keys[i] for i in new.tolist()]), return_index=True)
-        new = new[np.sort(first)]  # a file listed twice: one entry
-        entries = _Entries([keys[i] for i in new.tolist()], stamps[new, 0], stamps[new, 1], durations[new])
+        fresh_paths = _encoded([keys[i] for i in new.tolist()])
+        once = _firsts(fresh_paths)  # a file listed twice: one entry
+        new = new[once]
+        entries = _Entries(fresh_paths.take(once), stamps[new, 0], stamps[new, 1], durations[new])
         now = _Entries.load(cache_file, warn=False)  # another rank may have written it meanwhile: then leave it
         if not now.holds(entries):
             now.merged(cached).merged(entries).save(cache_file, root)
@@ -298,6 +299,14 @@ def _encoded(paths: list[str]) -> Any:
     import pyarrow as pa
 
     return pa.array([p.encode("utf-8", "surrogateescape") for p in paths], type=pa.large_binary())
+
+
+def _firsts(paths: Any) -> np.ndarray:
+    """Where each distinct path of ``paths`` (a pyarrow array) first comes, in order."""
+    import pyarrow.compute as pc
+
+    _, first = np.unique(np.asarray(pc.dictionary_encode(paths).indices), return_index=True)
+    return np.sort(first)
 
 
 class _Entries:
