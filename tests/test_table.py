@@ -155,7 +155,7 @@ def test_a_shared_table_crosses_in_a_named_section_on_windows(tmp_path, monkeypa
     source = Source(write_csv(tmp_path / "m.csv", rows_of(3000)), labels="speaker")
     region = tables.TableRegion(1)
     assert region.pass_fds == () and region.handle.fd == -1 and region.handle.tag.startswith("audiobuffer-table-")
-    here, there = source.shared(lambda size: (region := tables.TableRegion(size)))
+    here, there = source.shared(tables.TableRegion)
     copy = pickle.loads(pickle.dumps(there))
     assert items_of(copy) == items_of(here) == items_of(source)
     assert not copy.table.names.data.flags.writeable  # a section maps writable: the arrays are not

@@ -7,16 +7,16 @@ A table can be moved into memory that another process maps too (NOTE [ Shared it
 
 NOTE [ Shared item table ]
 ==========================
-The helper process of ``IsolatedLoader`` gets its source's table as memory both processes map, not
-as a pickle of its items, and the trainer gives up the copy it built: the table's pages are in
-memory once, however many processes read them. :meth:`ItemTable.share` writes every array of the
-table (64-byte aligned) and a small pickle of the rest (column names, the few folder prefixes, class
-names, where each array lies) into one region of memory, and maps it back: the trainer goes on with
-the table over its map, whose arrays are read-only views. The :class:`SharedTable` it returns
-pickles as the region's handle and layout; unpickled in the helper, it maps the region and makes the
-same views, so the helper starts in the same time whatever the number of items. The region begins
-with a random token the reference carries, so that a map of anything else is refused. What the
-region is, and how the system frees it with its last map, is in ``loaders/isolated/tables.py``.
+The helper process of ``IsolatedLoader`` gets its source's table as memory both processes map, not as a
+pickle of its items, and the trainer gives up the copy it built: the table's pages are in memory once,
+however many processes read them. :meth:`ItemTable.share` writes every array of the table of 4 KiB or
+more (64-byte aligned) and a pickle of the rest (column names, folder prefixes, the values of coded
+columns, the smaller arrays) into one region of memory, and maps it back: the trainer goes on with the
+table over its map, whose arrays are read-only views. The :class:`SharedTable` it returns pickles as the
+region's handle and layout (where each array and the pickle lie); unpickled in the helper, it maps the
+region and makes the same views, so the helper starts in the same time whatever the number of items. The
+region begins with a random token the reference carries, so that a map of anything else is refused. What
+the region is, and how the system frees it with its last map, is in ``loaders/isolated/tables.py``.
 """
 
 from __future__ import annotations
@@ -503,7 +503,7 @@ def _aligned(offset: int) -> int:
     return -(-offset // 64) * 64
 
 
-_TOKEN_SPACE = bytes(64)  # the region's first bytes: its random token (16 bytes), then up to the first array
+_TOKEN_SPACE = bytes(64)  # the region's first bytes: its random token, as long, before the first array
 
 
 class Region(Protocol):

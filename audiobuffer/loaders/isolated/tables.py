@@ -40,7 +40,9 @@ class RegionHandle:
         """The region, mapped read-only (on Windows writable: the table makes its arrays read-only).
 
         Raises:
-            OSError: the region cannot be mapped (this process did not inherit it; its trainer has gone).
+            OSError: the region cannot be mapped (POSIX: this process did not inherit the descriptor;
+                Windows: no memory for the map). Where the trainer has gone, an inherited descriptor
+                still maps its region, and a tag opens a new, empty section, which the table refuses.
         """
         try:
             if sys.platform == "win32":  # the tag opens the trainer's section (or makes an empty one, which
