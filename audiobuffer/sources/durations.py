@@ -5,17 +5,16 @@ NOTE [ Duration cache ]
 =======================
 One file per corpus folder (the deepest folder holding all of a source's files) in the cache folder:
 an Arrow IPC file of four columns, each file's absolute path, size, modification time (ns) and
-duration, read and matched against a source's paths in bulk (no Python object per entry, so a
-million entries load in a fraction of a second). An entry counts only while the file's size and
-modification time are unchanged, so a second run over the same files opens none of them (it only
-looks up their size and modification time), and a changed file is read again. The file is replaced
-atomically (a temporary file and ``os.replace``); a cache file that cannot be read, or holds other
-columns, is ignored and rewritten. Processes reading the same files at once (DDP ranks) read the
-file again before writing it: one that finds every header it read there (another rank wrote them
-meanwhile) leaves the file as it is, and one that Windows does not let replace it (another process
-holds it open) leaves the other's copy. Sources that share a folder share its cache file, so a train
-and a test split read each header once. Failed headers are not cached: they are tried again on the
-next run.
+duration, read and matched against a source's paths in bulk, with no Python object per entry. An
+entry counts only while the file's size and modification time are unchanged, so a second run over
+the same files opens none of them (it only looks up their size and modification time), and a changed
+file is read again. The file is replaced atomically (a temporary file and ``os.replace``); a cache
+file that cannot be read, or holds other columns, is ignored and rewritten. Processes reading the
+same files at once (DDP ranks) read the file again before writing it: one that finds every header it
+read there (another rank wrote them meanwhile) leaves the file as it is, and one that Windows does
+not let replace it (another process holds it open) leaves the other's copy. Sources that share a
+folder share its cache file, so a train and a test split read each header once. Failed headers are
+not cached: they are tried again on the next run.
 """
 from __future__ import annotations
 
