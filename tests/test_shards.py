@@ -510,7 +510,7 @@ def test_a_plain_index_is_read_in_columns_without_json_objects(tmp_path, monkeyp
 
 
 @pytest.mark.parametrize("edit", ["a field some members lack", "a field of mixed types", "no label", "null duration",
-                                  "a field of dates"])
+                                  "a field of dates", "objects of other keys in a field"])
 def test_an_index_of_other_shapes_reads_as_json_says(tmp_path, edit):
     index = _packed(tmp_path, 5)
 
@@ -526,6 +526,8 @@ def test_an_index_of_other_shapes_reads_as_json_says(tmp_path, edit):
                 member["duration"] = None
             elif edit == "a field of dates":  # strings pyarrow would read as timestamps
                 member["fields"] = {"recorded": f"2024-05-0{i + 1}", "at": f"2024-05-01T10:0{i}:00"}
+            elif edit == "objects of other keys in a field":  # pyarrow would give each the others' keys as null
+                member["fields"] = {"meta": {f"k{i % 2}": i}, "turns": [{f"t{i % 3}": i}]}
 
     _rewrite_index(index, change)
     items = _index_items(index)

@@ -277,6 +277,15 @@ def _as_json_reads(kind: Any) -> bool:
     return not pa.types.is_temporal(kind)
 
 
+def _holds_object(kind: Any) -> bool:
+    """Whether values of the pyarrow type ``kind`` are or hold JSON objects (structs)."""
+    import pyarrow as pa
+
+    if pa.types.is_struct(kind):
+        return True
+    return pa.types.is_list(kind) and _holds_object(kind.value_type)
+
+
 def _columns_arrow(url: str, members: Any, shards: Mapping[str, tuple[str, int]]) -> IndexColumns | None:
     """The members of a struct array as columns, checked a column at a time as :func:`_member` checks each;
     ``None`` when a check fails or a column has a shape :mod:`json` reads otherwise (a field some members
@@ -335,7 +344,9 @@ def _columns_arrow(url: str, members: Any, shards: Mapping[str, tuple[str, int]]
             return None
         for i in range(struct.type.num_fields):
             values = struct.field(i)
-            if values.null_count:  # a member without the field, or with null: json tells them apart
+            # A member without the field, or with null; an object in the field, to which pyarrow adds as
+            # null the keys other members' objects have: json tells them apart.
+            if values.null_count or _holds_object(values.type):
                 return None
             fields[struct.type.field(i).name] = as_column(values)
     return IndexColumns(url=url, shards=tuple(path for path, _ in shards.values()), shard_of=shard_of,
