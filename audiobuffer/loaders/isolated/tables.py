@@ -23,8 +23,9 @@ from ...errors import HelperError
 
 __all__ = ["PREFIX", "RegionHandle", "TableRegion", "give_back_heap"]
 
-#: Every region's temporary file is made under this name (then unlinked; Linux shows it in
-#: ``/proc/<pid>/fd`` as ``<tmp>/audiobuffer-table-... (deleted)`` while a descriptor is open).
+#: How every region's name starts: its temporary file's, made and then unlinked (Linux shows it in
+#: ``/proc/<pid>/fd`` as ``<tmp>/audiobuffer-table-... (deleted)`` while a descriptor is open), or its
+#: section's tag on Windows.
 PREFIX = "audiobuffer-table-"
 
 
@@ -70,7 +71,7 @@ class TableRegion:
         self._closer: weakref.finalize | None = None
         try:
             if sys.platform == "win32":
-                tag = f"audiobuffer-table-{os.getpid()}-{secrets.token_hex(8)}"
+                tag = f"{PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
                 self._view = mmap.mmap(-1, size, tagname=tag)  # held until close(): the section lives as
                 self.handle = RegionHandle(size, tag=tag)      # long as one handle to it does
             else:
