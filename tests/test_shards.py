@@ -264,6 +264,7 @@ def test_read_index_caps_each_member_by_its_shard(tmp_path):
     ("duration", -1.0, r"duration -1\.0 is not a number of seconds >= 0"),
     ("duration", float("nan"), r"duration nan is not a number of seconds >= 0"),
     ("duration", True, r"duration True is not a number of seconds >= 0"),
+    ("duration", 10**400, r"duration 1000.* is not a number of seconds >= 0"),
     ("fields", ["a"], r"fields \['a'\] is not a JSON object"),
     ("label", ["a"], r"label \['a'\] is not a string, a number or null"),
     ("offset", "12", r"offset '12' is not an integer >= 0"),

@@ -392,7 +392,10 @@ def _columns(url: str, rows: list[Any], shards: Mapping[str, tuple[str, int]]) -
     raw = [row.get("duration") for row in rows]
     if not {type(d) for d in raw} <= {int, float, type(None)}:
         return None
-    durations = np.array([math.nan if d is None else d for d in raw], dtype=np.float64).reshape(-1)
+    try:
+        durations = np.array([math.nan if d is None else d for d in raw], dtype=np.float64).reshape(-1)
+    except OverflowError:  # an integer beyond any float
+        return None
     given = np.fromiter((d is not None for d in raw), dtype=bool, count=len(raw))
     if not (np.isfinite(durations[given]).all() and (durations[given] >= 0).all()):
         return None
@@ -446,8 +449,7 @@ def _member(url: str, n: int, row: Any, shards: Mapping[str, tuple[str, int]]) -
     if offset + size > shard_size:
         raise bad(f"bytes {offset}..{offset + size} lie outside its shard {shard!r} of {shard_size} bytes")
     duration = row.get("duration")
-    if duration is not None and (isinstance(duration, bool) or not isinstance(duration, (int, float))
-                                 or not math.isfinite(duration) or duration < 0):
+    if duration is not None and not _is_seconds(duration):
         raise bad(f"duration {short_repr(duration)} is not a number of seconds >= 0 or null")
     fields = row.get("fields")
     if fields is not None and not isinstance(fields, dict):
@@ -458,6 +460,16 @@ def _member(url: str, n: int, row: Any, shards: Mapping[str, tuple[str, int]]) -
     return Member(shard=path, member=member, name=name, offset=offset, size=size,
                   duration=None if duration is None else float(duration), label=label,
                   fields=fields or {})
+
+
+def _is_seconds(value: Any) -> bool:
+    """Whether ``value`` is a finite number >= 0 that a float holds (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value) and value >= 0
+    except OverflowError:  # an integer beyond any float
+        return False
 
 
 def _is_count(value: Any) -> TypeGuard[int]:
