@@ -441,3 +441,16 @@ def test_a_cache_held_open_by_another_process_stays_and_the_run_goes_on(corpus, 
     assert file.read_bytes() == other
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
     assert "open in another process" in caplog.text
+
+
+def test_a_cache_an_earlier_version_wrote_is_replaced(corpus, tmp_path):
+    root, expected = corpus
+    cache = tmp_path / "cache"
+    read_durations(Source(root), cache_dir=cache)
+    (file,) = cache.glob("*.arrow")
+    old = file.with_suffix(".json")
+    old.write_text('{"format": 1, "root": "", "entries": {}}', encoding="utf-8", newline="\n")
+    file.unlink()
+    durations, _ = read_durations(Source(root), cache_dir=cache)
+    assert by_name(Source(root), durations) == expected
+    assert sorted(p.name for p in cache.iterdir()) == [file.name]

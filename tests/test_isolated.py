@@ -697,8 +697,9 @@ def test_trainer_and_helper_map_one_table_and_nothing_is_left_after_close():
         helper = loader.helper_info["pid"]
         mapped = region_inodes("self")
         assert len(mapped) == 1 and region_inodes(helper) == mapped  # the same pages, in memory once
-        assert len(table_descriptors("self")) == 2  # the loader's, and the one its map keeps (mmap's own)
-    assert len(table_descriptors("self")) == 1
+        kept = 0 if sys.version_info >= (3, 13) else 1  # the copy of the descriptor a map keeps before 3.13
+        assert len(table_descriptors("self")) == 1 + kept  # the loader's, and its map's
+    assert len(table_descriptors("self")) == kept
     assert loader.source.paths[4999] == "/nonexistent/item_04999.wav"  # the trainer's map outlives the close
     del loader, table
     gc.collect()
@@ -742,6 +743,13 @@ def test_no_room_for_the_item_table_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(tables.os, "pwrite", full)
     with pytest.raises(HelperError, match=r"cannot write the .* MiB item table to the temp folder '.*' \(.*No space "
                                           r"left on device\): free room there, or point TMPDIR at a folder with room"):
+        IsolatedLoader(fake_paths(3000), IndexDecoder(), batch_size=10)
+
+    def refused(*args):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(tables.os, "pwrite", refused)
+    with pytest.raises(HelperError, match=r"\(.*Permission denied\): point TMPDIR at a folder this process can write"):
         IsolatedLoader(fake_paths(3000), IndexDecoder(), batch_size=10)
     gc.collect()
     assert not table_descriptors("self")

@@ -400,6 +400,10 @@ class _Entries:
                 logger.info("the duration cache %s is open in another process, which keeps its copy (%s)", file, exc)
                 return  # the temporary file goes in the finally
             temp = None
+            try:
+                file.with_suffix(".json").unlink(missing_ok=True)  # this folder's cache as earlier versions wrote it
+            except OSError:
+                pass
         except (OSError, pa.ArrowException) as exc:
             logger.warning("cannot write the duration cache %s (%s); headers will be read again next time", file, exc)
         finally:

@@ -37,7 +37,7 @@ def scale_table(results: Results) -> str:
                      num(row["added_mib"], 0), "-" if helper is not None else num(row["bytes_per_item"], 0),
                      num(row["first_batch_s"]), running])  # the isolated table is mapped: counted once touched
     return table(["rows", "loader", "built in s", "memory added MiB", "bytes per item", "first batch s",
-                  "memory at the first batch MiB (trainer + helper)"], body)
+                  "memory at the first batch MiB (trainer + helper; against `BufferedDataset`)"], body)
 
 
 def _against(isolated: dict[str, Any], dataset: dict[str, Any] | None) -> str:

@@ -11,6 +11,7 @@ was killed: nothing is left behind to sweep.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import secrets
@@ -48,6 +49,8 @@ class RegionHandle:
         try:
             if sys.platform == "win32":  # the tag opens the trainer's section (or makes an empty one, which
                 return mmap.mmap(-1, self.size, tagname=self.tag)  # the table's token check refuses)
+            if sys.version_info >= (3, 13):  # no copy of the descriptor kept by the map
+                return mmap.mmap(self.fd, self.size, access=mmap.ACCESS_READ, trackfd=False)
             return mmap.mmap(self.fd, self.size, access=mmap.ACCESS_READ)
         except (OSError, ValueError) as exc:
             what = f"tag {self.tag!r}" if self.tag else f"descriptor {self.fd}"
@@ -123,8 +126,11 @@ def _no_room(size: int, exc: OSError) -> HelperError:
     if sys.platform == "win32":
         return HelperError(f"cannot make the {mib} of memory the item table is shared in ({exc}): free some "
                            f"memory, or let Windows grow the paging file")
+    full = exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+    way_out = "free room there, or point TMPDIR at a folder with room" if full else \
+        "point TMPDIR at a folder this process can write"
     return HelperError(f"cannot write the {mib} item table to the temp folder {tempfile.gettempdir()!r} ({exc}): "
-                       f"free room there, or point TMPDIR at a folder with room")
+                       f"{way_out}")
 
 
 def give_back_heap() -> None:
