@@ -83,11 +83,25 @@ def _list_index(url: str, storage_options: Mapping[str, Any] | None, retry: Retr
     index = read_index_columns(url, storage_options=storage_options, retry=retry, allow_outside=allow_outside)
     shards = index.shards
     keys = list(index.fields)
-    paths = [shards[s] + "/" + name for s, name in zip(index.shard_of.tolist(), index.names.tolist())]
-    table = table_of_paths(paths, columns=[LABEL_COLUMN, *(k for k in keys if k != LABEL_COLUMN)],
-                           fields=index.fields, labels=index.labels, shards=list(shards), shard_of=index.shard_of,
-                           offsets=index.offsets, sizes=index.sizes, members=index.members, durations=index.durations)
+    table = table_of_paths(_member_paths(shards, index.shard_of, index.names),
+                           columns=[LABEL_COLUMN, *(k for k in keys if k != LABEL_COLUMN)], fields=index.fields,
+                           labels=index.labels, shards=list(shards), shard_of=index.shard_of, offsets=index.offsets,
+                           sizes=index.sizes, members=index.members, durations=index.durations)
     return Listing(table, f"index {url!r} ({len(shards)} shards)")
+
+
+def _member_paths(shards: Sequence[str], shard_of: np.ndarray, names: Strings) -> Any:
+    """Each member's ``<shard>/<name>``: joined by pyarrow (a string array), or one by one (a list) where a
+    name is not UTF-8."""
+    try:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        folders = pa.array(list(shards), type=pa.large_string()).take(pa.array(shard_of))
+        return pc.binary_join_element_wise(folders, names.arrow().cast(pa.large_string()),
+                                           pa.scalar("/", pa.large_string()))
+    except (ImportError, ValueError):  # pa.ArrowInvalid: a name of undecodable bytes
+        return [shards[s] + "/" + name for s, name in zip(shard_of.tolist(), names.tolist())]
 
 
 def _list_lhotse(source: Any, storage_options: Mapping[str, Any] | None, retry: RetrySpec,
