@@ -9,10 +9,12 @@ members is listed from. :mod:`audiobuffer.sources` re-exports the public names.
 
 from __future__ import annotations
 
+import codecs
 import functools
 import json
 import math
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
@@ -174,8 +176,9 @@ def read_index_columns(url: str | os.PathLike[str], *, storage_options: Mapping[
                        retry: RetrySpec = None, allow_outside: bool = False) -> IndexColumns:
     """:func:`read_index` as columns, with no object per member: the index is parsed into columns by
     pyarrow and checked a column at a time where it has the plain shape ``pack`` writes (each member's
-    values of one type, its fields in every member); otherwise parsed by :mod:`json` and checked as
-    :func:`read_index` does.
+    values of one type, its fields in every member, no escapes, little nesting) and pyarrow reads every
+    value as :mod:`json` does; otherwise parsed by :mod:`json` and checked as :func:`read_index` does.
+    Either way the same index gives the same members, or is refused with the same message.
 
     Raises:
         StorageError, SourceError: as :func:`read_index` (a malformed member is named as it does).
@@ -186,7 +189,11 @@ def read_index_columns(url: str | os.PathLike[str], *, storage_options: Mapping[
     parsed = _parse_arrow(raw)
     if parsed is not None:
         head, members = parsed
-        columns = _columns_arrow(url, members, _shards(url, head, resolve))
+        try:
+            shards = _shards(url, head, resolve)
+        except SourceError:  # json reads it again, and says what is wrong as it reads it
+            shards = None
+        columns = None if shards is None else _columns_arrow(url, members, shards, raw)
         del parsed, members
         release_arrow_memory()
         if columns is not None:
@@ -238,12 +245,53 @@ def _shards(url: str, data: Any, resolve: Callable[[str], str]) -> dict[str, tup
 
 #: A member name that is empty, rooted, holds a NUL or steps out with ``..`` (as ``_is_inner_name`` says).
 _OUTER_NAME = r"^$|^[/\\]|\x00|(^|[/\\])\.\.([/\\]|$)"
+#: The deepest nesting of arrays and objects pyarrow's JSON reader is given: it recurses, and text nested
+#: some thousands deep overflows its stack, a crash of the process (an index nests 4 deep, its fields more).
+_ARROW_DEPTH = 64
+_SCAN = 1 << 22  # bytes of an index looked at a time by _arrow_may_read
+_NOT_MARKS = bytes(c for c in range(256) if c not in b'"[]{}')
+_STEPS = np.zeros(256, dtype=np.int64)
+_STEPS[list(b"[{")], _STEPS[list(b"]}")] = 1, -1
+
+
+def _arrow_may_read(raw: bytes) -> bool:
+    """Whether pyarrow's JSON reader may be given ``raw``: UTF-8 (pyarrow takes other bytes into its
+    strings, where json refuses them), without a backslash (no escapes: a string is what lies between a
+    quote and the next, and a key is written one way only) and nested at most ``_ARROW_DEPTH`` deep."""
+    if b"\\" in raw:
+        return False
+    if not raw.isascii():
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        try:
+            for start in range(0, len(raw), _SCAN):
+                decoder.decode(memoryview(raw)[start:start + _SCAN])
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError:
+            return False
+    # The quotes and brackets, less each pair of quotes with nothing between (a string without brackets):
+    # the brackets left count where an even number of quotes lies before them (outside strings).
+    marks = np.frombuffer(raw.translate(None, _NOT_MARKS).replace(b'""', b""), dtype=np.uint8)
+    depth = quotes = 0
+    for start in range(0, len(marks), _SCAN):
+        part = marks[start:start + _SCAN]
+        steps = _STEPS[part]
+        quote = part == ord('"')
+        if quotes % 2 or quote.any():
+            steps[(np.cumsum(quote) + quotes) % 2 == 1] = 0  # in a string (a quote's own step is 0)
+            quotes += int(quote.sum())
+        levels = depth + np.cumsum(steps)
+        if levels.max() > _ARROW_DEPTH or levels.min() < 0:
+            return False
+        depth = int(levels[-1])
+    return True
 
 
 def _parse_arrow(raw: bytes) -> tuple[dict[str, Any], Any] | None:
     """The index parsed by pyarrow's JSON reader: its header (format, version, shards; ``members`` an
     empty list) and its members as one struct array; ``None`` where it cannot (not a single JSON object,
-    a member of another shape, values of mixed types, pyarrow missing)."""
+    a member of another shape, values of mixed types, pyarrow missing) or may not (:func:`_arrow_may_read`)."""
+    if not _arrow_may_read(raw):
+        return None
     try:
         import pyarrow as pa
         import pyarrow.json as pj
@@ -263,10 +311,11 @@ def _parse_arrow(raw: bytes) -> tuple[dict[str, Any], Any] | None:
     return head, members.values
 
 
-def _columns_arrow(url: str, members: Any, shards: Mapping[str, tuple[str, int]]) -> IndexColumns | None:
-    """The members of a struct array as columns, checked a column at a time as :func:`_member` checks each;
-    ``None`` when a check fails or a column has a shape :mod:`json` reads otherwise (a field some members
-    lack): the caller reads the index again with :mod:`json`, which names what is wrong."""
+def _columns_arrow(url: str, members: Any, shards: Mapping[str, tuple[str, int]], raw: bytes) -> IndexColumns | None:
+    """The members of a struct array (parsed from ``raw``) as columns, checked a column at a time as
+    :func:`_member` checks each; ``None`` when a check fails or a column has a shape :mod:`json` reads
+    otherwise (a field some members lack, or of values pyarrow converts: :func:`_as_json_reads`): the
+    caller reads the index again with :mod:`json`, which names what is wrong."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -299,8 +348,7 @@ def _columns_arrow(url: str, members: Any, shards: Mapping[str, tuple[str, int]]
     shard_of = known[np.asarray(encoded.indices, dtype=np.int64)]
     if (shard_of < 0).any():
         return None
-    shard_sizes = np.array([size for _, size in shards.values()], dtype=np.float64)
-    if (offsets.astype(np.float64) + sizes > shard_sizes[shard_of]).any():  # float: no int64 overflow
+    if _past_shard_ends(offsets, sizes, shard_of, shards):
         return None
     duration = child("duration")
     if not any(test(duration.type) for test in (pa.types.is_floating, pa.types.is_integer, pa.types.is_null)):
@@ -323,12 +371,44 @@ def _columns_arrow(url: str, members: Any, shards: Mapping[str, tuple[str, int]]
             values = struct.field(i)
             if values.null_count:  # a member without the field, or with null: json tells them apart
                 return None
+            if not _as_json_reads(values, struct.type.field(i).name, raw):
+                return None
             fields[struct.type.field(i).name] = as_column(values)
     return IndexColumns(url=url, shards=tuple(path for path, _ in shards.values()), shard_of=shard_of,
                         members=Strings.from_arrow(member), names=Strings.from_arrow(name), offsets=offsets,
                         sizes=sizes, durations=durations,
                         labels=Coded(np.asarray(labels.indices, dtype=np.int32).copy(), labels.dictionary.to_pylist()),
                         fields=fields)
+
+
+def _as_json_reads(values: Any, key: str, raw: bytes) -> bool:
+    """Whether the column of field ``key`` as pyarrow parsed it from ``raw`` holds what :mod:`json` gives:
+    strings, integers or booleans, or floats where ``raw`` writes no value of ``key`` as an integer
+    (pyarrow reads a column of integers and floats, or an integer beyond 64 bits, as floats; json keeps
+    an int an int). Not a date (pyarrow reads an ISO date as a timestamp), a list or an object (pyarrow
+    gives each object every key some object of the column has)."""
+    import pyarrow as pa
+
+    kind = values.type
+    if pa.types.is_string(kind) or pa.types.is_int64(kind) or pa.types.is_boolean(kind):
+        return True
+    if not pa.types.is_float64(kind):
+        return False
+    floats = values.to_numpy()
+    if not (floats == np.floor(floats)).any():  # no float that an integer could have been written as
+        return True
+    written_as_int = rb'"' + re.escape(key.encode("utf-8")) + rb'"\s*:\s*-?\d+\s*[,}]'  # raw has no escapes
+    return re.search(written_as_int, raw) is None
+
+
+def _past_shard_ends(offsets: np.ndarray, sizes: np.ndarray, shard_of: np.ndarray,
+                     shards: Mapping[str, tuple[str, int]]) -> bool:
+    """Whether some member's bytes end past its shard's size (``offsets``, ``sizes``: int64 >= 0), exactly."""
+    limits = [size for _, size in shards.values()]
+    capped = np.array([min(size, 2**63 - 1) for size in limits], dtype=np.int64)[shard_of]
+    past = sizes > capped - offsets  # no overflow: every term is in [0, 2**63)
+    return any(int(offsets[i]) + int(sizes[i]) > limits[shard_of[i]]  # a shard beyond int64 counts exactly
+               for i in np.flatnonzero(past).tolist())
 
 
 def _columns(url: str, rows: list[Any], shards: Mapping[str, tuple[str, int]]) -> IndexColumns | None:
@@ -361,8 +441,7 @@ def _columns(url: str, rows: list[Any], shards: Mapping[str, tuple[str, int]]) -
             return None
         numbers.append(array)
     offsets, sizes = numbers
-    shard_sizes = np.array([size for _, size in shards.values()], dtype=np.float64)
-    if (offsets.astype(np.float64) + sizes > shard_sizes[shard_of]).any():  # float: no int64 overflow
+    if _past_shard_ends(offsets, sizes, shard_of, shards):
         return None
     raw = [row.get("duration") for row in rows]
     if not {type(d) for d in raw} <= {int, float, type(None)}:
@@ -376,10 +455,21 @@ def _columns(url: str, rows: list[Any], shards: Mapping[str, tuple[str, int]]) -
         return None
     present = [f or {} for f in rows_fields]
     keys = list(dict.fromkeys(k for f in present if f for k in f))
+    labels = [row.get("label") for row in rows]
+    if not {type(label) for label in labels} <= _LABEL_TYPES:
+        return None
+    try:
+        member_column, name_column = Strings.from_strings(members), Strings.from_strings(names)
+    except UnicodeEncodeError:  # a lone surrogate, which no file name holds
+        return None
     return IndexColumns(url=url, shards=tuple(path for path, _ in shards.values()), shard_of=shard_of,
-                        members=Strings.from_strings(members), names=Strings.from_strings(names), offsets=offsets,
-                        sizes=sizes, durations=durations, labels=Coded.encode([row.get("label") for row in rows]),
+                        members=member_column, names=name_column, offsets=offsets, sizes=sizes, durations=durations,
+                        labels=Coded.encode(labels),
                         fields={key: as_column([f.get(key, ABSENT) for f in present]) for key in keys})
+
+
+#: The types of a label json may give (a class name; numbers are names too).
+_LABEL_TYPES = {str, int, float, bool, type(None)}
 
 
 def _all_of(values: list[Any], kind: type) -> bool:
@@ -397,7 +487,7 @@ def _member(url: str, n: int, row: Any, shards: Mapping[str, tuple[str, int]]) -
     def bad(problem: str) -> SourceError:
         return SourceError(f"{where} is malformed: {problem} (pack the source again, or mend the index)")
 
-    if not isinstance(member, str) or not member:
+    if not isinstance(member, str) or not member or not _encodable(member):
         raise bad(f"member {short_repr(member)} is not a member name")
     shard = row.get("shard")
     if not isinstance(shard, str) or shard not in shards:
@@ -406,6 +496,8 @@ def _member(url: str, n: int, row: Any, shards: Mapping[str, tuple[str, int]]) -
     name = row.get("name")
     if not isinstance(name, str) or not _is_inner_name(name):
         raise bad(f"name {short_repr(name)} is not a relative path inside the shard")
+    if not _encodable(name):
+        raise bad(f"name {short_repr(name)} is not a file name (it holds a lone surrogate)")
     offset, size = row.get("offset"), row.get("size")
     if not _is_count(offset):
         raise bad(f"offset {short_repr(offset)} is not an integer >= 0")
@@ -420,13 +512,25 @@ def _member(url: str, n: int, row: Any, shards: Mapping[str, tuple[str, int]]) -
     fields = row.get("fields")
     if fields is not None and not isinstance(fields, dict):
         raise bad(f"fields {short_repr(fields)} is not a JSON object")
+    label = row.get("label")
+    if type(label) not in _LABEL_TYPES:
+        raise bad(f"label {short_repr(label)} is not a class name (a string, or null)")
     return Member(shard=path, member=member, name=name, offset=offset, size=size,
-                  duration=None if duration is None else float(duration), label=row.get("label"),
+                  duration=None if duration is None else float(duration), label=label,
                   fields=fields or {})
 
 
 def _is_count(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _encodable(name: str) -> bool:
+    """Whether ``name`` is text a file name can be (no lone surrogate but those of undecodable bytes)."""
+    try:
+        name.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _is_inner_name(name: str) -> bool:
