@@ -194,7 +194,7 @@ def corrupt_path_offsets(file: Path, how: str) -> None:
 
 
 @pytest.mark.parametrize("content", [b"{not json", b"\xff\xfe", b"", "wrong columns", "path offsets out of order",
-                                     "path offsets past the end"])
+                                     "path offsets past the end", "a column name not UTF-8"])
 def test_a_corrupt_cache_is_ignored_and_rewritten(corpus, tmp_path, opens, monkeypatch, content, caplog):
     root, expected = corpus
     cache = tmp_path / "cache"
@@ -202,6 +202,8 @@ def test_a_corrupt_cache_is_ignored_and_rewritten(corpus, tmp_path, opens, monke
     (file,) = cache.glob("*.arrow")
     if content == "wrong columns":
         write_cache_table(file, WRONG_COLUMNS)
+    elif content == "a column name not UTF-8":
+        file.write_bytes(file.read_bytes().replace(b"mtime_ns", b"mtime\xe8ns"))
     elif isinstance(content, str):  # pyarrow reads the file, whose arrays do not hold together
         corrupt_path_offsets(file, content.removeprefix("path offsets "))
     else:

@@ -330,7 +330,7 @@ class _Entries:
             table.validate(full=True)
         except FileNotFoundError:
             return empty
-        except (OSError, pa.ArrowException) as exc:
+        except (OSError, ValueError, pa.ArrowException) as exc:  # ValueError: a column name not UTF-8
             if warn:
                 logger.warning("ignoring the duration cache %s, which cannot be read (%s); it will be rewritten",
                                file, exc)
