@@ -729,3 +729,20 @@ def test_a_script_that_ends_mid_epoch_exits_quietly(tmp_path):
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "left open", done.stderr
     assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+@pytest.mark.skipif(os.name == "nt", reason="the POSIX region is a temporary file (Windows: the paging file)")
+def test_no_room_for_the_item_table_is_a_clear_error_and_leaves_no_descriptor(monkeypatch):
+    import errno
+
+    before = table_descriptors("self")
+
+    def full(fd: int, data: object, offset: int) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", full)
+    with pytest.raises(OSError, match=r"cannot write the item table \(\d+ bytes\) to a temporary file in .+: "
+                                      r"No space left on device; set TMPDIR to a folder with room"):
+        IsolatedLoader(fake_paths(5000), IndexDecoder(), batch_size=10)
+    gc.collect()
+    assert table_descriptors("self") <= before

@@ -202,7 +202,12 @@ class IsolatedLoader(PipelineViews, StateKeys):
             regions.append(tables.TableRegion(size))
             return regions[-1]
 
-        here, there = pipeline.source.shared(make_region)
+        try:
+            here, there = pipeline.source.shared(make_region)
+        except BaseException:  # the region made, not written: its descriptor goes now
+            for region in regions:
+                region.close()
+            raise
         self._region = regions[0]
         self._forget_region = weakref.finalize(self, self._region.close)
         self.pipeline = pipeline = dataclasses.replace(pipeline, source=here)

@@ -63,16 +63,25 @@ class TableRegion:
         self._view: mmap.mmap | None = None
         if sys.platform == "win32":
             tag = f"audiobuffer-table-{os.getpid()}-{secrets.token_hex(8)}"
-            self._view = mmap.mmap(-1, size, tagname=tag)  # held until close(): the section lives as long
-            self.handle = RegionHandle(size, tag=tag)      # as one handle to it does
+            try:
+                self._view = mmap.mmap(-1, size, tagname=tag)  # held until close(): the section lives as
+            except OSError as exc:                             # long as one handle to it does
+                raise OSError(exc.errno, f"cannot make the item table's shared memory ({size} bytes): "
+                                         f"{exc.strerror or exc}") from exc
+            self.handle = RegionHandle(size, tag=tag)
             self._fd = -1
         else:
-            fd, path = tempfile.mkstemp(prefix=PREFIX)
+            try:
+                fd, path = tempfile.mkstemp(prefix=PREFIX)
+            except OSError as exc:
+                raise _no_room(size, exc) from exc
             os.unlink(path)  # no name on disk from here: the file goes with its last descriptor and map
             try:
                 os.ftruncate(fd, size)
-            except BaseException:
+            except BaseException as exc:
                 os.close(fd)
+                if isinstance(exc, OSError):
+                    raise _no_room(size, exc) from exc
                 raise
             self._fd = fd
             self.handle = RegionHandle(size, fd=fd)
@@ -89,7 +98,10 @@ class TableRegion:
             self._view[offset:offset + len(data)] = data
             return
         while len(data):
-            done = os.pwrite(self._fd, data, offset)
+            try:
+                done = os.pwrite(self._fd, data, offset)
+            except OSError as exc:  # the temporary folder is full (or its file system caps a file's size)
+                raise _no_room(self.handle.size, exc) from exc
             data, offset = data[done:], offset + done
 
     def map(self) -> mmap.mmap:
@@ -105,6 +117,12 @@ class TableRegion:
             os.close(self._fd)
             self._fd = -1
         self._view = None
+
+
+def _no_room(size: int, exc: OSError) -> OSError:
+    """``exc``, raised making or writing a region of ``size`` bytes on POSIX, as an error that says where."""
+    return OSError(exc.errno, f"cannot write the item table ({size} bytes) to a temporary file in "
+                              f"{tempfile.gettempdir()}: {exc.strerror or exc}; set TMPDIR to a folder with room")
 
 
 def give_back_heap() -> None:
