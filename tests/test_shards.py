@@ -603,6 +603,12 @@ SHAPES = {  # index -> what read_index must refuse it with (None: it reads)
                           r"member 0 .* label \['x'\] is not a class name"),
     "lone surrogates in a field": (lambda tmp: _index_of(tmp, [_member(i, fields={"s": f"\ud800{i}"})
                                                                for i in range(20)]), None),
+    "durations in integers beyond 2**53": (lambda tmp: _index_of(tmp, [_member(0, duration=2**62 + 1),
+                                                                       _member(1, duration=3)]), None),
+    "a list that starts with null as a duration": (lambda tmp: _index_of(tmp, [_member(0, duration={"a": [None, 7]})]),
+                                                   r"member 0 .* duration \{'a': \[None, 7\]\} is not a number"),
+    "a list that starts with null as a shard size": (lambda tmp: _index_of(
+        tmp, [_member(0)], shards=[{"name": shard_name(0), "size": [None, "x"]}]), r"shard 0 is malformed"),
     "a lone surrogate in a name": (lambda tmp: _index_of(tmp, [_member(0), _member(1, name="a\ud800.wav")]),
                                    r"member 1 .* name 'a\\ud800\.wav' is not a file name"),
 }

@@ -298,6 +298,7 @@ def _parse_arrow(raw: bytes) -> tuple[dict[str, Any], Any] | None:
 
         table = pj.read_json(pa.BufferReader(raw), read_options=pj.ReadOptions(block_size=len(raw) + 1),
                              parse_options=pj.ParseOptions(newlines_in_values=True))
+        table.validate(full=True)  # pyarrow's reader makes lists that start with null longer than their values
     except Exception:  # noqa: BLE001 - whatever pyarrow refuses, json reads (and explains)
         return None
     if table.num_rows != 1 or not {"shards", "members"} <= set(table.column_names):
@@ -353,7 +354,7 @@ def _columns_arrow(url: str, members: Any, shards: Mapping[str, tuple[str, int]]
     duration = child("duration")
     if not any(test(duration.type) for test in (pa.types.is_floating, pa.types.is_integer, pa.types.is_null)):
         return None
-    seconds = duration.cast(pa.float64())
+    seconds = duration.cast(pa.float64(), safe=False)  # the nearest float, as json gives of an int beyond 2**53
     given = np.asarray(seconds.is_valid(), dtype=bool)
     durations = np.asarray(pc.fill_null(seconds, math.nan), dtype=np.float64).copy()
     if not (np.isfinite(durations[given]).all() and (durations[given] >= 0).all()):  # NaN, Infinity: refused
