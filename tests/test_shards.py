@@ -652,3 +652,29 @@ def test_an_index_nested_deeper_than_pyarrow_parses_is_refused_not_a_crash(tmp_p
                           env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith("SourceError") and "nested too deeply" in done.stdout
+
+
+def _nesting_by_hand(text: str, most: int) -> bool:
+    """Whether ``text`` stays within ``most`` levels of brackets outside its strings, never below 0."""
+    depth, inside = 0, False
+    for char in text:
+        inside ^= char == '"'
+        if not inside and char in "[{]}":
+            depth += 1 if char in "[{" else -1
+            if not 0 <= depth <= most:
+                return False
+    return True
+
+
+@settings(deadline=None, max_examples=300)
+@given(st.lists(st.sampled_from(list('[]{}"a\u00e9')), max_size=40), st.integers(1, 8), st.integers(1, 3))
+def test_the_nesting_check_reads_strings_across_its_chunks(chars, scan, most):
+    import audiobuffer.sources.index as index_module
+
+    text = "".join(chars)
+    saved = index_module._SCAN, index_module._ARROW_DEPTH
+    index_module._SCAN, index_module._ARROW_DEPTH = scan, most  # chunks of a few bytes: strings cut across them
+    try:
+        assert index_module._arrow_may_read(text.encode("utf-8")) == _nesting_by_hand(text, most)
+    finally:
+        index_module._SCAN, index_module._ARROW_DEPTH = saved

@@ -260,29 +260,27 @@ def _arrow_may_read(raw: bytes) -> bool:
     quote and the next, and a key is written one way only) and nested at most ``_ARROW_DEPTH`` deep."""
     if b"\\" in raw:
         return False
-    if not raw.isascii():
-        decoder = codecs.getincrementaldecoder("utf-8")()
-        try:
-            for start in range(0, len(raw), _SCAN):
-                decoder.decode(memoryview(raw)[start:start + _SCAN])
-            decoder.decode(b"", final=True)
-        except UnicodeDecodeError:
-            return False
-    # The quotes and brackets, less each pair of quotes with nothing between (a string without brackets):
-    # the brackets left count where an even number of quotes lies before them (outside strings).
-    marks = np.frombuffer(raw.translate(None, _NOT_MARKS).replace(b'""', b""), dtype=np.uint8)
+    utf8 = None if raw.isascii() else codecs.getincrementaldecoder("utf-8")()
     depth = quotes = 0
-    for start in range(0, len(marks), _SCAN):
-        part = marks[start:start + _SCAN]
-        steps = _STEPS[part]
-        quote = part == ord('"')
+    for start in range(0, len(raw), _SCAN):
+        part = raw[start:start + _SCAN]
+        if utf8 is not None:
+            try:
+                utf8.decode(part, final=start + _SCAN >= len(raw))
+            except UnicodeDecodeError:
+                return False
+        # The quotes and brackets, less each pair of quotes with nothing between (a string without
+        # brackets): a bracket left counts where an even number of quotes lies before it (outside strings).
+        marks = np.frombuffer(part.translate(None, _NOT_MARKS).replace(b'""', b""), dtype=np.uint8)
+        steps = _STEPS[marks]
+        quote = marks == ord('"')
         if quotes % 2 or quote.any():
             steps[(np.cumsum(quote) + quotes) % 2 == 1] = 0  # in a string (a quote's own step is 0)
             quotes += int(quote.sum())
         levels = depth + np.cumsum(steps)
-        if levels.max() > _ARROW_DEPTH or levels.min() < 0:
+        if len(levels) and (levels.max() > _ARROW_DEPTH or levels.min() < 0):
             return False
-        depth = int(levels[-1])
+        depth = int(levels[-1]) if len(levels) else depth
     return True
 
 
