@@ -193,7 +193,22 @@ def test_a_file_listed_twice_is_one_cache_entry(corpus, tmp_path, monkeypatch):
 WRONG_COLUMNS = pa.table({"path": pa.array([b"x"], pa.large_binary()), "seconds": pa.array([1.0])})
 
 
-@pytest.mark.parametrize("content", [b"{not json", b"\xff\xfe", b"", "wrong columns"])
+def corrupt_path_offsets(file: Path, how: str) -> None:
+    """Overwrite, in the bytes of the cache ``file``, where its path column says each path ends: out of
+    order, or past the end of the paths' bytes (a file damaged on disk: its framing still reads)."""
+    offsets = np.frombuffer(cache_table(file).column("path").chunk(0).buffers()[1], dtype=np.int64)
+    bad = offsets.copy()
+    if how == "out of order":
+        bad[1], bad[2] = bad[2], bad[1]
+    else:
+        bad[-1] += 1 << 40
+    data = file.read_bytes()
+    assert data.count(offsets.tobytes()) == 1
+    file.write_bytes(data.replace(offsets.tobytes(), bad.tobytes()))
+
+
+@pytest.mark.parametrize("content", [b"{not json", b"\xff\xfe", b"", "wrong columns", "path offsets out of order",
+                                     "path offsets past the end", "a column name not UTF-8"])
 def test_a_corrupt_cache_is_ignored_and_rewritten(corpus, tmp_path, opens, monkeypatch, content, caplog):
     root, expected = corpus
     cache = tmp_path / "cache"
@@ -201,6 +216,10 @@ def test_a_corrupt_cache_is_ignored_and_rewritten(corpus, tmp_path, opens, monke
     (file,) = cache.glob("*.arrow")
     if content == "wrong columns":
         write_cache_table(file, WRONG_COLUMNS)
+    elif content == "a column name not UTF-8":
+        file.write_bytes(file.read_bytes().replace(b"mtime_ns", b"mtime\xe8ns"))
+    elif isinstance(content, str):  # pyarrow reads the file, whose arrays do not hold together
+        corrupt_path_offsets(file, content.removeprefix("path offsets "))
     else:
         file.write_bytes(content)
     opens.clear()

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import re
+import subprocess
+import sys
 import tarfile
 from collections import Counter
 from pathlib import Path
@@ -12,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
-from helpers import drop_flac_length, make_corpus, write_tone
+from helpers import REPO, drop_flac_length, make_corpus, write_tone
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -536,3 +540,148 @@ def test_an_index_of_other_shapes_reads_as_json_says(tmp_path, edit):
     assert [fields for _, _, fields in items[:-1]] == [m.get("fields", {}) for m in rows]
     assert [label for _, label, _ in items[:-1]] == [m.get("label") for m in rows]
     np.testing.assert_array_equal(items[-1][2], [np.nan if m.get("duration") is None else m["duration"] for m in rows])
+
+
+def _index_of(tmp_path: Path, members: list[dict], **head: object) -> Path:
+    """An index.json (written as pack writes it: UTF-8, no ASCII escapes) of ``members`` in one shard of
+    1 MB that need not exist; ``head`` replaces the format, version or shards."""
+    data = {"format": "audiobuffer-shards", "version": 1, "shards": [{"name": shard_name(0), "size": 10**6}],
+            **head, "members": members}
+    index = tmp_path / INDEX_NAME
+    index.write_bytes(json.dumps(data, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+    return index
+
+
+def _member(i: int, **values: object) -> dict:
+    return {"member": f"{i:06d}.wav", "shard": shard_name(0), "name": f"spk/{i}.wav", "offset": 512 * i,
+            "size": 100, "duration": 1.5, "label": f"c{i % 2}", **values}
+
+
+def _both_ways(index: Path, monkeypatch) -> tuple[str, str]:
+    """What read_index gives for ``index`` (the repr of its members, or the message it refuses with): from
+    pyarrow's columns, and from json alone (pyarrow's parse left out)."""
+    import audiobuffer.sources.index as index_module
+
+    def outcome() -> str:
+        try:
+            return repr(read_index(str(index)))  # repr: 1 and 1.0, '2020-01-01' and a datetime differ
+        except SourceError as exc:
+            return f"refused: {exc}"
+
+    by_arrow = outcome()
+    with monkeypatch.context() as patched:
+        patched.setattr(index_module, "_parse_arrow", lambda raw: None)
+        by_json = outcome()
+    return by_arrow, by_json
+
+
+NOT_UTF8 = "\udcff\udcfe"  # a marker _not_utf8 turns into the bytes ff fe
+SHAPES = {  # index -> what read_index must refuse it with (None: it reads)
+    "an ISO date in a field": (lambda tmp: _index_of(tmp, [_member(i, fields={"day": f"2020-01-0{i + 1}"})
+                                                           for i in range(3)]), None),
+    "an ISO date as a shard name": (lambda tmp: _index_of(tmp, [_member(0, shard="2020-01-01")],
+                                                          shards=[{"name": "2020-01-01", "size": 10**6}]), None),
+    "an ISO date as the version": (lambda tmp: _index_of(tmp, [_member(0)], version="2020-01-01"),
+                                   r"has version '2020-01-01'"),
+    "ints and floats in one field": (lambda tmp: _index_of(tmp, [_member(i, fields={"x": i if i % 2 else i + 0.5})
+                                                                 for i in range(4)]), None),
+    "an int beyond 64 bits in a field": (lambda tmp: _index_of(tmp, [_member(0, fields={"x": 2**64}),
+                                                                     _member(1, fields={"x": 1})]), None),
+    "objects of other keys in a field": (lambda tmp: _index_of(tmp, [_member(0, fields={"m": {"a": 1}}),
+                                                                     _member(1, fields={"m": {"b": 2}})]), None),
+    "a list of ints and floats in a field": (lambda tmp: _index_of(tmp, [_member(0, fields={"l": [1, 2.5]})]), None),
+    "a field nested 2000 deep": (lambda tmp: _deep_field(tmp, 2000), r"nested too deeply"),
+    "a shard size one entry writes as a float": (lambda tmp: _index_of(
+        tmp, [_member(0)], shards=[{"name": shard_name(0), "size": 10**6}, {"name": "b.tar", "size": 5.0}]),
+        r"shard 1 is malformed: .*got \{'name': 'b\.tar', 'size': 5\.0\}$"),
+    "a shard entry without a size": (lambda tmp: _index_of(
+        tmp, [_member(0)], shards=[{"name": shard_name(0), "size": 10**6}, {"name": "b.tar"}]),
+        r"shard 1 is malformed: .*got \{'name': 'b\.tar'\}$"),
+    "bytes that are not UTF-8 in a name": (lambda tmp: _not_utf8(_index_of(tmp, [_member(0, name=NOT_UTF8)])),
+                                           r"is not valid JSON"),
+    "bytes that are not UTF-8 in a field": (lambda tmp: _not_utf8(_index_of(
+        tmp, [_member(i, fields={"s": NOT_UTF8 if i else "ok"}) for i in range(2)])), r"is not valid JSON"),
+    "a member one byte past an exabyte shard": (lambda tmp: _index_of(
+        tmp, [_member(0, offset=2**60, size=1)], shards=[{"name": shard_name(0), "size": 2**60}]),
+        r"member 0 .* bytes 1152921504606846976\.\.1152921504606846977 lie outside its shard"),
+    "an object as a label": (lambda tmp: _index_of(tmp, [_member(0), _member(1, label={"a": 1})]),
+                             r"member 1 .* label \{'a': 1\} is not a string, a number or null"),
+    "a list as a label": (lambda tmp: _index_of(tmp, [_member(0, label=["x"])]),
+                          r"member 0 .* label \['x'\] is not a string, a number or null"),
+    "lone surrogates in a field": (lambda tmp: _index_of(tmp, [_member(i, fields={"s": f"\ud800{i}"})
+                                                               for i in range(20)]), None),
+    "durations in integers beyond 2**53": (lambda tmp: _index_of(tmp, [_member(0, duration=2**62 + 1),
+                                                                       _member(1, duration=3)]), None),
+    "a list that starts with null as a duration": (lambda tmp: _index_of(tmp, [_member(0, duration={"a": [None, 7]})]),
+                                                   r"member 0 .* duration \{'a': \[None, 7\]\} is not a number"),
+    "a list that starts with null as a shard size": (lambda tmp: _index_of(
+        tmp, [_member(0)], shards=[{"name": shard_name(0), "size": [None, "x"]}]), r"shard 0 is malformed"),
+    "a lone surrogate in a name": (lambda tmp: _index_of(tmp, [_member(0), _member(1, name="a\ud800.wav")]),
+                                   r"member 1 .* name 'a\\ud800\.wav' is not a file name"),
+}
+
+
+def _deep_field(tmp_path: Path, depth: int) -> Path:
+    index = _index_of(tmp_path, [_member(0, fields={"deep": "DEEP"})])
+    index.write_bytes(index.read_bytes().replace(b'"DEEP"', b"[" * depth + b"]" * depth))
+    return index
+
+
+def _not_utf8(index: Path) -> Path:
+    """``index`` with each NOT_UTF8 (written as its surrogates' UTF-8 bytes) turned into the bytes ff fe."""
+    marker = NOT_UTF8.encode("utf-8", "surrogatepass")
+    index.write_bytes(index.read_bytes().replace(marker, b"\xff\xfe"))
+    return index
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_pyarrow_and_json_read_an_index_alike(tmp_path, monkeypatch, shape):
+    # Whatever pyarrow's parse reads differently from json (dates, numbers, nested objects, bytes) is read
+    # by json; both refuse the same index with the same message.
+    make, refused = SHAPES[shape]
+    by_arrow, by_json = _both_ways(make(tmp_path), monkeypatch)
+    assert by_arrow == by_json
+    if refused is None:
+        assert not by_json.startswith("refused"), by_json
+    else:
+        assert re.search(refused, by_json.removeprefix("refused: ")), by_json
+        assert "\n" not in by_json
+
+
+def test_an_index_nested_deeper_than_pyarrow_parses_is_refused_not_a_crash(tmp_path):
+    # pyarrow's JSON reader recurses: arrays nested tens of thousands deep overflow its stack (a crash of
+    # the process, not an exception), so this runs in a process of its own.
+    index = _deep_field(tmp_path, 50_000)
+    code = ("import sys\nfrom audiobuffer.sources import read_index\n"
+            "try:\n    read_index(sys.argv[1])\nexcept Exception as exc:\n    print(type(exc).__name__, exc)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", code, str(index)], capture_output=True, text=True, timeout=120,
+                          env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("SourceError") and "nested too deeply" in done.stdout
+
+
+def _nesting_by_hand(text: str, most: int) -> bool:
+    """Whether ``text`` stays within ``most`` levels of brackets outside its strings, never below 0."""
+    depth, inside = 0, False
+    for char in text:
+        inside ^= char == '"'
+        if not inside and char in "[{]}":
+            depth += 1 if char in "[{" else -1
+            if not 0 <= depth <= most:
+                return False
+    return True
+
+
+@settings(deadline=None, max_examples=300)
+@given(st.lists(st.sampled_from(list('[]{}"a\u00e9')), max_size=40), st.integers(1, 8), st.integers(1, 3))
+def test_the_nesting_check_reads_strings_across_its_chunks(chars, scan, most):
+    import audiobuffer.sources.index as index_module
+
+    text = "".join(chars)
+    saved = index_module._SCAN, index_module._ARROW_DEPTH
+    index_module._SCAN, index_module._ARROW_DEPTH = scan, most  # chunks of a few bytes: strings cut across them
+    try:
+        assert index_module._arrow_may_read(text.encode("utf-8")) == _nesting_by_hand(text, most)
+    finally:
+        index_module._SCAN, index_module._ARROW_DEPTH = saved

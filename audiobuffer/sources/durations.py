@@ -333,9 +333,12 @@ class _Entries:
         try:
             with pa.OSFile(str(file), "rb") as f:  # read whole and closed: Windows replaces no open file
                 table = pa.ipc.open_file(f).read_all()
+            # Every offset and length checked: pyarrow trusts what a file says, and a damaged one (a path
+            # said to end before it starts, or past the data) would crash the bulk matching below.
+            table.validate(full=True)
         except FileNotFoundError:
             return empty
-        except (OSError, pa.ArrowException) as exc:
+        except (OSError, ValueError, pa.ArrowException) as exc:  # ValueError: a column name not UTF-8
             if warn:
                 logger.warning("ignoring the duration cache %s, which cannot be read (%s); it will be rewritten",
                                file, exc)

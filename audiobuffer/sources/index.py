@@ -9,10 +9,12 @@ members is listed from. :mod:`audiobuffer.sources` re-exports the public names.
 
 from __future__ import annotations
 
+import codecs
 import functools
 import json
 import math
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
@@ -174,8 +176,9 @@ def read_index_columns(url: str | os.PathLike[str], *, storage_options: Mapping[
                        retry: RetrySpec = None, allow_outside: bool = False) -> IndexColumns:
     """:func:`read_index` as columns, with no object per member: the index is parsed into columns by
     pyarrow and checked a column at a time where it has the plain shape ``pack`` writes (each member's
-    values of one type, its fields in every member); otherwise parsed by :mod:`json` and checked as
-    :func:`read_index` does.
+    values of one type, its fields in every member, no escapes, little nesting) and pyarrow reads every
+    value as :mod:`json` does; otherwise parsed by :mod:`json` and checked as :func:`read_index` does.
+    Either way the same index gives the same members, or is refused with the same message.
 
     Raises:
         StorageError, SourceError: as :func:`read_index` (a malformed member is named as it does).
@@ -186,7 +189,11 @@ def read_index_columns(url: str | os.PathLike[str], *, storage_options: Mapping[
     parsed = _parse_arrow(raw)
     if parsed is not None:
         head, members = parsed
-        columns = _columns_arrow(url, members, _shards(url, head, resolve))
+        try:
+            shards = _shards(url, head, resolve)
+        except SourceError:  # json reads it again, and says what is wrong as it reads it
+            shards = None
+        columns = None if shards is None else _columns_arrow(url, members, shards, raw)
         del parsed, members
         release_arrow_memory()
         if columns is not None:
@@ -238,26 +245,64 @@ def _shards(url: str, data: Any, resolve: Callable[[str], str]) -> dict[str, tup
 
 #: A member name that is empty, rooted, holds a NUL or steps out with ``..`` (as ``_is_inner_name`` says).
 _OUTER_NAME = r"^$|^[/\\]|\x00|(^|[/\\])\.\.([/\\]|$)"
+#: The deepest nesting of arrays and objects pyarrow's JSON reader is given: it recurses, and text nested
+#: some thousands deep overflows its stack, a crash of the process (an index nests 4 deep, its fields more).
+_ARROW_DEPTH = 64
+_SCAN = 1 << 22  # bytes of an index looked at a time by _arrow_may_read
+_NOT_MARKS = bytes(c for c in range(256) if c not in b'"[]{}')
+_STEPS = np.zeros(256, dtype=np.int64)
+_STEPS[list(b"[{")], _STEPS[list(b"]}")] = 1, -1
+
+
+def _arrow_may_read(raw: bytes) -> bool:
+    """Whether pyarrow's JSON reader may be given ``raw``: UTF-8 (pyarrow takes other bytes into its
+    strings, where json refuses them), without a backslash (no escapes: a string is what lies between a
+    quote and the next, and a key is written one way only) and nested at most ``_ARROW_DEPTH`` deep."""
+    if b"\\" in raw:
+        return False
+    utf8 = None if raw.isascii() else codecs.getincrementaldecoder("utf-8")()
+    depth = quotes = 0
+    for start in range(0, len(raw), _SCAN):
+        part = raw[start:start + _SCAN]
+        if utf8 is not None:
+            try:
+                utf8.decode(part, final=start + _SCAN >= len(raw))
+            except UnicodeDecodeError:
+                return False
+        # The quotes and brackets, less each pair of quotes with nothing between (a string without
+        # brackets): a bracket left counts where an even number of quotes lies before it (outside strings).
+        marks = np.frombuffer(part.translate(None, _NOT_MARKS).replace(b'""', b""), dtype=np.uint8)
+        steps = _STEPS[marks]
+        quote = marks == ord('"')
+        if quotes % 2 or quote.any():
+            steps[(np.cumsum(quote) + quotes) % 2 == 1] = 0  # in a string (a quote's own step is 0)
+            quotes += int(quote.sum())
+        levels = depth + np.cumsum(steps)
+        if len(levels) and (levels.max() > _ARROW_DEPTH or levels.min() < 0):
+            return False
+        depth = int(levels[-1]) if len(levels) else depth
+    return True
 
 
 def _parse_arrow(raw: bytes) -> tuple[dict[str, Any], Any] | None:
     """The index parsed by pyarrow's JSON reader: its header (format, version, shards; ``members`` an
     empty list) and its members as one struct array; ``None`` where it cannot (not a single JSON object,
-    a member of another shape, values of mixed types, pyarrow missing) or where it reads a value otherwise
-    than :mod:`json` does (a string in the form of a date or a time becomes a timestamp)."""
+    a member of another shape, values of mixed types, pyarrow missing) or may not (:func:`_arrow_may_read`)."""
+    if not _arrow_may_read(raw):
+        return None
     try:
         import pyarrow as pa
         import pyarrow.json as pj
 
         table = pj.read_json(pa.BufferReader(raw), read_options=pj.ReadOptions(block_size=len(raw) + 1),
                              parse_options=pj.ParseOptions(newlines_in_values=True))
+        table.validate(full=True)  # pyarrow's reader makes lists that start with null longer than their values
     except Exception:  # noqa: BLE001 - whatever pyarrow refuses, json reads (and explains)
         return None
     if table.num_rows != 1 or not {"shards", "members"} <= set(table.column_names):
         return None
     members = table.column("members").combine_chunks()
-    if not pa.types.is_list(members.type) or not pa.types.is_struct(members.type.value_type) or members.null_count \
-            or not _as_json_reads(members.type.value_type):
+    if not pa.types.is_list(members.type) or not pa.types.is_struct(members.type.value_type) or members.null_count:
         return None
     head = {name: table.column(name)[0].as_py() for name in ("format", "version", "shards")
             if name in table.column_names}
@@ -265,31 +310,11 @@ def _parse_arrow(raw: bytes) -> tuple[dict[str, Any], Any] | None:
     return head, members.values
 
 
-def _as_json_reads(kind: Any) -> bool:
-    """Whether values of the pyarrow type ``kind`` are what :mod:`json` reads them as: pyarrow's JSON reader
-    reads a string that looks like a date or a time (``"2024-05-01"``) as a timestamp."""
-    import pyarrow as pa
-
-    if pa.types.is_struct(kind):
-        return all(_as_json_reads(kind.field(i).type) for i in range(kind.num_fields))
-    if pa.types.is_list(kind):
-        return _as_json_reads(kind.value_type)
-    return not pa.types.is_temporal(kind)
-
-
-def _holds_object(kind: Any) -> bool:
-    """Whether values of the pyarrow type ``kind`` are or hold JSON objects (structs)."""
-    import pyarrow as pa
-
-    if pa.types.is_struct(kind):
-        return True
-    return pa.types.is_list(kind) and _holds_object(kind.value_type)
-
-
-def _columns_arrow(url: str, members: Any, shards: Mapping[str, tuple[str, int]]) -> IndexColumns | None:
-    """The members of a struct array as columns, checked a column at a time as :func:`_member` checks each;
-    ``None`` when a check fails or a column has a shape :mod:`json` reads otherwise (a field some members
-    lack): the caller reads the index again with :mod:`json`, which names what is wrong."""
+def _columns_arrow(url: str, members: Any, shards: Mapping[str, tuple[str, int]], raw: bytes) -> IndexColumns | None:
+    """The members of a struct array (parsed from ``raw``) as columns, checked a column at a time as
+    :func:`_member` checks each; ``None`` when a check fails or a column has a shape :mod:`json` reads
+    otherwise (a field some members lack, or of values pyarrow converts: :func:`_as_json_reads`): the
+    caller reads the index again with :mod:`json`, which names what is wrong."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -322,13 +347,12 @@ def _columns_arrow(url: str, members: Any, shards: Mapping[str, tuple[str, int]]
     shard_of = known[np.asarray(encoded.indices, dtype=np.int64)]
     if (shard_of < 0).any():
         return None
-    shard_sizes = np.array([size for _, size in shards.values()], dtype=np.float64)
-    if (offsets.astype(np.float64) + sizes > shard_sizes[shard_of]).any():  # float: no int64 overflow
+    if _past_shard_ends(offsets, sizes, shard_of, shards):
         return None
     duration = child("duration")
     if not any(test(duration.type) for test in (pa.types.is_floating, pa.types.is_integer, pa.types.is_null)):
         return None
-    seconds = duration.cast(pa.float64())
+    seconds = duration.cast(pa.float64(), safe=False)  # the nearest float, as json gives of an int beyond 2**53
     given = np.asarray(seconds.is_valid(), dtype=bool)
     durations = np.asarray(pc.fill_null(seconds, math.nan), dtype=np.float64).copy()
     if not (np.isfinite(durations[given]).all() and (durations[given] >= 0).all()):  # NaN, Infinity: refused
@@ -344,9 +368,9 @@ def _columns_arrow(url: str, members: Any, shards: Mapping[str, tuple[str, int]]
             return None
         for i in range(struct.type.num_fields):
             values = struct.field(i)
-            # A member without the field, or with null; an object in the field, to which pyarrow adds as
-            # null the keys other members' objects have: json tells them apart.
-            if values.null_count or _holds_object(values.type):
+            if values.null_count:  # a member without the field, or with null: json tells them apart
+                return None
+            if not _as_json_reads(values, struct.type.field(i).name, raw):
                 return None
             fields[struct.type.field(i).name] = as_column(values)
     return IndexColumns(url=url, shards=tuple(path for path, _ in shards.values()), shard_of=shard_of,
@@ -354,6 +378,36 @@ def _columns_arrow(url: str, members: Any, shards: Mapping[str, tuple[str, int]]
                         sizes=sizes, durations=durations,
                         labels=Coded(np.asarray(labels.indices, dtype=np.int32).copy(), labels.dictionary.to_pylist()),
                         fields=fields)
+
+
+def _as_json_reads(values: Any, key: str, raw: bytes) -> bool:
+    """Whether the column of field ``key`` as pyarrow parsed it from ``raw`` holds what :mod:`json` gives:
+    strings, integers or booleans, or floats where ``raw`` writes no value of ``key`` as an integer
+    (pyarrow reads a column of integers and floats, or an integer beyond 64 bits, as floats; json keeps
+    an int an int). Not a date (pyarrow reads an ISO date as a timestamp), a list or an object (pyarrow
+    gives each object every key some object of the column has)."""
+    import pyarrow as pa
+
+    kind = values.type
+    if pa.types.is_string(kind) or pa.types.is_int64(kind) or pa.types.is_boolean(kind):
+        return True
+    if not pa.types.is_float64(kind):
+        return False
+    floats = values.to_numpy()
+    if not (floats == np.floor(floats)).any():  # no float that an integer could have been written as
+        return True
+    written_as_int = rb'"' + re.escape(key.encode("utf-8")) + rb'"\s*:\s*-?\d+\s*[,}]'  # raw has no escapes
+    return re.search(written_as_int, raw) is None
+
+
+def _past_shard_ends(offsets: np.ndarray, sizes: np.ndarray, shard_of: np.ndarray,
+                     shards: Mapping[str, tuple[str, int]]) -> bool:
+    """Whether some member's bytes end past its shard's size (``offsets``, ``sizes``: int64 >= 0), exactly."""
+    limits = [size for _, size in shards.values()]
+    capped = np.array([min(size, 2**63 - 1) for size in limits], dtype=np.int64)[shard_of]
+    past = sizes > capped - offsets  # no overflow: every term is in [0, 2**63)
+    return any(int(offsets[i]) + int(sizes[i]) > limits[shard_of[i]]  # a shard beyond int64 counts exactly
+               for i in np.flatnonzero(past).tolist())
 
 
 def _columns(url: str, rows: list[Any], shards: Mapping[str, tuple[str, int]]) -> IndexColumns | None:
@@ -386,15 +440,14 @@ def _columns(url: str, rows: list[Any], shards: Mapping[str, tuple[str, int]]) -
             return None
         numbers.append(array)
     offsets, sizes = numbers
-    shard_sizes = np.array([size for _, size in shards.values()], dtype=np.float64)
-    if (offsets.astype(np.float64) + sizes > shard_sizes[shard_of]).any():  # float: no int64 overflow
+    if _past_shard_ends(offsets, sizes, shard_of, shards):
         return None
     raw = [row.get("duration") for row in rows]
     if not {type(d) for d in raw} <= {int, float, type(None)}:
         return None
     try:
         durations = np.array([math.nan if d is None else d for d in raw], dtype=np.float64).reshape(-1)
-    except OverflowError:  # an integer beyond any float
+    except OverflowError:  # an int beyond any float: _member names it
         return None
     given = np.fromiter((d is not None for d in raw), dtype=bool, count=len(raw))
     if not (np.isfinite(durations[given]).all() and (durations[given] >= 0).all()):
@@ -402,18 +455,22 @@ def _columns(url: str, rows: list[Any], shards: Mapping[str, tuple[str, int]]) -
     rows_fields = [row.get("fields") for row in rows]
     if not {type(f) for f in rows_fields} <= {dict, type(None)}:
         return None
+    present = [f or {} for f in rows_fields]
+    keys = list(dict.fromkeys(k for f in present if f for k in f))
     labels = [row.get("label") for row in rows]
     if not {type(label) for label in labels} <= _LABEL_TYPES:
         return None
-    present = [f or {} for f in rows_fields]
-    keys = list(dict.fromkeys(k for f in present if f for k in f))
+    try:
+        member_column, name_column = Strings.from_strings(members), Strings.from_strings(names)
+    except UnicodeEncodeError:  # a lone surrogate, which no file name holds
+        return None
     return IndexColumns(url=url, shards=tuple(path for path, _ in shards.values()), shard_of=shard_of,
-                        members=Strings.from_strings(members), names=Strings.from_strings(names), offsets=offsets,
-                        sizes=sizes, durations=durations, labels=Coded.encode(labels),
+                        members=member_column, names=name_column, offsets=offsets, sizes=sizes, durations=durations,
+                        labels=Coded.encode(labels),
                         fields={key: as_column([f.get(key, ABSENT) for f in present]) for key in keys})
 
 
-#: The types a member's label may have in the JSON (a string as ``pack`` writes it, a number, or null).
+#: The types of a label json may give (a class name; numbers are names too).
 _LABEL_TYPES = {str, int, float, bool, type(None)}
 
 
@@ -432,7 +489,7 @@ def _member(url: str, n: int, row: Any, shards: Mapping[str, tuple[str, int]]) -
     def bad(problem: str) -> SourceError:
         return SourceError(f"{where} is malformed: {problem} (pack the source again, or mend the index)")
 
-    if not isinstance(member, str) or not member:
+    if not isinstance(member, str) or not member or not _encodable(member):
         raise bad(f"member {short_repr(member)} is not a member name")
     shard = row.get("shard")
     if not isinstance(shard, str) or shard not in shards:
@@ -441,6 +498,8 @@ def _member(url: str, n: int, row: Any, shards: Mapping[str, tuple[str, int]]) -
     name = row.get("name")
     if not isinstance(name, str) or not _is_inner_name(name):
         raise bad(f"name {short_repr(name)} is not a relative path inside the shard")
+    if not _encodable(name):
+        raise bad(f"name {short_repr(name)} is not a file name (it holds a lone surrogate)")
     offset, size = row.get("offset"), row.get("size")
     if not _is_count(offset):
         raise bad(f"offset {short_repr(offset)} is not an integer >= 0")
@@ -449,7 +508,8 @@ def _member(url: str, n: int, row: Any, shards: Mapping[str, tuple[str, int]]) -
     if offset + size > shard_size:
         raise bad(f"bytes {offset}..{offset + size} lie outside its shard {shard!r} of {shard_size} bytes")
     duration = row.get("duration")
-    if duration is not None and not _is_seconds(duration):
+    if duration is not None and (isinstance(duration, bool) or not isinstance(duration, (int, float))
+                                 or not _finite(duration) or duration < 0):
         raise bad(f"duration {short_repr(duration)} is not a number of seconds >= 0 or null")
     fields = row.get("fields")
     if fields is not None and not isinstance(fields, dict):
@@ -462,18 +522,25 @@ def _member(url: str, n: int, row: Any, shards: Mapping[str, tuple[str, int]]) -
                   fields=fields or {})
 
 
-def _is_seconds(value: Any) -> bool:
-    """Whether ``value`` is a finite number >= 0 that a float holds (not a bool)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
+def _finite(value: int | float) -> bool:
+    """Whether ``value`` is a finite float, or an int a float can hold (``10**400`` is not)."""
     try:
-        return math.isfinite(value) and value >= 0
-    except OverflowError:  # an integer beyond any float
+        return math.isfinite(value)
+    except OverflowError:
         return False
 
 
 def _is_count(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _encodable(name: str) -> bool:
+    """Whether ``name`` is text a file name can be (no lone surrogate but those of undecodable bytes)."""
+    try:
+        name.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _is_inner_name(name: str) -> bool:

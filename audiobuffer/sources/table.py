@@ -196,7 +196,10 @@ def column_of(values: Sequence[Any]) -> Column:
         distinct = len(set(values))
         if distinct <= max(16, len(values) // 4) or _Absent in kinds:
             return Coded.encode(values)
-        return Strings.from_strings(values)
+        try:
+            return Strings.from_strings(values)
+        except UnicodeEncodeError:  # a lone surrogate (from JSON's \ud800), which UTF-8 cannot hold
+            return Objects(list(values))
     if len(kinds) == 1 and kinds <= {int, float, bool}:
         try:
             return Numbers(np.asarray(values, dtype={int: np.int64, float: np.float64, bool: np.bool_}[kinds.pop()]))

@@ -201,7 +201,12 @@ class IsolatedLoader(PipelineViews, StateKeys):
             regions.append(tables.TableRegion(size))
             return regions[-1]
 
-        here, there = pipeline.source.shared(make_region)
+        try:
+            here, there = pipeline.source.shared(make_region)
+        except BaseException:  # the region made, not written: its descriptor goes now
+            for region in regions:
+                region.close()
+            raise
         self._region = regions[0]  # its descriptor closes with it, or on close()
         self.pipeline = pipeline = dataclasses.replace(pipeline, source=here)
         spec = {"pipeline": dataclasses.replace(pipeline, source=there, options=listed, batching=None),
