@@ -473,3 +473,19 @@ def test_a_cache_an_earlier_version_wrote_is_replaced(corpus, tmp_path):
     durations, _ = read_durations(Source(root), cache_dir=cache)
     assert by_name(Source(root), durations) == expected
     assert sorted(p.name for p in cache.iterdir()) == [file.name]
+
+
+@pytest.mark.skipif(os.name == "nt", reason="POSIX keeps file names as bytes; Windows names are UTF-16")
+def test_a_file_name_that_is_not_utf8_is_read(tmp_path):
+    from audiobuffer import AudioDecoder
+
+    raw = os.fsencode(tmp_path) + b"/caf\xe9.flac"  # Latin-1, not UTF-8
+    try:
+        sf.write(raw, np.zeros(8000, dtype=np.float32), 8000, format="FLAC")
+    except OSError:
+        pytest.skip("this file system refuses names that are not UTF-8")
+    (path,) = [p for p in Source(str(tmp_path)).paths]
+    assert os.fsencode(path) == raw  # kept with a surrogate escape
+    assert header_seconds(path) == 1.0
+    assert read_durations(Source(str(tmp_path)), cache_dir=tmp_path / "cache")[0].tolist() == [1.0]
+    assert AudioDecoder(8000)(Source(str(tmp_path)).item(0))["audio"].shape[-1] == 8000

@@ -8,15 +8,24 @@ and the stream's error state checked once at the end: a file that really breaks 
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any
 
 import numpy as np
 import soundfile as sf
 
-__all__ = ["BLOCK_FRAMES", "read_to_end"]
+__all__ = ["BLOCK_FRAMES", "read_to_end", "sndfile_path"]
 
 #: Frames decoded per call.
 BLOCK_FRAMES = 65536
+
+
+def sndfile_path(path: str) -> str | bytes:
+    """``path`` as libsndfile opens it: on POSIX its bytes (``os.fsencode``, so a file name that is not
+    UTF-8, which Python keeps with surrogate escapes, opens; soundfile would encode it strictly), on
+    Windows the string (opened by its wide-character name)."""
+    return path if sys.platform == "win32" else os.fsencode(path)
 
 
 def read_to_end(f: sf.SoundFile, *, count_only: bool = False) -> tuple[np.ndarray | None, int, str | None]:

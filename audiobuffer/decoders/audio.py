@@ -27,7 +27,7 @@ from ..errors import DecodeError
 from ..sources.item import AUDIO_PATTERNS
 from . import _wav
 from ._common import ItemLike, as_item, as_tensor, describe, sample_fields
-from ._sndfile import read_to_end
+from ._sndfile import read_to_end, sndfile_path
 
 __all__ = ["MAX_CROP_SECONDS", "AudioDecoder", "CropMode", "Quality"]
 
@@ -314,7 +314,7 @@ class AudioDecoder:
             read = _wav.read_wav(path if raw is None else raw, window=window)  # no window: the whole file
             if read is not None:
                 return read
-        with sf.SoundFile(path if raw is None else io.BytesIO(raw)) as f:  # bytes: libsndfile's virtual I/O
+        with sf.SoundFile(sndfile_path(path) if raw is None else io.BytesIO(raw)) as f:  # bytes: virtual I/O
             sr = _check_rate(path, f.samplerate, f.channels)
             frames = f.frames
             if frames >= _UNKNOWN_FRAMES:

@@ -32,7 +32,7 @@ import numpy as np
 import soundfile as sf
 
 from ..buffer import WAIT_SLICE
-from ..decoders._sndfile import read_to_end
+from ..decoders._sndfile import read_to_end, sndfile_path
 from ..errors import DecodeError, SourceError
 from .table import ABSENT, seconds_array, seconds_of
 
@@ -102,7 +102,7 @@ def header_seconds(path: str) -> float:
         DecodeError: the file cannot be opened, has no sample rate, or its frames cannot be counted.
     """
     try:
-        with sf.SoundFile(path) as f:
+        with sf.SoundFile(sndfile_path(path)) as f:
             rate, frames = f.samplerate, f.frames
             if frames >= _UNKNOWN_FRAMES:
                 frames = _count_frames(f, path)
