@@ -48,7 +48,7 @@ def opens(monkeypatch):
 
     def counting(path, *args, **kwargs):
         with lock:
-            opened.append(os.path.basename(str(path)))
+            opened.append(os.path.basename(os.fsdecode(path)))
         return real(path, *args, **kwargs)
 
     monkeypatch.setattr(sf, "SoundFile", counting)

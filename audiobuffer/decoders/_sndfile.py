@@ -22,10 +22,16 @@ BLOCK_FRAMES = 65536
 
 
 def sndfile_path(path: str) -> str | bytes:
-    """``path`` as libsndfile opens it: on POSIX its bytes (``os.fsencode``, so a file name that is not
-    UTF-8, which Python keeps with surrogate escapes, opens; soundfile would encode it strictly), on
-    Windows the string (opened by its wide-character name)."""
-    return path if sys.platform == "win32" else os.fsencode(path)
+    """``path`` as libsndfile opens it: as it is, but on POSIX a file name that is not UTF-8 (which Python
+    keeps with surrogate escapes, and soundfile would encode strictly) as its bytes (``os.fsencode``).
+    Windows opens the string by its wide-character name."""
+    if sys.platform == "win32":
+        return path
+    try:
+        path.encode(sys.getfilesystemencoding())
+    except UnicodeEncodeError:
+        return os.fsencode(path)
+    return path
 
 
 def read_to_end(f: sf.SoundFile, *, count_only: bool = False) -> tuple[np.ndarray | None, int, str | None]:
