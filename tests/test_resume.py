@@ -192,3 +192,30 @@ def test_malformed_json_state_is_refused(mangle, message):
     state = saved_after(dataset(), 3)
     with pytest.raises(ResumeError, match=message):
         dataset().load_state_dict(mangle(state))
+
+
+@pytest.mark.timeout(600)
+def test_a_million_items_each_once_and_resumed_exactly_from_a_few_bits_each():
+    import numpy as np
+
+    n = 1_000_000
+    paths = fake_paths(n)
+
+    def million() -> BufferedDataset:
+        return BufferedDataset(paths, IndexDecoder(), shuffle=True, seed=3, num_producers=2, buffer_size=256)
+
+    ds = million()
+    ds.set_epoch(1)
+    it = iter(ds)
+    first = take(it, 400_000)
+    state = ds.state_dict()
+    it.close()
+    assert len(json.dumps({k: base64.b64encode(v).decode() if isinstance(v, bytes) else v
+                           for k, v in state.items()}, default=str)) * 8 < 2 * n  # under 2 bits an item
+    again = million()
+    again.load_state_dict(state)
+    rest = [s["index"] for s in again]
+    seen = np.bincount(np.array(first + rest), minlength=n)
+    assert len(first) + len(rest) == n and (seen == 1).all()
+    del ds, again
+    assert not wait_no_threads()
