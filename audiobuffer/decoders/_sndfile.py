@@ -25,7 +25,7 @@ def sndfile_path(path: str) -> str | bytes:
     """``path`` as libsndfile opens it: as it is, but on POSIX a file name that is not UTF-8 (which Python
     keeps with surrogate escapes, and soundfile would encode strictly) as its bytes (``os.fsencode``).
     Windows opens the string by its wide-character name."""
-    if sys.platform == "win32":
+    if sys.platform == "win32" or path.isascii():  # isascii: a flag of the string, no pass over it
         return path
     try:
         path.encode(sys.getfilesystemencoding())

@@ -332,30 +332,20 @@ def _columns_arrow(url: str, members: Any, shards: Mapping[str, tuple[str, int]]
     if not pc.all(pc.greater(pc.binary_length(member), 0)).as_py() \
             or pc.any(pc.match_substring_regex(name, _OUTER_NAME)).as_py():
         return None
-    numbers = []
-    for column in (child("offset"), child("size")):
-        if not pa.types.is_int64(column.type) or column.null_count:
-            return None
-        array = column.to_numpy()
-        if (array < 0).any():
-            return None
-        numbers.append(array.copy())
-    offsets, sizes = numbers
+    offset, size = child("offset"), child("size")
+    if any(not pa.types.is_int64(c.type) or c.null_count for c in (offset, size)):
+        return None
+    offsets, sizes = offset.to_numpy().copy(), size.to_numpy().copy()
     encoded = pc.dictionary_encode(shard)
     code = {name: n for n, name in enumerate(shards)}
     known = np.array([code.get(s, -1) for s in encoded.dictionary.to_pylist()] + [-1], dtype=np.int32)
     shard_of = known[np.asarray(encoded.indices, dtype=np.int64)]
-    if (shard_of < 0).any():
-        return None
-    if _past_shard_ends(offsets, sizes, shard_of, shards):
-        return None
     duration = child("duration")
     if not any(test(duration.type) for test in (pa.types.is_floating, pa.types.is_integer, pa.types.is_null)):
         return None
     seconds = duration.cast(pa.float64(), safe=False)  # the nearest float, as json gives of an int beyond 2**53
-    given = np.asarray(seconds.is_valid(), dtype=bool)
     durations = np.asarray(pc.fill_null(seconds, math.nan), dtype=np.float64).copy()
-    if not (np.isfinite(durations[given]).all() and (durations[given] >= 0).all()):  # NaN, Infinity: refused
+    if not _fits(shards, shard_of, offsets, sizes, durations, np.asarray(seconds.is_valid(), dtype=bool)):
         return None
     label = child("label")
     if not (pa.types.is_string(label.type) or pa.types.is_null(label.type)):
@@ -400,6 +390,17 @@ def _as_json_reads(values: Any, key: str, raw: bytes) -> bool:
     return re.search(written_as_int, raw) is None
 
 
+def _fits(shards: Mapping[str, tuple[str, int]], shard_of: np.ndarray, offsets: np.ndarray, sizes: np.ndarray,
+          durations: np.ndarray, given: np.ndarray) -> bool:
+    """Whether the members' columns hold what :func:`_member` lets through: each one's shard known (-1: not),
+    its bytes inside that shard, and each duration ``given`` a finite number >= 0 (not NaN or Infinity)."""
+    if (shard_of < 0).any() or (offsets < 0).any() or (sizes < 0).any():
+        return False
+    if _past_shard_ends(offsets, sizes, shard_of, shards):
+        return False
+    return bool(np.isfinite(durations[given]).all() and (durations[given] >= 0).all())
+
+
 def _past_shard_ends(offsets: np.ndarray, sizes: np.ndarray, shard_of: np.ndarray,
                      shards: Mapping[str, tuple[str, int]]) -> bool:
     """Whether some member's bytes end past its shard's size (``offsets``, ``sizes``: int64 >= 0), exactly."""
@@ -425,32 +426,17 @@ def _columns(url: str, rows: list[Any], shards: Mapping[str, tuple[str, int]]) -
         shard_of = np.fromiter((code.get(row.get("shard"), -1) for row in rows), dtype=np.int32, count=len(rows))
     except TypeError:  # a shard value that cannot be looked up (a list)
         return None
-    if (shard_of < 0).any():
-        return None
-    numbers = []
-    for key in ("offset", "size"):
-        values = [row.get(key) for row in rows]
-        if not _all_of(values, int):
-            return None
-        try:
-            array = np.array(values, dtype=np.int64).reshape(-1)
-        except OverflowError:
-            return None
-        if (array < 0).any():
-            return None
-        numbers.append(array)
-    offsets, sizes = numbers
-    if _past_shard_ends(offsets, sizes, shard_of, shards):
-        return None
+    offset, size = [row.get("offset") for row in rows], [row.get("size") for row in rows]
     raw = [row.get("duration") for row in rows]
-    if not {type(d) for d in raw} <= {int, float, type(None)}:
+    if not _all_of(offset, int) or not _all_of(size, int) or not {type(d) for d in raw} <= {int, float, type(None)}:
         return None
-    try:
+    try:  # an int beyond int64 or beyond any float: _member names it
+        offsets, sizes = np.array(offset, dtype=np.int64).reshape(-1), np.array(size, dtype=np.int64).reshape(-1)
         durations = np.array([math.nan if d is None else d for d in raw], dtype=np.float64).reshape(-1)
-    except OverflowError:  # an int beyond any float: _member names it
+    except OverflowError:
         return None
-    given = np.fromiter((d is not None for d in raw), dtype=bool, count=len(raw))
-    if not (np.isfinite(durations[given]).all() and (durations[given] >= 0).all()):
+    if not _fits(shards, shard_of, offsets, sizes, durations,
+                 np.fromiter((d is not None for d in raw), dtype=bool, count=len(raw))):
         return None
     rows_fields = [row.get("fields") for row in rows]
     if not {type(f) for f in rows_fields} <= {dict, type(None)}:
