@@ -11,16 +11,16 @@ import difflib
 import os
 import sys
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal
 
-from ._checks import MAX_SECONDS, check_choice, check_int, check_seconds, short_repr
+from ._checks import MAX_SECONDS, MAX_SEED, check_choice, check_int, check_seconds, short_repr
 
 if TYPE_CHECKING:
     from .sources.source import LabelSpec
 
-__all__ = ["DEFAULT_READ_BLOCK", "DEFAULT_WARN_AFTER", "ErrorPolicy", "EvenShards", "LoaderOptions", "ProducerCount",
-           "ReadBlock", "check_keywords", "gil_enabled", "usable_cores"]
+__all__ = ["DEFAULT_READ_BLOCK", "DEFAULT_WARN_AFTER", "OPTIONS", "ErrorPolicy", "EvenShards", "LoaderOptions",
+           "Option", "ProducerCount", "ReadBlock", "check_keywords", "gil_enabled", "usable_cores"]
 
 ErrorPolicy = Literal["raise", "warn", "skip"]
 EvenShards = Literal["pad", "drop"] | None
@@ -30,6 +30,8 @@ ProducerCount = int | Literal["auto"]
 MAX_PRODUCERS = 1024
 #: The largest buffer (items).
 MAX_BUFFER = 1 << 20
+#: The largest batch: a bigger one only allocates (or spins) until memory runs out.
+MAX_BATCH_SIZE = 1 << 20
 #: Duration buckets when ``max_batch_seconds`` is set and ``buckets`` is not.
 DEFAULT_BUCKETS = 10
 #: ``read_block``: a pinned count of index members a request reads, ``"auto"`` or ``None`` (one a request).
@@ -60,83 +62,151 @@ def gil_enabled() -> bool:
 
 
 @dataclass(frozen=True)
+class Option:
+    """One option's rule, written once: what it takes, its YAML key and a line of documentation.
+
+    The loaders' checks (:meth:`check`), the YAML schema's bounds (``config/schema.py``'s
+    ``option_field``) and the reference's descriptions all read this.
+
+    Attributes:
+        doc: what the option does, in one line.
+        yaml: its key in a YAML pipeline (``"buffer.num_producers"``); ``None``: Python only.
+        kind: ``"int"`` (an integer in [minimum, maximum]), ``"seconds"`` (a number of seconds > 0, at
+            most ``maximum``; without one, ``float("inf")`` means never), ``"bool"``, ``"choice"`` (one of
+            the field's ``Literal`` values), ``"str"`` (a name), or ``"other"`` (checked by hand below).
+        minimum: the least integer (``"int"``).
+        maximum: the largest integer or number of seconds, or ``None``.
+        nullable: ``None`` is a value of its own (``max_bytes=None``: no byte bound).
+        auto: ``"auto"`` is a value too.
+        literal: the ``Literal`` type of a ``"choice"``.
+        takes: the message's words for what else an ``"int"`` takes (``"or 'auto'"``), or for what a
+            ``"str"`` is (``"a manifest column name or None"``).
+    """
+
+    doc: str
+    yaml: str | None = None
+    kind: Literal["int", "seconds", "bool", "choice", "str", "other"] = "other"
+    minimum: int | None = None
+    maximum: float | None = None
+    nullable: bool = False
+    auto: bool = False
+    literal: Any = None
+    takes: str = ""
+
+    def check(self, name: str, value: Any) -> None:
+        """Refuse a value this option does not take.
+
+        Raises:
+            TypeError: a value of the wrong type.
+            ValueError: a value out of range, or not one of the choices.
+        """
+        if (value is None and self.nullable) or (self.auto and isinstance(value, str) and value == "auto"):
+            return
+        if self.kind == "int":
+            maximum = None if self.maximum is None else int(self.maximum)
+            check_int(name, value, self.minimum, maximum, also=self.takes)
+        elif self.kind == "seconds":
+            check_seconds(name, value, maximum=self.maximum)
+        elif self.kind == "bool" and not isinstance(value, bool):
+            allowed = "True, False or None" if self.nullable else "True or False"
+            raise TypeError(f"{name} must be {allowed}, got {short_repr(value)}")
+        elif self.kind == "choice":
+            check_choice(name, value, self.literal)
+        elif self.kind == "str" and not isinstance(value, str):
+            raise TypeError(f"{name} must be {self.takes}, got {short_repr(value)}")
+
+
+def _option(default: Any, doc: str, **rule: Any) -> Any:
+    """A ``LoaderOptions`` field: its default and its :class:`Option` rule."""
+    return field(default=default, metadata={"option": Option(doc, **rule)})
+
+
+@dataclass(frozen=True)
 class LoaderOptions:
     """How a loader runs its pipeline; every field is one of ``BufferedDataset``'s keywords.
 
-    ``num_producers=None`` is stored as ``"auto"``, so that a reader finds one spelling.
+    Each field's rule (:class:`Option`: bounds, YAML key, one-line doc) is written once, in its
+    metadata; :data:`OPTIONS` maps each name to it. ``num_producers=None`` is stored as ``"auto"``,
+    so that a reader finds one spelling.
 
     Raises (on construction):
         TypeError: a value of the wrong type.
         ValueError: a value out of range, or an unknown choice.
     """
 
-    num_producers: ProducerCount | None = "auto"  # None: "auto" too
-    buffer_size: int = 64
-    max_bytes: int | None = None
-    shuffle: bool = False
-    seed: int = 0
-    ordered: bool = False
-    on_error: ErrorPolicy = "raise"
-    transform: Callable[[Any], Any] | None = None
-    labels: LabelSpec = None
-    patterns: Sequence[str] | None = None
-    path_column: str = "path"
-    rank: int | None = None
-    world_size: int | None = None
-    even_shards: EvenShards = "pad"
-    warn_after: float | None = DEFAULT_WARN_AFTER
-    timeout: float | None = None
-    max_batch_seconds: float | None = None
-    buckets: int | None = None
-    max_batch_size: int | None = None
-    duration_column: str | None = None
-    start_column: str | None = None
-    quadratic_duration: float | None = None
-    sync_buckets: bool | None = None
-    storage_options: Mapping[str, Any] | None = None
-    read_block: ReadBlock = "auto"
+    num_producers: ProducerCount | None = _option(
+        "auto", "Decoding threads per epoch, or 'auto' (tuned as the epoch runs).",
+        yaml="buffer.num_producers", kind="int", minimum=1, maximum=MAX_PRODUCERS, auto=True, nullable=True,
+        takes="or 'auto'")
+    buffer_size: int = _option(64, "The most samples decoded ahead (the buffer's capacity).",
+                               yaml="buffer.buffer_size", kind="int", minimum=1, maximum=MAX_BUFFER)
+    max_bytes: int | None = _option(None, "Also bound the buffer by payload bytes (None: no byte bound).",
+                                    yaml="buffer.max_bytes", kind="int", minimum=1, nullable=True,
+                                    takes="or None")
+    shuffle: bool = _option(False, "Shuffle the items each epoch (seeded by seed + epoch).",
+                            yaml="loader.shuffle", kind="bool")
+    seed: int = _option(0, "The base seed of shuffles and random draws.", yaml="seed", kind="int", minimum=0,
+                        maximum=MAX_SEED)
+    ordered: bool = _option(False, "Yield in the epoch's order rather than as decoded.", yaml="buffer.ordered",
+                            kind="bool")
+    on_error: ErrorPolicy = _option("raise", "What a failed item does: raise, warn (then skip) or skip.",
+                                    yaml="buffer.on_error", kind="choice", literal=ErrorPolicy)
+    transform: Callable[[Any], Any] | None = _option(None, "A callable applied to each sample in the producers.")
+    labels: LabelSpec = _option(None, "Where labels come from (see Source).", yaml="source.labels")
+    patterns: Sequence[str] | None = _option(None, "Glob patterns of a directory source.", yaml="source.patterns")
+    path_column: str = _option("path", "The path column of a manifest.", yaml="source.path_column",
+                               kind="str", takes="a string")
+    rank: int | None = _option(None, "This process's rank; with world_size, overrides torch.distributed.",
+                               kind="int", minimum=0, nullable=True,
+                               takes="or None")
+    world_size: int | None = _option(None, "The number of ranks.", kind="int", minimum=1, nullable=True,
+                                     takes="or None")
+    even_shards: EvenShards = _option("pad", "Equal items per rank: pad, drop, or None (ranks differ by one).",
+                                      yaml="buffer.even_shards", kind="choice", literal=EvenShards)
+    warn_after: float | None = _option(
+        DEFAULT_WARN_AFTER, "Log a warning when the loop has waited this many seconds (None, inf: never).",
+        yaml="buffer.warn_after", kind="seconds", nullable=True)
+    timeout: float | None = _option(
+        None, "Raise StallError when no sample arrives for this many seconds (None, inf: never).",
+        yaml="buffer.timeout", kind="seconds", nullable=True)
+    max_batch_seconds: float | None = _option(
+        None, "Batch by duration: each batch's padded length within this many seconds.",
+        yaml="loader.max_batch_seconds", kind="seconds", maximum=MAX_SECONDS, nullable=True)
+    buckets: int | None = _option(None, "Duration buckets batches are cut from (default 10).",
+                                  yaml="loader.buckets", kind="int", minimum=1, nullable=True,
+                                  takes="or None")
+    max_batch_size: int | None = _option(None, "Also at most this many samples in a batch.",
+                                         yaml="loader.max_batch_size", kind="int", minimum=1,
+                                         maximum=MAX_BATCH_SIZE, nullable=True, takes="or None")
+    duration_column: str | None = _option(None, "A manifest column of each item's duration in seconds.",
+                                          yaml="source.duration_column", kind="str", nullable=True,
+                                          takes="a manifest column name or None")
+    start_column: str | None = _option(None, "A manifest column of where each item starts in its file.",
+                                       yaml="source.start_column", kind="str", nullable=True,
+                                       takes="a manifest column name or None")
+    quadratic_duration: float | None = _option(
+        None, "A batch costs n x (L + L*L / quadratic_duration) seconds (attention models).",
+        yaml="loader.quadratic_duration", kind="seconds", maximum=MAX_SECONDS, nullable=True)
+    sync_buckets: bool | None = _option(None, "Ranks take each step's batches from one bucket (None: with ranks).",
+                                        yaml="loader.sync_buckets", kind="bool", nullable=True)
+    storage_options: Mapping[str, Any] | None = _option(
+        None, "fsspec options of the URLs read (endpoint_url, key, secret, ...).", yaml="source.storage_options")
+    read_block: ReadBlock = _option("auto", "Index members read a request: a count, 'auto' or None (one).",
+                                    yaml="loader.read_block", kind="int", minimum=1, auto=True, nullable=True,
+                                    takes="or 'auto' or None")
 
     def __post_init__(self) -> None:
         if self.num_producers is None:
             object.__setattr__(self, "num_producers", "auto")  # frozen: the one place it is set
-        if self.num_producers != "auto":
-            check_int("num_producers", self.num_producers, 1, MAX_PRODUCERS, also="or 'auto'")
-        check_int("buffer_size", self.buffer_size, 1, MAX_BUFFER)
-        if self.max_bytes is not None:
-            check_int("max_bytes", self.max_bytes, 1, also="or None")
-        check_int("seed", self.seed, 0)  # numpy takes any integer >= 0
-        for name in ("shuffle", "ordered"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        check_choice("on_error", self.on_error, ErrorPolicy)
-        check_choice("even_shards", self.even_shards, EvenShards)
+        for name, rule in OPTIONS.items():
+            rule.check(name, getattr(self, name))
         if self.transform is not None and not callable(self.transform):
-            raise TypeError(f"transform must be None or callable, got {self.transform!r}")
-        if not isinstance(self.path_column, str):
-            raise TypeError(f"path_column must be a string, got {self.path_column!r}")
+            raise TypeError(f"transform must be None or callable, got {short_repr(self.transform)}")
         if (self.rank is None) != (self.world_size is None):
             raise ValueError(f"give rank and world_size together, got rank={self.rank!r}, "
                              f"world_size={self.world_size!r}")
         if self.world_size is not None:
-            check_int("world_size", self.world_size, 1)
             check_int("rank", self.rank, 0, self.world_size - 1)
-        for name in ("warn_after", "timeout"):
-            check_seconds(name, getattr(self, name))  # None or float("inf"): never
-        check_seconds("max_batch_seconds", self.max_batch_seconds, maximum=MAX_SECONDS)
-        if self.buckets is not None:
-            check_int("buckets", self.buckets, 1, also="or None")
-        if self.max_batch_size is not None:
-            check_int("max_batch_size", self.max_batch_size, 1, also="or None")
-        check_seconds("quadratic_duration", self.quadratic_duration, maximum=MAX_SECONDS)
-        if self.sync_buckets is not None and not isinstance(self.sync_buckets, bool):
-            raise TypeError(f"sync_buckets must be True, False or None (with more than one rank), got "
-                            f"{short_repr(self.sync_buckets)}")
-        if self.duration_column is not None and not isinstance(self.duration_column, str):
-            raise TypeError(f"duration_column must be a manifest column name or None, got "
-                            f"{short_repr(self.duration_column)}")
-        if self.start_column is not None and not isinstance(self.start_column, str):
-            raise TypeError(f"start_column must be a manifest column name or None, got "
-                            f"{short_repr(self.start_column)}")
         if self.max_batch_seconds is None:
             # duration_column also bounds the segments of start_column
             shaping = ("buckets", "max_batch_size", "quadratic_duration", "sync_buckets",
@@ -145,11 +215,9 @@ class LoaderOptions:
             if given:
                 raise ValueError(f"{', '.join(given)} shape batches by duration: give max_batch_seconds too, "
                                  f"got {given[0]}={short_repr(getattr(self, given[0]))}")
-        if self.read_block not in (None, "auto"):
-            check_int("read_block", self.read_block, 1, also="or 'auto' or None")
         if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
             raise TypeError(f"storage_options must be a mapping of fsspec options or None, got "
-                            f"{self.storage_options!r}")
+                            f"{short_repr(self.storage_options)}")
 
     def most_producers(self) -> int:
         """The most producer threads these options allow: the pinned count, or the usable cores for "auto"."""
@@ -159,6 +227,10 @@ class LoaderOptions:
     def names(cls) -> tuple[str, ...]:
         """The option names (the keywords a loader passes on to this class)."""
         return tuple(f.name for f in fields(cls))
+
+
+#: Each option's rule, by name, in the order of ``LoaderOptions``' fields.
+OPTIONS: Mapping[str, Option] = {f.name: f.metadata["option"] for f in fields(LoaderOptions)}
 
 
 def check_keywords(owner: str, keywords: Collection[str], own: Sequence[str]) -> None:

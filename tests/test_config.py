@@ -169,11 +169,8 @@ def test_bad_config_names_key_value_and_what_is_allowed(corpus, name, data, matc
 OUT_OF_RANGE = [
     ("seed", {"seed": -1}, r"seed: must be >= 0 and <= 9223372036854775807, got -1"),
     ("seed too large", {"seed": 2**63}, r"seed: must be >= 0 and <= 9223372036854775807, got 9223372036854775808"),
-    ("timeout inf", {"buffer": {"timeout": float("inf")}},
-     r"buffer\.timeout: must be a number of seconds > 0 and <= 86400, got inf"),
-    ("warn_after huge", {"buffer": {"warn_after": 1e12}},
-     r"buffer\.warn_after: must be a number of seconds > 0 and <= 86400, got 1000000000000\.0"),
-    ("timeout huge int", {"buffer": {"timeout": 10**12}}, r"buffer\.timeout: .* <= 86400, got 1000000000000"),
+    ("timeout nan", {"buffer": {"timeout": float("nan")}},
+     r"buffer\.timeout: must be a number of seconds > 0, got nan"),
     ("crop 1e300", {"decode": {"crop_seconds": 1e300}}, r"decode\.crop_seconds: .* <= 86400, got 1e\+300"),
     ("crop 1e9", {"decode": {"crop_seconds": 1e9}}, r"decode\.crop_seconds: .* <= 86400, got 1000000000\.0"),
     ("batch_size", {"loader": {"batch_size": 100000000000}},

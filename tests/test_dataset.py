@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from audiobuffer import AudioDecoder, BufferClosed, BufferedDataset, DecodeError, SampleError, pad_collate
+from audiobuffer._checks import MAX_SEED
 from audiobuffer.engine.plan import epoch_order
 
 
@@ -315,7 +316,7 @@ def test_pickles_without_runtime_state(tmp_path):
     ({"rank": 2, "world_size": 2}, ValueError, r"rank must be an integer in \[0, 1\], got 2"),
     ({"transform": 3}, TypeError, "transform"),
     # Values that used to pass and fail mid-epoch (issue 9, item 8).
-    ({"seed": -1}, ValueError, "seed must be an integer >= 0, got -1"),
+    ({"seed": -1}, ValueError, r"seed must be an integer in \[0, 9223372036854775807\], got -1"),
     ({"timeout": float("nan")}, ValueError, "timeout must be None or a number of seconds > 0"),
     ({"warn_after": float("-inf")}, ValueError, "warn_after"),
     ({"timeout": "30"}, TypeError, "timeout must be None or a number of seconds > 0, got '30'"),
@@ -369,8 +370,9 @@ def test_infinite_and_huge_waits_mean_no_limit(ordered, timeout, warn_after):
     assert ds.stats().done
 
 
-def test_a_large_seed_works():
-    ds = BufferedDataset(fake_paths(10), IndexDecoder(), shuffle=True, seed=2**70, num_producers=2)
+def test_the_largest_seed_works():
+    ds = BufferedDataset(fake_paths(10), IndexDecoder(), shuffle=True, seed=MAX_SEED, num_producers=2)
+    ds.set_epoch(3)  # seed + epoch past an int64
     assert sorted(indices(ds)) == list(range(10))
 
 

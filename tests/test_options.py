@@ -18,7 +18,7 @@ from audiobuffer.options import LoaderOptions
     (dict(num_producers=0), ValueError, "num_producers must be an integer in"),
     (dict(num_producers="eight"), TypeError, "num_producers must be an integer"),
     (dict(buffer_size=0), ValueError, "buffer_size must be an integer in"),
-    (dict(seed=-1), ValueError, "seed must be an integer >= 0"),
+    (dict(seed=-1), ValueError, r"seed must be an integer in \[0, 9223372036854775807\]"),
     (dict(shuffle="yes"), TypeError, "shuffle must be True or False"),
     (dict(on_error="ignore"), ValueError, "on_error must be one of 'raise', 'warn', 'skip', got 'ignore'"),
     (dict(even_shards="even"), ValueError, "even_shards must be one of 'pad', 'drop', None"),

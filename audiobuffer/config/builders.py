@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ..collate import image_collate, pad_collate
 from ..errors import ConfigError, SourceError, StorageError
+from ..options import OPTIONS
 
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader
@@ -144,20 +145,31 @@ def build_dataset(config: PipelineConfig, *, source: Any = None, shuffle: bool |
         raise ConfigError(f"{config.origin}: {exc}") from None
 
 
+#: The options that describe how to list the source: given to it by :func:`build_source`.
+_LISTING = ("labels", "patterns", "path_column", "storage_options", "start_column")
+
+
 def _loader_options(config: PipelineConfig, shuffle: bool | None, ordered: bool | None, rank: int | None,
                     world_size: int | None) -> dict[str, Any]:
-    """The keywords every loader takes (``LoaderOptions``' fields), each from the config key of its name."""
-    buf = config.buffer
-    return dict(num_producers=buf.num_producers, buffer_size=buf.buffer_size, max_bytes=buf.max_bytes,
-                shuffle=config.loader.shuffle if shuffle is None else shuffle, seed=config.seed,
-                ordered=buf.ordered if ordered is None else ordered, on_error=buf.on_error,
-                warn_after=buf.warn_after, timeout=buf.timeout, even_shards=buf.even_shards, rank=rank,
-                world_size=world_size, max_batch_seconds=config.loader.max_batch_seconds,
-                buckets=config.loader.buckets, max_batch_size=config.loader.max_batch_size,
-                quadratic_duration=config.loader.quadratic_duration, sync_buckets=config.loader.sync_buckets,
-                read_block=config.loader.read_block,
-                # the source is listed (build_source): its segments' durations are read there
-                duration_column=config.source.duration_column if config.loader.max_batch_seconds else None)
+    """The keywords every loader takes (``LoaderOptions``' fields), each from the config key its rule
+    names (:data:`~audiobuffer.options.OPTIONS`), less those that went into the source (``_LISTING``)."""
+    options: dict[str, Any] = {}
+    for name, rule in OPTIONS.items():
+        if rule.yaml is None or name in _LISTING:
+            continue
+        node: Any = config
+        for part in rule.yaml.split("."):
+            node = getattr(node, part)
+        options[name] = node
+    options.update(rank=rank, world_size=world_size)
+    if shuffle is not None:
+        options["shuffle"] = shuffle
+    if ordered is not None:
+        options["ordered"] = ordered
+    if config.loader.max_batch_seconds is None:
+        # without batches by duration the column only bounds start_column's segments, in the source
+        options["duration_column"] = None
+    return options
 
 
 def build_isolated(config: PipelineConfig, *, source: Any = None, shuffle: bool | None = None,

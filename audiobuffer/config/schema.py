@@ -40,24 +40,15 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from ..decoders.audio import AudioDecoder, CropMode, Quality
+from ..decoders.audio import MAX_CROP_SECONDS, AudioDecoder, CropMode, Quality
 from ..decoders.image import ImageDecoder, Resample
 from ..errors import ConfigError
-from ..options import MAX_BUFFER, MAX_PRODUCERS, LoaderOptions
+from ..options import MAX_BATCH_SIZE, MAX_PRODUCERS, OPTIONS, LoaderOptions
 from ..sources.storage import is_url as _is_url
 from .messages import QUOTE_CHARS, format_errors, quote, yaml_problem
 
 __all__ = ["PipelineConfig", "apply_overrides", "load_config", "parse_config", "reference_config"]
 
-# Upper bounds of numbers that pass the type check but fail (or hang) later when too large.
-#: Seconds: at most one day. Waits with a longer timeout raise OverflowError past
-#: threading.TIMEOUT_MAX (about 49.7 days on Windows); no real stall or crop needs more than a day.
-_MAX_SECONDS = 86400.0
-#: The largest seed: numpy's SeedSequence takes any int >= 0 and torch's manual_seed up to 2**64 - 1;
-#: 2**63 - 1 leaves room for ``seed + epoch`` in both and fits an int64.
-_MAX_SEED = 2**63 - 1
-#: The largest batch: a bigger one only allocates (or spins) until memory runs out.
-_MAX_BATCH_SIZE = 1 << 20
 #: ``source.root`` in the reference config: a placeholder that says what to fill in, so that the file
 #: fails the same way wherever it is saved instead of pointing at a folder beside this repository.
 _REFERENCE_ROOT = "<your audio folder>"
@@ -69,6 +60,19 @@ _RENAMED = {("buffer", "producers"): "num_producers", ("buffer", "capacity"): "b
 def _python_default(owner: Callable[..., Any], name: str) -> Any:
     """The default of ``owner``'s keyword ``name``: a key's default is defined once, on the Python side."""
     return inspect.signature(owner).parameters[name].default
+
+
+def option_field(name: str) -> Any:
+    """The pydantic field of the loader option ``name``: its default, bounds and description read from
+    its rule (:data:`~audiobuffer.options.OPTIONS`), so the YAML takes what the loaders take."""
+    rule = OPTIONS[name]
+    bounds: dict[str, Any] = {}
+    if rule.kind == "int":
+        bounds = dict(ge=rule.minimum, le=rule.maximum)
+    elif rule.kind == "seconds":  # > 0; without a maximum, .inf means never, as float("inf") does
+        bounds = dict(gt=0, le=rule.maximum, allow_inf_nan=rule.maximum is None, description="a number of seconds")
+    bounds = {key: value for key, value in bounds.items() if value is not None}
+    return Field(default=_python_default(LoaderOptions, name), **bounds)
 
 
 class _Loader(yaml.SafeLoader):
@@ -105,7 +109,7 @@ class MixEntry(_Section):
     files: list[str] | None = None
     patterns: list[Annotated[str, Field(min_length=1)]] | None = None
     labels: str | None = None
-    path_column: str = _python_default(LoaderOptions, "path_column")
+    path_column: str = option_field("path_column")
 
     @model_validator(mode="after")
     def _one_kind(self) -> MixEntry:
@@ -126,12 +130,12 @@ class SourceConfig(_Section):
     mix: list[MixEntry] | None = Field(default=None, min_length=2)
     weights: list[Annotated[float, Field(gt=0, allow_inf_nan=False)]] | None = None
     size: int | None = Field(default=None, ge=1)
-    patterns: list[Annotated[str, Field(min_length=1)]] | None = _python_default(LoaderOptions, "patterns")
-    labels: str | None = _python_default(LoaderOptions, "labels")
-    path_column: str = _python_default(LoaderOptions, "path_column")
-    duration_column: str | None = _python_default(LoaderOptions, "duration_column")
-    start_column: str | None = _python_default(LoaderOptions, "start_column")
-    storage_options: dict[str, Any] | None = _python_default(LoaderOptions, "storage_options")
+    patterns: list[Annotated[str, Field(min_length=1)]] | None = option_field("patterns")
+    labels: str | None = option_field("labels")
+    path_column: str = option_field("path_column")
+    duration_column: str | None = option_field("duration_column")
+    start_column: str | None = option_field("start_column")
+    storage_options: dict[str, Any] | None = option_field("storage_options")
 
     @model_validator(mode="after")
     def _one_kind(self) -> SourceConfig:
@@ -154,7 +158,7 @@ class DecodeConfig(_Section):
     sample_rate: int | None = Field(default=_python_default(AudioDecoder, "sample_rate"), gt=0)
     mono: bool = _python_default(AudioDecoder, "mono")
     crop_seconds: float | None = Field(default=_python_default(AudioDecoder, "crop_seconds"), gt=0,
-                                       le=_MAX_SECONDS, allow_inf_nan=False, description="a number of seconds")
+                                       le=MAX_CROP_SECONDS, allow_inf_nan=False, description="a number of seconds")
     crop: CropMode = _python_default(AudioDecoder, "crop")
     pad: bool = _python_default(AudioDecoder, "pad")
     quality: Quality = _python_default(AudioDecoder, "quality")
@@ -183,21 +187,25 @@ class BufferConfig(_Section):
     """The producer pool and its buffer: ``BufferedDataset``'s keywords of the same names (``isolate``
     picks ``IsolatedLoader`` instead)."""
 
-    num_producers: Annotated[int, Field(ge=1, le=MAX_PRODUCERS)] | Literal["auto"] = _python_default(
+    #: null is "auto" too, as None is in Python
+    num_producers: Annotated[int, Field(ge=1, le=MAX_PRODUCERS)] | Literal["auto"] | None = _python_default(
         LoaderOptions, "num_producers")
-    buffer_size: int = Field(default=_python_default(LoaderOptions, "buffer_size"), ge=1, le=MAX_BUFFER)
-    max_bytes: int | None = Field(default=_python_default(LoaderOptions, "max_bytes"), ge=1)
-    ordered: bool = _python_default(LoaderOptions, "ordered")
-    on_error: Literal["raise", "warn", "skip"] = _python_default(LoaderOptions, "on_error")
-    warn_after: float | None = Field(default=_python_default(LoaderOptions, "warn_after"), gt=0, le=_MAX_SECONDS,
-                                     allow_inf_nan=False, description="a number of seconds")
-    timeout: float | None = Field(default=_python_default(LoaderOptions, "timeout"), gt=0, le=_MAX_SECONDS,
-                                  allow_inf_nan=False, description="a number of seconds")
-    even_shards: Literal["pad", "drop"] | None = _python_default(LoaderOptions, "even_shards")
+    buffer_size: int = option_field("buffer_size")
+    max_bytes: int | None = option_field("max_bytes")
+    ordered: bool = option_field("ordered")
+    on_error: Literal["raise", "warn", "skip"] = option_field("on_error")
+    warn_after: float | None = option_field("warn_after")
+    timeout: float | None = option_field("timeout")
+    even_shards: Literal["pad", "drop"] | None = option_field("even_shards")
     isolate: bool = Field(default=False, description="run the producers in a helper process (IsolatedLoader)")
 
+    @field_validator("num_producers")
+    @classmethod
+    def _none_is_auto(cls, value: int | Literal["auto"] | None) -> int | Literal["auto"]:
+        return "auto" if value is None else value  # one spelling, as LoaderOptions stores it
+
     @property
-    def producers(self) -> int | Literal["auto"]:
+    def producers(self) -> int | Literal["auto"] | None:
         """Deprecated name of :attr:`num_producers`."""
         warnings.warn("BufferConfig.producers is deprecated: use num_producers", DeprecationWarning, stacklevel=2)
         return self.num_producers
@@ -215,20 +223,16 @@ class LoaderConfig(_Section):
     that batches a dataset's samples."""
 
     #: No Python default to share: the loaders that batch need it (or ``max_batch_seconds``).
-    batch_size: int = Field(default=32, ge=1, le=_MAX_BATCH_SIZE)
-    shuffle: bool = _python_default(LoaderOptions, "shuffle")
+    batch_size: int = Field(default=32, ge=1, le=MAX_BATCH_SIZE)
+    shuffle: bool = option_field("shuffle")
     #: ``"auto"``: pin when CUDA is available, as ``IsolatedLoader`` and ``BatchSlotLoader`` do by default.
     pin_memory: bool | Literal["auto"] = "auto"
     drop_last: bool = False
-    max_batch_seconds: float | None = Field(default=_python_default(LoaderOptions, "max_batch_seconds"), gt=0,
-                                            le=_MAX_SECONDS, allow_inf_nan=False, description="a number of seconds")
-    buckets: int | None = Field(default=_python_default(LoaderOptions, "buckets"), ge=1)
-    max_batch_size: int | None = Field(default=_python_default(LoaderOptions, "max_batch_size"), ge=1,
-                                       le=_MAX_BATCH_SIZE)
-    quadratic_duration: float | None = Field(default=_python_default(LoaderOptions, "quadratic_duration"), gt=0,
-                                             le=_MAX_SECONDS, allow_inf_nan=False,
-                                             description="a number of seconds")
-    sync_buckets: bool | None = _python_default(LoaderOptions, "sync_buckets")
+    max_batch_seconds: float | None = option_field("max_batch_seconds")
+    buckets: int | None = option_field("buckets")
+    max_batch_size: int | None = option_field("max_batch_size")
+    quadratic_duration: float | None = option_field("quadratic_duration")
+    sync_buckets: bool | None = option_field("sync_buckets")
     read_block: Annotated[int, Field(ge=1)] | Literal["auto"] | None = _python_default(LoaderOptions, "read_block")
 
     @model_validator(mode="after")
@@ -268,7 +272,7 @@ class PipelineConfig(_Section):
     loader: LoaderConfig = LoaderConfig()
     device: str = "auto"
     epochs: int = Field(default=1, ge=1)
-    seed: int = Field(default=_python_default(LoaderOptions, "seed"), ge=0, le=_MAX_SEED)
+    seed: int = option_field("seed")
     train: TrainConfig = TrainConfig()
     _origin: str = PrivateAttr(default="config")
 

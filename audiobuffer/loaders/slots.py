@@ -485,7 +485,8 @@ class BatchSlotLoader(PipelineViews):
         transform: applied to each sample before it is written into its row.
         **options: as for :class:`~audiobuffer.BufferedDataset` (``num_producers``, ``shuffle``,
             ``seed``, ``on_error``, ``labels``, ...), but not ``buffer_size`` (``num_slots`` sizes the
-            buffer) or ``ordered`` (rows come as producers finish).
+            buffer), ``ordered`` (rows come as producers finish) or ``max_batch_seconds`` (its slots
+            are of one batch size).
     """
 
     def __init__(self, source: SourceSpec | Source, decoder: Callable[[WorkItem], Any], *, batch_size: int,

@@ -138,12 +138,8 @@ class IsolatedLoader(PipelineViews, StateKeys):
         slot_bytes: the bytes each slot starts with (a larger batch grows its slot).
         background: run the helper at a lower scheduling priority (``nice 10``; below normal on
             Windows), so that it decodes on the cores the trainer leaves idle.
-        **options: as for :class:`~audiobuffer.BufferedDataset` (``num_producers``, ``buffer_size``,
-            ``max_bytes``, ``shuffle``, ``seed``, ``ordered``, ``on_error``, ``transform``, ``labels``,
-            ``patterns``, ``path_column``, ``rank``, ``world_size``, ``even_shards``, ``warn_after``,
-            ``timeout``, ``max_batch_seconds``, ``buckets``, ``max_batch_size``, ``duration_column``,
-            ``quadratic_duration``, ``sync_buckets``, ``read_block``);
-            they apply in the helper process.
+        **options: every option of :class:`~audiobuffer.BufferedDataset`, listed there (and in
+            :data:`audiobuffer.options.OPTIONS`, with their bounds); they apply in the helper process.
 
     Raises:
         TypeError: the decoder or transform cannot be sent by reference (a lambda, a local function,
