@@ -130,6 +130,25 @@ def test_a_row_without_bytes_fails_under_on_error(tmp_path):
         _drain(BufferedDataset(str(tmp_path / "x.parquet"), AudioDecoder(), num_producers=1))
 
 
+@pytest.mark.parametrize("on_error", ["skip", "warn"])
+def test_a_row_that_cannot_be_read_fails_alone(tmp_path, on_error, caplog):
+    datasets = pytest.importorskip("datasets")
+    rows = [{"bytes": _flac(i), "path": f"clips/{CLASSES[i % 3]}_{i:03d}.flac"} for i in range(12)]
+    gone = tmp_path / "gone" / "go_003.flac"
+    gone.parent.mkdir()
+    gone.write_bytes(_flac(3))
+    rows[3] = {"bytes": None, "path": str(gone)}  # path-only, and the file is gone once the dataset is written
+    table = datasets.Dataset.from_dict({"audio": rows}).cast_column("audio", datasets.Audio(decode=False))
+    table.to_parquet(str(tmp_path / "x.parquet"))  # one row group of 12
+    gone.unlink()
+    ds = BufferedDataset(str(tmp_path / "x.parquet"), AudioDecoder(), on_error=on_error, num_producers=1)
+    samples = _drain(ds)
+    assert sorted(_index(s) for s in samples) == [i for i in range(12) if i != 3]
+    stats = ds.stats()
+    assert stats.failed == 1 and len(stats.failures) == 1 and "go_003.flac" in stats.failures[0][1]
+    assert "/3/" in stats.failures[0][1]
+
+
 def test_parquet_in_object_storage(s3, hf):
     from storage_helpers import BUCKET
 

@@ -49,8 +49,8 @@ from typing import Any
 
 from ..errors import DecodeError, SourceError, StorageError
 from . import storage
+from .formats.parquet import RowSample, class_names, holds_audio, is_parquet, open_parquet, read_row_group, row_name
 from .formats.parquet import audio_column as audio_column_of
-from .formats.parquet import class_names, holds_audio, is_parquet, open_parquet, read_row_group, row_name
 from .index import INDEX_NAME, read_index
 from .source import LABEL_COLUMN, LabelSpec, Source, SourceSpec, WorkItem, _natural_key, _resolve_labels, names_shards
 from .storage import RetrySpec
@@ -344,6 +344,15 @@ class ParquetStream(ShardStream):
         if handle is None:
             handle = opened[f] = open_parquet(url, storage_options=self.storage_options, retry=self.retry)
         return read_row_group(handle, url, group, first, self._columns[f])
+
+    def sample_item(self, shard: WorkItem, sample: ShardSample, position: int) -> WorkItem:
+        """The work item of a row streamed from row group ``shard``; a row without audio bytes reads its
+        audio (or fails) when it is decoded, alone."""
+        item = super().sample_item(shard, sample, position)
+        if not isinstance(sample, RowSample) or sample.read is None:
+            return item
+        return WorkItem(index=item.index, path=item.path, label=item.label, label_name=item.label_name,
+                        fields=item.fields, epoch=item.epoch, seed=item.seed, seq=item.seq, read=sample.read)
 
     def label_row(self, sample: ShardSample) -> dict[str, Any]:
         """A sample's fields, a ``ClassLabel`` column's number given as its name."""

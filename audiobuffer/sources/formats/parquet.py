@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ...errors import DecodeError, SourceError, StorageError
@@ -30,8 +31,8 @@ from .. import storage
 from ..storage import RetrySpec
 from ..tar import ShardSample
 
-__all__ = ["AUDIO_COLUMN", "audio_column", "class_names", "holds_audio", "is_parquet", "open_parquet", "read_row_group",
-           "row_name"]
+__all__ = ["AUDIO_COLUMN", "RowSample", "audio_column", "class_names", "holds_audio", "is_parquet", "open_parquet",
+           "read_row_group", "row_name"]
 
 #: The column :class:`ParquetStream` reads audio from unless told otherwise (``datasets``' default name).
 AUDIO_COLUMN = "audio"
@@ -205,10 +206,30 @@ def read_row_group(file: Any, url: str, group: int, first_row: int, column: str
     columns = {n: table.column(n).to_pylist() for n in others}
     for i in range(table.num_rows):
         fields = {n: values[i] for n, values in columns.items()}
-        name = row_name(url, first_row + i, paths[i])
+        row = first_row + i
+        name = row_name(url, row, paths[i])
         payload = data[i]
-        if payload is None:
-            raise DecodeError(f"row {first_row + i} of Parquet file {url!r} holds no audio bytes (a path-only "
-                              f"audio column: its files are elsewhere)", path=f"{url}/{name}")
-        yield ShardSample(shard=url, key=str(first_row + i), files={}, member=name, name=name, data=payload,
+        if payload is None:  # this row fails alone, when it is decoded
+            yield RowSample(shard=url, key=str(row), files={}, member=name, name=name, data=b"", meta=None,
+                            fields=fields, read=_NoBytes(url, row))
+            continue
+        yield ShardSample(shard=url, key=str(row), files={}, member=name, name=name, data=payload,
                           meta=None, fields=fields)
+
+
+@dataclass(frozen=True)
+class RowSample(ShardSample):
+    """A row's sample whose audio is not in the row: ``read`` gets it (or raises :class:`DecodeError`)."""
+
+    read: Callable[[], bytes] | None = None
+
+
+class _NoBytes:
+    """The read of a row that holds no audio bytes: a :class:`DecodeError` naming the file and the row."""
+
+    def __init__(self, url: str, row: int) -> None:
+        self.url, self.row = url, row
+
+    def __call__(self) -> bytes:
+        raise DecodeError(f"row {self.row} of Parquet file {self.url!r} holds no audio bytes (a path-only "
+                          f"audio column: its files are elsewhere)", path=self.url)
