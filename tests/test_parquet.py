@@ -126,7 +126,7 @@ def test_a_row_without_bytes_fails_under_on_error(tmp_path):
     ds = BufferedDataset(str(tmp_path / "x.parquet"), AudioDecoder(), on_error="skip", num_producers=1)
     samples = _drain(ds)
     assert len(samples) == 1 and ds.stats().failed == 1
-    with pytest.raises(DecodeError, match="holds no audio bytes"):
+    with pytest.raises(DecodeError, match="row 1 of Parquet file .* names '/elsewhere/b.flac', which cannot be read"):
         _drain(BufferedDataset(str(tmp_path / "x.parquet"), AudioDecoder(), num_producers=1))
 
 
@@ -147,6 +147,106 @@ def test_a_row_that_cannot_be_read_fails_alone(tmp_path, on_error, caplog):
     stats = ds.stats()
     assert stats.failed == 1 and len(stats.failures) == 1 and "go_003.flac" in stats.failures[0][1]
     assert "/3/" in stats.failures[0][1]
+
+
+def _audio_of(sample) -> np.ndarray:
+    return sample["audio"].numpy().reshape(-1)
+
+
+def _same_audio(sample, i: int) -> bool:
+    expected, _ = sf.read(io.BytesIO(_flac(i)), dtype="float32")
+    return _audio_of(sample).shape == expected.shape and bool(np.allclose(_audio_of(sample), expected, atol=1e-6))
+
+
+@pytest.fixture()
+def path_only(tmp_path, monkeypatch):
+    """A Parquet file datasets writes for an Audio column cast from paths: rows 0-2 absolute, 3-5 relative to
+    the file's folder; written from that folder, read from elsewhere."""
+    datasets = pytest.importorskip("datasets")
+    data = tmp_path / "data"
+    (data / "clips").mkdir(parents=True)
+    names = [f"clips/{CLASSES[i % 3]}_{i:03d}.flac" for i in range(6)]
+    for i, name in enumerate(names):
+        (data / name).write_bytes(_flac(i))
+    monkeypatch.chdir(data)  # datasets looks for the files where it runs
+    paths = [str(data / name) for name in names[:3]] + names[3:]
+    table = datasets.Dataset.from_dict({"audio": paths}).cast_column("audio", datasets.Audio())
+    table.to_parquet(str(data / "train.parquet"))
+    monkeypatch.chdir(tmp_path)
+    return data / "train.parquet"
+
+
+def test_a_path_only_audio_column_reads_the_files_it_names(path_only):
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(path_only).column("audio").to_pylist()
+    assert all(r["bytes"] is None for r in rows) and rows[3]["path"] == "clips/down_003.flac"
+    for path_column in ("path", "audio.path"):
+        ds = BufferedDataset(str(path_only), AudioDecoder(), labels=r"^([a-z]+)_", path_column=path_column,
+                             num_producers=2, shuffle=True)
+        samples = _drain(ds)
+        assert sorted(_index(s) for s in samples) == list(range(6)) and ds.stats().failed == 0
+        assert all(_same_audio(s, _index(s)) and s["label_name"] == CLASSES[_index(s) % 3] for s in samples)
+
+
+def test_path_column_reads_the_files_or_is_refused_by_name(tmp_path, path_only):
+    datasets = pytest.importorskip("datasets")
+    for i in range(3):
+        (tmp_path / f"file_{i:03d}.flac").write_bytes(_flac(100 + i))
+    rows = [{"bytes": _flac(i), "path": str(tmp_path / f"file_{i:03d}.flac")} for i in range(3)]
+    table = datasets.Dataset.from_dict({"audio": rows}).cast_column("audio", datasets.Audio(decode=False))
+    table.to_parquet(str(tmp_path / "both.parquet"))
+    by_bytes = _drain(BufferedDataset(str(tmp_path / "both.parquet"), AudioDecoder(), num_producers=1))
+    assert all(_same_audio(s, _index(s)) for s in by_bytes)
+    by_path = _drain(BufferedDataset(str(tmp_path / "both.parquet"), AudioDecoder(), path_column="audio.path",
+                                     num_producers=1))
+    assert sorted(_index(s) for s in by_path) == [0, 1, 2]
+    assert all(_same_audio(s, 100 + _index(s)) for s in by_path)
+    for wrong in ("file", "audio.bytes", "sound.path"):
+        with pytest.raises(ValueError, match=rf"path_column={wrong!r} .*'audio.path'"):
+            BufferedDataset(str(path_only), AudioDecoder(), path_column=wrong)
+
+
+def test_a_path_only_row_outside_its_storage_fails_alone_and_names_it(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "a.flac").write_bytes(_flac(0))
+    audio = pa.array([{"bytes": None, "path": "a.flac"}, {"bytes": None, "path": "s3://elsewhere/b.flac"},
+                      {"bytes": None, "path": "/dev/zero"}, {"bytes": None, "path": None}],
+                     pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
+    pq.write_table(pa.table({"audio": audio}), tmp_path / "x.parquet")
+    ds = BufferedDataset(str(tmp_path / "x.parquet"), AudioDecoder(), on_error="skip", num_producers=1)
+    samples = _drain(ds)
+    assert len(samples) == 1 and _same_audio(samples[0], 0)
+    failures = sorted(ds.stats().failures)
+    assert [f[0] for f in failures] == [1, 2, 3]
+    assert "row 1" in failures[0][2] and "'s3://elsewhere/b.flac'" in failures[0][2] and "URL" in failures[0][2]
+    assert "row 2" in failures[1][2] and "not a regular file" in failures[1][2]
+    assert "row 3" in failures[2][2] and "neither audio bytes nor a path" in failures[2][2]
+
+
+def test_a_path_only_dataset_in_object_storage_reads_inside_its_bucket(s3, path_only):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from storage_helpers import BUCKET
+
+    data = path_only.parent
+    for i in range(6):
+        name = f"{CLASSES[i % 3]}_{i:03d}.flac"
+        s3.put(BUCKET, f"hf/clips/{name}", (data / "clips" / name).read_bytes())
+    audio = pa.array([{"bytes": None, "path": f"clips/{CLASSES[i % 3]}_{i:03d}.flac"} for i in range(6)]
+                     + [{"bytes": None, "path": "s3://other/x.flac"}, {"bytes": None, "path": "../../x.flac"}],
+                     pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
+    out = io.BytesIO()
+    pq.write_table(pa.table({"audio": audio}), out)
+    s3.put(BUCKET, "hf/train.parquet", out.getvalue())
+    ds = BufferedDataset(f"s3://{BUCKET}/hf/train.parquet", AudioDecoder(), storage_options=s3.options(),
+                         on_error="skip", num_producers=2)
+    samples = _drain(ds)
+    assert sorted(_index(s) for s in samples) == list(range(6)) and all(_same_audio(s, _index(s)) for s in samples)
+    failures = sorted(ds.stats().failures)
+    assert [f[0] for f in failures] == [6, 7] and all("bucket or host" in f[2] for f in failures)
 
 
 def test_parquet_in_object_storage(s3, hf):

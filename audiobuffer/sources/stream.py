@@ -276,29 +276,40 @@ class ParquetStream(ShardStream):
             searched in each sample's original file name, or a callable from path to label.
         audio_column: the column of encoded audio (default: ``"audio"``, else the first struct column
             with a binary ``bytes`` field).
+        path_column: ``None`` (a row's audio bytes, or the file its path names where it has none), or the
+            audio column's path field (``"audio.path"``): every row's audio from the file its path names.
         storage_options: options for the fsspec filesystem of URLs.
         retry: how transient storage failures are retried.
 
     Raises:
         SourceError: no file is named, a file is not Parquet or has no audio column, or a label does not fit.
         StorageError: a file cannot be read.
+        ValueError: ``path_column`` is not the audio column's path field.
     """
 
     random_access_hint = ("Parquet row groups are streamed: read the dataset with BufferedDataset, or give its "
                           "files as a folder or a manifest")
 
     def __init__(self, files: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
-                 labels: LabelSpec = None, audio_column: str | None = None,
+                 labels: LabelSpec = None, audio_column: str | None = None, path_column: str | None = None,
                  storage_options: Mapping[str, Any] | None = None, retry: RetrySpec = None) -> None:
+        if path_column is not None and not isinstance(path_column, str):
+            raise TypeError(f"path_column must be a string or None, got {path_column!r}")
         #: The Parquet files, in order.
         self.files = self._expand(files, "Parquet files", storage_options, retry)
         units: list[tuple[int, int, int]] = []  # (file, row group, its first row in the file)
         counts: list[int] = []
         self._columns: list[str] = []
         self._names: list[dict[str, list[str]]] = []  # each file's ClassLabel names, by column
+        self._from_paths = path_column is not None
         for n, url in enumerate(self.files):
             meta = open_parquet(url, storage_options=self.storage_options, retry=self.retry)
             self._columns.append(audio_column_of(meta.schema_arrow, url, audio_column))
+            if path_column is not None and path_column != f"{self._columns[-1]}.path":
+                raise ValueError(f"path_column={path_column!r} is not the path field of the audio column of "
+                                 f"Parquet file {url!r}: give path_column={self._columns[-1] + '.path'!r} to read "
+                                 f"each row's audio from the file its path names, or none to read its bytes "
+                                 f"(and the file of a row without them)")
             self._names.append(class_names(meta.schema_arrow))
             first = 0
             for group in range(meta.metadata.num_row_groups):
@@ -343,7 +354,8 @@ class ParquetStream(ShardStream):
         handle = opened.get(f)
         if handle is None:
             handle = opened[f] = open_parquet(url, storage_options=self.storage_options, retry=self.retry)
-        return read_row_group(handle, url, group, first, self._columns[f])
+        return read_row_group(handle, url, group, first, self._columns[f], from_paths=self._from_paths,
+                              storage_options=self.storage_options, retry=self.retry)
 
     def sample_item(self, shard: WorkItem, sample: ShardSample, position: int) -> WorkItem:
         """The work item of a row streamed from row group ``shard``; a row without audio bytes reads its
@@ -426,8 +438,9 @@ def as_source(source: SourceSpec | Source | ShardStream, *, patterns: Sequence[s
                              f"samples are whole")
         if names_shards(source):
             return ShardStream(source, labels=labels, storage_options=storage_options)
-        if audio:
-            return ParquetStream(source, labels=labels, storage_options=storage_options)
+        if audio:  # path_column: the audio column's path field, or the default (a manifest's) for none
+            return ParquetStream(source, labels=labels, path_column=None if path_column == "path" else path_column,
+                                 storage_options=storage_options)
         return Source(source, patterns=patterns, labels=labels, path_column=path_column,
                       storage_options=storage_options, start_column=start_column, duration_column=duration_column)
     given = [name for name, value, default in (("labels", labels, None), ("patterns", explicit_patterns, None),
