@@ -249,6 +249,40 @@ def test_a_path_only_dataset_in_object_storage_reads_inside_its_bucket(s3, path_
     assert [f[0] for f in failures] == [6, 7] and all("bucket or host" in f[2] for f in failures)
 
 
+DIGITS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+
+
+def _digits(tmp_path, names: list[str], rows: range, file: str) -> Path:
+    datasets = pytest.importorskip("datasets")
+    table = datasets.Dataset.from_dict({
+        "audio": [{"bytes": _flac(i), "path": f"{i:03d}.flac"} for i in rows], "digit": [i % 10 for i in rows]})
+    table = table.cast_column("audio", datasets.Audio(decode=False))
+    table = table.cast_column("digit", datasets.ClassLabel(names=names))
+    table.to_parquet(str(tmp_path / file), batch_size=8)
+    return tmp_path / file
+
+
+def test_a_class_label_column_keeps_its_names_in_order_and_its_numbers(tmp_path):
+    first, second = _digits(tmp_path, DIGITS, range(20), "a.parquet"), _digits(tmp_path, DIGITS, range(20, 30),
+                                                                                "b.parquet")
+    ds = BufferedDataset([str(first), str(second)], AudioDecoder(), labels="digit", num_producers=2, shuffle=True)
+    assert ds.classes == DIGITS and ds.pipeline.source.class_to_idx["eight"] == 8
+    samples = _drain(ds)
+    assert len(samples) == 30
+    for s in samples:
+        number = int(s["path"].rpartition("/")[2][:3]) % 10
+        assert s["label"] == number and s["label_name"] == DIGITS[number] and s["digit"] == number
+    reordered = _digits(tmp_path, DIGITS[::-1], range(20, 30), "c.parquet")
+    with pytest.raises(SourceError, match=r"'digit' is a ClassLabel of \['zero'.* in .*c.parquet'"):
+        BufferedDataset([str(first), str(reordered)], AudioDecoder(), labels="digit")
+    datasets = pytest.importorskip("datasets")
+    table = datasets.Dataset.from_dict({"audio": [{"bytes": _flac(0), "path": "0.flac"}], "digit": [-1]})
+    table = table.cast_column("audio", datasets.Audio(decode=False))
+    table.cast_column("digit", datasets.ClassLabel(names=DIGITS)).to_parquet(str(tmp_path / "unlabelled.parquet"))
+    with pytest.raises(SourceError, match=r"'digit' .* ClassLabel of 10 names but holds \['-1'\]"):
+        BufferedDataset([str(first), str(tmp_path / "unlabelled.parquet")], AudioDecoder(), labels="digit")
+
+
 def test_parquet_in_object_storage(s3, hf):
     from storage_helpers import BUCKET
 

@@ -272,7 +272,7 @@ class ParquetStream(ShardStream):
 
     Args:
         files: a path, URL, brace pattern or glob of ``.parquet`` files, or a list of them.
-        labels: a column (a ``ClassLabel`` column gives its names), ``"parent"``, a regular expression
+        labels: a column (a ``ClassLabel`` column gives its names, in its order), ``"parent"``, a regular expression
             searched in each sample's original file name, or a callable from path to label.
         audio_column: the column of encoded audio (default: ``"audio"``, else the first struct column
             with a binary ``bytes`` field).
@@ -330,12 +330,38 @@ class ParquetStream(ShardStream):
         self._index_tried = True
         self._open = threading.local()  # each producer thread's open files (pyarrow's are not shared)
         names: set[str] = set()
+        listed = None
         if labels is not None:
             listed = self.listing()
             found = _resolve_labels(labels, listed.paths, listed.rows if listed.columns else None, listed.columns)
             names = {n for n in found or () if n is not None}
-        self.classes = sorted(names, key=_natural_key)
+        declared = self._class_label(labels, names) if listed is not None and labels in listed.columns else None
+        #: The label names: a ``ClassLabel`` column's in its order (a sample's ``label`` is its number), else sorted.
+        self.classes = sorted(names, key=_natural_key) if declared is None else declared
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
+
+    def _class_label(self, column: Any, found: set[str]) -> list[str] | None:
+        """The names of ``column`` if every file declares it a ``ClassLabel``, the same names in the same order.
+
+        Raises:
+            SourceError: the files declare it differently, or a row holds a number outside the names.
+        """
+        declared = [names.get(column) for names in self._names]
+        if all(d is None for d in declared):
+            return None
+        first = declared[0]
+        for url, names in zip(self.files, declared):
+            if names != first:
+                raise SourceError(f"column {column!r} is a ClassLabel of {first} in Parquet file {self.files[0]!r} "
+                                  f"but {'not one' if names is None else f'of {names}'} in {url!r}: a label's "
+                                  f"number must mean one name in every file; read the files apart")
+        names = list(first or ())
+        outside = sorted(found - set(names), key=_natural_key)
+        if outside:
+            raise SourceError(f"column {column!r} of {self.description} is a ClassLabel of {len(names)} names but "
+                              f"holds {outside[:5]}: numbers outside them (datasets writes -1 for a row without a "
+                              f"label); drop those rows, or give labels=None")
+        return names
 
     def __repr__(self) -> str:
         return f"ParquetStream({self.description}, classes={len(self.classes)})"

@@ -11,7 +11,8 @@ producer reads one row group (one request per column chunk, never a row at a tim
 samples from the bytes in memory, with ``shuffle=True`` through a seeded shuffle buffer, and resume is at
 row-group boundaries. The number of rows comes from each file's footer, so ``len()`` is known before
 anything else is read; with ``labels=`` naming a column, only that column is read to list the classes. A
-column that ``datasets`` declares a ``ClassLabel`` gives its label names, not its numbers.
+column that ``datasets`` declares a ``ClassLabel`` (in the ``huggingface`` schema metadata) gives its names
+in its order, so a sample's ``label`` is the dataset's own number; every file must declare the same names.
 
 A row whose audio holds a path and no bytes (what ``datasets`` writes for an ``Audio`` column cast from
 paths) is read from the file its path names when it is decoded, through the Parquet file's storage; with
