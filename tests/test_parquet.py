@@ -315,8 +315,13 @@ def test_what_a_parquet_dataset_cannot_do_is_said_with_what_to_do(hf, tmp_path, 
     with pytest.raises(ValueError, match=r"not 1 Parquet file, 4 row groups .*streamed: read the dataset with "
                                          r"BufferedDataset"):
         IsolatedLoader(str(next(hf.glob("*.parquet"))), AudioDecoder(), batch_size=4)
-    with pytest.raises(ValueError, match="ordered=True needs random access to the samples: Parquet row groups"):
+    with pytest.raises(ValueError, match=r"ordered=True needs random access to the samples, and Parquet row groups "
+                                         r"are streamed.*shuffle=False and num_producers=1") as refused:
         BufferedDataset(str(next(hf.glob("*.parquet"))), AudioDecoder(), ordered=True)
+    assert "BufferedDataset" not in str(refused.value)  # said to a user who reads with it
+    in_order = BufferedDataset(sorted(str(p) for p in hf.glob("*.parquet")), AudioDecoder(), shuffle=False,
+                               num_producers=1)
+    assert [_index(s) for s in _drain(in_order)] == list(range(N))  # what the message offers instead
     pq.write_table(pa.table({"audio": [1, 2]}), tmp_path / "ints.parquet")
     with pytest.raises(SourceError, match=r"column 'audio' of Parquet file .*ints.parquet' holds int64, not encoded"):
         BufferedDataset(str(tmp_path / "ints.parquet"), AudioDecoder())

@@ -132,6 +132,8 @@ class ShardStream:
 
     #: What to give a loader that needs random access instead of this source.
     random_access_hint = "give the shards' index.json (audiobuffer index or audiobuffer pack writes one)"
+    #: Why an epoch cannot be ordered, and what to do instead (``None``: ``random_access_hint`` says it).
+    ordered_hint: str | None = None
 
     def __len__(self) -> int:
         """Samples in all the shards, from the listing (see NOTE [ Streamed shards ]).
@@ -289,6 +291,9 @@ class ParquetStream(ShardStream):
 
     random_access_hint = ("Parquet row groups are streamed: read the dataset with BufferedDataset, or give its "
                           "files as a folder or a manifest")
+    ordered_hint = ("Parquet row groups are streamed: each producer reads a row group whole, so row groups "
+                    "interleave. For the rows in the files' order give shuffle=False and num_producers=1 (and "
+                    "ordered=False); for random access give the audio files as a folder or a manifest")
 
     def __init__(self, files: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
                  labels: LabelSpec = None, audio_column: str | None = None, path_column: str | None = None,
