@@ -36,9 +36,11 @@ T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
 
-def check_streamable(decoder: Any, ordered: bool, hint: str, *, ordered_hint: str | None = None) -> None:
-    """Refuse what a streamed source cannot do: an ordered epoch, a decoder that delivers itself (``hint``: what
-    to give instead; ``ordered_hint``, where given, says why there is no ordered epoch and what to do)."""
+def check_streamable(decoder: Any, ordered: bool, hint: str, *,
+                     ordered_hint: str | None = None) -> None:
+    """Refuse what a streamed source cannot do: an ordered epoch, a decoder that delivers itself
+    (``hint``: what to give instead; ``ordered_hint``, where given: why no epoch is ordered, and
+    what to do)."""
     if ordered:
         if ordered_hint is not None:
             raise ValueError(f"ordered=True needs random access to the samples, and {ordered_hint}")

@@ -11,16 +11,18 @@ producer reads one row group (one request per column chunk, never a row at a tim
 samples from the bytes in memory, with ``shuffle=True`` through a seeded shuffle buffer, and resume is at
 row-group boundaries. The number of rows comes from each file's footer, so ``len()`` is known before
 anything else is read; with ``labels=`` naming a column, only that column is read to list the classes. A
-column that ``datasets`` declares a ``ClassLabel`` (in the ``huggingface`` schema metadata) gives its names
-in its order, so a sample's ``label`` is the dataset's own number; every file must declare the same names.
+column that ``datasets`` declares a ``ClassLabel`` (in the ``huggingface`` schema metadata) gives
+its names in its order, so a sample's ``label`` is the dataset's own number; every file must declare
+the same names.
 
-A row whose audio holds a path and no bytes (what ``datasets`` writes for an ``Audio`` column cast from
-paths) is read from the file its path names when it is decoded, through the Parquet file's storage; with
-``path_column="audio.path"`` every row is. The path is confined as a manifest's paths are
-(``listing.py``): a remote file's rows stay in its bucket or host (a path starting with ``/`` starts at
-its root; another scheme, bucket or host fails); a local file's relative paths join its folder and its
-absolute paths are read where they point (a local file is the user's own, as a local manifest is), but
-never a URL, a device or a pipe. A row that cannot be read fails alone (``on_error`` applies).
+A row whose audio holds a path and no bytes (what ``datasets`` writes for an ``Audio`` column cast
+from paths) is read from the file its path names when it is decoded, through the Parquet file's
+storage; with ``path_column="audio.path"`` every row is. The path is confined as a manifest's paths
+are (``listing.py``): a remote file's rows stay in its bucket or host (a path starting with ``/``
+starts at its root; another scheme, bucket or host fails); a local file's relative paths join its
+folder and its absolute paths are read where they point (a local file is the user's own, as a local
+manifest is), but never a URL, a device or a pipe. A row that cannot be read fails alone
+(``on_error`` applies).
 
 A sample's ``path`` is ``<file>/<row>/<original name>`` (``<file>/<row>`` without a name), so label
 regular expressions read the original names. Remote files are read through fsspec with the storage
@@ -42,8 +44,8 @@ from .. import storage
 from ..storage import RetrySpec
 from ..tar import ShardSample
 
-__all__ = ["AUDIO_COLUMN", "RowFile", "RowSample", "audio_column", "class_names", "holds_audio", "is_parquet",
-           "open_parquet", "read_row_group", "row_file", "row_name"]
+__all__ = ["AUDIO_COLUMN", "RowFile", "RowSample", "audio_column", "class_names", "holds_audio",
+           "is_parquet", "open_parquet", "read_row_group", "row_file", "row_name"]
 
 #: The column :class:`ParquetStream` reads audio from unless told otherwise (``datasets``' default name).
 AUDIO_COLUMN = "audio"
@@ -196,14 +198,14 @@ def row_name(file: str, row: int, original: str | None) -> str:
     return f"{row}/{base}" if base else str(row)
 
 
-def read_row_group(file: Any, url: str, group: int, first_row: int, column: str, *, from_paths: bool = False,
-                   storage_options: Mapping[str, Any] | None = None, retry: RetrySpec = None
-                   ) -> Generator[ShardSample, None, None]:
+def read_row_group(file: Any, url: str, group: int, first_row: int, column: str, *,
+                   from_paths: bool = False, storage_options: Mapping[str, Any] | None = None,
+                   retry: RetrySpec = None) -> Generator[ShardSample, None, None]:
     """The samples of row group ``group`` of ``file`` (its first row is row ``first_row`` of the file).
 
-    A row without audio bytes (every row, with ``from_paths``) is a :class:`RowSample` whose audio is read
-    from the file its path names when it is decoded (:class:`RowFile`), through ``storage_options`` and
-    ``retry``; a row that names none fails then, alone.
+    A row without audio bytes (every row, with ``from_paths``) is a :class:`RowSample` whose audio
+    is read from the file its path names when it is decoded (:class:`RowFile`), through
+    ``storage_options`` and ``retry``; a row that names none fails then, alone.
 
     Raises:
         DecodeError: the row group cannot be read (a damaged file); the message names file and row group.
@@ -227,8 +229,8 @@ def read_row_group(file: Any, url: str, group: int, first_row: int, column: str,
         payload = None if from_paths else data[i]
         if payload is None:  # read (or failed) when it is decoded, alone
             read = RowFile(url, row, paths[i], storage_options=storage_options, retry=retry)
-            yield RowSample(shard=url, key=str(row), files={}, member=name, name=name, data=b"", meta=None,
-                            fields=fields, read=read)
+            yield RowSample(shard=url, key=str(row), files={}, member=name, name=name, data=b"",
+                            meta=None, fields=fields, read=read)
             continue
         yield ShardSample(shard=url, key=str(row), files={}, member=name, name=name, data=payload,
                           meta=None, fields=fields)
@@ -236,7 +238,7 @@ def read_row_group(file: Any, url: str, group: int, first_row: int, column: str,
 
 @dataclass(frozen=True)
 class RowSample(ShardSample):
-    """A row's sample whose audio is not in the row: ``read`` gets it (or raises :class:`DecodeError`)."""
+    """A row's sample whose audio is not in the row: ``read`` gets it (or raises a DecodeError)."""
 
     read: Callable[[], bytes] | None = None
 
@@ -245,7 +247,8 @@ def row_file(url: str, path: str) -> str:
     """The file a row of Parquet file ``url`` names by ``path`` (NOTE [ Parquet audio datasets ]).
 
     Raises:
-        ValueError: ``path`` leaves a remote file's bucket or host, is a URL in a local file, or holds a NUL.
+        ValueError: ``path`` leaves a remote file's bucket or host, is a URL in a local file, or
+            holds a NUL.
     """
     if "\0" in path:
         raise ValueError("the path holds a NUL character")
@@ -258,26 +261,31 @@ def row_file(url: str, path: str) -> str:
 
 
 class RowFile:
-    """The read of a row's audio from the file its path names (:func:`row_file`), through the Parquet file's
-    storage; each failure a :class:`DecodeError` naming the row, the path and the file. Thread-safe."""
+    """The read of a row's audio from the file its path names (:func:`row_file`), through the
+    Parquet file's storage; each failure a :class:`DecodeError` naming the row, the path and the
+    file. Thread-safe."""
 
-    def __init__(self, url: str, row: int, path: str | None, *, storage_options: Mapping[str, Any] | None = None,
-                 retry: RetrySpec = None) -> None:
+    def __init__(self, url: str, row: int, path: str | None, *,
+                 storage_options: Mapping[str, Any] | None = None, retry: RetrySpec = None) -> None:
         self.url, self.row, self.path = url, row, path
         self.storage_options, self.retry = storage_options, retry
 
     def __call__(self) -> bytes:
         where = f"row {self.row} of Parquet file {self.url!r}"
         if not self.path:
-            raise DecodeError(f"{where} holds neither audio bytes nor a path to its file", path=self.url)
+            raise DecodeError(f"{where} holds neither audio bytes nor a path to its file",
+                              path=self.url)
         try:
             file = row_file(self.url, self.path)
         except ValueError as exc:
-            raise DecodeError(f"{where} names {self.path!r}, which is not read: {exc}", path=self.url) from exc
+            raise DecodeError(f"{where} names {self.path!r}, which is not read: {exc}",
+                              path=self.url) from exc
         try:
             if not storage.is_url(file) and not stat.S_ISREG(os.stat(file).st_mode):
-                raise DecodeError(f"{where} names {self.path!r}: {file!r} is not a regular file", path=self.url)
+                raise DecodeError(f"{where} names {self.path!r}: {file!r} is not a regular file",
+                                  path=self.url)
             return storage.read_bytes(file, storage_options=self.storage_options, retry=self.retry)
         except (StorageError, OSError) as exc:
-            raise DecodeError(f"{where} names {self.path!r}, which cannot be read as {file!r}: {exc}",
+            read_as = "" if file == self.path else f" as {file!r}"
+            raise DecodeError(f"{where} names {self.path!r}, which cannot be read{read_as}: {exc}",
                               path=self.url) from exc
