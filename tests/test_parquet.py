@@ -139,7 +139,7 @@ def _hf_audio(datasets, rows: list) -> object:
 
 
 @pytest.mark.parametrize("on_error", ["skip", "warn"])
-def test_a_row_that_cannot_be_read_fails_alone(tmp_path, on_error, caplog):
+def test_a_row_that_cannot_be_read_fails_alone(tmp_path, on_error):
     datasets = pytest.importorskip("datasets")
     rows = [{"bytes": _flac(i), "path": f"clips/{CLASSES[i % 3]}_{i:03d}.flac"} for i in range(12)]
     gone = tmp_path / "gone" / "go_003.flac"
