@@ -163,9 +163,66 @@ def test_a_segment_past_the_end_of_its_file(tmp_path):
     path = tmp_path / "short.wav"
     sf.write(path, np.zeros(RATE, dtype=np.float32), RATE)
     decode = AudioDecoder()
-    assert decode(WorkItem(0, str(path), segment=(0.5, 2.0)))["num_frames"] == RATE // 2  # cut at the end
+    padded = decode(WorkItem(0, str(path), segment=(0.5, 0.9)))
+    assert padded["num_frames"] == round(0.9 * RATE)
+    with pytest.raises(DecodeError, match=r"segment 0.5 s \+ 2 s .* runs 1.5 s past the end of"):
+        decode(WorkItem(0, str(path), segment=(0.5, 2.0)))
     with pytest.raises(DecodeError, match="starts at 1.5 s, at or after the end of the file"):
         decode(WorkItem(0, str(path), segment=(1.5, 0.2)))
+    with pytest.raises(DecodeError, match=r"segment 0.2 s \+ 0 s .* is empty"):
+        decode(WorkItem(0, str(path), segment=(0.2, 0.0)))
+
+
+@pytest.fixture()
+def past_the_end(tmp_path):
+    """A 3 s recording and cuts of it, written by lhotse: inside, 0.5 s and 0.8 s past its end."""
+    path = tmp_path / "three.wav"
+    noise = 0.1 * np.random.default_rng(1).standard_normal(3 * RATE)
+    sf.write(path, noise.astype(np.float32), RATE, subtype="PCM_16")
+    recording = lhotse.Recording.from_file(path)
+    cuts = lhotse.CutSet.from_cuts([
+        lhotse.MonoCut(id="inside", start=1.0, duration=0.5, channel=0, recording=recording),
+        lhotse.MonoCut(id="half-past", start=2.5, duration=1.0, channel=0, recording=recording),
+        lhotse.MonoCut(id="far-past", start=2.2, duration=1.6, channel=0, recording=recording)])
+    cuts.to_file(tmp_path / "cuts.jsonl.gz")
+    return tmp_path / "cuts.jsonl.gz", {c.id: c for c in cuts}
+
+
+def test_a_cut_past_the_end_of_its_recording_is_padded_as_lhotse_pads_it(past_the_end):
+    from lhotse.audio.utils import DurationMismatchError
+
+    manifest, cuts = past_the_end
+    ds = BufferedDataset(manifest, AudioDecoder(), on_error="skip", num_producers=1)
+    samples = {s["id"]: s for s in _drain(ds)}
+    assert sorted(samples) == ["half-past", "inside"]
+    for name, sample in samples.items():
+        expected = cuts[name].load_audio()[0]  # lhotse pads up to 0.5 s missing, by reflection
+        assert sample["num_frames"] == len(expected) == round(cuts[name].duration * RATE)
+        np.testing.assert_allclose(sample["audio"].numpy(), expected, atol=1e-6)
+    with pytest.raises(DurationMismatchError):
+        cuts["far-past"].load_audio()  # further, lhotse refuses it: so do we, naming the cut
+    assert ds.stats().failed == 1 and "'far-past'" in ds.stats().failures[0][2]
+    with pytest.raises(DecodeError, match=r"'far-past'.*runs 0.8 s past the end of the file \(3 s"):
+        _drain(BufferedDataset(manifest, AudioDecoder(), num_producers=1))
+    whole = cuts["half-past"].load_audio()[0]
+    for crop in ("start", "center", "random"):  # a crop of the padded cut: a window of lhotse's
+        decode = AudioDecoder(crop_seconds=0.75, crop=crop)
+        cropped = _drain(BufferedDataset(manifest, decode, on_error="skip", num_producers=1,
+                                         seed=7))
+        part = {s["id"]: s["audio"].numpy() for s in cropped}["half-past"]
+        assert len(part) == round(0.75 * RATE)
+        starts = range(len(whole) - len(part) + 1)
+        assert any(np.array_equal(whole[i:i + len(part)], part) for i in starts)
+
+
+def test_a_cut_of_no_duration_is_refused_by_name(past_the_end, tmp_path):
+    manifest, cuts = past_the_end
+    recording = cuts["inside"].recording
+    nothing = lhotse.MonoCut(id="empty", start=1.0, duration=0.0, channel=0, recording=recording)
+    empty = lhotse.CutSet.from_cuts([cuts["inside"], nothing])
+    empty.to_file(tmp_path / "empty.jsonl.gz")
+    with pytest.raises(SourceError, match=r"line 2: cut 'empty' has duration 0"):
+        Source(tmp_path / "empty.jsonl.gz")
 
 
 def test_a_manifest_with_start_and_duration_columns(corpus, tmp_path):

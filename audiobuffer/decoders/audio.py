@@ -15,7 +15,7 @@ import numbers
 import os
 import threading
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
@@ -51,6 +51,10 @@ _NATIVE_WAV = True
 #: The longest ``crop_seconds`` accepted: one day. Longer values are typos (``1e9``), and padding
 #: a file to them would need more memory than any machine has.
 MAX_CROP_SECONDS = MAX_SECONDS
+#: How far past the end of its file a segment may run: that much is padded by reflection to the
+#: segment's duration, as Lhotse's ``load_audio()`` pads a cut (its default tolerance); further is a
+#: DecodeError.
+SEGMENT_PAD_SECONDS = 0.5
 # What librosa warns for every file it hands on to audioread: nothing that the decode error does
 # not say already.
 _KNOWN_LIBROSA_WARNINGS = ("PySoundFile failed",)
@@ -151,28 +155,50 @@ def _window_of(data: np.ndarray, start: int, length: int) -> np.ndarray:
 
 
 class _Pick(NamedTuple):
-    """What part of a file one decode keeps: the item's segment, and the random crop's generator."""
+    """What part of a file one decode keeps: the item's segment, and the random crop's generator;
+    ``name`` names the item in errors, and ``padded`` receives a segment's full length in frames
+    where the file ends before it (the reader then reads all the segment holds;
+    :meth:`AudioDecoder._pad`)."""
 
     rng: np.random.Generator | None
     segment: tuple[float, float | None] | None
     path: str
+    name: str
+    padded: list[int]
 
 
-def _segment_frames(segment: tuple[float, float | None], frames: int, sr: int, path: str) -> tuple[int, int]:
-    """The (first frame, frames) of a segment (start and duration in seconds) of a ``frames``-long file.
+def _name_of(item: Any) -> str:
+    """An item as errors name it: its path, and its ``id`` field where it has one (a cut's)."""
+    ident = item.fields.get("id") if isinstance(item.fields, Mapping) else None
+    return f"{item.path!r}" + (f" (id {ident!r})" if isinstance(ident, str) and ident else "")
 
-    A segment that reaches past the end of the file by rounding keeps what the file holds.
+
+def _segment_frames(segment: tuple[float, float | None], frames: int, sr: int, path: str,
+                    name: str) -> tuple[int, int, int]:
+    """The (first frame, frames the file holds, frames to pad) of a segment (start and duration in
+    seconds) of a ``frames``-long file: one past the end by up to ``SEGMENT_PAD_SECONDS`` is padded.
 
     Raises:
-        DecodeError: the segment starts at or after the end of the file.
+        DecodeError: the segment is empty, starts at or after the end of the file, or runs further
+            past it.
     """
     start, duration = segment
     first = round(start * sr)
+    length_s = "the rest" if duration is None else f"{duration:g} s"
+    what = f"cannot decode {name}: segment {start:g} s + {length_s}"
+    if duration is not None and round(duration * sr) <= 0:
+        raise DecodeError(f"{what} of it is empty (no frame at {sr} Hz)", path=path)
     if first >= frames:
-        raise DecodeError(f"cannot decode {path!r}: its segment starts at {start:g} s, at or after the end of the "
-                          f"file ({frames / sr:g} s)", path=path)
-    length = frames - first if duration is None else min(round(duration * sr), frames - first)
-    return first, length
+        raise DecodeError(f"cannot decode {name}: its segment starts at {start:g} s, at or after "
+                          f"the end of the file ({frames / sr:g} s)", path=path)
+    wanted = frames - first if duration is None else round(duration * sr)
+    length = min(wanted, frames - first)
+    if wanted - length > math.ceil(SEGMENT_PAD_SECONDS * sr):
+        over = (wanted - length) / sr
+        raise DecodeError(f"{what} of it runs {over:g} s past the end of the file "
+                          f"({frames / sr:g} s), more than the {SEGMENT_PAD_SECONDS:g} s padded "
+                          f"(as Lhotse pads a cut): correct its start or duration", path=path)
+    return first, length, wanted - length
 
 
 class AudioDecoder:
@@ -253,7 +279,8 @@ class AudioDecoder:
         item = as_item(item)
         rng = item.rng() if self.crop == "random" and self.crop_seconds is not None else None
         raw = item.read() if item.read is not None else None  # a shard member's or an object's bytes
-        pick = _Pick(rng, item.segment, item.path)
+        name = item.path if item.segment is None else _name_of(item)  # only segments' errors use it
+        pick = _Pick(rng, item.segment, item.path, name, [])
         try:
             data, native_sr = self._read_soundfile(item.path, pick, raw)
         except DecodeError:
@@ -262,6 +289,8 @@ class AudioDecoder:
             if raw is not None:  # the fallback reader takes paths: bytes end here, never in a temp file
                 raise DecodeError(f"cannot decode {item.path!r}: {exc}", path=item.path) from exc
             data, native_sr = self._read_fallback(item.path, pick, exc)
+        if pick.padded:
+            data = self._pad(data, native_sr, pick)
         audio, num_frames, sr = self._finish(data, native_sr)
         sample = sample_fields(item)
         sample["audio"] = as_tensor(audio)
@@ -281,9 +310,29 @@ class AudioDecoder:
         segment of the file (all of it without one), cropped."""
         offset = 0
         if pick.segment is not None:
-            offset, frames = _segment_frames(pick.segment, frames, sr, pick.path)
+            offset, frames, short = _segment_frames(pick.segment, frames, sr, pick.path, pick.name)
+            if short:  # all the file holds of it: padded, then cropped (_pad)
+                pick.padded.append(frames + short)
+                return offset, frames
         start, length = self._crop_window(frames, sr, pick.rng)
         return offset + start, length
+
+    def _pad(self, data: np.ndarray, sr: int, pick: _Pick) -> np.ndarray:
+        """A segment that runs past the end of its file (``data``, all the file holds of it) padded
+        to its length by reflection (``numpy.pad(mode="reflect")``, as Lhotse pads a cut), then
+        cropped.
+
+        Raises:
+            DecodeError: the file held fewer frames than its header gave, and the pad would pass the
+                limit.
+        """
+        short = pick.padded[0] - len(data)
+        if short > math.ceil(SEGMENT_PAD_SECONDS * sr) or not len(data):
+            raise DecodeError(f"cannot decode {pick.name}: the file ends {short / sr:g} s before "
+                              f"the end of its segment", path=pick.path)
+        data = np.pad(data, ((0, short), (0, 0)), mode="reflect")
+        start, length = self._crop_window(len(data), sr, pick.rng)
+        return _window_of(data, start, length)
 
     def _crop_window(self, frames: int, sr: int, rng: np.random.Generator | None) -> tuple[int, int]:
         """The (start, length) in native frames of the crop of ``frames`` frames."""

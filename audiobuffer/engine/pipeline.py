@@ -340,7 +340,8 @@ def _check_combination(source: Source | ShardStream, decoder: Any, options: Load
             or ``max_batch_seconds`` without ``duration_column``.
     """
     if isinstance(source, ShardStream):
-        check_streamable(decoder, options.ordered, source.random_access_hint)
+        check_streamable(decoder, options.ordered, source.random_access_hint,
+                         ordered_hint=source.ordered_hint)
         if options.max_batch_seconds is not None and options.duration_column is None:
             raise ValueError("max_batch_seconds on streamed shards needs duration_column: the field of each "
                              "sample's <key>.json sidecar that holds its duration in seconds (streamed shards "

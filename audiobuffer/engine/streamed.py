@@ -36,10 +36,14 @@ T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
 
-def check_streamable(decoder: Any, ordered: bool, hint: str) -> None:
-    """Refuse what a streamed source cannot do: an ordered epoch, a decoder that delivers itself (``hint``: what
-    to give instead)."""
+def check_streamable(decoder: Any, ordered: bool, hint: str, *,
+                     ordered_hint: str | None = None) -> None:
+    """Refuse what a streamed source cannot do: an ordered epoch, a decoder that delivers itself
+    (``hint``: what to give instead; ``ordered_hint``, where given: why no epoch is ordered, and
+    what to do)."""
     if ordered:
+        if ordered_hint is not None:
+            raise ValueError(f"ordered=True needs random access to the samples, and {ordered_hint}")
         raise ValueError(f"ordered=True needs random access to the samples: {hint}; or ordered=False")
     if getattr(decoder, "delivers_itself", False) is True:
         raise ValueError(f"{decoder!r} delivers its samples itself, and so does a streamed source: {hint}")

@@ -49,8 +49,16 @@ from typing import Any
 
 from ..errors import DecodeError, SourceError, StorageError
 from . import storage
+from .formats.parquet import (
+    RowSample,
+    class_names,
+    holds_audio,
+    is_parquet,
+    open_parquet,
+    read_row_group,
+    row_name,
+)
 from .formats.parquet import audio_column as audio_column_of
-from .formats.parquet import class_names, holds_audio, is_parquet, open_parquet, read_row_group, row_name
 from .index import INDEX_NAME, read_index
 from .source import LABEL_COLUMN, LabelSpec, Source, SourceSpec, WorkItem, _natural_key, _resolve_labels, names_shards
 from .storage import RetrySpec
@@ -132,6 +140,8 @@ class ShardStream:
 
     #: What to give a loader that needs random access instead of this source.
     random_access_hint = "give the shards' index.json (audiobuffer index or audiobuffer pack writes one)"
+    #: Why no epoch can be ordered, and what to do instead (``None``: ``random_access_hint``).
+    ordered_hint: str | None = None
 
     def __len__(self) -> int:
         """Samples in all the shards, from the listing (see NOTE [ Streamed shards ]).
@@ -272,33 +282,52 @@ class ParquetStream(ShardStream):
 
     Args:
         files: a path, URL, brace pattern or glob of ``.parquet`` files, or a list of them.
-        labels: a column (a ``ClassLabel`` column gives its names), ``"parent"``, a regular expression
-            searched in each sample's original file name, or a callable from path to label.
+        labels: a column (a ``ClassLabel`` column gives its names, in its order), ``"parent"``, a
+            regular expression searched in each sample's original file name, or a callable from path
+            to label.
         audio_column: the column of encoded audio (default: ``"audio"``, else the first struct column
             with a binary ``bytes`` field).
+        path_column: ``None`` (a row's audio bytes, or the file its path names where it has
+            none), or the audio column's path field (``"audio.path"``): every row's audio from the
+            file its path names.
         storage_options: options for the fsspec filesystem of URLs.
         retry: how transient storage failures are retried.
 
     Raises:
         SourceError: no file is named, a file is not Parquet or has no audio column, or a label does not fit.
         StorageError: a file cannot be read.
+        ValueError: ``path_column`` is not the audio column's path field.
     """
 
     random_access_hint = ("Parquet row groups are streamed: read the dataset with BufferedDataset, or give its "
                           "files as a folder or a manifest")
+    ordered_hint = ("Parquet row groups are streamed: each producer reads a row group whole, so "
+                    "row groups interleave. For the rows in the files' order give shuffle=False "
+                    "and num_producers=1 (and ordered=False); for random access give the audio "
+                    "files as a folder or a manifest")
 
     def __init__(self, files: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
                  labels: LabelSpec = None, audio_column: str | None = None,
-                 storage_options: Mapping[str, Any] | None = None, retry: RetrySpec = None) -> None:
+                 path_column: str | None = None, storage_options: Mapping[str, Any] | None = None,
+                 retry: RetrySpec = None) -> None:
+        if path_column is not None and not isinstance(path_column, str):
+            raise TypeError(f"path_column must be a string or None, got {path_column!r}")
         #: The Parquet files, in order.
         self.files = self._expand(files, "Parquet files", storage_options, retry)
         units: list[tuple[int, int, int]] = []  # (file, row group, its first row in the file)
         counts: list[int] = []
         self._columns: list[str] = []
         self._names: list[dict[str, list[str]]] = []  # each file's ClassLabel names, by column
+        self._from_paths = path_column is not None
         for n, url in enumerate(self.files):
             meta = open_parquet(url, storage_options=self.storage_options, retry=self.retry)
             self._columns.append(audio_column_of(meta.schema_arrow, url, audio_column))
+            wanted = f"{self._columns[-1]}.path"
+            if path_column is not None and path_column != wanted:
+                raise ValueError(f"path_column={path_column!r} is not the path field of the audio "
+                                 f"column of Parquet file {url!r}: give path_column={wanted!r} to "
+                                 f"read each row's audio from the file its path names, or none to "
+                                 f"read its bytes (and the file of a row without them)")
             self._names.append(class_names(meta.schema_arrow))
             first = 0
             for group in range(meta.metadata.num_row_groups):
@@ -319,12 +348,45 @@ class ParquetStream(ShardStream):
         self._index_tried = True
         self._open = threading.local()  # each producer thread's open files (pyarrow's are not shared)
         names: set[str] = set()
+        listed = None
         if labels is not None:
             listed = self.listing()
             found = _resolve_labels(labels, listed.paths, listed.rows if listed.columns else None, listed.columns)
             names = {n for n in found or () if n is not None}
-        self.classes = sorted(names, key=_natural_key)
+        declared = None
+        if listed is not None and labels in listed.columns:
+            declared = self._class_label(labels, names)
+        #: The label names: a ``ClassLabel`` column's in its order (a sample's ``label`` is its
+        #: number), else sorted.
+        self.classes = sorted(names, key=_natural_key) if declared is None else declared
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
+
+    def _class_label(self, column: Any, found: set[str]) -> list[str] | None:
+        """The names of ``column`` where the files declare it a ``ClassLabel``: every file, the same
+        names in the same order; ``None`` where none does.
+
+        Raises:
+            SourceError: the files declare it differently, or a row holds a number outside the
+                names.
+        """
+        declared = [names.get(column) for names in self._names]
+        by = next((n for n, names in enumerate(declared) if names is not None), None)
+        if by is None:
+            return None
+        names = list(declared[by] or ())
+        for url, other in zip(self.files, declared):
+            if other != names:
+                theirs = "not one" if other is None else f"of {other}"
+                raise SourceError(f"column {column!r} is a ClassLabel of {names} in Parquet file "
+                                  f"{self.files[by]!r} but {theirs} in {url!r}: a label's number "
+                                  f"must mean one name in every file; read the files apart")
+        outside = sorted(found - set(names), key=_natural_key)
+        if outside:
+            raise SourceError(f"column {column!r} of {self.description} is a ClassLabel of "
+                              f"{len(names)} names but holds {outside[:5]}: numbers outside them "
+                              f"(datasets writes -1 for a row without a label); drop those rows, "
+                              f"or give labels=None")
+        return names
 
     def __repr__(self) -> str:
         return f"ParquetStream({self.description}, classes={len(self.classes)})"
@@ -343,7 +405,19 @@ class ParquetStream(ShardStream):
         handle = opened.get(f)
         if handle is None:
             handle = opened[f] = open_parquet(url, storage_options=self.storage_options, retry=self.retry)
-        return read_row_group(handle, url, group, first, self._columns[f])
+        return read_row_group(handle, url, group, first, self._columns[f],
+                              from_paths=self._from_paths, storage_options=self.storage_options,
+                              retry=self.retry)
+
+    def sample_item(self, shard: WorkItem, sample: ShardSample, position: int) -> WorkItem:
+        """The work item of a row streamed from row group ``shard``; a row without audio bytes reads
+        its audio (or fails) when it is decoded, alone."""
+        item = super().sample_item(shard, sample, position)
+        if not isinstance(sample, RowSample) or sample.read is None:
+            return item
+        return WorkItem(index=item.index, path=item.path, label=item.label,
+                        label_name=item.label_name, fields=item.fields, epoch=item.epoch,
+                        seed=item.seed, seq=item.seq, read=sample.read)
 
     def label_row(self, sample: ShardSample) -> dict[str, Any]:
         """A sample's fields, a ``ClassLabel`` column's number given as its name."""
@@ -417,8 +491,10 @@ def as_source(source: SourceSpec | Source | ShardStream, *, patterns: Sequence[s
                              f"samples are whole")
         if names_shards(source):
             return ShardStream(source, labels=labels, storage_options=storage_options)
-        if audio:
-            return ParquetStream(source, labels=labels, storage_options=storage_options)
+        if audio:  # path_column: the audio column's path field, or the default for none
+            paths = None if path_column == "path" else path_column
+            return ParquetStream(source, labels=labels, path_column=paths,
+                                 storage_options=storage_options)
         return Source(source, patterns=patterns, labels=labels, path_column=path_column,
                       storage_options=storage_options, start_column=start_column, duration_column=duration_column)
     given = [name for name, value, default in (("labels", labels, None), ("patterns", explicit_patterns, None),

@@ -17,8 +17,11 @@ A recording's source of type ``file`` is a path (a relative path resolves agains
 where the file is there, else against the current directory, as Lhotse opens it), ``url`` a URL read
 through fsspec. A remote manifest's files must lie in its own
 bucket or host (unless ``allow_outside``). Sources that run a command, live in memory or in Lhotse's own
-shards, mixed and padded cuts, and a cut of some of the channels of a multi-channel recording are refused
-with a :class:`~audiobuffer.SourceError` that names the line and what it holds.
+shards, mixed and padded cuts, a cut of some of the channels of a multi-channel recording and a cut
+or supervision of duration 0 are refused with a :class:`~audiobuffer.SourceError` that names the
+line and what it holds. A cut that runs past the end of its recording's file by up to 0.5 s is
+padded to its duration by reflection, as Lhotse's ``load_audio()`` pads it; further, it fails when
+it is decoded (``SEGMENT_PAD_SECONDS`` in ``decoders/audio.py``).
 """
 
 from __future__ import annotations
@@ -141,8 +144,10 @@ def read_lhotse(spec: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
                 if found is None:
                     raise SourceError(f"Lhotse manifest {url!r} line {lineno}: supervision {sup.get('id')!r} names "
                                       f"recording {sup.get('recording_id')!r}, which no recordings manifest lists")
-                items.append(_item(found, _number(sup, "start", url, lineno), _number(sup, "duration", url, lineno),
-                                   sup.get("channel"), [sup], {"id": sup.get("id")}, storage_options, allow_outside))
+                start = _number(sup, "start", url, lineno)
+                duration = _duration(sup, "supervision", url, lineno)
+                items.append(_item(found, start, duration, sup.get("channel"), [sup],
+                                   {"id": sup.get("id")}, storage_options, allow_outside))
             what = "supervisions"
         else:
             items = [_item(found, 0.0, None, None, [], {"id": found[2].get("id")}, storage_options, allow_outside)
@@ -163,6 +168,15 @@ def _number(record: Mapping[str, Any], key: str, url: str, lineno: int) -> float
     return float(value)
 
 
+def _duration(record: Mapping[str, Any], what: str, url: str, lineno: int) -> float:
+    """A cut's or supervision's duration: a number of seconds > 0."""
+    value = _number(record, "duration", url, lineno)
+    if value == 0:
+        raise SourceError(f"Lhotse manifest {url!r} line {lineno}: {what} {record.get('id')!r} has "
+                          f"duration 0: it holds no audio; drop it from the manifest")
+    return value
+
+
 def _cut(url: str, lineno: int, cut: dict[str, Any], storage_options: Mapping[str, Any] | None,
          allow_outside: bool) -> tuple[str, dict[str, Any], tuple[float, float | None]]:
     if cut.get("type") not in (None, "MonoCut", "MultiCut", "DataCut"):
@@ -174,8 +188,9 @@ def _cut(url: str, lineno: int, cut: dict[str, Any], storage_options: Mapping[st
     supervisions = [s for s in cut.get("supervisions") or [] if isinstance(s, dict)]
     custom = cut.get("custom")
     extra = {"id": cut.get("id"), **(custom if isinstance(custom, dict) else {})}
-    return _item((url, lineno, recording), _number(cut, "start", url, lineno), _number(cut, "duration", url, lineno),
-                 cut.get("channel"), supervisions, extra, storage_options, allow_outside)
+    start, duration = _number(cut, "start", url, lineno), _duration(cut, "cut", url, lineno)
+    return _item((url, lineno, recording), start, duration, cut.get("channel"), supervisions, extra,
+                 storage_options, allow_outside)
 
 
 def _item(found: tuple[str, int, dict[str, Any]], start: float, duration: float | None, channel: Any,

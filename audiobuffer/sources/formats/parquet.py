@@ -11,7 +11,18 @@ producer reads one row group (one request per column chunk, never a row at a tim
 samples from the bytes in memory, with ``shuffle=True`` through a seeded shuffle buffer, and resume is at
 row-group boundaries. The number of rows comes from each file's footer, so ``len()`` is known before
 anything else is read; with ``labels=`` naming a column, only that column is read to list the classes. A
-column that ``datasets`` declares a ``ClassLabel`` gives its label names, not its numbers.
+column that ``datasets`` declares a ``ClassLabel`` (in the ``huggingface`` schema metadata) gives
+its names in its order, so a sample's ``label`` is the dataset's own number; every file must declare
+the same names.
+
+A row whose audio holds a path and no bytes (what ``datasets`` writes for an ``Audio`` column cast
+from paths) is read from the file its path names when it is decoded, through the Parquet file's
+storage; with ``path_column="audio.path"`` every row is. The path is confined as a manifest's paths
+are (``listing.py``): a remote file's rows stay in its bucket or host (a path starting with ``/``
+starts at its root; another scheme, bucket or host fails); a local file's relative paths join its
+folder and its absolute paths are read where they point (a local file is the user's own, as a local
+manifest is), but never a URL, a device or a pipe. A row that cannot be read fails alone
+(``on_error`` applies).
 
 A sample's ``path`` is ``<file>/<row>/<original name>`` (``<file>/<row>`` without a name), so label
 regular expressions read the original names. Remote files are read through fsspec with the storage
@@ -22,7 +33,10 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Generator, Mapping, Sequence
+import stat
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ...errors import DecodeError, SourceError, StorageError
@@ -30,8 +44,8 @@ from .. import storage
 from ..storage import RetrySpec
 from ..tar import ShardSample
 
-__all__ = ["AUDIO_COLUMN", "audio_column", "class_names", "holds_audio", "is_parquet", "open_parquet", "read_row_group",
-           "row_name"]
+__all__ = ["AUDIO_COLUMN", "RowFile", "RowSample", "audio_column", "class_names", "holds_audio",
+           "is_parquet", "open_parquet", "read_row_group", "row_file", "row_name"]
 
 #: The column :class:`ParquetStream` reads audio from unless told otherwise (``datasets``' default name).
 AUDIO_COLUMN = "audio"
@@ -184,9 +198,14 @@ def row_name(file: str, row: int, original: str | None) -> str:
     return f"{row}/{base}" if base else str(row)
 
 
-def read_row_group(file: Any, url: str, group: int, first_row: int, column: str
-                   ) -> Generator[ShardSample, None, None]:
+def read_row_group(file: Any, url: str, group: int, first_row: int, column: str, *,
+                   from_paths: bool = False, storage_options: Mapping[str, Any] | None = None,
+                   retry: RetrySpec = None) -> Generator[ShardSample, None, None]:
     """The samples of row group ``group`` of ``file`` (its first row is row ``first_row`` of the file).
+
+    A row without audio bytes (every row, with ``from_paths``) is a :class:`RowSample` whose audio
+    is read from the file its path names when it is decoded (:class:`RowFile`), through
+    ``storage_options`` and ``retry``; a row that names none fails then, alone.
 
     Raises:
         DecodeError: the row group cannot be read (a damaged file); the message names file and row group.
@@ -205,10 +224,68 @@ def read_row_group(file: Any, url: str, group: int, first_row: int, column: str
     columns = {n: table.column(n).to_pylist() for n in others}
     for i in range(table.num_rows):
         fields = {n: values[i] for n, values in columns.items()}
-        name = row_name(url, first_row + i, paths[i])
-        payload = data[i]
-        if payload is None:
-            raise DecodeError(f"row {first_row + i} of Parquet file {url!r} holds no audio bytes (a path-only "
-                              f"audio column: its files are elsewhere)", path=f"{url}/{name}")
-        yield ShardSample(shard=url, key=str(first_row + i), files={}, member=name, name=name, data=payload,
+        row = first_row + i
+        name = row_name(url, row, paths[i])
+        payload = None if from_paths else data[i]
+        if payload is None:  # read (or failed) when it is decoded, alone
+            read = RowFile(url, row, paths[i], storage_options=storage_options, retry=retry)
+            yield RowSample(shard=url, key=str(row), files={}, member=name, name=name, data=b"",
+                            meta=None, fields=fields, read=read)
+            continue
+        yield ShardSample(shard=url, key=str(row), files={}, member=name, name=name, data=payload,
                           meta=None, fields=fields)
+
+
+@dataclass(frozen=True)
+class RowSample(ShardSample):
+    """A row's sample whose audio is not in the row: ``read`` gets it (or raises a DecodeError)."""
+
+    read: Callable[[], bytes] | None = None
+
+
+def row_file(url: str, path: str) -> str:
+    """The file a row of Parquet file ``url`` names by ``path`` (NOTE [ Parquet audio datasets ]).
+
+    Raises:
+        ValueError: ``path`` leaves a remote file's bucket or host, is a URL in a local file, or
+            holds a NUL.
+    """
+    if "\0" in path:
+        raise ValueError("the path holds a NUL character")
+    if storage.is_url(url):
+        return storage.inside_bucket(url, path)
+    if storage.is_url(path):
+        raise ValueError("a URL in a local Parquet file: its rows' files are read from local paths")
+    file = Path(path)
+    return str(file if file.is_absolute() else Path(url).parent / file)
+
+
+class RowFile:
+    """The read of a row's audio from the file its path names (:func:`row_file`), through the
+    Parquet file's storage; each failure a :class:`DecodeError` naming the row, the path and the
+    file. Thread-safe."""
+
+    def __init__(self, url: str, row: int, path: str | None, *,
+                 storage_options: Mapping[str, Any] | None = None, retry: RetrySpec = None) -> None:
+        self.url, self.row, self.path = url, row, path
+        self.storage_options, self.retry = storage_options, retry
+
+    def __call__(self) -> bytes:
+        where = f"row {self.row} of Parquet file {self.url!r}"
+        if not self.path:
+            raise DecodeError(f"{where} holds neither audio bytes nor a path to its file",
+                              path=self.url)
+        try:
+            file = row_file(self.url, self.path)
+        except ValueError as exc:
+            raise DecodeError(f"{where} names {self.path!r}, which is not read: {exc}",
+                              path=self.url) from exc
+        try:
+            if not storage.is_url(file) and not stat.S_ISREG(os.stat(file).st_mode):
+                raise DecodeError(f"{where} names {self.path!r}: {file!r} is not a regular file",
+                                  path=self.url)
+            return storage.read_bytes(file, storage_options=self.storage_options, retry=self.retry)
+        except (StorageError, OSError) as exc:
+            read_as = "" if file == self.path else f" as {file!r}"
+            raise DecodeError(f"{where} names {self.path!r}, which cannot be read{read_as}: {exc}",
+                              path=self.url) from exc
