@@ -685,3 +685,56 @@ def test_the_nesting_check_reads_strings_across_its_chunks(chars, scan, most):
         assert index_module._arrow_may_read(text.encode("utf-8")) == _nesting_by_hand(text, most)
     finally:
         index_module._SCAN, index_module._ARROW_DEPTH = saved
+
+
+# -- a shard rewritten under its index -------------------------------------------------------------
+
+def _webdataset_shard(folder: Path, order: list[int]) -> Path:
+    """Shard ``shard-000000.tar`` in ``folder`` written by webdataset's ShardWriter: samples ``s{i:03d}``
+    (a WAV tone of frequency 300 + 40 i Hz, all of one length, and a ``.cls`` of ``i``) in ``order``."""
+    wds = pytest.importorskip("webdataset")
+    folder.mkdir(parents=True, exist_ok=True)
+    tones = {}
+    for i in order:
+        buf = io.BytesIO()
+        sf.write(buf, (0.3 * np.sin(np.arange(800) * (300 + 40 * i) / 8000)).astype(np.float32), 8000,
+                 format="WAV")
+        tones[i] = buf.getvalue()
+    with wds.ShardWriter(str(folder / "shard-%06d.tar"), maxcount=1000, verbose=0) as sink:
+        for i in order:
+            sink.write({"__key__": f"s{i:03d}", "wav": tones[i], "cls": str(i).encode()})
+    return folder / "shard-000000.tar"
+
+
+def _read_all(index: Path, **options: object) -> list[tuple[int, bytes]]:
+    """Each sample's label (from its ``cls`` field) and the bytes read for it, by index."""
+    def decode(item: WorkItem) -> dict:
+        return {"cls": item.fields["cls"], "data": item.read()}
+
+    from audiobuffer import BufferedDataset
+
+    ds = BufferedDataset(str(index), decode, num_producers=2, ordered=True, **options)
+    return [(s["cls"], s["data"]) for s in ds]
+
+
+@pytest.mark.parametrize("block", [None, 4])
+def test_a_shard_rewritten_under_its_index_is_refused_not_read_as_other_members(tmp_path, block):
+    from audiobuffer import SampleError
+    from audiobuffer.sources import index_shards
+
+    shard = _webdataset_shard(tmp_path / "d", list(range(8)))
+    index_shards(shard, progress=False)
+    index = tmp_path / "d" / INDEX_NAME
+    truth = {s.fields["cls"]: s.data for s in iter_shard(shard)}
+    assert sorted(_read_all(index, read_block=block)) == sorted(truth.items())
+    size = shard.stat().st_size
+    _webdataset_shard(tmp_path / "d", list(range(8))[::-1])  # a re-run job: the same name, size and samples
+    assert shard.stat().st_size == size
+    with pytest.raises(SampleError) as caught:
+        _read_all(index, read_block=block)
+    cause = caught.value.__cause__
+    assert isinstance(cause, StorageError)
+    message = str(cause)
+    assert str(shard) in message and "s00" in message and "audiobuffer index" in message
+    index_shards(shard, overwrite=True, progress=False)  # what the message says to do
+    assert sorted(_read_all(index, read_block=block)) == sorted(truth.items())

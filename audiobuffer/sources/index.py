@@ -26,6 +26,7 @@ from ..errors import SourceError
 from . import storage
 from .storage import RetrySpec
 from .table import ABSENT, Coded, Column, Strings, as_column, release_arrow_memory
+from .tar import read_member
 
 __all__ = ["INDEX_FORMAT", "INDEX_NAME", "INDEX_VERSION", "IndexColumns", "Member", "ShardIndex", "read_index",
            "read_index_columns", "shard_name"]
@@ -74,12 +75,13 @@ class Member:
 
     def reader(self, *, storage_options: Mapping[str, Any] | None = None,
                retry: RetrySpec = None) -> Callable[[], bytes]:
-        """A callable that reads this member's bytes with one ranged request (retried as ``retry`` says).
+        """A callable that reads this member's bytes with one ranged request (retried as ``retry`` says),
+        checking that they are this member's (:func:`~audiobuffer.sources.tar.read_member`).
 
         It can be pickled, and it reads when called, not before: give it to a work item and the
         producer thread that decodes the item does the I/O.
         """
-        return functools.partial(storage.read_range, self.shard, self.offset, self.size,
+        return functools.partial(read_member, self.shard, self.offset, self.size,
                                  storage_options=storage_options, retry=retry, member=self.member)
 
 
