@@ -230,3 +230,35 @@ def test_streamed_foreign_shards_batch_by_a_json_duration(tmp_path):
     batches = _drain(ds)
     assert sorted(s["audio"].shape[-1] - 800 for b in batches for s in b) == list(range(N))
     assert all(len(b) * max(s["seconds"] for s in b) <= 0.5 + 1e-9 for b in batches)
+
+
+def _repeated_key_shard(tmp_path: Path) -> Path:
+    """A shard whose key ``k`` comes twice in a row (``k.wav k.cls k.wav k.cls``) between two good samples."""
+    return _write_tar(tmp_path / "repeated.tar", [
+        ("a.wav", _audio(0, "wav")), ("a.cls", b"0"),
+        ("k.wav", _audio(1, "wav")), ("k.cls", b"1"), ("k.wav", _audio(2, "wav")), ("k.cls", b"2"),
+        ("z.wav", _audio(3, "wav")), ("z.cls", b"3")])
+
+
+def test_a_key_repeated_in_a_row_is_an_error_naming_the_shard_and_key(tmp_path, capsys):
+    from audiobuffer import DecodeError, SampleError
+    from audiobuffer.cli.main import main
+    from audiobuffer.sources import index_shards
+
+    shard = _repeated_key_shard(tmp_path)
+    wds = pytest.importorskip("webdataset")
+    with pytest.raises(ValueError, match="duplicate file name"):  # what webdataset itself says
+        list(wds.WebDataset(str(shard), shardshuffle=False))
+    expected = rf"shard {str(shard)!r} .*key 'k'.*'k\.wav'"
+    with pytest.raises(DecodeError, match=expected):  # streamed: the sample before comes, then the error
+        for sample in iter_shard(shard):
+            assert sample.key == "a"
+    with pytest.raises(SampleError) as caught:
+        list(BufferedDataset(str(shard), AudioDecoder(), num_producers=1))
+    assert isinstance(caught.value.__cause__, DecodeError) and "key 'k'" in str(caught.value.__cause__)
+    with pytest.raises(DecodeError, match=expected):
+        index_shards(shard, progress=False)
+    assert main(["index", str(shard), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(shard) in err and "key 'k'" in err, err
+    assert not (tmp_path / "index.json").exists() and not (tmp_path / "index.json.partial").exists()

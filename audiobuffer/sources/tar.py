@@ -98,11 +98,12 @@ def iter_shard(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any
 
     Members are grouped into samples by key, WebDataset's way: consecutive members whose names agree
     up to the first dot of the base name. Directories, links and other non-file members are skipped.
+    A sample with one extension twice (``k.wav k.cls k.wav k.cls``) is an error, as in WebDataset.
 
     Raises:
         StorageError: the shard is missing or forbidden, or a block still failing after the retries.
-        DecodeError: the shard is truncated (after yielding every whole sample before the cut) or
-            holds a malformed header; the message names the shard and the member.
+        DecodeError: the shard is truncated (after yielding every whole sample before the cut), holds
+            a malformed header or a key twice in a row; the message names the shard and the member.
     """
     url = os.fspath(url)
     with storage.open_stream(url, storage_options=storage_options, retry=retry, block_size=block_size) as stream:
@@ -215,6 +216,11 @@ def _sample(shard: str, key: str, group: list[_Member], *, dotted: bool) -> Shar
     main = None
     for name, payload, offset in group:
         ext = split_key(name, dotted=dotted)[1]
+        if ext in files:  # one sample's file twice: two samples under one key, or a member written twice
+            raise DecodeError(f"shard {shard!r} holds key {key!r} twice in a row (member {name!r} comes again "
+                              f"before another key): each sample needs a key of its own; write the shard "
+                              f"again with unique keys (webdataset refuses it too: duplicate file name)",
+                              path=f"{shard}/{name}")
         files[ext] = payload
         if main is None and ext.rpartition(".")[2].lower() not in _META_EXTENSIONS:
             main = (name, payload, offset)
