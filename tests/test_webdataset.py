@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 import tarfile
 from pathlib import Path
 
@@ -262,3 +263,32 @@ def test_a_key_repeated_in_a_row_is_an_error_naming_the_shard_and_key(tmp_path, 
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and str(shard) in err and "key 'k'" in err, err
     assert not (tmp_path / "index.json").exists() and not (tmp_path / "index.json.partial").exists()
+
+
+@pytest.mark.parametrize("where", ["member", "sidecar"])
+def test_index_refuses_a_member_named_outside_its_shard_and_writes_nothing(tmp_path, capsys, where):
+    from audiobuffer.cli.main import main
+
+    if where == "member":
+        outer = [("../up.wav", _audio(1, "wav")), ("../up.cls", b"1")]
+        named = "../up.wav"
+    else:  # a packed sidecar's "name" is the original path the index records
+        sidecar = {"name": "../../etc/up.wav", "label": None, "duration": None, "fields": {}}
+        outer = [("up.wav", _audio(1, "wav")), ("up.json", json.dumps(sidecar).encode())]
+        named = "../../etc/up.wav"
+    shard = _write_tar(tmp_path / "outer.tar", [("a.wav", _audio(0, "wav")), ("a.cls", b"0"), *outer])
+    assert main(["index", str(shard), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(shard) in err and repr(named) in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["outer.tar"]  # no index, whole or partial
+
+
+def test_an_index_that_would_not_read_back_is_not_left_behind(tmp_path, monkeypatch):
+    from audiobuffer.sources import index_shards
+
+    shard = _write_tar(tmp_path / "outer.tar", [("a.wav", _audio(0, "wav")), ("../up.wav", _audio(1, "wav"))])
+    module = sys.modules["audiobuffer.sources.pack"]  # (audiobuffer.sources.pack is the function)
+    monkeypatch.setattr(module, "_check_names", lambda *args: None, raising=False)  # past the first check
+    with pytest.raises(SourceError, match=r"name '\.\./up\.wav' is not a relative path inside the shard"):
+        index_shards(shard, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["outer.tar"]

@@ -484,10 +484,9 @@ def _member(url: str, n: int, row: Any, shards: Mapping[str, tuple[str, int]]) -
         raise bad(f"shard {short_repr(shard)} is not one of the index's shards")
     path, shard_size = shards[shard]
     name = row.get("name")
-    if not isinstance(name, str) or not _is_inner_name(name):
-        raise bad(f"name {short_repr(name)} is not a relative path inside the shard")
-    if not _encodable(name):
-        raise bad(f"name {short_repr(name)} is not a file name (it holds a lone surrogate)")
+    problem = name_problem(name)
+    if problem is not None:
+        raise bad(f"name {short_repr(name)} {problem}")
     offset, size = row.get("offset"), row.get("size")
     if not _is_count(offset):
         raise bad(f"offset {short_repr(offset)} is not an integer >= 0")
@@ -529,6 +528,16 @@ def _encodable(name: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def name_problem(name: Any) -> str | None:
+    """What is wrong with ``name`` as a member's original name in an index (``None``: nothing), in words
+    that follow it: a relative path that stays below its shard, a file name."""
+    if not isinstance(name, str) or not _is_inner_name(name):
+        return "is not a relative path inside the shard"
+    if not _encodable(name):
+        return "is not a file name (it holds a lone surrogate)"
+    return None
 
 
 def _is_inner_name(name: str) -> bool:
