@@ -485,7 +485,7 @@ def _member(url: str, n: int, row: Any, shards: Mapping[str, tuple[str, int]]) -
     path, shard_size = shards[shard]
     name = row.get("name")
     problem = name_problem(name)
-    if problem is not None:
+    if problem is not None or not isinstance(name, str):  # (the second for the type checker)
         raise bad(f"name {short_repr(name)} {problem}")
     offset, size = row.get("offset"), row.get("size")
     if not _is_count(offset):
