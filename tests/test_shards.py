@@ -467,7 +467,7 @@ def test_fsdd_packed_read_back_exactly(fsdd, tmp_path):
 @pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
 @pytest.mark.parametrize("name", ["a.wav", "dir/" * 30 + "long.wav", "d" * 99 + "/x.wav", "caf\u00e9.wav", "dir/"])
 def test_fast_header_parse_agrees_with_tarfile(fmt, name):
-    from audiobuffer.sources.tar import ENCODING, ERRORS, _header
+    from audiobuffer.sources.formats.tarheader import ENCODING, ERRORS, parse_header
 
     info = tarfile.TarInfo(name)
     info.size = 12345
@@ -477,7 +477,7 @@ def test_fast_header_parse_agrees_with_tarfile(fmt, name):
     while pos < len(raw):  # the extended headers (a long name, PAX records) before the member's own, then its own
         block = raw[pos:pos + tarfile.BLOCKSIZE]
         expected = tarfile.TarInfo.frombuf(block, ENCODING, ERRORS)
-        got = _header(block)
+        got = parse_header(block)
         assert got is not None
         assert got[1:] == (expected.size, expected.type)
         if not expected.isdir():
@@ -485,7 +485,7 @@ def test_fast_header_parse_agrees_with_tarfile(fmt, name):
         pos += tarfile.BLOCKSIZE * (1 + (-(-expected.size // tarfile.BLOCKSIZE) if pos + 512 < len(raw) else 0))
     bad = bytearray(block)
     bad[0] ^= 1  # the checksum no longer fits: left to tarfile (which refuses it)
-    assert _header(bytes(bad)) is None
+    assert parse_header(bytes(bad)) is None
 
 
 def _index_items(index: Path) -> list[tuple]:

@@ -8,7 +8,8 @@ others wait for it, and every member is sliced from it. A block is dropped once 
 epoch reads from it were read, and the least recently used beyond ``capacity`` blocks, so memory stays
 a few blocks per producer. A block that cannot be read fails each of its members' reads, each named.
 A block starts at its first member's tar header, so that each member is checked against the header
-before it (NOTE [ Members where an index says ] in ``tar.py``).
+before it (NOTE [ Members where an index says ] in
+``formats/tarheader.py``).
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import StorageError
+from .formats.tarheader import HEADER, check_member
 from .retry import Retry, where
 from .storage import read_range
 from .table import ItemTable
-from .tar import HEADER, check_member
 
 __all__ = ["BlockReads"]
 

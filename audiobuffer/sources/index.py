@@ -24,12 +24,12 @@ import numpy as np
 from .._checks import short_repr
 from ..errors import SourceError
 from . import storage
+from .formats.tarheader import HEADER, check_member
 from .storage import RetrySpec
 from .table import ABSENT, Coded, Column, Strings, as_column, release_arrow_memory
-from .tar import read_member
 
 __all__ = ["INDEX_FORMAT", "INDEX_NAME", "INDEX_VERSION", "IndexColumns", "Member", "ShardIndex", "read_index",
-           "read_index_columns", "shard_name"]
+           "read_index_columns", "read_member", "shard_name"]
 
 #: The index file :func:`~audiobuffer.sources.pack.pack` writes beside the shards.
 INDEX_NAME = "index.json"
@@ -76,13 +76,30 @@ class Member:
     def reader(self, *, storage_options: Mapping[str, Any] | None = None,
                retry: RetrySpec = None) -> Callable[[], bytes]:
         """A callable that reads this member's bytes with one ranged request (retried as ``retry`` says),
-        checking that they are this member's (:func:`~audiobuffer.sources.tar.read_member`).
+        checking that they are this member's (:func:`read_member`).
 
         It can be pickled, and it reads when called, not before: give it to a work item and the
         producer thread that decodes the item does the I/O.
         """
         return functools.partial(read_member, self.shard, self.offset, self.size,
                                  storage_options=storage_options, retry=retry, member=self.member)
+
+
+def read_member(url: str, offset: int, size: int, *, member: str, storage_options: Mapping[str, Any] | None = None,
+                retry: RetrySpec = None) -> bytes:
+    """The ``size`` bytes of member ``member`` at ``offset`` in shard ``url``, with one ranged request that
+    takes the member's tar header along (NOTE [ Members where an index says ] in
+    ``formats/tarheader.py``).
+
+    Raises:
+        StorageError: as :func:`~audiobuffer.sources.storage.read_range`, or the header before the data
+            is not ``member``'s (:func:`~audiobuffer.sources.formats.tarheader.check_member`).
+    """
+    head = min(offset, HEADER) if isinstance(offset, int) and offset > 0 else 0
+    data = storage.read_range(url, offset - head, size + head, storage_options=storage_options, retry=retry,
+                              member=member)
+    check_member(data[:head], url, member, offset, size)
+    return data[head:]
 
 
 @dataclass(frozen=True)

@@ -25,12 +25,11 @@ from ..errors import SourceError
 from . import storage
 from .blocks import BlockReads
 from .formats.lhotse import is_lhotse, read_lhotse
-from .index import read_index_columns
+from .index import read_index_columns, read_member
 from .item import AUDIO_PATTERNS, IMAGE_PATTERNS, ReadClock, WorkItem
 from .listing import LABEL_COLUMN, MANIFEST_SUFFIXES, Listing, list_files, names_shards, table_of_paths
 from .storage import RetrySpec, as_retry, is_url, read_bytes
 from .table import ABSENT, Coded, Column, ItemTable, Region, Strings, TableView, as_column, seconds_array
-from .tar import read_member
 
 __all__ = [
     "AUDIO_PATTERNS",

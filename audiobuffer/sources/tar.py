@@ -4,7 +4,6 @@
 :class:`ShardSample` per key; :func:`stream_shards` chains shards through a seeded shuffle buffer
 (:func:`shuffle_buffer`, WebDataset's ``shuffle(n)``). A truncated shard yields the members before the
 cut, then raises a :class:`~audiobuffer.DecodeError` naming the shard and the member that was cut.
-:func:`read_member` reads one member where an index says it lies, and checks that it is there.
 """
 
 from __future__ import annotations
@@ -20,8 +19,9 @@ from typing import Any, BinaryIO, TypeVar
 
 import numpy as np
 
-from ..errors import DecodeError, StorageError
+from ..errors import DecodeError
 from . import storage
+from .formats.tarheader import ENCODING, ERRORS, parse_header
 from .storage import RetrySpec
 
 __all__ = [
@@ -29,12 +29,9 @@ __all__ = [
     "SHUFFLE_BUFFER",
     "ShardSample",
     "Truncated",
-    "HEADER",
-    "check_member",
     "is_packed_sidecar",
     "iter_shard",
     "member_value",
-    "read_member",
     "sample_fields",
     "shuffle_buffer",
     "split_key",
@@ -47,9 +44,6 @@ SHUFFLE_BUFFER = 100
 MEMBER_STRIDE = 1 << 32
 
 _BLOCK = tarfile.BLOCKSIZE
-#: Bytes of the tar header block that lies just before each member's data.
-HEADER = _BLOCK
-ENCODING, ERRORS = "utf-8", "surrogateescape"
 # Extensions of a WebDataset sample that hold metadata, not the sample's main file, by the last part of
 # the extension ("speaker.txt" is metadata too).
 _META_EXTENSIONS = frozenset({"json", "cls", "cls2", "txt", "text", "id", "index", "yaml", "yml"})
@@ -329,7 +323,7 @@ def _tar_members(stream: BinaryIO, shard: str) -> Iterator[_Member]:
                              f"({len(header)} of {_BLOCK} bytes)")
         if header == bytes(_BLOCK):
             return  # the end-of-archive marker
-        parsed = _header(header)
+        parsed = parse_header(header)
         if parsed is None:  # what the fast path leaves to tarfile: base-256 numbers, odd checksums, errors
             try:
                 info = tarfile.TarInfo.frombuf(header, ENCODING, ERRORS)
@@ -361,105 +355,6 @@ def _tar_members(stream: BinaryIO, shard: str) -> Iterator[_Member]:
         last = name
         if kind in tarfile.REGULAR_TYPES and not (kind == tarfile.AREGTYPE and name.endswith("/")):
             yield name, data, offset
-
-
-# NOTE [ Members where an index says ]
-# ====================================
-# An index records where each member's data lies in its shard. A shard written again under the same
-# name (a re-run ShardWriter job: the same samples in another order, the same size) or a server that
-# answers a range from the wrong offset puts another member's bytes there, and the sample would come
-# back with another's audio under its own label. So every read by index takes the 512-byte tar header
-# just before the member along with it (a block read holds its members' headers already), and
-# check_member compares it with the index: a header block (its checksum right), of a file, of the
-# member's size, naming the member. A name that does not fit a header's 100-byte field whole (longer,
-# or not ASCII) is in a PAX or GNU header before it, and writers shorten the name in the block each
-# their own way: there the size and type are checked. A mismatch is a StorageError naming the shard
-# and member and saying to index the shards again. The index records no modification time or ETag:
-# copying or uploading the shards changes both while the bytes stay right, and neither catches a
-# server's wrong range.
-
-def read_member(url: str, offset: int, size: int, *, member: str, storage_options: Mapping[str, Any] | None = None,
-                retry: RetrySpec = None) -> bytes:
-    """The ``size`` bytes of member ``member`` at ``offset`` in shard ``url``, with one ranged request that
-    takes the member's tar header along (NOTE [ Members where an index says ]).
-
-    Raises:
-        StorageError: as :func:`~audiobuffer.sources.storage.read_range`, or the header before the data
-            is not ``member``'s (:func:`check_member`).
-    """
-    head = min(offset, HEADER) if isinstance(offset, int) and offset > 0 else 0
-    data = storage.read_range(url, offset - head, size + head, storage_options=storage_options, retry=retry,
-                              member=member)
-    check_member(data[:head], url, member, offset, size)
-    return data[head:]
-
-
-def check_member(header: bytes, url: str, member: str, offset: int, size: int) -> None:
-    """Check that ``header``, the 512 bytes before ``offset`` in shard ``url``, is the tar header of a file
-    ``member`` of ``size`` bytes (NOTE [ Members where an index says ]).
-
-    Raises:
-        StorageError: it is not, naming the shard, the member and what the header holds instead.
-    """
-    found = _member_header(header)
-    if found is None:
-        what = "no tar header"
-    else:
-        name, length, kind = found
-        fits = length == size or (length == 0 and size >= 8**11)  # a size beyond the field: in a PAX record
-        if fits and kind in tarfile.REGULAR_TYPES and (name == member or not _whole_in_header(member)):
-            return
-        what = f"the header of {name!r} ({length} bytes)" if kind in tarfile.REGULAR_TYPES \
-            else f"the header of {name!r}, not a file"
-    raise StorageError(f"shard {url!r} does not hold member {member!r} ({size} bytes) at byte {offset} where "
-                       f"its index says: the 512 bytes before it are {what}. The shard was written again after "
-                       f"the index was made (or the server answered another range): run `audiobuffer index` "
-                       f"on the shards (or pack them again) to index them as they are now", url=url,
-                       member=member)
-
-
-def _member_header(block: bytes) -> tuple[str, int, bytes] | None:
-    """``(name, size, type)`` of a tar header block, or ``None`` where ``block`` is not one."""
-    if len(block) != _BLOCK:
-        return None
-    parsed = _header(block)
-    if parsed is not None:
-        return parsed
-    try:
-        info = tarfile.TarInfo.frombuf(block, ENCODING, ERRORS)
-    except tarfile.HeaderError:
-        return None
-    return info.name, info.size, info.type
-
-
-def _whole_in_header(name: str) -> bool:
-    """Whether every tar writer puts ``name`` whole in the member's own header block (ASCII, 100 bytes)."""
-    return name.isascii() and len(name) <= 100
-
-
-def _header(block: bytes) -> tuple[str, int, bytes] | None:
-    """``(name, size, type)`` of a ustar, GNU or v7 header block, as ``tarfile.TarInfo.frombuf`` reads them.
-
-    ``None`` for what this leaves to tarfile: a size in base-256, a checksum that is not the unsigned
-    one, a field that is not octal. It reads only these three fields; ``frombuf`` parses every one.
-    """
-    size_field, checksum_field = block[124:136], block[148:156]
-    if size_field[0] & 0x80:
-        return None
-    try:
-        size = int(size_field.split(b"\0", 1)[0].strip() or b"0", 8)
-        checksum = int(checksum_field.split(b"\0", 1)[0].strip() or b"0", 8)
-    except ValueError:
-        return None
-    if checksum != sum(block) - sum(checksum_field) + 256:  # the checksum field counts as 8 spaces
-        return None
-    kind = block[156:157]
-    name = block[:100].split(b"\0", 1)[0]
-    if kind not in tarfile.GNU_TYPES:  # a ustar name split in two (tarfile reads the field in every format)
-        prefix = block[345:500].split(b"\0", 1)[0]
-        if prefix:
-            name = prefix + b"/" + name
-    return name.decode(ENCODING, ERRORS), size, kind
 
 
 def _pax_records(data: bytes, shard: str) -> dict[str, str]:
