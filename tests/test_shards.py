@@ -738,3 +738,23 @@ def test_a_shard_rewritten_under_its_index_is_refused_not_read_as_other_members(
     assert str(shard) in message and "s00" in message and "audiobuffer index" in message
     index_shards(shard, overwrite=True, progress=False)  # what the message says to do
     assert sorted(_read_all(index, read_block=block)) == sorted(truth.items())
+
+
+@pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_members_with_long_and_unicode_names_read_by_index(tmp_path, fmt):
+    """A name the header block cannot hold whole (PAX, GNU long names) or holds split (ustar) reads by index."""
+    from audiobuffer.sources import index_shards
+
+    names = ["plain", "d" * 60 + "/" + "e" * 70]
+    if fmt != tarfile.USTAR_FORMAT:  # (ustar holds neither)
+        names += ["f" * 120, "\u65e5\u672c\u8a9e"]
+    payloads = {}
+    with tarfile.open(tmp_path / "shard.tar", "w", format=fmt) as tar:
+        for n, name in enumerate(names):
+            for ext, payload in (("wav", bytes([n]) * (700 + n)), ("cls", str(n).encode())):
+                info = tarfile.TarInfo(f"{name}.{ext}")
+                info.size = len(payload)
+                tar.addfile(info, io.BytesIO(payload))
+            payloads[f"{name}.wav"] = bytes([n]) * (700 + n)
+    index = index_shards(tmp_path / "shard.tar", progress=False)
+    assert {m.member: m.reader()() for m in index.members} == payloads
