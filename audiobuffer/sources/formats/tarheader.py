@@ -39,6 +39,8 @@ def check_member(header: bytes, url: str, member: str, offset: int, size: int) -
     Raises:
         StorageError: it is not, naming the shard, the member and what the header holds instead.
     """
+    if _names_exactly(header, member, size):
+        return
     found = _member_header(header)
     if found is None:
         what = "no tar header"
@@ -54,6 +56,22 @@ def check_member(header: bytes, url: str, member: str, offset: int, size: int) -
                        f"the index was made (or the server answered another range): run `audiobuffer index` "
                        f"on the shards (or pack them again) to index them as they are now", url=url,
                        member=member)
+
+
+def _names_exactly(block: bytes, member: str, size: int) -> bool:
+    """Whether ``block`` is a header of a file whose name field holds ``member`` whole (no ustar prefix)
+    and whose size field ``size``: the common case, read from the fields without the checksum (a block
+    of other bytes does not hold both by chance)."""
+    name = member.encode(ENCODING, ERRORS)
+    n = len(name)
+    if len(block) != HEADER or n > 100 or block[:n] != name or (n < 100 and block[n] != 0):
+        return False
+    if block[156:157] not in tarfile.REGULAR_TYPES or (block[257:263] == b"ustar\0" and block[345] != 0):
+        return False
+    try:
+        return int(block[124:136].split(b"\0", 1)[0].strip() or b"0", 8) == size
+    except ValueError:
+        return False
 
 
 def _member_header(block: bytes) -> tuple[str, int, bytes] | None:
