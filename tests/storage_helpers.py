@@ -8,6 +8,7 @@ so the autouse thread check of ``conftest.py`` also sees that they ended).
 from __future__ import annotations
 
 import logging
+import re
 import socket
 import struct
 import threading
@@ -81,19 +82,23 @@ class FaultProxy:
     the response ends the connection and the client opens a new one for the next request). Requests
     are numbered from 1 in the order they arrive; those in ``faults`` fail as ``mode`` says:
     ``"500"`` (a ``500 Internal Server Error``), ``"503"`` (a ``503 Service Unavailable``), ``"403"``
-    (a ``403 Forbidden``) or ``"reset"`` (the connection is reset without an answer).
+    (a ``403 Forbidden``) or ``"reset"`` (the connection is reset without an answer). With ``shift``,
+    every request for a byte range asks upstream for the range ``shift`` bytes further on: the answer
+    has the length asked for, from the wrong offset.
 
     Attributes:
         requests: requests received so far.
         faulted: requests failed so far.
     """
 
-    def __init__(self, upstream: tuple[str, int], *, faults: Container[int] = (), mode: str = "503") -> None:
+    def __init__(self, upstream: tuple[str, int], *, faults: Container[int] = (), mode: str = "503",
+                 shift: int = 0) -> None:
         if mode not in _REASONS and mode != "reset":
             raise ValueError(f"mode must be one of {sorted(_REASONS)} or 'reset', got {mode!r}")
         self.upstream = upstream
         self.faults = faults
         self.mode = mode
+        self.shift = shift
         self.requests = 0
         self.faulted = 0
         self._lock = threading.Lock()
@@ -157,6 +162,8 @@ class FaultProxy:
                     conn.sendall(f"HTTP/1.1 {self.mode} {reason}\r\nContent-Length: 0\r\n"
                                  f"Connection: close\r\n\r\n".encode())
                     return
+                if self.shift:
+                    request = _shift_range(request, self.shift)
                 with socket.create_connection(self.upstream, timeout=SOCKET_TIMEOUT) as up:
                     up.sendall(request)
                     while not self._stop.is_set():
@@ -176,6 +183,17 @@ def _listen(poll: float) -> tuple[socket.socket, int]:
     listener.listen(64)
     listener.settimeout(poll)
     return listener, listener.getsockname()[1]
+
+
+def _shift_range(request: bytes, shift: int) -> bytes:
+    """``request`` with its ``Range: bytes=A-B`` header moved ``shift`` bytes on."""
+    def moved(match: re.Match[bytes]) -> bytes:
+        start, end = int(match[2]) + shift, int(match[3]) + shift
+        return match[1] + f"{start}-{end}".encode()
+
+    head, _, body = request.partition(b"\r\n\r\n")
+    head = re.sub(rb"(?im)^(range:\s*bytes=)(\d+)-(\d+)", moved, head)
+    return head + b"\r\n\r\n" + body
 
 
 def _read_request(conn: socket.socket) -> bytes | None:

@@ -7,7 +7,9 @@ proxy in front of it (the ``proxies`` fixture; storage_helpers.py).
 
 from __future__ import annotations
 
+import io
 import json
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -303,3 +305,66 @@ def test_s3_a_block_that_fails_fails_each_of_its_members(s3, remote, proxies):
     assert ds.stats().failed == N and len({f[1] for f in failures}) == len(failures)
     assert all(f"{Path(f[1]).name}' of" in f[2] and "access denied" in f[2] for f in failures)
     assert proxy.requests == 2 + _block_count(index, 8)  # a refused block is not asked again per member
+
+
+# -- bytes that are not the member's ---------------------------------------------------------------
+
+def _tar(order: list[int]) -> bytes:
+    """A tar of samples ``s{i:03d}`` (``.wav``: 900 bytes of its own, ``.cls``: ``i``) in ``order``."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for i in order:
+            for ext, payload in (("wav", bytes([i]) * 900), ("cls", str(i).encode())):
+                info = tarfile.TarInfo(f"s{i:03d}.{ext}")
+                info.size = len(payload)
+                tar.addfile(info, io.BytesIO(payload))
+    return out.getvalue()
+
+
+def _read_cls_and_bytes(spec: str, options: dict, block: int | None) -> list[tuple[int, bytes]]:
+    def decode(item) -> dict:
+        return {"cls": item.fields["cls"], "data": item.read()}
+
+    source = Source(spec, storage_options=options, retry=FAST)
+    ds = BufferedDataset(source, decode, num_producers=2, read_block=block)
+    return sorted((s["cls"], s["data"]) for s in ds)
+
+
+@pytest.fixture(scope="module")
+def indexed_tar(s3, tmp_path_factory):
+    """``s3://audio/rewritten/shard-000000.tar`` (8 samples) and its index, made by ``index_shards``."""
+    from audiobuffer.sources import index_shards
+
+    base = f"s3://{BUCKET}/rewritten"
+    s3.put(BUCKET, "rewritten/shard-000000.tar", _tar(list(range(8))))
+    local = tmp_path_factory.mktemp("rewritten") / "index.json"
+    index_shards(f"{base}/shard-000000.tar", local, storage_options=s3.options(), progress=False)
+    s3.put(BUCKET, "rewritten/index.json", local.read_bytes())
+    return base
+
+
+@pytest.mark.parametrize("block", [None, 4])
+def test_s3_a_shard_rewritten_under_its_index_is_refused(s3, indexed_tar, block):
+    spec = f"{indexed_tar}/index.json"
+    truth = [(i, bytes([i]) * 900) for i in range(8)]
+    assert _read_cls_and_bytes(spec, s3.options(), block) == truth
+    s3.put(BUCKET, "rewritten/shard-000000.tar", _tar(list(range(8))[::-1]))  # the same size, another order
+    try:
+        with pytest.raises(SampleError) as caught:
+            _read_cls_and_bytes(spec, s3.options(), block)
+    finally:
+        s3.put(BUCKET, "rewritten/shard-000000.tar", _tar(list(range(8))))
+    assert isinstance(caught.value.__cause__, StorageError)
+    assert f"{indexed_tar}/shard-000000.tar" in str(caught.value.__cause__)
+    assert "audiobuffer index" in str(caught.value.__cause__)
+
+
+@pytest.mark.parametrize("block", [None, 4])
+def test_s3_a_range_answered_from_the_wrong_offset_is_refused(s3, indexed_tar, proxies, block):
+    spec = f"{indexed_tar}/index.json"
+    proxy = proxies(shift=1024)  # the length asked for, 1024 bytes further on
+    with pytest.raises(SampleError) as caught:
+        _read_cls_and_bytes(spec, s3.options(proxy.endpoint), block)
+    assert isinstance(caught.value.__cause__, StorageError)
+    assert "does not hold member 's00" in str(caught.value.__cause__)
+    assert proxy.requests > 1

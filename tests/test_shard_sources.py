@@ -366,6 +366,23 @@ def test_batches_by_duration_refuse_sources_without_durations(packed, tmp_path):
         BufferedDataset(str(unknown), _decode(), max_batch_seconds=1.0)
 
 
+def test_batches_by_duration_name_the_member_of_an_index_without_its_duration(packed, tmp_path):
+    """One null duration among many: the error names that member and its shard, not the whole index."""
+    out, index, _ = packed
+    data = json.loads((out / INDEX_NAME).read_text(encoding="utf-8"))
+    data["members"][4]["duration"] = None
+    one_null = tmp_path / INDEX_NAME
+    one_null.write_text(json.dumps(data), encoding="utf-8", newline="\n")
+    for shard in index.shards:
+        (tmp_path / Path(shard).name).symlink_to(shard)
+    member = index.members[4]
+    with pytest.raises(SourceError) as caught:
+        BufferedDataset(str(one_null), _decode(), max_batch_seconds=0.2)
+    message = str(caught.value)
+    assert repr(member.member) in message and repr(str(tmp_path / Path(member.shard).name)) in message, message
+    assert "1 of 30" in message and "has none" not in message and "audiobuffer pack" not in message
+
+
 def test_batches_by_duration_refuse_an_index_with_a_duration_that_is_not_one(packed, tmp_path):
     """A NaN duration would leave its item out of every batch, unreported: the index is refused, naming it."""
     out, index, _ = packed

@@ -467,7 +467,7 @@ def test_fsdd_packed_read_back_exactly(fsdd, tmp_path):
 @pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
 @pytest.mark.parametrize("name", ["a.wav", "dir/" * 30 + "long.wav", "d" * 99 + "/x.wav", "caf\u00e9.wav", "dir/"])
 def test_fast_header_parse_agrees_with_tarfile(fmt, name):
-    from audiobuffer.sources.tar import ENCODING, ERRORS, _header
+    from audiobuffer.sources.formats.tarheader import ENCODING, ERRORS, parse_header
 
     info = tarfile.TarInfo(name)
     info.size = 12345
@@ -477,7 +477,7 @@ def test_fast_header_parse_agrees_with_tarfile(fmt, name):
     while pos < len(raw):  # the extended headers (a long name, PAX records) before the member's own, then its own
         block = raw[pos:pos + tarfile.BLOCKSIZE]
         expected = tarfile.TarInfo.frombuf(block, ENCODING, ERRORS)
-        got = _header(block)
+        got = parse_header(block)
         assert got is not None
         assert got[1:] == (expected.size, expected.type)
         if not expected.isdir():
@@ -485,7 +485,7 @@ def test_fast_header_parse_agrees_with_tarfile(fmt, name):
         pos += tarfile.BLOCKSIZE * (1 + (-(-expected.size // tarfile.BLOCKSIZE) if pos + 512 < len(raw) else 0))
     bad = bytearray(block)
     bad[0] ^= 1  # the checksum no longer fits: left to tarfile (which refuses it)
-    assert _header(bytes(bad)) is None
+    assert parse_header(bytes(bad)) is None
 
 
 def _index_items(index: Path) -> list[tuple]:
@@ -685,3 +685,76 @@ def test_the_nesting_check_reads_strings_across_its_chunks(chars, scan, most):
         assert index_module._arrow_may_read(text.encode("utf-8")) == _nesting_by_hand(text, most)
     finally:
         index_module._SCAN, index_module._ARROW_DEPTH = saved
+
+
+# -- a shard rewritten under its index -------------------------------------------------------------
+
+def _webdataset_shard(folder: Path, order: list[int]) -> Path:
+    """Shard ``shard-000000.tar`` in ``folder`` written by webdataset's ShardWriter: samples ``s{i:03d}``
+    (a WAV tone of frequency 300 + 40 i Hz, all of one length, and a ``.cls`` of ``i``) in ``order``."""
+    wds = pytest.importorskip("webdataset")
+    folder.mkdir(parents=True, exist_ok=True)
+    tones = {}
+    for i in order:
+        buf = io.BytesIO()
+        sf.write(buf, (0.3 * np.sin(np.arange(800) * (300 + 40 * i) / 8000)).astype(np.float32), 8000,
+                 format="WAV")
+        tones[i] = buf.getvalue()
+    with wds.ShardWriter(str(folder / "shard-%06d.tar"), maxcount=1000, verbose=0) as sink:
+        for i in order:
+            sink.write({"__key__": f"s{i:03d}", "wav": tones[i], "cls": str(i).encode()})
+    return folder / "shard-000000.tar"
+
+
+def _read_all(index: Path, **options: object) -> list[tuple[int, bytes]]:
+    """Each sample's label (from its ``cls`` field) and the bytes read for it, by index."""
+    def decode(item: WorkItem) -> dict:
+        return {"cls": item.fields["cls"], "data": item.read()}
+
+    from audiobuffer import BufferedDataset
+
+    ds = BufferedDataset(str(index), decode, num_producers=2, ordered=True, **options)
+    return [(s["cls"], s["data"]) for s in ds]
+
+
+@pytest.mark.parametrize("block", [None, 4])
+def test_a_shard_rewritten_under_its_index_is_refused_not_read_as_other_members(tmp_path, block):
+    from audiobuffer import SampleError
+    from audiobuffer.sources import index_shards
+
+    shard = _webdataset_shard(tmp_path / "d", list(range(8)))
+    index_shards(shard, progress=False)
+    index = tmp_path / "d" / INDEX_NAME
+    truth = {s.fields["cls"]: s.data for s in iter_shard(shard)}
+    assert sorted(_read_all(index, read_block=block)) == sorted(truth.items())
+    size = shard.stat().st_size
+    _webdataset_shard(tmp_path / "d", list(range(8))[::-1])  # a re-run job: the same name, size and samples
+    assert shard.stat().st_size == size
+    with pytest.raises(SampleError) as caught:
+        _read_all(index, read_block=block)
+    cause = caught.value.__cause__
+    assert isinstance(cause, StorageError)
+    message = str(cause)
+    assert str(shard) in message and "s00" in message and "audiobuffer index" in message
+    index_shards(shard, overwrite=True, progress=False)  # what the message says to do
+    assert sorted(_read_all(index, read_block=block)) == sorted(truth.items())
+
+
+@pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_members_with_long_and_unicode_names_read_by_index(tmp_path, fmt):
+    """A name the header block cannot hold whole (PAX, GNU long names) or holds split (ustar) reads by index."""
+    from audiobuffer.sources import index_shards
+
+    names = ["plain", "d" * 60 + "/" + "e" * 70]
+    if fmt != tarfile.USTAR_FORMAT:  # (ustar holds neither)
+        names += ["f" * 120, "\u65e5\u672c\u8a9e"]
+    payloads = {}
+    with tarfile.open(tmp_path / "shard.tar", "w", format=fmt) as tar:
+        for n, name in enumerate(names):
+            for ext, payload in (("wav", bytes([n]) * (700 + n)), ("cls", str(n).encode())):
+                info = tarfile.TarInfo(f"{name}.{ext}")
+                info.size = len(payload)
+                tar.addfile(info, io.BytesIO(payload))
+            payloads[f"{name}.wav"] = bytes([n]) * (700 + n)
+    index = index_shards(tmp_path / "shard.tar", progress=False)
+    assert {m.member: m.reader()() for m in index.members} == payloads

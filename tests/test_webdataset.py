@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 import tarfile
 from pathlib import Path
 
@@ -230,3 +231,64 @@ def test_streamed_foreign_shards_batch_by_a_json_duration(tmp_path):
     batches = _drain(ds)
     assert sorted(s["audio"].shape[-1] - 800 for b in batches for s in b) == list(range(N))
     assert all(len(b) * max(s["seconds"] for s in b) <= 0.5 + 1e-9 for b in batches)
+
+
+def _repeated_key_shard(tmp_path: Path) -> Path:
+    """A shard whose key ``k`` comes twice in a row (``k.wav k.cls k.wav k.cls``) between two good samples."""
+    return _write_tar(tmp_path / "repeated.tar", [
+        ("a.wav", _audio(0, "wav")), ("a.cls", b"0"),
+        ("k.wav", _audio(1, "wav")), ("k.cls", b"1"), ("k.wav", _audio(2, "wav")), ("k.cls", b"2"),
+        ("z.wav", _audio(3, "wav")), ("z.cls", b"3")])
+
+
+def test_a_key_repeated_in_a_row_is_an_error_naming_the_shard_and_key(tmp_path, capsys):
+    from audiobuffer import DecodeError, SampleError
+    from audiobuffer.cli.main import main
+    from audiobuffer.sources import index_shards
+
+    shard = _repeated_key_shard(tmp_path)
+    wds = pytest.importorskip("webdataset")
+    with pytest.raises(ValueError, match="duplicate file name"):  # what webdataset itself says
+        list(wds.WebDataset(str(shard), shardshuffle=False))
+    expected = rf"shard {str(shard)!r} .*key 'k'.*'k\.wav'"
+    with pytest.raises(DecodeError, match=expected):  # streamed: the sample before comes, then the error
+        for sample in iter_shard(shard):
+            assert sample.key == "a"
+    with pytest.raises(SampleError) as caught:
+        list(BufferedDataset(str(shard), AudioDecoder(), num_producers=1))
+    assert isinstance(caught.value.__cause__, DecodeError) and "key 'k'" in str(caught.value.__cause__)
+    with pytest.raises(DecodeError, match=expected):
+        index_shards(shard, progress=False)
+    assert main(["index", str(shard), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(shard) in err and "key 'k'" in err, err
+    assert not (tmp_path / "index.json").exists() and not (tmp_path / "index.json.partial").exists()
+
+
+@pytest.mark.parametrize("where", ["member", "sidecar"])
+def test_index_refuses_a_member_named_outside_its_shard_and_writes_nothing(tmp_path, capsys, where):
+    from audiobuffer.cli.main import main
+
+    if where == "member":
+        outer = [("../up.wav", _audio(1, "wav")), ("../up.cls", b"1")]
+        named = "../up.wav"
+    else:  # a packed sidecar's "name" is the original path the index records
+        sidecar = {"name": "../../etc/up.wav", "label": None, "duration": None, "fields": {}}
+        outer = [("up.wav", _audio(1, "wav")), ("up.json", json.dumps(sidecar).encode())]
+        named = "../../etc/up.wav"
+    shard = _write_tar(tmp_path / "outer.tar", [("a.wav", _audio(0, "wav")), ("a.cls", b"0"), *outer])
+    assert main(["index", str(shard), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(shard) in err and repr(named) in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["outer.tar"]  # no index, whole or partial
+
+
+def test_an_index_that_would_not_read_back_is_not_left_behind(tmp_path, monkeypatch):
+    from audiobuffer.sources import index_shards
+
+    shard = _write_tar(tmp_path / "outer.tar", [("a.wav", _audio(0, "wav")), ("../up.wav", _audio(1, "wav"))])
+    module = sys.modules["audiobuffer.sources.pack"]  # (audiobuffer.sources.pack is the function)
+    monkeypatch.setattr(module, "_check_names", lambda *args: None, raising=False)  # past the first check
+    with pytest.raises(SourceError, match=r"name '\.\./up\.wav' is not a relative path inside the shard"):
+        index_shards(shard, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["outer.tar"]

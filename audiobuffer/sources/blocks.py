@@ -7,6 +7,9 @@ ranged request (:func:`~audiobuffer.sources.storage.read_range`, with its timeou
 others wait for it, and every member is sliced from it. A block is dropped once all the members the
 epoch reads from it were read, and the least recently used beyond ``capacity`` blocks, so memory stays
 a few blocks per producer. A block that cannot be read fails each of its members' reads, each named.
+A block starts at its first member's tar header, so that each member is checked against the header
+before it (NOTE [ Members where an index says ] in
+``formats/tarheader.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import StorageError
+from .formats.tarheader import HEADER, check_member
 from .retry import Retry, where
 from .storage import read_range
 from .table import ItemTable
@@ -58,8 +62,9 @@ class BlockReads:
 
     def __init__(self, table: ItemTable, starts: np.ndarray, indices: np.ndarray, *,
                  storage_options: Mapping[str, Any] | None, retry: Retry, capacity: int) -> None:
-        if table.offsets is None or table.sizes is None or table.shard_of is None or table.shards is None:
-            raise ValueError("block reads need an index's members (offsets and sizes)")
+        if table.offsets is None or table.sizes is None or table.shard_of is None or table.shards is None \
+                or table.members is None:
+            raise ValueError("block reads need an index's members (names, offsets and sizes)")
         self._table = table
         self._starts = np.asarray(starts, dtype=np.int64)
         self._options = storage_options
@@ -105,9 +110,9 @@ class BlockReads:
                 self._blocks.move_to_end(b)
         first = int(self._starts[b])
         last = int(self._starts[b + 1]) - 1 if b + 1 < len(self._starts) else len(table) - 1
-        start = int(table.offsets[first])  # type: ignore[index]
+        start = max(int(table.offsets[first]) - HEADER, 0)  # type: ignore[index]  # the first one's header too
         url = table.shards[table.shard_of[index]]  # type: ignore[index]
-        member = table.members[index] if table.members is not None else None
+        member = table.members[index]  # type: ignore[index]
         try:
             if fetch:
                 self._fetch(block, url, start, first, last)
@@ -119,8 +124,10 @@ class BlockReads:
                 raise StorageError(f"cannot read {where(url, member)} (read in one block with its neighbours): "
                                    f"{error}", url=url, member=member, attempts=getattr(error, "attempts", 1),
                                    transient=getattr(error, "transient", False)) from error
-            at = int(table.offsets[index]) - start  # type: ignore[index]
-            return block.data[at:at + int(table.sizes[index])]  # type: ignore[index]
+            offset, size = int(table.offsets[index]), int(table.sizes[index])  # type: ignore[index]
+            at = offset - start
+            check_member(block.data[max(at - HEADER, 0):at], url, member, offset, size)
+            return block.data[at:at + size]
         finally:
             with self._lock:
                 self._left[b] -= 1

@@ -172,6 +172,8 @@ def read_durations(source: Any, *, duration_column: str | None = None, crop_seco
         durations, failures = _from_column(source, duration_column), []
     elif known is not None and not np.isnan(known).any():  # an index of packed shards
         durations, failures = np.array(known, dtype=np.float64), []
+    elif known is not None and table.offsets is not None and not np.isnan(known).all():
+        raise _missing_from_index(source, known)
     elif known is not None or source.has_urls():
         raise SourceError(f"batches by duration need each item's duration, and {source.description} has none "
                           f"to read a header from locally: give duration_column (a manifest column), or pack the "
@@ -182,6 +184,20 @@ def read_durations(source: Any, *, duration_column: str | None = None, crop_seco
     if crop_seconds is not None:
         durations = np.minimum(durations, float(crop_seconds))  # NaN stays NaN
     return durations, failures
+
+
+def _missing_from_index(source: Any, known: np.ndarray) -> SourceError:
+    """The error for an index that records the durations of some members and not of others: it names the
+    first member without one, and its shard."""
+    table = source.table
+    missing = np.flatnonzero(np.isnan(known))
+    i = int(missing[0])
+    member, shard = table.members[i], table.shards[table.shard_of[i]]
+    return SourceError(f"batches by duration need each item's duration, and {len(missing)} of {len(known)} "
+                       f"members of {source.description} have none in it, the first member {member!r} of shard "
+                       f"{shard!r} (null: its header could not be read as audio when the index was made): "
+                       f"mend or drop that member and index the shards again (`audiobuffer index`), or give "
+                       f"duration_column (a field of every member that holds its duration)")
 
 
 def _from_column(source: Any, column: str) -> np.ndarray:

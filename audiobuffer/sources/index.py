@@ -24,11 +24,12 @@ import numpy as np
 from .._checks import short_repr
 from ..errors import SourceError
 from . import storage
+from .formats.tarheader import HEADER, check_member
 from .storage import RetrySpec
 from .table import ABSENT, Coded, Column, Strings, as_column, release_arrow_memory
 
 __all__ = ["INDEX_FORMAT", "INDEX_NAME", "INDEX_VERSION", "IndexColumns", "Member", "ShardIndex", "read_index",
-           "read_index_columns", "shard_name"]
+           "read_index_columns", "read_member", "shard_name"]
 
 #: The index file :func:`~audiobuffer.sources.pack.pack` writes beside the shards.
 INDEX_NAME = "index.json"
@@ -74,13 +75,31 @@ class Member:
 
     def reader(self, *, storage_options: Mapping[str, Any] | None = None,
                retry: RetrySpec = None) -> Callable[[], bytes]:
-        """A callable that reads this member's bytes with one ranged request (retried as ``retry`` says).
+        """A callable that reads this member's bytes with one ranged request (retried as ``retry`` says),
+        checking that they are this member's (:func:`read_member`).
 
         It can be pickled, and it reads when called, not before: give it to a work item and the
         producer thread that decodes the item does the I/O.
         """
-        return functools.partial(storage.read_range, self.shard, self.offset, self.size,
+        return functools.partial(read_member, self.shard, self.offset, self.size,
                                  storage_options=storage_options, retry=retry, member=self.member)
+
+
+def read_member(url: str, offset: int, size: int, *, member: str, storage_options: Mapping[str, Any] | None = None,
+                retry: RetrySpec = None) -> bytes:
+    """The ``size`` bytes of member ``member`` at ``offset`` in shard ``url``, with one ranged request that
+    takes the member's tar header along (NOTE [ Members where an index says ] in
+    ``formats/tarheader.py``).
+
+    Raises:
+        StorageError: as :func:`~audiobuffer.sources.storage.read_range`, or the header before the data
+            is not ``member``'s (:func:`~audiobuffer.sources.formats.tarheader.check_member`).
+    """
+    head = min(offset, HEADER) if isinstance(offset, int) and offset > 0 else 0
+    data = storage.read_range(url, offset - head, size + head, storage_options=storage_options, retry=retry,
+                              member=member)
+    check_member(data[:head], url, member, offset, size)
+    return data[head:]
 
 
 @dataclass(frozen=True)
@@ -482,10 +501,9 @@ def _member(url: str, n: int, row: Any, shards: Mapping[str, tuple[str, int]]) -
         raise bad(f"shard {short_repr(shard)} is not one of the index's shards")
     path, shard_size = shards[shard]
     name = row.get("name")
-    if not isinstance(name, str) or not _is_inner_name(name):
-        raise bad(f"name {short_repr(name)} is not a relative path inside the shard")
-    if not _encodable(name):
-        raise bad(f"name {short_repr(name)} is not a file name (it holds a lone surrogate)")
+    problem = name_problem(name)
+    if problem is not None or not isinstance(name, str):  # (the second for the type checker)
+        raise bad(f"name {short_repr(name)} {problem}")
     offset, size = row.get("offset"), row.get("size")
     if not _is_count(offset):
         raise bad(f"offset {short_repr(offset)} is not an integer >= 0")
@@ -527,6 +545,16 @@ def _encodable(name: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def name_problem(name: Any) -> str | None:
+    """What is wrong with ``name`` as a member's original name in an index (``None``: nothing), in words
+    that follow it: a relative path that stays below its shard, a file name."""
+    if not isinstance(name, str) or not _is_inner_name(name):
+        return "is not a relative path inside the shard"
+    if not _encodable(name):
+        return "is not a file name (it holds a lone surrogate)"
+    return None
 
 
 def _is_inner_name(name: str) -> bool:

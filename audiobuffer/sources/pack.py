@@ -23,6 +23,7 @@ finished.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import logging
@@ -35,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import SourceError, StorageError
 from . import storage
-from .index import INDEX_FORMAT, INDEX_NAME, INDEX_VERSION, ShardIndex, read_index, shard_name
+from .index import INDEX_FORMAT, INDEX_NAME, INDEX_VERSION, ShardIndex, name_problem, read_index, shard_name
 from .tar import ENCODING, ERRORS, is_packed_sidecar, iter_shard
 
 if TYPE_CHECKING:  # annotations only: pack() imports Source when it runs
@@ -120,9 +121,7 @@ def pack(source: SourceSpec, out_dir: str | os.PathLike[str], *, shard_size: int
     except BaseException:
         writer.abandon()  # no half-written shard is left behind; the finished ones stay, without an index
         raise
-    index_path = out / INDEX_NAME
-    _write_index(index_path, writer.shards, writer.members)
-    return read_index(index_path)
+    return _write_index(out / INDEX_NAME, writer.shards, writer.members)
 
 
 def index_shards(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
@@ -175,6 +174,7 @@ def index_shards(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str
         for url, name in zip(urls, names):
             count = 0
             for sample in iter_shard(url, storage_options=storage_options):
+                _check_names(url, sample.member, sample.name)
                 fields = {}
                 for key, value in sample.fields.items():
                     if isinstance(value, bytes):
@@ -197,11 +197,21 @@ def index_shards(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str
         logger.warning("members that are not text (%s) are fields when streaming but are not recorded in the "
                        "index", ", ".join(sorted(left_out)))
     path.parent.mkdir(parents=True, exist_ok=True)
-    _write_index(path, entries, members)
+    index = _write_index(path, entries, members)
     if remote:
         logger.warning("wrote %s for shards in object storage: upload it beside them, as %s", path,
                        storage.sibling(urls[0], INDEX_NAME))
-    return read_index(path)  # (for remote shards, its shard paths resolve beside the file written here)
+    return index  # (for remote shards, its shard paths resolve beside the file written here)
+
+
+def _check_names(url: str, member: str, name: str) -> None:
+    """Refuse a sample whose member or original name an index cannot hold (a path outside the shard)."""
+    for what, value in (("member", member), ("original name", name)):
+        problem = name_problem(value) if value else "is empty"
+        if problem is not None:
+            raise SourceError(f"shard {url!r} holds a sample whose {what} {value!r} {problem}: an index "
+                              f"cannot name it, and no index was written; write the shard again with names "
+                              f"relative to it (no leading '/', no '..')")
 
 
 def _shard_names(urls: list[str], index: Path, remote: bool) -> list[str]:
@@ -389,7 +399,9 @@ def _tar_info(name: str, size: int) -> tarfile.TarInfo:
     return info
 
 
-def _write_index(path: Path, shards: list[dict[str, Any]], members: list[dict[str, Any]]) -> None:
+def _write_index(path: Path, shards: list[dict[str, Any]], members: list[dict[str, Any]]) -> ShardIndex:
+    """Write the index at ``path`` and return it as read back; an index that does not read back (a value
+    the checks of :func:`read_index` refuse) is not left behind, whole or partial."""
     def line(obj: Any) -> str:
         return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(", ", ": "))
 
@@ -401,5 +413,11 @@ def _write_index(path: Path, shards: list[dict[str, Any]], members: list[dict[st
     ])
     partial = path.with_name(path.name + _PARTIAL)
     partial.write_bytes(text.encode("utf-8"))  # bytes: no \r\n on Windows, the same index everywhere
+    try:
+        index = read_index(partial)  # what every loader will read, checked before it is there
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     os.replace(partial, path)  # the index appears last, whole: its presence means the pack finished
+    return dataclasses.replace(index, url=os.fspath(path))
 

@@ -25,7 +25,7 @@ from ..errors import SourceError
 from . import storage
 from .blocks import BlockReads
 from .formats.lhotse import is_lhotse, read_lhotse
-from .index import read_index_columns
+from .index import read_index_columns, read_member
 from .item import AUDIO_PATTERNS, IMAGE_PATTERNS, ReadClock, WorkItem
 from .listing import LABEL_COLUMN, MANIFEST_SUFFIXES, Listing, list_files, names_shards, table_of_paths
 from .storage import RetrySpec, as_retry, is_url, read_bytes
@@ -328,8 +328,8 @@ class Source:
         read: Callable[[], bytes] | None = None
         if table.offsets is not None and blocks is not None:  # an index member, sliced from its block
             read = functools.partial(blocks.read, index)
-        elif table.offsets is not None:  # an index member: one ranged request, sized to the member
-            read = functools.partial(storage.read_range, table.shards[table.shard_of[index]],  # type: ignore[index]
+        elif table.offsets is not None:  # an index member: one ranged request, with its tar header
+            read = functools.partial(read_member, table.shards[table.shard_of[index]],  # type: ignore[index]
                                      int(table.offsets[index]), int(table.sizes[index]),  # type: ignore[index]
                                      storage_options=self.storage_options, retry=self.retry,
                                      member=table.members[index])  # type: ignore[index]

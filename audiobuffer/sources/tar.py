@@ -21,6 +21,7 @@ import numpy as np
 
 from ..errors import DecodeError
 from . import storage
+from .formats.tarheader import ENCODING, ERRORS, parse_header
 from .storage import RetrySpec
 
 __all__ = [
@@ -43,7 +44,6 @@ SHUFFLE_BUFFER = 100
 MEMBER_STRIDE = 1 << 32
 
 _BLOCK = tarfile.BLOCKSIZE
-ENCODING, ERRORS = "utf-8", "surrogateescape"
 # Extensions of a WebDataset sample that hold metadata, not the sample's main file, by the last part of
 # the extension ("speaker.txt" is metadata too).
 _META_EXTENSIONS = frozenset({"json", "cls", "cls2", "txt", "text", "id", "index", "yaml", "yml"})
@@ -92,11 +92,12 @@ def iter_shard(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any
 
     Members are grouped into samples by key, WebDataset's way: consecutive members whose names agree
     up to the first dot of the base name. Directories, links and other non-file members are skipped.
+    A sample with one extension twice (``k.wav k.cls k.wav k.cls``) is an error, as in WebDataset.
 
     Raises:
         StorageError: the shard is missing or forbidden, or a block still failing after the retries.
-        DecodeError: the shard is truncated (after yielding every whole sample before the cut) or
-            holds a malformed header; the message names the shard and the member.
+        DecodeError: the shard is truncated (after yielding every whole sample before the cut), holds
+            a malformed header or a key twice in a row; the message names the shard and the member.
     """
     url = os.fspath(url)
     with storage.open_stream(url, storage_options=storage_options, retry=retry, block_size=block_size) as stream:
@@ -209,6 +210,11 @@ def _sample(shard: str, key: str, group: list[_Member], *, dotted: bool) -> Shar
     main = None
     for name, payload, offset in group:
         ext = split_key(name, dotted=dotted)[1]
+        if ext in files:  # one sample's file twice: two samples under one key, or a member written twice
+            raise DecodeError(f"shard {shard!r} holds key {key!r} twice in a row (member {name!r} comes again "
+                              f"before another key): each sample needs a key of its own; write the shard "
+                              f"again with unique keys (webdataset refuses it too: duplicate file name)",
+                              path=f"{shard}/{name}")
         files[ext] = payload
         if main is None and ext.rpartition(".")[2].lower() not in _META_EXTENSIONS:
             main = (name, payload, offset)
@@ -317,7 +323,7 @@ def _tar_members(stream: BinaryIO, shard: str) -> Iterator[_Member]:
                              f"({len(header)} of {_BLOCK} bytes)")
         if header == bytes(_BLOCK):
             return  # the end-of-archive marker
-        parsed = _header(header)
+        parsed = parse_header(header)
         if parsed is None:  # what the fast path leaves to tarfile: base-256 numbers, odd checksums, errors
             try:
                 info = tarfile.TarInfo.frombuf(header, ENCODING, ERRORS)
@@ -349,31 +355,6 @@ def _tar_members(stream: BinaryIO, shard: str) -> Iterator[_Member]:
         last = name
         if kind in tarfile.REGULAR_TYPES and not (kind == tarfile.AREGTYPE and name.endswith("/")):
             yield name, data, offset
-
-
-def _header(block: bytes) -> tuple[str, int, bytes] | None:
-    """``(name, size, type)`` of a ustar, GNU or v7 header block, as ``tarfile.TarInfo.frombuf`` reads them.
-
-    ``None`` for what this leaves to tarfile: a size in base-256, a checksum that is not the unsigned
-    one, a field that is not octal. It reads only these three fields; ``frombuf`` parses every one.
-    """
-    size_field, checksum_field = block[124:136], block[148:156]
-    if size_field[0] & 0x80:
-        return None
-    try:
-        size = int(size_field.split(b"\0", 1)[0].strip() or b"0", 8)
-        checksum = int(checksum_field.split(b"\0", 1)[0].strip() or b"0", 8)
-    except ValueError:
-        return None
-    if checksum != sum(block) - sum(checksum_field) + 256:  # the checksum field counts as 8 spaces
-        return None
-    kind = block[156:157]
-    name = block[:100].split(b"\0", 1)[0]
-    if kind not in tarfile.GNU_TYPES:  # a ustar name split in two (tarfile reads the field in every format)
-        prefix = block[345:500].split(b"\0", 1)[0]
-        if prefix:
-            name = prefix + b"/" + name
-    return name.decode(ENCODING, ERRORS), size, kind
 
 
 def _pax_records(data: bytes, shard: str) -> dict[str, str]:
