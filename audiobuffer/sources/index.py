@@ -175,11 +175,13 @@ def read_index(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any
 
 def read_index_columns(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None,
                        retry: RetrySpec = None, allow_outside: bool = False) -> IndexColumns:
-    """:func:`read_index` as columns, with no object per member: the index is parsed into columns by
-    pyarrow and checked a column at a time where it has the plain shape ``pack`` writes (each member's
-    values of one type, its fields in every member, no escapes, little nesting) and pyarrow reads every
-    value as :mod:`json` does; otherwise parsed by :mod:`json` and checked as :func:`read_index` does.
-    Either way the same index gives the same members, or is refused with the same message.
+    """:func:`read_index` as columns, with no object per member: an index of
+    :data:`~audiobuffer.sources.table.ARROW_ROWS` members or more is parsed into columns by pyarrow and
+    checked a column at a time where it has the plain shape ``pack`` writes (each member's values of one
+    type, its fields in every member, no escapes, little nesting) and pyarrow reads every value as
+    :mod:`json` does; otherwise (and a smaller index always, without importing pyarrow) it is parsed by
+    :mod:`json` and checked as :func:`read_index` does. Either way the same index gives the same
+    members, or is refused with the same message.
 
     Raises:
         StorageError, SourceError: as :func:`read_index` (a malformed member is named as it does).
