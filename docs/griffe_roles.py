@@ -5,6 +5,12 @@ double backticks. In the site a role naming a public name (``audiobuffer.X`` or 
 ``audiobuffer.__all__``, or a member of one) becomes a link to that name's entry in the API reference (a
 link that does not resolve fails the strict build); any other role becomes code, shown as written without
 the role. An ``Example:`` section becomes ``Examples:``, which griffe shows as code.
+
+The code keeps each protocol once, as a ``NOTE [ Title ]`` in a module docstring or comment, and
+docstrings point to it by title. The site has no source files, so a docstring that points to a note
+shows the note's text below itself, folded; a note written in a docstring shown becomes a bold title;
+reStructuredText's ``::`` literal blocks become code blocks. A class's private bases (a class of a
+private module, or whose name starts with ``_``) are left out of its "Bases:" line.
 """
 
 from __future__ import annotations
@@ -19,6 +25,82 @@ import griffe
 REPO = Path(__file__).resolve().parents[1]
 
 _ROLE = re.compile(r":(?:class|func|meth|attr|data|exc|mod|obj):`(~?)([^`<>]+)`")
+#: A note's title line in a module docstring (``NOTE [ Title ]`` then a line of ``=``) or comment.
+_NOTE_HEAD = re.compile(r"^[ \t]*(?:# )?NOTE \[ ([^\]]+?) \][ \t]*\n[ \t]*(?:# )?=+[ \t]*$", re.MULTILINE)
+#: A reference to a note, with the file it is in where one is named.
+_NOTE_REF = re.compile(r"NOTE \[\s+([^\]]+?)\s+\](?: in this module| in `*[\w/.]*\w`*)?")
+_PRIVATE = re.compile(r"(^|\.)_[^_]")
+
+
+def notes(root: Path = REPO / "audiobuffer") -> dict[str, tuple[str, str]]:
+    """Every note of the package: title -> (the file it is in, relative to the repository; its text as one
+    paragraph per paragraph of the source, a literal block kept as a code block)."""
+    found: dict[str, tuple[str, str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        for match in _NOTE_HEAD.finditer(text):
+            lines = []
+            comment = match.group(0).lstrip().startswith("#")
+            for line in text[match.end():].splitlines()[1:]:
+                if re.match(r"^[ \t]*(?:# )?NOTE \[ ", line):  # the next note
+                    break
+                if comment:
+                    if not line.lstrip().startswith("#"):
+                        break
+                    line = line.lstrip()[1:].removeprefix(" ")
+                elif '"""' in line:
+                    break
+                lines.append(line.rstrip())
+            found[match.group(1)] = (path.relative_to(REPO).as_posix(), "\n".join(lines).strip())
+    return found
+
+
+def _literal_blocks(text: str) -> str:
+    """reStructuredText's ``::`` literal blocks as fenced code blocks (``text::`` keeps ``text:``)."""
+    lines, out, i = text.splitlines(), [], 0
+    while i < len(lines):
+        line = lines[i]
+        if line.rstrip().endswith("::") and i + 1 < len(lines) and not lines[i + 1].strip():
+            lead = line.rstrip()[:-2].rstrip()
+            if lead:
+                out.append(lead + ":")
+            block, j = [], i + 1
+            while j < len(lines) and (not lines[j].strip() or lines[j].startswith((" ", "\t"))):
+                block.append(lines[j])
+                j += 1
+            while block and not block[-1].strip():
+                block.pop()
+            while block and not block[0].strip():
+                block.pop(0)
+            indent = min((len(b) - len(b.lstrip()) for b in block if b.strip()), default=0)
+            out += ["", "```text", *(b[indent:] for b in block), "```", ""]
+            i = j
+            continue
+        out.append(line)
+        i += 1
+    return "\n".join(out)
+
+
+def with_notes(text: str, known: dict[str, tuple[str, str]]) -> str:
+    """``text`` with each note written in it as a bold title, and each note it points to shown below it."""
+    text = _NOTE_HEAD.sub(lambda m: f"**{m.group(1)}**", text)
+    cited: list[str] = []
+
+    def cite(match: re.Match[str]) -> str:
+        title = " ".join(match.group(1).split())
+        if title not in known:
+            return f"the note *{title}*"
+        if title not in cited:
+            cited.append(title)
+        return f"the note *{title}*, below"
+
+    text = _NOTE_REF.sub(cite, text)
+    for title in cited:  # grows as the notes shown cite others: each is shown once
+        where, body = known[title]
+        shown = _literal_blocks(_NOTE_REF.sub(cite, body))
+        text += f'\n\n??? note "{title} (a note in `{where}`)"\n' + "\n".join(
+            f"    {line}" if line else "" for line in shown.splitlines())
+    return text
 
 
 def _public() -> set[str]:
@@ -52,7 +134,12 @@ class SphinxRoles(griffe.Extension):
     def __init__(self) -> None:
         super().__init__()
         self.public = _public()
+        self.notes = {title: (where, convert(body, self.public)) for title, (where, body) in notes().items()}
 
     def on_instance(self, *, obj: griffe.Object, **kwargs: Any) -> None:
         if obj.docstring is not None:
-            obj.docstring.value = convert(obj.docstring.value, self.public)
+            text = _literal_blocks(convert(obj.docstring.value, self.public))
+            obj.docstring.value = with_notes(text, self.notes)
+        if isinstance(obj, griffe.Class):
+            obj.bases = [base for base in obj.bases
+                         if not _PRIVATE.search(str(getattr(base, "canonical_path", base)))]

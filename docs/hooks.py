@@ -71,6 +71,12 @@ def _reference_comments() -> dict[tuple[str | None, str], str]:
     for line in reference_config().splitlines():
         top = re.match(r"^([a-z_]+):(.*)$", line)
         inner = re.match(r"^\s+(?:#\s*)?([a-z_]+):(.*)$", line)
+        more = re.search(r"\s#\s{3}(\S.*)$", line)  # "#   text": the comment above goes on
+        if inner and more and last in comments:  # a commented-out key beside a comment that goes on
+            assert last is not None
+            comments[last] += " " + more.group(1).strip()
+            last = (section, inner.group(1))
+            continue
         if top:
             key, rest = top.groups()
             section = key if not rest.split("#", 1)[0].strip() else None
@@ -126,8 +132,11 @@ def _allowed(annotation: Any, metadata: list[Any] = ()) -> str:  # type: ignore[
     if origin is typing.Literal:
         return " | ".join("null" if a is None else _yaml(a) for a in args)
     bounds = _constraints(list(metadata))
-    if origin is list:
-        text = f"a list of {_allowed(args[0]).removeprefix('a ').removeprefix('an ')}s"
+    if origin is list and isinstance(args[0], type) and hasattr(args[0], "model_fields"):
+        text = f"a list of mappings ({_entry_of(args[0])} entries)"
+    elif origin is list:  # "a number > 0" -> "a list of numbers > 0"
+        noun, _, rest = _allowed(args[0]).removeprefix("a ").removeprefix("an ").partition(" ")
+        text = f"a list of {noun}s {rest}".rstrip()
     elif origin is tuple:
         text = "[" + ", ".join(_allowed(a).removeprefix("an ").removeprefix("a ") for a in args) + "]"
     elif origin is dict:
@@ -136,6 +145,18 @@ def _allowed(annotation: Any, metadata: list[Any] = ()) -> str:  # type: ignore[
         text = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(
             annotation, getattr(annotation, "__name__", str(annotation)))
     return f"{text} {' and '.join(bounds)}" if bounds else text
+
+
+def _entry_of(model: Any) -> str:
+    """The YAML key whose list holds ``model`` (a schema class): ``source.mix`` for ``MixEntry``."""
+    from audiobuffer.config.schema import PipelineConfig
+
+    for name, info in PipelineConfig.model_fields.items():
+        for key, field in getattr(info.annotation, "model_fields", {}).items():
+            if model in typing.get_args(field.annotation) or any(
+                    model in typing.get_args(a) for a in typing.get_args(field.annotation)):
+                return f"{name}.{key}"
+    return model.__name__
 
 
 def _yaml(value: Any) -> str:

@@ -503,6 +503,17 @@ def test_dynamic_buckets_hand_on_each_sample_once_within_the_budget(durations, b
     assert all(size is None or len(b) <= size for b in batches)
 
 
+def test_dynamic_buckets_take_a_huge_duration_without_overflow_warnings():
+    """A duration whose square overflows (a numpy float, as a sidecar gives) costs infinity: a batch of its own."""
+    cutter = DynamicBuckets(8.0, 1, None, 5.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        batches = [b for i, d in enumerate([1.0, 1.0, np.float64(1e200)]) for b in cutter.add(d, i)]
+        batches += cutter.flush()
+        assert batch_cost(2, np.float64(1e200), 5.0) == math.inf
+    assert sorted(len(b) for b in batches) == [1, 2]
+
+
 def test_dynamic_buckets_put_like_lengths_together():
     """Edges come from the first samples; then a short sample never waits in a batch of long ones."""
     cutter = DynamicBuckets(8.0, 2)

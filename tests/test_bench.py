@@ -359,3 +359,77 @@ def test_the_package_imports_no_peer():
     found = [str(path.relative_to(REPO)) for path in sorted((REPO / "audiobuffer").rglob("*.py"))
              if peers.search(path.read_text(encoding="utf-8"))]
     assert found == []
+
+
+def _fake_bench(monkeypatch, seconds_per_run=1.0):
+    """bench.main with every measurement faked (``seconds_per_run`` on a fake clock) and corpora unwritten:
+    the formats asked for and the approaches measured are recorded."""
+    from types import SimpleNamespace
+
+    from audiobuffer.cli import bench
+
+    clock, seen = [0.0], {"formats": None, "measured": []}
+
+    def fake_measure(approach, file_list, timeout, transform=None, lineup=None):
+        clock[0] += seconds_per_run
+        seen["measured"].append(approach)
+        return bench.Run(approach, 1.0, 0.01, 10, 5.0, 100.0, 200.0, 10.0, 5.0, True)
+
+    def fake_corpora(formats, files, folder):
+        seen["formats"] = formats
+        return {f"{fmt} corpus": [f"{i}.{fmt}" for i in range(files)] for fmt, _ in formats}, {}
+
+    monkeypatch.setattr(bench, "_measure", fake_measure)
+    monkeypatch.setattr(bench, "generated_corpora", fake_corpora)
+    monkeypatch.setattr(bench, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    return bench, seen
+
+
+@pytest.mark.parametrize("load, verdict", [(8.0, "machine busy: times and ratios are noisy"),
+                                           (0.3, "machine quiet")])
+def test_bench_says_how_busy_the_machine_was_and_how_far_to_trust_the_figures(monkeypatch, capsys, tmp_path,
+                                                                              load, verdict):
+    bench, _ = _fake_bench(monkeypatch)
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load), raising=False)
+    monkeypatch.setattr("audiobuffer.options.usable_cores", lambda: 2)
+    assert bench.main(["--approaches", "loop", "--runs", "1", "--files", "2", "--cache-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"Machine: load average {load:.2f} on 2 usable cores before" in out and verdict in out
+    assert "smoke run" not in out
+    assert bench.main(["--quick", "--approaches", "loop", "--cache-dir", str(tmp_path)]) == 0
+    assert "a --quick smoke run checks that everything runs, its ratios are not measurements" in capsys.readouterr().out
+
+
+def test_machine_load_without_a_load_average(monkeypatch):
+    """Windows has no os.getloadavg: psutil's busy share where it is installed, else 'unknown'."""
+    from audiobuffer.cli._measure import machine_load, trust_line
+
+    monkeypatch.delattr(os, "getloadavg", raising=False)
+    load, words = machine_load()
+    assert 0 <= load <= 1 and words.startswith("CPU ") and words.endswith("% busy")
+    monkeypatch.setitem(sys.modules, "psutil", None)
+    assert machine_load() == (None, "load unknown (no load average here, and psutil is not installed)")
+    assert "how far to trust the figures is unknown" in trust_line(machine_load(), machine_load())
+    trust_line(machine_load(), machine_load()).encode("cp1252")  # a Windows console prints it
+
+
+def test_bench_quick_measures_one_corpus_and_stops_at_its_time_budget(monkeypatch, capsys, tmp_path):
+    bench, seen = _fake_bench(monkeypatch, seconds_per_run=50.0)
+    assert bench.main(["--quick", "--cache-dir", str(tmp_path)]) == 0
+    assert seen["formats"] == [("flac", None)]  # FLAC only, no mel transform
+    # 3 minutes of 50 s measurements: four start (the last at 150 s), the others are named, not run.
+    assert seen["measured"] == list(bench.QUICK_APPROACHES[:4])
+    out = capsys.readouterr().out
+    left = ", ".join(f"flac corpus: {a}" for a in bench.QUICK_APPROACHES[4:])
+    assert f"Not measured: the 3 minutes of --max-minutes were spent before {left}." in out
+
+
+def test_stress_says_how_busy_the_machine_was(tmp_path, capsys):
+    from audiobuffer.cli.stress import main as stress_main
+
+    out = tmp_path / "stress.json"
+    assert stress_main(["--quick", "--shapes", "1x1x2", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    report = json.loads(out.read_text(encoding="utf-8"))
+    assert report["load"].startswith("Machine: ") and report["load"] in printed
+    assert "its ratios are not measurements" in report["load"]

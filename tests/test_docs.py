@@ -241,3 +241,42 @@ def test_the_yaml_and_cli_reference_shows_every_key_and_command():
                 if option not in ("-h", "--help") and action.help != "==SUPPRESS==":
                     assert f"`{option}" in commands, f"audiobuffer {name} {option}"
     assert "`--max-batch-seconds S`" in commands  # scripts/train_audio.py's
+
+
+def test_the_yaml_reference_words_lists_of_entries_and_the_checkpoint_as_the_script_uses_them():
+    keys = _hooks().config_reference()
+    mix = next(line for line in keys.splitlines() if line.startswith("| `source.mix` |"))
+    assert "a list of mappings (source.mix entries) length >= 2, or null" in mix and "Entrys" not in keys
+    checkpoint = next(line for line in keys.splitlines() if line.startswith("| `train.checkpoint` |"))
+    assert "--save-every" in checkpoint and "--resume" in checkpoint and "runs/CONFIG-NAME/last.pt" in checkpoint
+
+
+def _griffe_roles():
+    spec = importlib.util.spec_from_file_location("docs_griffe_roles", DOCS / "griffe_roles.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_api_reference_shows_the_notes_docstrings_point_to():
+    """The site has no source files: a docstring's pointer to a NOTE shows the note's text below it."""
+    roles = _griffe_roles()
+    notes = roles.notes()
+    where, text = notes["Mixtures"]
+    assert where == "audiobuffer/sources/mixture.py" and text.startswith("A mixture's items are its sources'")
+    shown = roles.with_notes("Draws (NOTE [ Mixtures ] in `sources/mixture.py`).", notes)
+    assert "NOTE [" not in shown and shown.startswith("Draws (the note *Mixtures*, below).")
+    assert '??? note "Mixtures (a note in `audiobuffer/sources/mixture.py`)"\n    A mixture\'s items' in shown
+    layout = roles._literal_blocks(notes["Shard layout"][1])
+    assert "::" not in layout and "```text\nOUT/shard-000000.tar" in layout
+
+
+def test_the_site_keeps_code_in_table_cells_whole_and_scrolls_code_blocks():
+    config = yaml.safe_load((REPO / "mkdocs.yml").read_text(encoding="utf-8"))
+    css = "".join((DOCS / path).read_text(encoding="utf-8") for path in config.get("extra_css", []))
+    assert re.search(r"td code[^{]*\{[^}]*white-space:\s*nowrap", css)
+    assert re.search(r"pre > code[^{]*\{[^}]*overflow-x:\s*auto", css)
+    python = config["plugins"][1]["mkdocstrings"]["handlers"]["python"]["options"]
+    assert python["separate_signature"] and python["line_length"] <= 100
+    # mkdocstrings formats signatures with Black or Ruff where one is installed: the docs extra brings Ruff.
+    assert "ruff" in (REPO / "setup.cfg").read_text(encoding="utf-8").split("\ndocs =", 1)[1].split("\n\n")[0]

@@ -151,11 +151,19 @@ def test_a_mixtures_labels_are_the_union_of_its_sources_classes(tmp_path):
     (2, {"weights": [1.0, -1.0]}, ValueError, "weights must be finite numbers > 0, got -1.0"),
     (2, {"weights": "ab"}, TypeError, "weights must be a sequence of numbers"),
     (2, {"size": 0}, ValueError, "size must be an integer >= 1"),
+    (2, {"size": 10**12}, ValueError, r"size=1000000000000 .*7.3 TiB.* at most 4294967296"),
 ])
 def test_mix_refuses_what_it_cannot_draw(tmp_path, args, kwargs, error, match):
     sources = [source for source, _ in corpora(tmp_path, [5] * args)]
     with pytest.raises(error, match=match):
         mix(*sources, **kwargs)
+
+
+def test_mix_takes_weights_whose_sum_overflows(tmp_path):
+    (a, _), (b, _) = corpora(tmp_path, [5, 5])
+    mixture = mix(a, b, weights=[1e308, 1e308], size=10)
+    assert mixture.weights.tolist() == [0.5, 0.5]
+    assert mixture.counts(seed=0, epoch=0) == dict(zip(mixture.names, [5, 5]))
 
 
 def test_yaml_source_mix(tmp_path):

@@ -1,6 +1,8 @@
 """Files that ship beside the package: the license matches setup.cfg, the changelog names the version."""
 
 import configparser
+import importlib.metadata
+import re
 import subprocess
 import sys
 
@@ -18,6 +20,40 @@ def test_license_file_matches_setup_cfg():
     text = (REPO / "LICENSE").read_text(encoding="utf-8")
     assert text.startswith("MIT License")
     assert "Permission is hereby granted, free of charge" in text
+
+
+def _requirements(value):
+    """The distribution names of a setup.cfg requirement list, lower case ('pyyaml>=6' -> 'pyyaml')."""
+    lines = (line.split("#")[0].strip() for line in value.splitlines())
+    return {re.split(r"[\[<>=!~ ;]", line)[0].lower().replace("_", "-") for line in lines if line}
+
+
+def _setup_cfg():
+    setup = configparser.ConfigParser()
+    setup.read(REPO / "setup.cfg", encoding="utf-8")
+    return setup
+
+
+def test_getting_started_lists_what_pip_install_brings():
+    """The install line's comment names every runtime requirement (torch is installed the line before)."""
+    required = _requirements(_setup_cfg()["options"]["install_requires"]) - {"torch"}
+    text = (REPO / "docs" / "getting-started.md").read_text(encoding="utf-8")
+    line = next(line for line in text.splitlines() if line.startswith("pip install -e .  "))
+    assert not {name for name in required if name not in line.lower()}, line
+
+
+def test_the_test_extra_brings_every_module_a_test_skips_without():
+    """A new user's ``pip install -e ".[test]"`` runs every test: what a test imports or skips is in the
+    runtime requirements or the test extra."""
+    setup = _setup_cfg()
+    provided = _requirements(setup["options"]["install_requires"]) | \
+        _requirements(setup["options.extras_require"]["test"])
+    needed = {m.split(".")[0] for f in (REPO / "tests").glob("*.py")
+              for m in re.findall(r'importorskip\("([\w.]+)"', f.read_text(encoding="utf-8"))}
+    owners = importlib.metadata.packages_distributions()
+    missing = {m: owners.get(m) for m in needed
+               if not {d.lower().replace("_", "-") for d in [m, *owners.get(m, [])]} & provided}
+    assert not missing, f"modules tests skip without, in no requirement of the test extra: {missing}"
 
 
 def test_changelog_lists_the_current_version():

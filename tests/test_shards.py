@@ -507,7 +507,9 @@ def test_a_plain_index_is_read_in_columns_without_json_objects(tmp_path, monkeyp
         raise AssertionError("json.loads called")
 
     import audiobuffer.sources.index as index_module
+    import audiobuffer.sources.table as table_module
 
+    monkeypatch.setattr(table_module, "ARROW_ROWS", 0)  # pyarrow's reader, which a large index gets
     monkeypatch.setattr(index_module.json, "loads", no_json)
     assert _index_items(index) == expected
     assert read_index(str(index)) == by_json
@@ -561,6 +563,7 @@ def _both_ways(index: Path, monkeypatch) -> tuple[str, str]:
     """What read_index gives for ``index`` (the repr of its members, or the message it refuses with): from
     pyarrow's columns, and from json alone (pyarrow's parse left out)."""
     import audiobuffer.sources.index as index_module
+    import audiobuffer.sources.table as table_module
 
     def outcome() -> str:
         try:
@@ -568,7 +571,9 @@ def _both_ways(index: Path, monkeypatch) -> tuple[str, str]:
         except SourceError as exc:
             return f"refused: {exc}"
 
-    by_arrow = outcome()
+    with monkeypatch.context() as patched:
+        patched.setattr(table_module, "ARROW_ROWS", 0)  # pyarrow's reader, which a large index gets
+        by_arrow = outcome()
     with monkeypatch.context() as patched:
         patched.setattr(index_module, "_parse_arrow", lambda raw: None)
         by_json = outcome()

@@ -6,9 +6,12 @@ import csv
 import hashlib
 import json
 import pickle
+import subprocess
+import sys
 
 import numpy as np
 import pytest
+from helpers import REPO, make_corpus
 
 from audiobuffer.errors import SourceError
 from audiobuffer.sources.source import Source
@@ -182,3 +185,45 @@ def test_paths_split_into_the_folders_some_path_has():
     assert sorted(table.prefixes) == ["", "dir/", "x/", "x/y/"]  # no code for a folder no path has
     assert [table.prefixes[c] for c in table.prefix_of] == ["", "x/", "", "x/y/", "x/", "dir/"]
     assert table.names.tolist() == ["a.wav", "b.wav", "c.wav", "d.wav", "e.wav", ""]
+
+
+_FIRST_BATCH = """
+import sys
+import audiobuffer.sources.table as table
+from torch.utils.data import DataLoader
+from audiobuffer import AudioDecoder, BufferedDataset, pad_collate
+source, by_arrow = sys.argv[1], sys.argv[2] == "arrow"
+if by_arrow:
+    table.ARROW_ROWS = 0  # the bulk readers of a large index, on this small one
+with BufferedDataset(source, AudioDecoder(sample_rate=8000), num_producers=1, labels="label"
+                     if source.endswith(".csv") else None) as dataset:
+    batch = next(iter(DataLoader(dataset, batch_size=4, collate_fn=pad_collate)))
+print(len(batch["audio"]), "pandas" in sys.modules, "pyarrow" in sys.modules)
+"""
+
+
+@pytest.fixture(scope="module")
+def packed_and_listed(tmp_path_factory):
+    from audiobuffer.sources import pack
+
+    root = tmp_path_factory.mktemp("nopandas")
+    files = make_corpus(root / "src", 12)
+    pack(root / "src", root / "out", shard_size=20_000, labels="parent", progress=False)
+    write_csv(root / "m.csv", [(str(f), f.parent.name) for f in files], header=("path", "label"))
+    return root
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("what, parser", [("index", "json"), ("index", "arrow"), ("csv", "arrow")])
+def test_an_index_or_a_csv_manifest_is_read_without_importing_pandas(packed_and_listed, what, parser):
+    """pyarrow imports pandas, where it is installed, on its first conversion from or to Python or
+    numpy values (``pa.array``, ``pa.scalar``, ``to_numpy``): half a second and 60 MiB that a loader
+    does not need. A small index is parsed by json, without pyarrow."""
+    source = packed_and_listed / ("out/index.json" if what == "index" else "m.csv")
+    result = subprocess.run([sys.executable, "-c", _FIRST_BATCH, str(source), parser], capture_output=True,
+                            text=True, timeout=200, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    count, pandas, pyarrow = result.stdout.split()
+    assert count == "4" and pandas == "False"
+    if what == "index" and parser == "json":
+        assert pyarrow == "False"

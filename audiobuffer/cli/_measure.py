@@ -9,6 +9,7 @@ where they are used, so this module imports on Windows and in a plain install.
 from __future__ import annotations
 
 import gc
+import os
 import subprocess
 import sys
 import threading
@@ -16,9 +17,53 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["SAMPLE_SECONDS", "Window", "cpu_percent", "measure_epoch", "run_with_peak_rss"]
+__all__ = ["BUSY_PER_CORE", "SAMPLE_SECONDS", "Window", "cpu_percent", "machine_load", "measure_epoch",
+           "run_with_peak_rss", "trust_line"]
 
 SAMPLE_SECONDS = 0.02  # the RSS sampling period
+#: Above this load per usable core (runnable threads, or the share of CPU time busy), other work
+#: takes turns with the measured one: times and ratios move from run to run.
+BUSY_PER_CORE = 0.5
+
+
+def machine_load() -> tuple[float | None, str]:
+    """How busy the machine is now: (load per usable core, or ``None`` where unknown; in words).
+
+    The 1-minute load average where the system has one (not Windows); else psutil's share of CPU time
+    busy over half a second, where psutil is installed; else unknown.
+    """
+    from ..options import usable_cores
+
+    cores = usable_cores()
+    getloadavg = getattr(os, "getloadavg", None)
+    if getloadavg is not None:
+        try:
+            one = float(getloadavg()[0])
+        except OSError:
+            pass
+        else:
+            return one / cores, f"load average {one:.2f} on {cores} usable cores"
+    try:
+        import psutil
+    except ImportError:
+        return None, "load unknown (no load average here, and psutil is not installed)"
+    busy = float(psutil.cpu_percent(interval=0.5))
+    return busy / 100, f"CPU {busy:.0f}% busy"
+
+
+def trust_line(before: tuple[float | None, str], after: tuple[float | None, str], *, smoke: bool = False) -> str:
+    """One line: the machine's load before and after a measurement (:func:`machine_load`) and how far
+    to trust the figures; ``smoke``: a ``--quick`` run, whose runs are too short to compare."""
+    loads = [load for load, _ in (before, after) if load is not None]
+    if not loads:
+        verdict = "how far to trust the figures is unknown: rerun on a machine you know is quiet"
+    elif max(loads) > BUSY_PER_CORE:
+        verdict = "machine busy: times and ratios are noisy, rerun on a quiet machine before relying on them"
+    else:
+        verdict = "machine quiet: the figures hold within run-to-run noise"
+    if smoke:
+        verdict += "; a --quick smoke run checks that everything runs, its ratios are not measurements"
+    return f"Machine: {before[1]} before, {after[1]} after; {verdict}."
 
 
 def _cpu_seconds() -> float:

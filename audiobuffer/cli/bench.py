@@ -35,6 +35,7 @@ import json
 import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -69,13 +70,15 @@ from ._bench_approaches import (  # noqa: F401
     parse_formats,
     plot,
 )
-from ._measure import Window, cpu_percent, measure_epoch, run_with_peak_rss
+from ._measure import Window, cpu_percent, machine_load, measure_epoch, run_with_peak_rss, trust_line
 from .report import write_json
 
 __all__ = ["APPROACHES", "LINEUP", "Lineup", "Peer", "Window", "build_parser", "cpu_percent", "gil_line", "main",
            "make_corpus", "measure_epoch", "mel_transform", "run_bench", "run_with_peak_rss", "usable_cores"]
 
 INSTALL_HINT = 'pip install "audiobuffer[bench]"'
+#: How long ``--quick`` may measure: no measurement starts after this many minutes.
+QUICK_MINUTES = 3.0
 
 #: ``audiobuffer bench --help``: plain text (the module docstring is reST for the API docs).
 DESCRIPTION = ("Time one epoch of audio decoding through each loader, side by side: the plain loop, "
@@ -147,12 +150,15 @@ def _measure(approach: str, file_list: Path, timeout: float, transform: str | No
 
 def run_bench(corpora: dict[str, list[str]], approaches: Sequence[str], runs: int, *, workdir: Path,
               timeout: float = 600.0, progress: bool = True, transforms: dict[str, str] | None = None,
-              lineup: Lineup = LINEUP) -> dict[str, list[dict[str, Any]]]:
+              lineup: Lineup = LINEUP, deadline: float | None = None,
+              left_out: list[str] | None = None) -> dict[str, list[dict[str, Any]]]:
     """Measure every approach on every corpus ``runs`` times, taking turns; return the medians per corpus.
 
     ``approaches`` are names of ``lineup``. ``transforms`` maps a corpus name to the per-sample
     transform its samples get (one of ``TRANSFORMS``). Approaches whose package is missing, or that do
-    not apply to a corpus (a WAV-only peer off WAV), are left out with a note.
+    not apply to a corpus (a WAV-only peer off WAV), are left out with a note. Past ``deadline`` (a
+    ``time.monotonic()`` instant) no measurement starts: each one not made is added to ``left_out`` as
+    ``"corpus: approach"``.
     """
     results: dict[str, list[dict[str, Any]]] = {}
     for number, (corpus, paths) in enumerate(corpora.items()):
@@ -173,9 +179,15 @@ def run_bench(corpora: dict[str, list[str]], approaches: Sequence[str], runs: in
         measured: dict[str, list[Any]] = {approach: [] for approach in usable}
         for _ in range(runs):
             for approach in usable:
+                if deadline is not None and time.monotonic() >= deadline:
+                    if left_out is not None:
+                        left_out.append(f"{corpus}: {approach}")
+                    continue
                 measured[approach].append(_measure(approach, file_list, timeout, transform, lineup=lineup))
         rows = []
         for approach, runs_of in measured.items():
+            if not runs_of:
+                continue
             median = {k: statistics.median(getattr(m, k) for m in runs_of) for k in asdict(runs_of[0])
                       if k not in ("approach", "gil_enabled")}
             median["gil_enabled"] = any(m.gil_enabled for m in runs_of)
@@ -205,13 +217,17 @@ def build_parser(*, lineup: Lineup = LINEUP, prog: str = "audiobuffer bench",
     """The parser of ``audiobuffer bench`` (for ``lineup``, ``prog`` and ``description``; see :func:`main`)."""
     parser = argparse.ArgumentParser(prog=prog, description=description, epilog=EPILOG)
     parser.add_argument("--files", type=int, default=1000, help="files per generated corpus (default 1000)")
-    parser.add_argument("--formats", default="flac,wav,flac+mel",
+    parser.add_argument("--formats", default=None,
                         help="generated corpora; FORMAT+mel adds a librosa log-mel transform per sample, which "
-                             "holds the GIL (default flac,wav,flac+mel)")
+                             "holds the GIL (default flac,wav,flac+mel; --quick: flac)")
     parser.add_argument("--fsdd", type=Path, default=None, help="also the real FSDD recordings in this folder")
     parser.add_argument("--runs", type=int, default=3, help="runs per approach; the median is reported (default 3)")
     parser.add_argument("--approaches", default=None, help=f"comma-separated subset of: {', '.join(lineup.names)}")
-    parser.add_argument("--quick", action="store_true", help="a smoke run: 40 files, 1 run, a few approaches")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"a smoke run: 40 FLAC files, 1 run, a few approaches, at most {QUICK_MINUTES:g} minutes")
+    parser.add_argument("--max-minutes", type=float, default=None,
+                        help="start no measurement after this many minutes; those left are named "
+                             f"(default: none; --quick: {QUICK_MINUTES:g})")
     parser.add_argument("--cache-dir", type=Path, default=None, help="where corpora are made (default: a temp folder)")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON ('-': stdout)")
     parser.add_argument("--markdown", metavar="PATH", help="write the tables to PATH")
@@ -247,8 +263,11 @@ def main(argv: Sequence[str] | None = None, *, lineup: Lineup = LINEUP, prog: st
             hint = f"; {PEERS_HINT}" if lineup is LINEUP else ""
             parser.error(f"unknown approaches {unknown}; known: {list(lineup.names)}{hint}")
     files, runs = (40, 1) if args.quick else (args.files, args.runs)
+    minutes = args.max_minutes if args.max_minutes is not None else QUICK_MINUTES if args.quick else None
+    if minutes is not None and minutes <= 0:
+        parser.error("--max-minutes must be > 0")
     try:
-        formats = parse_formats(args.formats)
+        formats = parse_formats(args.formats or ("flac" if args.quick else "flac,wav,flac+mel"))
     except ValueError as exc:
         parser.error(str(exc))
     missing = missing_modules(["psutil"] + (["matplotlib"] if args.plot else []))
@@ -256,6 +275,8 @@ def main(argv: Sequence[str] | None = None, *, lineup: Lineup = LINEUP, prog: st
         print(f"{prog}: error: needs {' and '.join(missing)}, which the bench extra installs: "
               f"{INSTALL_HINT}", file=sys.stderr)
         return 2
+    load_before, left_out = machine_load(), list[str]()
+    deadline = None if minutes is None else time.monotonic() + 60 * minutes
     with tempfile.TemporaryDirectory(prefix="audiobuffer-bench-") as tmp:
         corpora, transforms = generated_corpora(formats, files, args.cache_dir or Path(tmp))
         if args.fsdd is not None:
@@ -264,8 +285,13 @@ def main(argv: Sequence[str] | None = None, *, lineup: Lineup = LINEUP, prog: st
                 parser.error(f"--fsdd {args.fsdd}: no .wav files there")
             fsdd = fsdd[:files] if args.quick else fsdd  # named by the files measured, not the files there
             corpora[f"FSDD, {len(fsdd)} real recordings (WAV, 8 kHz)"] = fsdd
-        results = run_bench(corpora, approaches, runs, workdir=Path(tmp), transforms=transforms, lineup=lineup)
+        results = run_bench(corpora, approaches, runs, workdir=Path(tmp), transforms=transforms, lineup=lineup,
+                            deadline=deadline, left_out=left_out)
     text = markdown(results, lineup)
+    if left_out:
+        text += (f"\n\nNot measured: the {minutes:g} minutes of --max-minutes were spent before "
+                 f"{', '.join(left_out)}.")
+    text += "\n\n" + trust_line(load_before, machine_load(), smoke=args.quick)
     print(text)
     if args.markdown:
         Path(args.markdown).write_text(text, encoding="utf-8", newline="\n")

@@ -32,12 +32,14 @@ from typing import Any
 
 from ..buffer import Buffer
 from ..errors import BufferClosed
+from ._measure import machine_load, trust_line
 from .report import write_json
 
 __all__ = ["RoundResult", "build_parser", "main", "run_round", "stress"]
 
 _STOP = object()
 JOIN_TIMEOUT = 60.0
+QUICK_ITEMS = 20_000  # items per contended round of --quick
 JITTER_CHANCE = 0.1  # the share of items after which a jittered side sleeps
 JITTER_MAX_S = 0.0005  # the longest such sleep
 
@@ -263,7 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--minutes", type=float, default=None,
                         help="soak: repeat the rounds for this many minutes, checking that threads and open files "
                              "stay flat")
-    parser.add_argument("--quick", action="store_true", help="a smoke run: 2000 items, 1 round per shape")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"a smoke run: {QUICK_ITEMS} items, 1 round per shape")
     parser.add_argument("--json", metavar="PATH", help="write the report as JSON ('-': stdout)")
     return parser
 
@@ -278,9 +281,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))
     if args.items < 1 or args.rounds < 1 or args.payload < 0:
         parser.error("--items and --rounds must be >= 1, --payload >= 0")
-    items, rounds = (2000, 1) if args.quick else (args.items, args.rounds)
+    items, rounds = (QUICK_ITEMS, 1) if args.quick else (args.items, args.rounds)
+    load_before = machine_load()
     report = stress(shapes, items=items, payload=args.payload, rounds=rounds, minutes=args.minutes)
+    report["load"] = trust_line(load_before, machine_load(), smoke=args.quick)
     print(markdown(report))
+    print(f"\n{report['load']}")
     write_json(args.json, report)
     ok = report["lost"] == report["duplicated"] == report["bound_violations"] == 0
     return 0 if ok else 1

@@ -439,10 +439,12 @@ def bucket_edges(durations: np.ndarray, buckets: int) -> np.ndarray:
 def batch_cost(count: int, longest: float, quadratic_duration: float | None = None) -> float:
     """What a batch of ``count`` items, the longest ``longest`` seconds, costs against ``max_batch_seconds``:
     ``count x longest`` (its padded length), or with ``quadratic_duration=Q`` (attention, whose cost grows
-    with the square of the length) ``count x (longest + longest**2 / Q)``, as Lhotse counts it."""
+    with the square of the length) ``count x (longest + longest**2 / Q)``, as Lhotse counts it. In
+    Python floats: a cost past the largest float is infinity (over any budget), without numpy's warning."""
     if quadratic_duration is None:
-        return count * longest
-    return count * (longest + longest * longest / quadratic_duration)
+        return count * float(longest)
+    longest = float(longest)
+    return count * (longest + longest * longest / float(quadratic_duration))
 
 
 def cut_batches(indices: np.ndarray, durations: np.ndarray, max_batch_seconds: float,

@@ -24,9 +24,10 @@ import numpy as np
 from .._checks import short_repr
 from ..errors import SourceError
 from . import storage
+from . import table as item_table
 from .formats.tarheader import HEADER, check_member
 from .storage import RetrySpec
-from .table import ABSENT, Coded, Column, Strings, as_column, release_arrow_memory
+from .table import ABSENT, Coded, Column, Strings, arrow_numbers, arrow_valid, as_column, release_arrow_memory
 
 __all__ = ["INDEX_FORMAT", "INDEX_NAME", "INDEX_VERSION", "IndexColumns", "Member", "ShardIndex", "read_index",
            "read_index_columns", "read_member", "shard_name"]
@@ -193,11 +194,13 @@ def read_index(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any
 
 def read_index_columns(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None,
                        retry: RetrySpec = None, allow_outside: bool = False) -> IndexColumns:
-    """:func:`read_index` as columns, with no object per member: the index is parsed into columns by
-    pyarrow and checked a column at a time where it has the plain shape ``pack`` writes (each member's
-    values of one type, its fields in every member, no escapes, little nesting) and pyarrow reads every
-    value as :mod:`json` does; otherwise parsed by :mod:`json` and checked as :func:`read_index` does.
-    Either way the same index gives the same members, or is refused with the same message.
+    """:func:`read_index` as columns, with no object per member: an index of
+    :data:`~audiobuffer.sources.table.ARROW_ROWS` members or more is parsed into columns by pyarrow and
+    checked a column at a time where it has the plain shape ``pack`` writes (each member's values of one
+    type, its fields in every member, no escapes, little nesting) and pyarrow reads every value as
+    :mod:`json` does; otherwise (and a smaller index always, without importing pyarrow) it is parsed by
+    :mod:`json` and checked as :func:`read_index` does. Either way the same index gives the same
+    members, or is refused with the same message.
 
     Raises:
         StorageError, SourceError: as :func:`read_index` (a malformed member is named as it does).
@@ -205,7 +208,8 @@ def read_index_columns(url: str | os.PathLike[str], *, storage_options: Mapping[
     url = os.fspath(url)
     raw = storage.read_bytes(url, storage_options=storage_options, retry=retry)
     resolve = functools.partial(storage.sibling if allow_outside else storage.inside_folder, url)
-    parsed = _parse_arrow(raw)
+    # A small index (its members counted as the "offset" keys in its text) is parsed by json alone.
+    parsed = _parse_arrow(raw) if raw.count(b'"offset"') >= item_table.ARROW_ROWS else None
     if parsed is not None:
         head, members = parsed
         try:
@@ -348,23 +352,24 @@ def _columns_arrow(url: str, members: Any, shards: Mapping[str, tuple[str, int]]
     member, shard, name = child("member"), child("shard"), child("name")
     if any(not pa.types.is_string(c.type) or c.null_count for c in (member, shard, name)):
         return None
-    if not pc.all(pc.greater(pc.binary_length(member), 0)).as_py() \
+    if len(member) and not pc.min(pc.binary_length(member)).as_py() \
             or pc.any(pc.match_substring_regex(name, _OUTER_NAME)).as_py():
         return None
     offset, size = child("offset"), child("size")
     if any(not pa.types.is_int64(c.type) or c.null_count for c in (offset, size)):
         return None
-    offsets, sizes = offset.to_numpy().copy(), size.to_numpy().copy()
+    offsets, sizes = arrow_numbers(offset, np.int64), arrow_numbers(size, np.int64)
     encoded = pc.dictionary_encode(shard)
     code = {name: n for n, name in enumerate(shards)}
     known = np.array([code.get(s, -1) for s in encoded.dictionary.to_pylist()] + [-1], dtype=np.int32)
-    shard_of = known[np.asarray(encoded.indices, dtype=np.int64)]
+    shard_of = known[arrow_numbers(encoded.indices, np.int32)]
     duration = child("duration")
     if not any(test(duration.type) for test in (pa.types.is_floating, pa.types.is_integer, pa.types.is_null)):
         return None
     seconds = duration.cast(pa.float64(), safe=False)  # the nearest float, as json gives of an int beyond 2**53
-    durations = np.asarray(pc.fill_null(seconds, math.nan), dtype=np.float64).copy()
-    if not _fits(shards, shard_of, offsets, sizes, durations, np.asarray(seconds.is_valid(), dtype=bool)):
+    given = arrow_valid(seconds)
+    durations = np.where(given, arrow_numbers(seconds, np.float64), math.nan)
+    if not _fits(shards, shard_of, offsets, sizes, durations, given):
         return None
     label = child("label")
     if not (pa.types.is_string(label.type) or pa.types.is_null(label.type)):
@@ -385,7 +390,7 @@ def _columns_arrow(url: str, members: Any, shards: Mapping[str, tuple[str, int]]
     return IndexColumns(url=url, shards=tuple(path for path, _ in shards.values()), shard_of=shard_of,
                         members=Strings.from_arrow(member), names=Strings.from_arrow(name), offsets=offsets,
                         sizes=sizes, durations=durations,
-                        labels=Coded(np.asarray(labels.indices, dtype=np.int32).copy(), labels.dictionary.to_pylist()),
+                        labels=Coded(arrow_numbers(labels.indices, np.int32), labels.dictionary.to_pylist()),
                         fields=fields)
 
 
@@ -402,7 +407,7 @@ def _as_json_reads(values: Any, key: str, raw: bytes) -> bool:
         return True
     if not pa.types.is_float64(kind):
         return False
-    floats = values.to_numpy()
+    floats = arrow_numbers(values, np.float64)
     if not (floats == np.floor(floats)).any():  # no float that an integer could have been written as
         return True
     written_as_int = rb'"' + re.escape(key.encode("utf-8")) + rb'"\s*:\s*-?\d+\s*[,}]'  # raw has no escapes

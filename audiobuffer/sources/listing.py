@@ -23,13 +23,17 @@ import numpy as np
 
 from ..errors import SourceError
 from . import storage
+from . import table as item_table
 from .storage import RetrySpec
 from .table import (
     ABSENT,
     Coded,
     ItemTable,
     Strings,
+    arrow_bools,
+    arrow_numbers,
     as_column,
+    numbers_arrow,
     release_arrow_memory,
 )
 
@@ -124,11 +128,12 @@ def table_of_paths(paths: Sequence[str], **columns: Any) -> ItemTable:
 def _split(paths: Any) -> tuple[list[str], np.ndarray, Strings]:
     """``paths`` (a list of strings or a pyarrow string array) split after their last separator:
     the distinct folder parts (with that separator; ``""`` for none), each path's folder part, and the rest."""
-    try:
-        return _split_arrow(paths)
-    except (ImportError, UnicodeEncodeError, ValueError, TypeError):
-        # Without pyarrow, or a path that is not UTF-8 (POSIX file names may be any bytes): one by one.
-        pass
+    if hasattr(paths, "to_pylist") or len(paths) >= item_table.ARROW_ROWS:  # few paths: Python splits them
+        try:
+            return _split_arrow(paths)
+        except (ImportError, UnicodeEncodeError, ValueError, TypeError):
+            # Without pyarrow, or a path that is not UTF-8 (POSIX file names may be any bytes): one by one.
+            pass
     items = paths.to_pylist() if hasattr(paths, "to_pylist") else list(paths)
     cut = [max(p.rfind(s) for s in _SEPARATORS) + 1 for p in items]
     coded = Coded.encode([p[:k] for p, k in zip(items, cut)])
@@ -139,30 +144,32 @@ def _split_arrow(paths: Any) -> tuple[list[str], np.ndarray, Strings]:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    array = paths if isinstance(paths, (pa.Array, pa.ChunkedArray)) else pa.array(paths, type=pa.large_string())
+    # Not pa.array(paths): it imports pandas (table.py); a name that is not UTF-8 fails the cast (ValueError).
+    array = paths if isinstance(paths, (pa.Array, pa.ChunkedArray)) else \
+        Strings.from_strings(paths).arrow().cast(pa.large_string())
     if isinstance(array, pa.ChunkedArray):
         array = array.combine_chunks()
     found = [sep for sep in _SEPARATORS if pc.any(pc.match_substring(array, sep)).as_py()]
     if len(found) > 1:  # both of Windows' separators: a regular expression finds the last of either
         parts = pc.extract_regex(array, r"(?s)^(?P<dir>.*[/\\])?(?P<base>[^/\\]*)$")
         folders = pc.dictionary_encode(parts.field("dir"))
-        return (folders.dictionary.to_pylist(), np.asarray(folders.indices, dtype=np.int32).copy(),
+        return (folders.dictionary.to_pylist(), arrow_numbers(folders.indices, np.int32),
                 Strings.from_arrow(parts.field("base")))
     sep = found[0] if found else "/"
     parts = pc.split_pattern(array, sep, max_splits=1, reverse=True)  # [folder, rest] or [rest]
-    starts = np.asarray(parts.offsets, dtype=np.int64)
+    starts = arrow_numbers(parts.offsets, np.int32).astype(np.int64)
     values = parts.values
-    rest = values.take(pa.array(starts[1:] - 1))
+    rest = values.take(numbers_arrow(starts[1:] - 1))
     alone = (starts[1:] - starts[:-1]) == 1  # no separator: no folder part
     # Every path's first part, coded (a path alone gives its rest: coded, then given the code of "").
-    folders = pc.dictionary_encode(values.take(pa.array(starts[:-1])))
-    codes = np.asarray(folders.indices, dtype=np.int32).copy()
+    folders = pc.dictionary_encode(values.take(numbers_arrow(starts[:-1])))
+    codes = arrow_numbers(folders.indices, np.int32)
     names = folders.dictionary
     if alone.any():
         codes[alone] = len(names)
         used, inverse = np.unique(codes, return_inverse=True)  # only the folders some path has
         codes = inverse.astype(np.int32).reshape(-1)
-        names = names.take(pa.array(used[used < len(names)]))
+        names = names.take(numbers_arrow(used[used < len(names)].astype(np.int64)))
     prefixes = [folder + sep for folder in names.to_pylist()]
     return [*prefixes, ""], codes, Strings.from_arrow(rest)
 
@@ -242,9 +249,7 @@ class _FolderResolver:
 
 
 def _pa_binary(values: list[str]) -> Any:
-    import pyarrow as pa
-
-    return pa.array([v.encode() for v in values], type=pa.large_binary())
+    return Strings.from_strings(values).arrow()
 
 
 # -- manifests ---------------------------------------------------------------------------------
@@ -297,9 +302,9 @@ def _checked_paths(name: str, paths: Any, path_column: str) -> Any:
 
         if isinstance(paths, (pa.Array, pa.ChunkedArray)):
             if pa.types.is_string(paths.type) or pa.types.is_large_string(paths.type):
-                wrong = pc.or_(pc.is_null(paths), pc.equal(pc.binary_length(paths), 0))
-                nul = pc.fill_null(pc.match_substring(paths, "\0"), False)
-                flagged = np.flatnonzero(np.asarray(pc.or_(pc.fill_null(wrong, True), nul)))
+                # Null or empty, or holding a NUL (a null reads False in arrow_bools: it is flagged).
+                flagged = np.flatnonzero(~arrow_bools(pc.binary_length(paths).cast(pa.bool_()))
+                                         | arrow_bools(pc.match_substring(paths, "\0")))
                 if len(flagged) == 0:
                     return paths
                 bad = int(flagged[0])

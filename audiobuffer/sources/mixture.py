@@ -37,6 +37,9 @@ __all__ = ["Mixture", "mix"]
 _STREAM = 0x6D6978
 #: How many epochs' draws a mixture remembers.
 _REMEMBERED = 4
+#: The most draws an epoch may hold (``mix(size=...)``): its table takes 8 bytes a draw, 32 GiB at this
+#: size; a larger size is refused when the mixture is made, not met as a MemoryError when an epoch starts.
+MAX_DRAWS = 2**32
 
 
 def mix(*sources: SourceSpec | Source, weights: Sequence[float] | None = None, size: int | None = None) -> Mixture:
@@ -51,7 +54,8 @@ def mix(*sources: SourceSpec | Source, weights: Sequence[float] | None = None, s
             (a folder, a manifest, an index, a list of files), listed with the audio patterns.
         weights: each source's share of an epoch's draws (any positive numbers, normalised); ``None``:
             in proportion to the sources' sizes.
-        size: draws per epoch (``len()``); ``None``: the sources' items together.
+        size: draws per epoch (``len()``), at most ``MAX_DRAWS`` (2**32); ``None``: the sources' items
+            together.
 
     Each epoch draws ``size`` items, each source's share of them its weight's, seeded by the loader's seed
     and the epoch (NOTE [ Mixtures ] in ``sources/mixture.py``). Labels are the union of the sources' classes.
@@ -92,6 +96,9 @@ class Mixture(Source):
             size = total
         elif isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
             raise ValueError(f"mix() size must be an integer >= 1 (draws per epoch) or None, got {size!r}")
+        elif size > MAX_DRAWS:
+            raise ValueError(f"mix() size={size} is too large: an epoch's draws take 8 bytes each "
+                             f"({size * 8 / 2**40:.1f} TiB); give at most {MAX_DRAWS} draws an epoch")
         self.sources = listed
         self.size = int(size)
         self.offsets = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
@@ -227,4 +234,5 @@ def _check_weights(weights: Sequence[float] | None, count: int, lengths: np.ndar
         if isinstance(w, bool) or not isinstance(w, numbers.Real) or not math.isfinite(w) or w <= 0:
             raise ValueError(f"mix() weights must be finite numbers > 0, got {w!r}")
     values = np.asarray(weights, dtype=np.float64)
+    values = values / values.max()  # each in (0, 1]: their sum cannot overflow (weights=[1e308, 1e308])
     return values / values.sum()

@@ -23,13 +23,14 @@ import numpy as np
 
 from ..errors import SourceError
 from . import storage
+from . import table as item_table
 from .blocks import BlockReads
 from .formats.lhotse import is_lhotse, read_lhotse
 from .index import read_index_columns, read_member
 from .item import AUDIO_PATTERNS, IMAGE_PATTERNS, ReadClock, WorkItem
 from .listing import LABEL_COLUMN, MANIFEST_SUFFIXES, Listing, list_files, names_shards, table_of_paths
 from .storage import RetrySpec, as_retry, is_url, read_bytes
-from .table import ABSENT, Coded, Column, ItemTable, Region, Strings, TableView, as_column, seconds_array
+from .table import ABSENT, Coded, Column, ItemTable, Region, Strings, TableView, as_column, numbers_arrow, seconds_array
 
 __all__ = [
     "AUDIO_PATTERNS",
@@ -91,17 +92,21 @@ def _list_index(url: str, storage_options: Mapping[str, Any] | None, retry: Retr
 
 
 def _member_paths(shards: Sequence[str], shard_of: np.ndarray, names: Strings) -> Any:
-    """Each member's ``<shard>/<name>``: joined by pyarrow (a string array), or one by one (a list) where a
-    name is not UTF-8."""
-    try:
-        import pyarrow as pa
-        import pyarrow.compute as pc
+    """Each member's ``<shard>/<name>``: joined by pyarrow (a string array) in a large index, or one by one
+    (a list) in a small one (:data:`~audiobuffer.sources.table.ARROW_ROWS`) or where a name is not UTF-8."""
+    if len(names) >= item_table.ARROW_ROWS:
+        try:
+            import pyarrow as pa
+            import pyarrow.compute as pc
 
-        folders = pa.array(list(shards), type=pa.large_string()).take(pa.array(shard_of))
-        return pc.binary_join_element_wise(folders, names.arrow().cast(pa.large_string()),
-                                           pa.scalar("/", pa.large_string()))
-    except (ImportError, ValueError):  # pa.ArrowInvalid: a name of undecodable bytes
-        return [shards[s] + "/" + name for s, name in zip(shard_of.tolist(), names.tolist())]
+            # Not pa.array or pa.scalar: they import pandas (sources/table.py says why that matters).
+            slash = Strings.from_strings(["/"]).arrow().cast(pa.large_string())[0]
+            folders = Strings.from_strings(shards).arrow().cast(pa.large_string()).take(
+                numbers_arrow(shard_of.astype(np.int64)))
+            return pc.binary_join_element_wise(folders, names.arrow().cast(pa.large_string()), slash)
+        except (ImportError, ValueError):  # pa.ArrowInvalid: a name of undecodable bytes
+            pass
+    return [shards[s] + "/" + name for s, name in zip(shard_of.tolist(), names.tolist())]
 
 
 def _list_lhotse(source: Any, storage_options: Mapping[str, Any] | None, retry: RetrySpec,

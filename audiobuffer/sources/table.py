@@ -27,13 +27,15 @@ import math
 import numbers
 import pickle
 import secrets
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, overload
 
 import numpy as np
 
-__all__ = ["ABSENT", "Coded", "Column", "ItemTable", "Numbers", "Objects", "Region", "SharedTable", "Strings",
-           "TableView", "as_column", "column_of", "release_arrow_memory", "seconds_array", "seconds_of"]
+__all__ = ["ABSENT", "ARROW_ROWS", "Coded", "Column", "ItemTable", "Numbers", "Objects", "Region", "SharedTable",
+           "Strings", "TableView", "arrow_bools", "arrow_numbers", "arrow_valid", "as_column", "column_of",
+           "numbers_arrow", "release_arrow_memory", "seconds_array", "seconds_of"]
 
 
 class _Absent:
@@ -224,26 +226,83 @@ def as_column(values: Any) -> Column:
     if values.null_count == 0 and (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
         encoded = pc.dictionary_encode(values)
         if len(encoded.dictionary) <= max(16, len(values) // 4):
-            return Coded(np.asarray(encoded.indices, dtype=np.int32).copy(), encoded.dictionary.to_pylist())
+            return Coded(arrow_numbers(encoded.indices, np.int32), encoded.dictionary.to_pylist())
         return Strings.from_arrow(values)
-    if values.null_count == 0 and (pa.types.is_integer(values.type) or pa.types.is_floating(values.type)
-                                   or pa.types.is_boolean(values.type)):
-        array = np.asarray(values.to_numpy(zero_copy_only=False))
-        if array.dtype.kind in "iuf":
-            array = array.astype(np.float64 if array.dtype.kind == "f" else np.int64)
-        return Numbers(array.copy())
+    if values.null_count == 0 and pa.types.is_boolean(values.type):
+        return Numbers(arrow_bools(values))
+    if values.null_count == 0 and (pa.types.is_integer(values.type) or pa.types.is_floating(values.type)):
+        wide = pa.float64() if pa.types.is_floating(values.type) else pa.int64()
+        return Numbers(arrow_numbers(values.cast(wide), np.float64 if wide == pa.float64() else np.int64))
     return Objects(values.to_pylist())
+
+
+# -- numbers between numpy and pyarrow, without pandas --------------------------------------------
+# pyarrow imports pandas, where it is installed, on its first conversion between pyarrow and Python or
+# numpy values (``pa.array``, ``pa.scalar``, ``to_numpy``, ``np.asarray`` of an array): half a second
+# and some 60 MiB that reading an index or a manifest does not need. These read and write the buffers.
+
+#: From this many rows an index is parsed, and a list of paths split, by pyarrow; below, by Python, which
+#: is done before pyarrow is imported (benchmarks/bench_index_parse.py measures where they cross).
+ARROW_ROWS = 50_000
+
+
+def arrow_numbers(array: Any, dtype: Any) -> np.ndarray:
+    """The values of a pyarrow array of fixed-width numbers (``dtype``: its type's numpy twin), chunked
+    or not, as a new numpy array; a null's value is unspecified (:func:`arrow_valid` says which)."""
+    import pyarrow as pa
+
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks() if array.num_chunks != 1 else array.chunk(0)
+    kind = np.dtype(dtype)
+    if kind.itemsize * 8 != array.type.bit_width:
+        raise TypeError(f"a pyarrow {array.type} array is not read as {kind}")
+    data = array.buffers()[1]
+    if data is None:  # an array of nulls only
+        return np.zeros(len(array), dtype=kind)
+    return np.frombuffer(data, dtype=kind, count=array.offset + len(array))[array.offset:].copy()
+
+
+def arrow_bools(array: Any) -> np.ndarray:
+    """A pyarrow boolean array (chunked or not) as numpy booleans; a null reads as ``False``."""
+    import pyarrow as pa
+
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks() if array.num_chunks != 1 else array.chunk(0)
+    return _bits(array.buffers()[1], array.offset, len(array)) & arrow_valid(array)
+
+
+def arrow_valid(array: Any) -> np.ndarray:
+    """Whether each value of a pyarrow array (not chunked) is given (not null), as numpy booleans."""
+    if array.null_count == 0:
+        return np.ones(len(array), dtype=bool)
+    return _bits(array.buffers()[0], array.offset, len(array))
+
+
+def _bits(buffer: Any, offset: int, count: int) -> np.ndarray:
+    if buffer is None:
+        return np.zeros(count, dtype=bool)
+    bits = np.unpackbits(np.frombuffer(buffer, dtype=np.uint8), count=offset + count, bitorder="little")
+    return bits[offset:].astype(bool)
+
+
+def numbers_arrow(values: np.ndarray) -> Any:
+    """A one-dimensional numpy array of int32, int64 or float64 as a pyarrow array without nulls (a copy)."""
+    import pyarrow as pa
+
+    values = np.ascontiguousarray(values)
+    kind = {"int32": pa.int32(), "int64": pa.int64(), "float64": pa.float64()}[values.dtype.name]
+    return pa.Array.from_buffers(kind, len(values), [None, pa.py_buffer(values.copy())])
 
 
 def release_arrow_memory() -> None:
     """Give back to the system the memory pyarrow's pool keeps after bulk work on a table (reading a
     manifest, a fingerprint): the table holds its own arrays, and the pool would otherwise keep the
-    largest size it reached for the process's life."""
+    largest size it reached for the process's life. Where pyarrow is not imported, it holds nothing."""
+    pa = sys.modules.get("pyarrow")
     try:
-        import pyarrow as pa
-
-        pa.default_memory_pool().release_unused()
-    except (ImportError, AttributeError):
+        if pa is not None:
+            pa.default_memory_pool().release_unused()
+    except AttributeError:
         pass
 
 
@@ -290,7 +349,8 @@ def _parse_floats(column: Strings) -> np.ndarray:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        return np.asarray(pc.cast(column.arrow().cast(pa.large_string()), pa.float64()), dtype=np.float64)
+        floats = pc.cast(column.arrow().cast(pa.large_string()), pa.float64())
+        return np.where(arrow_valid(floats), arrow_numbers(floats, np.float64), np.nan)
     except Exception:  # noqa: BLE001 - a value pyarrow does not read ("1_000", " 2"): Python reads each
         return np.array([_nan_if_none(seconds_of(v)) for v in column.tolist()], dtype=np.float64)
 
@@ -444,17 +504,16 @@ class ItemTable:
         Raises:
             ImportError: pyarrow is not installed.
         """
-        import pyarrow as pa
         import pyarrow.compute as pc
 
-        prefixes = pa.array([p.encode(*_ENCODING) for p in self.prefixes], type=pa.large_binary())
+        prefixes = Strings.from_strings(self.prefixes).arrow()
+        nul, empty = Strings.from_strings(["\0", ""]).arrow()  # scalars made without pa.scalar (pandas)
         step = 1 << 20
         for start in range(0, len(self), step):
             stop = min(start + step, len(self))
             part = self.names.take(np.arange(start, stop)) if start or stop < len(self) else self.names
-            joined = pc.binary_join_element_wise(pc.take(prefixes, pa.array(self.prefix_of[start:stop])),
-                                                 part.arrow(), pa.scalar(b"\0", pa.large_binary()),
-                                                 pa.scalar(b"", pa.large_binary()))
+            taken = pc.take(prefixes, numbers_arrow(self.prefix_of[start:stop].astype(np.int64)))
+            joined = pc.binary_join_element_wise(taken, part.arrow(), nul, empty)
             offsets = np.frombuffer(joined.buffers()[1], dtype=np.int64, count=len(joined) + 1,
                                     offset=joined.offset * 8)
             digest.update(memoryview(joined.buffers()[2])[int(offsets[0]):int(offsets[-1])])
