@@ -450,7 +450,7 @@ def test_a_bad_file_is_a_failed_item_of_the_isolated_loader_too(tmp_path):
     (dict(max_batch_seconds="2"), TypeError, "max_batch_seconds must be None or a number of seconds"),
     (dict(max_batch_seconds=1e9), ValueError, "max_batch_seconds must be .* <= 86400, got 1000000000.0"),
     (dict(max_batch_seconds=2, buckets=0), ValueError, "buckets must be an integer >= 1 or None, got 0"),
-    (dict(max_batch_seconds=2, max_batch_size=2.5), TypeError, "max_batch_size must be an integer >= 1"),
+    (dict(max_batch_seconds=2, max_batch_size=2.5), TypeError, r"max_batch_size must be an integer in \[1, 1048576\] or None"),
     (dict(max_batch_seconds=2, duration_column=3), TypeError, "duration_column must be a manifest column"),
     (dict(buckets=4), ValueError, "buckets shape batches by duration: give max_batch_seconds too, got buckets=4"),
     (dict(duration_column="d"), ValueError, "duration_column shape batches by duration"),
