@@ -407,6 +407,11 @@ class ProducerPool:
         return sum(p.busy for p in list(self._producers)) + self._inline.busy
 
     @property
+    def inline_seconds(self) -> float:
+        """Of :attr:`decode_seconds`, the seconds the consumer decoded in its own thread."""
+        return self._inline.busy
+
+    @property
     def decoded(self) -> int:
         """Items finished (decoded or failed) so far."""
         return sum(p.decoded for p in list(self._producers)) + self._inline.decoded
