@@ -474,3 +474,28 @@ def test_the_back_off_clock_runs_on_across_short_epochs():
     checks = ["checking one more" in "".join(r for _, _, r in t.history) for t in tuners]
     assert checks[0] and not checks[1]  # a failed check skips the next epoch's
     assert memory.wait is not None and 0.0 <= memory.wait <= 1.5
+
+
+def test_rates_are_of_work_where_items_differ_in_cost():
+    # Batches by duration: runs of short utterances (2 s) and of long ones (20 s) take turns, an interval
+    # each. Two producers decode 1.6 times the audio per second that inline does; in items per second
+    # the long run a trial lands on looks 6 times slower than the short run before it.
+    def run(weighted: bool) -> ProducerTuner:
+        tuner = ProducerTuner(2, retry=60.0, warmup=False, min_items=1)
+        t = items = work = cwait = 0.0
+        count = tuner.observe(TunerSample(t, 0, 0.0, 0.0, work=0.0 if weighted else None))
+        for step in range(12):
+            seconds = 2.0 if step % 2 == 0 else 20.0  # each item's duration in this interval
+            audio = {0: 1000.0, 1: 1060.0, 2: 1600.0}[count] * STEP  # seconds of audio decoded
+            t += STEP
+            items += audio / seconds
+            work += audio
+            cwait += (0.0 if count == 0 else 0.5) * STEP
+            count = tuner.observe(TunerSample(t, int(items), cwait, 0.0, work=work if weighted else None))
+        return tuner
+
+    weighted = run(True)
+    assert [c for _, c, _ in weighted.history][:4] == [0, 1, 2, 2] and weighted.count == 2
+    assert weighted.history[3][2].startswith("kept: 1600/s against 1000/s")
+    unweighted = run(False)  # what items per second alone decide: back, and held there
+    assert unweighted.count == 0

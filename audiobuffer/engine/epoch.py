@@ -404,8 +404,13 @@ def set_up_epoch(pipeline: Pipeline, shard: EpochShard, *, resume: bytes | None 
             return listed.item(int(indices[seq]), epoch=number, seed=seed, seq=layout.seq(seq), clock=clock)
 
     producers = cast(ProducerCount, options.num_producers)  # LoaderOptions stores None as "auto"
+    weights = None  # batches by duration: the tuner weighs each item by its seconds (NOTE [ Producer tuning ])
+    if producers == "auto" and layout.sizes is not None and pipeline.batching is not None and len(layout):
+        batching = pipeline.batching
+        weights = np.asarray(batching.durations[batching.epoch_items(seed, number, layout.indices)], np.float64)
     pool = ProducerPool(make_item, len(layout), decode, buffer, num_producers=producers, memory=pipeline.memory,
-                        ordered=options.ordered, warn_after=options.warn_after, timeout=options.timeout)
+                        ordered=options.ordered, warn_after=options.warn_after, timeout=options.timeout,
+                        weights=weights)
     return EpochSetup(shard, layout, buffer, pool, make_item, clock, seed, mixture_counts(pipeline, shard, layout))
 
 

@@ -12,7 +12,10 @@ most ``max_producers`` (the usable cores).
 
 Intervals. An observation closes an interval once it spans at least ``interval`` seconds *and* at
 least ``min_items`` items finished since the last one closed; before that the window keeps growing,
-so slow decodes get decisions too, just later. An interval's rate is its items per second.
+so slow decodes get decisions too, just later. An interval's rate is its items per second, or, where
+the pool knows what each item costs (batches by duration: each item's seconds of audio), its work per
+second: batches of one duration bucket follow one another, so one interval may hold 2 s utterances
+and the next 20 s ones, and in items per second a trial would be judged by the bucket it landed on.
 
 Start small: inline when it is allowed, else one producer. The first interval only warms up: the
 start of an epoch (first calls, cold caches, a DataLoader's first batch) is slower than what follows,
@@ -104,6 +107,7 @@ class TunerSample:
     consumer_wait_s: float  # seconds the consumer waited for data
     producer_wait_s: float  # seconds producers waited for room, summed over producers
     cpu_s: float = 0.0  # CPU seconds the process used (all its threads)
+    work: float | None = None  # the items' summed cost (seconds of audio), where items differ in cost
 
 
 class TunerMemory:
@@ -280,7 +284,7 @@ class ProducerTuner:
             self._warming = False
             return self.count
         self._judged = True
-        rate = items / span
+        rate = (sample.work - last.work if sample.work is not None and last.work is not None else items) / span
         now = sample.time
         if self.cap < self.max_producers and now >= self._cap_until:
             self.cap = self.max_producers
@@ -403,6 +407,8 @@ class PoolTuning:
             ``observe`` (tests script one).
         name: the pool's name, for the log.
         counters: returns ``(items finished, consumer wait s, producer wait s)`` so far.
+        work: returns the finished items' summed cost so far, where items differ in cost; ``None``:
+            rates are of items.
         clock: a monotonic clock in seconds.
         cpu_clock: the CPU seconds the process has used (all its threads).
         memory: where :meth:`finish` leaves what the tuner settled on, for the next pool.
@@ -410,8 +416,9 @@ class PoolTuning:
 
     def __init__(self, tuner: Any, name: str, counters: Callable[[], tuple[int, float, float]], *,
                  clock: Callable[[], float] = time.monotonic, cpu_clock: Callable[[], float] = time.process_time,
-                 memory: TunerMemory | None = None) -> None:
+                 memory: TunerMemory | None = None, work: Callable[[], float] | None = None) -> None:
         self.tuner = tuner
+        self._work = work
         self._cpu_clock = cpu_clock
         self._memory = memory
         self._name = name
@@ -438,7 +445,9 @@ class PoolTuning:
 
     def _observe(self, now: float) -> int:
         items, consumer_wait, producer_wait = self._counters()
-        count: int = self.tuner.observe(TunerSample(now, items, consumer_wait, producer_wait, self._cpu_clock()))
+        work = self._work() if self._work is not None else None
+        count: int = self.tuner.observe(TunerSample(now, items, consumer_wait, producer_wait, self._cpu_clock(),
+                                                    work))
         history = self.tuner.history
         while self._logged < len(history):
             at, n, reason = history[self._logged]
