@@ -68,6 +68,8 @@ from .feed import Feed, Producer
 from .tuner import PoolTuning, TunerMemory, default_tuner
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from ..sources.item import WorkItem
 
 __all__ = [
@@ -192,7 +194,7 @@ class InlineDecoder:
     """
 
     def __init__(self, make_item: Callable[[int], WorkItem], decode: Callable[[WorkItem], Any], feed: Feed,
-                 buffer: Buffer, name: str, weights: Sequence[float] | None = None) -> None:
+                 buffer: Buffer, name: str, weights: Sequence[float] | np.ndarray | None = None) -> None:
         self._make_item = make_item
         self._weights = weights
         self.work = 0.0  # the finished items' summed weights
@@ -297,7 +299,7 @@ class ProducerPool:
                  decode: Callable[[WorkItem], Any], buffer: Buffer, *, num_producers: int | Literal["auto"],
                  ordered: bool = False, warn_after: float | None = None, timeout: float | None = None,
                  chunk_items: int | None = None, name: str = "audiobuffer-producer", tuner: Any = None,
-                 memory: TunerMemory | None = None, weights: Sequence[float] | None = None) -> None:
+                 memory: TunerMemory | None = None, weights: Sequence[float] | np.ndarray | None = None) -> None:
         check_int("count", count, 0)
         auto = num_producers == "auto"
         if not auto:
