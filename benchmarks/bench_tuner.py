@@ -5,8 +5,8 @@
 
 A training script often builds its loader after something else ran in the same process (a validation
 loader, another experiment). Here every contestant gets its own dataset and runs ``--epochs`` epochs,
-the contestants taking turns in one process, the order rotated each round so that each runs after each
-other one: the plain loop (the same decoder and batches in the loop's thread), ``auto``, pinned 0
+the contestants taking turns in one process, the order rotated each round and ``auto`` last, so that it
+runs after each other one in turn: the plain loop (the same decoder and batches in the loop's thread), ``auto``, pinned 0
 (decoding in the consumer's thread, the count ``auto`` may settle on), 1 and 2 producers, and an
 ``IsolatedLoader`` (2 producers in a helper process). A figure is the median over ``--rounds`` rounds
 of that epoch's wall time; the ratios are the loop's time over the contestant's (higher is faster) and
@@ -176,8 +176,12 @@ def run_case(case: Case, epochs: int, rounds: int, log: Callable[[str], None]) -
     """Every contestant's epochs, ``rounds`` times, the order rotated each round."""
     times: dict[str, list[list[float]]] = {c: [[] for _ in range(epochs)] for c in CONTESTANTS}
     notes: list[list[str]] = []
+    others = [c for c in CONTESTANTS if c != "auto"]
     for r in range(rounds):
-        order = CONTESTANTS[r % len(CONTESTANTS):] + CONTESTANTS[:r % len(CONTESTANTS)]
+        # auto last, after each other contestant in turn (the IsolatedLoader first: its helper has the
+        # most to wind down); the others rotated too
+        shift = (r - 1) % len(others)
+        order = [*others[shift + 1:], *others[:shift + 1], "auto"]
         for name in order:
             got, seen = run_contestant(case, name, epochs)
             for epoch, seconds in enumerate(got):

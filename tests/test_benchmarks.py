@@ -310,7 +310,7 @@ def test_tuner_bench_runs_every_contestant_for_every_epoch(tmp_path):
     for case in data["cases"]:
         assert sorted(case["epochs_s"]) == sorted(["loop", "auto", "0", "1", "2", "isolated"])
         assert all(len(t) == 2 and min(t) > 0 for t in case["epochs_s"].values())
-        assert len(case["auto_histories"]) == 1 and case["auto_histories"][0][0] == "after loop"
+        assert len(case["auto_histories"]) == 1 and case["auto_histories"][0][0] == "after isolated"
 
 
 def test_epochs_rows_compare_the_last_epoch(load_benchmark):
