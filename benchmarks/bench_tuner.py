@@ -8,9 +8,10 @@ loader, another experiment). Here every contestant gets its own dataset and runs
 the contestants taking turns in one process, the order rotated each round and ``auto`` last, so that
 it runs after each other one in turn: the plain loop (the same decoder and batches in the loop's
 thread), pinned 0 (decoding in the consumer's thread, the count ``auto`` may settle on), 1 and 2
-producers, an ``IsolatedLoader`` (2 producers in a helper process), and ``auto``. A figure is the median over ``--rounds`` rounds
-of that epoch's wall time; the ratios are the loop's time over the contestant's (higher is faster) and
-the contestant's time over the best pinned count's of the same epoch (1.0 is as fast as the best).
+producers, an ``IsolatedLoader`` (2 producers in a helper process), and ``auto``. A figure is the
+median over ``--rounds`` rounds of that epoch's wall time; the ratios are the loop's time over the
+contestant's (higher is faster) and the contestant's time over the best pinned count's of the same
+epoch (1.0 is as fast as the best).
 
 Corpora: a speech-like corpus of ``--utterances`` FLAC files of 1-22 s at 16 kHz (seeded), batched by
 duration (``max_batch_seconds=120``, 10 buckets, shuffled), and, in batches of 16 samples, the
