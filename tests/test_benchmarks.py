@@ -299,6 +299,20 @@ def test_epochs_bench_runs_every_setting_for_every_epoch(tmp_path):
     assert "At epoch 2, `auto` took" in result.stdout
 
 
+def test_tuner_bench_runs_every_contestant_for_every_epoch(tmp_path):
+    out = tmp_path / "tuner.json"
+    result = run_script("bench_tuner.py", "--utterances", "6", "--files", "16", "--epochs", "2", "--rounds", "1",
+                        "--fsdd", str(tmp_path / "absent"), "--cache-dir", str(tmp_path), "--json", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "FSDD not found" in result.stderr and "load average (1/5/15 min) before" in result.stdout
+    data = json.loads(out.read_text(encoding="utf-8"))
+    assert [c["case"].split(":")[0] for c in data["cases"]] == ["speech", "FLAC"]
+    for case in data["cases"]:
+        assert sorted(case["epochs_s"]) == sorted(["loop", "auto", "0", "1", "2", "isolated"])
+        assert all(len(t) == 2 and min(t) > 0 for t in case["epochs_s"].values())
+        assert len(case["auto_histories"]) == 1 and case["auto_histories"][0][0] == "after isolated"
+
+
 def test_epochs_rows_compare_the_last_epoch(load_benchmark):
     epochs = load_benchmark("bench_epochs")
     times = {"auto": [[1.0, 3.0], [0.5, 0.4]], 1: [[2.0], [0.8]], 2: [[1.0], [0.5]],

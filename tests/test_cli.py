@@ -87,6 +87,23 @@ def test_summary_of_a_tuned_epoch():
     assert "buffer.num_producers: auto" in summary.advice  # the YAML key as it is spelled now
 
 
+def test_decoding_in_the_loops_own_thread_counts_as_waiting_for_data():
+    """auto at 0: the loop never waits for the buffer, it decodes; that time is the input's, not the step's."""
+    stats = DatasetStats(epoch=0, rank=0, world_size=1, worker=0, num_workers=1, items=10, num_producers=0,
+                         decode_s=9.65, inline_s=9.65, producer_history=[(0.0, 0, "start")])
+    summary = RunSummary(wall_s=12.91, consumer_wait_s=0.02, samples=10)
+    summary.add_epoch(stats)
+    summary.judge()
+    assert summary.verdict == "input-bound" and summary.inline_s == 9.65
+    assert "decoded in its own thread 75% of the time" in summary.advice
+    assert "(summed over producers; 9.65 s of them in the loop's thread)" in "\n".join(summary.lines())
+    # Through an IsolatedLoader the helper's inline decoding is not the trainer's time.
+    isolated = RunSummary(wall_s=12.91, samples=10)
+    isolated.add_epoch(dataclasses.replace(stats, transfer={"trainer_wait_s": 0.02}))
+    isolated.judge()
+    assert isolated.inline_s == 0.0 and isolated.verdict == "compute-bound"
+
+
 def test_summary_of_an_isolated_loader_counts_the_trainers_wait():
     """The helper's buffer is drained by the helper: the loop's wait is the trainer's, from ``transfer``."""
     buffer = BufferStats(capacity=8, max_bytes=None, puts=10, gets=10, put_wait_s=0.3, get_wait_s=0.1,

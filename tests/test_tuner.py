@@ -159,19 +159,33 @@ def test_pool_tuning_logs_each_decision_and_keeps_seconds_since_the_start(caplog
 # -- across epochs: TunerMemory --------------------------------------------------------------------
 
 def test_the_next_epoch_starts_where_the_last_settled_and_waits_out_the_back_off():
+    def rate(c):
+        return {0: 3000, 1: 2000}.get(c, 1900)
+
+    def consumer_wait(c):
+        return 0.0 if c == 0 else 0.6
+
     memory = TunerMemory()
     first = ProducerTuner(4, retry=0.5, warmup=False)
-    drive(first, lambda c: {0: 3000, 1: 2000}.get(c, 1900), consumer_wait=lambda c: 0.0 if c == 0 else 0.6,
-          steps=6)  # 0.3 s: inline, a failed trial of one producer, back to inline
+    drive(first, rate, consumer_wait=consumer_wait, steps=6)  # inline, one producer fails at 0.1 s, back
     memory.remember(first)
-    assert (memory.count, memory.retry) == (0, 1.0)  # the back-off doubled by the failed trial
+    # The back-off doubled by the failed trial; 0.3 s of the 0.5 s it started were left at the end.
+    assert (memory.count, memory.retry) == (0, 1.0) and abs(memory.wait - 0.3) < 1e-9
     second = ProducerTuner(4, retry=0.5, memory=memory, warmup=False)
-    counts = drive(second, lambda c: {0: 3000, 1: 2000}.get(c, 1900), consumer_wait=lambda c: 0.0 if c == 0 else 0.6,
-                   steps=30)
-    assert second.history[0][1:] == (0, "start where the last epoch settled, no trial for 1 s")
-    assert set(counts[:19]) == {0}  # no trial within the back-off (1 s = 20 steps)
-    assert 1 in counts[19:]  # then it tries again, and goes back
-    assert second.settled() == (0, 2.0)
+    counts = drive(second, rate, consumer_wait=consumer_wait, steps=30)
+    assert second.history[0][1:] == (0, "start where the last epoch settled, no trial for 0.3 s")
+    # One more is checked at once (it fails: back, and the back-off doubles), then no trial for 1 s.
+    assert [r.split(":")[0] for _, _, r in second.history][1:3] == [
+        "checking one more than the count carried over", "back"]
+    assert counts[:2] == [1, 0] and set(counts[1:20]) == {0}  # 1 s = 20 steps
+    assert 1 in counts[20:]  # then it tries again, and goes back
+    assert second.settled()[:2] == (0, 4.0) and memory.ups == (None, 0, 1)
+    memory.remember(second)
+    assert memory.ups == (0, 1, 2)  # the next epoch starting at inline skips the check of one more
+    third = ProducerTuner(4, retry=0.5, memory=memory, warmup=False)
+    counts = drive(third, rate, consumer_wait=consumer_wait, steps=10)
+    assert third.history[0][2].endswith("one more not checked (it did not pay from here last time)")
+    assert set(counts) == {0}
 
 
 def test_a_count_that_was_kept_is_where_the_next_epoch_starts_without_a_cap():
@@ -185,8 +199,8 @@ def test_a_count_that_was_kept_is_where_the_next_epoch_starts_without_a_cap():
     # A later trial of three that pays (a changed workload) is kept: nothing failed where it settled.
     third = ProducerTuner(4, memory=memory, warmup=False)
     drive(third, lambda c: 1000 * c, consumer_wait=lambda c: 0.5, steps=60)  # past the 2 s back-off
-    assert third.history[0][2] == "start where the last epoch settled, no trial for 2 s"
-    assert third.count == 4 and third.settled() == (4, None)
+    assert third.history[0][2] == "start where the last epoch settled, no trial for 0.95 s"
+    assert third.count == 4 and third.settled() == (4, None, None)
     memory.remember(third)
     fourth = ProducerTuner(4, memory=memory, warmup=False)
     drive(fourth, lambda c: 1000 * c, consumer_wait=lambda c: 0.5, steps=2)
@@ -234,9 +248,9 @@ def test_the_first_interval_only_warms_up():
     assert "2000/s against 3000/s" in tuner.history[2][2]
 
 
-def _memory(count, retry=None):
+def _memory(count, retry=None, wait=None, checks=(None, 0, 1), ups=(None, 0, 1)):
     memory = TunerMemory()
-    memory._settled = (count, retry, (None, 0, 1))
+    memory._settled = (count, retry, retry if wait is None else wait, checks, ups)
     return memory
 
 
@@ -251,7 +265,7 @@ def test_a_count_carried_over_is_checked_downwards_when_the_work_got_cheaper():
     reasons = [reason.split(":")[0] for _, _, reason in tuner.history]
     assert reasons == ["start where the last epoch settled", "checking one fewer than the count carried over",
                        "kept one fewer", "checking one fewer than the count carried over", "kept one fewer"]
-    assert tuner.cap == 0 and tuner.settled() == (0, 60.0)  # a walk down keeps the back-off it had
+    assert tuner.cap == 0 and tuner.settled()[:2] == (0, 60.0)  # a walk down keeps the back-off it had
 
 
 def test_a_walk_down_caps_without_doubling_and_a_step_back_up_keeps_the_cap():
@@ -261,7 +275,8 @@ def test_a_walk_down_caps_without_doubling_and_a_step_back_up_keeps_the_cap():
                    steps=4)
     assert counts[:4] == [2, 1, 0, 1]
     assert tuner.history[-1][2].startswith("back up")
-    assert tuner.cap == 1 and tuner.settled() == (1, 0.5)  # the next epoch starts capped, the back-off not doubled
+    # the next epoch starts capped, the back-off not doubled
+    assert tuner.cap == 1 and tuner.settled()[:2] == (1, 0.5)
 
 
 def test_short_intervals_are_not_judged_by_cpu_time():
@@ -298,7 +313,7 @@ def test_a_count_carried_over_that_is_right_stays_after_one_check():
     counts = drive(tuner, lambda c: {0: 500, 1: 1000, 2: 1900}[c], consumer_wait=lambda c: 0.5, steps=10)
     assert counts[:2] == [1, 2] and set(counts[1:]) == {2}
     assert tuner.history[-1][2].startswith("back up: 1000/s against 1900/s")
-    assert tuner.cap == 2 and tuner.settled() == (2, None)
+    assert tuner.cap == 2 and tuner.settled() == (2, None, None)
 
 
 def test_a_count_carried_over_at_the_lowest_is_not_checked_downwards():
@@ -385,12 +400,12 @@ def test_a_check_of_one_fewer_that_went_back_up_is_skipped_for_doubling_runs_of_
 
 def test_a_kept_check_or_another_count_checks_again():
     memory = _memory(2)
-    memory._settled = (2, None, (2, 3, 8))  # a check from two went back up: three epochs skip it
+    memory._settled = (2, None, None, (2, 3, 8), (None, 0, 1))  # a check from two went back up: three epochs skip it
     cheaper = ProducerTuner(2, memory=memory, warmup=False, retry=60.0)
     drive(cheaper, lambda c: 1000 * c, consumer_wait=lambda c: 0.0, steps=1)
     assert "one fewer not checked" in cheaper.history[0][2] and cheaper.checks == (2, 2, 8)
     # The work got cheaper: the checks are where a changed workload shows, so a kept one starts over.
-    memory._settled = (2, None, (2, 0, 8))
+    memory._settled = (2, None, None, (2, 0, 8), (None, 0, 1))
     tuner = ProducerTuner(2, memory=memory, warmup=False, retry=60.0)
     drive(tuner, lambda c: 1000, consumer_wait=lambda c: 0.0, steps=3)
     assert [r.split(":")[0] for _, _, r in tuner.history][:3] == ["start where the last epoch settled",
@@ -398,7 +413,7 @@ def test_a_kept_check_or_another_count_checks_again():
                                                                   "kept one fewer"]
     assert tuner.checks == (None, 0, 1)
     # A start at another count than the failed check's is checked, its wait starting over.
-    memory._settled = (3, None, (2, 3, 8))
+    memory._settled = (3, None, None, (2, 3, 8), (None, 0, 1))
     other = ProducerTuner(4, memory=memory, warmup=False, retry=60.0)
     drive(other, lambda c: 1000 * c, consumer_wait=lambda c: 0.5, steps=3)
     assert [r for _, _, r in other.history][1].startswith("checking one fewer")
@@ -409,10 +424,78 @@ def test_a_kept_check_starts_the_skips_over_for_a_later_check_of_the_same_walk()
     # Three producers carried over, with a long wait from earlier failed checks; two do as well as three
     # (kept), one does not (back up to two): that failure is the first of its walk, so it skips one epoch.
     memory = TunerMemory()
-    memory._settled = (3, None, (3, 0, 8))
+    memory._settled = (3, None, None, (3, 0, 8), (None, 0, 1))
     tuner = ProducerTuner(3, memory=memory, warmup=False, retry=60.0, allow_inline=False)
     drive(tuner, lambda c: {3: 1000, 2: 1000, 1: 500}[c], consumer_wait=lambda c: 0.0, steps=4)
     assert [r.split(":")[0] for _, _, r in tuner.history][1:5] == [
         "checking one fewer than the count carried over", "kept one fewer",
         "checking one fewer than the count carried over", "back up"]
     assert tuner.checks == (2, 1, 2)
+
+
+# -- across short epochs: the back-off's clock and the check of one more ---------------------------
+
+def _epochs(memory: TunerMemory, count: int, rate: Callable[[int], float], *, seconds: float = 2.0,
+            consumer_wait: Callable[[int], float] = lambda c: 0.0 if c == 0 else 0.5,
+            **options) -> list[ProducerTuner]:
+    """``count`` epochs of ``seconds`` each, each a fresh tuner starting from ``memory`` (as a dataset's
+    next pool does), with the first interval warming up as in a real pool."""
+    tuners = []
+    for _ in range(count):
+        tuner = ProducerTuner(2, memory=memory, retry=0.5, **options)
+        drive(tuner, rate, consumer_wait=consumer_wait, steps=round(seconds / STEP))
+        memory.remember(tuner)
+        tuners.append(tuner)
+    return tuners
+
+
+def test_a_count_settled_behind_a_long_back_off_is_checked_upwards_in_the_next_short_epoch():
+    # Two-second epochs that settled on inline with a 4 s back-off (failed trials on a noisy start), where
+    # two producers are in fact 1.6 times as fast: the next epoch tries one more at its start.
+    memory = _memory(0, retry=4.0)
+    tuners = _epochs(memory, 3, lambda c: {0: 1000, 1: 1060, 2: 1600}[c])
+    second = tuners[0]
+    assert [c for _, c, _ in second.history][:3] == [0, 1, 2]
+    assert second.history[1][2] == "checking one more than the count carried over"
+    assert second.history[1][0] <= 3 * STEP  # on the first interval past the warm-up
+    assert second.count == 2 and memory.count == 2
+    assert all(t.history[0][1] == 2 for t in tuners[1:])
+
+
+def test_the_back_off_clock_runs_on_across_short_epochs():
+    # Producers never pay: each check of one more fails, so checks thin out (1, 2, 4 ... epochs skipped),
+    # and the back-off's seconds carry from epoch to epoch instead of starting again with each one.
+    memory = _memory(0, retry=1.5)
+    tuners = _epochs(memory, 12, lambda c: {0: 1000, 1: 900, 2: 900}[c], seconds=1.0, max_retry=1.5)
+    trials = [sum(1 for _, c, r in t.history if c == 1) for t in tuners]
+    # Without the clock running on, no epoch of 1 s would ever reach its 1.5 s back-off; with it, the
+    # back-off passes within every second epoch or so, checks or not.
+    assert sum(trials) >= 5
+    checks = ["checking one more" in "".join(r for _, _, r in t.history) for t in tuners]
+    assert checks[0] and not checks[1]  # a failed check skips the next epoch's
+    assert memory.wait is not None and 0.0 <= memory.wait <= 1.5
+
+
+def test_rates_are_of_work_where_items_differ_in_cost():
+    # Batches by duration: runs of short utterances (2 s) and of long ones (20 s) take turns, an interval
+    # each. Two producers decode 1.6 times the audio per second that inline does; in items per second
+    # the long run a trial lands on looks 6 times slower than the short run before it.
+    def run(weighted: bool) -> ProducerTuner:
+        tuner = ProducerTuner(2, retry=60.0, warmup=False, min_items=1)
+        t = items = work = cwait = 0.0
+        count = tuner.observe(TunerSample(t, 0, 0.0, 0.0, work=0.0 if weighted else None))
+        for step in range(12):
+            seconds = 2.0 if step % 2 == 0 else 20.0  # each item's duration in this interval
+            audio = {0: 1000.0, 1: 1060.0, 2: 1600.0}[count] * STEP  # seconds of audio decoded
+            t += STEP
+            items += audio / seconds
+            work += audio
+            cwait += (0.0 if count == 0 else 0.5) * STEP
+            count = tuner.observe(TunerSample(t, int(items), cwait, 0.0, work=work if weighted else None))
+        return tuner
+
+    weighted = run(True)
+    assert [c for _, c, _ in weighted.history][:4] == [0, 1, 2, 2] and weighted.count == 2
+    assert weighted.history[3][2].startswith("kept: 1600/s against 1000/s")
+    unweighted = run(False)  # what items per second alone decide: back, and held there
+    assert unweighted.count == 0

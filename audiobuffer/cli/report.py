@@ -49,6 +49,8 @@ class RunSummary:
         consumer_wait_s: seconds the loop waited for data: for samples from the buffer (it was empty), or
             with an ``IsolatedLoader`` for batches from its helper process.
         producer_wait_s: seconds the producers waited for room, summed over producers (it was full).
+        inline_s: of ``decode_s``, the seconds the loop's own thread decoded (``auto`` at 0 producers):
+            time the loop spent on its input, counted with ``consumer_wait_s`` in the verdict.
         step_s: seconds the loop spent on its own work (the train step, device copies).
         padding: each epoch's padding fraction (padded seconds / seconds in batches): measured on the
             loop's own audio batches (each row's ``lengths``, the real frames, against the padded
@@ -69,6 +71,7 @@ class RunSummary:
     wall_s: float = 0.0
     audio_s: float = 0.0
     decode_s: float = 0.0
+    inline_s: float = 0.0
     consumer_wait_s: float = 0.0
     producer_wait_s: float = 0.0
     step_s: float = 0.0
@@ -104,8 +107,10 @@ class RunSummary:
         self.gil_enabled = stats.gil_enabled
         if stats.transfer:  # an IsolatedLoader: the buffer's consumer is the helper; the loop is the trainer
             self.consumer_wait_s += stats.transfer["trainer_wait_s"]
-        elif stats.buffer is not None:
-            self.consumer_wait_s += stats.buffer.get_wait_s
+        else:
+            self.inline_s += stats.inline_s  # decoded in the loop's own thread
+            if stats.buffer is not None:
+                self.consumer_wait_s += stats.buffer.get_wait_s
         if stats.buffer is not None:
             self.producer_wait_s += stats.buffer.put_wait_s
 
@@ -131,6 +136,7 @@ class RunSummary:
     def judge(self, *, producers_key: str = "buffer.num_producers") -> None:
         """Set ``verdict`` and ``advice`` from the waits on both sides of the buffer."""
         wall = self.wall_s or 1e-9
+        inline = self.inline_s / wall
         waited = self.consumer_wait_s / wall
         full = self.producer_wait_s / (wall * max(1, self.producers))
         cores = usable_cores()
@@ -139,19 +145,20 @@ class RunSummary:
         else:
             cheaper = "shorter crops, a lower sample rate"
             cheapest = f"{cheaper}, fewer channels"
-        if waited >= INPUT_BOUND_SHARE:
+        if waited + inline >= INPUT_BOUND_SHARE:  # decoding in the loop's thread is time spent on input too
             self.verdict = "input-bound"
+            spent = f"the loop waited for data {waited:.0%} of the time"
+            if inline > 0.005:
+                spent += f" and decoded in its own thread {inline:.0%} of the time"
             if self.auto:
-                self.advice = (f"the loop waited for data {waited:.0%} of the time with {producers_key}: auto, "
-                               f"which settled on {self.producers} ({cores} cores here): make decoding cheaper "
-                               f"({cheapest})")
+                self.advice = (f"{spent} with {producers_key}: auto, which settled on {self.producers} "
+                               f"({cores} cores here): make decoding cheaper ({cheapest})")
             elif self.producers < cores:
-                self.advice = (f"the loop waited for data {waited:.0%} of the time: raise {producers_key} "
-                               f"(now {self.producers}, {cores} cores here) or make decoding cheaper ({cheaper})")
+                self.advice = (f"{spent}: raise {producers_key} (now {self.producers}, {cores} cores here) "
+                               f"or make decoding cheaper ({cheaper})")
             else:
-                self.advice = (f"the loop waited for data {waited:.0%} of the time and the {self.producers} "
-                               f"producers already cover the {cores} cores: make decoding cheaper "
-                               f"({cheapest})")
+                self.advice = (f"{spent} and the {self.producers} producers already cover the {cores} cores: "
+                               f"make decoding cheaper ({cheapest})")
         else:
             self.verdict = "compute-bound"
             self.advice = (f"loading keeps up: the loop waited for data {waited:.0%} of the time and the "
@@ -176,7 +183,7 @@ class RunSummary:
             f"throughput    {throughput}",
             f"time split    loop waited for data {self.consumer_wait_s:.2f} s | producers waited for room "
             f"{self.producer_wait_s:.2f} s ({self.producers} producers) | decoding {self.decode_s:.2f} s "
-            f"(summed over producers) | loop's own work {self.step_s:.2f} s",
+            f"(summed over producers{self._inline_part()}) | loop's own work {self.step_s:.2f} s",
             f"producers     {self._producers_line()}",
             f"verdict       {self.verdict}: {self.advice}",
             *([f"padding       {sum(self.padding) / len(self.padding):.1%} of the batches' audio (zeros against "
@@ -185,6 +192,9 @@ class RunSummary:
         ]
         out.extend(f"  {f['path']}: {f['error']}" for f in self.failures)
         return out
+
+    def _inline_part(self) -> str:
+        return f"; {self.inline_s:.2f} s of them in the loop's thread" if self.inline_s >= 0.005 else ""
 
     def _producers_line(self) -> str:
         gil = "GIL enabled" if self.gil_enabled else "GIL disabled (free-threaded)"

@@ -105,6 +105,8 @@ class DatasetStats:
         failed: items whose decoder or transform raised (skipped with "warn" or "skip").
         failures: ``(index, path, message)`` of the first 100 failed items.
         decode_s: seconds the producers spent decoding, summed over producers, without ``read_s``.
+        inline_s: of ``decode_s`` (and ``read_s``), the seconds the consumer decoded in its own thread
+            (``num_producers="auto"`` at 0): time the consumer spent on its input, as a wait would be.
         read_s: seconds the producers spent waiting for bytes (shard members, remote objects, streamed
             shards), summed over producers: I/O, not decoding.
         wall_s: seconds from the epoch's start to its end (or to now, while it runs).
@@ -144,6 +146,7 @@ class DatasetStats:
     failed: int = 0
     failures: list[tuple[int, str, str]] = field(default_factory=list)
     decode_s: float = 0.0
+    inline_s: float = 0.0
     read_s: float = 0.0
     wall_s: float = 0.0
     done: bool = False
@@ -401,8 +404,13 @@ def set_up_epoch(pipeline: Pipeline, shard: EpochShard, *, resume: bytes | None 
             return listed.item(int(indices[seq]), epoch=number, seed=seed, seq=layout.seq(seq), clock=clock)
 
     producers = cast(ProducerCount, options.num_producers)  # LoaderOptions stores None as "auto"
+    weights = None  # batches by duration: the tuner weighs each item by its seconds (NOTE [ Producer tuning ])
+    if producers == "auto" and layout.sizes is not None and pipeline.batching is not None and len(layout):
+        batching = pipeline.batching
+        weights = np.asarray(batching.durations[batching.epoch_items(seed, number, layout.indices)], np.float64)
     pool = ProducerPool(make_item, len(layout), decode, buffer, num_producers=producers, memory=pipeline.memory,
-                        ordered=options.ordered, warn_after=options.warn_after, timeout=options.timeout)
+                        ordered=options.ordered, warn_after=options.warn_after, timeout=options.timeout,
+                        weights=weights)
     return EpochSetup(shard, layout, buffer, pool, make_item, clock, seed, mixture_counts(pipeline, shard, layout))
 
 
@@ -460,6 +468,7 @@ class EpochRun(EpochCounts):
         """The epoch's stats now."""
         return self.stats(num_producers=self.pool.num_producers,
                           decode_s=max(0.0, self.pool.decode_seconds - self.clock.seconds), read_s=self.clock.seconds,
+                          inline_s=self.pool.inline_seconds,
                           buffer=self.buffer.stats, producer_history=self.pool.history, gil_enabled=gil_enabled())
 
     def consume(self, policy: ErrorPolicy) -> Iterator[Any]:

@@ -58,19 +58,21 @@ class Producer:
 
     Attributes:
         thread: the thread (set by the pool before it starts).
-        busy: seconds in the decoder; decoded: items finished, decoded or failed.
+        busy: seconds in the decoder; decoded: items finished, decoded or failed; work: their summed
+            cost, where the pool weighs items (``ProducerPool``'s ``weights``).
         waited: seconds waiting for a turn or for bytes (ordered mode).
         current: ``(path, since)`` of the item in the decoder, or ``None``.
         retired: set under the feed lock when it leaves above the target count.
     """
 
-    __slots__ = ("busy", "current", "decoded", "retired", "thread", "waited")
+    __slots__ = ("busy", "current", "decoded", "retired", "thread", "waited", "work")
 
     def __init__(self) -> None:
         self.thread: threading.Thread | None = None
         self.busy = 0.0
         self.waited = 0.0
         self.decoded = 0
+        self.work = 0.0
         self.current: tuple[str, float] | None = None
         self.retired = False
 

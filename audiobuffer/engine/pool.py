@@ -55,7 +55,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from .._checks import check_int, check_seconds
@@ -68,6 +68,8 @@ from .feed import Feed, Producer
 from .tuner import PoolTuning, TunerMemory, default_tuner
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from ..sources.item import WorkItem
 
 __all__ = [
@@ -192,8 +194,10 @@ class InlineDecoder:
     """
 
     def __init__(self, make_item: Callable[[int], WorkItem], decode: Callable[[WorkItem], Any], feed: Feed,
-                 buffer: Buffer, name: str) -> None:
+                 buffer: Buffer, name: str, weights: Sequence[float] | np.ndarray | None = None) -> None:
         self._make_item = make_item
+        self._weights = weights
+        self.work = 0.0  # the finished items' summed weights
         self._decode = decode
         self._feed = feed
         self._buffer = buffer
@@ -247,6 +251,8 @@ class InlineDecoder:
         finally:
             self.busy += time.perf_counter() - start
             self.decoded += 1
+            if self._weights is not None:
+                self.work += self._weights[seq]
 
 
 #: Seconds :meth:`ProducerPool.close` waits, in all, for the producer threads to finish.
@@ -284,13 +290,16 @@ class ProducerPool:
             ``CHUNK_ITEMS``, no more than its share of the buffer. Ordered pools use 1.
         name: the threads' name prefix (``{name}-{i}``).
         tuner, memory: with ``"auto"``, a tuner instead of the default (tests script one); a TunerMemory.
+        weights: with ``"auto"``, each sequence number's cost (batches by duration: its seconds), so
+            that the tuner judges work per second, not items (NOTE [ Producer tuning ]); ``None``: items
+            cost alike.
     """
 
     def __init__(self, make_item: Callable[[int], WorkItem], count: int,
                  decode: Callable[[WorkItem], Any], buffer: Buffer, *, num_producers: int | Literal["auto"],
                  ordered: bool = False, warn_after: float | None = None, timeout: float | None = None,
                  chunk_items: int | None = None, name: str = "audiobuffer-producer", tuner: Any = None,
-                 memory: TunerMemory | None = None) -> None:
+                 memory: TunerMemory | None = None, weights: Sequence[float] | np.ndarray | None = None) -> None:
         check_int("count", count, 0)
         auto = num_producers == "auto"
         if not auto:
@@ -314,8 +323,12 @@ class ProducerPool:
         # Inline decoding: never for a delivering decoder or under a stall timeout (see the NOTE).
         self._allow_inline = auto and not self._delivering and timeout is None
         most = max(1, min(usable_cores() if auto else cast(int, num_producers), count))
+        self._weights = weights if auto else None
+        if weights is not None and len(weights) != count:
+            raise ValueError(f"weights must have one value per item ({count}), got {len(weights)}")
         self._tuning = PoolTuning(tuner or default_tuner(most, allow_inline=self._allow_inline, memory=memory),
-                                  name, self._counters, memory=memory) if auto else None
+                                  name, self._counters, memory=memory,
+                                  work=self._work if self._weights is not None else None) if auto else None
         self._pinned = None if auto else most
         # Chunks: 1 in ordered mode and for a delivering decoder (see the NOTEs), else no larger than a
         # producer's share of the buffer.
@@ -325,7 +338,7 @@ class ProducerPool:
         self._feed = Feed(count, ordered=ordered, window=buffer.capacity,
                           max_bytes=buffer.max_bytes if ordered else None)
         self._producers: list[Producer] = []  # every producer started, in order; appended under the feed lock
-        self._inline = InlineDecoder(make_item, decode, self._feed, buffer, f"{name}-inline")
+        self._inline = InlineDecoder(make_item, decode, self._feed, buffer, f"{name}-inline", self._weights)
         self._started = False
         # A DevicePrefetcher's thread builds pools in a cancel scope: leaving its loop stops this one
         # (NOTE [ Prefetch cancellation ] in audiobuffer/engine/cancel.py).
@@ -407,6 +420,11 @@ class ProducerPool:
         return sum(p.busy for p in list(self._producers)) + self._inline.busy
 
     @property
+    def inline_seconds(self) -> float:
+        """Of :attr:`decode_seconds`, the seconds the consumer decoded in its own thread."""
+        return self._inline.busy
+
+    @property
     def decoded(self) -> int:
         """Items finished (decoded or failed) so far."""
         return sum(p.decoded for p in list(self._producers)) + self._inline.decoded
@@ -445,6 +463,10 @@ class ProducerPool:
         if self._tuning is not None:
             self._tuning.tick(self._feed.target, self._set_target)
 
+    def _work(self) -> float:
+        """The finished items' summed weights (``weights`` given)."""
+        return sum(p.work for p in list(self._producers)) + self._inline.work
+
     def _counters(self) -> tuple[int, float, float]:
         """(items finished, seconds the consumer waited for data, seconds producers waited for room)."""
         stats = self._buffer.stats
@@ -462,7 +484,7 @@ class ProducerPool:
         decoder); ``BufferClosed`` means the pool was closed; the last producer out closes the buffer.
         """
         name = cast(threading.Thread, me.thread).name
-        feed, buffer = self._feed, self._buffer
+        feed, buffer, weights = self._feed, self._buffer, self._weights
         chunk: list[tuple[int, Any]] = []
         chunk_size, oldest = self._chunk, 0.0  # oldest: when the oldest item in the chunk was finished
         decoding: WorkItem | None = None  # the item in the decoder, for a crash report
@@ -487,6 +509,8 @@ class ProducerPool:
                 end = time.perf_counter()
                 me.busy += end - start
                 me.decoded += 1
+                if weights is not None:
+                    me.work += weights[seq]
                 if out is DELIVERED:
                     continue
                 if chunk_size == 1:

@@ -12,7 +12,10 @@ most ``max_producers`` (the usable cores).
 
 Intervals. An observation closes an interval once it spans at least ``interval`` seconds *and* at
 least ``min_items`` items finished since the last one closed; before that the window keeps growing,
-so slow decodes get decisions too, just later. An interval's rate is its items per second.
+so slow decodes get decisions too, just later. An interval's rate is its items per second, or, where
+the pool knows what each item costs (batches by duration: each item's seconds of audio), its work per
+second: batches of one duration bucket follow one another, so one interval may hold 2 s utterances
+and the next 20 s ones, and in items per second a trial would be judged by the bucket it landed on.
 
 Start small: inline when it is allowed, else one producer. The first interval only warms up: the
 start of an epoch (first calls, cold caches, a DataLoader's first batch) is slower than what follows,
@@ -48,8 +51,16 @@ and judged against it a trial would look better than it is. On each later interv
 
 Across epochs. A dataset hands each epoch's pool the :class:`TunerMemory` the previous epoch's pool
 left: the new tuner starts at the count the last one settled on, and if a trial had failed there, it
-stays capped at that count for the current back-off before trying again (the back-off keeps doubling
-across epochs). So a training run pays the trials of its first epoch, not of every epoch. Since
+stays capped at that count for what was left of the back-off when the last epoch ended (the back-off's
+clock runs on across epochs, and keeps doubling), so epochs shorter than the back-off still get their
+trials. So a training run pays the trials of its first epoch, not of every epoch. A count carried over
+behind a back-off is checked upwards: on its first judged interval (after the check of one fewer
+below, if any, went back up) the tuner tries one more in spite of the cap, by the rules above (from
+inline a producer, and on to two; else only if the consumer starved). A failed trial at the start of
+an epoch (cold caches, another loader still busy on the cores, a run of unusually long items) would
+otherwise hold every later short epoch at the count it went back to. A check of one more that fails
+backs off as any failed trial, and the next epochs that start at the same count skip it as the checks
+of one fewer below skip theirs (its own count of skips; a kept check begins it again). Since
 trials only add producers, a count carried over is checked downwards (once, unless skipped as
 below): on its first judged interval the tuner tries one fewer (inline after one), keeps it if its
 rate is within ``gain`` of the rate before, and then tries one fewer again; else it goes back
@@ -96,6 +107,7 @@ class TunerSample:
     consumer_wait_s: float  # seconds the consumer waited for data
     producer_wait_s: float  # seconds producers waited for room, summed over producers
     cpu_s: float = 0.0  # CPU seconds the process used (all its threads)
+    work: float | None = None  # the items' summed cost (seconds of audio), where items differ in cost
 
 
 class TunerMemory:
@@ -107,10 +119,12 @@ class TunerMemory:
     """
 
     def __init__(self) -> None:
-        self._settled: tuple[int | None, float | None, tuple[int | None, int, int]] = (None, None, (None, 0, 1))
+        self._settled: tuple[int | None, float | None, float | None, tuple[int | None, int, int],
+                             tuple[int | None, int, int]] = (None, None, None, (None, 0, 1), (None, 0, 1))
 
     def __repr__(self) -> str:
-        return f"TunerMemory(count={self.count}, retry={self.retry}, checks={self.checks})"
+        return (f"TunerMemory(count={self.count}, retry={self.retry}, wait={self.wait}, checks={self.checks}, "
+                f"ups={self.ups})")
 
     @property
     def count(self) -> int | None:
@@ -119,16 +133,27 @@ class TunerMemory:
 
     @property
     def retry(self) -> float | None:
-        """The back-off in seconds before trying again, when the last tuner went back to ``count``
-        after a failed trial and stayed there; else ``None``."""
+        """The back-off in seconds a failed trial above ``count`` earns next, when the last tuner went
+        back to ``count`` after a failed trial and stayed there; else ``None``."""
         return self._settled[1]
+
+    @property
+    def wait(self) -> float | None:
+        """With :attr:`retry`: the seconds of the current back-off still to run when the last tuner
+        stopped (the next epoch waits them out, no more); else ``None``."""
+        return self._settled[2]
 
     @property
     def checks(self) -> tuple[int | None, int, int]:
         """The downward checks (NOTE [ Producer tuning ], across epochs): ``(count, skip, wait)``, the
         count a check that went back up started from (``None``: none), how many epochs starting there
         skip the check from now on, and how many the next check that goes back up makes skip."""
-        return self._settled[2]
+        return self._settled[3]
+
+    @property
+    def ups(self) -> tuple[int | None, int, int]:
+        """The checks of one more, as :attr:`checks` keeps those of one fewer: ``(count, skip, wait)``."""
+        return self._settled[4]
 
     def remember(self, tuner: Any) -> None:
         """Keep what ``tuner`` settled on; a tuner that judged no interval (an epoch too short), or an
@@ -136,7 +161,9 @@ class TunerMemory:
         settled = getattr(tuner, "settled", None)
         found = settled() if settled is not None else None
         if found is not None:
-            self._settled = (found[0], found[1], getattr(tuner, "checks", (None, 0, 1)))
+            count, retry, wait = found
+            self._settled = (count, retry, wait, getattr(tuner, "checks", (None, 0, 1)),
+                             getattr(tuner, "ups", (None, 0, 1)))
 
 
 class ProducerTuner:
@@ -208,8 +235,20 @@ class ProducerTuner:
             self._down = False
             self.checks = (self.count, self.checks[1] - 1, self.checks[2])
         self._warming = warmup  # the first interval decides nothing
+        self._wait = 0.0  # what is left of a back-off carried over (seconds)
         if memory is not None and memory.retry is not None:
             self._retry, self._failed_at = memory.retry, self.count  # capped from the first observation
+            self._wait = memory.retry if memory.wait is None else max(0.0, memory.wait)
+        # Check one more (a count carried over behind a back-off that has not run out), unless skipped.
+        self._up = self._wait > 0 and self.count < self.max_producers
+        #: What :class:`TunerMemory` keeps of the checks of one more (see its ``ups``).
+        self.ups: tuple[int | None, int, int] = (
+            memory.ups if memory is not None and memory.ups[0] == self.count else (None, 0, 1))
+        self._up_skipped = self._up and self.ups[1] > 0
+        if self._up_skipped:
+            self._up = False
+            self.ups = (self.count, self.ups[1] - 1, self.ups[2])
+        self._upward = False  # the trial being judged is the check of one more
         #: ``(time, count, reason)`` of every change, the first entry being the start.
         self.history: list[tuple[float, int, str]] = []
         self._last: TunerSample | None = None
@@ -227,11 +266,13 @@ class ProducerTuner:
             reason = "start"
             if self._resumed:
                 reason = "start where the last epoch settled"
-                if self._failed_at is not None:  # as if its failed trial had just happened
-                    self.cap, self._cap_until = self.count, sample.time + self._retry
-                    reason += f", no trial for {self._retry:g} s"
+                if self._wait > 0:  # the back-off of its failed trial goes on where it stopped
+                    self.cap, self._cap_until = self.count, sample.time + self._wait
+                    reason += f", no trial for {self._wait:.3g} s"
                 if self._check_skipped:
                     reason += ", one fewer not checked (it did not pay from here last time)"
+                if self._up_skipped:
+                    reason += ", one more not checked (it did not pay from here last time)"
             self.history.append((sample.time, self.count, reason))
             return self.count
         span = sample.time - last.time
@@ -243,7 +284,7 @@ class ProducerTuner:
             self._warming = False
             return self.count
         self._judged = True
-        rate = items / span
+        rate = (sample.work - last.work if sample.work is not None and last.work is not None else items) / span
         now = sample.time
         if self.cap < self.max_producers and now >= self._cap_until:
             self.cap = self.max_producers
@@ -254,6 +295,11 @@ class ProducerTuner:
         if self._down and self.count > self._low:
             self._trial = (self.count, rate)
             return self._change(now, self.count - 1, "checking one fewer than the count carried over")
+        if self._up:  # once one fewer is checked (or not to be): one more, in spite of the back-off
+            self._up = False
+            if self.count < self.max_producers and spare and (self.count == 0 or consumer_wait > self.starved):
+                self.cap, self._upward = self.max_producers, True
+                return self._try(now, rate, "checking one more than the count carried over")
         producer_wait = (sample.producer_wait_s - last.producer_wait_s) / span / max(1, self.count)
         if self.count > 1 and producer_wait > self.idle:
             return self._change(now, self.count - 1, f"producers waited {producer_wait:.0%} for room")
@@ -285,6 +331,7 @@ class ProducerTuner:
         if before > self.count:  # a check of one fewer: kept unless clearly slower, then one fewer again
             if rate * self.gain >= before_rate:
                 self._down = self.count > self._low  # done at the lowest count: trials may only climb again
+                self._up = False  # the count carried over was too many: one more than it is not checked
                 self.checks = (None, 0, 1)  # it paid: the next epochs check again, afresh
                 self.history.append((now, self.count, f"kept one fewer: {verdict}"))
                 self._back_off(now, self.count, double=False)  # the count above did not pay (one walk: no doubling)
@@ -298,6 +345,8 @@ class ProducerTuner:
             return False
         if rate >= before_rate * self.gain:
             self._failed_at = None
+            if self._upward:  # it paid: the next epochs check again, afresh
+                self._upward, self.ups = False, (None, 0, 1)
             self.history.append((now, self.count, f"kept: {verdict}"))
             return True
         if (before == 0 and self.count == 1 and rate >= before_rate * self.slower and consumer_wait > self.starved
@@ -309,6 +358,9 @@ class ProducerTuner:
             return False
         self._change(now, before, f"back: {verdict}")
         self._back_off(now, before)
+        if self._upward:  # the skips this failure earns; the next one earns twice as many
+            wait = self.ups[2]
+            self._upward, self.ups = False, (before, wait, min(2 * wait, MAX_CHECK_SKIP))
         return False
 
     def _back_off(self, now: float, count: int, *, double: bool = True) -> None:
@@ -318,16 +370,19 @@ class ProducerTuner:
             self._retry = min(2 * self._retry, self._max_retry)
         self._failed_at = count
 
-    def settled(self) -> tuple[int, float | None] | None:
-        """``(count, back-off)`` for :class:`TunerMemory`, or ``None`` if no interval was judged.
+    def settled(self) -> tuple[int, float | None, float | None] | None:
+        """``(count, back-off, left)`` for :class:`TunerMemory`, or ``None`` if no interval was judged.
 
-        The count is the one now (the one before a trial still being judged); the back-off is the
-        wait before the next trial when the count is where a failed trial went back to, else ``None``.
+        The count is the one now (the one before a trial still being judged). When the count is where
+        a failed trial went back to, the back-off is the one the next failed trial would double and
+        ``left`` the seconds of the current one still to run at the last observation; else both ``None``.
         """
-        if not self._judged:
+        if not self._judged or self._last is None:
             return None
         count = self._trial[0] if self._trial is not None else self.count
-        return count, (self._retry if self._failed_at == count else None)
+        if self._failed_at != count:
+            return count, None, None
+        return count, self._retry, max(0.0, self._cap_until - self._last.time)
 
     def _change(self, now: float, count: int, reason: str) -> int:
         self._failed_at = None
@@ -352,6 +407,8 @@ class PoolTuning:
             ``observe`` (tests script one).
         name: the pool's name, for the log.
         counters: returns ``(items finished, consumer wait s, producer wait s)`` so far.
+        work: returns the finished items' summed cost so far, where items differ in cost; ``None``:
+            rates are of items.
         clock: a monotonic clock in seconds.
         cpu_clock: the CPU seconds the process has used (all its threads).
         memory: where :meth:`finish` leaves what the tuner settled on, for the next pool.
@@ -359,8 +416,9 @@ class PoolTuning:
 
     def __init__(self, tuner: Any, name: str, counters: Callable[[], tuple[int, float, float]], *,
                  clock: Callable[[], float] = time.monotonic, cpu_clock: Callable[[], float] = time.process_time,
-                 memory: TunerMemory | None = None) -> None:
+                 memory: TunerMemory | None = None, work: Callable[[], float] | None = None) -> None:
         self.tuner = tuner
+        self._work = work
         self._cpu_clock = cpu_clock
         self._memory = memory
         self._name = name
@@ -387,7 +445,9 @@ class PoolTuning:
 
     def _observe(self, now: float) -> int:
         items, consumer_wait, producer_wait = self._counters()
-        count: int = self.tuner.observe(TunerSample(now, items, consumer_wait, producer_wait, self._cpu_clock()))
+        work = self._work() if self._work is not None else None
+        count: int = self.tuner.observe(TunerSample(now, items, consumer_wait, producer_wait, self._cpu_clock(),
+                                                    work))
         history = self.tuner.history
         while self._logged < len(history):
             at, n, reason = history[self._logged]
