@@ -12,6 +12,7 @@ import logging
 import os
 import pickle
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -148,8 +149,8 @@ def _join(thread: threading.Thread, timeout: float) -> None:
 
 
 def shutdown_helper(proc: subprocess.Popen[bytes], inbox: Buffer[Any], closing: threading.Event,
-                    wanted: threading.Event, segments: dict[str, Any], reader: threading.Thread,
-                    send_lock: threading.Lock, slot_lock: threading.Lock) -> None:
+                    wanted: threading.Event, segments: dict[str, Any], passed: _shm.Inbox | None,
+                    reader: threading.Thread, send_lock: threading.Lock, slot_lock: threading.Lock) -> None:
     """Stop the helper and free what it held. Runs once: from close(), from GC or at interpreter exit.
 
     ``closing`` is set first: a consumer still unpacking a batch then raises ``BufferClosed``, and the
@@ -192,8 +193,10 @@ def shutdown_helper(proc: subprocess.Popen[bytes], inbox: Buffer[Any], closing: 
                         segment.close()
                     except BufferError:  # a batch view still points into it; the OS frees it with the mapping
                         pass
-                _shm.unlink(name)  # the helper unlinks its own; this covers a helper that died
+                _shm.unlink(name)  # a name the helper was killed before it unlinked, if any
             segments.clear()
+            if passed is not None:
+                passed.close()
         finally:
             if locked:
                 slot_lock.release()
@@ -322,7 +325,9 @@ class HelperChannel:
         self.inbox: Buffer[Any] = Buffer(inbox_size)
         #: What the helper reported when it started: ``pid``, ``torch`` (whether it imported torch), ``gil``.
         self.info: dict[str, Any] = {}
-        self._segments: dict[str, Any] = {}  # every segment the helper made: name -> SharedMemory once attached
+        self._segments: dict[str, Any] = {}  # every segment the helper made: name -> its memory once attached
+        #: Where the helper's segments arrive (POSIX; NOTE [ Segments without names ] in ``shm.py``).
+        self._passed: _shm.Inbox | None = None
         self._slot_names: dict[int, str] = {}
         self._send_lock = threading.Lock()
         # Held while the segments change or a slot is copied out; the shutdown frees them under it.
@@ -353,14 +358,28 @@ class HelperChannel:
         here = str(Path(__file__).resolve().parents[3])  # so the helper imports this very package
         env["PYTHONPATH"] = os.pathsep.join([here] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         # The trainer's pid: the helper also leaves when the trainer has gone (NOTE [ Helper process lifecycle ], Exit).
-        proc = subprocess.Popen([sys.executable, "-m", HELPER_MODULE, str(os.getpid())], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, env=env, pass_fds=pass_fds,
-                                creationflags=CREATE_NEW_PROCESS_GROUP if sys.platform == "win32" else 0)
+        args = [sys.executable, "-m", HELPER_MODULE, str(os.getpid())]
+        theirs = None
+        if sys.platform != "win32":  # the socket the slots' segments cross on (NOTE [ Segments without names ])
+            ours, theirs = socket.socketpair()
+            self._passed = _shm.Inbox(ours, JOIN_TIMEOUT)
+            args.append(str(theirs.fileno()))
+            pass_fds = (*pass_fds, theirs.fileno())
+        try:
+            proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, pass_fds=pass_fds,
+                                    creationflags=CREATE_NEW_PROCESS_GROUP if sys.platform == "win32" else 0)
+        except BaseException:
+            if self._passed is not None:
+                self._passed.close()
+            raise
+        finally:
+            if theirs is not None:
+                theirs.close()  # the helper's copy is its own
         self.proc = proc
         reader = threading.Thread(target=read_messages, args=(proc, self.inbox, self._closing, self._wanted),
                                   name="audiobuffer-helper-reader", daemon=True)
         self._finalizer = weakref.finalize(self, shutdown_helper, proc, self.inbox, self._closing, self._wanted,
-                                           self._segments, reader, self._send_lock, self._slot_lock)
+                                           self._segments, self._passed, reader, self._send_lock, self._slot_lock)
         reader.start()
         try:
             self.send(Setup(PROTOCOL_VERSION, list(sys.path), spec))
@@ -446,7 +465,7 @@ class HelperChannel:
         if self._closing.is_set():  # the shutdown frees the segments, now or already
             raise BufferClosed(CLOSED)
         old = self._slot_names.get(slot)
-        if old != name:  # the helper grew this slot into a new segment and unlinked the old one
+        if old != name:  # the helper grew this slot into a new segment and let go of the old one
             segment = self._segments.pop(old, None) if old is not None else None
             if segment is not None:
                 segment.close()
@@ -455,9 +474,9 @@ class HelperChannel:
         if segment is None:
             self._segments[name] = None  # the shutdown unlinks it, whatever happens next
             try:
-                segment = self._segments[name] = _shm.attach(name)
+                segment = self._segments[name] = _shm.attach(name, inbox=self._passed, slot=slot)
             except FileNotFoundError as exc:
-                if self._closing.is_set():  # the helper unlinked its segments as it was told to leave
+                if self._closing.is_set():  # the helper let go of its segments as it was told to leave
                     raise BufferClosed(CLOSED) from exc
                 if self.proc is not None:
                     _wait_exit(self.proc, JOIN_TIMEOUT)  # for its exit code
