@@ -8,6 +8,8 @@ import json
 import logging
 import os
 import pickle
+import re
+import select
 import signal
 import subprocess
 import sys
@@ -335,6 +337,71 @@ def test_a_signal_to_the_whole_process_group_leaves_no_shared_memory(tmp_path, s
         trainer.stdout.close()
         for name in _shm.leftovers(helper):  # a failed run cleans up after itself
             _shm.unlink(name)
+
+
+def _in_forked_child(loader, epoch, out):
+    """What a child forked from the trainer does with its copy of an open loader: each call's outcome,
+    written to ``out`` as a line as soon as it is known (a hang shows as the lines missing)."""
+    def say(text):
+        os.write(out, (text.replace("\n", " ") + "\n").encode())
+
+    for name, call in (("next", lambda: next(epoch)), ("iter", lambda: iter(loader)), ("close", loader.close)):
+        try:
+            call()
+            say(f"{name}: no error")
+        except HelperError as exc:
+            say(f"{name}: HelperError: {exc}")
+        except BaseException as exc:  # noqa: BLE001 - any other outcome is reported to the parent
+            say(f"{name}: {type(exc).__name__}: {exc}")
+    import atexit
+
+    atexit._run_exitfuncs()  # what a child's exit runs: finalizers, epochs left open
+    gc.collect()
+    say("exited")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this system")
+def test_a_forked_child_gets_a_helper_error_and_leaves_the_parents_helper_alone():
+    with IsolatedLoader(fake_paths(120), IndexDecoder(), batch_size=4, num_slots=2, ordered=True) as loader:
+        epoch = iter(loader)
+        first = next(epoch)
+        helper = loader.helper_info["pid"]
+        read, write = os.pipe()
+        child = os.fork()
+        if child == 0:  # the child never returns into pytest
+            try:
+                os.close(read)
+                _in_forked_child(loader, epoch, write)
+            finally:
+                os._exit(0)
+        os.close(write)
+        lines = b""
+        try:
+            deadline = time.monotonic() + 20.0
+            while b"exited" not in lines and time.monotonic() < deadline:
+                ready, _, _ = select.select([read], [], [], max(0.0, deadline - time.monotonic()))
+                if not ready:
+                    break
+                chunk = os.read(read, 4096)
+                if not chunk:
+                    break
+                lines += chunk
+        finally:
+            os.close(read)
+            try:
+                os.kill(child, signal.SIGKILL)  # a child stuck in a hang
+            except ProcessLookupError:
+                pass
+            os.waitpid(child, 0)
+        said = lines.decode().splitlines()
+        owner = rf"HelperError: .*belongs to process {os.getpid()}.*this is process {child}"
+        assert len(said) == 4, said
+        assert re.match(f"next: {owner}", said[0]) and re.match(f"iter: {owner}", said[1]), said
+        assert said[2:] == ["close: no error", "exited"]
+        # The parent's epoch and helper carry on: nothing was stopped, closed or unlinked.
+        assert loader._channel.running and loader.helper_info["pid"] == helper
+        rest = [int(i) for batch in epoch for i in batch["index"]]
+        assert [int(i) for i in first["index"]] + rest == list(range(120))
 
 
 NO_GUARD = textwrap.dedent("""

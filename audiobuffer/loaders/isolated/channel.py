@@ -53,8 +53,8 @@ START_TIMEOUT = 60.0
 #: group of its own, which the console's Ctrl-C does not reach (NOTE [ Helper process lifecycle ], Exit).
 CREATE_NEW_PROCESS_GROUP = 0x00000200
 
-__all__ = ["ByReference", "HelperChannel", "RemoteTraceback", "death_message", "pickle_by_reference", "read_messages",
-           "shutdown_helper", "torch_dtype"]
+__all__ = ["ByReference", "HelperChannel", "RemoteTraceback", "death_message", "not_the_owner", "pickle_by_reference",
+           "read_messages", "shutdown_helper", "torch_dtype"]
 
 #: What a use of the channel raises once it is being closed on purpose, whatever it was doing then.
 CLOSED = "the IsolatedLoader was closed"
@@ -148,14 +148,36 @@ def _join(thread: threading.Thread, timeout: float) -> None:
         thread.join(min(WAIT_SLICE, remaining))
 
 
-def shutdown_helper(proc: subprocess.Popen[bytes], inbox: Buffer[Any], closing: threading.Event,
+def not_the_owner(owner: int) -> str | None:
+    """Why this process may not use what process ``owner`` made (a child forked from it: NOTE [ A loader
+    in a forked child ]), for a ``HelperError``; ``None`` in ``owner`` itself."""
+    here = os.getpid()
+    if here == owner:
+        return None
+    return (f"this IsolatedLoader belongs to process {owner}, which started its helper process; this is process "
+            f"{here}, a child forked from it, which may not use or stop that helper: make a loader in this process "
+            f"instead (in a DataLoader worker: in worker_init_fn)")
+
+
+# NOTE [ A loader in a forked child ]
+# ===================================
+# A child forked from the trainer (a DataLoader worker, a multiprocessing child) holds a copy of the
+# loader, of its channel and of their descriptors, but none of their threads: a wait for the reader
+# thread would never end, and a close, a finalizer or an exit handler there would stop the trainer's
+# helper, or write into the middle of a frame the trainer is sending. So the channel and the loader
+# remember the process that made them: in any other, every use raises a ``HelperError`` that says so
+# (:func:`not_the_owner`), and close(), the finalizer and the epoch's cleanup do nothing at all.
+def shutdown_helper(owner: int, proc: subprocess.Popen[bytes], inbox: Buffer[Any], closing: threading.Event,
                     wanted: threading.Event, segments: dict[str, Any], passed: _shm.Inbox | None,
                     reader: threading.Thread, send_lock: threading.Lock, slot_lock: threading.Lock) -> None:
-    """Stop the helper and free what it held. Runs once: from close(), from GC or at interpreter exit.
+    """Stop the helper and free what it held. Runs once: from close(), from GC or at interpreter exit,
+    and only in process ``owner`` (NOTE [ A loader in a forked child ]).
 
     ``closing`` is set first: a consumer still unpacking a batch then raises ``BufferClosed``, and the
     segments are freed only once its copy out of a slot is done (``slot_lock``, bounded).
     """
+    if os.getpid() != owner:
+        return
     closing.set()
     inbox.abort(BufferClosed(CLOSED))
     wanted.set()  # the reader reads on, into the aborted inbox, and ends
@@ -322,6 +344,7 @@ class HelperChannel:
 
     def __init__(self, inbox_size: int) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
+        self.owner = os.getpid()  # NOTE [ A loader in a forked child ]
         self.inbox: Buffer[Any] = Buffer(inbox_size)
         #: What the helper reported when it started: ``pid``, ``torch`` (whether it imported torch), ``gil``.
         self.info: dict[str, Any] = {}
@@ -378,8 +401,9 @@ class HelperChannel:
         self.proc = proc
         reader = threading.Thread(target=read_messages, args=(proc, self.inbox, self._closing, self._wanted),
                                   name="audiobuffer-helper-reader", daemon=True)
-        self._finalizer = weakref.finalize(self, shutdown_helper, proc, self.inbox, self._closing, self._wanted,
-                                           self._segments, self._passed, reader, self._send_lock, self._slot_lock)
+        self._finalizer = weakref.finalize(self, shutdown_helper, self.owner, proc, self.inbox, self._closing,
+                                           self._wanted, self._segments, self._passed, reader, self._send_lock,
+                                           self._slot_lock)
         reader.start()
         try:
             self.send(Setup(PROTOCOL_VERSION, list(sys.path), spec))
@@ -416,6 +440,7 @@ class HelperChannel:
             HelperError: the helper is not running or its channel broke.
             BufferClosed: the channel was closed (from another thread, maybe) before the message went.
         """
+        self._check_owner()
         proc = self.proc
         if proc is None or proc.stdin is None:
             raise HelperError("the helper process is not running")
@@ -442,6 +467,7 @@ class HelperChannel:
             TimeoutError: nothing came within ``timeout`` seconds (``None``: no limit).
             HelperError: the helper died. BufferClosed: the channel was closed.
         """
+        self._check_owner()
         if not len(self.inbox):  # only this thread takes from the inbox, so a message seen stays there
             self._wanted.set()
         return self.inbox.get(timeout=timeout)  # in slices, so Ctrl-C breaks it (NOTE [ Interruptible waits ])
@@ -454,6 +480,7 @@ class HelperChannel:
             HelperError: the segment is gone: the helper died (on Windows a segment goes with its last
                 handle, so one the helper grew just before it died is gone before the trainer attaches).
         """
+        self._check_owner()
         _acquire(self._slot_lock)  # held by a copy or the shutdown, for as long as either takes: in slices
         try:
             return self._attach(slot, name)
@@ -494,6 +521,7 @@ class HelperChannel:
             BufferClosed: the channel is being closed (from another thread, maybe).
             HelperError: the slot's segment is gone with the helper, or the helper died.
         """
+        self._check_owner()
         _acquire(self._slot_lock)  # held by the shutdown as it frees the segments: in slices
         try:
             buf = self._attach(batch.slot, batch.segment).buf
@@ -514,8 +542,9 @@ class HelperChannel:
         return out
 
     def stop_epoch(self, gen: int) -> None:
-        """Ask the helper to stop epoch ``gen`` and wait for its confirmation (bounded by ``JOIN_TIMEOUT``)."""
-        if not self.running:
+        """Ask the helper to stop epoch ``gen`` and wait for its confirmation (bounded by ``JOIN_TIMEOUT``);
+        nothing in another process than the owner's (NOTE [ A loader in a forked child ])."""
+        if not_the_owner(self.owner) or not self.running:
             return
         try:
             self.send(StopEpoch(gen))
@@ -531,6 +560,13 @@ class HelperChannel:
                 return
 
     def close(self) -> None:
-        """Stop the helper and free its shared memory. Idempotent, any thread."""
+        """Stop the helper and free its shared memory. Idempotent, any thread of the owner's process;
+        nothing in another (NOTE [ A loader in a forked child ])."""
         if self._finalizer is not None:
             self._finalizer()
+
+    def _check_owner(self) -> None:
+        """Raises ``HelperError`` outside the owner's process (NOTE [ A loader in a forked child ])."""
+        why = not_the_owner(self.owner)
+        if why is not None:
+            raise HelperError(why)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import os
 import pickle
 import threading
 import time
@@ -36,7 +37,7 @@ from ...options import ErrorPolicy, LoaderOptions, ProducerCount, check_keywords
 from ...sources.source import Source, SourceSpec, WorkItem
 from .._state import EpochCursor, PipelineViews, StateKeys
 from . import tables
-from .channel import CLOSED, HelperChannel, RemoteTraceback, death_message, pickle_by_reference
+from .channel import CLOSED, HelperChannel, RemoteTraceback, death_message, not_the_owner, pickle_by_reference
 from .protocol import Batch, EpochEnd, EpochError, SampleFailed, Skipped, Stalled, StartEpoch
 
 __all__ = ["IsolatedLoader", "TrainerRun"]
@@ -219,6 +220,7 @@ class IsolatedLoader(PipelineViews, StateKeys):
         self._gen = 0
         self._run: TrainerRun | None = None
         self._closed = False
+        self._owner = os.getpid()  # NOTE [ A loader in a forked child ] in channel.py
         tables.give_back_heap()  # the table built in memory is gone
 
     # -- what it was built with ----------------------------------------------------------------
@@ -244,6 +246,9 @@ class IsolatedLoader(PipelineViews, StateKeys):
         return self._channel.info if self._channel is not None else {}
 
     def _start(self) -> HelperChannel:
+        foreign = not_the_owner(self._owner)
+        if foreign is not None:
+            raise HelperError(foreign)
         if self._closed:
             raise BufferClosed("iter() on a closed IsolatedLoader")
         channel = self._channel
@@ -386,8 +391,12 @@ class IsolatedLoader(PipelineViews, StateKeys):
         self._cursor.load_state_dict(state)
 
     def close(self) -> None:
-        """Stop the helper process and free its shared memory. Idempotent, any thread."""
+        """Stop the helper process and free its shared memory. Idempotent, any thread. In a child forked
+        from the process that made the loader, the loader is only marked closed there (NOTE [ A loader
+        in a forked child ] in ``channel.py``)."""
         self._closed = True
+        if not_the_owner(self._owner) is not None:
+            return
         if self._channel is not None:
             self._channel.close()
         self._region.close()  # the maps made stay: the trainer's table is one of them
