@@ -405,7 +405,7 @@ def test_a_helper_of_another_audiobuffer_is_a_helper_error_naming_both_versions(
     loader = IsolatedLoader(fake_paths(4), IndexDecoder(), batch_size=2)  # owns the item table the spec names
     channel = HelperChannel(4)
     with pytest.raises(HelperError, match=says):
-        channel.start(loader._spec, pass_fds=loader._region.pass_fds)
+        channel.start(loader._spec, descriptors=loader._region.pass_fds)
     assert not channel.running
     assert channel.proc.wait(JOIN_TIMEOUT) == 0  # it left as told, not killed
     loader.close()

@@ -77,6 +77,15 @@ def test_every_item_once_per_epoch(num_producers, ordered):
         assert loader.helper_info["torch"] is False  # the helper runs without torch
 
 
+def test_the_helper_starts_with_the_constructor_and_gets_the_pipeline_at_the_first_iter():
+    # Its interpreter and imports overlap the listing of the source in the trainer.
+    with IsolatedLoader(fake_paths(20), IndexDecoder(), batch_size=8, ordered=True) as loader:
+        channel = loader._channel
+        assert channel.launched and channel.running and not channel.ready and loader.helper_info == {}
+        assert indices(loader) == list(range(20))
+        assert loader._channel is channel and channel.ready and loader.helper_info["pid"] == channel.proc.pid
+
+
 def test_batches_match_pad_collate():
     paths = fake_paths(10)
     decoder = IndexDecoder()

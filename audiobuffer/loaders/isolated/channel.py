@@ -168,7 +168,7 @@ def not_the_owner(owner: int) -> str | None:
 # remember the process that made them: in any other, every use raises a ``HelperError`` that says so
 # (:func:`not_the_owner`), and close(), the finalizer and the epoch's cleanup do nothing at all.
 def shutdown_helper(owner: int, proc: subprocess.Popen[bytes], inbox: Buffer[Any], closing: threading.Event,
-                    wanted: threading.Event, segments: dict[str, Any], passed: _shm.Inbox | None,
+                    wanted: threading.Event, segments: dict[str, Any], passed: _shm.TrainerSocket | None,
                     reader: threading.Thread, send_lock: threading.Lock, slot_lock: threading.Lock) -> None:
     """Stop the helper and free what it held. Runs once: from close(), from GC or at interpreter exit,
     and only in process ``owner`` (NOTE [ A loader in a forked child ]).
@@ -350,7 +350,7 @@ class HelperChannel:
         self.info: dict[str, Any] = {}
         self._segments: dict[str, Any] = {}  # every segment the helper made: name -> its memory once attached
         #: Where the helper's segments arrive (POSIX; NOTE [ Segments without names ] in ``shm.py``).
-        self._passed: _shm.Inbox | None = None
+        self._passed: _shm.TrainerSocket | None = None
         self._slot_names: dict[int, str] = {}
         self._send_lock = threading.Lock()
         # Held while the segments change or a slot is copied out; the shutdown frees them under it.
@@ -368,15 +368,24 @@ class HelperChannel:
         """Whether the helper was started and has not exited."""
         return self.proc is not None and self.proc.poll() is None
 
-    def start(self, spec: bytes, *, pass_fds: tuple[int, ...] = ()) -> None:
-        """Start the helper (``python -m`` :data:`HELPER_MODULE`), send it the pickled pipeline ``spec`` and
-        wait for it. ``pass_fds``: descriptors the helper inherits, under the same numbers (POSIX: the
-        region of the item table, NOTE [ Shared item table ] in ``sources/table.py``).
+    @property
+    def launched(self) -> bool:
+        """Whether :meth:`launch` started the helper (ready or not)."""
+        return self.proc is not None
 
-        Raises:
-            HelperError: the helper died, did not answer within ``START_TIMEOUT`` or could not load the
-                pipeline (its traceback chained); the channel is closed then.
-        """
+    @property
+    def ready(self) -> bool:
+        """Whether the helper answered the setup and runs: the channel is in use."""
+        return bool(self.info) and self.running and not self.broken
+
+    def start(self, spec: bytes, *, descriptors: tuple[int, ...] = ()) -> None:
+        """:meth:`launch`, then :meth:`finish_start`."""
+        self.launch()
+        self.finish_start(spec, descriptors=descriptors)
+
+    def launch(self) -> None:
+        """Start the helper (``python -m`` :data:`HELPER_MODULE`), which imports what it needs and then waits
+        for :meth:`finish_start`: a loader launches it before it lists its source, so the two overlap."""
         env = dict(os.environ)
         here = str(Path(__file__).resolve().parents[3])  # so the helper imports this very package
         env["PYTHONPATH"] = os.pathsep.join([here] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
@@ -385,9 +394,11 @@ class HelperChannel:
         theirs = None
         if sys.platform != "win32":  # the socket the slots' segments cross on (NOTE [ Segments without names ])
             ours, theirs = socket.socketpair()
-            self._passed = _shm.Inbox(ours, JOIN_TIMEOUT)
+            self._passed = _shm.TrainerSocket(ours, JOIN_TIMEOUT)
             args.append(str(theirs.fileno()))
-            pass_fds = (*pass_fds, theirs.fileno())
+            pass_fds: tuple[int, ...] = (theirs.fileno(),)
+        else:
+            pass_fds = ()
         try:
             proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, pass_fds=pass_fds,
                                     creationflags=CREATE_NEW_PROCESS_GROUP if sys.platform == "win32" else 0)
@@ -405,7 +416,20 @@ class HelperChannel:
                                            self._wanted, self._segments, self._passed, reader, self._send_lock,
                                            self._slot_lock)
         reader.start()
+
+    def finish_start(self, spec: bytes, *, descriptors: tuple[int, ...] = ()) -> None:
+        """Send the launched helper the pickled pipeline ``spec`` and wait for it. ``descriptors``: what the
+        helper maps by descriptor, sent over the segments' socket (POSIX: the region of the item table,
+        NOTE [ Shared item table ] in ``sources/table.py``).
+
+        Raises:
+            HelperError: the helper died, did not answer within ``START_TIMEOUT`` or could not load the
+                pipeline (its traceback chained); the channel is closed then.
+        """
         try:
+            if self._passed is not None:
+                for fd in descriptors:  # before the setup, which names them
+                    self._passed.send_descriptor(fd)
             self.send(Setup(PROTOCOL_VERSION, list(sys.path), spec))
             message = self.receive(START_TIMEOUT)
         except TimeoutError:

@@ -198,7 +198,7 @@ class _ChannelLog(logging.Handler):
 class _Slots:
     """The shared-memory ring: ``num_slots`` segments, free or full, grown when a batch does not fit."""
 
-    def __init__(self, num_slots: int, slot_bytes: int, outbox: _shm.Outbox | None) -> None:
+    def __init__(self, num_slots: int, slot_bytes: int, outbox: _shm.HelperSocket | None) -> None:
         self._cond = threading.Condition()
         self._outbox = outbox
         _shm.check_room(num_slots * slot_bytes, f"{num_slots} batch slots")
@@ -283,7 +283,7 @@ class Helper:
     """The helper's state: the spec from the trainer (its pipeline, the batching and slot setup), the slots,
     the running epoch."""
 
-    def __init__(self, channel: Channel, spec: dict[str, Any], outbox: _shm.Outbox | None) -> None:
+    def __init__(self, channel: Channel, spec: dict[str, Any], outbox: _shm.HelperSocket | None) -> None:
         self.channel = channel
         self.spec = spec
         self.pipeline: Pipeline = spec["pipeline"]
@@ -579,7 +579,7 @@ def main() -> None:
             os._exit(code)  # do not wait for a producer stuck in a decode (daemon threads)
 
     # The socket the segments cross on (POSIX), given by HelperChannel.start beside the trainer's pid.
-    outbox = _shm.Outbox(int(sys.argv[2])) if len(sys.argv) > 2 and sys.platform != "win32" else None
+    outbox = _shm.HelperSocket(int(sys.argv[2])) if len(sys.argv) > 2 and sys.platform != "win32" else None
     if len(sys.argv) > 1 and sys.platform != "win32":  # the trainer's pid, given by HelperChannel.start
         threading.Thread(target=_watch_trainer, args=(int(sys.argv[1]), leave),
                          name="audiobuffer-helper-watch", daemon=True).start()
@@ -595,8 +595,11 @@ def main() -> None:
         sys.path[:] = [p for p in setup.sys_path if p] + [p for p in sys.path if p not in setup.sys_path]
         try:
             from ...decoders import _common
+            from . import tables
 
             _common.TENSORS = False
+            if outbox is not None:  # the item table's region, sent before the setup
+                tables.adopt(outbox.receive_descriptors())
             spec = pickle.loads(setup.spec)
             if spec["background"]:
                 _lower_priority()

@@ -11,8 +11,8 @@ A POSIX shared-memory name lives until someone unlinks it: a helper and a traine
 scheduler after its grace period) would leave every slot in ``/dev/shm`` for good, and a container's
 64 MB fills after a few such kills. So the helper unlinks each segment's name right after
 ``shm_open`` made it, keeps its map, and sends its descriptor to the trainer over a socket the trainer
-gave it (``SCM_RIGHTS``, :class:`Outbox`), tagged with the slot and the name, before the message that
-names it; the trainer maps the descriptor it receives (:class:`Inbox`). The pages go when the last
+gave it (``SCM_RIGHTS``, :class:`HelperSocket`), tagged with the slot and the name, before the message that
+names it; the trainer maps the descriptor it receives (:class:`TrainerSocket`). The pages go when the last
 map of them goes, in whatever way each process ends, as the item table's region does
 (``loaders/isolated/tables.py``). A name exists only between ``shm_open`` and ``shm_unlink``, two
 calls apart; the trainer and the helper still unlink every name of the helper's on the way out
@@ -44,8 +44,8 @@ from pathlib import Path
 
 from ...errors import HelperError
 
-__all__ = ["SEGMENT_PREFIX", "SHM_DIR", "Inbox", "Outbox", "Segment", "SlotMemory", "attach", "check_room", "create",
-           "leftovers", "room", "unlink"]
+__all__ = ["SEGMENT_PREFIX", "SHM_DIR", "HelperSocket", "Segment", "SlotMemory", "TrainerSocket", "attach",
+           "check_room", "create", "leftovers", "room", "unlink"]
 
 #: Every segment's name starts with this (``/dev/shm/ab_...`` on Linux), so a test can look for leftovers.
 SEGMENT_PREFIX = "ab_"
@@ -114,7 +114,7 @@ SlotMemory = Segment | shared_memory.SharedMemory
 def create(size: int) -> SlotMemory:
     """A new segment of at least ``size`` bytes, named ``ab_<pid>_<random>``: on POSIX a
     :class:`Segment` whose name is already gone (NOTE [ Segments without names ]), its descriptor open
-    for :meth:`Outbox.send`; on Windows a ``SharedMemory`` the trainer opens by name."""
+    for :meth:`HelperSocket.send`; on Windows a ``SharedMemory`` the trainer opens by name."""
     name = f"{SEGMENT_PREFIX}{os.getpid()}_{secrets.token_hex(6)}"
     size = max(1, size)
     if sys.platform == "win32":
@@ -131,7 +131,7 @@ def create(size: int) -> SlotMemory:
         raise
 
 
-class Outbox:
+class HelperSocket:
     """The helper's end of the socket its segments' descriptors cross on (POSIX; NOTE [ Segments without
     names ]). Thread safety: :meth:`send` from any thread."""
 
@@ -148,8 +148,29 @@ class Outbox:
             socket.send_fds(self._sock, [f"{slot} {segment.name}".encode("ascii")], [segment.fd])
         segment.close_fd()
 
+    def receive_descriptors(self) -> dict[int, int]:
+        """The descriptors the trainer sent before its setup (:meth:`TrainerSocket.send_descriptor`), each
+        under the trainer's number for it: ``{trainer's: this process's}``. Reads what is there, without
+        waiting: the trainer sends them before the setup, which this process has read."""
+        found: dict[int, int] = {}
+        if sys.platform == "win32":
+            return found
+        self._sock.setblocking(False)
+        try:
+            while True:
+                try:
+                    message, fds, _, _ = socket.recv_fds(self._sock, 256, 1)
+                except BlockingIOError:
+                    return found
+                if not fds:  # the trainer's end is closed
+                    return found
+                os.set_inheritable(fds[0], False)
+                found[int(message.decode("ascii").split()[1])] = fds[0]
+        finally:
+            self._sock.setblocking(True)
 
-class Inbox:
+
+class TrainerSocket:
     """The trainer's end of the socket the helper's segments cross on (POSIX; NOTE [ Segments without
     names ]): each slot's newest segment received and not yet taken waits here.
 
@@ -164,6 +185,13 @@ class Inbox:
         self._sock = sock
         self._sock.settimeout(timeout)
         self._waiting: dict[int, Segment] = {}
+
+    def send_descriptor(self, fd: int) -> None:
+        """Send descriptor ``fd`` to the helper, which finds it under this number
+        (:meth:`HelperSocket.receive_descriptors`)."""
+        if sys.platform == "win32":
+            raise OSError("descriptors do not cross sockets on Windows")
+        socket.send_fds(self._sock, [f"fd {fd}".encode("ascii")], [fd])
 
     def take(self, slot: int, name: str) -> Segment:
         """The segment ``name`` of ``slot``, received now or before.
@@ -234,7 +262,7 @@ def _mib(nbytes: int) -> str:
     return f"{nbytes / (1 << 20):.1f} MiB"
 
 
-def attach(name: str, *, inbox: Inbox | None = None, slot: int = 0) -> SlotMemory:
+def attach(name: str, *, inbox: TrainerSocket | None = None, slot: int = 0) -> SlotMemory:
     """The segment ``name``: taken from ``inbox`` as ``slot``'s where segments cross as descriptors
     (POSIX), else opened by name, not tracked (so this process never unlinks it by exiting).
 
