@@ -16,8 +16,9 @@ resident memory it added (per item; pyarrow, torch and audiobuffer
 are imported before, and pyarrow's first compute call, which imports pandas where it is installed:
 their own memory is reported apart), the time to its first batch, and for ``isolated`` the helper
 process's memory (resident; proportional, its share of pages it maps with others; and its own, the
-pages no other process maps) and, in the same process, the own memory of a helper over a 10-row
-manifest: what any second Python process with numpy and soundfile costs, whatever the items.
+pages no other process maps; of it, the proportional part of the item table's region, which is the
+items' one copy, mapped by both processes) and, in the same process, the own memory of a helper over a
+10-row manifest: what any second Python process with numpy and soundfile costs, whatever the items.
 Each case runs ``--runs`` times (3), each time in a fresh process: each figure is the median.
 Results go to ``benchmarks/results/scale.json``.
 
@@ -133,6 +134,9 @@ def measure(case: str, manifest: str, n: int) -> dict[str, object]:
         result["helper_rss_mib"] = round(info.rss / 2**20, 1)
         result["helper_pss_mib"] = round(getattr(info, "pss", info.rss) / 2**20, 1)
         result["helper_uss_mib"] = round(info.uss / 2**20, 1)
+        table = mapped_pss(helper.pid, "audiobuffer-table-")
+        if table is not None:  # the item table's one copy, which the helper maps (Linux)
+            result["helper_table_pss_mib"] = round(table / 2**20, 1)
         result["bare_helper_uss_mib"] = bare_helper_uss(manifest, decoder)
     state = loader.state_dict()  # type: ignore[attr-defined]
     result["state_dict_bytes"] = len(json.dumps({k: (v.hex() if isinstance(v, bytes) else v)
@@ -141,6 +145,23 @@ def measure(case: str, manifest: str, n: int) -> dict[str, object]:
     loader.close()  # type: ignore[attr-defined]
     result["version"] = ab.__version__
     return result
+
+
+def mapped_pss(pid: int, marker: str) -> int | None:
+    """Bytes of proportional memory process ``pid`` maps from files whose name holds ``marker`` (Linux's
+    ``/proc/<pid>/smaps``; ``None`` elsewhere). The kernel maps a file's large folios whole, so a few
+    reads spread over a table map most of its pages."""
+    smaps = Path(f"/proc/{pid}/smaps")
+    if not smaps.exists():
+        return None
+    total, inside = 0, False
+    for line in smaps.read_text(encoding="utf-8").splitlines():
+        head = line.split(maxsplit=1)[0]
+        if "-" in head and not head.endswith(":"):
+            inside = marker in line
+        elif inside and head == "Pss:":
+            total += int(line.split()[1]) * 1024
+    return total
 
 
 def median_row(runs: list[dict[str, object]]) -> dict[str, object]:

@@ -249,6 +249,21 @@ def table_descriptors(pid: int | str = "self") -> set[str]:
     return found
 
 
+def mapped_segments(pid: int | str = "self") -> dict[str, int]:
+    """The shared-memory segments process ``pid`` maps (Linux; empty elsewhere): name -> bytes mapped.
+    Named or not: a batch slot's name is gone from the system while its pages are mapped."""
+    maps = Path(f"/proc/{pid}/maps")
+    found: dict[str, int] = {}
+    if maps.exists():
+        for line in maps.read_text(encoding="utf-8").splitlines():
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].startswith("/dev/shm/ab_"):
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                name = fields[5].split()[0].rsplit("/", 1)[1]
+                found[name] = found.get(name, 0) + end - start
+    return found
+
+
 @contextlib.contextmanager
 def isolated_leftovers(monkeypatch: Any) -> Iterator[None]:
     """Fail unless the isolated loaders run inside leave no child process and no shared-memory segment.
@@ -262,9 +277,9 @@ def isolated_leftovers(monkeypatch: Any) -> Iterator[None]:
     attach = _shm.attach
     seen: set[str] = set()
 
-    def recording_attach(name: str) -> Any:
+    def recording_attach(name: str, **kwargs: Any) -> Any:
         seen.add(name)
-        return attach(name)
+        return attach(name, **kwargs)
 
     monkeypatch.setattr(_shm, "attach", recording_attach)
     # Children from before (multiprocessing's resource tracker, once some test used spawn) stay.

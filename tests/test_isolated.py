@@ -8,6 +8,9 @@ import json
 import logging
 import os
 import pickle
+import re
+import select
+import signal
 import subprocess
 import sys
 import textwrap
@@ -24,6 +27,7 @@ from helpers import (
     duration_manifest,
     fake_paths,
     make_corpus,
+    mapped_segments,
     segment_exists,
     table_descriptors,
     wait_gone,
@@ -71,6 +75,15 @@ def test_every_item_once_per_epoch(num_producers, ordered):
             stats = loader.stats()
             assert stats.done and stats.yielded == 103 and stats.failed == 0
         assert loader.helper_info["torch"] is False  # the helper runs without torch
+
+
+def test_the_helper_starts_with_the_constructor_and_gets_the_pipeline_at_the_first_iter():
+    # Its interpreter and imports overlap the listing of the source in the trainer.
+    with IsolatedLoader(fake_paths(20), IndexDecoder(), batch_size=8, ordered=True) as loader:
+        channel = loader._channel
+        assert channel.launched and channel.running and not channel.ready and loader.helper_info == {}
+        assert indices(loader) == list(range(20))
+        assert loader._channel is channel and channel.ready and loader.helper_info["pid"] == channel.proc.pid
 
 
 def test_batches_match_pad_collate():
@@ -277,7 +290,7 @@ def test_a_killed_trainer_takes_its_helper_and_segments_along(tmp_path):
     trainer = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
         helper, *names = trainer.stdout.readline().split()
-        assert names and all(segment_exists(name) for name in names)  # the helper's slots exist while it runs
+        assert names and not any(segment_exists(name) for name in names)  # no name, even while it runs
         trainer.kill()  # SIGKILL; TerminateProcess on Windows
         trainer.wait(JOIN_TIMEOUT)
         assert wait_gone(int(helper), 2.0), "the helper outlived its trainer by more than 2 s"
@@ -286,6 +299,118 @@ def test_a_killed_trainer_takes_its_helper_and_segments_along(tmp_path):
         trainer.kill()
         trainer.wait(JOIN_TIMEOUT)
         trainer.stdout.close()
+
+
+GROUP_TRAINER = textwrap.dedent("""
+    import os, sys, time
+    sys.path.insert(0, {tests!r})
+    from audiobuffer import IsolatedLoader
+    from plain_decoders import IndexDecoder
+    # Slots of 1 KiB: each grows at its first batch, into a segment the trainer has not read yet.
+    loader = IsolatedLoader([f"/x/{{i}}.wav" for i in range(10_000)], IndexDecoder(length=5000), batch_size=4,
+                            slot_bytes=1024, num_slots=3)
+    it = iter(loader)
+    next(it)
+    time.sleep(1.0)  # the helper fills and grows the other slots meanwhile
+    print(loader.helper_info["pid"], flush=True)
+    time.sleep(60)
+""")
+
+
+def table_files() -> set[Path]:
+    import tempfile
+
+    return set(Path(tempfile.gettempdir()).glob("audiobuffer-table-*"))
+
+
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="process groups are POSIX")
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP", "SIGKILL"])
+def test_a_signal_to_the_whole_process_group_leaves_no_shared_memory(tmp_path, signame):
+    # What `timeout`, Slurm, a closed terminal or a scheduler's last word send: every process of the
+    # group ends at once, none of them cleaning up; nothing may be left in /dev/shm or the temp folder.
+    script = tmp_path / "trainer.py"
+    script.write_text(GROUP_TRAINER.format(tests=str(REPO / "tests")), encoding="utf-8", newline="\n")
+    tables = table_files()
+    trainer = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        helper = int(trainer.stdout.readline())
+        os.killpg(trainer.pid, getattr(signal, signame))
+        trainer.wait(JOIN_TIMEOUT)
+        assert wait_gone(helper, JOIN_TIMEOUT)
+        assert _shm.leftovers(helper) == [] and _shm.leftovers(trainer.pid) == []
+        assert table_files() == tables
+    finally:
+        trainer.kill()
+        trainer.wait(JOIN_TIMEOUT)
+        trainer.stdout.close()
+        for name in _shm.leftovers(helper):  # a failed run cleans up after itself
+            _shm.unlink(name)
+
+
+def _in_forked_child(loader, epoch, out):
+    """What a child forked from the trainer does with its copy of an open loader: each call's outcome,
+    written to ``out`` as a line as soon as it is known (a hang shows as the lines missing)."""
+    def say(text):
+        os.write(out, (text.replace("\n", " ") + "\n").encode())
+
+    for name, call in (("next", lambda: next(epoch)), ("iter", lambda: iter(loader)), ("close", loader.close)):
+        try:
+            call()
+            say(f"{name}: no error")
+        except HelperError as exc:
+            say(f"{name}: HelperError: {exc}")
+        except BaseException as exc:  # noqa: BLE001 - any other outcome is reported to the parent
+            say(f"{name}: {type(exc).__name__}: {exc}")
+    import atexit
+
+    atexit._run_exitfuncs()  # what a child's exit runs: finalizers, epochs left open
+    gc.collect()
+    say("exited")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this system")
+def test_a_forked_child_gets_a_helper_error_and_leaves_the_parents_helper_alone():
+    with IsolatedLoader(fake_paths(120), IndexDecoder(), batch_size=4, num_slots=2, ordered=True) as loader:
+        epoch = iter(loader)
+        first = next(epoch)
+        helper = loader.helper_info["pid"]
+        read, write = os.pipe()
+        child = os.fork()
+        if child == 0:  # the child never returns into pytest
+            try:
+                os.close(read)
+                _in_forked_child(loader, epoch, write)
+            finally:
+                os._exit(0)
+        os.close(write)
+        lines = b""
+        try:
+            deadline = time.monotonic() + 20.0
+            while b"exited" not in lines and time.monotonic() < deadline:
+                ready, _, _ = select.select([read], [], [], max(0.0, deadline - time.monotonic()))
+                if not ready:
+                    break
+                chunk = os.read(read, 4096)
+                if not chunk:
+                    break
+                lines += chunk
+        finally:
+            os.close(read)
+            try:
+                os.kill(child, signal.SIGKILL)  # a child stuck in a hang
+            except ProcessLookupError:
+                pass
+            os.waitpid(child, 0)
+        said = lines.decode().splitlines()
+        owner = rf"HelperError: .*belongs to process {os.getpid()}.*this is process {child}"
+        assert len(said) == 4, said
+        assert re.match(f"next: {owner}", said[0]) and re.match(f"iter: {owner}", said[1]), said
+        assert said[2:] == ["close: no error", "exited"]
+        # The parent's epoch and helper carry on: nothing was stopped, closed or unlinked.
+        assert loader._channel.running and loader.helper_info["pid"] == helper
+        rest = [int(i) for batch in epoch for i in batch["index"]]
+        assert [int(i) for i in first["index"]] + rest == list(range(120))
 
 
 NO_GUARD = textwrap.dedent("""
@@ -637,9 +762,9 @@ def test_an_object_array_fails_as_its_item_and_never_grows_a_slot():
                         slot_bytes=4096) as loader:
         assert list(loader) == []
         stats = loader.stats()
-        sizes = {(_shm.SHM_DIR / name).stat().st_size for name in _shm.leftovers(loader.helper_info["pid"])}
+        sizes = set(mapped_segments(loader.helper_info["pid"]).values())
     assert (stats.failed, stats.yielded) == (40, 0) and "dtype object" in stats.failures[0][2]
-    assert sizes <= {4096}
+    assert sizes == ({4096} if Path("/proc/self/maps").exists() else set())  # the size asked for, each slot
 
 
 def test_a_stall_names_the_stuck_file_within_the_trainers_wait():

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import socket
+import sys
 
 import pytest
 
@@ -30,3 +33,50 @@ def test_no_room_check_where_there_is_no_dev_shm(monkeypatch, tmp_path):
 def test_the_room_is_what_dev_shm_has_free():
     free, total = _shm.room()
     assert 0 <= free <= total == shutil.disk_usage(_shm.SHM_DIR).total
+
+
+@pytest.mark.skipif(os.name == "nt", reason="POSIX: segments cross as descriptors")
+def test_a_posix_segment_has_no_name_and_crosses_as_a_descriptor():
+    ours, theirs = socket.socketpair()
+    inbox, outbox = _shm.TrainerSocket(ours, 5.0), _shm.HelperSocket(os.dup(theirs.fileno()))
+    theirs.close()
+    made = [_shm.create(4096) for _ in range(3)]
+    try:
+        assert not any(_shm.leftovers(os.getpid()))
+        with pytest.raises(FileNotFoundError):
+            _shm.attach(made[0].name)  # by name: there is none
+        made[0].buf[:3] = b"abc"
+        for slot, segment in ((0, made[0]), (1, made[1]), (1, made[2])):  # slot 1 grew before it was read
+            outbox.send(slot, segment)
+            assert segment.fd == -1  # sent: the helper keeps only its map
+        got = _shm.attach(made[2].name, inbox=inbox, slot=1)  # the outgrown one is passed over
+        assert got.name == made[2].name and got.size == 4096
+        first = _shm.attach(made[0].name, inbox=inbox, slot=0)
+        assert bytes(first.buf[:3]) == b"abc"  # the same pages
+        first.buf[3:4] = b"d"
+        assert bytes(made[0].buf[:4]) == b"abcd"
+        got.close()
+        first.close()
+        with pytest.raises(FileNotFoundError, match="never came"):
+            inbox.take(2, "ab_0_missing")  # nothing more was sent: a timeout, bounded
+    finally:
+        for segment in made:
+            segment.close()
+        inbox.close()
+
+
+def test_on_windows_a_segment_is_opened_by_its_name(monkeypatch):
+    # A named section lives as long as a handle to it: the trainer opens the helper's slot by name, and
+    # nothing crosses the socket (which does not exist there).
+    monkeypatch.setattr(sys, "platform", "win32")
+    segment = _shm.create(4096)
+    try:
+        assert segment.name.startswith(f"ab_{os.getpid()}_")
+        other = _shm.attach(segment.name)
+        segment.buf[:2] = b"ok"
+        assert bytes(other.buf[:2]) == b"ok"
+        other.close()
+    finally:
+        segment.close()
+        monkeypatch.setattr(sys, "platform", "linux")
+        _shm.unlink(segment.name)  # on Windows the last handle does this; here the name must go

@@ -12,6 +12,7 @@ import logging
 import os
 import pickle
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -52,8 +53,8 @@ START_TIMEOUT = 60.0
 #: group of its own, which the console's Ctrl-C does not reach (NOTE [ Helper process lifecycle ], Exit).
 CREATE_NEW_PROCESS_GROUP = 0x00000200
 
-__all__ = ["ByReference", "HelperChannel", "RemoteTraceback", "death_message", "pickle_by_reference", "read_messages",
-           "shutdown_helper", "torch_dtype"]
+__all__ = ["ByReference", "HelperChannel", "RemoteTraceback", "death_message", "not_the_owner", "pickle_by_reference",
+           "read_messages", "shutdown_helper", "torch_dtype"]
 
 #: What a use of the channel raises once it is being closed on purpose, whatever it was doing then.
 CLOSED = "the IsolatedLoader was closed"
@@ -147,14 +148,36 @@ def _join(thread: threading.Thread, timeout: float) -> None:
         thread.join(min(WAIT_SLICE, remaining))
 
 
-def shutdown_helper(proc: subprocess.Popen[bytes], inbox: Buffer[Any], closing: threading.Event,
-                    wanted: threading.Event, segments: dict[str, Any], reader: threading.Thread,
-                    send_lock: threading.Lock, slot_lock: threading.Lock) -> None:
-    """Stop the helper and free what it held. Runs once: from close(), from GC or at interpreter exit.
+def not_the_owner(owner: int) -> str | None:
+    """Why this process may not use what process ``owner`` made (a child forked from it: NOTE [ A loader
+    in a forked child ]), for a ``HelperError``; ``None`` in ``owner`` itself."""
+    here = os.getpid()
+    if here == owner:
+        return None
+    return (f"this IsolatedLoader belongs to process {owner}, which started its helper process; this is process "
+            f"{here}, a child forked from it, which may not use or stop that helper: make a loader in this process "
+            f"instead (in a DataLoader worker: in worker_init_fn)")
+
+
+# NOTE [ A loader in a forked child ]
+# ===================================
+# A child forked from the trainer (a DataLoader worker, a multiprocessing child) holds a copy of the
+# loader, of its channel and of their descriptors, but none of their threads: a wait for the reader
+# thread would never end, and a close, a finalizer or an exit handler there would stop the trainer's
+# helper, or write into the middle of a frame the trainer is sending. So the channel and the loader
+# remember the process that made them: in any other, every use raises a ``HelperError`` that says so
+# (:func:`not_the_owner`), and close(), the finalizer and the epoch's cleanup do nothing at all.
+def shutdown_helper(owner: int, proc: subprocess.Popen[bytes], inbox: Buffer[Any], closing: threading.Event,
+                    wanted: threading.Event, segments: dict[str, Any], passed: _shm.TrainerSocket | None,
+                    reader: threading.Thread, send_lock: threading.Lock, slot_lock: threading.Lock) -> None:
+    """Stop the helper and free what it held. Runs once: from close(), from GC or at interpreter exit,
+    and only in process ``owner`` (NOTE [ A loader in a forked child ]).
 
     ``closing`` is set first: a consumer still unpacking a batch then raises ``BufferClosed``, and the
     segments are freed only once its copy out of a slot is done (``slot_lock``, bounded).
     """
+    if os.getpid() != owner:
+        return
     closing.set()
     inbox.abort(BufferClosed(CLOSED))
     wanted.set()  # the reader reads on, into the aborted inbox, and ends
@@ -192,8 +215,10 @@ def shutdown_helper(proc: subprocess.Popen[bytes], inbox: Buffer[Any], closing: 
                         segment.close()
                     except BufferError:  # a batch view still points into it; the OS frees it with the mapping
                         pass
-                _shm.unlink(name)  # the helper unlinks its own; this covers a helper that died
+                _shm.unlink(name)  # a name the helper was killed before it unlinked, if any
             segments.clear()
+            if passed is not None:
+                passed.close()
         finally:
             if locked:
                 slot_lock.release()
@@ -319,10 +344,13 @@ class HelperChannel:
 
     def __init__(self, inbox_size: int) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
+        self.owner = os.getpid()  # NOTE [ A loader in a forked child ]
         self.inbox: Buffer[Any] = Buffer(inbox_size)
         #: What the helper reported when it started: ``pid``, ``torch`` (whether it imported torch), ``gil``.
         self.info: dict[str, Any] = {}
-        self._segments: dict[str, Any] = {}  # every segment the helper made: name -> SharedMemory once attached
+        self._segments: dict[str, Any] = {}  # every segment the helper made: name -> its memory once attached
+        #: Where the helper's segments arrive (POSIX; NOTE [ Segments without names ] in ``shm.py``).
+        self._passed: _shm.TrainerSocket | None = None
         self._slot_names: dict[int, str] = {}
         self._send_lock = threading.Lock()
         # Held while the segments change or a slot is copied out; the shutdown frees them under it.
@@ -340,29 +368,68 @@ class HelperChannel:
         """Whether the helper was started and has not exited."""
         return self.proc is not None and self.proc.poll() is None
 
-    def start(self, spec: bytes, *, pass_fds: tuple[int, ...] = ()) -> None:
-        """Start the helper (``python -m`` :data:`HELPER_MODULE`), send it the pickled pipeline ``spec`` and
-        wait for it. ``pass_fds``: descriptors the helper inherits, under the same numbers (POSIX: the
-        region of the item table, NOTE [ Shared item table ] in ``sources/table.py``).
+    @property
+    def launched(self) -> bool:
+        """Whether :meth:`launch` started the helper (ready or not)."""
+        return self.proc is not None
+
+    @property
+    def ready(self) -> bool:
+        """Whether the helper answered the setup and runs: the channel is in use."""
+        return bool(self.info) and self.running and not self.broken
+
+    def start(self, spec: bytes, *, descriptors: tuple[int, ...] = ()) -> None:
+        """:meth:`launch`, then :meth:`finish_start`."""
+        self.launch()
+        self.finish_start(spec, descriptors=descriptors)
+
+    def launch(self) -> None:
+        """Start the helper (``python -m`` :data:`HELPER_MODULE`), which imports what it needs and then waits
+        for :meth:`finish_start`: a loader launches it before it lists its source, so the two overlap."""
+        env = dict(os.environ)
+        here = str(Path(__file__).resolve().parents[3])  # so the helper imports this very package
+        env["PYTHONPATH"] = os.pathsep.join([here] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        # The trainer's pid: the helper also leaves when the trainer has gone (NOTE [ Helper process lifecycle ], Exit).
+        args = [sys.executable, "-m", HELPER_MODULE, str(os.getpid())]
+        theirs = None
+        if sys.platform != "win32":  # the socket the slots' segments cross on (NOTE [ Segments without names ])
+            ours, theirs = socket.socketpair()
+            self._passed = _shm.TrainerSocket(ours, JOIN_TIMEOUT)
+            args.append(str(theirs.fileno()))
+            pass_fds: tuple[int, ...] = (theirs.fileno(),)
+        else:
+            pass_fds = ()
+        try:
+            proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, pass_fds=pass_fds,
+                                    creationflags=CREATE_NEW_PROCESS_GROUP if sys.platform == "win32" else 0)
+        except BaseException:
+            if self._passed is not None:
+                self._passed.close()
+            raise
+        finally:
+            if theirs is not None:
+                theirs.close()  # the helper's copy is its own
+        self.proc = proc
+        reader = threading.Thread(target=read_messages, args=(proc, self.inbox, self._closing, self._wanted),
+                                  name="audiobuffer-helper-reader", daemon=True)
+        self._finalizer = weakref.finalize(self, shutdown_helper, self.owner, proc, self.inbox, self._closing,
+                                           self._wanted, self._segments, self._passed, reader, self._send_lock,
+                                           self._slot_lock)
+        reader.start()
+
+    def finish_start(self, spec: bytes, *, descriptors: tuple[int, ...] = ()) -> None:
+        """Send the launched helper the pickled pipeline ``spec`` and wait for it. ``descriptors``: what the
+        helper maps by descriptor, sent over the segments' socket (POSIX: the region of the item table,
+        NOTE [ Shared item table ] in ``sources/table.py``).
 
         Raises:
             HelperError: the helper died, did not answer within ``START_TIMEOUT`` or could not load the
                 pipeline (its traceback chained); the channel is closed then.
         """
-        env = dict(os.environ)
-        here = str(Path(__file__).resolve().parents[3])  # so the helper imports this very package
-        env["PYTHONPATH"] = os.pathsep.join([here] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-        # The trainer's pid: the helper also leaves when the trainer has gone (NOTE [ Helper process lifecycle ], Exit).
-        proc = subprocess.Popen([sys.executable, "-m", HELPER_MODULE, str(os.getpid())], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, env=env, pass_fds=pass_fds,
-                                creationflags=CREATE_NEW_PROCESS_GROUP if sys.platform == "win32" else 0)
-        self.proc = proc
-        reader = threading.Thread(target=read_messages, args=(proc, self.inbox, self._closing, self._wanted),
-                                  name="audiobuffer-helper-reader", daemon=True)
-        self._finalizer = weakref.finalize(self, shutdown_helper, proc, self.inbox, self._closing, self._wanted,
-                                           self._segments, reader, self._send_lock, self._slot_lock)
-        reader.start()
         try:
+            if self._passed is not None:
+                for fd in descriptors:  # before the setup, which names them
+                    self._passed.send_descriptor(fd)
             self.send(Setup(PROTOCOL_VERSION, list(sys.path), spec))
             message = self.receive(START_TIMEOUT)
         except TimeoutError:
@@ -397,6 +464,7 @@ class HelperChannel:
             HelperError: the helper is not running or its channel broke.
             BufferClosed: the channel was closed (from another thread, maybe) before the message went.
         """
+        self._check_owner()
         proc = self.proc
         if proc is None or proc.stdin is None:
             raise HelperError("the helper process is not running")
@@ -423,6 +491,7 @@ class HelperChannel:
             TimeoutError: nothing came within ``timeout`` seconds (``None``: no limit).
             HelperError: the helper died. BufferClosed: the channel was closed.
         """
+        self._check_owner()
         if not len(self.inbox):  # only this thread takes from the inbox, so a message seen stays there
             self._wanted.set()
         return self.inbox.get(timeout=timeout)  # in slices, so Ctrl-C breaks it (NOTE [ Interruptible waits ])
@@ -435,6 +504,7 @@ class HelperChannel:
             HelperError: the segment is gone: the helper died (on Windows a segment goes with its last
                 handle, so one the helper grew just before it died is gone before the trainer attaches).
         """
+        self._check_owner()
         _acquire(self._slot_lock)  # held by a copy or the shutdown, for as long as either takes: in slices
         try:
             return self._attach(slot, name)
@@ -446,7 +516,7 @@ class HelperChannel:
         if self._closing.is_set():  # the shutdown frees the segments, now or already
             raise BufferClosed(CLOSED)
         old = self._slot_names.get(slot)
-        if old != name:  # the helper grew this slot into a new segment and unlinked the old one
+        if old != name:  # the helper grew this slot into a new segment and let go of the old one
             segment = self._segments.pop(old, None) if old is not None else None
             if segment is not None:
                 segment.close()
@@ -455,9 +525,9 @@ class HelperChannel:
         if segment is None:
             self._segments[name] = None  # the shutdown unlinks it, whatever happens next
             try:
-                segment = self._segments[name] = _shm.attach(name)
+                segment = self._segments[name] = _shm.attach(name, inbox=self._passed, slot=slot)
             except FileNotFoundError as exc:
-                if self._closing.is_set():  # the helper unlinked its segments as it was told to leave
+                if self._closing.is_set():  # the helper let go of its segments as it was told to leave
                     raise BufferClosed(CLOSED) from exc
                 if self.proc is not None:
                     _wait_exit(self.proc, JOIN_TIMEOUT)  # for its exit code
@@ -475,6 +545,7 @@ class HelperChannel:
             BufferClosed: the channel is being closed (from another thread, maybe).
             HelperError: the slot's segment is gone with the helper, or the helper died.
         """
+        self._check_owner()
         _acquire(self._slot_lock)  # held by the shutdown as it frees the segments: in slices
         try:
             buf = self._attach(batch.slot, batch.segment).buf
@@ -495,8 +566,9 @@ class HelperChannel:
         return out
 
     def stop_epoch(self, gen: int) -> None:
-        """Ask the helper to stop epoch ``gen`` and wait for its confirmation (bounded by ``JOIN_TIMEOUT``)."""
-        if not self.running:
+        """Ask the helper to stop epoch ``gen`` and wait for its confirmation (bounded by ``JOIN_TIMEOUT``);
+        nothing in another process than the owner's (NOTE [ A loader in a forked child ])."""
+        if not_the_owner(self.owner) or not self.running:
             return
         try:
             self.send(StopEpoch(gen))
@@ -512,6 +584,13 @@ class HelperChannel:
                 return
 
     def close(self) -> None:
-        """Stop the helper and free its shared memory. Idempotent, any thread."""
+        """Stop the helper and free its shared memory. Idempotent, any thread of the owner's process;
+        nothing in another (NOTE [ A loader in a forked child ])."""
         if self._finalizer is not None:
             self._finalizer()
+
+    def _check_owner(self) -> None:
+        """Raises ``HelperError`` outside the owner's process (NOTE [ A loader in a forked child ])."""
+        why = not_the_owner(self.owner)
+        if why is not None:
+            raise HelperError(why)

@@ -56,8 +56,9 @@ DataLoader worker, a ``multiprocessing`` child) holds a copy of the trainer's en
 and keeps it open after the trainer died; so on POSIX the helper also looks every ``TRAINER_CHECK``
 seconds whether its parent is still the trainer whose pid it was given (Windows has no fork, and the
 trainer's end of the pipe is not inheritable there). Either way the epoch's pool is stopped, every
-segment this process created is unlinked, what is queued for the trainer is written (for at most
-``EXIT_GRACE`` seconds: a trainer that closed the loader reads the pipe to its end), and the process
+segment this process created is closed (none has a name left: NOTE [ Segments without names ] in
+``shm.py``), what is queued for the trainer is written (for at most ``EXIT_GRACE`` seconds: a
+trainer that closed the loader reads the pipe to its end), and the process
 exits with ``os._exit``, without waiting for a producer stuck in a decode beyond ``EXIT_GRACE``.
 An error of the helper's own (a frame it cannot read, a bug) is printed on stderr with its
 traceback and the exit code is 1. SIGINT is ignored, from the first line run, before the slow imports:
@@ -197,10 +198,14 @@ class _ChannelLog(logging.Handler):
 class _Slots:
     """The shared-memory ring: ``num_slots`` segments, free or full, grown when a batch does not fit."""
 
-    def __init__(self, num_slots: int, slot_bytes: int) -> None:
+    def __init__(self, num_slots: int, slot_bytes: int, outbox: _shm.HelperSocket | None) -> None:
         self._cond = threading.Condition()
+        self._outbox = outbox
         _shm.check_room(num_slots * slot_bytes, f"{num_slots} batch slots")
-        self._segments = [_shm.create(slot_bytes) for _ in range(num_slots)]
+        self._segments: list[_shm.SlotMemory] = []
+        for slot in range(num_slots):
+            self._segments.append(_shm.create(slot_bytes))
+            self._share(slot)
         self._free = list(range(num_slots))
         self._gen = -1
         self._stopped = False
@@ -257,8 +262,13 @@ class _Slots:
         _shm.check_room(nbytes, "a batch slot")
         old = self._segments[slot]
         self._segments[slot] = _shm.create(max(nbytes, int(old.size * 1.5)))
-        old.close()
-        _shm.unlink(old.name)
+        self._share(slot)  # before the batch that names it is sent
+        old.close()  # nameless (POSIX) or gone with its last handle (Windows): nothing to unlink
+
+    def _share(self, slot: int) -> None:
+        """Send ``slot``'s segment to the trainer (POSIX; NOTE [ Segments without names ] in ``shm.py``)."""
+        if self._outbox is not None:
+            self._outbox.send(slot, self._segments[slot])
 
     def unlink_all(self) -> None:
         for segment in self._segments:
@@ -273,11 +283,11 @@ class Helper:
     """The helper's state: the spec from the trainer (its pipeline, the batching and slot setup), the slots,
     the running epoch."""
 
-    def __init__(self, channel: Channel, spec: dict[str, Any]) -> None:
+    def __init__(self, channel: Channel, spec: dict[str, Any], outbox: _shm.HelperSocket | None) -> None:
         self.channel = channel
         self.spec = spec
         self.pipeline: Pipeline = spec["pipeline"]
-        self.slots = _Slots(spec["num_slots"], spec["slot_bytes"])
+        self.slots = _Slots(spec["num_slots"], spec["slot_bytes"], outbox)
         self._epoch: threading.Thread | None = None
         self._gen = -1
         self._pool: ProducerPool | None = None
@@ -568,6 +578,8 @@ def main() -> None:
             sys.stderr.flush()
             os._exit(code)  # do not wait for a producer stuck in a decode (daemon threads)
 
+    # The socket the segments cross on (POSIX), given by HelperChannel.start beside the trainer's pid.
+    outbox = _shm.HelperSocket(int(sys.argv[2])) if len(sys.argv) > 2 and sys.platform != "win32" else None
     if len(sys.argv) > 1 and sys.platform != "win32":  # the trainer's pid, given by HelperChannel.start
         threading.Thread(target=_watch_trainer, args=(int(sys.argv[1]), leave),
                          name="audiobuffer-helper-watch", daemon=True).start()
@@ -583,12 +595,15 @@ def main() -> None:
         sys.path[:] = [p for p in setup.sys_path if p] + [p for p in sys.path if p not in setup.sys_path]
         try:
             from ...decoders import _common
+            from . import tables
 
             _common.TENSORS = False
+            if outbox is not None:  # the item table's region, sent before the setup
+                tables.adopt(outbox.receive_descriptors())
             spec = pickle.loads(setup.spec)
             if spec["background"]:
                 _lower_priority()
-            helper = Helper(channel, spec)
+            helper = Helper(channel, spec, outbox)
         except Exception as exc:
             channel.send(SetupFailed(PROTOCOL_VERSION, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
             return

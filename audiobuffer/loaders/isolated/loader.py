@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import os
 import pickle
 import threading
 import time
@@ -36,7 +37,7 @@ from ...options import ErrorPolicy, LoaderOptions, ProducerCount, check_keywords
 from ...sources.source import Source, SourceSpec, WorkItem
 from .._state import EpochCursor, PipelineViews, StateKeys
 from . import tables
-from .channel import CLOSED, HelperChannel, RemoteTraceback, death_message, pickle_by_reference
+from .channel import CLOSED, HelperChannel, RemoteTraceback, death_message, not_the_owner, pickle_by_reference
 from .protocol import Batch, EpochEnd, EpochError, SampleFailed, Skipped, Stalled, StartEpoch
 
 __all__ = ["IsolatedLoader", "TrainerRun"]
@@ -104,11 +105,12 @@ class IsolatedLoader(PipelineViews, StateKeys):
 
     Takes :class:`~audiobuffer.BufferedDataset`'s keywords plus the batching ones, and yields
     :func:`~audiobuffer.pad_collate`'s batches (``audio`` ``(B, T)`` padded, ``lengths``, numbers as
-    tensors, strings as lists). The helper is a fresh ``python -m audiobuffer.loaders.isolated.helper`` started on the
-    first ``iter()`` and kept across epochs (one that died is replaced at the next ``iter()``): it does
-    not import torch or your script, so it is ready in a fraction of a second and needs no
-    ``if __name__ == "__main__":`` guard. What crosses to it: the source, the options, and the decoder
-    and transform, pickled by reference (the built-in decoders, or any importable module-level
+    tensors, strings as lists). The helper is a fresh ``python -m audiobuffer.loaders.isolated.helper``
+    started by the constructor once the source is listed (it imports what it needs meanwhile), given the
+    pipeline at the first ``iter()`` and kept across epochs (one that died is replaced at the next
+    ``iter()``): it does not import torch or your script, and needs no ``if __name__ ==
+    "__main__":`` guard. What crosses to it: the source, the options, and the decoder and transform,
+    pickled by reference (the built-in decoders, or any importable module-level
     function or class instance). Batches cross in shared-memory slots and are copied once into
     (pinned) tensors.
 
@@ -171,9 +173,30 @@ class IsolatedLoader(PipelineViews, StateKeys):
             raise ValueError(f"pin_memory must be 'auto', True or False, got {pin_memory!r}")
         if not isinstance(key, str):
             raise TypeError(f"key must be a string, got {key!r}")
+        loader_options = LoaderOptions(**options)
+        self._closed = False
+        self._owner = os.getpid()  # NOTE [ A loader in a forked child ] in channel.py
+        self._build(source, decoder, loader_options, batch_size=batch_size, drop_last=drop_last,
+                    num_slots=num_slots, pin_memory=pin_memory, key=key, slot_bytes=slot_bytes,
+                    background=background)
+        tables.give_back_heap()  # the table built in memory is gone
+        # The helper starts now: its interpreter and imports overlap what the trainer does until its
+        # first iter(), which hands it the pipeline. Not before the source is listed: on a machine with
+        # few cores its imports would slow the listing by as much as they take.
+        self._channel: HelperChannel | None = HelperChannel(num_slots + 64)
+        try:
+            self._channel.launch()
+        except BaseException:
+            self._region.close()
+            raise
+
+    def _build(self, source: SourceSpec | Source, decoder: Callable[[WorkItem], Any], options: LoaderOptions, *,
+               batch_size: int | None, drop_last: bool, num_slots: int, pin_memory: bool | str, key: str,
+               slot_bytes: int, background: bool) -> None:
+        """The rest of ``__init__``, checked arguments in hand: list the source, share its table, make the spec."""
         # Listed, checked and (by duration) timed here in the trainer; the epochs run in the helper.
         #: What the epochs run over: the source, decoder, options and durations (one copy of each).
-        self.pipeline = pipeline = Pipeline.build(source, decoder, LoaderOptions(**options))
+        self.pipeline = pipeline = Pipeline.build(source, decoder, options)
         if not isinstance(pipeline.source, Source):  # a ShardStream: its epochs are not plans of items
             raise ValueError(f"IsolatedLoader reads files or an index, not {pipeline.source.description}: "
                              f"{pipeline.source.random_access_hint}")
@@ -210,12 +233,9 @@ class IsolatedLoader(PipelineViews, StateKeys):
                 "slot_bytes": slot_bytes, "key": key, "background": bool(background)}
         self._spec = pickle_by_reference(spec, "pipeline")
         self._cursor = EpochCursor(pipeline)
-        self._channel: HelperChannel | None = None
         self._lock = threading.Lock()
         self._gen = 0
         self._run: TrainerRun | None = None
-        self._closed = False
-        tables.give_back_heap()  # the table built in memory is gone
 
     # -- what it was built with ----------------------------------------------------------------
 
@@ -240,17 +260,23 @@ class IsolatedLoader(PipelineViews, StateKeys):
         return self._channel.info if self._channel is not None else {}
 
     def _start(self) -> HelperChannel:
+        foreign = not_the_owner(self._owner)
+        if foreign is not None:
+            raise HelperError(foreign)
         if self._closed:
             raise BufferClosed("iter() on a closed IsolatedLoader")
         channel = self._channel
         if channel is not None:
-            if channel.running and not channel.broken:
+            if channel.ready:
                 return channel
-            if not channel.broken:  # the epoch that saw it die raised its death; this one runs in a new helper
-                logger.warning("starting a new helper process: %s", death_message(channel.proc))
+            if not channel.info and channel.running and not channel.broken:  # launched by __init__
+                channel.finish_start(self._spec, descriptors=self._region.pass_fds)
+                return channel
+            if channel.info and not channel.broken:  # the epoch that saw it die raised its death; this
+                logger.warning("starting a new helper process: %s", death_message(channel.proc))  # one: a new helper
             channel.close()  # reaps the dead one (or stops one cut off by Ctrl-C) and unlinks its segments
         channel = self._channel = HelperChannel(self.num_slots + 64)
-        channel.start(self._spec, pass_fds=self._region.pass_fds)
+        channel.start(self._spec, descriptors=self._region.pass_fds)
         return channel
 
     # -- iteration -----------------------------------------------------------------------------
@@ -382,8 +408,12 @@ class IsolatedLoader(PipelineViews, StateKeys):
         self._cursor.load_state_dict(state)
 
     def close(self) -> None:
-        """Stop the helper process and free its shared memory. Idempotent, any thread."""
+        """Stop the helper process and free its shared memory. Idempotent, any thread. In a child forked
+        from the process that made the loader, the loader is only marked closed there (NOTE [ A loader
+        in a forked child ] in ``channel.py``)."""
         self._closed = True
+        if not_the_owner(self._owner) is not None:
+            return
         if self._channel is not None:
             self._channel.close()
         self._region.close()  # the maps made stay: the trainer's table is one of them
@@ -401,7 +431,7 @@ class IsolatedLoader(PipelineViews, StateKeys):
 
     def __repr__(self) -> str:
         channel = self._channel
-        state = "closed" if self._closed else ("running" if channel is not None and channel.running else "idle")
+        state = "closed" if self._closed else ("running" if channel is not None and channel.ready else "idle")
         return (f"IsolatedLoader({self.pipeline.source.description}, {self.pipeline.decoder!r}, "
                 f"batch_size={self.batch_size}, num_slots={self.num_slots}, "
                 f"num_producers={self.pipeline.options.num_producers!r}, helper={state})")

@@ -3,10 +3,10 @@
 An :class:`~audiobuffer.IsolatedLoader` writes its source's item table into a :class:`TableRegion`
 that the trainer and its helper both map (NOTE [ Shared item table ] in ``sources/table.py``), so the
 table's pages are in memory once. The region has no name left on disk: on POSIX it is a temporary
-file unlinked as soon as it is made, whose descriptor the helper inherits (``pass_fds``); on Windows a
-section of the paging file, named by a random tag the helper opens. Either way the system frees it
-when the last process that maps it (or holds its descriptor) is gone, whether it closed, crashed or
-was killed: nothing is left behind to sweep.
+file unlinked as soon as it is made, whose descriptor crosses to the helper over a socket
+(:func:`adopt`); on Windows a section of the paging file, named by a random tag the helper opens.
+Either way the system frees it when the last process that maps it (or holds its descriptor) is
+gone, whether it closed, crashed or was killed: nothing is left behind to sweep.
 """
 
 from __future__ import annotations
@@ -22,12 +22,22 @@ from dataclasses import dataclass
 
 from ...errors import HelperError
 
-__all__ = ["PREFIX", "RegionHandle", "TableRegion", "give_back_heap"]
+__all__ = ["PREFIX", "RegionHandle", "TableRegion", "adopt", "give_back_heap"]
 
 #: How every region's name starts: its temporary file's, made and then unlinked (Linux shows it in
 #: ``/proc/<pid>/fd`` as ``<tmp>/audiobuffer-table-... (deleted)`` while a descriptor is open), or its
 #: section's tag on Windows.
 PREFIX = "audiobuffer-table-"
+
+
+#: Descriptors this process received from the trainer (POSIX), under the trainer's numbers for them.
+_ADOPTED: dict[int, int] = {}
+
+
+def adopt(descriptors: dict[int, int]) -> None:
+    """In the helper: the trainer's descriptors, received under other numbers (``{trainer's: ours}``), which
+    :meth:`RegionHandle.map` then maps in their place."""
+    _ADOPTED.update(descriptors)
 
 
 @dataclass(frozen=True)
@@ -49,9 +59,10 @@ class RegionHandle:
         try:
             if sys.platform == "win32":  # the tag opens the trainer's section (or makes an empty one, which
                 return mmap.mmap(-1, self.size, tagname=self.tag)  # the table's token check refuses)
+            fd = _ADOPTED.get(self.fd, self.fd)
             if sys.version_info >= (3, 13):  # no copy of the descriptor kept by the map
-                return mmap.mmap(self.fd, self.size, access=mmap.ACCESS_READ, trackfd=False)
-            return mmap.mmap(self.fd, self.size, access=mmap.ACCESS_READ)
+                return mmap.mmap(fd, self.size, access=mmap.ACCESS_READ, trackfd=False)
+            return mmap.mmap(fd, self.size, access=mmap.ACCESS_READ)
         except (OSError, ValueError) as exc:
             what = f"tag {self.tag!r}" if self.tag else f"descriptor {self.fd}"
             raise OSError(f"cannot map the item table shared by {what} ({self.size} bytes): {exc}") \
@@ -90,7 +101,7 @@ class TableRegion:
 
     @property
     def pass_fds(self) -> tuple[int, ...]:
-        """The descriptors a helper must inherit to map the region (none on Windows)."""
+        """The descriptors a helper must be given to map the region (none on Windows)."""
         return (self._fd,) if self._fd >= 0 else ()
 
     def write(self, offset: int, data: memoryview) -> None:
