@@ -1,4 +1,10 @@
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
+import pytest
 import soundfile as sf
 
 from audiobuffer.cli.demo import make_demo_corpus
@@ -24,3 +30,26 @@ def test_classes_differ(tmp_path):
     spectra = [np.abs(np.fft.rfft(sf.read(root / f"{d}_synth_0.flac")[0], 8000)) for d in range(10)]
     peaks = {int(np.argmax(s[200:]) + 200) for s in spectra}
     assert len(peaks) > 5
+
+
+# -- the demo's options: --num-producers (the YAML's name) ---------------------------
+
+_THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
+
+
+def _demo(tmp_path, *args, env=None):
+    env = {k: v for k, v in os.environ.items() if k not in _THREAD_ENV} | (env or {})
+    return subprocess.run([sys.executable, "-m", "audiobuffer", "demo", "--epochs", "1", "--per-class", "2",
+                           "--device", "cpu", "--no-progress", "--cache-dir", str(tmp_path), "--json", "-", *args],
+                          capture_output=True, text=True, timeout=300, env={**env, "PYTHONUNBUFFERED": "1"})
+
+
+@pytest.mark.timeout(400)
+def test_demo_num_producers_is_the_yaml_name_and_producers_still_works(tmp_path):
+    from audiobuffer.cli.main import command_parsers
+
+    assert command_parsers()["demo"].parse_args(["--num-producers", "3"]).num_producers == 3
+    done = _demo(tmp_path, "--producers", "1")
+    assert done.returncode == 0, done.stderr
+    assert "demo --producers is deprecated: write --num-producers" in done.stderr
+    assert json.loads(done.stdout)["num_producers"] == 1 and "1 producers)" in done.stderr

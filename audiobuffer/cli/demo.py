@@ -99,7 +99,7 @@ def _split(root: Path, test_per_class: int) -> tuple[list[str], list[str]]:
     return train, test
 
 
-def run_demo(*, epochs: int = 12, per_class: int = 50, producers: int = 2, batch_size: int = 32, lr: float = 1e-2,
+def run_demo(*, epochs: int = 12, per_class: int = 50, num_producers: int = 2, batch_size: int = 32, lr: float = 1e-2,
              device: str = "auto", cache_dir: Path | None = None, seed: int = 0,
              progress: bool = False) -> dict[str, Any]:
     """Make the corpus, train, evaluate; return the results (accuracy, time split, summary)."""
@@ -115,8 +115,8 @@ def run_demo(*, epochs: int = 12, per_class: int = 50, producers: int = 2, batch
     decoder = AudioDecoder(SAMPLE_RATE, crop_seconds=1.0, crop="start")
     labels = r"^(\d+)_"
     train = BufferedDataset(train_files, decoder, labels=labels, shuffle=True, seed=seed,
-                            num_producers=producers, buffer_size=4 * batch_size)
-    test = BufferedDataset(test_files, decoder, labels=labels, ordered=True, num_producers=producers)
+                            num_producers=num_producers, buffer_size=4 * batch_size)
+    test = BufferedDataset(test_files, decoder, labels=labels, ordered=True, num_producers=num_producers)
     pin = dev.type == "cuda"
     train_loader = DataLoader(train, batch_size=batch_size, collate_fn=pad_collate, pin_memory=pin)
     test_loader = DataLoader(test, batch_size=64, collate_fn=pad_collate, pin_memory=pin)
@@ -144,11 +144,11 @@ def run_demo(*, epochs: int = 12, per_class: int = 50, producers: int = 2, batch
         logger.info("epoch %d: loss %.3f, test accuracy %.1f%%", epoch, history[-1]["loss"], 100 * accuracy)
     summary.wall_s = time.perf_counter() - train_start
     summary.step_s = steps.seconds
-    summary.judge(producers_key="--producers")
+    summary.judge(producers_key="--num-producers")
     return {
         "corpus": str(root), "corpus_s": corpus_s, "train_files": len(train_files),
         "test_files": len(test_files), "classes": len(train.classes), "epochs": epochs,
-        "device": str(dev), "intra_op_threads": torch.get_num_threads(), "producers": producers,
+        "device": str(dev), "intra_op_threads": torch.get_num_threads(), "num_producers": num_producers,
         "history": history, "test_accuracy": history[-1]["test_accuracy"] if history else 0.0,
         "summary": summary.as_dict(), "summary_lines": summary.lines(),
     }
