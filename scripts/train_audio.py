@@ -48,16 +48,20 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import torch
-import torch.distributed as dist
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel
-from tqdm import tqdm
+from audiobuffer.cli._threads import parse_threads, quiet_openmp, set_torch_threads
 
-from audiobuffer.cli._model import SpeechCNN, evaluate, make_optimizer, train_step
-from audiobuffer.config import build_dataset, build_isolated, build_loader, build_source, load_config
-from audiobuffer.errors import AudioBufferError, ResumeError
-from audiobuffer.loaders.device import DevicePrefetcher, resolve_device
+OPENMP_WAIT = quiet_openmp()  # before torch loads OpenMP: see NOTE [ torch threads beside producers ]
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from audiobuffer.cli._model import SpeechCNN, evaluate, make_optimizer, train_step  # noqa: E402
+from audiobuffer.config import build_dataset, build_isolated, build_loader, build_source, load_config  # noqa: E402
+from audiobuffer.errors import AudioBufferError, ResumeError  # noqa: E402
+from audiobuffer.loaders.device import DevicePrefetcher, resolve_device  # noqa: E402
 
 CHECKPOINT_NAME = "last.pt"
 CHECKPOINT_FORMAT = 2  # 1: the model only, after each epoch (cannot be resumed)
@@ -103,6 +107,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seen-log", type=Path, default=None, metavar="DIR",
                         help="append the files each rank trains on to DIR/rank{N}.jsonl, one line per step")
     parser.add_argument("--json", type=Path, default=None, help="write the final metrics to this file")
+    parser.add_argument("--threads", type=_threads_arg, default="auto", metavar="N",
+                        help="torch's intra-op threads for a CPU step: a count, or 'auto' (the default: torch's "
+                             "count on a quiet machine, 1 on a busy one; OMP_NUM_THREADS, where set, is kept)")
     parser.add_argument("--max-batch-seconds", type=float, default=None, metavar="S",
                         help="batch by duration: at most S seconds of padded audio per batch "
                              "(the same as --set loader.max_batch_seconds=S)")
@@ -110,6 +117,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 # NOTE [ Ctrl-C in the training script ]
+# ======================================
 # Ctrl-C (SIGINT) only asks to stop: the handler sets a flag, and the loop acts on it between steps,
 # where the model, the optimiser, the step count and the dataset's state agree. It then writes a
 # checkpoint (mid-epoch, with the dataset's state as of the last step trained), prints one line with
@@ -171,6 +179,13 @@ def resume_command(argv: list[str], checkpoint: Path) -> str:
     return subprocess.list2cmdline(words) if sys.platform == "win32" else shlex.join(words)
 
 
+def _threads_arg(value: str) -> Any:
+    try:
+        return parse_threads(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--threads ")) from None
+
+
 def checkpoint_path(args: argparse.Namespace, config: Any) -> Path:
     """Where checkpoints go: --checkpoint-dir, else the config's train.checkpoint, else ./runs/CONFIG-NAME/."""
     if args.checkpoint_dir is not None:
@@ -201,6 +216,9 @@ def train(argv: list[str] | None = None) -> int:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     rank = dist.get_rank() if distributed else 0
     world_size = dist.get_world_size() if distributed else 1
+    threads = set_torch_threads(args.threads, device_type=device.type, wait=OPENMP_WAIT)
+    if rank == 0:
+        print(threads)
     torch.manual_seed(config.seed)
     if args.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition for repeatable results

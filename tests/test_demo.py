@@ -32,7 +32,7 @@ def test_classes_differ(tmp_path):
     assert len(peaks) > 5
 
 
-# -- the demo's options: --num-producers (the YAML's name) ---------------------------
+# -- the demo's options: --num-producers (the YAML's name) and --threads ---------------------------
 
 _THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
 
@@ -53,3 +53,49 @@ def test_demo_num_producers_is_the_yaml_name_and_producers_still_works(tmp_path)
     assert done.returncode == 0, done.stderr
     assert "demo --producers is deprecated: write --num-producers" in done.stderr
     assert json.loads(done.stdout)["num_producers"] == 1 and "1 producers)" in done.stderr
+
+
+@pytest.mark.timeout(400)
+def test_demo_says_how_many_threads_it_chose(tmp_path):
+    """'auto' threads: one a core but one (left to the producers; never fewer than one), idle OpenMP
+    threads asleep (OMP_WAIT_POLICY set before torch is imported), said in one line."""
+    from audiobuffer.options import usable_cores
+
+    done = _demo(tmp_path, "--num-producers", "1")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    cores = usable_cores()
+    threads = max(1, cores - 1)
+    expected = (f"torch intra-op threads {threads} (auto: {cores} cores, 1 left to the producers); "
+                "idle OpenMP threads: OMP_WAIT_POLICY=PASSIVE")
+    assert result["threads"] == expected and result["intra_op_threads"] == threads
+    assert f"threads       {expected}" in done.stderr.splitlines()
+
+
+@pytest.mark.timeout(400)
+def test_demo_takes_a_thread_count_and_keeps_the_users_openmp_wait(tmp_path):
+    done = _demo(tmp_path, "--threads", "1", env={"OMP_WAIT_POLICY": "ACTIVE"})
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["intra_op_threads"] == 1
+    assert result["threads"] == "torch intra-op threads 1 (--threads); idle OpenMP threads: OMP_WAIT_POLICY=ACTIVE"
+    bad = _demo(tmp_path, "--threads", "0")
+    assert bad.returncode == 2 and "argument --threads: must be an integer >= 1, got 0" in bad.stderr
+
+
+def test_quiet_openmp_sets_passive_only_before_torch_and_never_over_the_users_setting(monkeypatch):
+    from audiobuffer.cli._threads import parse_threads, quiet_openmp
+
+    env: dict[str, str] = {}
+    monkeypatch.setattr(os, "environ", env)
+    assert "torch" in sys.modules  # this test process: too late to set it
+    assert quiet_openmp() is None and env == {}
+    monkeypatch.delitem(sys.modules, "torch")
+    assert quiet_openmp() == "OMP_WAIT_POLICY=PASSIVE" and env == {"OMP_WAIT_POLICY": "PASSIVE"}
+    env.clear()
+    env["GOMP_SPINCOUNT"] = "1000"
+    assert quiet_openmp() == "GOMP_SPINCOUNT=1000" and "OMP_WAIT_POLICY" not in env
+    assert parse_threads("auto") == "auto" and parse_threads("3") == 3
+    for bad in ("0", "two", "-1"):
+        with pytest.raises(ValueError, match="--threads"):
+            parse_threads(bad)

@@ -327,3 +327,22 @@ def test_default_save_every_writes_a_checkpoint_within_an_fsdd_epoch(fsdd):
     save_every = module._parser().parse_args(["--config", "x"]).save_every
     assert 0 < save_every < steps
 
+
+def test_threads_auto_says_its_choice_and_sets_the_wait_before_torch(tiny, tmp_path):
+    """--threads auto (the default): one thread a core and OMP_WAIT_POLICY=PASSIVE, said in one line; an
+    OMP_NUM_THREADS the user set is kept; --threads N pins; a bad value is refused by name."""
+    from audiobuffer.options import usable_cores
+
+    config, _ = tiny
+    cleared = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
+    env = {k: v for k, v in os.environ.items() if k not in cleared}
+    args = [sys.executable, SCRIPT, "--config", config, "--set", "epochs=1", "--max-steps", "1"]
+    auto = subprocess.run(args, capture_output=True, text=True, timeout=360, env=env, cwd=tmp_path)
+    assert auto.returncode == 0, auto.stderr
+    cores = usable_cores()
+    assert (f"torch intra-op threads {cores} (auto: {cores} cores); idle OpenMP threads: OMP_WAIT_POLICY=PASSIVE"
+            in auto.stdout.splitlines())
+    kept = run(args, cwd=tmp_path)  # run() sets OMP_NUM_THREADS=1
+    assert "torch intra-op threads 1 (OMP_NUM_THREADS=1); idle OpenMP threads: OMP_WAIT_POLICY=PASSIVE" in kept.stdout
+    bad = run([*args, "--threads", "none"], cwd=tmp_path)
+    assert bad.returncode == 2 and "argument --threads: must be an integer >= 1 or 'auto', got 'none'" in bad.stderr
