@@ -17,8 +17,9 @@ Checkpoints hold the whole training state: model, optimiser, learning-rate sched
 random state and each rank's ``BufferedDataset.state_dict()``. They are written to ``last.pt`` in
 ``--checkpoint-dir`` (default: the config's ``train.checkpoint`` file if it names one, else
 ``runs/CONFIG-NAME/`` under the current directory, which this repository's .gitignore ignores) every
-``--save-every`` steps and at the end of each epoch. ``--resume PATH`` continues from one, mid-epoch
-too: the resumed epoch trains on exactly the samples of that epoch it had not trained on yet.
+``--save-every`` steps, at the end of each epoch and on Ctrl-C (after the step under way; the script
+then prints the command that resumes and exits with status 130). ``--resume PATH`` continues from one,
+mid-epoch too: the resumed epoch trains on exactly the samples of that epoch it had not trained on yet.
 
 By default samples are batched in the order the producers finish them, so the batches, and with them
 the per-epoch loss and accuracy, vary a little from run to run. ``--deterministic`` hands samples out
@@ -37,25 +38,37 @@ import argparse
 import json
 import os
 import re
+import shlex
+import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
-import torch
-import torch.distributed as dist
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel
-from tqdm import tqdm
+from audiobuffer.cli._threads import parse_threads, quiet_openmp, set_torch_threads
 
-from audiobuffer.cli._model import SpeechCNN, evaluate, make_optimizer, train_step
-from audiobuffer.config import build_dataset, build_isolated, build_loader, build_source, load_config
-from audiobuffer.errors import AudioBufferError, ResumeError
-from audiobuffer.loaders.device import DevicePrefetcher, resolve_device
+OPENMP_WAIT = quiet_openmp()  # before torch loads OpenMP: see NOTE [ torch threads beside producers ]
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from audiobuffer.cli._model import SpeechCNN, evaluate, make_optimizer, train_step  # noqa: E402
+from audiobuffer.config import build_dataset, build_isolated, build_loader, build_source, load_config  # noqa: E402
+from audiobuffer.errors import AudioBufferError, ResumeError  # noqa: E402
+from audiobuffer.loaders.device import DevicePrefetcher, resolve_device  # noqa: E402
 
 CHECKPOINT_NAME = "last.pt"
 CHECKPOINT_FORMAT = 2  # 1: the model only, after each epoch (cannot be resumed)
+#: ``--save-every``'s default: below configs/fsdd.yaml's 85 steps an epoch, so an epoch holds a save.
+SAVE_EVERY = 50
+#: The exit status after Ctrl-C, as a shell reports a process that SIGINT ended (128 + 2).
+INTERRUPTED = 130
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,8 +89,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint-dir", type=Path, default=None, metavar="DIR",
                         help=f"write checkpoints to DIR/{CHECKPOINT_NAME} (default: the config's train.checkpoint "
                              f"file if set, else runs/CONFIG-NAME/{CHECKPOINT_NAME} under the current directory)")
-    parser.add_argument("--save-every", type=int, default=100, metavar="N",
-                        help="also checkpoint every N steps within an epoch (default 100; 0: at epoch ends only)")
+    parser.add_argument("--save-every", type=int, default=SAVE_EVERY, metavar="N",
+                        help=f"also checkpoint every N steps within an epoch (default {SAVE_EVERY}; 0: at epoch "
+                             "ends and on Ctrl-C only)")
     parser.add_argument("--resume", type=Path, default=None, metavar="PATH",
                         help=f"continue from a checkpoint (a file, or a folder holding {CHECKPOINT_NAME}), mid-epoch "
                              "too; the config must be the one it was made with")
@@ -93,10 +107,83 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seen-log", type=Path, default=None, metavar="DIR",
                         help="append the files each rank trains on to DIR/rank{N}.jsonl, one line per step")
     parser.add_argument("--json", type=Path, default=None, help="write the final metrics to this file")
+    parser.add_argument("--threads", type=_threads_arg, default="auto", metavar="N",
+                        help="torch's intra-op threads for a CPU step: a count, or 'auto' (the default: torch's "
+                             "count on a quiet machine, 1 on a busy one; OMP_NUM_THREADS, where set, is kept)")
     parser.add_argument("--max-batch-seconds", type=float, default=None, metavar="S",
                         help="batch by duration: at most S seconds of padded audio per batch "
                              "(the same as --set loader.max_batch_seconds=S)")
     return parser
+
+
+# NOTE [ Ctrl-C in the training script ]
+# ======================================
+# Ctrl-C (SIGINT) only asks to stop: the handler sets a flag, and the loop acts on it between steps,
+# where the model, the optimiser, the step count and the dataset's state agree. It then writes a
+# checkpoint (mid-epoch, with the dataset's state as of the last step trained), prints one line with
+# the command that resumes, and the script exits with status 130. Under torchrun every rank gets the
+# signal (from the terminal, and again from torchrun), at different points of its step: the ranks
+# agree after each step (an all-reduce of the flag), so all stop after the same step and save it
+# together. A second Ctrl-C in one process stops at once (KeyboardInterrupt): the checkpoint on disk is
+# then the last one written, whole (_write_checkpoint replaces it atomically).
+class Interrupts:
+    """Ctrl-C during training, acted on between steps (see NOTE [ Ctrl-C in the training script ])."""
+
+    def __init__(self, *, distributed: bool, announce: bool) -> None:
+        self.requested = False
+        self._distributed = distributed
+        self._announce = announce
+        self._previous: Any = None
+
+    def __enter__(self) -> Interrupts:
+        self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        signal.signal(signal.SIGINT, self._previous)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.requested and not self._distributed:
+            raise KeyboardInterrupt
+        if not self.requested and self._announce:
+            os.write(2, b"\ninterrupted: saving a checkpoint after this step (Ctrl-C again: stop now)\n")
+        self.requested = True
+
+    def stop(self) -> bool:
+        """Whether to stop now: this process was interrupted, or under torchrun any rank was (collective)."""
+        if not self._distributed:
+            return self.requested
+        flag = torch.tensor([int(self.requested)], dtype=torch.int64)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+
+def resume_command(argv: list[str], checkpoint: Path) -> str:
+    """The command that resumes this run from ``checkpoint``: this one's, ``--resume`` replaced."""
+    kept: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--resume":
+            skip = True
+        elif not arg.startswith("--resume="):
+            kept.append(arg)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        local = os.environ.get("LOCAL_WORLD_SIZE", "1")
+        same = os.environ.get("WORLD_SIZE") == local
+        launcher = ["torchrun", f"--nproc_per_node={local}"] if same else ["torchrun", "<its options>"]
+    else:
+        launcher = [sys.executable]
+    words = [*launcher, sys.argv[0], *kept, "--resume", str(checkpoint.resolve())]
+    return subprocess.list2cmdline(words) if sys.platform == "win32" else shlex.join(words)
+
+
+def _threads_arg(value: str) -> Any:
+    try:
+        return parse_threads(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--threads ")) from None
 
 
 def checkpoint_path(args: argparse.Namespace, config: Any) -> Path:
@@ -110,7 +197,9 @@ def checkpoint_path(args: argparse.Namespace, config: Any) -> Path:
 
 def train(argv: list[str] | None = None) -> int:
     parser = _parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.argv = argv
     for name in ("save_every", "max_steps", "stop_at_step"):
         value = getattr(args, name)
         if value is not None and value < (0 if name == "save_every" else 1):
@@ -127,6 +216,9 @@ def train(argv: list[str] | None = None) -> int:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     rank = dist.get_rank() if distributed else 0
     world_size = dist.get_world_size() if distributed else 1
+    threads = set_torch_threads(args.threads, device_type=device.type, wait=OPENMP_WAIT)
+    if rank == 0:
+        print(threads)
     torch.manual_seed(config.seed)
     if args.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition for repeatable results
@@ -158,8 +250,9 @@ def train(argv: list[str] | None = None) -> int:
             if loader is not None:
                 loader.generator = torch.Generator().manual_seed(config.seed)
     try:
-        return _train(args, config, device, distributed, rank, world_size, resume, save_to, source, train_source,
-                      test_source, train_set, train_loader, test_loader)
+        with Interrupts(distributed=distributed, announce=rank == 0) as interrupts:
+            return _train(args, config, device, distributed, rank, world_size, resume, save_to, source,
+                          train_source, test_source, train_set, train_loader, test_loader, interrupts)
     finally:
         for data in (train_set, test_set):
             if data is not None:
@@ -168,7 +261,8 @@ def train(argv: list[str] | None = None) -> int:
 
 def _train(args: argparse.Namespace, config: Any, device: torch.device, distributed: bool, rank: int,
            world_size: int, resume: dict | None, save_to: Path, source: Any, train_source: Any,
-           test_source: Any, train_set: Any, train_loader: Any, test_loader: Any) -> int:
+           test_source: Any, train_set: Any, train_loader: Any, test_loader: Any,
+           interrupts: Interrupts) -> int:
 
     sample_rate = config.decode.sample_rate or 16000
     t = config.train
@@ -235,7 +329,7 @@ def _train(args: argparse.Namespace, config: Any, device: torch.device, distribu
         model.train()
         bar = tqdm(total=steps, initial=first_step, desc=f"epoch {epoch + 1}/{config.epochs}", unit="step",
                    disable=not show_progress, leave=False, dynamic_ncols=True)
-        stopped = None
+        stopped, interrupted = None, False
         done = first_step
         # Batches arrive on the device, each with the dataset's state as of the end of that batch.
         for step, (batch, data_state) in enumerate(DevicePrefetcher(with_state(train_loader, train_set), device),
@@ -250,6 +344,10 @@ def _train(args: argparse.Namespace, config: Any, device: torch.device, distribu
             if args.seen_log is not None:
                 _log_seen(args.seen_log, rank, epoch, step, batch["path"])
             if done < steps:
+                if interrupts.stop():  # see NOTE [ Ctrl-C in the training script ]
+                    stopped, interrupted = (epoch, done), True
+                    save(epoch, done, data_state, loss_sum)
+                    break
                 if args.stop_at_step is not None and epoch * steps + done >= args.stop_at_step:
                     stopped = (epoch, done)
                     save(epoch, done, data_state, loss_sum)
@@ -257,6 +355,10 @@ def _train(args: argparse.Namespace, config: Any, device: torch.device, distribu
                 if args.save_every and done % args.save_every == 0:
                     save(epoch, done, data_state, loss_sum)
         bar.close()
+        if stopped is not None and interrupted:
+            metrics["stopped_at"] = {"epoch": stopped[0], "step": stopped[1], "interrupted": True}
+            log(interrupted_line(epoch, done, steps, save_to, args.argv))
+            break
         if stopped is not None:
             metrics["stopped_at"] = {"epoch": stopped[0], "step": stopped[1]}
             log(f"stopped at epoch {epoch + 1}, step {done} of {steps}; continue with --resume {save_to}")
@@ -271,13 +373,23 @@ def _train(args: argparse.Namespace, config: Any, device: torch.device, distribu
         acc = f", test accuracy {100 * accuracy:.2f}%" if accuracy is not None else ""
         log(f"epoch {epoch + 1}/{config.epochs}: loss {entry['loss']:.4f}{acc} ({entry['seconds']:.1f} s)")
         save(epoch + 1, 0, None, torch.zeros(2, dtype=torch.float64))  # the next epoch, from its start
+        if epoch + 1 < config.epochs and interrupts.stop():
+            metrics["stopped_at"] = {"epoch": epoch + 1, "step": 0, "interrupted": True}
+            log(interrupted_line(epoch + 1, 0, steps, save_to, args.argv))
+            break
         if args.stop_at_step is not None and (epoch + 1) * steps >= args.stop_at_step and epoch + 1 < config.epochs:
             metrics["stopped_at"] = {"epoch": epoch + 1, "step": 0}
             log(f"stopped after epoch {epoch + 1}; continue with --resume {save_to}")
             break
     if args.json is not None and rank == 0:
         args.json.write_text(json.dumps(metrics, indent=2, default=str), encoding="utf-8", newline="\n")
-    return 0
+    return INTERRUPTED if (metrics["stopped_at"] or {}).get("interrupted") else 0
+
+
+def interrupted_line(epoch: int, step: int, steps: int, checkpoint: Path, argv: list[str]) -> str:
+    """What Ctrl-C prints: where training stopped, the checkpoint, and the command that resumes."""
+    return (f"interrupted at epoch {epoch + 1}, step {step} of {steps}: checkpoint {checkpoint.resolve()}; "
+            f"resume with: {resume_command(argv, checkpoint)}")
 
 
 def with_state(loader: Any, dataset: Any) -> Iterator[tuple[Any, dict]]:
@@ -367,3 +479,6 @@ if __name__ == "__main__":
     except AudioBufferError as exc:  # a bad config, a checkpoint that does not fit, an undecodable file
         print(f"train_audio: error: {exc}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:  # before training started, or a second Ctrl-C: nothing more was saved
+        print("train_audio: interrupted; no checkpoint written since the last one", file=sys.stderr)
+        sys.exit(INTERRUPTED)

@@ -675,3 +675,14 @@ def test_formats_and_segments_benches_save_their_results_into_one_section(tmp_pa
     assert "`python benchmarks/bench_formats.py --files 30" in text and "`python benchmarks/bench_segments.py" in text
     assert (tmp_path / "benchmarks" / "formats.png").stat().st_size > 5000
     assert (REPO / "BENCHMARKS.md").read_bytes() == page
+
+
+def test_train_threads_bench_runs_each_setting_beside_busy_processes_and_stops_them(fsdd, load_benchmark, capsys):
+    """bench_train_threads.py, one step an epoch: a row per (busy processes, setting) with the load
+    recorded, and the busy processes gone afterwards."""
+    bench = load_benchmark("bench_train_threads")
+    assert bench.main(["--rounds", "1", "--epochs", "2", "--steps", "1", "--settings", "1-passive",
+                       "--load", "0,1", "--fsdd", str(fsdd)]) == 0
+    table = capsys.readouterr().out
+    assert "| 0 | 1-passive |" in table and "| 1 | 1-passive |" in table
+    assert psutil.Process().children() == []

@@ -1,4 +1,10 @@
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
+import pytest
 import soundfile as sf
 
 from audiobuffer.cli.demo import make_demo_corpus
@@ -24,3 +30,72 @@ def test_classes_differ(tmp_path):
     spectra = [np.abs(np.fft.rfft(sf.read(root / f"{d}_synth_0.flac")[0], 8000)) for d in range(10)]
     peaks = {int(np.argmax(s[200:]) + 200) for s in spectra}
     assert len(peaks) > 5
+
+
+# -- the demo's options: --num-producers (the YAML's name) and --threads ---------------------------
+
+_THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
+
+
+def _demo(tmp_path, *args, env=None):
+    env = {k: v for k, v in os.environ.items() if k not in _THREAD_ENV} | (env or {})
+    return subprocess.run([sys.executable, "-m", "audiobuffer", "demo", "--epochs", "1", "--per-class", "2",
+                           "--device", "cpu", "--no-progress", "--cache-dir", str(tmp_path), "--json", "-", *args],
+                          capture_output=True, text=True, timeout=300, env={**env, "PYTHONUNBUFFERED": "1"})
+
+
+@pytest.mark.timeout(400)
+def test_demo_num_producers_is_the_yaml_name_and_producers_still_works(tmp_path):
+    from audiobuffer.cli.main import command_parsers
+
+    assert command_parsers()["demo"].parse_args(["--num-producers", "3"]).num_producers == 3
+    done = _demo(tmp_path, "--producers", "1")
+    assert done.returncode == 0, done.stderr
+    assert "demo --producers is deprecated: write --num-producers" in done.stderr
+    assert json.loads(done.stdout)["num_producers"] == 1 and "1 producers)" in done.stderr
+
+
+@pytest.mark.timeout(400)
+def test_demo_says_how_many_threads_it_chose(tmp_path):
+    """'auto' threads: one a core but one (left to the producers; never fewer than one), idle OpenMP
+    threads asleep (OMP_WAIT_POLICY set before torch is imported), said in one line."""
+    from audiobuffer.options import usable_cores
+
+    done = _demo(tmp_path, "--num-producers", "1")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    cores = usable_cores()
+    threads = max(1, cores - 1)
+    expected = (f"torch intra-op threads {threads} (auto: {cores} cores, 1 left to the producers); "
+                "idle OpenMP threads: OMP_WAIT_POLICY=PASSIVE")
+    assert result["threads"] == expected and result["intra_op_threads"] == threads
+    assert f"threads       {expected}" in done.stderr.splitlines()
+
+
+@pytest.mark.timeout(400)
+def test_demo_takes_a_thread_count_and_keeps_the_users_openmp_wait(tmp_path):
+    done = _demo(tmp_path, "--threads", "1", env={"OMP_WAIT_POLICY": "ACTIVE"})
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["intra_op_threads"] == 1
+    assert result["threads"] == "torch intra-op threads 1 (--threads); idle OpenMP threads: OMP_WAIT_POLICY=ACTIVE"
+    bad = _demo(tmp_path, "--threads", "0")
+    assert bad.returncode == 2 and "argument --threads: must be an integer >= 1, got 0" in bad.stderr
+
+
+def test_quiet_openmp_sets_passive_only_before_torch_and_never_over_the_users_setting(monkeypatch):
+    from audiobuffer.cli._threads import parse_threads, quiet_openmp
+
+    env: dict[str, str] = {}
+    monkeypatch.setattr(os, "environ", env)
+    assert "torch" in sys.modules  # this test process: too late to set it
+    assert quiet_openmp() is None and env == {}
+    monkeypatch.delitem(sys.modules, "torch")
+    assert quiet_openmp() == "OMP_WAIT_POLICY=PASSIVE" and env == {"OMP_WAIT_POLICY": "PASSIVE"}
+    env.clear()
+    env["GOMP_SPINCOUNT"] = "1000"
+    assert quiet_openmp() == "GOMP_SPINCOUNT=1000" and "OMP_WAIT_POLICY" not in env
+    assert parse_threads("auto") == "auto" and parse_threads("3") == 3
+    for bad in ("0", "two", "-1"):
+        with pytest.raises(ValueError, match="--threads"):
+            parse_threads(bad)

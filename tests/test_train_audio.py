@@ -212,3 +212,137 @@ def test_torchrun_resume_mid_epoch_restores_each_ranks_shard(tiny, tmp_path):
         assert [line["step"] for line in lines] == [0, 1, 2, 3]
         trained += [p for line in lines for p in line["paths"]]
     assert sorted(trained) == train_files
+
+
+# -- Ctrl-C: a checkpoint, one line with the resume command, exit 130 ------------------------------
+
+INTERRUPT_TIMEOUT = 120.0
+
+
+def _interrupt_when_training(args, seen, *, cwd, group=False):
+    """Start ``args``, wait until its seen log shows 3 steps, send SIGINT (to the process group with
+    ``group``: what a terminal's Ctrl-C does), and return the finished process's exit code and output."""
+    import signal
+    import time
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=env,
+                            start_new_session=group)
+    try:
+        deadline = time.monotonic() + INTERRUPT_TIMEOUT
+        while sum(p.read_text().count("\n") for p in seen.glob("rank*.jsonl")) < 3:
+            assert proc.poll() is None and time.monotonic() < deadline, "training did not start"
+            time.sleep(0.05)  # polling a file another process writes
+        if group:
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=INTERRUPT_TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=30)
+    return proc.returncode, out, err
+
+
+def _resume_line(out):
+    lines = [line for line in out.splitlines() if line.startswith("interrupted at epoch")]
+    assert len(lines) == 1, out
+    return lines[0]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child process: POSIX (CTRL_C_EVENT needs a console)")
+def test_ctrl_c_saves_mid_epoch_says_how_to_resume_and_the_resumed_epoch_is_exact(tiny, tmp_path):
+    """SIGINT mid-epoch: exit 130 with no traceback, a checkpoint with the loader's state, one line naming
+    it and the resume command; that command, run to the epoch's end, trains on every file once."""
+    import shlex
+
+    config, train_files = tiny
+    seen = tmp_path / "seen"
+    args = [sys.executable, str(SCRIPT), "--config", str(config), "--set", "epochs=40", "--set",
+            "loader.batch_size=1", "--save-every", "0", "--seen-log", str(seen)]
+    code, out, err = _interrupt_when_training(args, seen, cwd=tmp_path)
+    assert code == 130, out + err
+    assert "Traceback" not in err, err
+    line = _resume_line(out)
+    checkpoint = (tmp_path / "runs" / "tiny" / "last.pt").resolve()
+    assert f"checkpoint {checkpoint};" in line, line
+    saved = torch.load(checkpoint, weights_only=True)
+    epoch, step = saved["epoch"], saved["step"]
+    steps = TINY_TRAIN_FILES  # batches of one
+    assert f"interrupted at epoch {epoch + 1}, step {step} of {steps}" in line
+    if step:  # mid-epoch: the loader's state came with it
+        assert saved["ranks"][0]["dataset"] is not None
+
+    resume = shlex.split(line.split("resume with: ", 1)[1])
+    assert resume[:2] == [sys.executable, str(SCRIPT)] and resume[-2:] == ["--resume", str(checkpoint)], resume
+    # Run on to the end of the interrupted epoch only.
+    done = run([*resume, "--stop-at-step", str((epoch + 1) * steps)], cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"resuming {checkpoint} at epoch {epoch + 1}, step {step}" in done.stdout, done.stdout
+    lines = [line for line in _seen(seen / "rank0.jsonl") if line["epoch"] == epoch]
+    assert [line["step"] for line in lines] == list(range(steps))  # none repeated, none skipped
+    assert sorted(p for line in lines for p in line["paths"]) == train_files
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a process group: POSIX")
+def test_ctrl_c_under_torchrun_saves_one_checkpoint_for_both_ranks(tiny, tmp_path):
+    """Ctrl-C to torchrun's process group (the ranks get SIGINT from the terminal and from torchrun):
+    the ranks agree on one step, rank 0 writes one checkpoint holding both ranks' states, and resuming
+    it with two ranks trains on every file of that epoch once."""
+    config, train_files = tiny
+    seen = tmp_path / "seen"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(SCRIPT),
+                "--config", str(config), "--set", "loader.batch_size=1", "--save-every", "0",
+                "--checkpoint-dir", str(tmp_path / "ck"), "--seen-log", str(seen)]
+    code, out, err = _interrupt_when_training([*torchrun, "--set", "epochs=40"], seen, cwd=tmp_path, group=True)
+    assert code != 0, out + err
+    line = _resume_line(out)
+    assert "torchrun --nproc_per_node=2" in line and f"--resume {(tmp_path / 'ck' / 'last.pt').resolve()}" in line
+    saved = torch.load(tmp_path / "ck" / "last.pt", weights_only=True)
+    epoch, step = saved["epoch"], saved["step"]
+    steps = TINY_TRAIN_FILES // 2
+    assert (saved["world_size"], len(saved["ranks"])) == (2, 2)
+    assert f"interrupted at epoch {epoch + 1}, step {step} of {steps}" in line
+    done = run([*torchrun, "--set", "epochs=40", "--resume", str(tmp_path / "ck"),
+                "--stop-at-step", str((epoch + 1) * steps)], cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    trained = []
+    for rank in (0, 1):
+        lines = [line for line in _seen(seen / f"rank{rank}.jsonl") if line["epoch"] == epoch]
+        assert [line["step"] for line in lines] == list(range(steps))
+        trained += [p for line in lines for p in line["paths"]]
+    assert sorted(trained) == train_files
+
+
+def test_default_save_every_writes_a_checkpoint_within_an_fsdd_epoch(fsdd):
+    """configs/fsdd.yaml's epoch (2700 train files in batches of 32: 85 steps) holds a mid-epoch save."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_audio", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = yaml.safe_load((REPO / "configs" / "fsdd.yaml").read_text())
+    steps = -(-2700 // config["loader"]["batch_size"])
+    save_every = module._parser().parse_args(["--config", "x"]).save_every
+    assert 0 < save_every < steps
+
+
+def test_threads_auto_says_its_choice_and_sets_the_wait_before_torch(tiny, tmp_path):
+    """--threads auto (the default): one thread a core and OMP_WAIT_POLICY=PASSIVE, said in one line; an
+    OMP_NUM_THREADS the user set is kept; --threads N pins; a bad value is refused by name."""
+    from audiobuffer.options import usable_cores
+
+    config, _ = tiny
+    cleared = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
+    env = {k: v for k, v in os.environ.items() if k not in cleared}
+    args = [sys.executable, SCRIPT, "--config", config, "--set", "epochs=1", "--max-steps", "1"]
+    auto = subprocess.run(args, capture_output=True, text=True, timeout=360, env=env, cwd=tmp_path)
+    assert auto.returncode == 0, auto.stderr
+    cores = usable_cores()
+    assert (f"torch intra-op threads {cores} (auto: {cores} cores); idle OpenMP threads: OMP_WAIT_POLICY=PASSIVE"
+            in auto.stdout.splitlines())
+    kept = run(args, cwd=tmp_path)  # run() sets OMP_NUM_THREADS=1
+    assert "torch intra-op threads 1 (OMP_NUM_THREADS=1); idle OpenMP threads: OMP_WAIT_POLICY=PASSIVE" in kept.stdout
+    bad = run([*args, "--threads", "none"], cwd=tmp_path)
+    assert bad.returncode == 2 and "argument --threads: must be an integer >= 1 or 'auto', got 'none'" in bad.stderr

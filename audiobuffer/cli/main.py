@@ -84,7 +84,12 @@ def _parser() -> argparse.ArgumentParser:
                                       "cache folder, train a tiny audio classifier on it through the full "
                                       "pipeline, and print the test accuracy and the time split.")
     demo.add_argument("--epochs", type=int, default=12, help="training epochs (default 12)")
-    demo.add_argument("--producers", type=int, default=2, help="producer threads (default 2)")
+    demo.add_argument("--num-producers", type=int, default=2, help="producer threads (default 2)")
+    demo.add_argument("--producers", type=int, dest="old_producers", default=None, help=argparse.SUPPRESS)
+    demo.add_argument("--threads", type=_threads_arg, default="auto", metavar="N",
+                      help="torch's intra-op threads for a CPU step: a count, or 'auto' (the default: one a "
+                           "core but one, left to the producers; idle threads asleep; OMP_NUM_THREADS, where "
+                           "set, is kept)")
     demo.add_argument("--per-class", type=int, default=50, help="files per class (default 50)")
     demo.add_argument("--device", default="auto", help="'auto', 'cpu' or 'cuda[:N]' (default auto)")
     demo.add_argument("--cache-dir", type=Path, default=None,
@@ -96,6 +101,15 @@ def _parser() -> argparse.ArgumentParser:
     for name, line in _OWN_ARGUMENTS.items():  # listed here, parsed by their own main()
         sub.add_parser(name, help=line, add_help=False)
     return parser
+
+
+def _threads_arg(value: str) -> Any:
+    from ._threads import parse_threads
+
+    try:
+        return parse_threads(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--threads ")) from None
 
 
 def command_parsers() -> dict[str, argparse.ArgumentParser]:
@@ -198,16 +212,22 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    from ._threads import quiet_openmp
+
+    quiet_openmp()  # before torch is imported: see NOTE [ torch threads beside producers ]
     from .demo import run_demo
 
-    for name in ("epochs", "producers", "per_class"):
+    if args.old_producers is not None:
+        print("audiobuffer: note: demo --producers is deprecated: write --num-producers", file=sys.stderr)
+        args.num_producers = args.old_producers
+    for name in ("epochs", "num_producers", "per_class"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     out = sys.stderr if args.json == "-" else sys.stdout
     print("audiobuffer demo: making the corpus (once), then training a tiny classifier on it", file=out)
     try:
-        result = run_demo(epochs=args.epochs, per_class=args.per_class, producers=args.producers,
-                          device=args.device, cache_dir=args.cache_dir, seed=args.seed,
+        result = run_demo(epochs=args.epochs, per_class=args.per_class, num_producers=args.num_producers,
+                          device=args.device, threads=args.threads, cache_dir=args.cache_dir, seed=args.seed,
                           progress=not (args.no_progress or args.quiet))
     except ValueError as exc:
         if "device" in str(exc):
@@ -216,8 +236,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     lines = [
         f"corpus        {result['corpus']} ({result['train_files']} train / {result['test_files']} test files, "
         f"{result['classes']} classes; made in {result['corpus_s']:.1f} s)",
-        f"training      {result['epochs']} epochs on {result['device']} "
-        f"({result['intra_op_threads']} intra-op threads, {result['producers']} producers)",
+        f"training      {result['epochs']} epochs on {result['device']} ({result['num_producers']} producers)",
+        f"threads       {result['threads']}",
         f"accuracy      {100 * result['test_accuracy']:.1f}% on the held-out files",
         *result.pop("summary_lines"),
     ]
