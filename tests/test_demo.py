@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -57,19 +58,42 @@ def test_demo_num_producers_is_the_yaml_name_and_producers_still_works(tmp_path)
 
 @pytest.mark.timeout(400)
 def test_demo_says_how_many_threads_it_chose(tmp_path):
-    """'auto' threads: one a core but one (left to the producers; never fewer than one), idle OpenMP
-    threads asleep (OMP_WAIT_POLICY set before torch is imported), said in one line."""
+    """'auto' threads: one a core, but one left to the producers where the machine is busy (never
+    fewer than one), idle OpenMP threads asleep (OMP_WAIT_POLICY set before torch is imported), said
+    in one line with the load it was chosen by."""
     from audiobuffer.options import usable_cores
 
     done = _demo(tmp_path, "--num-producers", "1")
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     cores = usable_cores()
-    threads = max(1, cores - 1)
-    expected = (f"torch intra-op threads {threads} (auto: {cores} cores, 1 left to the producers); "
-                "idle OpenMP threads: OMP_WAIT_POLICY=PASSIVE")
-    assert result["threads"] == expected and result["intra_op_threads"] == threads
-    assert f"threads       {expected}" in done.stderr.splitlines()
+    said = re.fullmatch(rf"torch intra-op threads (\d+) \(auto: {cores} cores, (?:load average [\d.]+ on "
+                        rf"{cores} usable cores|CPU \d+% busy|load unknown .*?)(: busy, 1 left to the "
+                        rf"producers)?\); idle OpenMP threads: OMP_WAIT_POLICY=PASSIVE", result["threads"])
+    assert said, result["threads"]
+    threads = max(1, cores - 1) if said[2] else cores
+    assert int(said[1]) == result["intra_op_threads"] == threads
+    assert f"threads       {result['threads']}" in done.stderr.splitlines()
+
+
+@pytest.mark.parametrize("load, threads", [(0.2, 2), (0.99, 2), (1.0, 1), (7.0, 1)])
+def test_auto_threads_leave_the_producers_a_core_only_on_a_busy_machine(monkeypatch, load, threads):
+    import torch
+
+    from audiobuffer.cli import _measure, _threads
+
+    monkeypatch.setattr(_threads, "usable_cores", lambda: 2)
+    monkeypatch.setattr(_measure, "machine_load", lambda: (load, f"load average {2 * load:.2f} on 2 usable cores"))
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    before = torch.get_num_threads()
+    try:
+        line = _threads.set_torch_threads("auto", device_type="cpu", wait=None, spare=1)
+        assert torch.get_num_threads() == threads, line
+    finally:
+        torch.set_num_threads(before)
+    assert line.startswith(f"torch intra-op threads {threads} (auto: 2 cores, load average")
+    assert ("busy, 1 left to the producers" in line) == (threads == 1)
 
 
 @pytest.mark.timeout(400)

@@ -19,6 +19,9 @@ __all__ = ["Threads", "parse_threads", "quiet_openmp", "set_torch_threads"]
 Threads = int | Literal["auto"]
 #: Environment variables that already say how idle OpenMP threads wait (libgomp, LLVM and Intel OpenMP).
 _WAIT_ENV = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
+#: The load per core (1-minute load average) from which a machine counts as busy for ``spare``:
+#: other processes fill every core.
+BUSY_LOAD = 1.0
 #: Environment variables that already say how many threads torch's pools start with.
 _COUNT_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -34,8 +37,10 @@ _COUNT_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 # among this machine's ranks): on a quiet machine the second core is worth more than the time the
 # producers take from it, and on a loaded one the passive threads keep out of the way. One thread is
 # not the answer for the training script's model: slower on a quiet machine, and no faster on a busy
-# one once threads sleep. The demo's model is smaller: its step gains less from a second thread than
-# its producers lose, so its "auto" leaves them a core (spare=1), as measured on a busy machine.
+# one once threads sleep. The demo's model is smaller: on a quiet machine it too runs faster with a
+# thread a core (the producers wait for room most of the time), but where other processes already
+# fill every core (a 1-minute load average of at least one a core, BUSY_LOAD) its step gains less
+# from a second thread than its producers lose, so there its "auto" leaves them a core (spare=1).
 # A count in OMP_NUM_THREADS (torchrun sets 1 for several ranks) is the user's and is kept.
 # benchmarks/bench_train_threads.py measures each choice, quiet or with busy processes beside it.
 
@@ -70,10 +75,12 @@ def set_torch_threads(threads: Threads, *, device_type: str, wait: str | None, s
     what was chosen and why (see NOTE [ torch threads beside producers ]).
 
     Args:
-        spare: cores ``"auto"`` leaves to the producers (never below one thread): a small model's
-            step gains less from a second thread than its producers lose.
+        spare: cores ``"auto"`` leaves to the producers on a busy machine (never below one thread):
+            a small model's step gains less from a second thread than its producers lose there.
     """
     import torch
+
+    from ._measure import machine_load
 
     why = "--threads"
     if threads == "auto":
@@ -85,9 +92,13 @@ def set_torch_threads(threads: Threads, *, device_type: str, wait: str | None, s
         else:
             cores = usable_cores()
             ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))  # torchrun's ranks on this machine
-            count = max(1, cores // ranks - spare)
             why = f"auto: {cores} cores" + (f" shared by {ranks} ranks" if ranks > 1 else "")
-            why += f", {spare} left to the producers" if spare else ""
+            if spare:
+                load, said = machine_load()
+                busy = load is not None and load >= BUSY_LOAD
+                spare = spare if busy else 0
+                why += f", {said}" + (f": busy, {spare} left to the producers" if busy else "")
+            count = max(1, cores // ranks - spare)
     else:
         count = threads
     torch.set_num_threads(count)
