@@ -361,6 +361,10 @@ class ProducerTuner:
         if self._upward:  # the skips this failure earns; the next one earns twice as many
             wait = self.ups[2]
             self._upward, self.ups = False, (before, wait, min(2 * wait, MAX_CHECK_SKIP))
+        elif self.ups[0] != before or self.ups[1] == 0:
+            # one more was just tried from here and did not pay: the next epoch need not check it
+            # again at its start (its back-off carries over and says when to try)
+            self.ups = (before, 1, self.ups[2] if self.ups[0] == before else 1)
         return False
 
     def _back_off(self, now: float, count: int, *, double: bool = True) -> None:
