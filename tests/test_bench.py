@@ -141,7 +141,8 @@ def test_short_soak_checks_threads_and_files_stay_flat(tmp_path):
     from audiobuffer.cli.stress import main as stress_main
 
     out = tmp_path / "soak.json"
-    assert stress_main(["--quick", "--minutes", "0.05", "--shapes", "2x2x4,3x1x2", "--json", str(out)]) == 0
+    assert stress_main(["--items", "2000", "--rounds", "1", "--minutes", "0.05", "--shapes", "2x2x4,3x1x2",
+                        "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["passes"] >= 2
     assert report["lost"] == report["duplicated"] == report["bound_violations"] == 0
