@@ -74,3 +74,31 @@ def no_helper_left_behind(monkeypatch):
     """The test ends with no child process and none of its isolated loaders' shared-memory segments."""
     with isolated_leftovers(monkeypatch):
         yield
+
+
+# Markers for running the suite in part (CONTRIBUTING.md): each test gets them from its module or
+# the fixtures it uses, so a new test in a module is marked without a decorator.
+#: Modules whose tests start processes (the helper, torchrun, the command line, scripts).
+SUBPROCESS_MODULES = {
+    "test_isolated", "test_helper", "test_channel", "test_distributed", "test_train_audio", "test_demo",
+    "test_cli", "test_bench", "test_benchmarks", "test_packaging", "test_init", "test_pack_cli",
+    "test_device", "test_docs",
+}
+#: Modules that are slow as a whole (benchmark smoke runs, every example of the docs).
+SLOW_MODULES = {"test_bench", "test_benchmarks", "test_docs", "test_train_audio", "test_demo"}
+#: Fixtures that start a server on the loopback address.
+NETWORK_FIXTURES = {"s3", "proxies"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.module.__name__ if item.module is not None else ""
+        if module in SUBPROCESS_MODULES:
+            item.add_marker(pytest.mark.subprocess)
+        if module in SLOW_MODULES or item.get_closest_marker("slow") is not None:
+            item.add_marker(pytest.mark.slow)
+        if NETWORK_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.network)
+        needs_cuda = any("CUDA" in str(m.kwargs.get("reason", "")) for m in item.iter_markers("skipif"))
+        if needs_cuda or item.get_closest_marker("cuda") is not None:
+            item.add_marker(pytest.mark.gpu)

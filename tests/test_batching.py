@@ -299,6 +299,7 @@ def test_bad_options_are_named(kwargs, error, match):
         plan_batches(setup.pop("durations"), **setup)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_padding_bench_runs_and_meets_the_goal():
     script = REPO / "benchmarks" / "bench_padding.py"

@@ -23,6 +23,7 @@ class Stalling:
         return {"index": item.index}
 
 
+@pytest.mark.slow
 def test_a_stalled_producer_becomes_a_clear_error():
     decoder = Stalling({3})
     ds = BufferedDataset(fake_paths(10), decoder, num_producers=1, ordered=True, timeout=0.3)

@@ -194,6 +194,7 @@ def test_malformed_json_state_is_refused(mangle, message):
         dataset().load_state_dict(mangle(state))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_million_items_each_once_and_resumed_exactly_from_a_few_bits_each():
     import numpy as np

@@ -35,6 +35,7 @@ def test_the_room_is_what_dev_shm_has_free():
     assert 0 <= free <= total == shutil.disk_usage(_shm.SHM_DIR).total
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.name == "nt", reason="POSIX: segments cross as descriptors")
 def test_a_posix_segment_has_no_name_and_crosses_as_a_descriptor():
     ours, theirs = socket.socketpair()

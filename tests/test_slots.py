@@ -158,6 +158,7 @@ def test_property_each_item_once_in_an_intact_row(n, batch_size, num_slots, prod
     assert not wait_no_threads()
 
 
+@pytest.mark.slow
 def test_timeout_reaches_the_slot_loader():
     import threading
 

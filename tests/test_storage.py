@@ -455,6 +455,7 @@ def _silent_url(server, scheme: str) -> tuple[str, dict | None]:
                                           "client_kwargs": {"region_name": "us-east-1"}}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheme", ["http", "s3"])
 def test_a_store_that_never_answers_fails_each_try_after_the_timeout(scheme):
     """Each try gives up after Retry.timeout without an answer (the HTTP clients' own waits are minutes),
