@@ -502,6 +502,10 @@ class BatchSlotLoader(PipelineViews):
             if name in options:
                 raise TypeError(f"BatchSlotLoader takes no {name}: {why}")
         check_keywords("BatchSlotLoader", options, ["batch_size", "num_slots", "drop_last", "pin_memory", "transform"])
+        loader_options = LoaderOptions(buffer_size=num_slots, **options)  # each value checked first
+        if loader_options.max_batch_seconds is not None:
+            raise TypeError("BatchSlotLoader takes no max_batch_seconds: its slots hold batch_size rows; batch by "
+                            "duration with BufferedDataset or IsolatedLoader")
         pin = torch.cuda.is_available() if pin_memory == "auto" else bool(pin_memory)
         self.batch_size = batch_size
         self.num_slots = num_slots
@@ -512,7 +516,7 @@ class BatchSlotLoader(PipelineViews):
         # The producers run the writer, which delivers whole batches itself (NOTE [ Delivering decoders ]
         # in engine/pool.py); the slots cover the buffer: producers never hold more complete slots than there are.
         #: What the epochs run over: the source, the writer, the options (one copy of each).
-        self.pipeline = Pipeline.build(source, self._writer, LoaderOptions(buffer_size=num_slots, **options))
+        self.pipeline = Pipeline.build(source, self._writer, loader_options)
         self._cursor = EpochCursor(self.pipeline)
         self._epochs = RunningEpochs("BatchSlotLoader")
         self._lock = threading.Lock()
