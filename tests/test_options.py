@@ -112,7 +112,7 @@ def test_a_dataset_refuses_what_a_delivering_decoder_cannot_do():
         BufferedDataset(fake_paths(4), Delivering(), transform=lambda s: s)
     with pytest.raises(TypeError, match="BatchSlotLoader takes no ordered"):
         BatchSlotLoader(fake_paths(4), IndexDecoder(), batch_size=2, ordered=True)
-    with pytest.raises(TypeError, match=r"^BatchSlotLoader takes no max_batch_seconds: its slots hold "
+    with pytest.raises(ValueError, match=r"^BatchSlotLoader takes no max_batch_seconds: its slots hold "
                                         r"batch_size rows; batch by duration with BufferedDataset"):
         BatchSlotLoader(fake_paths(4), IndexDecoder(), batch_size=2, max_batch_seconds=5.0)
 

@@ -504,7 +504,7 @@ class BatchSlotLoader(PipelineViews):
         check_keywords("BatchSlotLoader", options, ["batch_size", "num_slots", "drop_last", "pin_memory", "transform"])
         loader_options = LoaderOptions(buffer_size=num_slots, **options)  # each value checked first
         if loader_options.max_batch_seconds is not None:
-            raise TypeError("BatchSlotLoader takes no max_batch_seconds: its slots hold batch_size rows; batch by "
+            raise ValueError("BatchSlotLoader takes no max_batch_seconds: its slots hold batch_size rows; batch by "
                             "duration with BufferedDataset or IsolatedLoader")
         pin = torch.cuda.is_available() if pin_memory == "auto" else bool(pin_memory)
         self.batch_size = batch_size
