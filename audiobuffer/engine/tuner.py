@@ -166,6 +166,17 @@ class TunerMemory:
                              getattr(tuner, "ups", (None, 0, 1)))
 
 
+def _carried(kept: tuple[int | None, int, int] | None, count: int, *,
+             due: bool) -> tuple[tuple[int | None, int, int], bool]:
+    """A check's record (``TunerMemory.checks`` or ``ups``) as an epoch starting at ``count`` takes it
+    over, and whether that epoch skips the check: kept only where it was made from this very count,
+    and a skip spent where the check is ``due``."""
+    record = kept if kept is not None and kept[0] == count else (None, 0, 1)
+    if due and record[1] > 0:
+        return (count, record[1] - 1, record[2]), True
+    return record, False
+
+
 class ProducerTuner:
     """Chooses how many producer threads decode (0: the consumer decodes inline), from observations.
 
@@ -228,12 +239,9 @@ class ProducerTuner:
         self._down = memory is not None and self.count > low  # check one fewer (a count carried over)
         #: What :class:`TunerMemory` keeps of the downward checks (see its ``checks``): carried over only
         #: from a check of this very count that went back up.
-        self.checks: tuple[int | None, int, int] = (
-            memory.checks if memory is not None and memory.checks[0] == self.count else (None, 0, 1))
-        self._check_skipped = self._down and self.checks[1] > 0
-        if self._check_skipped:
-            self._down = False
-            self.checks = (self.count, self.checks[1] - 1, self.checks[2])
+        self.checks, self._check_skipped = _carried(memory.checks if memory is not None else None, self.count,
+                                                    due=self._down)
+        self._down = self._down and not self._check_skipped
         self._warming = warmup  # the first interval decides nothing
         self._wait = 0.0  # what is left of a back-off carried over (seconds)
         if memory is not None and memory.retry is not None:
@@ -242,12 +250,8 @@ class ProducerTuner:
         # Check one more (a count carried over behind a back-off that has not run out), unless skipped.
         self._up = self._wait > 0 and self.count < self.max_producers
         #: What :class:`TunerMemory` keeps of the checks of one more (see its ``ups``).
-        self.ups: tuple[int | None, int, int] = (
-            memory.ups if memory is not None and memory.ups[0] == self.count else (None, 0, 1))
-        self._up_skipped = self._up and self.ups[1] > 0
-        if self._up_skipped:
-            self._up = False
-            self.ups = (self.count, self.ups[1] - 1, self.ups[2])
+        self.ups, self._up_skipped = _carried(memory.ups if memory is not None else None, self.count, due=self._up)
+        self._up = self._up and not self._up_skipped
         self._upward = False  # the trial being judged is the check of one more
         #: ``(time, count, reason)`` of every change, the first entry being the start.
         self.history: list[tuple[float, int, str]] = []
