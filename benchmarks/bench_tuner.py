@@ -1,7 +1,8 @@
 """``num_producers="auto"`` against pinned counts, epoch by epoch, each contestant after another in one process.
 
     python benchmarks/bench_tuner.py                       # the speech corpus, generated FLAC and FSDD
-    python benchmarks/bench_tuner.py --json tuner.json     # and save the figures
+    python benchmarks/bench_tuner.py --write               # and save results/epochs.json, render BENCHMARKS.md
+    python benchmarks/bench_tuner.py --json tuner.json     # and save every round's figures
 
 A training script often builds its loader after something else ran in the same process (a validation
 loader, another experiment). Here every contestant gets its own dataset and runs ``--epochs`` epochs,
@@ -34,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from harness import FSDD, command_line, fsdd_files, machine_info, revision
+import render
+from harness import FSDD, add_write_options, command_line, fsdd_files, machine_info, revision
 from torch.utils.data import DataLoader
 
 from audiobuffer import AudioDecoder, BufferedDataset, IsolatedLoader, pad_collate
@@ -44,6 +46,10 @@ from audiobuffer.engine.plan import plan_batches
 from audiobuffer.sources.item import WorkItem
 
 CONTESTANTS = ["loop", "auto", "0", "1", "2", "isolated"]
+#: How the page names each contestant.
+LABELS = {"loop": "plain loop (same decoder and batches)", "auto": "`auto` (the default)",
+          "0": "pinned 0 (decoding in the loop's thread)", "1": "pinned 1 producer", "2": "pinned 2 producers",
+          "isolated": "`IsolatedLoader` (2 producers)"}
 PINNED = ["0", "1", "2"]
 #: The speech corpus's batches: seconds of padded audio per batch, duration buckets.
 MAX_BATCH_SECONDS = 120.0
@@ -220,6 +226,29 @@ def report(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def to_results(saved: dict[str, Any], *, epochs: int, rounds: int) -> dict[str, Any]:
+    """The ``epochs`` results of the page (``harness.results``' shape) from a run's figures as ``--json``
+    saves them: a row per corpus and contestant, with the commit and load the run had."""
+    rows = []
+    for case in saved["cases"]:
+        for c in CONTESTANTS:
+            row: dict[str, Any] = {"corpus": case["case"], "setting": c, "label": LABELS[c],
+                                   "epochs_s": case["epochs_s"][c], "vs_loop": case["vs_loop"][c],
+                                   "vs_best_pinned": case["vs_best_pinned"][c]}
+            if c == "auto":
+                row["histories"] = case["auto_histories"]
+            rows.append(row)
+    data: dict[str, Any] = {
+        "name": "epochs", "machine": saved["machine"], "versions": saved["versions"], "date": saved["date"],
+        "commit": saved["commit"], "command": [saved["command"]],
+        "settings": {"epochs": epochs, "rounds": rounds, "load_before": saved["load_before"],
+                     "load_after": saved["load_after"]},
+        "rows": rows}
+    if saved.get("dirty"):
+        data["dirty"] = True
+    return data
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -230,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", default="speech,flac,fsdd", help="which corpora (default speech,flac,fsdd)")
     parser.add_argument("--fsdd", type=Path, default=FSDD, help=f"the FSDD recordings (default {FSDD})")
     parser.add_argument("--cache-dir", type=Path, default=None, help="where corpora are made (default: a temp folder)")
-    parser.add_argument("--json", type=Path, default=None, help="also save the figures to this file")
+    parser.add_argument("--json", type=Path, default=None, help="also save every round's figures to this file")
+    add_write_options(parser, "epochs")
     args = parser.parse_args(argv)
     if args.epochs < 2 or args.rounds < 1 or args.utterances < 1 or args.files < BATCH_SIZE:
         parser.error(f"--epochs must be >= 2, --rounds >= 1, --utterances >= 1 and --files >= {BATCH_SIZE}")
@@ -267,11 +297,18 @@ def main(argv: list[str] | None = None) -> int:
     load_after = load()
     print(f"load average (1/5/15 min) before: {load_before}, after: {load_after}; "
           f"{time.perf_counter() - started:.0f} s in all")
+    import datetime
+
+    commit, dirty = revision()
+    data = {"command": command_line("bench_tuner.py", argv), **machine_info(), "commit": commit, "dirty": dirty,
+            "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
+            "load_before": load_before, "load_after": load_after, "cases": out}
     if args.json is not None:
-        commit, dirty = revision()
-        data = {"command": command_line("bench_tuner.py", argv), **machine_info(), "commit": commit, "dirty": dirty,
-                "load_before": load_before, "load_after": load_after, "cases": out}
         args.json.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8", newline="\n")
+    measured = to_results(data, epochs=args.epochs, rounds=args.rounds)
+    print(render.preview(measured))
+    if args.write:
+        render.publish(measured, folder=args.results or render.RESULTS, page_path=args.page)
     return 0
 
 

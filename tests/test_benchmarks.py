@@ -282,27 +282,12 @@ def test_contention_flags(contention, tmp_path, capsys):
     assert markdown_tables(captured.out) == []
 
 
-def test_epochs_bench_runs_every_setting_for_every_epoch(tmp_path):
-    result = run_script("bench_epochs.py", "--files", "16", "--epochs", "2", "--rounds", "1",
-                        "--fsdd", str(tmp_path / "absent"), "--cache-dir", str(tmp_path))
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "FSDD not found" in result.stderr
-    (rows,) = markdown_tables(result.stdout)
-    assert rows[0] == ["setting", "FLAC: epoch 1 s", "FLAC: epoch 2 s", "WAV: epoch 1 s", "WAV: epoch 2 s"]
-    loops = ["plain loop (same decoder, one thread)", "soundfile loop (WAV through libsndfile too)"]
-    spdl = ["`spdl.io.load_wav` loop"] if importlib.util.find_spec("spdl") is not None else []
-    assert [r[0] for r in rows[1:]] == ["`auto` (the default)", "1 producer", "2 producers"] + loops + spdl
-    for row in rows[1:]:  # seconds to 3 decimals: a 16-file WAV epoch may read 0.000
-        flac, wav = row[1:3], row[3:5]  # SPDL's loop reads WAV only
-        assert all(float(cell) >= 0 for cell in wav) and flac == ["-", "-"] if "spdl" in row[0] else all(
-            float(cell) >= 0 for cell in flac + wav), row
-    assert "At epoch 2, `auto` took" in result.stdout
-
-
 def test_tuner_bench_runs_every_contestant_for_every_epoch(tmp_path):
     out = tmp_path / "tuner.json"
+    folder, page = tmp_path / "results", tmp_path / "BENCHMARKS.md"
     result = run_script("bench_tuner.py", "--utterances", "6", "--files", "16", "--epochs", "2", "--rounds", "1",
-                        "--fsdd", str(tmp_path / "absent"), "--cache-dir", str(tmp_path), "--json", str(out))
+                        "--fsdd", str(tmp_path / "absent"), "--cache-dir", str(tmp_path), "--json", str(out),
+                        "--write", "--results", str(folder), "--page", str(page))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "FSDD not found" in result.stderr and "load average (1/5/15 min) before" in result.stdout
     data = json.loads(out.read_text(encoding="utf-8"))
@@ -311,17 +296,16 @@ def test_tuner_bench_runs_every_contestant_for_every_epoch(tmp_path):
         assert sorted(case["epochs_s"]) == sorted(["loop", "auto", "0", "1", "2", "isolated"])
         assert all(len(t) == 2 and min(t) > 0 for t in case["epochs_s"].values())
         assert len(case["auto_histories"]) == 1 and case["auto_histories"][0][0] == "after isolated"
-
-
-def test_epochs_rows_compare_the_last_epoch(load_benchmark):
-    epochs = load_benchmark("bench_epochs")
-    times = {"auto": [[1.0, 3.0], [0.5, 0.4]], 1: [[2.0], [0.8]], 2: [[1.0], [0.5]],
-             "loop-libsndfile": [[1.0], [1.0]]}
-    rows = {r["setting"]: r for r in epochs.rows_of({"c": times})}
-    assert rows["auto"]["epochs_s"] == [2.0, 0.45] and rows["auto"]["vs_best_fixed"] == pytest.approx(0.9)
-    assert rows["1"]["vs_best_fixed"] == pytest.approx(1.6) and rows["2"]["vs_best_fixed"] == 1.0
-    assert rows["loop-libsndfile"]["vs_best_fixed"] is None and rows["loop-libsndfile"]["soundfile_loop_over_this"] == 1
-    assert rows["2"]["soundfile_loop_over_this"] == pytest.approx(2.0) and rows["2"]["label"] == "2 producers"
+    (rows,) = markdown_tables(result.stdout)  # the page's section, as --write renders it
+    assert rows[0] == ["contestant", "speech: epoch 1 / 2 s", "FLAC: epoch 1 / 2 s"]
+    assert [r[0] for r in rows[1:]] == ["plain loop (same decoder and batches)", "`auto` (the default)",
+                                        "pinned 0 (decoding in the loop's thread)", "pinned 1 producer",
+                                        "pinned 2 producers", "`IsolatedLoader` (2 producers)"]
+    assert all(float(s) >= 0 for row in rows[1:] for cell in row[1:] for s in cell.split(" / "))
+    saved = json.loads((folder / "epochs.json").read_text(encoding="utf-8"))
+    auto = next(r for r in saved["rows"] if r["setting"] == "auto" and r["corpus"].startswith("speech"))
+    assert auto["epochs_s"] == data["cases"][0]["epochs_s"]["auto"] and len(auto["vs_best_pinned"]) == 2
+    assert "over the best pinned count, epoch by epoch" in page.read_text(encoding="utf-8")
 
 
 # -- benchmarks/bench_free_threaded.py ---------------------------------------------------------------

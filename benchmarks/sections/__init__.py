@@ -26,13 +26,12 @@ __all__ = ["INTRO", "SECTIONS", "Section", "anchor"]
 INTRO = """\
 # Benchmarks
 
-What audiobuffer's loaders gain and cost, one section per question: a table, how and where it was measured
-(machine, versions, date, commit, the command that measures it again) and a plot. Ratios compare approaches
-measured in one run; compare figures across sections only where the machine and the date match. **CPU**: a
-virtual machine with 2 cores and no GPU, shared with other work (read differences under about 15% as noise).
-**H100**: 16 cores and one NVIDIA H100 80GB HBM3 (timings varied by up to 25% from run to run). A benchmark run
-with `--write` saves its results (`benchmarks/results/NAME.json`) and renders its section again;
-`python benchmarks/render.py` renders the page and every plot from the saved results, measuring nothing."""
+What audiobuffer's loaders gain and cost, one section per question: a table, where and how it was measured
+(machine, versions, date, commit, the command to measure it again) and a plot. Ratios compare approaches in
+one run; compare figures across sections only where machine and date match. **CPU**: a virtual machine with 2
+cores and no GPU, shared with other work (differences under about 15% are noise). **H100**: 16 cores and one
+NVIDIA H100 80GB HBM3 (up to 25% from run to run). `--write` saves a benchmark's results
+(`benchmarks/results/NAME.json`) and renders its section; `python benchmarks/render.py` renders them all."""
 
 #: The page's sections, in order.
 SECTIONS = [DECODE, EPOCHS, OVERLAP, CONTENTION, TRAIN, DEVICE, STORAGE, SCALE, FORMATS, DURATIONS, RANKS, STRESS,
