@@ -389,8 +389,8 @@ def set_up_epoch(pipeline: Pipeline, shard: EpochShard, *, resume: bytes | None 
                              chunk=max(1, min(CHUNK_ITEMS, options.buffer_size // (2 * most))))
     elif (starts := pipeline.read_blocks()) is not None:
         # Blocks of members, each read once by the first producer to need it (NOTE [ Block order ] in plan.py)
-        blocks = BlockReads(source.table, starts, indices, storage_options=source.storage_options,
-                            retry=source.retry, capacity=2 * BLOCK_WINDOW + options.most_producers() + 2)
+        blocks = BlockReads(source.table, starts, indices, storage=source.storage,
+                            capacity=2 * BLOCK_WINDOW + options.most_producers() + 2)
         block_source = source
 
         def make_item(seq: int) -> WorkItem:
