@@ -31,7 +31,7 @@ from .table import ABSENT, Coded, Column, Strings, arrow_numbers, arrow_valid, a
 __all__ = ["INDEX_FORMAT", "INDEX_NAME", "INDEX_VERSION", "IndexColumns", "Member", "ShardIndex",
            "index_columns", "read_index", "read_index_columns", "read_member", "shard_name"]
 
-#: The index file :func:`~audiobuffer.sources.pack.pack` writes beside the shards.
+#: The index file :func:`~audiobuffer.prepare.pack.pack` writes beside the shards.
 INDEX_NAME = "index.json"
 INDEX_FORMAT = "audiobuffer-shards"
 INDEX_VERSION = 1
@@ -163,7 +163,7 @@ class IndexColumns:
 
 def read_index(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None,
                retry: RetrySpec = None, allow_outside: bool = False) -> ShardIndex:
-    """Read an ``index.json`` written by :func:`~audiobuffer.sources.pack.pack` from a path or URL.
+    """Read an ``index.json`` written by :func:`~audiobuffer.prepare.pack.pack` from a path or URL.
 
     Shard names in the index are relative to the index's folder: the result holds their full paths
     or URLs (so ``s3://bucket/fsdd/index.json`` gives shards under ``s3://bucket/fsdd/``). An index is

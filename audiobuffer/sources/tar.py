@@ -61,7 +61,7 @@ class ShardSample:
         files: every file of the sample, by extension (``{"wav": b"...", "json": b"..."}``).
         member: the member name of the main file (the first that is not metadata: json, cls, txt...).
         name: the original file name from the JSON sidecar's ``"name"`` (which
-            :func:`~audiobuffer.sources.pack.pack` writes), or ``member``.
+            :func:`~audiobuffer.prepare.pack.pack` writes), or ``member``.
         data: the main file's bytes.
         meta: the JSON sidecar, parsed, or ``None`` without one.
         fields: the sample's fields (see :func:`sample_fields`).
@@ -246,7 +246,8 @@ def _sample(shard: str, key: str, group: list[_Member], *, dotted: bool) -> Shar
 
 
 def is_packed_sidecar(meta: Mapping[str, Any] | None) -> bool:
-    """Whether ``meta`` is the sidecar :func:`~audiobuffer.sources.pack.pack` writes (name, label, fields)."""
+    """Whether ``meta`` is the sidecar :func:`~audiobuffer.prepare.pack.pack` writes (name, label,
+    fields)."""
     return meta is not None and isinstance(meta.get("name"), str) and isinstance(meta.get("fields"), Mapping)
 
 
@@ -254,7 +255,7 @@ def sample_fields(files: Mapping[str, bytes], main: str, meta: Mapping[str, Any]
                   ) -> tuple[dict[str, Any], Any]:
     """A streamed sample's fields and packed label, from its members other than the main file ``main``.
 
-    A shard that :func:`~audiobuffer.sources.pack.pack` wrote gives the manifest fields its sidecar
+    A shard that :func:`~audiobuffer.prepare.pack.pack` wrote gives the manifest fields its sidecar
     records and the sidecar's label, the same as reading it by index. Any other WebDataset sample gives
     every top-level key of its ``.json`` member, and every other member by its extension (``cls``,
     ``txt``, ``index``, ``speaker.txt``...): text as text, a number as a number, bytes that are not

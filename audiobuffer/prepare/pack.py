@@ -35,12 +35,20 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from ..errors import SourceError, StorageError
-from .index import INDEX_FORMAT, INDEX_NAME, INDEX_VERSION, ShardIndex, name_problem, read_index, shard_name
-from .storage import Storage, is_url, sibling
-from .tar import ENCODING, ERRORS, is_packed_sidecar, shard_samples
+from ..sources.index import (
+    INDEX_FORMAT,
+    INDEX_NAME,
+    INDEX_VERSION,
+    ShardIndex,
+    name_problem,
+    read_index,
+    shard_name,
+)
+from ..sources.storage import Storage, is_url, sibling
+from ..sources.tar import ENCODING, ERRORS, is_packed_sidecar, shard_samples
 
 if TYPE_CHECKING:  # annotations only: pack() imports Source when it runs
-    from .source import LabelSpec, SourceSpec
+    from ..sources.source import LabelSpec, SourceSpec
 
 __all__ = ["index_shards", "pack"]
 
@@ -91,7 +99,7 @@ def pack(source: SourceSpec, out_dir: str | os.PathLike[str], *, shard_size: int
     if is_url(os.fspath(out_dir)):
         raise ValueError(f"out_dir must be a local folder, got the URL {os.fspath(out_dir)!r}; pack "
                          f"locally, then upload the folder (aws s3 sync, gsutil rsync, fsspec put)")
-    from .source import AUDIO_PATTERNS, Source
+    from ..sources.source import AUDIO_PATTERNS, Source
 
     out = Path(out_dir)
     src = Source(source, patterns=AUDIO_PATTERNS if patterns is None else patterns, labels=labels,
@@ -152,7 +160,7 @@ def index_shards(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str
     """
     from tqdm import tqdm
 
-    from .source import LABEL_COLUMN, _label_str
+    from ..sources.source import LABEL_COLUMN, _label_str
 
     storage = Storage.of(storage_options)
     urls = storage.expand_urls(shards)
