@@ -103,7 +103,7 @@ def pack(source: SourceSpec, out_dir: str | os.PathLike[str], *, shard_size: int
 
     out = Path(out_dir)
     src = Source(source, patterns=AUDIO_PATTERNS if patterns is None else patterns, labels=labels,
-                 path_column=path_column)
+                 path_column=path_column, storage_options=storage.options, retry=storage.retry)
     if src.table.segments is not None:
         raise SourceError(f"{src.description} names segments of its files (Lhotse cuts, or start and duration "
                           f"columns), and pack copies whole files: read it as it is, which gives random access "
