@@ -21,9 +21,10 @@ from pathlib import Path
 
 from harness import FSDD, interleaved
 
-from audiobuffer.sources import pack, storage
+from audiobuffer.sources import pack
 from audiobuffer.sources.formats.tarheader import HEADER, check_member
 from audiobuffer.sources.index import read_member
+from audiobuffer.sources.storage import Storage
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         index = pack([str(f) for f in files], Path(tmp) / "out", shard_size=4_000_000, progress=False)
         members = [(m.shard, m.offset, m.size, m.member) for m in index.members]
+        storage = Storage()  # local files: no options, the default retry
         headers = [(storage.read_range(s, o - HEADER, HEADER), s, name, o, n) for s, o, n, name in members]
 
         def plain() -> None:
@@ -48,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def checked() -> None:
             for shard, offset, size, name in members:
-                read_member(shard, offset, size, member=name)
+                read_member(shard, offset, size, member=name, storage=storage)
 
         def check_only() -> None:
             for header, shard, name, offset, size in headers:

@@ -23,8 +23,8 @@ import render
 from harness import FSDD, command_line, results
 
 from audiobuffer.engine.plan import padding_fraction, plan_batches
+from audiobuffer.prepare.durations import read_durations
 from audiobuffer.sources import Source
-from audiobuffer.sources.durations import read_durations
 
 #: The goal: at most this share of padding.
 GOAL = 0.10

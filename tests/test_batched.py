@@ -27,7 +27,7 @@ from audiobuffer import (
 )
 from audiobuffer.engine.plan import batch_cost, plan_batches
 from audiobuffer.engine.streamed import DynamicBuckets, TimedDecode
-from audiobuffer.sources.durations import CACHE_ENV
+from audiobuffer.prepare.durations import CACHE_ENV
 
 
 @pytest.fixture(autouse=True)
@@ -238,7 +238,7 @@ def test_crop_and_pad_with_max_batch_seconds_warn_that_every_item_lasts_the_crop
 def test_durations_are_read_once_per_dataset_and_cached(tmp_path, monkeypatch):
     tones(tmp_path / "audio", [0.5, 1.0, 1.5])
     BufferedDataset(tmp_path / "audio", AudioDecoder(8000), max_batch_seconds=2.0)  # fills the cache
-    import audiobuffer.sources.durations as durations_module
+    import audiobuffer.prepare.durations as durations_module
 
     def refuse(path):
         raise AssertionError(f"header read again: {path}")

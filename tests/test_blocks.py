@@ -15,7 +15,7 @@ from audiobuffer import AudioDecoder, BufferedDataset, IsolatedLoader, Source, S
 from audiobuffer.engine.plan import block_starts, plan_epoch
 from audiobuffer.sources import pack, storage
 from audiobuffer.sources.blocks import BlockReads
-from audiobuffer.sources.storage import Retry
+from audiobuffer.sources.storage import Retry, Storage
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -31,7 +31,7 @@ def packed(tmp_path_factory):
 def _reads(source: Source, block: int, indices: np.ndarray, capacity: int = 64) -> BlockReads:
     t = source.table
     starts = block_starts(t.shard_of, t.offsets, t.sizes, block)
-    return BlockReads(t, starts, indices, storage_options=None, retry=source.retry, capacity=capacity)
+    return BlockReads(t, starts, indices, storage=source.storage, capacity=capacity)
 
 
 def _member(source: Source, i: int) -> bytes:
@@ -47,8 +47,9 @@ def test_every_member_once_the_same_bytes_and_one_request_a_block(packed, block,
     order = plan_epoch(n, shuffle=True, seed=2, epoch=0, blocks=starts).indices
     reads = _reads(packed, block, order)
     calls = []
-    real = storage.read_range
-    monkeypatch.setattr("audiobuffer.sources.blocks.read_range", lambda *a, **k: calls.append(a) or real(*a, **k))
+    real = Storage.read_range
+    monkeypatch.setattr(Storage, "read_range",
+                        lambda self, *a, **k: calls.append(a) or real(self, *a, **k))
     got: dict[int, bytes] = {}
     lock = threading.Lock()
     queue = iter(order.tolist())
@@ -71,8 +72,8 @@ def test_every_member_once_the_same_bytes_and_one_request_a_block(packed, block,
         thread.join(30)
     assert not any(thread.is_alive() for thread in threads)
     assert sorted(got) == list(range(n))
-    assert all(got[i] == _member(packed, i) for i in range(n))
     assert reads.requests == len(calls) == len(starts)  # one request a block, none twice
+    assert all(got[i] == _member(packed, i) for i in range(n))
     assert reads.held() == 0  # every block dropped once its members were read
 
 
@@ -92,11 +93,11 @@ def test_a_failing_block_fails_each_of_its_members_and_no_one_waits(packed, monk
     reads = _reads(packed, 1000, np.arange(len(packed)))
     started = threading.Event()
 
-    def fail(*args, **kwargs):
+    def fail(storage, url, *args, **kwargs):
         started.wait(5)
-        raise StorageError("cannot read: gone", url=args[0], attempts=3, transient=True)
+        raise StorageError("cannot read: gone", url=url, attempts=3, transient=True)
 
-    monkeypatch.setattr("audiobuffer.sources.blocks.read_range", fail)
+    monkeypatch.setattr(Storage, "read_range", fail)
     errors: list[BaseException] = []
 
     def read(i: int) -> None:
@@ -119,11 +120,11 @@ def test_a_failing_block_fails_each_of_its_members_and_no_one_waits(packed, monk
 def test_a_waiter_gives_up_on_a_block_that_never_comes(packed, monkeypatch):
     t = packed.table
     starts = block_starts(t.shard_of, t.offsets, t.sizes, 1000)
-    reads = BlockReads(t, starts, np.arange(len(packed)), storage_options=None, capacity=4,
-                       retry=Retry(attempts=1, timeout=0.01))
+    reads = BlockReads(t, starts, np.arange(len(packed)), capacity=4,
+                       storage=Storage(retry=Retry(attempts=1, timeout=0.01)))
     reads._wait = 0.2  # as the retry's bound would be, shortened
     release = threading.Event()
-    monkeypatch.setattr("audiobuffer.sources.blocks.read_range", lambda *a, **k: release.wait(10) and b"")
+    monkeypatch.setattr(Storage, "read_range", lambda *a, **k: release.wait(10) and b"")
 
     def fetch() -> None:
         with contextlib.suppress(StorageError):  # the empty block it is given is not the member's

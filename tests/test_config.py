@@ -345,7 +345,7 @@ def test_parse_config_without_a_file(corpus):
 
 @pytest.fixture
 def durations_cached_here(tmp_path, monkeypatch):
-    from audiobuffer.sources.durations import CACHE_ENV
+    from audiobuffer.prepare.durations import CACHE_ENV
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
 

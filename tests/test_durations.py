@@ -1,4 +1,5 @@
-"""Item durations for batches by duration (audiobuffer/sources/durations.py): manifest column, headers, cache."""
+"""Item durations for batches by duration (audiobuffer/prepare/durations.py): manifest column,
+headers, cache."""
 
 import json
 import logging
@@ -16,8 +17,13 @@ from helpers import drop_flac_length, write_tone
 from audiobuffer import DecodeError, SourceError
 from audiobuffer.cli.demo import default_cache_dir as default_demo_dir
 from audiobuffer.engine.plan import plan_batches
+from audiobuffer.prepare.durations import (
+    CACHE_ENV,
+    default_cache_dir,
+    header_seconds,
+    read_durations,
+)
 from audiobuffer.sources import Source
-from audiobuffer.sources.durations import CACHE_ENV, default_cache_dir, header_seconds, read_durations
 
 # (name, seconds, sample rate): WAV and FLAC, several lengths and rates.
 FILES = [("a.wav", 0.25, 8000), ("b.flac", 1.3, 16000), ("c.wav", 0.7, 22050), ("d.flac", 2.0, 8000),
@@ -250,7 +256,7 @@ def test_bad_cache_entries_are_read_again(corpus, tmp_path, opens):
 
 def test_a_million_cache_entries_load_and_match_in_bulk(tmp_path):
     # A cache of a million files, matched against a source's paths without an object per entry.
-    from audiobuffer.sources.durations import _Entries
+    from audiobuffer.prepare.durations import _Entries
 
     n = 1_000_000
     paths = [f"/corpus/speaker{i % 997}/utt{i:07d}.flac" for i in range(n)]
@@ -415,7 +421,7 @@ def test_fsdd_durations_match_soundfile_and_are_cached(fsdd, tmp_path, monkeypat
 def test_a_cache_another_rank_wrote_meanwhile_is_read_not_rewritten(corpus, tmp_path, monkeypatch):
     """Two ranks start with no cache; rank 0 writes it while rank 1 is still reading headers. Rank 1
     finds every header it read in rank 0's file and leaves the file as it is."""
-    import audiobuffer.sources.durations as durations_module
+    import audiobuffer.prepare.durations as durations_module
 
     root, expected = corpus
     read_durations(Source(root), cache_dir=tmp_path / "rank0")

@@ -17,7 +17,7 @@ def test_readme_lists_every_public_name():
 
 
 def test_a_lazy_name_is_never_hidden_by_its_module_of_the_same_name():
-    # importing audiobuffer.sources.pack (for index_shards) binds the submodule as ``sources.pack``
+    # importing a module for index_shards must not hide the function ``pack``
     import subprocess
     import sys
 

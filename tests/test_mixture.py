@@ -9,7 +9,7 @@ from plain_decoders import IndexDecoder as PlainIndexDecoder
 
 from audiobuffer import BufferedDataset, IsolatedLoader, Source, mix
 from audiobuffer.config import build_dataset, load_config
-from audiobuffer.sources.durations import CACHE_ENV
+from audiobuffer.prepare.durations import CACHE_ENV
 from audiobuffer.sources.mixture import Mixture
 
 

@@ -368,3 +368,10 @@ def test_s3_a_range_answered_from_the_wrong_offset_is_refused(s3, indexed_tar, p
     assert isinstance(caught.value.__cause__, StorageError)
     assert "does not hold member 's00" in str(caught.value.__cause__)
     assert proxy.requests > 1
+
+
+def test_pack_lists_a_remote_folder_with_its_storage_options(s3, remote, tmp_path):
+    _, _, names = remote
+    index = pack(f"s3://{BUCKET}/files", tmp_path / "out", shard_size=20_000, progress=False,
+                 storage_options=s3.options())
+    assert sorted(Path(m.name).name for m in index.members) == sorted(Path(n).name for n in names)

@@ -341,7 +341,7 @@ def test_fsdd_packed_by_index_and_pattern(fsdd, tmp_path):
 
 def test_batches_by_duration_from_an_index_use_its_durations(packed, monkeypatch):
     out, index, originals = packed
-    import audiobuffer.sources.durations as durations
+    import audiobuffer.prepare.durations as durations
 
     def no_header(path):  # the index already knows every member's duration
         raise AssertionError(f"opened the header of {path}")

@@ -1,5 +1,5 @@
-"""audiobuffer/sources/pack.py, index.py and tar.py: packing into tar shards, the index, streaming,
-truncated shards (all local)."""
+"""audiobuffer/prepare/pack.py, sources/index.py and sources/tar.py: packing into tar shards, the
+index, streaming, truncated shards (all local)."""
 
 from __future__ import annotations
 

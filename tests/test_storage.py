@@ -19,10 +19,11 @@ from helpers import REPO, make_corpus, open_descriptors
 
 from audiobuffer import Source
 from audiobuffer.errors import AudioBufferError, DecodeError, SourceError, StorageError
-from audiobuffer.sources import iter_shard, pack, read_index, stream_shards
+from audiobuffer.sources import ShardStream, iter_shard, pack, read_index, stream_shards
 from audiobuffer.sources.storage import (
     MAX_EXPANSION,
     Retry,
+    Storage,
     as_retry,
     expand_braces,
     expand_urls,
@@ -485,6 +486,27 @@ def test_the_timeout_reaches_each_client_unless_the_options_set_one():
     gcs = _make_filesystem(Recorder, "gs", {}, 5.0).kwargs["requests_timeout"]
     assert (gcs.total, gcs.sock_connect, gcs.sock_read) == (None, 5.0, 5.0)
     assert "client_kwargs" not in _make_filesystem(Recorder, "https", {}, None).kwargs
+
+
+def test_a_source_holds_its_storage_options_and_retry_as_one_storage(tmp_path, packed):
+    make_corpus(tmp_path / "src", 3, seconds=0.05)
+    retry = Retry(attempts=2, timeout=3.0)
+    storage = Storage.of({"anon": True}, {"attempts": 2, "timeout": 3.0})
+    assert storage == Storage({"anon": True}, retry) and storage.timeout == 3.0
+    assert pickle.loads(pickle.dumps(storage)) == storage
+    source = Source(tmp_path / "src", storage_options={"anon": True}, retry=retry)
+    assert source.storage == storage
+    assert (source.storage_options, source.retry) == ({"anon": True}, retry)
+    assert source.subset([0]).storage is source.storage
+    assert Source(tmp_path / "src").storage == Storage() == Storage(None, Retry())
+    out, _, _ = packed
+    stream = ShardStream(str(out / "shard-*.tar"), storage_options={"anon": True}, retry=retry)
+    assert stream.storage == storage
+    assert (stream.storage_options, stream.retry) == ({"anon": True}, retry)
+    with pytest.raises(TypeError, match="storage_options must be a mapping of fsspec options"):
+        Source(tmp_path / "src", storage_options=["anon"])
+    with pytest.raises(TypeError, match="retry must be a Retry, a mapping of its fields or None"):
+        Storage.of(None, 3)
 
 
 def test_retry_timeout_is_checked():

@@ -87,7 +87,7 @@ def test_parent_labels_and_a_subset_keep_their_classes(tmp_path):
 
 
 def test_a_bad_duration_names_its_row(tmp_path):
-    from audiobuffer.sources.durations import read_durations
+    from audiobuffer.prepare.durations import read_durations
 
     rows = rows_of(6)
     rows[4] = (rows[4][0], rows[4][1], "soon")

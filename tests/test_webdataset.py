@@ -287,7 +287,7 @@ def test_an_index_that_would_not_read_back_is_not_left_behind(tmp_path, monkeypa
     from audiobuffer.sources import index_shards
 
     shard = _write_tar(tmp_path / "outer.tar", [("a.wav", _audio(0, "wav")), ("../up.wav", _audio(1, "wav"))])
-    module = sys.modules["audiobuffer.sources.pack"]  # (audiobuffer.sources.pack is the function)
+    module = sys.modules["audiobuffer.prepare.pack"]  # (audiobuffer.sources.pack is the function)
     monkeypatch.setattr(module, "_check_names", lambda *args: None, raising=False)  # past the first check
     with pytest.raises(SourceError, match=r"name '\.\./up\.wav' is not a relative path inside the shard"):
         index_shards(shard, progress=False)

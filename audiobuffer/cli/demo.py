@@ -24,7 +24,7 @@ from ..collate import pad_collate
 from ..decoders import AudioDecoder
 from ..loaders.dataset import BufferedDataset
 from ..loaders.device import DevicePrefetcher, resolve_device
-from ..sources.durations import cache_root
+from ..prepare.durations import cache_root
 from ._model import SpeechCNN, evaluate, make_optimizer, train_step
 from ._threads import Threads, quiet_openmp, set_torch_threads
 from .report import RunSummary, Timer

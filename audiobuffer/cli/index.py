@@ -48,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # -h
         return int(exc.code or 0)
     from ..errors import AudioBufferError
-    from ..sources.pack import index_shards
+    from ..prepare.pack import index_shards
 
     logging.basicConfig(level=logging.ERROR if args.quiet else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)

@@ -91,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # -h
         return int(exc.code or 0)
     from ..errors import AudioBufferError
-    from ..sources.pack import pack
+    from ..prepare.pack import pack
 
     try:
         shard_size = parse_size(args.shard_size)

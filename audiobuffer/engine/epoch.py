@@ -5,7 +5,7 @@ counts, error policy and stats.
 
 NOTE [ Batches by duration ]
 ============================
-Durations. Read once per pipeline, at construction (``sources/durations.read_durations``: a manifest
+Durations. Read once per pipeline, at construction (``prepare/durations.read_durations``: a manifest
 column, or each file's header through the on-disk cache), so that a header failure is raised, logged
 or counted per ``on_error`` before any epoch starts. A decoder's ``crop_seconds`` caps them; with its
 ``pad`` as well, every sample is exactly the crop long, and so is its duration here (the batch's
@@ -61,8 +61,8 @@ import numpy as np
 from ..buffer import Buffer, BufferStats
 from ..errors import BufferClosed, DecodeError, SampleError
 from ..options import DEFAULT_BUCKETS, ErrorPolicy, ProducerCount, gil_enabled
+from ..prepare.durations import decoder_crop
 from ..sources.blocks import BlockReads
-from ..sources.durations import decoder_crop
 from ..sources.item import ReadClock, WorkItem
 from ..sources.mixture import Mixture
 from ..sources.stream import ShardStream
@@ -389,8 +389,8 @@ def set_up_epoch(pipeline: Pipeline, shard: EpochShard, *, resume: bytes | None 
                              chunk=max(1, min(CHUNK_ITEMS, options.buffer_size // (2 * most))))
     elif (starts := pipeline.read_blocks()) is not None:
         # Blocks of members, each read once by the first producer to need it (NOTE [ Block order ] in plan.py)
-        blocks = BlockReads(source.table, starts, indices, storage_options=source.storage_options,
-                            retry=source.retry, capacity=2 * BLOCK_WINDOW + options.most_producers() + 2)
+        blocks = BlockReads(source.table, starts, indices, storage=source.storage,
+                            capacity=2 * BLOCK_WINDOW + options.most_producers() + 2)
         block_source = source
 
         def make_item(seq: int) -> WorkItem:

@@ -18,8 +18,8 @@ import numpy as np
 
 from .._checks import check_decoder
 from ..options import DEFAULT_BUCKETS, DEFAULT_READ_BLOCK, ErrorPolicy, LoaderOptions
-from ..sources.durations import Failure as HeaderFailure
-from ..sources.durations import decoder_crop, read_durations
+from ..prepare.durations import Failure as HeaderFailure
+from ..prepare.durations import decoder_crop, read_durations
 from ..sources.mixture import Mixture
 from ..sources.source import AUDIO_PATTERNS, Source, SourceSpec, WorkItem
 from ..sources.stream import ShardStream, as_source

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..buffer import Buffer
 from ..errors import SourceError
-from ..sources.durations import seconds_of
+from ..prepare.durations import seconds_of
 from ..sources.item import ReadClock, WorkItem
 from ..sources.tar import MEMBER_STRIDE, SHUFFLE_BUFFER, ShardSample, Truncated, shuffle_buffer
 from .plan import batch_cost, bucket_edges

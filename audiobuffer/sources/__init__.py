@@ -1,6 +1,7 @@
 """Where the work items come from: folders, manifests, tar shards (by index or streamed), object
-storage, and each item's duration. The names below are imported on first use, so that the helper
-process, which needs only :class:`WorkItem`, imports no more than that.
+storage. The names below are imported on first use, so that the helper process, which needs only
+:class:`WorkItem`, imports no more than that; ``pack`` and ``index_shards`` come from
+:mod:`audiobuffer.prepare`, which reads through this package and the decoders.
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ _EXPORTS = {
     "SourceSpec": ".source",
     "WorkItem": ".item",
     "as_source": ".stream",
-    "index_shards": ".pack",
+    "index_shards": "..prepare.pack",
     "iter_shard": ".tar",
     "mix": ".mixture",
-    "pack": ".pack",
+    "pack": "..prepare.pack",
     "read_index": ".index",
     "read_index_columns": ".index",
     "shard_name": ".index",
@@ -69,8 +70,8 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     loaded = importlib.import_module(module, __name__)
-    # every name of that module at once: importing ``.pack`` binds the submodule as ``pack`` here, which
-    # would hide the function of that name
+    # every name of that module at once (a submodule of this package named as one of them, bound
+    # here as it is imported, would hide it)
     for other, where in _EXPORTS.items():
         if where == module:
             globals()[other] = getattr(loaded, other)
@@ -82,10 +83,10 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
+    from ..prepare.pack import index_shards, pack
     from .index import INDEX_NAME, IndexColumns, Member, ShardIndex, read_index, read_index_columns, shard_name
     from .item import AUDIO_PATTERNS, IMAGE_PATTERNS, ReadClock, WorkItem
     from .mixture import Mixture, mix
-    from .pack import index_shards, pack
     from .source import LabelSpec, Source, SourceSpec
     from .stream import ShardStream, as_source
     from .tar import ShardSample, iter_shard, shuffle_buffer, stream_shards

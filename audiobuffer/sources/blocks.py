@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from ..errors import StorageError
 from .formats.tarheader import HEADER, check_member
-from .retry import Retry, where
-from .storage import read_range
+from .retry import where
+from .storage import Storage
 from .table import ItemTable
 
 __all__ = ["BlockReads"]
@@ -53,7 +52,7 @@ class BlockReads:
             members of one shard, one contiguous byte range.
         indices: the items this epoch reads (a member twice where the plan pads with it): a block is
             dropped once its members among them were read.
-        storage_options, retry: as for :func:`~audiobuffer.sources.storage.read_range`.
+        storage: the source's storage (its options, retries and timeouts).
         capacity: the most blocks held at once (the least recently used goes first).
 
     Attributes:
@@ -61,20 +60,20 @@ class BlockReads:
     """
 
     def __init__(self, table: ItemTable, starts: np.ndarray, indices: np.ndarray, *,
-                 storage_options: Mapping[str, Any] | None, retry: Retry, capacity: int) -> None:
+                 storage: Storage, capacity: int) -> None:
         if table.offsets is None or table.sizes is None or table.shard_of is None or table.shards is None \
                 or table.members is None:
             raise ValueError("block reads need an index's members (names, offsets and sizes)")
         self._table = table
         self._starts = np.asarray(starts, dtype=np.int64)
-        self._options = storage_options
-        self._retry = retry
+        self._storage = storage
         self._capacity = max(1, capacity)
         self._left = np.bincount(self.block_of(np.asarray(indices, dtype=np.int64)),
                                  minlength=len(self._starts)).astype(np.int64)
         self._blocks: OrderedDict[int, _Block] = OrderedDict()
         self._lock = threading.Lock()
         self.requests = 0
+        retry = storage.retry
         timeout = retry.timeout
         # how long a producer waits for a block another fetches: that one's own bound, and some
         self._wait = None if timeout is None else (
@@ -140,8 +139,7 @@ class BlockReads:
         names = table.members
         member = None if names is None else f"{names[first]}..{names[last]}"
         try:
-            block.data = read_range(url, start, end - start, storage_options=self._options, retry=self._retry,
-                                    member=member)
+            block.data = self._storage.read_range(url, start, end - start, member=member)
         except BaseException as exc:  # an interrupt too: the waiting producers must not wait for nothing
             block.error = exc
             if not isinstance(exc, Exception):

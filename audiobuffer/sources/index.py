@@ -23,16 +23,15 @@ import numpy as np
 
 from .._checks import short_repr
 from ..errors import SourceError
-from . import storage
 from . import table as item_table
 from .formats.tarheader import HEADER, check_member
-from .storage import RetrySpec
+from .storage import RetrySpec, Storage, inside_folder, sibling
 from .table import ABSENT, Coded, Column, Strings, arrow_numbers, arrow_valid, as_column, release_arrow_memory
 
-__all__ = ["INDEX_FORMAT", "INDEX_NAME", "INDEX_VERSION", "IndexColumns", "Member", "ShardIndex", "read_index",
-           "read_index_columns", "read_member", "shard_name"]
+__all__ = ["INDEX_FORMAT", "INDEX_NAME", "INDEX_VERSION", "IndexColumns", "Member", "ShardIndex",
+           "index_columns", "read_index", "read_index_columns", "read_member", "shard_name"]
 
-#: The index file :func:`~audiobuffer.sources.pack.pack` writes beside the shards.
+#: The index file :func:`~audiobuffer.prepare.pack.pack` writes beside the shards.
 INDEX_NAME = "index.json"
 INDEX_FORMAT = "audiobuffer-shards"
 INDEX_VERSION = 1
@@ -83,22 +82,20 @@ class Member:
         producer thread that decodes the item does the I/O.
         """
         return functools.partial(read_member, self.shard, self.offset, self.size,
-                                 storage_options=storage_options, retry=retry, member=self.member)
+                                 member=self.member, storage=Storage.of(storage_options, retry))
 
 
-def read_member(url: str, offset: int, size: int, *, member: str, storage_options: Mapping[str, Any] | None = None,
-                retry: RetrySpec = None) -> bytes:
-    """The ``size`` bytes of member ``member`` at ``offset`` in shard ``url``, with one ranged request that
-    takes the member's tar header along (NOTE [ Members where an index says ] in
-    ``formats/tarheader.py``).
+def read_member(url: str, offset: int, size: int, *, member: str, storage: Storage) -> bytes:
+    """The ``size`` bytes of member ``member`` at ``offset`` in shard ``url``, with one ranged
+    request through ``storage`` that takes the member's tar header along (NOTE [ Members where an
+    index says ] in ``formats/tarheader.py``).
 
     Raises:
         StorageError: as :func:`~audiobuffer.sources.storage.read_range`, or the header before the data
             is not ``member``'s (:func:`~audiobuffer.sources.formats.tarheader.check_member`).
     """
     head = min(offset, HEADER) if isinstance(offset, int) and offset > 0 else 0
-    data = storage.read_range(url, offset - head, size + head, storage_options=storage_options, retry=retry,
-                              member=member)
+    data = storage.read_range(url, offset - head, size + head, member=member)
     check_member(data[:head], url, member, offset, size)
     return data[head:]
 
@@ -166,7 +163,7 @@ class IndexColumns:
 
 def read_index(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None,
                retry: RetrySpec = None, allow_outside: bool = False) -> ShardIndex:
-    """Read an ``index.json`` written by :func:`~audiobuffer.sources.pack.pack` from a path or URL.
+    """Read an ``index.json`` written by :func:`~audiobuffer.prepare.pack.pack` from a path or URL.
 
     Shard names in the index are relative to the index's folder: the result holds their full paths
     or URLs (so ``s3://bucket/fsdd/index.json`` gives shards under ``s3://bucket/fsdd/``). An index is
@@ -194,20 +191,31 @@ def read_index(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any
 
 def read_index_columns(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None,
                        retry: RetrySpec = None, allow_outside: bool = False) -> IndexColumns:
-    """:func:`read_index` as columns, with no object per member: an index of
-    :data:`~audiobuffer.sources.table.ARROW_ROWS` members or more is parsed into columns by pyarrow and
-    checked a column at a time where it has the plain shape ``pack`` writes (each member's values of one
-    type, its fields in every member, no escapes, little nesting) and pyarrow reads every value as
-    :mod:`json` does; otherwise (and a smaller index always, without importing pyarrow) it is parsed by
-    :mod:`json` and checked as :func:`read_index` does. Either way the same index gives the same
-    members, or is refused with the same message.
+    """:func:`read_index` as columns (:func:`index_columns`).
+
+    Raises:
+        StorageError, SourceError: as :func:`read_index` (a malformed member is named as it does).
+    """
+    return index_columns(url, storage=Storage.of(storage_options, retry),
+                         allow_outside=allow_outside)
+
+
+def index_columns(url: str | os.PathLike[str], *, storage: Storage,
+                  allow_outside: bool = False) -> IndexColumns:
+    """:func:`read_index` as columns, read through ``storage``, with no object per member: an index
+    of :data:`~audiobuffer.sources.table.ARROW_ROWS` members or more is parsed into columns by
+    pyarrow and checked a column at a time where it has the plain shape ``pack`` writes (each
+    member's values of one type, its fields in every member, no escapes, little nesting) and pyarrow
+    reads every value as :mod:`json` does; otherwise (and a smaller index always, without importing
+    pyarrow) it is parsed by :mod:`json` and checked as :func:`read_index` does. Either way the same
+    index gives the same members, or is refused with the same message.
 
     Raises:
         StorageError, SourceError: as :func:`read_index` (a malformed member is named as it does).
     """
     url = os.fspath(url)
-    raw = storage.read_bytes(url, storage_options=storage_options, retry=retry)
-    resolve = functools.partial(storage.sibling if allow_outside else storage.inside_folder, url)
+    raw = storage.read_bytes(url)
+    resolve = functools.partial(sibling if allow_outside else inside_folder, url)
     # A small index (its members counted as the "offset" keys in its text) is parsed by json alone.
     parsed = _parse_arrow(raw) if raw.count(b'"offset"') >= item_table.ARROW_ROWS else None
     if parsed is not None:

@@ -14,7 +14,7 @@ import csv
 import io
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -22,9 +22,8 @@ from typing import IO, Any
 import numpy as np
 
 from ..errors import SourceError
-from . import storage
 from . import table as item_table
-from .storage import RetrySpec
+from .storage import Storage, inside_bucket, is_url, sibling
 from .table import (
     ABSENT,
     Coded,
@@ -62,10 +61,11 @@ def names_shards(source: Any) -> bool:
             and all(isinstance(p, (str, os.PathLike)) and os.fspath(p).lower().endswith(".tar") for p in source))
 
 
-def list_files(source: Any, *, patterns: Sequence[str], path_column: str,
-                storage_options: Mapping[str, Any] | None, retry: RetrySpec, allow_outside: bool = False) -> Listing:
-    """List ``source``: a folder, a manifest or a list of files (paths or URLs); an ``index.json`` of
-    shards is listed by :func:`~audiobuffer.sources.source.list_source`.
+def list_files(source: Any, *, patterns: Sequence[str], path_column: str, storage: Storage,
+               allow_outside: bool = False) -> Listing:
+    """List ``source``: a folder, a manifest or a list of files (paths or URLs, read through
+    ``storage``); an ``index.json`` of shards is listed by
+    :func:`~audiobuffer.sources.source.list_source`.
 
     What data names is confined unless ``allow_outside``: an index's shards to its folder, a remote
     manifest's files to its bucket or host (a local manifest is the user's own: any path).
@@ -80,17 +80,17 @@ def list_files(source: Any, *, patterns: Sequence[str], path_column: str,
                           f"BufferedDataset does; for random access give the shards' index.json")
     if isinstance(source, (str, os.PathLike)):
         text = os.fspath(source)
-        suffix = Path(text.split("?", 1)[0]).suffix.lower() if storage.is_url(text) else Path(text).suffix.lower()
+        suffix = Path(text.split("?", 1)[0] if is_url(text) else text).suffix.lower()
         if suffix == ".json":
             raise SourceError(f"{text!r} is an index of shards: Source lists it (sources/source.py)")
-        if storage.is_url(text):
+        if is_url(text):
             if suffix in MANIFEST_SUFFIXES:
-                data = storage.read_bytes(text, storage_options=storage_options, retry=retry)
-                resolve = storage.sibling if allow_outside else storage.inside_bucket
+                data = storage.read_bytes(text)
+                resolve = sibling if allow_outside else inside_bucket
                 hint = "" if allow_outside else "; pass allow_outside=True to Source to read files elsewhere"
                 return _manifest(text, data, MANIFEST_SUFFIXES[suffix], path_column,
                                  _RowResolver(lambda value: resolve(text, value), hint))
-            return _list_remote_dir(text, patterns, storage_options, retry)
+            return _list_remote_dir(text, patterns, storage)
         root = Path(text)
         if root.is_dir():
             return Listing(table_of_paths(_list_dir(root, patterns)), f"{str(root)!r} (patterns {list(patterns)})")
@@ -181,14 +181,13 @@ def _list_dir(root: Path, patterns: Sequence[str]) -> list[str]:
     return sorted(found)
 
 
-def _list_remote_dir(url: str, patterns: Sequence[str], storage_options: Mapping[str, Any] | None,
-                     retry: RetrySpec) -> Listing:
+def _list_remote_dir(url: str, patterns: Sequence[str], storage: Storage) -> Listing:
     base = url.rstrip("/")
     found: set[str] = set()
     for pattern in _patterns(patterns):
-        found.update(storage.glob_urls(f"{base}/{pattern}", storage_options=storage_options, retry=retry))
+        found.update(storage.glob_urls(f"{base}/{pattern}"))
         if pattern.startswith("**/"):  # fsspec's ** may or may not match no folder at all: both, to be sure
-            found.update(storage.glob_urls(f"{base}/{pattern[3:]}", storage_options=storage_options, retry=retry))
+            found.update(storage.glob_urls(f"{base}/{pattern[3:]}"))
     return Listing(table_of_paths(sorted(found)), f"{url!r} (patterns {list(patterns)})")
 
 

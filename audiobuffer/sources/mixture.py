@@ -29,6 +29,7 @@ import numpy as np
 from .blocks import BlockReads
 from .listing import table_of_paths
 from .source import ReadClock, Source, SourceSpec, WorkItem, _natural_key
+from .storage import Storage
 from .table import ABSENT, ItemTable, as_column
 
 __all__ = ["Mixture", "mix"]
@@ -108,7 +109,7 @@ class Mixture(Source):
         # The concatenation, as a Source: what durations, labels and fields are read over.
         self.description = f"a mixture of {', '.join(self.names)}"
         self.table = _concatenated(listed)
-        self.storage_options, self.retry = None, listed[0].retry
+        self.storage = Storage(None, listed[0].retry)  # each source reads through its own
         labelled = [s.label_names for s in listed]
         label_names: list[str | None] = [
             name for s in listed for name in (s.label_names if s.label_names is not None else [None] * len(s))]

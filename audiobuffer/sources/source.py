@@ -22,14 +22,13 @@ from typing import Any, Union
 import numpy as np
 
 from ..errors import SourceError
-from . import storage
 from . import table as item_table
 from .blocks import BlockReads
 from .formats.lhotse import is_lhotse, read_lhotse
-from .index import read_index_columns, read_member
+from .index import index_columns, read_member
 from .item import AUDIO_PATTERNS, IMAGE_PATTERNS, ReadClock, WorkItem
 from .listing import LABEL_COLUMN, MANIFEST_SUFFIXES, Listing, list_files, names_shards, table_of_paths
-from .storage import RetrySpec, as_retry, is_url, read_bytes
+from .storage import Retry, RetrySpec, Storage, is_url
 from .table import ABSENT, Coded, Column, ItemTable, Region, Strings, TableView, as_column, numbers_arrow, seconds_array
 
 __all__ = [
@@ -55,9 +54,10 @@ SourceSpec = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str
 LabelSpec = Union[None, str, "re.Pattern[str]", Callable[[str], Hashable]]
 
 
-def list_source(source: Any, *, patterns: Sequence[str], path_column: str,
-                storage_options: Mapping[str, Any] | None, retry: RetrySpec, allow_outside: bool = False) -> Listing:
-    """List ``source``: a folder, a manifest, an ``index.json`` of shards (paths or URLs), or a list of files.
+def list_source(source: Any, *, patterns: Sequence[str], path_column: str, storage: Storage,
+                allow_outside: bool = False) -> Listing:
+    """List ``source``: a folder, a manifest, an ``index.json`` of shards (paths or URLs, read
+    through ``storage``), or a list of files.
 
     What data names is confined unless ``allow_outside``: an index's shards to its folder, a remote
     manifest's files to its bucket or host (a local manifest is the user's own: any path).
@@ -67,21 +67,20 @@ def list_source(source: Any, *, patterns: Sequence[str], path_column: str,
         StorageError: a remote manifest or index cannot be read.
         TypeError: ``source`` is none of these.
     """
-    if is_lhotse(source, storage_options=storage_options, retry=retry):
-        return _list_lhotse(source, storage_options, retry, allow_outside)
+    if is_lhotse(source):
+        return _list_lhotse(source, storage, allow_outside)
     if isinstance(source, (str, os.PathLike)) and not names_shards(source):
         text = os.fspath(source)
-        if Path(text.split("?", 1)[0] if storage.is_url(text) else text).suffix.lower() == ".json":
-            return _list_index(text, storage_options, retry, allow_outside)
-    return list_files(source, patterns=patterns, path_column=path_column, storage_options=storage_options,
-                      retry=retry, allow_outside=allow_outside)
+        if Path(text.split("?", 1)[0] if is_url(text) else text).suffix.lower() == ".json":
+            return _list_index(text, storage, allow_outside)
+    return list_files(source, patterns=patterns, path_column=path_column, storage=storage,
+                      allow_outside=allow_outside)
 
 
-def _list_index(url: str, storage_options: Mapping[str, Any] | None, retry: RetrySpec,
-                allow_outside: bool) -> Listing:
-    if not storage.is_url(url) and not Path(url).is_file():
+def _list_index(url: str, storage: Storage, allow_outside: bool) -> Listing:
+    if not is_url(url) and not Path(url).is_file():
         raise SourceError(f"index {url!r} does not exist")
-    index = read_index_columns(url, storage_options=storage_options, retry=retry, allow_outside=allow_outside)
+    index = index_columns(url, storage=storage, allow_outside=allow_outside)
     shards = index.shards
     keys = list(index.fields)
     table = table_of_paths(_member_paths(shards, index.shard_of, index.names),
@@ -109,11 +108,10 @@ def _member_paths(shards: Sequence[str], shard_of: np.ndarray, names: Strings) -
     return [shards[s] + "/" + name for s, name in zip(shard_of.tolist(), names.tolist())]
 
 
-def _list_lhotse(source: Any, storage_options: Mapping[str, Any] | None, retry: RetrySpec,
-                 allow_outside: bool) -> Listing:
+def _list_lhotse(source: Any, storage: Storage, allow_outside: bool) -> Listing:
     """A Lhotse manifest's items: each a segment of its recording (NOTE [ Lhotse manifests ] in
     ``formats/lhotse.py``)."""
-    found = read_lhotse(source, storage_options=storage_options, retry=retry, allow_outside=allow_outside)
+    found = read_lhotse(source, storage=storage, allow_outside=allow_outside)
     keys = list(dict.fromkeys(k for row in found.fields for k in row))
     fields = {key: as_column([row.get(key, ABSENT) for row in found.fields]) for key in keys}
     segments = np.array([(start, np.nan if duration is None else duration) for start, duration in found.segments],
@@ -204,18 +202,16 @@ class Source:
                  storage_options: Mapping[str, Any] | None = None, retry: RetrySpec = None,
                  allow_outside: bool = False, start_column: str | None = None,
                  duration_column: str | None = None) -> None:
-        if storage_options is not None and not isinstance(storage_options, Mapping):
-            raise TypeError(f"storage_options must be a mapping of fsspec options or None, got {storage_options!r}")
+        storage = Storage.of(storage_options, retry)
         if not isinstance(allow_outside, bool):
             raise TypeError(f"allow_outside must be True or False, got {allow_outside!r}")
-        listing = list_source(source, patterns=patterns, path_column=path_column,
-                              storage_options=storage_options, retry=retry, allow_outside=allow_outside)
+        listing = list_source(source, patterns=patterns, path_column=path_column, storage=storage,
+                              allow_outside=allow_outside)
         self.description: str = listing.description
         #: The items, in columns.
         self.table: ItemTable = listing.table
-        #: fsspec options for the URLs this source reads (``None``: none).
-        self.storage_options = None if storage_options is None else dict(storage_options)
-        self.retry = as_retry(retry)
+        #: How this source reads its files: fsspec options, retries and timeouts.
+        self.storage = storage
         if not len(self.table):
             raise SourceError(f"no files in {self.description}")
         if start_column is not None:
@@ -234,6 +230,17 @@ class Source:
 
     def __len__(self) -> int:
         return len(self.table)
+
+    @property
+    def storage_options(self) -> dict[str, Any] | None:
+        """fsspec options for the URLs this source reads (``None``: none)."""
+        return self.storage.options
+
+    @property
+    def retry(self) -> Retry:
+        """How this source retries transient storage failures
+        (:class:`~audiobuffer.sources.storage.Retry`)."""
+        return self.storage.retry
 
     @property
     def label_of(self) -> np.ndarray | None:
@@ -300,7 +307,7 @@ class Source:
         part = object.__new__(Source)
         part.description = f"{len(idx)} files of {self.description}"
         part.table = self.table.take(idx)
-        part.storage_options, part.retry = self.storage_options, self.retry
+        part.storage = self.storage
         part.classes = list(self.classes)
         part.class_to_idx = dict(self.class_to_idx)
         return part
@@ -336,10 +343,10 @@ class Source:
         elif table.offsets is not None:  # an index member: one ranged request, with its tar header
             read = functools.partial(read_member, table.shards[table.shard_of[index]],  # type: ignore[index]
                                      int(table.offsets[index]), int(table.sizes[index]),  # type: ignore[index]
-                                     storage_options=self.storage_options, retry=self.retry,
-                                     member=table.members[index])  # type: ignore[index]
+                                     member=table.members[index],  # type: ignore[index]
+                                     storage=self.storage)
         elif self.has_urls() and is_url(path):
-            read = functools.partial(read_bytes, path, storage_options=self.storage_options, retry=self.retry)
+            read = functools.partial(self.storage.read_bytes, path)
         if read is not None and clock is not None:
             read = clock.timed(read)
         segment: tuple[float, float | None] | None = None

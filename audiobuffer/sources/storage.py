@@ -2,7 +2,8 @@
 
 Every remote access of audiobuffer goes through here: whole objects, byte ranges, sequential
 streams, sizes and glob listings, retried as :class:`Retry` says, with the name rules of
-:mod:`audiobuffer.sources.names` (both re-exported here). fsspec is imported on first remote use
+:mod:`audiobuffer.sources.names` (both re-exported here). A source holds its fsspec options and
+retry policy as one :class:`Storage` and reads through it. fsspec is imported on first remote use
 (``pip install 'audiobuffer[remote]'``; gcsfs for ``gs://``).
 
 Thread safety: every function may be called from any number of threads at once; a filesystem is
@@ -17,6 +18,7 @@ import json
 import os
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, BinaryIO, cast
 
 from ..errors import SourceError, StorageError
@@ -30,6 +32,7 @@ __all__ = [
     "Retry",
     "RetrySpec",
     "STREAM_BLOCK",
+    "Storage",
     "as_retry",
     "expand_braces",
     "expand_urls",
@@ -121,6 +124,137 @@ def _make_filesystem(cls: Any, protocol: str, options: dict[str, Any], timeout: 
 STREAM_BLOCK = 8 << 20
 
 
+# -- the storage context ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Storage:
+    """How a source reaches its files: fsspec options, the retry policy and its timeouts, as one value.
+
+    Made once where a source is opened (:meth:`of`, from the ``storage_options=`` and ``retry=`` it
+    was given) and passed down to every read it makes, so that each remote read has its options, its
+    retries and its timeout. Immutable and picklable; its methods may be called from any thread.
+
+    Attributes:
+        options: options for the fsspec filesystem of URLs (``None``: none); unused for local paths.
+        retry: how transient failures are retried, and each request's timeout (:class:`Retry`).
+
+    Example:
+        >>> Storage.of({"anon": True}, {"attempts": 3}).retry.attempts
+        3
+    """
+
+    options: dict[str, Any] | None = None
+    retry: Retry = Retry()
+
+    @classmethod
+    def of(cls, storage_options: Mapping[str, Any] | None = None, retry: RetrySpec = None) -> Storage:
+        """The context of the options a source was given (``retry``: a :class:`Retry`, a mapping of
+        its fields, or ``None`` for the defaults).
+
+        Raises:
+            TypeError: ``storage_options`` is not a mapping, or ``retry`` is none of those.
+        """
+        if storage_options is not None and not isinstance(storage_options, Mapping):
+            raise TypeError(f"storage_options must be a mapping of fsspec options or None, got "
+                            f"{storage_options!r}")
+        return cls(None if storage_options is None else dict(storage_options), as_retry(retry))
+
+    @property
+    def timeout(self) -> float | None:
+        """Seconds a remote request waits to connect, and for each part of the answer."""
+        return self.retry.timeout
+
+    def filesystem(self, url: str) -> tuple[Any, str]:
+        """The fsspec filesystem of ``url`` with these options and timeout (:func:`filesystem`), and
+        its path."""
+        return filesystem(url, self.options, self.retry.timeout)
+
+    def read_bytes(self, url: str | os.PathLike[str], *, member: str | None = None) -> bytes:
+        """The whole content of a file or object (:func:`read_bytes`)."""
+        url = os.fspath(url)
+        retry = self.retry
+        if not is_url(url):
+            return _with_retry(lambda: _read_local(url, 0, None), url=url, retry=retry, member=member)
+        fs, path = self.filesystem(url)
+        return _with_retry(lambda: fs.cat_file(path), url=url, retry=retry, member=member)
+
+    def read_range(self, url: str | os.PathLike[str], offset: int, size: int, *,
+                   member: str | None = None) -> bytes:
+        """``size`` bytes of a file or object from byte ``offset`` (:func:`read_range`)."""
+        url = os.fspath(url)
+        if offset.__class__ is not int or size.__class__ is not int or offset < 0 or size < 0:
+            _check_range(offset, size)  # once per member read: the plain test first, the errors apart
+        if size == 0:
+            return b""
+        retry = self.retry
+        if is_url(url):
+            fs, path = self.filesystem(url)
+            data = _with_retry(lambda: fs.cat_file(path, start=offset, end=offset + size), url=url,
+                               retry=retry, member=member)
+        else:
+            data = _with_retry(lambda: _read_local(url, offset, size), url=url, retry=retry,
+                               member=member)
+        if len(data) > size:  # a whole object (or more than asked) for a ranged request
+            raise StorageError(
+                f"cannot read {_where(url, member)}: the server answered a request for bytes "
+                f"{offset}..{offset + size} with {len(data)} bytes: it ignores HTTP range requests "
+                f"(serve the data from a server or store that honours the Range header)",
+                url=url, member=member)
+        if len(data) != size:
+            raise StorageError(
+                f"{_where(url, member)} ends early: bytes {offset}..{offset + size} asked, "
+                f"{len(data)} read (a truncated or replaced file)", url=url, member=member)
+        return data
+
+    def size(self, url: str | os.PathLike[str]) -> int:
+        """The size in bytes of a file or object (:func:`size`)."""
+        url = os.fspath(url)
+        if not is_url(url):
+            return _with_retry(lambda: os.stat(url).st_size, url=url, retry=self.retry)
+        fs, path = self.filesystem(url)
+        return int(_with_retry(lambda: fs.size(path), url=url, retry=self.retry))
+
+    def open_stream(self, url: str | os.PathLike[str], *, block_size: int = STREAM_BLOCK) -> BinaryIO:
+        """A binary file object that reads a file or object from start to end (:func:`open_stream`)."""
+        url = os.fspath(url)
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"block_size must be a positive integer of bytes, got {block_size!r}")
+        if not is_url(url):
+            return _with_retry(lambda: open(url, "rb"), url=url, retry=self.retry)
+        # A duck-typed binary file: read, tell, close and ``with``, what tarfile's stream mode uses.
+        return cast(BinaryIO, _RangeStream(self, url, self.size(url), block_size))
+
+    def expand_urls(self, spec: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[str]:
+        """The paths or URLs a brace pattern, a glob or a list of them names (:func:`expand_urls`)."""
+        items = [spec] if isinstance(spec, (str, os.PathLike)) else list(spec)
+        out: list[str] = []
+        for item in items:
+            if not isinstance(item, (str, os.PathLike)):
+                raise TypeError(f"a shard list must hold paths or URLs, got {item!r}")
+            for name in expand_braces(os.fspath(item)):
+                if not GLOB_CHARS.search(name.split("://", 1)[-1]):
+                    out.append(name)
+                    continue
+                matches = self.glob_urls(name)
+                if not matches:
+                    raise SourceError(f"{name!r} matches no file")
+                out.extend(matches)
+        return out
+
+    def glob_urls(self, pattern: str) -> list[str]:
+        """The files a glob pattern matches, sorted (:func:`glob_urls`)."""
+        if not is_url(pattern):
+            return sorted(p for p in _glob.glob(pattern, recursive=True) if os.path.isfile(p))
+        fs, path = self.filesystem(pattern)
+        protocol = pattern.split("://", 1)[0]
+        try:
+            found = _with_retry(lambda: fs.glob(path), url=pattern, retry=self.retry, action="list")
+        except StorageError as exc:
+            raise SourceError(str(exc)) from exc
+        prefix = f"{protocol}://"
+        return sorted(p if is_url(p) else prefix + p.lstrip("/") for p in found)
+
+
 # -- reading -------------------------------------------------------------------------------------
 
 def read_bytes(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None,
@@ -136,11 +270,7 @@ def read_bytes(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any
     Raises:
         StorageError: the file is missing or forbidden, or still failing after the retries.
     """
-    url = os.fspath(url)
-    if not is_url(url):
-        return _with_retry(lambda: _read_local(url, 0, None), url=url, retry=retry, member=member)
-    fs, path = filesystem(url, storage_options, as_retry(retry).timeout)
-    return _with_retry(lambda: fs.cat_file(path), url=url, retry=retry, member=member)
+    return Storage.of(storage_options, retry).read_bytes(url, member=member)
 
 
 def read_range(url: str | os.PathLike[str], offset: int, size: int, *,
@@ -153,27 +283,7 @@ def read_range(url: str | os.PathLike[str], offset: int, size: int, *,
             than ``offset + size`` (a truncated shard: the error names ``member``).
         ValueError: a negative ``offset`` or ``size``.
     """
-    url = os.fspath(url)
-    if offset.__class__ is not int or size.__class__ is not int or offset < 0 or size < 0:
-        _check_range(offset, size)  # once per member read: the plain test first, the errors apart
-    if size == 0:
-        return b""
-    if is_url(url):
-        fs, path = filesystem(url, storage_options, as_retry(retry).timeout)
-        data = _with_retry(lambda: fs.cat_file(path, start=offset, end=offset + size), url=url,
-                           retry=retry, member=member)
-    else:
-        data = _with_retry(lambda: _read_local(url, offset, size), url=url, retry=retry, member=member)
-    if len(data) > size:  # a whole object (or more than asked) for a ranged request
-        raise StorageError(
-            f"cannot read {_where(url, member)}: the server answered a request for bytes {offset}..{offset + size} "
-            f"with {len(data)} bytes: it ignores HTTP range requests (serve the data from a server or store that "
-            f"honours the Range header)", url=url, member=member)
-    if len(data) != size:
-        raise StorageError(
-            f"{_where(url, member)} ends early: bytes {offset}..{offset + size} asked, {len(data)} read "
-            f"(a truncated or replaced file)", url=url, member=member)
-    return data
+    return Storage.of(storage_options, retry).read_range(url, offset, size, member=member)
 
 
 def _check_range(offset: Any, size: Any) -> None:
@@ -191,11 +301,7 @@ def size(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | No
     Raises:
         StorageError: the file is missing or forbidden, or still failing after the retries.
     """
-    url = os.fspath(url)
-    if not is_url(url):
-        return _with_retry(lambda: os.stat(url).st_size, url=url, retry=retry)
-    fs, path = filesystem(url, storage_options, as_retry(retry).timeout)
-    return int(_with_retry(lambda: fs.size(path), url=url, retry=retry))
+    return Storage.of(storage_options, retry).size(url)
 
 
 def open_stream(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None,
@@ -210,25 +316,16 @@ def open_stream(url: str | os.PathLike[str], *, storage_options: Mapping[str, An
         StorageError: the file is missing or forbidden (at once), or a block still failing after
             the retries (from ``read``).
     """
-    url = os.fspath(url)
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"block_size must be a positive integer of bytes, got {block_size!r}")
-    if not is_url(url):
-        return _with_retry(lambda: open(url, "rb"), url=url, retry=retry)
-    total = size(url, storage_options=storage_options, retry=retry)
-    # A duck-typed binary file: read, tell, close and ``with``, what tarfile's stream mode uses.
-    return cast(BinaryIO, _RangeStream(url, total, storage_options, retry, block_size))
+    return Storage.of(storage_options, retry).open_stream(url, block_size=block_size)
 
 
 class _RangeStream:
     """Sequential reads of a remote object through ranged requests of one block each."""
 
-    def __init__(self, url: str, total: int, storage_options: Mapping[str, Any] | None, retry: RetrySpec,
-                 block_size: int) -> None:
+    def __init__(self, storage: Storage, url: str, total: int, block_size: int) -> None:
         self.url = url
         self.size = total
-        self._options = storage_options
-        self._retry = retry
+        self._storage = storage
         self._block_size = block_size
         self._block = b""
         self._block_pos = 0  # read position inside _block
@@ -246,8 +343,7 @@ class _RangeStream:
                 if self._next >= self.size:
                     break
                 length = min(self._block_size, self.size - self._next)
-                self._block = read_range(self.url, self._next, length, storage_options=self._options,
-                                         retry=self._retry)
+                self._block = self._storage.read_range(self.url, self._next, length)
                 self._block_pos = 0
                 self._next += length
             take = self._block[self._block_pos:self._block_pos + n]
@@ -346,20 +442,7 @@ def expand_urls(spec: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     Raises:
         SourceError: a glob that matches nothing, or a listing that failed (the cause chained).
     """
-    items = [spec] if isinstance(spec, (str, os.PathLike)) else list(spec)
-    out: list[str] = []
-    for item in items:
-        if not isinstance(item, (str, os.PathLike)):
-            raise TypeError(f"a shard list must hold paths or URLs, got {item!r}")
-        for name in expand_braces(os.fspath(item)):
-            if not GLOB_CHARS.search(name.split("://", 1)[-1]):
-                out.append(name)
-                continue
-            matches = glob_urls(name, storage_options=storage_options, retry=retry)
-            if not matches:
-                raise SourceError(f"{name!r} matches no file")
-            out.extend(matches)
-    return out
+    return Storage.of(storage_options, retry).expand_urls(spec)
 
 
 def glob_urls(pattern: str, *, storage_options: Mapping[str, Any] | None = None,
@@ -371,14 +454,4 @@ def glob_urls(pattern: str, *, storage_options: Mapping[str, Any] | None = None,
     Raises:
         SourceError: the listing failed (the cause chained).
     """
-    if not is_url(pattern):
-        return sorted(p for p in _glob.glob(pattern, recursive=True) if os.path.isfile(p))
-    fs, path = filesystem(pattern, storage_options, as_retry(retry).timeout)
-    protocol = pattern.split("://", 1)[0]
-    try:
-        found = _with_retry(lambda: fs.glob(path), url=pattern, retry=retry, action="list")
-    except StorageError as exc:
-        raise SourceError(str(exc)) from exc
-    prefix = f"{protocol}://"
-    return sorted(p if is_url(p) else prefix + p.lstrip("/") for p in found)
-
+    return Storage.of(storage_options, retry).glob_urls(pattern)

@@ -48,7 +48,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import DecodeError, SourceError, StorageError
-from . import storage
 from .formats.parquet import (
     RowSample,
     class_names,
@@ -59,10 +58,10 @@ from .formats.parquet import (
     row_name,
 )
 from .formats.parquet import audio_column as audio_column_of
-from .index import INDEX_NAME, read_index
+from .index import INDEX_NAME, index_columns
 from .source import LABEL_COLUMN, LabelSpec, Source, SourceSpec, WorkItem, _natural_key, _resolve_labels, names_shards
-from .storage import RetrySpec
-from .tar import MEMBER_STRIDE, SHUFFLE_BUFFER, ShardSample, is_packed_sidecar, iter_shard
+from .storage import Retry, RetrySpec, Storage, is_url, sibling
+from .tar import MEMBER_STRIDE, SHUFFLE_BUFFER, ShardSample, is_packed_sidecar, shard_samples
 
 __all__ = ["MEMBER_STRIDE", "SHUFFLE_BUFFER", "ParquetStream", "ShardStream", "as_source"]
 
@@ -102,9 +101,11 @@ class ShardStream:
     def __init__(self, shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
                  labels: LabelSpec = None, storage_options: Mapping[str, Any] | None = None,
                  retry: RetrySpec = None) -> None:
+        #: How the shards are read: fsspec options, retries and timeouts.
+        self.storage = Storage.of(storage_options, retry)
         #: The shards, in order (braces expanded, globs listed).
-        self.shards = self._expand(shards, "shards", storage_options, retry)
-        missing = [s for s in self.shards if not storage.is_url(s) and not os.path.isfile(s)]
+        self.shards = self._expand(shards, "shards")
+        missing = [s for s in self.shards if not is_url(s) and not os.path.isfile(s)]
         if missing:  # local ones are checked here; a remote one missing is its epoch's failure, named
             raise SourceError(f"shard {missing[0]!r} does not exist ({len(missing)} of {len(self.shards)} "
                               f"shards missing)")
@@ -122,21 +123,27 @@ class ShardStream:
         self.classes: list[str] = sorted(names, key=_natural_key)
         self.class_to_idx: dict[str, int] = {name: i for i, name in enumerate(self.classes)}
 
-    def _expand(self, spec: Any, what: str, storage_options: Mapping[str, Any] | None, retry: RetrySpec) -> list[str]:
-        """Keep the storage options and retry; the paths or URLs ``spec`` names (braces expanded, globs listed).
+    def _expand(self, spec: Any, what: str) -> list[str]:
+        """The paths or URLs ``spec`` names (braces expanded, globs listed).
 
         Raises:
-            TypeError: ``storage_options`` is not a mapping.
             SourceError: ``spec`` names nothing.
         """
-        if storage_options is not None and not isinstance(storage_options, Mapping):
-            raise TypeError(f"storage_options must be a mapping of fsspec options or None, got {storage_options!r}")
-        self.storage_options = None if storage_options is None else dict(storage_options)
-        self.retry = storage.as_retry(retry)
-        found = storage.expand_urls(spec, storage_options=storage_options, retry=retry)
+        found = self.storage.expand_urls(spec)
         if not found:
             raise SourceError(f"no {what} in {spec!r}")
         return found
+
+    @property
+    def storage_options(self) -> dict[str, Any] | None:
+        """fsspec options for the URLs this source reads (``None``: none)."""
+        return self.storage.options
+
+    @property
+    def retry(self) -> Retry:
+        """How this source retries transient storage failures
+        (:class:`~audiobuffer.sources.storage.Retry`)."""
+        return self.storage.retry
 
     #: What to give a loader that needs random access instead of this source.
     random_access_hint = "give the shards' index.json (audiobuffer index or audiobuffer pack writes one)"
@@ -172,7 +179,7 @@ class ShardStream:
 
     def read_shard(self, number: int) -> Generator[ShardSample, None, None]:
         """The samples of shard ``number``, from start to end (:func:`~audiobuffer.sources.iter_shard`)."""
-        return iter_shard(self.shards[number], storage_options=self.storage_options, retry=self.retry)
+        return shard_samples(self.shards[number], storage=self.storage)
 
     def label_row(self, sample: ShardSample) -> dict[str, Any]:
         """What ``labels=`` may name of a sample: its fields, and a packed sidecar's ``label``."""
@@ -230,9 +237,9 @@ class ShardStream:
         return listed.counts
 
     def _from_index(self) -> _Listed | None:
-        url = storage.sibling(self.shards[0], INDEX_NAME)
+        url = sibling(self.shards[0], INDEX_NAME)
         try:
-            index = read_index(url, storage_options=self.storage_options, retry=self.retry)
+            index = index_columns(url, storage=self.storage)
         except StorageError as exc:
             if exc.transient:
                 raise
@@ -240,7 +247,7 @@ class ShardStream:
         except SourceError:
             return None  # a file of that name that is no index of ours
         members: dict[str, list[Any]] = {}
-        for member in index.members:
+        for member in map(index.member, range(len(index))):
             members.setdefault(_same(member.shard), []).append(member)
         if not {_same(s) for s in self.shards} <= {_same(s) for s in index.shards}:
             return None  # the index lists other shards
@@ -267,7 +274,7 @@ class ShardStream:
     def _scan_one(self, url: str) -> list[tuple[str, dict[str, Any]]]:
         out = []
         try:
-            for sample in iter_shard(url, storage_options=self.storage_options, retry=self.retry):
+            for sample in shard_samples(url, storage=self.storage):
                 out.append((sample.path, self.label_row(sample)))
         except DecodeError as exc:  # truncated: each epoch reports it (on_error); list what it holds
             logger.warning("%s", exc)
@@ -312,15 +319,16 @@ class ParquetStream(ShardStream):
                  retry: RetrySpec = None) -> None:
         if path_column is not None and not isinstance(path_column, str):
             raise TypeError(f"path_column must be a string or None, got {path_column!r}")
+        self.storage = Storage.of(storage_options, retry)
         #: The Parquet files, in order.
-        self.files = self._expand(files, "Parquet files", storage_options, retry)
+        self.files = self._expand(files, "Parquet files")
         units: list[tuple[int, int, int]] = []  # (file, row group, its first row in the file)
         counts: list[int] = []
         self._columns: list[str] = []
         self._names: list[dict[str, list[str]]] = []  # each file's ClassLabel names, by column
         self._from_paths = path_column is not None
         for n, url in enumerate(self.files):
-            meta = open_parquet(url, storage_options=self.storage_options, retry=self.retry)
+            meta = open_parquet(url, storage=self.storage)
             self._columns.append(audio_column_of(meta.schema_arrow, url, audio_column))
             wanted = f"{self._columns[-1]}.path"
             if path_column is not None and path_column != wanted:
@@ -404,10 +412,9 @@ class ParquetStream(ShardStream):
         opened: dict[int, Any] = self._open.__dict__.setdefault("files", {})
         handle = opened.get(f)
         if handle is None:
-            handle = opened[f] = open_parquet(url, storage_options=self.storage_options, retry=self.retry)
-        return read_row_group(handle, url, group, first, self._columns[f],
-                              from_paths=self._from_paths, storage_options=self.storage_options,
-                              retry=self.retry)
+            handle = opened[f] = open_parquet(url, storage=self.storage)
+        return read_row_group(handle, url, group, first, self._columns[f], storage=self.storage,
+                              from_paths=self._from_paths)
 
     def sample_item(self, shard: WorkItem, sample: ShardSample, position: int) -> WorkItem:
         """The work item of a row streamed from row group ``shard``; a row without audio bytes reads
@@ -446,7 +453,7 @@ class ParquetStream(ShardStream):
         rows: list[dict[str, Any]] = []
         columns: list[str] = []
         for n, url in enumerate(self.files):
-            meta = open_parquet(url, storage_options=self.storage_options, retry=self.retry)
+            meta = open_parquet(url, storage=self.storage)
             names = list(meta.schema_arrow.names)
             columns = [c for c in names if c != self._columns[n]]
             wanted = [f"{self._columns[n]}.path"] + ([column] if column in columns else [])
@@ -464,7 +471,7 @@ class ParquetStream(ShardStream):
 
 def _same(shard: str) -> str:
     """A shard's path or URL in one spelling, to match the index's shards with the ones given."""
-    return shard if storage.is_url(shard) else os.path.normcase(os.path.abspath(shard))
+    return shard if is_url(shard) else os.path.normcase(os.path.abspath(shard))
 
 
 def _columns(rows: list[dict[str, Any]]) -> list[str]:
@@ -484,7 +491,7 @@ def as_source(source: SourceSpec | Source | ShardStream, *, patterns: Sequence[s
     with a ready one they would be ignored, so they are refused.
     """
     if not isinstance(source, (Source, ShardStream)):
-        audio = is_parquet(source) and holds_audio(source, storage_options=storage_options)
+        audio = is_parquet(source) and holds_audio(source, storage=Storage.of(storage_options))
         streamed = names_shards(source) or audio
         if streamed and start_column is not None:
             raise ValueError(f"start_column={start_column!r} reads segments of files a manifest lists; streamed "

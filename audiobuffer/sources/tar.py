@@ -20,9 +20,8 @@ from typing import Any, BinaryIO, TypeVar
 import numpy as np
 
 from ..errors import DecodeError
-from . import storage
 from .formats.tarheader import ENCODING, ERRORS, parse_header
-from .storage import RetrySpec
+from .storage import STREAM_BLOCK, RetrySpec, Storage
 
 __all__ = [
     "MEMBER_STRIDE",
@@ -33,6 +32,7 @@ __all__ = [
     "iter_shard",
     "member_value",
     "sample_fields",
+    "shard_samples",
     "shuffle_buffer",
     "split_key",
     "stream_shards",
@@ -61,7 +61,7 @@ class ShardSample:
         files: every file of the sample, by extension (``{"wav": b"...", "json": b"..."}``).
         member: the member name of the main file (the first that is not metadata: json, cls, txt...).
         name: the original file name from the JSON sidecar's ``"name"`` (which
-            :func:`~audiobuffer.sources.pack.pack` writes), or ``member``.
+            :func:`~audiobuffer.prepare.pack.pack` writes), or ``member``.
         data: the main file's bytes.
         meta: the JSON sidecar, parsed, or ``None`` without one.
         fields: the sample's fields (see :func:`sample_fields`).
@@ -87,7 +87,8 @@ class ShardSample:
 
 
 def iter_shard(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None,
-               retry: RetrySpec = None, block_size: int = storage.STREAM_BLOCK) -> Generator[ShardSample, None, None]:
+               retry: RetrySpec = None,
+               block_size: int = STREAM_BLOCK) -> Generator[ShardSample, None, None]:
     """The samples of one tar shard, read from start to end (any WebDataset shard; no index needed).
 
     Members are grouped into samples by key, WebDataset's way: consecutive members whose names agree
@@ -99,8 +100,14 @@ def iter_shard(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any
         DecodeError: the shard is truncated (after yielding every whole sample before the cut), holds
             a malformed header or a key twice in a row; the message names the shard and the member.
     """
+    yield from shard_samples(url, storage=Storage.of(storage_options, retry), block_size=block_size)
+
+
+def shard_samples(url: str | os.PathLike[str], *, storage: Storage,
+                  block_size: int = STREAM_BLOCK) -> Generator[ShardSample, None, None]:
+    """:func:`iter_shard` read through ``storage`` (what a source that holds one reads with)."""
     url = os.fspath(url)
-    with storage.open_stream(url, storage_options=storage_options, retry=retry, block_size=block_size) as stream:
+    with storage.open_stream(url, block_size=block_size) as stream:
         key = ""
         dotted = False  # whether this shard's keys hold dots (see split_key)
         group: list[_Member] = []
@@ -163,8 +170,8 @@ def stream_shards(urls: Iterable[str], *, shuffle: int = 0, seed: int | Sequence
     ``(seed, epoch, rank)``) gives the same order. Pick the order of the shards (per epoch, rank and
     worker) before calling this.
     """
-    samples = (s for url in urls
-               for s in iter_shard(url, storage_options=storage_options, retry=retry))
+    storage = Storage.of(storage_options, retry)
+    samples = (s for url in urls for s in shard_samples(url, storage=storage))
     if shuffle > 1:
         return shuffle_buffer(samples, shuffle, np.random.default_rng(seed))
     return samples
@@ -239,7 +246,8 @@ def _sample(shard: str, key: str, group: list[_Member], *, dotted: bool) -> Shar
 
 
 def is_packed_sidecar(meta: Mapping[str, Any] | None) -> bool:
-    """Whether ``meta`` is the sidecar :func:`~audiobuffer.sources.pack.pack` writes (name, label, fields)."""
+    """Whether ``meta`` is the sidecar :func:`~audiobuffer.prepare.pack.pack` writes (name, label,
+    fields)."""
     return meta is not None and isinstance(meta.get("name"), str) and isinstance(meta.get("fields"), Mapping)
 
 
@@ -247,7 +255,7 @@ def sample_fields(files: Mapping[str, bytes], main: str, meta: Mapping[str, Any]
                   ) -> tuple[dict[str, Any], Any]:
     """A streamed sample's fields and packed label, from its members other than the main file ``main``.
 
-    A shard that :func:`~audiobuffer.sources.pack.pack` wrote gives the manifest fields its sidecar
+    A shard that :func:`~audiobuffer.prepare.pack.pack` wrote gives the manifest fields its sidecar
     records and the sidecar's label, the same as reading it by index. Any other WebDataset sample gives
     every top-level key of its ``.json`` member, and every other member by its extension (``cls``,
     ``txt``, ``index``, ``speaker.txt``...): text as text, a number as a number, bytes that are not

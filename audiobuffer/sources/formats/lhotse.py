@@ -33,8 +33,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from ...errors import SourceError
-from .. import storage
-from ..storage import RetrySpec
+from ..storage import Storage, inside_bucket, is_url, sibling
 
 __all__ = ["LhotseListing", "is_lhotse", "read_lhotse"]
 
@@ -65,10 +64,10 @@ def _kind(record: Any) -> str | None:
     return None
 
 
-def _lines(url: str, storage_options: Mapping[str, Any] | None, retry: RetrySpec) -> Iterator[tuple[int, Any]]:
+def _lines(url: str, storage: Storage) -> Iterator[tuple[int, Any]]:
     """``(line number, record)`` of a JSON-lines file, gzipped or not, local or remote."""
     try:
-        data = storage.read_bytes(url, storage_options=storage_options, retry=retry)
+        data = storage.read_bytes(url)
         if data[:2] == b"\x1f\x8b":
             data = gzip.decompress(data)
         text = data.decode("utf-8-sig")
@@ -85,7 +84,7 @@ def _lines(url: str, storage_options: Mapping[str, Any] | None, retry: RetrySpec
             raise SourceError(f"Lhotse manifest {url!r} line {lineno}: JSON nested too deeply") from exc
 
 
-def is_lhotse(spec: Any, *, storage_options: Mapping[str, Any] | None = None, retry: RetrySpec = None) -> bool:
+def is_lhotse(spec: Any) -> bool:
     """Whether ``spec`` names a Lhotse manifest (or a list of them): JSON lines whose first record is a cut,
     a recording or a supervision. Only a local file's first line is read; a URL counts by its name
     (``.jsonl.gz``) alone."""
@@ -96,7 +95,7 @@ def is_lhotse(spec: Any, *, storage_options: Mapping[str, Any] | None = None, re
         name = os.fspath(s)
         if not name.lower().endswith(_SUFFIXES):
             return False
-        if storage.is_url(name):
+        if is_url(name):
             if not name.lower().endswith(".jsonl.gz"):
                 return False
             continue
@@ -112,10 +111,10 @@ def is_lhotse(spec: Any, *, storage_options: Mapping[str, Any] | None = None, re
 
 
 def read_lhotse(spec: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
-                storage_options: Mapping[str, Any] | None = None, retry: RetrySpec = None,
-                allow_outside: bool = False) -> LhotseListing:
-    """The items of a Lhotse manifest: a cuts manifest, a recordings manifest, or recordings and
-    supervisions (two manifests, in either order). See NOTE [ Lhotse manifests ].
+                storage: Storage, allow_outside: bool = False) -> LhotseListing:
+    """The items of a Lhotse manifest (read through ``storage``): a cuts manifest, a recordings
+    manifest, or recordings and supervisions (two manifests, in either order). See NOTE [ Lhotse
+    manifests ].
 
     Raises:
         SourceError: a manifest cannot be read, is not Lhotse's, or holds what cannot be read as an item.
@@ -124,7 +123,7 @@ def read_lhotse(spec: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     urls = [os.fspath(spec)] if isinstance(spec, (str, os.PathLike)) else [os.fspath(s) for s in spec]
     by_kind: dict[str, list[tuple[str, int, dict[str, Any]]]] = {}
     for url in urls:
-        for lineno, record in _lines(url, storage_options, retry):
+        for lineno, record in _lines(url, storage):
             kind = _kind(record)
             if kind is None:
                 raise SourceError(f"Lhotse manifest {url!r} line {lineno}: not a cut, recording or supervision "
@@ -133,7 +132,7 @@ def read_lhotse(spec: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     if "cut" in by_kind:
         if len(by_kind) > 1:
             raise SourceError(f"Lhotse manifests {urls}: give a cuts manifest alone, or recordings with supervisions")
-        items = [_cut(url, lineno, rec, storage_options, allow_outside) for url, lineno, rec in by_kind["cut"]]
+        items = [_cut(url, lineno, rec, allow_outside) for url, lineno, rec in by_kind["cut"]]
         what = "cuts"
     elif "recording" in by_kind:
         recordings = {rec.get("id"): (url, lineno, rec) for url, lineno, rec in by_kind["recording"]}
@@ -147,10 +146,10 @@ def read_lhotse(spec: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
                 start = _number(sup, "start", url, lineno)
                 duration = _duration(sup, "supervision", url, lineno)
                 items.append(_item(found, start, duration, sup.get("channel"), [sup],
-                                   {"id": sup.get("id")}, storage_options, allow_outside))
+                                   {"id": sup.get("id")}, allow_outside))
             what = "supervisions"
         else:
-            items = [_item(found, 0.0, None, None, [], {"id": found[2].get("id")}, storage_options, allow_outside)
+            items = [_item(found, 0.0, None, None, [], {"id": found[2].get("id")}, allow_outside)
                      for found in recordings.values()]
             what = "recordings"
     else:
@@ -177,7 +176,7 @@ def _duration(record: Mapping[str, Any], what: str, url: str, lineno: int) -> fl
     return value
 
 
-def _cut(url: str, lineno: int, cut: dict[str, Any], storage_options: Mapping[str, Any] | None,
+def _cut(url: str, lineno: int, cut: dict[str, Any],
          allow_outside: bool) -> tuple[str, dict[str, Any], tuple[float, float | None]]:
     if cut.get("type") not in (None, "MonoCut", "MultiCut", "DataCut"):
         raise SourceError(f"Lhotse manifest {url!r} line {lineno}: a {cut.get('type')} (cut {cut.get('id')!r}) "
@@ -190,11 +189,11 @@ def _cut(url: str, lineno: int, cut: dict[str, Any], storage_options: Mapping[st
     extra = {"id": cut.get("id"), **(custom if isinstance(custom, dict) else {})}
     start, duration = _number(cut, "start", url, lineno), _duration(cut, "cut", url, lineno)
     return _item((url, lineno, recording), start, duration, cut.get("channel"), supervisions, extra,
-                 storage_options, allow_outside)
+                 allow_outside)
 
 
 def _item(found: tuple[str, int, dict[str, Any]], start: float, duration: float | None, channel: Any,
-          supervisions: list[dict[str, Any]], extra: dict[str, Any], storage_options: Mapping[str, Any] | None,
+          supervisions: list[dict[str, Any]], extra: dict[str, Any],
           allow_outside: bool) -> tuple[str, dict[str, Any], tuple[float, float | None]]:
     url, lineno, recording = found
     path = _recording_path(url, lineno, recording, allow_outside)
@@ -230,12 +229,12 @@ def _recording_path(url: str, lineno: int, recording: dict[str, Any], allow_outs
     if kind not in ("file", "url") or not isinstance(value, str) or not value or "\0" in value:
         raise SourceError(f"{where} has a source of type {kind!r}: only files and URLs are read (never a "
                           f"command, never Lhotse's own shards or memory)")
-    if storage.is_url(url):
+    if is_url(url):
         try:
-            return storage.sibling(url, value) if allow_outside else storage.inside_bucket(url, value)
+            return sibling(url, value) if allow_outside else inside_bucket(url, value)
         except ValueError as exc:
             raise SourceError(f"{where}: {exc}; pass allow_outside=True to Source to read files elsewhere") from exc
-    if kind == "url" or storage.is_url(value) or os.path.isabs(value):
+    if kind == "url" or is_url(value) or os.path.isabs(value):
         return value
     beside = os.path.join(os.path.dirname(url), value)
     # Lhotse opens a relative path from the current directory; a manifest kept beside its audio means

@@ -34,14 +34,13 @@ from __future__ import annotations
 import json
 import os
 import stat
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ...errors import DecodeError, SourceError, StorageError
-from .. import storage
-from ..storage import RetrySpec
+from ..storage import Storage, inside_bucket, is_url
 from ..tar import ShardSample
 
 __all__ = ["AUDIO_COLUMN", "RowFile", "RowSample", "audio_column", "class_names", "holds_audio",
@@ -60,15 +59,15 @@ def is_parquet(spec: Any) -> bool:
     return False
 
 
-def holds_audio(spec: Any, *, storage_options: Mapping[str, Any] | None = None, retry: RetrySpec = None) -> bool:
-    """Whether Parquet files ``spec`` hold encoded audio (a Hugging Face dataset), judged by the first file's
-    schema; ``False`` for a Parquet manifest of paths (or for files that cannot be read: the manifest's
-    reader then names what is wrong)."""
+def holds_audio(spec: Any, *, storage: Storage) -> bool:
+    """Whether Parquet files ``spec`` hold encoded audio (a Hugging Face dataset), judged by the
+    first file's schema (read through ``storage``); ``False`` for a Parquet manifest of paths (or
+    for files that cannot be read: the manifest's reader then names what is wrong)."""
     try:
-        urls = storage.expand_urls(spec, storage_options=storage_options, retry=retry)
+        urls = storage.expand_urls(spec)
         if not urls:
             return False
-        schema = open_parquet(urls[0], storage_options=storage_options, retry=retry).schema_arrow
+        schema = open_parquet(urls[0], storage=storage).schema_arrow
     except (SourceError, StorageError, ValueError):
         return False
     try:
@@ -94,8 +93,8 @@ class _RangeFile:
     """A read-only, seekable file over ranged reads of a remote object (what pyarrow reads a footer and
     column chunks through), each read retried and bounded by the storage timeout."""
 
-    def __init__(self, url: str, size: int, storage_options: Mapping[str, Any] | None, retry: RetrySpec) -> None:
-        self.url, self.size, self._options, self._retry = url, size, storage_options, retry
+    def __init__(self, url: str, size: int, storage: Storage) -> None:
+        self.url, self.size, self._storage = url, size, storage
         self._pos = 0
         self.closed = False
 
@@ -103,7 +102,7 @@ class _RangeFile:
         n = self.size - self._pos if n is None or n < 0 else min(n, self.size - self._pos)
         if n <= 0:
             return b""
-        data = storage.read_range(self.url, self._pos, n, storage_options=self._options, retry=self._retry)
+        data = self._storage.read_range(self.url, self._pos, n)
         self._pos += len(data)
         return data
 
@@ -124,8 +123,8 @@ class _RangeFile:
         self.closed = True
 
 
-def open_parquet(url: str, *, storage_options: Mapping[str, Any] | None = None, retry: RetrySpec = None) -> Any:
-    """A ``pyarrow.parquet.ParquetFile`` of a local path or a URL.
+def open_parquet(url: str, *, storage: Storage) -> Any:
+    """A ``pyarrow.parquet.ParquetFile`` of a local path or a URL (read through ``storage``).
 
     Raises:
         StorageError: the file cannot be read.
@@ -134,9 +133,8 @@ def open_parquet(url: str, *, storage_options: Mapping[str, Any] | None = None, 
     pq = _pyarrow()
     import pyarrow as pa
 
-    if storage.is_url(url):
-        handle: Any = _RangeFile(url, storage.size(url, storage_options=storage_options, retry=retry),
-                                 storage_options, retry)
+    if is_url(url):
+        handle: Any = _RangeFile(url, storage.size(url), storage)
     else:
         handle = url
     try:
@@ -199,13 +197,13 @@ def row_name(file: str, row: int, original: str | None) -> str:
 
 
 def read_row_group(file: Any, url: str, group: int, first_row: int, column: str, *,
-                   from_paths: bool = False, storage_options: Mapping[str, Any] | None = None,
-                   retry: RetrySpec = None) -> Generator[ShardSample, None, None]:
+                   storage: Storage,
+                   from_paths: bool = False) -> Generator[ShardSample, None, None]:
     """The samples of row group ``group`` of ``file`` (its first row is row ``first_row`` of the file).
 
     A row without audio bytes (every row, with ``from_paths``) is a :class:`RowSample` whose audio
     is read from the file its path names when it is decoded (:class:`RowFile`), through
-    ``storage_options`` and ``retry``; a row that names none fails then, alone.
+    ``storage``; a row that names none fails then, alone.
 
     Raises:
         DecodeError: the row group cannot be read (a damaged file); the message names file and row group.
@@ -228,7 +226,7 @@ def read_row_group(file: Any, url: str, group: int, first_row: int, column: str,
         name = row_name(url, row, paths[i])
         payload = None if from_paths else data[i]
         if payload is None:  # read (or failed) when it is decoded, alone
-            read = RowFile(url, row, paths[i], storage_options=storage_options, retry=retry)
+            read = RowFile(url, row, paths[i], storage=storage)
             yield RowSample(shard=url, key=str(row), files={}, member=name, name=name, data=b"",
                             meta=None, fields=fields, read=read)
             continue
@@ -252,9 +250,9 @@ def row_file(url: str, path: str) -> str:
     """
     if "\0" in path:
         raise ValueError("the path holds a NUL character")
-    if storage.is_url(url):
-        return storage.inside_bucket(url, path)
-    if storage.is_url(path):
+    if is_url(url):
+        return inside_bucket(url, path)
+    if is_url(path):
         raise ValueError("a URL in a local Parquet file: its rows' files are read from local paths")
     file = Path(path)
     return str(file if file.is_absolute() else Path(url).parent / file)
@@ -265,10 +263,8 @@ class RowFile:
     Parquet file's storage; each failure a :class:`DecodeError` naming the row, the path and the
     file. Thread-safe."""
 
-    def __init__(self, url: str, row: int, path: str | None, *,
-                 storage_options: Mapping[str, Any] | None = None, retry: RetrySpec = None) -> None:
-        self.url, self.row, self.path = url, row, path
-        self.storage_options, self.retry = storage_options, retry
+    def __init__(self, url: str, row: int, path: str | None, *, storage: Storage) -> None:
+        self.url, self.row, self.path, self.storage = url, row, path, storage
 
     def __call__(self) -> bytes:
         where = f"row {self.row} of Parquet file {self.url!r}"
@@ -281,10 +277,10 @@ class RowFile:
             raise DecodeError(f"{where} names {self.path!r}, which is not read: {exc}",
                               path=self.url) from exc
         try:
-            if not storage.is_url(file) and not stat.S_ISREG(os.stat(file).st_mode):
+            if not is_url(file) and not stat.S_ISREG(os.stat(file).st_mode):
                 raise DecodeError(f"{where} names {self.path!r}: {file!r} is not a regular file",
                                   path=self.url)
-            return storage.read_bytes(file, storage_options=self.storage_options, retry=self.retry)
+            return self.storage.read_bytes(file)
         except (StorageError, OSError) as exc:
             read_as = "" if file == self.path else f" as {file!r}"
             raise DecodeError(f"{where} names {self.path!r}, which cannot be read{read_as}: {exc}",

@@ -35,12 +35,20 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from ..errors import SourceError, StorageError
-from . import storage
-from .index import INDEX_FORMAT, INDEX_NAME, INDEX_VERSION, ShardIndex, name_problem, read_index, shard_name
-from .tar import ENCODING, ERRORS, is_packed_sidecar, iter_shard
+from ..sources.index import (
+    INDEX_FORMAT,
+    INDEX_NAME,
+    INDEX_VERSION,
+    ShardIndex,
+    name_problem,
+    read_index,
+    shard_name,
+)
+from ..sources.storage import Storage, is_url, sibling
+from ..sources.tar import ENCODING, ERRORS, is_packed_sidecar, shard_samples
 
 if TYPE_CHECKING:  # annotations only: pack() imports Source when it runs
-    from .source import LabelSpec, SourceSpec
+    from ..sources.source import LabelSpec, SourceSpec
 
 __all__ = ["index_shards", "pack"]
 
@@ -87,14 +95,15 @@ def pack(source: SourceSpec, out_dir: str | os.PathLike[str], *, shard_size: int
         raise TypeError(f"shard_size must be an integer number of bytes >= 1, got {shard_size!r}")
     if shard_size < 1:
         raise ValueError(f"shard_size must be an integer number of bytes >= 1, got {shard_size!r}")
-    if storage.is_url(os.fspath(out_dir)):
+    storage = Storage.of(storage_options)
+    if is_url(os.fspath(out_dir)):
         raise ValueError(f"out_dir must be a local folder, got the URL {os.fspath(out_dir)!r}; pack "
                          f"locally, then upload the folder (aws s3 sync, gsutil rsync, fsspec put)")
-    from .source import AUDIO_PATTERNS, Source
+    from ..sources.source import AUDIO_PATTERNS, Source
 
     out = Path(out_dir)
     src = Source(source, patterns=AUDIO_PATTERNS if patterns is None else patterns, labels=labels,
-                 path_column=path_column)
+                 path_column=path_column, storage_options=storage.options, retry=storage.retry)
     if src.table.segments is not None:
         raise SourceError(f"{src.description} names segments of its files (Lhotse cuts, or start and duration "
                           f"columns), and pack copies whole files: read it as it is, which gives random access "
@@ -109,7 +118,7 @@ def pack(source: SourceSpec, out_dir: str | os.PathLike[str], *, shard_size: int
     try:
         with tqdm(total=len(src), unit="file", desc="pack", disable=not progress) as bar:
             for i, path in enumerate(paths):
-                data = storage.read_bytes(path, storage_options=storage_options)
+                data = storage.read_bytes(path)
                 ext = PurePosixPath(names[i]).suffix.lower().lstrip(".") or "bin"
                 label = src.label_names[i] if src.label_names else None
                 fields = src.fields[i] if src.fields is not None else {}
@@ -151,15 +160,16 @@ def index_shards(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str
     """
     from tqdm import tqdm
 
-    from .source import LABEL_COLUMN, _label_str
+    from ..sources.source import LABEL_COLUMN, _label_str
 
-    urls = storage.expand_urls(shards, storage_options=storage_options)
+    storage = Storage.of(storage_options)
+    urls = storage.expand_urls(shards)
     if not urls:
         raise SourceError(f"no shards in {shards!r}")
-    remote = storage.is_url(urls[0])
+    remote = is_url(urls[0])
     if out is None:
         out = "index.json" if remote else os.path.join(os.path.dirname(os.path.abspath(urls[0])), INDEX_NAME)
-    elif storage.is_url(os.fspath(out)):
+    elif is_url(os.fspath(out)):
         raise ValueError(f"out must be a local path, got the URL {os.fspath(out)!r}; write the index here, "
                          f"then upload it beside the shards")
     path = Path(out)
@@ -173,7 +183,7 @@ def index_shards(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str
     with tqdm(total=len(urls), unit="shard", desc="index", disable=not progress) as bar:
         for url, name in zip(urls, names):
             count = 0
-            for sample in iter_shard(url, storage_options=storage_options):
+            for sample in shard_samples(url, storage=storage):
                 _check_names(url, sample.member, sample.name)
                 fields = {}
                 for key, value in sample.fields.items():
@@ -188,7 +198,7 @@ def index_shards(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str
                                 "offset": sample.offset, "size": len(sample.data),
                                 "duration": _duration(ext, sample.data), "label": label, "fields": fields})
                 count += 1
-            entries.append({"name": name, "size": storage.size(url, storage_options=storage_options),
+            entries.append({"name": name, "size": storage.size(url),
                             "members": count})
             bar.update(1)
     if not members:
@@ -200,7 +210,7 @@ def index_shards(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str
     index = _write_index(path, entries, members)
     if remote:
         logger.warning("wrote %s for shards in object storage: upload it beside them, as %s", path,
-                       storage.sibling(urls[0], INDEX_NAME))
+                       sibling(urls[0], INDEX_NAME))
     return index  # (for remote shards, its shard paths resolve beside the file written here)
 
 
@@ -257,10 +267,10 @@ def _prepare_out(out: Path, overwrite: bool) -> None:
 
 def _relative_names(spec: SourceSpec, paths: list[str]) -> list[str]:
     """Each path relative to the source's folder (a folder source) or to the files' common folder."""
-    if isinstance(spec, (str, os.PathLike)) and not storage.is_url(os.fspath(spec)) and Path(spec).is_dir():
+    if isinstance(spec, (str, os.PathLike)) and not is_url(os.fspath(spec)) and Path(spec).is_dir():
         root = os.path.abspath(os.fspath(spec))
         return [Path(os.path.relpath(os.path.abspath(p), root)).as_posix() for p in paths]
-    if all(storage.is_url(p) for p in paths):
+    if all(is_url(p) for p in paths):
         parents = [p.rsplit("/", 1)[0] for p in paths]
         common = os.path.commonprefix([p + "/" for p in parents])
         common = common[:common.rfind("/") + 1]

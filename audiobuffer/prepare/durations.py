@@ -34,7 +34,7 @@ import soundfile as sf
 from ..buffer import WAIT_SLICE
 from ..decoders._sndfile import read_to_end, sndfile_path
 from ..errors import DecodeError, SourceError
-from .table import ABSENT, seconds_array, seconds_of
+from ..sources.table import ABSENT, seconds_array, seconds_of
 
 __all__ = [
     "CACHE_ENV",
