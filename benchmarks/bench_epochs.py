@@ -49,16 +49,11 @@ def loop_epoch(name: str, paths: list[str]) -> float:
     """Wall seconds of one epoch of the loop ``name`` (one of :data:`LOOPS`) in this thread: decode and
     ``pad_collate`` batches of 16, as ``audiobuffer bench`` times it (``loop-libsndfile`` reads WAV through
     libsndfile, not audiobuffer's own reader; ``spdl-load_wav`` decodes with SPDL's WAV parser)."""
-    from audiobuffer.decoders import audio as audio_module
-
-    try:
-        batches = LINEUP.loader(name, paths)  # loop-libsndfile turns the own WAV reader off: no pool runs meanwhile
-        start = time.perf_counter()
-        for _ in batches:
-            pass
-        return time.perf_counter() - start
-    finally:
-        audio_module._NATIVE_WAV = True
+    batches = LINEUP.loader(name, paths)  # loop-libsndfile's decoder has the own WAV reader off
+    start = time.perf_counter()
+    for _ in batches:
+        pass
+    return time.perf_counter() - start
 
 
 def loops_for(paths: list[str]) -> list[str]:
