@@ -10,7 +10,7 @@ buffer (so does the consumer, decoding inline, when it finds the feed empty and 
 the consumer drains what is left and then sees ``BufferClosed``: the epoch is over. There is no
 sentinel item, so any object (``None`` included) can be a sample.
 
-Failures. An exception from the decoder (the transform, the port) is caught per item and travels
+Failures. An exception from the decoder (the transform, or the port) is caught per item and travels
 through the buffer as a :class:`Failure` in the item's place, so the consumer applies its error policy
 in order and every item is counted as yielded or failed. Anything else that escapes a producer (a bug
 of ours, a ``BaseException``) aborts the buffer with an error that names the producer: the consumer
@@ -40,8 +40,8 @@ Chunks. In an unordered pool a producer keeps its finished items (in its :class:
 its port puts them in) and puts them in one ``put_many`` when it has ``CHUNK_ITEMS`` of them, when
 the oldest has waited ``CHUNK_SECONDS``, or when the feed is empty. Where producers are the
 bottleneck, the consumer sleeps in ``get`` and would otherwise be woken (a thread switch and a GIL
-hand-over) for every item: tens of microseconds each, as much as
-decoding a short WAV file. An ordered pool puts one item at a time: a producer holding the item the
+hand-over) for every item: tens of microseconds each, as much as decoding a short WAV file. An
+ordered pool puts one item at a time: a producer holding the item the
 consumer waits for in its chunk while it waits for its turn would deadlock. A producer flushes before
 it starts a decode if its chunk is already ``CHUNK_SECONDS`` old; so a file that takes long to decode
 holds back at most the ``CHUNK_ITEMS - 1`` items its producer finished just before it, while the
