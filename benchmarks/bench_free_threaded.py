@@ -51,14 +51,13 @@ def epoch(approach: str, paths: list[str]) -> dict[str, Any]:
     """One epoch of ``approach`` over ``paths`` in this process: its seconds, and whether the GIL was on."""
     from audiobuffer._numpy_collate import collate_numpy
     from audiobuffer.buffer import Buffer
-    from audiobuffer.decoders import _common, audio
+    from audiobuffer.decoders import AudioDecoder
     from audiobuffer.engine.pool import ProducerPool
     from audiobuffer.options import gil_enabled
     from audiobuffer.sources import Source
 
-    _common.TENSORS = False  # numpy samples, as in the helper process: no torch here
-    audio._NATIVE_WAV = approach != "soundfile-loop"  # a fresh process per approach: nothing else sees it
-    decoder = audio.AudioDecoder()
+    # numpy samples, as in the helper process: no torch here
+    decoder = AudioDecoder(native_wav=approach != "soundfile-loop", tensors=False)
     source = Source(paths)
     seen: list[int] = []
     batch: list[dict[str, Any]] = []

@@ -15,13 +15,13 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import soundfile as sf
 from harness import FSDD, median_time
 
 from audiobuffer import AudioDecoder, WorkItem
 from audiobuffer.decoders import _wav
-from audiobuffer.decoders import audio as audio_module
 
 
 def per_file_us(fn: Callable[[str], object], paths: list[str], runs: int) -> float:
@@ -35,15 +35,10 @@ def per_file_us(fn: Callable[[str], object], paths: list[str], runs: int) -> flo
     return median_time(every_file, runs)[0] / len(paths) * 1e6
 
 
-def decoder_us(decoder: AudioDecoder, paths: list[str], runs: int, native: bool) -> float:
+def decoder_us(decoder: AudioDecoder, paths: list[str], runs: int) -> float:
     items = [WorkItem(index=i, path=p, seed=0) for i, p in enumerate(paths)]
     by_path = {item.path: item for item in items}
-    saved = audio_module._NATIVE_WAV
-    audio_module._NATIVE_WAV = native
-    try:
-        return per_file_us(lambda p: decoder(by_path[p]), paths, runs)
-    finally:
-        audio_module._NATIVE_WAV = saved
+    return per_file_us(lambda p: decoder(by_path[p]), paths, runs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,11 +58,13 @@ def main(argv: list[str] | None = None) -> int:
         ("native read_wav", per_file_us(_wav.read_wav, paths, args.runs)),
         ("native read_wav_info (header only)", per_file_us(_wav.read_wav_info, paths, args.runs)),
     ]
-    for label, decoder in [("AudioDecoder()", AudioDecoder()),
-                           ("AudioDecoder(16 kHz, 1 s random crop)",
-                            AudioDecoder(sample_rate=16000, crop_seconds=1.0))]:
-        rows.append((f"{label}, libsndfile", decoder_us(decoder, paths, args.runs, native=False)))
-        rows.append((f"{label}, native", decoder_us(decoder, paths, args.runs, native=True)))
+    settings: list[tuple[str, dict[str, Any]]] = [
+        ("AudioDecoder()", {}),
+        ("AudioDecoder(16 kHz, 1 s random crop)", {"sample_rate": 16000, "crop_seconds": 1.0})]
+    for label, kwargs in settings:
+        for native, how in ((False, "libsndfile"), (True, "native")):
+            decoder = AudioDecoder(**kwargs, native_wav=native)
+            rows.append((f"{label}, {how}", decoder_us(decoder, paths, args.runs)))
     print(f"{len(paths)} files from {args.root} ({declined} declined by the native reader), "
           f"median of {args.runs} runs, one thread")
     width = max(len(label) for label, _ in rows)

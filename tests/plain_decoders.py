@@ -87,6 +87,13 @@ def add_one(sample: dict[str, Any]) -> dict[str, Any]:
     return sample
 
 
+def where_audio_came_from(sample: dict[str, Any]) -> dict[str, Any]:
+    """A transform noting whether ``audio`` is a numpy array and whether torch is loaded here."""
+    sample["audio_is_numpy"] = isinstance(sample["audio"], np.ndarray)
+    sample["torch_loaded"] = "torch" in sys.modules
+    return sample
+
+
 class Misfit:
     """1-D float32 ``audio`` for every item but those in ``at`` (``None``: every item), whose sample cannot
     go into a batch with the others: ``"none"`` (``None``), ``"str"`` (a string), ``"rank"`` (a 2-D

@@ -16,7 +16,6 @@ import torch
 from helpers import write_tone
 
 from audiobuffer import AudioDecoder, BufferedDataset, DecodeError, WorkItem
-from audiobuffer.decoders import audio as audio_module
 from audiobuffer.decoders.audio import CropMode, Quality
 
 
@@ -81,7 +80,6 @@ def test_crop_start_center_and_random(tmp_path):
 
 
 def test_crop_reads_only_the_needed_frames(tmp_path, monkeypatch):
-    monkeypatch.setattr(audio_module, "_NATIVE_WAV", False)  # the libsndfile path (test_wav.py: native)
     path = ramp_file(tmp_path, frames=80000)
     requested = []
     real_read = sf.SoundFile.read
@@ -91,7 +89,7 @@ def test_crop_reads_only_the_needed_frames(tmp_path, monkeypatch):
         return real_read(self, frames, *args, **kwargs)
 
     monkeypatch.setattr(sf.SoundFile, "read", spy)
-    sample = AudioDecoder(crop_seconds=0.5, crop="center")(path)
+    sample = AudioDecoder(crop_seconds=0.5, crop="center", native_wav=False)(path)  # test_wav.py: native
     assert requested == [4000]
     assert start_of(sample["audio"], 80000) == 38000
 
@@ -158,12 +156,11 @@ def test_truncated_flac_is_an_error_not_a_short_sample(tmp_path):
 
 
 def test_short_read_is_reported(tmp_path, monkeypatch):
-    monkeypatch.setattr(audio_module, "_NATIVE_WAV", False)  # a short read from libsndfile
     path = write_tone(tmp_path / "t.wav", seconds=0.5, sample_rate=8000)
     real_read = sf.SoundFile.read
     monkeypatch.setattr(sf.SoundFile, "read", lambda self, frames=-1, **kw: real_read(self, frames, **kw)[:100])
     with pytest.raises(DecodeError, match="ended after 100 frames; its header promises 4000"):
-        AudioDecoder()(path)
+        AudioDecoder(native_wav=False)(path)  # a short read from libsndfile
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
@@ -175,10 +172,30 @@ def test_short_read_is_reported(tmp_path, monkeypatch):
     ({"crop": "middle"}, ValueError, r"^crop must be one of 'random', 'start', 'center', got 'middle'$"),
     ({"quality": "best"}, ValueError, r"^quality must be one of 'QQ', 'LQ', 'MQ', 'HQ', 'VHQ', got 'best'$"),
     ({"fallback": "ffmpeg"}, ValueError, r"^fallback must be 'librosa', None or a callable, got 'ffmpeg'$"),
+    ({"native_wav": "no"}, TypeError, r"^native_wav must be True or False, got 'no'$"),
+    ({"tensors": 1}, TypeError, r"^tensors must be True or False, got 1$"),
 ])
 def test_validation(kwargs, error, match):
     with pytest.raises(error, match=match):
         AudioDecoder(**kwargs)
+
+
+def test_output_and_reader_are_set_per_decoder_and_survive_pickling(tmp_path):
+    import pickle
+
+    from audiobuffer.decoders._common import numpy_output
+
+    path = write_tone(tmp_path / "t.wav", seconds=0.1, sample_rate=8000)
+    plain = AudioDecoder(tensors=False, native_wav=False)
+    twin = pickle.loads(pickle.dumps(plain))
+    assert (twin.tensors, twin.native_wav) == (False, False) and repr(twin) == repr(plain)
+    audio = twin(path)["audio"]
+    assert isinstance(audio, np.ndarray) and torch.equal(AudioDecoder()(path)["audio"], torch.from_numpy(audio))
+    default = AudioDecoder()
+    assert (default.tensors, default.native_wav) == (True, True)  # the other decoder is untouched
+    numpy_output(default)
+    assert default.tensors is False and isinstance(default(path)["audio"], np.ndarray)
+    numpy_output(lambda item: item)  # a decoder without the choice is left as it is
 
 
 def test_decoder_takes_work_items_or_paths_only():

@@ -278,15 +278,19 @@ def test_stress_says_its_units_and_what_jittered_means(capsys):
 def test_loop_libsndfile_reads_wav_through_libsndfile(tmp_path, monkeypatch):
     """The baseline of the issue's targets: the loop as it was before AudioDecoder's own WAV reader."""
     from audiobuffer.cli.bench import loader
-    from audiobuffer.decoders import audio as audio_module
+    from audiobuffer.decoders import _wav
 
-    monkeypatch.setattr(audio_module, "_NATIVE_WAV", True)  # restored after the test
+    native_reads = []
+    read_wav = _wav.read_wav
+    monkeypatch.setattr(_wav, "read_wav", lambda *a, **k: native_reads.append(1) or read_wav(*a, **k))
     path = write_tone(tmp_path / "a.wav")
     native = next(loader("loop", [str(path)]))
-    assert audio_module._NATIVE_WAV is True
+    assert len(native_reads) == 1
     plain = next(loader("loop-libsndfile", [str(path)]))
-    assert audio_module._NATIVE_WAV is False
+    assert len(native_reads) == 1  # libsndfile read it
     assert np.array_equal(native["audio"].numpy(), plain["audio"].numpy())
+    assert len(native_reads) == 1 and next(loader("loop", [str(path)])) is not None
+    assert len(native_reads) == 2  # the choice was the decoder's: the next loop reads natively again
 
 
 def test_bench_file_lists_are_utf8_where_the_locale_is_cp1252(monkeypatch, tmp_path):

@@ -79,9 +79,9 @@ def test_wav_bytes_native_reader_and_libsndfile_agree(tmp_path, monkeypatch):
     with monkeypatch.context() as patch:  # the native reader, from bytes
         patch.setattr(audio_module.sf, "SoundFile", no_libsndfile)
         native = decode(_from_bytes("x/t.wav", data, index=5, seed=1))
-    with monkeypatch.context() as patch:  # libsndfile's virtual I/O, from bytes
-        patch.setattr(audio_module, "_NATIVE_WAV", False)
-        virtual = decode(_from_bytes("x/t.wav", data, index=5, seed=1))
+    # libsndfile's virtual I/O, from bytes
+    virtual = AudioDecoder(mono=False, crop_seconds=0.1, crop="random", native_wav=False)(
+        _from_bytes("x/t.wav", data, index=5, seed=1))
     assert torch.equal(native["audio"], expected["audio"])
     assert torch.equal(virtual["audio"], expected["audio"])
 

@@ -196,3 +196,12 @@ def test_yaml_image_pipeline_uses_image_patterns(images):
     config = parse_config({"source": {"root": str(root)}, "decode": {"kind": "image"}})
     assert sorted(Path(p).name for p in build_source(config).paths) == [
         "gray.png", "photo.jpg", "pic.webp", "rgb.png", "rgba.png"]
+
+
+def test_tensors_false_hands_the_numpy_array_over(images):
+    root, pixels = images
+    image = ImageDecoder(tensors=False)(root / "rgb.png")["image"]
+    assert isinstance(image, np.ndarray) and np.array_equal(image, pixels.transpose(2, 0, 1))
+    assert torch.equal(ImageDecoder()(root / "rgb.png")["image"], torch.from_numpy(image))
+    with pytest.raises(TypeError, match=r"^tensors must be True or False, got 0$"):
+        ImageDecoder(tensors=0)

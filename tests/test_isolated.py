@@ -124,6 +124,18 @@ def test_drop_last_and_a_batch_larger_than_its_slot():
             assert torch.all(row == index)
 
 
+def test_the_helpers_decoder_hands_numpy_arrays_over_and_torch_stays_out(tmp_path):
+    from plain_decoders import where_audio_came_from
+
+    make_corpus(tmp_path, 6, seconds=0.2)
+    decoder = AudioDecoder(8000, crop_seconds=0.1)
+    with IsolatedLoader(tmp_path, decoder, batch_size=3, transform=where_audio_came_from) as loader:
+        batches = list(loader)
+    assert [bool(v) for b in batches for v in b["audio_is_numpy"]] == [True] * 6
+    assert [bool(v) for b in batches for v in b["torch_loaded"]] == [False] * 6
+    assert decoder.tensors is True  # the helper's copy was set, not the trainer's decoder
+
+
 def test_real_audio_with_a_transform(tmp_path):
     make_corpus(tmp_path, 12, seconds=0.2)
     decoder = AudioDecoder(8000, crop_seconds=0.1, crop="start")

@@ -10,7 +10,7 @@ from plain_decoders import IndexDecoder as PlainIndexDecoder
 
 from audiobuffer import BatchSlotLoader, BufferedDataset, IsolatedLoader, Source
 from audiobuffer.buffer import Buffer
-from audiobuffer.engine.pool import DELIVERED, ProducerPool, delivers_itself
+from audiobuffer.engine.pool import BufferPort, ProducerPool
 from audiobuffer.options import LoaderOptions
 
 
@@ -76,40 +76,37 @@ def test_listing_options_with_a_ready_source_are_refused(tmp_path):
     assert BufferedDataset(source, IndexDecoder()).source is source
 
 
-class Delivering:
-    """A decoder that delivers its results itself (NOTE [ Delivering decoders ])."""
+class Waiting(BufferPort):
+    """An output port that waits for the consumer and keeps every result (NOTE [ Output port ])."""
 
-    delivers_itself = True
+    in_place = False
+    waits_for_consumer = True
 
     def __init__(self):
         self.stopped = 0
 
-    def __call__(self, item):
-        return DELIVERED
+    def deliver(self, seq, item, out, chunk):
+        pass
 
-    def stop_waiting(self):
+    def stop(self):
         self.stopped += 1
 
 
-def test_a_delivering_decoder_runs_unordered_with_chunks_of_one_and_is_told_to_stop():
-    decoder = Delivering()
-    assert delivers_itself(decoder) and not delivers_itself(IndexDecoder())
+def test_a_port_that_waits_runs_unordered_with_chunks_of_one_and_is_told_to_stop():
+    port = Waiting()
     with pytest.raises(ValueError, match="cannot run in an ordered pool"):
-        ProducerPool(lambda seq: None, 4, decoder, Buffer(4), num_producers=1, ordered=True)
-    pool = ProducerPool(lambda seq: Source(fake_paths(4)).item(seq), 4, decoder, Buffer(4), num_producers=2)
+        ProducerPool(lambda seq: None, 4, IndexDecoder(), Buffer(4), num_producers=1, ordered=True, port=port)
+    pool = ProducerPool(lambda seq: Source(fake_paths(4)).item(seq), 4, IndexDecoder(), Buffer(4),
+                        num_producers=2, port=port)
     assert pool._chunk == 1
     pool.start()
-    assert list(pool) == []  # every result delivered elsewhere: nothing comes through the buffer
+    assert list(pool) == []  # every result kept by the port: nothing comes through the buffer
     pool.close()
     pool.close()
-    assert decoder.stopped == 1  # once, however often the pool is closed
+    assert port.stopped == 1  # once, however often the pool is closed
 
 
-def test_a_dataset_refuses_what_a_delivering_decoder_cannot_do():
-    with pytest.raises(ValueError, match="delivers its samples itself"):
-        BufferedDataset(fake_paths(4), Delivering(), ordered=True)
-    with pytest.raises(ValueError, match="delivers its samples itself"):
-        BufferedDataset(fake_paths(4), Delivering(), transform=lambda s: s)
+def test_a_slot_loader_refuses_what_its_slots_cannot_do():
     with pytest.raises(TypeError, match="BatchSlotLoader takes no ordered"):
         BatchSlotLoader(fake_paths(4), IndexDecoder(), batch_size=2, ordered=True)
     with pytest.raises(ValueError, match=r"^BatchSlotLoader takes no max_batch_seconds: its slots hold "

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from audiobuffer import AudioBufferError, BatchSlotLoader, Buffer, BufferedDataset, SampleError, WorkItem
 from audiobuffer.engine import pool as _producers
-from audiobuffer.engine.pool import DELIVERED, Failure, ProducerPool
+from audiobuffer.engine.pool import BufferPort, Failure, ProducerPool
 from audiobuffer.engine.tuner import PoolTuning
 
 
@@ -499,23 +499,59 @@ def test_inline_crash_names_the_item_and_keyboard_interrupt_stays():
         drain(auto_pool(5, interrupted, [0]))
 
 
-class Delivering:
-    """A delivering decoder (NOTE [ Delivering decoders ]) that keeps every other item."""
+class EveryOther(BufferPort):
+    """An output port (NOTE [ Output port ]) that puts every other item and keeps the rest."""
 
-    delivers_itself = True
+    in_place = False
 
-    def __call__(self, item):
-        return DELIVERED if item.index % 2 else item.index
-
-    def stop_waiting(self):
-        pass
+    def deliver(self, seq, item, out, chunk):
+        if item.index % 2 == 0:
+            chunk.put((seq, out))
 
 
-@pytest.mark.parametrize("decode, kwargs", [(Delivering(), {}), (lambda item: item.index, {"timeout": 30.0})])
-def test_no_inline_for_a_delivering_decoder_or_under_a_timeout(decode, kwargs):
-    pool = auto_pool(20, decode, [0], **kwargs)
+class Refusing(BufferPort):
+    """An output port that refuses item 3 with an Exception and crashes on item 5 (NOTE [ Output port ])."""
+
+    def __init__(self, crash=False):
+        self.crash = crash
+
+    def deliver(self, seq, item, out, chunk):
+        if item.index == 3:
+            raise ValueError("does not fit")
+        if item.index == 5 and self.crash:
+            raise Crash("port crash")
+        chunk.put((seq, out))
+
+
+@pytest.mark.parametrize("ordered", [False, True])
+def test_an_output_the_port_refuses_is_the_items_failure_in_its_place(ordered):
+    pool = ProducerPool(make_item, 8, lambda item: item.index, Buffer(4), num_producers=2, ordered=ordered,
+                        port=Refusing())
+    pairs = drain(pool)
+    assert sorted(seq for seq, _ in pairs) == list(range(8))
+    failed = {seq: out for seq, out in pairs if isinstance(out, Failure)}
+    assert list(failed) == [3] and isinstance(failed[3].exc, ValueError)
+    assert failed[3].item.index == 3 and failed[3].producer.startswith("audiobuffer-producer-")
+    if ordered:
+        assert [seq for seq, _ in pairs] == list(range(8))
+
+
+def test_a_port_crash_reaches_the_consumer_naming_the_item():
+    pool = ProducerPool(make_item, 8, lambda item: item.index, Buffer(4), num_producers=2,
+                        port=Refusing(crash=True))
+    pool.start()
+    with pytest.raises(SampleError, match=r"crashed on item 5 \('item5'\): Crash: port crash"):
+        try:
+            list(pool)
+        finally:
+            pool.close()
+
+
+@pytest.mark.parametrize("kwargs", [{"port": EveryOther()}, {"timeout": 30.0}])
+def test_no_inline_for_a_port_that_is_not_in_place_or_under_a_timeout(kwargs):
+    pool = auto_pool(20, lambda item: item.index, [0], **kwargs)
     got = sorted(out for _, out in drain(pool))
-    assert got == (list(range(0, 20, 2)) if isinstance(decode, Delivering) else list(range(20)))
+    assert got == (list(range(0, 20, 2)) if "port" in kwargs else list(range(20)))
     assert pool.num_producers == 1 and len(pool.threads) == 1
 
 

@@ -408,3 +408,23 @@ def test_repr_names_source_decoder_and_setup():
     assert text.startswith("BatchSlotLoader(a list of 12 paths, <function fixed")
     for part in ("items=12", "batch_size=4", "num_slots=3", "num_producers=2", "on_error='skip'"):
         assert part in text
+
+
+def test_a_producer_that_outlived_its_epoch_gets_no_row_in_the_next():
+    from audiobuffer import Buffer, BufferClosed
+    from audiobuffer.engine.pool import Chunk
+    from audiobuffer.loaders.slots import SlotStats, SlotWriter
+
+    writer = SlotWriter(2, 2, False, SlotStats())
+    buffer = Buffer(4)
+    chunk = Chunk(buffer, 1, "audiobuffer-producer-0")
+    old = writer.begin_epoch()
+    writer.end_epoch()  # its producers joined, but one stuck in a decoder outlived the join
+    new = writer.begin_epoch()
+    item = WorkItem(index=0, path="late.wav")
+    with pytest.raises(BufferClosed):
+        old.deliver(0, item, {"x": 1}, chunk)  # the late producer writes through its epoch's port
+    new.deliver(0, WorkItem(index=1, path="a.wav"), {"x": 1}, chunk)
+    new.deliver(1, WorkItem(index=2, path="b.wav"), {"x": 2}, chunk)
+    (seq, slot), = buffer.get_many(timeout=0)
+    assert seq == 1 and slot.batch(2)["x"].tolist() == [1, 2]  # no row of the late item

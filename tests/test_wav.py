@@ -6,6 +6,7 @@ something the reader does not copy, the reader must decline (return None) so tha
 libsndfile and its errors stay the same.
 """
 
+import copy
 import io
 import os
 import struct
@@ -431,14 +432,12 @@ def decode_both(decoder, item):
     """``decoder(item)`` with the native WAV path on, then off: each a sample or the exception raised."""
     results = []
     for native in (True, False):
-        saved = audio_module._NATIVE_WAV
-        audio_module._NATIVE_WAV = native
+        twin = copy.copy(decoder)
+        twin.native_wav = native
         try:
-            results.append(decoder(item))
+            results.append(twin(item))
         except DecodeError as exc:
             results.append(exc)
-        finally:
-            audio_module._NATIVE_WAV = saved
     return results
 
 
@@ -480,9 +479,8 @@ def test_audio_decoder_uses_the_native_path_for_wav(tmp_path, monkeypatch):
     monkeypatch.setattr(audio_module.sf, "SoundFile", no_libsndfile)
     sample = AudioDecoder(fallback=None)(wav)
     assert sample["audio"].shape == (800,)
-    monkeypatch.setattr(audio_module, "_NATIVE_WAV", False)
     with pytest.raises(DecodeError, match="libsndfile was asked"):
-        AudioDecoder(fallback=None)(wav)
+        AudioDecoder(fallback=None, native_wav=False)(wav)
 
 
 def test_truncated_wav_gives_the_same_sample_as_libsndfile(tmp_path):

@@ -133,11 +133,13 @@ def _closing(batches: Iterator[dict[str, Any]], close: Callable[[], None]) -> It
         close()
 
 
-def decoding(transform: Transform | None = None) -> Callable[[str], Sample]:
-    """The decode every approach shares: :class:`~audiobuffer.AudioDecoder`, then ``transform`` if any."""
+def decoding(transform: Transform | None = None, *,
+             native_wav: bool = True) -> Callable[[str], Sample]:
+    """The decode every approach shares: :class:`~audiobuffer.AudioDecoder` (``native_wav`` as
+    given), then ``transform`` if any."""
     from ..decoders import AudioDecoder
 
-    decoder = AudioDecoder()
+    decoder = AudioDecoder(native_wav=native_wav)
     if transform is None:
         return decoder
 
@@ -156,10 +158,7 @@ def loader(approach: str, paths: list[str], transform: Transform | None = None) 
     from ..loaders.dataset import BufferedDataset
 
     if approach in ("loop", "loop-libsndfile"):  # -libsndfile: WAV too through libsndfile, as before the own reader
-        from ..decoders import audio as audio_module
-
-        audio_module._NATIVE_WAV = approach == "loop"  # a fresh process per approach: nothing else sees it
-        decode = decoding(transform)
+        decode = decoding(transform, native_wav=approach == "loop")
         return batches_of(decode(p) for p in paths)
     if approach.startswith("dataloader-"):
         parts = approach.split("-")

@@ -2,9 +2,10 @@
 cause is described in a decode error, and tensors.
 
 Arrays become tensors through :func:`as_tensor` (``torch.from_numpy``: zero-copy, no torch operator),
-which imports torch on first use, never on import: in the helper process of
-:class:`~audiobuffer.IsolatedLoader`, which runs without torch, :data:`TENSORS` is ``False`` and
-samples keep their numpy arrays (the trainer makes the batch tensors).
+which imports torch on first use, never on import. A decoder made with ``tensors=False`` keeps the
+numpy arrays: the helper process of :class:`~audiobuffer.IsolatedLoader`, which runs without
+torch, sets that on its copy of the decoder (:func:`numpy_output`); the trainer makes the batch
+tensors.
 """
 
 from __future__ import annotations
@@ -16,17 +17,27 @@ from ..sources.item import WorkItem
 
 ItemLike = Union[WorkItem, str, "os.PathLike[str]"]
 
-#: Whether decoders hand tensors over (``False`` in the isolated loader's helper process: numpy arrays).
-TENSORS = True
-
 
 def as_tensor(array: Any) -> Any:
-    """``torch.from_numpy(array)``, or ``array`` itself where :data:`TENSORS` is off."""
-    if not TENSORS:
-        return array
+    """``torch.from_numpy(array)`` (a decoder with ``tensors=False`` does not call it)."""
     import torch  # imported by the trainer anyway; a no-op lookup after the first call
 
     return torch.from_numpy(array)
+
+
+def numpy_output(decoder: Any) -> None:
+    """Have ``decoder`` hand numpy arrays over rather than tensors, where it offers the choice (a
+    ``tensors`` attribute that is ``True`` or ``False``, as the built-in decoders have). The
+    isolated loader's helper process, which runs without torch, calls it on its decoder copy."""
+    if isinstance(getattr(decoder, "tensors", None), bool):
+        decoder.tensors = False
+
+
+def check_flag(name: str, value: Any) -> bool:
+    """``value``, which must be ``True`` or ``False`` (else a TypeError naming ``name``)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
 
 
 def as_item(item: ItemLike) -> WorkItem:

@@ -26,7 +26,7 @@ from .._checks import MAX_SECONDS, check_choice, check_int, check_seconds
 from ..errors import DecodeError
 from ..sources.item import AUDIO_PATTERNS
 from . import _wav
-from ._common import ItemLike, as_item, as_tensor, describe, sample_fields
+from ._common import ItemLike, as_item, as_tensor, check_flag, describe, sample_fields
 from ._sndfile import read_to_end, sndfile_path
 
 __all__ = ["MAX_CROP_SECONDS", "AudioDecoder", "CropMode", "Quality"]
@@ -46,8 +46,6 @@ _BLOCK_FRAMES = 65536
 # Formats whose header frame count is an estimate (MP3: from the bit rate and the encoder's delay
 # and padding), so a read that ends a little early is normal there and not a truncated file.
 _ESTIMATED_LENGTH_FORMATS = frozenset({"MP3"})
-# Read ``.wav`` files with the native PCM reader first (``_wav.py``); False sends every file to libsndfile.
-_NATIVE_WAV = True
 #: The longest ``crop_seconds`` accepted: one day. Longer values are typos (``1e9``), and padding
 #: a file to them would need more memory than any machine has.
 MAX_CROP_SECONDS = MAX_SECONDS
@@ -243,6 +241,10 @@ class AudioDecoder:
         quality: soxr's resampling quality, one of ``"QQ"``, ``"LQ"``, ``"MQ"``, ``"HQ"``, ``"VHQ"``.
         fallback: the reader for files libsndfile cannot open: ``"librosa"``, ``None`` (none), or a
             callable ``path -> (audio (frames, channels) float32, sample_rate)``.
+        native_wav: read uncompressed WAV with the native reader first; ``False`` sends every file
+            to libsndfile (the benchmarks compare the two).
+        tensors: hand ``audio`` over as a torch tensor; ``False`` keeps the numpy array (no torch
+            needed: the isolated loader's helper process sets it on its copy).
     """
 
     #: The glob patterns a directory source matches when this decoder reads it
@@ -251,8 +253,9 @@ class AudioDecoder:
 
     def __init__(self, sample_rate: int | None = None, *, mono: bool = True,
                  crop_seconds: float | None = None, crop: CropMode = "random", pad: bool = True,
-                 quality: Quality = "HQ", fallback: Literal["librosa"] | FallbackReader | None = "librosa"
-                 ) -> None:
+                 quality: Quality = "HQ",
+                 fallback: Literal["librosa"] | FallbackReader | None = "librosa",
+                 native_wav: bool = True, tensors: bool = True) -> None:
         if sample_rate is not None:
             check_int("sample_rate", sample_rate, 1, also="or None")
         check_seconds("crop_seconds", crop_seconds, maximum=MAX_CROP_SECONDS)
@@ -270,6 +273,8 @@ class AudioDecoder:
         self.crop = crop
         self.pad = bool(pad)
         self.quality = quality
+        self.native_wav = check_flag("native_wav", native_wav)
+        self.tensors = check_flag("tensors", tensors)
 
     def __repr__(self) -> str:
         return (f"AudioDecoder(sample_rate={self.sample_rate}, mono={self.mono}, "
@@ -293,7 +298,7 @@ class AudioDecoder:
             data = self._pad(data, native_sr, pick)
         audio, num_frames, sr = self._finish(data, native_sr)
         sample = sample_fields(item)
-        sample["audio"] = as_tensor(audio)
+        sample["audio"] = as_tensor(audio) if self.tensors else audio
         sample["sample_rate"] = sr
         sample["num_frames"] = num_frames
         return sample
@@ -357,7 +362,8 @@ class AudioDecoder:
         return int(rng.integers(0, slack + 1)), need
 
     def _read_soundfile(self, path: str, pick: _Pick, raw: bytes | None = None) -> tuple[np.ndarray, int]:
-        if _NATIVE_WAV and _wav.is_wav_path(path):  # None: not a WAV it reads exactly, so libsndfile
+        # read_wav gives None for a WAV it does not read exactly: libsndfile reads that one
+        if self.native_wav and _wav.is_wav_path(path):
             whole = self.crop_seconds is None and pick.segment is None
             window = None if whole else lambda frames, sr: self._window(frames, sr, pick)
             read = _wav.read_wav(path if raw is None else raw, window=window)  # no window: the whole file

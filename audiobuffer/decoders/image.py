@@ -15,7 +15,7 @@ import numpy as np
 from .._checks import check_choice
 from ..errors import DecodeError
 from ..sources.item import IMAGE_PATTERNS
-from ._common import ItemLike, as_item, as_tensor, describe, sample_fields
+from ._common import ItemLike, as_item, as_tensor, check_flag, describe, sample_fields
 
 __all__ = ["ImageDecoder", "Resample"]
 
@@ -61,6 +61,8 @@ class ImageDecoder:
         resample: the resize filter: ``"nearest"``, ``"bilinear"``, ``"bicubic"``, ``"lanczos"``,
             ``"box"`` or ``"hamming"``.
         apply_exif_orientation: turn photos upright as their EXIF orientation tag says.
+        tensors: hand ``image`` over as a torch tensor; ``False`` keeps the numpy array (no torch
+            needed: the isolated loader's helper process sets it on its copy).
     """
 
     #: The glob patterns a directory source matches when this decoder reads it
@@ -69,7 +71,7 @@ class ImageDecoder:
 
     def __init__(self, size: int | tuple[int, int] | None = None, *,
                  resample: Resample = "bilinear",
-                 apply_exif_orientation: bool = True) -> None:
+                 apply_exif_orientation: bool = True, tensors: bool = True) -> None:
         try:
             from PIL import Image
         except ImportError as exc:
@@ -86,6 +88,7 @@ class ImageDecoder:
         self.size: tuple[int, int] | None = size
         self.resample = resample
         self.apply_exif_orientation = apply_exif_orientation
+        self.tensors = check_flag("tensors", tensors)
 
     def __repr__(self) -> str:
         return (f"ImageDecoder(size={self.size}, resample={self.resample!r}, "
@@ -111,7 +114,8 @@ class ImageDecoder:
         except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
             raise DecodeError(f"cannot decode {item.path!r}: {describe(exc)}", path=item.path) from exc
         sample = sample_fields(item)
-        sample["image"] = as_tensor(np.ascontiguousarray(pixels.transpose(2, 0, 1)))
+        image = np.ascontiguousarray(pixels.transpose(2, 0, 1))
+        sample["image"] = as_tensor(image) if self.tensors else image
         return sample
 
 

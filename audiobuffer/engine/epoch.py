@@ -67,7 +67,7 @@ from ..sources.item import ReadClock, WorkItem
 from ..sources.mixture import Mixture
 from ..sources.stream import ShardStream
 from .plan import BLOCK_WINDOW
-from .pool import CHUNK_ITEMS, Failure, ProducerPool
+from .pool import Failure, Port, ProducerPool
 from .streamed import DynamicBuckets, ShardReader, TimedDecode
 
 if TYPE_CHECKING:
@@ -355,12 +355,14 @@ def mixture_counts(pipeline: Pipeline, shard: EpochShard, layout: EpochLayout) -
 
 
 def set_up_epoch(pipeline: Pipeline, shard: EpochShard, *, resume: bytes | None = None,
-                 layout: EpochLayout | None = None) -> EpochSetup:
+                 layout: EpochLayout | None = None, port: Port | None = None) -> EpochSetup:
     """Epoch ``shard`` of ``pipeline``, planned (resumed after the units ``resume`` marks) unless ``layout``
     is given: the helper process decodes the batches by duration that its trainer planned.
 
     A :class:`~audiobuffer.Source` lays out its items (or batches); streamed tar shards lay out their
     shards, each streamed whole by one producer (NOTE [ Streamed shards ] in ``sources/stream.py``).
+    ``port``: what the producers do with each decoded item (NOTE [ Output port ] in ``pool.py``);
+    ``None``: into the buffer in the item's place (streamed shards bring their own).
 
     Raises:
         ResumeError: ``resume`` does not have one byte per unit of this shard's epoch.
@@ -383,10 +385,10 @@ def set_up_epoch(pipeline: Pipeline, shard: EpochShard, *, resume: bytes | None 
         if options.max_batch_seconds is not None:  # each sample's duration first (NOTE [ Batches by duration ])
             crop, pad = decoder_crop(pipeline.decoder)
             decode = TimedDecode(decode, cast(str, options.duration_column), crop=crop, pad=pad)
-        # Chunks as a pool's own: no more than a producer's share of the buffer (at its most).
-        most = min(options.most_producers(), max(1, len(layout)))
-        decode = ShardReader(stream, decode, buffer, clock, shuffle=options.shuffle,
-                             chunk=max(1, min(CHUNK_ITEMS, options.buffer_size // (2 * most))))
+        if port is not None:
+            raise ValueError(f"streamed shards put their samples through their own port, not {port!r}")
+        reader = ShardReader(stream, decode, clock, shuffle=options.shuffle)
+        decode, port = reader.outputs, reader
     elif (starts := pipeline.read_blocks()) is not None:
         # Blocks of members, each read once by the first producer to need it (NOTE [ Block order ] in plan.py)
         blocks = BlockReads(source.table, starts, indices, storage=source.storage,
@@ -410,19 +412,20 @@ def set_up_epoch(pipeline: Pipeline, shard: EpochShard, *, resume: bytes | None 
         weights = np.asarray(batching.durations[batching.epoch_items(seed, number, layout.indices)], np.float64)
     pool = ProducerPool(make_item, len(layout), decode, buffer, num_producers=producers, memory=pipeline.memory,
                         ordered=options.ordered, warn_after=options.warn_after, timeout=options.timeout,
-                        weights=weights)
+                        weights=weights, port=port)
     return EpochSetup(shard, layout, buffer, pool, make_item, clock, seed, mixture_counts(pipeline, shard, layout))
 
 
-def run_epoch(pipeline: Pipeline, shard: EpochShard, *, resume: bytes | None = None) -> EpochRun:
+def run_epoch(pipeline: Pipeline, shard: EpochShard, *, resume: bytes | None = None,
+              port: Port | None = None) -> EpochRun:
     """Epoch ``shard`` of ``pipeline`` with its in-process consumer, not started (:class:`RunningEpochs`
     starts it): samples, batches by duration (:class:`BatchEpochRun`), or streamed samples batched as they
-    arrive (:class:`StreamBatchRun`).
+    arrive (:class:`StreamBatchRun`). ``port``: as for :func:`set_up_epoch`.
 
     Raises:
         ResumeError: ``resume`` does not have one byte per unit of this shard's epoch.
     """
-    setup = set_up_epoch(pipeline, shard, resume=resume)
+    setup = set_up_epoch(pipeline, shard, resume=resume, port=port)
     options = pipeline.options
     if pipeline.batching is not None:
         return BatchEpochRun(setup, pipeline.batching)

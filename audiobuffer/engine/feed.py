@@ -39,8 +39,9 @@ through the buffer, so the window is never needed and nothing enters the buffer 
 yields what it decoded without a hand-over, after draining what the buffer holds; unordered, it
 decodes item after item and lets the tuner look only when an observation is due. The last producer out
 closes the buffer when nothing is left to take, and so does the inline consumer when it finds nothing
-to take and no producer left. Inline decoding is never used with a delivering decoder (it would wait
-for a slot only the consumer frees) or with a ``timeout`` (a decode stuck in the consumer's own thread
+to take and no producer left. Inline decoding is used only with a port that hands each item on in
+its place (NOTE [ Output port ] in ``engine/pool.py``: the batch slots' port would wait for a slot
+only the consumer frees), never with a ``timeout`` (a decode stuck in the consumer's own thread
 could not be reported).
 """
 
@@ -58,10 +59,11 @@ class Producer:
 
     Attributes:
         thread: the thread (set by the pool before it starts).
-        busy: seconds in the decoder; decoded: items finished, decoded or failed; work: their summed
-            cost, where the pool weighs items (``ProducerPool``'s ``weights``).
+        busy: seconds in the decoder and the port, less the waits to put; decoded: items finished,
+            decoded or failed; work: their summed cost, where the pool weighs items
+            (``ProducerPool``'s ``weights``).
         waited: seconds waiting for a turn or for bytes (ordered mode).
-        current: ``(path, since)`` of the item in the decoder, or ``None``.
+        current: ``(path, since)`` of the item in the decoder or the port, or ``None``.
         retired: set under the feed lock when it leaves above the target count.
     """
 

@@ -24,7 +24,6 @@ from ..sources.mixture import Mixture
 from ..sources.source import AUDIO_PATTERNS, Source, SourceSpec, WorkItem
 from ..sources.stream import ShardStream, as_source
 from .plan import BatchPlan, EpochShard, block_starts, plan_batches, plan_epoch, shard_length
-from .pool import delivers_itself
 from .streamed import check_streamable
 from .tuner import TunerMemory
 
@@ -335,13 +334,11 @@ def _check_combination(source: Source | ShardStream, decoder: Any, options: Load
     a decoder that pads every sample to its crop.
 
     Raises:
-        ValueError: a delivering decoder (NOTE [ Delivering decoders ] in ``pool.py``) with ``ordered``, a
-            ``transform`` or ``max_batch_seconds``; streamed shards with ``ordered``, a delivering decoder,
-            or ``max_batch_seconds`` without ``duration_column``.
+        ValueError: streamed shards with ``ordered``, or ``max_batch_seconds`` without
+            ``duration_column``.
     """
     if isinstance(source, ShardStream):
-        check_streamable(decoder, options.ordered, source.random_access_hint,
-                         ordered_hint=source.ordered_hint)
+        check_streamable(options.ordered, source.random_access_hint, ordered_hint=source.ordered_hint)
         if options.max_batch_seconds is not None and options.duration_column is None:
             raise ValueError("max_batch_seconds on streamed shards needs duration_column: the field of each "
                              "sample's <key>.json sidecar that holds its duration in seconds (streamed shards "
@@ -358,7 +355,3 @@ def _check_combination(source: Source | ShardStream, decoder: Any, options: Load
         raise ValueError(f"read_block={options.read_block!r} with max_batch_seconds: batches by duration take their "
                          f"items by duration bucket, not in blocks of neighbouring members; leave read_block "
                          f"'auto' or None")
-    if delivers_itself(decoder) and (options.ordered or options.transform is not None
-                                     or options.max_batch_seconds is not None):
-        raise ValueError(f"{decoder!r} delivers its samples itself: it takes no ordered=True, no transform and "
-                         f"no max_batch_seconds (NOTE [ Delivering decoders ] in audiobuffer/engine/pool.py)")

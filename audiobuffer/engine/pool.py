@@ -10,7 +10,7 @@ buffer (so does the consumer, decoding inline, when it finds the feed empty and 
 the consumer drains what is left and then sees ``BufferClosed``: the epoch is over. There is no
 sentinel item, so any object (``None`` included) can be a sample.
 
-Failures. An exception from the decoder (or the user's transform) is caught per item and travels
+Failures. An exception from the decoder (the transform, or the port) is caught per item and travels
 through the buffer as a :class:`Failure` in the item's place, so the consumer applies its error policy
 in order and every item is counted as yielded or failed. Anything else that escapes a producer (a bug
 of ours, a ``BaseException``) aborts the buffer with an error that names the producer: the consumer
@@ -21,31 +21,32 @@ Early end. The consumer leaving its loop, raising, being garbage-collected, or s
 feed lock and wakes producers waiting for their turn (ordered mode), aborts the buffer (dropping its
 items and waking producers blocked in ``put`` with ``BufferClosed``), then joins every thread against
 one deadline of ``JOIN_TIMEOUT`` seconds. A producer checks the flag before taking each item, so it
-finishes at most the item in hand. A decoder that itself waits for the consumer (the batch slots'
-writer waits for a free slot) is woken by its ``stop_waiting()``, which the pool calls once after the
-abort and before the join (see NOTE [ Delivering decoders ] in this module); without it such a
-producer would sit out the whole join. Threads are daemons: a decoder stuck in a system call cannot
-keep the interpreter alive, and ``close()`` logs a warning naming any thread that outlived the join.
-``close()`` is idempotent and safe to call from any thread but a producer's own.
-:meth:`ProducerPool.stop` is the first half alone (flag, wake, abort, ``stop_waiting``; no join): a
-pool registers it with the cancel scope of the thread that builds it, so a ``DevicePrefetcher`` whose
-loop is left stops the pool its thread waits on, from the consumer's thread (NOTE [ Prefetch
-cancellation ] in ``audiobuffer/engine/cancel.py``). :meth:`ProducerPool.start` runs under the same
+finishes at most the item in hand. A port that waits for the consumer (the batch slots' port waits
+for a free slot) is woken by its ``stop()``, which the pool calls once after the abort and before
+the join (NOTE [ Output port ] in this module); without it such a producer would sit out the
+whole join. Threads are daemons: a decoder stuck in a system call cannot keep the interpreter
+alive, and ``close()`` logs a warning naming any thread that outlived the join. ``close()`` is
+idempotent and safe to call from any thread but a producer's own. :meth:`ProducerPool.stop` is the
+first half alone (flag, wake, abort, the port's ``stop``; no join): a pool registers it with the
+cancel scope of the thread that builds it, so a ``DevicePrefetcher`` whose loop is left stops the
+pool its thread waits on, from the consumer's thread (NOTE [ Prefetch cancellation ] in
+``audiobuffer/engine/cancel.py``). :meth:`ProducerPool.start` runs under the same
 protocol: if a thread cannot be started (``RuntimeError: can't start new thread``), it calls
 ``close()``, which stops and joins the threads already started, and re-raises.
 
 Changing the count, and decoding inline: NOTE [ Changing the producer count ] in ``engine/feed.py``.
 
-Chunks. In an unordered pool a producer keeps its finished items and puts them in one ``put_many``
-when it has ``CHUNK_ITEMS`` of them, when the oldest has waited ``CHUNK_SECONDS``, or when the feed
-is empty. Where producers are the bottleneck, the consumer sleeps in ``get`` and would otherwise be
-woken (a thread switch and a GIL hand-over) for every item: tens of microseconds each, as much as
-decoding a short WAV file. An ordered pool puts one item at a time: a producer holding the item the
+Chunks. In an unordered pool a producer keeps its finished items (in its :class:`Chunk`, which
+its port puts them in) and puts them in one ``put_many`` when it has ``CHUNK_ITEMS`` of them, when
+the oldest has waited ``CHUNK_SECONDS``, or when the feed is empty. Where producers are the
+bottleneck, the consumer sleeps in ``get`` and would otherwise be woken (a thread switch and a GIL
+hand-over) for every item: tens of microseconds each, as much as decoding a short WAV file. An
+ordered pool puts one item at a time: a producer holding the item the
 consumer waits for in its chunk while it waits for its turn would deadlock. A producer flushes before
 it starts a decode if its chunk is already ``CHUNK_SECONDS`` old; so a file that takes long to decode
 holds back at most the ``CHUNK_ITEMS - 1`` items its producer finished just before it, while the
-other producers keep delivering. A decoder that itself waits for the consumer must run with chunks
-of 1, or the items held in the chunk could be the very ones the consumer needs to make progress.
+other producers keep delivering. A port that waits for the consumer runs with chunks of 1, or the
+items held in the chunk could be the very ones the consumer needs to make progress.
 
 Ordered mode, and ordered mode with a byte bound: NOTE [ Ordered feed ] in ``engine/feed.py``.
 """
@@ -56,7 +57,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 from .._checks import check_int, check_seconds
 from ..buffer import Buffer, payload_nbytes
@@ -73,51 +74,67 @@ if TYPE_CHECKING:
     from ..sources.item import WorkItem
 
 __all__ = [
+    "BufferPort",
+    "Chunk",
     "ConsumerWait",
-    "DELIVERED",
     "Failure",
     "InlineDecoder",
     "JOIN_TIMEOUT",
+    "Port",
     "ProducerPool",
     "WARN_INTERVAL",
-    "delivers_itself",
 ]
 
 logger = logging.getLogger(__name__)
 
 
-# NOTE [ Delivering decoders ]
-# ============================
-# A decoder may hand its results to the consumer itself instead of returning one per item: the batch
-# slots' writer copies each sample into a row of a batch and returns a whole batch only for the item
-# that completes it. Such a decoder says so with a class attribute ``delivers_itself = True`` and has
-# two duties:
+# NOTE [ Output port ]
+# ====================
+# What a producer does with what it decoded is the pool's port: one object the pool is given, which
+# hands each item's output on through the producer's :class:`Chunk` (the one place outputs are
+# chunked, NOTE [ Producer shutdown protocol ], Chunks). The default, :class:`BufferPort`, puts
+# ``(seq, sample or Failure)`` into the buffer in the item's place. The batch slots' port writes
+# each sample into a row of a batch and puts only the batch an item completes; a streamed epoch's
+# port puts each sample of a shard. A port has:
 #
-# - it returns ``DELIVERED`` for an item whose result it keeps (nothing goes into the buffer);
-# - it has a ``stop_waiting()`` method, which the pool calls once when it stops: the decoder may block
-#   on the consumer (a free slot), and only the consumer's side can wake it.
-#
-# The pool runs it unordered (an ordered pool would wait for a result that never comes), with chunks of
-# one (a producer holding a finished batch in its chunk while it waits for a free slot could hold the
-# very batch the consumer needs), and never inline (the consumer would wait inside the decoder for a
-# slot that only the consumer itself can free). BufferedDataset refuses ordered=True and a transform
-# with such a decoder (the transform would have no sample to apply to).
-class _Delivered:
-    """The type of :data:`DELIVERED`."""
+# - ``deliver(seq, item, out, chunk)``: hand on ``out``, what the decoder returned for ``item`` (or
+#   its :class:`Failure`). An ``Exception`` it raises (a sample that does not fit a slot) is the
+#   item's failure: the pool puts ``(seq, Failure)`` in the item's place. ``BufferClosed`` means
+#   the pool was closed; a ``BaseException`` is a crash naming the item, as from the decoder.
+# - ``in_place``: each item gives one output, in its place. Only such a port runs in an ordered
+#   pool (which waits for each seq's output) or lets the consumer decode inline (which takes the
+#   output itself, past the port).
+# - ``waits_for_consumer``: ``deliver`` may block until the consumer frees room (a free slot). Such
+#   a port runs with chunks of one: a producer holding a finished batch in its chunk while it waits
+#   could hold the very batch the consumer needs.
+# - ``stop()``: the pool stops; the pool calls it once, after the buffer's abort and before the
+#   join, to wake producers waiting inside ``deliver`` for the consumer (only its side can).
+class Port(Protocol):
+    """What a pool's producers hand their decoded items to (NOTE [ Output port ])."""
 
-    __slots__ = ()
+    in_place: bool
+    waits_for_consumer: bool
+
+    def deliver(self, seq: int, item: WorkItem, out: Any, chunk: Chunk) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+class BufferPort:
+    """The default output port (NOTE [ Output port ]): each ``(seq, out)`` into the buffer in the
+    item's place. Stateless; one may serve any number of pools."""
+
+    in_place = True
+    waits_for_consumer = False
+
+    def deliver(self, seq: int, item: WorkItem, out: Any, chunk: Chunk) -> None:
+        chunk.put((seq, out))
+
+    def stop(self) -> None:
+        pass
 
     def __repr__(self) -> str:
-        return "DELIVERED"
-
-
-#: What a delivering decoder returns for an item whose result it keeps (NOTE [ Delivering decoders ]).
-DELIVERED = _Delivered()
-
-
-def delivers_itself(decode: Any) -> bool:
-    """Whether ``decode`` hands its results over itself (NOTE [ Delivering decoders ])."""
-    return getattr(decode, "delivers_itself", False) is True
+        return "BufferPort()"
 
 
 class Failure:
@@ -263,6 +280,68 @@ CHUNK_ITEMS = 16
 CHUNK_SECONDS = 0.002
 
 
+class Chunk:
+    """One producer's finished outputs on their way into the buffer, put together (NOTE [ Producer
+    shutdown protocol ], Chunks); the port hands each output to it (NOTE [ Output port ]).
+
+    Args:
+        buffer: the pool's buffer.
+        size: how many outputs to hold at most; 1 puts each at once.
+        producer: the producer's name, for the failures put through it.
+        admit: with a size of 1, asked before each put, false when the pool stops (the byte bound
+            of an ordered pool, NOTE [ Ordered feed ]).
+
+    Thread safety: one producer thread uses it.
+    """
+
+    __slots__ = ("_admit", "_buffer", "_oldest", "_pairs", "_size", "producer", "put_s")
+
+    def __init__(self, buffer: Buffer, size: int, producer: str,
+                 admit: Callable[[Any], bool] | None = None) -> None:
+        self._buffer = buffer
+        self._size = size
+        self._admit = admit
+        self._pairs: list[Any] = []
+        self._oldest = 0.0  # when the oldest output held was put in
+        self.producer = producer
+        self.put_s = 0.0  # seconds waiting to put: for room in the buffer, for the byte bound
+
+    def put(self, pair: Any) -> None:
+        """Hand ``pair`` on: at once with a size of 1, else with the chunk when it is full or old.
+
+        Raises:
+            BufferClosed: the pool was closed.
+        """
+        if self._size == 1:
+            start = time.perf_counter()
+            try:
+                if self._admit is not None and not self._admit(pair):
+                    raise BufferClosed("the producer pool was closed")
+                self._buffer.put(pair)
+            finally:
+                self.put_s += time.perf_counter() - start
+            return
+        now = time.perf_counter()
+        pairs = self._pairs
+        if not pairs:
+            self._oldest = now
+        pairs.append(pair)
+        if len(pairs) >= self._size or now - self._oldest >= CHUNK_SECONDS:
+            self.flush()
+
+    def flush(self, now: float | None = None) -> None:
+        """Put what is held; given ``now``, only if the oldest has waited ``CHUNK_SECONDS``."""
+        pairs = self._pairs
+        if not pairs or (now is not None and now - self._oldest < CHUNK_SECONDS):
+            return
+        self._pairs = []
+        start = time.perf_counter()
+        try:
+            self._buffer.put_many(pairs)
+        finally:
+            self.put_s += time.perf_counter() - start
+
+
 class ProducerPool:
     """Decode ``count`` work items with producer threads into ``buffer``; iterate the results.
 
@@ -293,13 +372,17 @@ class ProducerPool:
         weights: with ``"auto"``, each sequence number's cost (batches by duration: its seconds), so
             that the tuner judges work per second, not items (NOTE [ Producer tuning ]); ``None``: items
             cost alike.
+        port: what a producer does with each decoded item (NOTE [ Output port ]); ``None``: a
+            :class:`BufferPort`, each into the buffer in the item's place.
     """
 
     def __init__(self, make_item: Callable[[int], WorkItem], count: int,
                  decode: Callable[[WorkItem], Any], buffer: Buffer, *, num_producers: int | Literal["auto"],
                  ordered: bool = False, warn_after: float | None = None, timeout: float | None = None,
                  chunk_items: int | None = None, name: str = "audiobuffer-producer", tuner: Any = None,
-                 memory: TunerMemory | None = None, weights: Sequence[float] | np.ndarray | None = None) -> None:
+                 memory: TunerMemory | None = None,
+                 weights: Sequence[float] | np.ndarray | None = None,
+                 port: Port | None = None) -> None:
         check_int("count", count, 0)
         auto = num_producers == "auto"
         if not auto:
@@ -316,12 +399,12 @@ class ProducerPool:
         self._buffer = buffer
         self._ordered = ordered
         self._name = name
-        self._delivering = delivers_itself(decode)
-        if self._delivering and ordered:
-            raise ValueError(f"{decode!r} delivers its results itself and cannot run in an ordered pool "
-                             f"(NOTE [ Delivering decoders ] in audiobuffer/engine/pool.py)")
-        # Inline decoding: never for a delivering decoder or under a stall timeout (see the NOTE).
-        self._allow_inline = auto and not self._delivering and timeout is None
+        self._port = BufferPort() if port is None else port
+        if not self._port.in_place and ordered:
+            raise ValueError(f"{self._port!r} does not hand each item on in its place and cannot "
+                             f"run in an ordered pool (NOTE [ Output port ] in engine/pool.py)")
+        # Inline decoding: only for an in-place port, never under a stall timeout (see the NOTEs).
+        self._allow_inline = auto and self._port.in_place and timeout is None
         most = max(1, min(usable_cores() if auto else cast(int, num_producers), count))
         self._weights = weights if auto else None
         if weights is not None and len(weights) != count:
@@ -330,9 +413,9 @@ class ProducerPool:
                                   name, self._counters, memory=memory,
                                   work=self._work if self._weights is not None else None) if auto else None
         self._pinned = None if auto else most
-        # Chunks: 1 in ordered mode and for a delivering decoder (see the NOTEs), else no larger than a
-        # producer's share of the buffer.
-        self._chunk = 1 if ordered or self._delivering else (
+        # Chunks: 1 in ordered mode and for a port that waits for the consumer (see the NOTEs),
+        # else no larger than a producer's share of the buffer.
+        self._chunk = 1 if ordered or self._port.waits_for_consumer else (
             chunk_items or max(1, min(CHUNK_ITEMS, buffer.capacity // (2 * most))))
         self._wait = ConsumerWait(warn_after, timeout, self._describe)
         self._feed = Feed(count, ordered=ordered, window=buffer.capacity,
@@ -365,9 +448,8 @@ class ProducerPool:
         :meth:`close`, which still has to be called to join the threads."""
         if self._feed.stop():  # the first stop; the abort also when closed: no unlocked peek decides it
             self._buffer.abort(BufferClosed("the producer pool was closed"))
-            if self._delivering:
-                # wake producers waiting inside it for the consumer (NOTE [ Delivering decoders ] in engine/pool.py)
-                cast(Any, self._decode).stop_waiting()
+            # wakes producers waiting in the port for the consumer (NOTE [ Output port ])
+            self._port.stop()
 
     def close(self, timeout: float = JOIN_TIMEOUT) -> None:
         """Stop and join the producers (NOTE [ Producer shutdown protocol ]); remember the tuned count. Idempotent."""
@@ -416,7 +498,8 @@ class ProducerPool:
 
     @property
     def decode_seconds(self) -> float:
-        """Seconds spent in the decoder so far, summed over producers (and the consumer, inline)."""
+        """Seconds spent in the decoder (and the port, less its waits to put) so far, summed over
+        producers (and the consumer, inline)."""
         return sum(p.busy for p in list(self._producers)) + self._inline.busy
 
     @property
@@ -476,64 +559,60 @@ class ProducerPool:
     # -- producer side -------------------------------------------------------------------------
 
     def _run(self, me: Producer) -> None:
-        """The body of a producer thread: decode items from the feed into the buffer until it is empty.
+        """The body of a producer thread: decode items from the feed and hand each to the port until
+        the feed is empty.
 
-        Follows NOTE [ Producer shutdown protocol ] at the top of this module: a decoder's exception
-        goes into the buffer as a :class:`Failure` in the item's place; anything else that escapes
-        aborts the buffer with an error naming the producer (and the item, if it escaped the
-        decoder); ``BufferClosed`` means the pool was closed; the last producer out closes the buffer.
+        Follows NOTE [ Producer shutdown protocol ] at the top of this module: an exception from the
+        decoder or the port goes into the buffer as a :class:`Failure` in the item's place; anything
+        else that escapes aborts the buffer with an error naming the producer (and the item, if it
+        escaped with one in hand); ``BufferClosed`` means the pool was closed; the last producer out
+        closes the buffer.
         """
         name = cast(threading.Thread, me.thread).name
-        feed, buffer, weights = self._feed, self._buffer, self._weights
-        chunk: list[tuple[int, Any]] = []
-        chunk_size, oldest = self._chunk, 0.0  # oldest: when the oldest item in the chunk was finished
-        decoding: WorkItem | None = None  # the item in the decoder, for a crash report
+        feed, buffer, weights, port = self._feed, self._buffer, self._weights, self._port
+        deliver = port.deliver
+        admit = None
+        if feed.byte_bound:  # ordered, chunks of 1 (NOTE [ Ordered feed ])
+            def admit(pair: Any) -> bool:
+                return feed.admit(me, pair[0], payload_nbytes(pair[1]))
+        chunk = Chunk(buffer, self._chunk, name, admit)
+        holding: WorkItem | None = None  # the item in the decoder or the port, for a crash report
         try:
             while True:
                 seq = feed.take(me)
                 if seq is None:
                     break
                 item = self._make_item(seq)
-                start = time.perf_counter()
-                if chunk and start - oldest >= CHUNK_SECONDS:
-                    buffer.put_many(chunk)  # do not keep finished items through another decode
-                    chunk = []
+                start, put_s = time.perf_counter(), chunk.put_s
+                chunk.flush(start)  # old finished items are not kept through another decode
                 me.current = (item.path, start)
-                decoding = item
+                holding = item
                 try:
                     out: Any = self._decode(item)
                 except Exception as exc:  # reported to the consumer, which applies on_error
                     out = Failure(exc, item, name)
-                decoding = None  # a BaseException (SystemExit, KeyboardInterrupt, ...) leaves it set
+                try:
+                    deliver(seq, item, out, chunk)
+                except BufferClosed:
+                    raise
+                except Exception as exc:  # the port refused it: the item's failure, in its place
+                    chunk.put((seq, Failure(exc, item, name)))
+                holding = None  # a BaseException (SystemExit, KeyboardInterrupt, ...) leaves it set
                 me.current = None
-                end = time.perf_counter()
-                me.busy += end - start
+                me.busy += time.perf_counter() - start - (chunk.put_s - put_s)  # less waits to put
                 me.decoded += 1
                 if weights is not None:
                     me.work += weights[seq]
-                if out is DELIVERED:
-                    continue
-                if chunk_size == 1:
-                    if feed.byte_bound and not feed.admit(me, seq, payload_nbytes(out)):
-                        break  # the pool stops
-                    buffer.put((seq, out))
-                    continue
-                if not chunk:
-                    oldest = end
-                chunk.append((seq, out))
-                if len(chunk) >= chunk_size or end - oldest >= CHUNK_SECONDS:
-                    buffer.put_many(chunk)
-                    chunk = []
-            if chunk:
-                buffer.put_many(chunk)
+            chunk.flush()
         except BufferClosed:
             pass  # the pool was closed: the consumer has gone
         except BaseException as exc:
             err: AudioBufferError
-            if decoding is not None:  # it escaped the decoder: name the item and its file
+            if holding is not None:  # it escaped the decoder or the port: name the item, its file
                 err = SampleError(
-                    f"producer {name} crashed on item {decoding.index} ({decoding.path!r}): "
-                    f"{type(exc).__name__}: {exc}", path=decoding.path, index=decoding.index, producer=name)
+                    f"producer {name} crashed on item {holding.index} ({holding.path!r}): "
+                    f"{type(exc).__name__}: {exc}", path=holding.path, index=holding.index,
+                    producer=name)
             else:
                 err = ProducerError(f"producer {name} crashed: {type(exc).__name__}: {exc}")
             err.__cause__ = exc

@@ -1,7 +1,8 @@
-"""Streamed tar shards in an epoch: the decoder its producers run, which streams a whole shard into the
-epoch's buffer (NOTE [ Streamed shards ] in ``audiobuffer/sources/stream.py``), and, for batches by
-duration, each sample's duration read before it is decoded and the buckets that cut batches as the
-samples arrive (NOTE [ Batches by duration ] in ``audiobuffer/engine/epoch.py``, Streamed shards)."""
+"""Streamed tar shards in an epoch: the decoder and output port its producers run, which stream
+a whole shard into the epoch's buffer (NOTE [ Streamed shards ] in ``sources/stream.py``), and, for
+batches by duration, each sample's duration read before it is decoded and the buckets that cut
+batches as the samples arrive (NOTE [ Batches by duration ] in ``engine/epoch.py``, Streamed
+shards)."""
 
 from __future__ import annotations
 
@@ -15,13 +16,12 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
-from ..buffer import Buffer
 from ..errors import SourceError
 from ..prepare.durations import seconds_of
 from ..sources.item import ReadClock, WorkItem
 from ..sources.tar import MEMBER_STRIDE, SHUFFLE_BUFFER, ShardSample, Truncated, shuffle_buffer
 from .plan import batch_cost, bucket_edges
-from .pool import CHUNK_SECONDS, DELIVERED, Failure
+from .pool import Chunk, Failure
 
 if TYPE_CHECKING:
     from ..sources.stream import ShardStream
@@ -36,72 +36,65 @@ T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
 
-def check_streamable(decoder: Any, ordered: bool, hint: str, *,
-                     ordered_hint: str | None = None) -> None:
-    """Refuse what a streamed source cannot do: an ordered epoch, a decoder that delivers itself
-    (``hint``: what to give instead; ``ordered_hint``, where given: why no epoch is ordered, and
-    what to do)."""
+def check_streamable(ordered: bool, hint: str, *, ordered_hint: str | None = None) -> None:
+    """Refuse what a streamed source cannot do: an ordered epoch (``hint``: what to give instead;
+    ``ordered_hint``, where given: why no epoch is ordered, and what to do)."""
     if ordered:
         if ordered_hint is not None:
             raise ValueError(f"ordered=True needs random access to the samples, and {ordered_hint}")
         raise ValueError(f"ordered=True needs random access to the samples: {hint}; or ordered=False")
-    if getattr(decoder, "delivers_itself", False) is True:
-        raise ValueError(f"{decoder!r} delivers its samples itself, and so does a streamed source: {hint}")
 
 
 class ShardReader:
-    """The decoder a streamed epoch's producers run: an item is a shard, whose samples it decodes and
-    puts into the epoch's buffer itself (see NOTE [ Streamed shards ]).
+    """A streamed epoch's decoder and output port: an item is a shard; :meth:`outputs`, the
+    decoder the producers run, decodes its samples as they stream, and :meth:`deliver`, the pool's
+    port (NOTE [ Output port ] in ``engine/pool.py``), puts each into the epoch's buffer (NOTE
+    [ Streamed shards ]).
 
-    Each output goes in as ``((shard position, last), sample or Failure)``: ``last`` on the shard's
-    final output, so that the consumer marks the shard consumed when it hands that one on. Outputs go
-    in chunks of up to ``chunk`` (a chunk waits at most ``CHUNK_SECONDS``), as a pool's producers
-    hand theirs over; it waits only for room in the buffer, never for the consumer otherwise.
+    Each output goes in as ``((shard position, last), sample or Failure)``: ``last`` on the
+    shard's final output, so that the consumer marks the shard consumed when it hands that one on.
+    Outputs go through the producer's chunk, as any pool's do, and a shard's last ones go when it
+    ends; it waits only for room in the buffer, never for the consumer otherwise.
     Thread safety: one instance serves every producer of an epoch.
     """
 
-    delivers_itself = True
+    in_place = False  # a shard gives many outputs: no ordered pool, no inline decoding
+    waits_for_consumer = False
 
-    def __init__(self, stream: ShardStream, decode: Callable[[WorkItem], Any], buffer: Buffer[Any],
-                 clock: ReadClock, *, shuffle: bool, chunk: int = 1) -> None:
+    def __init__(self, stream: ShardStream, decode: Callable[[WorkItem], Any], clock: ReadClock, *,
+                 shuffle: bool) -> None:
         self._stream = stream
-        self._chunk = chunk
         self._decode = decode
-        self._buffer = buffer
         self._clock = clock
         self._shuffle = shuffle
         self._stopped = threading.Event()
 
-    def stop_waiting(self) -> None:
+    def __repr__(self) -> str:
+        return f"ShardReader({self._stream!r})"
+
+    def stop(self) -> None:
         """The pool stops: read no further (a producer blocked in ``put`` wakes by the buffer's abort)."""
         self._stopped.set()
 
-    def __call__(self, shard: WorkItem) -> Any:
-        put_many, size = self._buffer.put_many, self._chunk
+    def deliver(self, seq: int, shard: WorkItem, out: Any, chunk: Chunk) -> None:
+        """Put each of the shard's outputs (``out``: what :meth:`outputs` returned) as it comes."""
+        if out.__class__ is Failure:  # the pool's, for a shard whose outputs could not be had
+            chunk.put((seq, out))
+            return
         held = None  # each output is put once the next one is known, so that the last is tagged
-        chunk: list[tuple[tuple[int, bool], Any]] = []  # handed over together (NOTE [ Producer shutdown protocol ])
-        oldest = 0.0
-        outputs = self._outputs(shard)
         try:
-            for out in outputs:
+            for sample in out:
                 if held is not None:
-                    now = time.perf_counter()
-                    if not chunk:
-                        oldest = now
-                    chunk.append(((shard.seq, False), held))
-                    if len(chunk) >= size or now - oldest >= CHUNK_SECONDS:
-                        put_many(chunk)
-                        chunk = []
-                held = out
+                    chunk.put(((shard.seq, False), held))
+                held = sample
             if held is not None and not self._stopped.is_set():
-                chunk.append(((shard.seq, True), held))
-            if chunk:
-                put_many(chunk)
+                chunk.put(((shard.seq, True), held))
+            chunk.flush()  # the shard's last outputs now, not with the next shard's
         finally:
-            outputs.close()  # a stop or a closed buffer: the shard's stream is closed now, not when collected
-        return DELIVERED
+            out.close()  # a stop or a closed buffer: the shard's stream closes now, not when freed
 
-    def _outputs(self, shard: WorkItem) -> Generator[Any, None, None]:
+    def outputs(self, shard: WorkItem) -> Generator[Any, None, None]:
+        """The shard's samples decoded (or their failures) as they stream: the pool's decoder."""
         producer = threading.current_thread().name
         failed: list[Exception] = []
         reader = self._read(shard.index, failed)

@@ -1,7 +1,8 @@
 """Recycled batch slots: producers write samples straight into rows of preallocated (pinned) batches.
 
 caffe's ``prefetch_free`` / ``prefetch_full`` pair, made safe for Python callers: :class:`BatchSlotLoader`,
-its slots and the decoder that fills them (:class:`SlotWriter`), and how a sample becomes a row.
+its slots (:class:`SlotWriter`), the pool's port that fills them (:class:`SlotPort`), and how a
+sample becomes a row.
 
 NOTE [ Slot reuse safety ]
 ==========================
@@ -23,13 +24,13 @@ NOTE [ Slots across epochs ]
 ============================
 A slot is free, handed out (its batch may still be held), or busy: being filled, full on its way to
 the buffer, or waiting in it. However an epoch ends (run out, loop left, an exception, ``close()``),
-the producer pool's close aborts the buffer (dropping the full slots in it), calls
-:meth:`SlotWriter.stop_waiting`, which wakes producers waiting for a slot, and joins them
-(NOTE [ Producer shutdown protocol ] and NOTE [ Delivering decoders ] in ``engine/pool.py``). The
-loader then returns every busy slot to the free list, so the next epoch starts with all of them. Each
-epoch has a generation number: a producer that outlived the join (a decoder stuck past
-``JOIN_TIMEOUT``) carries the old one and gets no row in a later epoch, and a slot with a row still
-being written at the end is forgotten, not reused.
+the producer pool's close aborts the buffer (dropping the full slots in it), calls its port's
+``stop``, :meth:`SlotWriter.stop_waiting`, which wakes producers waiting for a slot, and joins them
+(NOTE [ Producer shutdown protocol ] and NOTE [ Output port ] in ``engine/pool.py``). The loader
+then returns every busy slot to the free list, so the next epoch starts with all of them. Each
+epoch has a generation number, which its port carries: a producer that outlived the join (a decoder
+stuck past ``JOIN_TIMEOUT``) writes through the old port and gets no row in a later epoch, and a
+slot with a row still being written at the end is forgotten, not reused.
 
 NOTE [ Slot rows ]
 ==================
@@ -48,7 +49,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 import numpy as np
@@ -57,10 +58,11 @@ import torch
 from .._checks import check_choice, check_decoder, check_int
 from ..engine.epoch import DatasetStats, RunningEpochs, run_epoch
 from ..engine.pipeline import Pipeline
-from ..engine.pool import DELIVERED
+from ..engine.pool import Chunk, Failure
 from ..errors import BufferClosed, SampleError
 from ..options import LoaderOptions, check_keywords
 from ..sources.source import Source, SourceSpec, WorkItem
+from ..sources.stream import ShardStream
 from ._state import EpochCursor, PipelineViews, dataloader_worker
 
 __all__ = [
@@ -69,6 +71,7 @@ __all__ = [
     "Field",
     "RowWriteFailed",
     "Slot",
+    "SlotPort",
     "SlotStats",
     "SlotWriter",
     "convert",
@@ -217,19 +220,13 @@ class Slot:
 
 
 class SlotWriter:
-    """The decoder the producers run: decode, convert, then write into a slot row.
-
-    It delivers whole batches itself (NOTE [ Delivering decoders ] in ``engine/pool.py``): it returns
-    the slot for the item that completes it and ``DELIVERED`` for the others. See also NOTE [ Slot
-    reuse safety ], NOTE [ Slots across epochs ] and NOTE [ Slot rows ].
+    """The batch slots: producers write each decoded sample into a row of one, and the consumer
+    hands each full one out as a batch. Each epoch's producers reach it through its
+    :class:`SlotPort` (:meth:`begin_epoch`). See NOTE [ Slot reuse safety ], NOTE [ Slots across
+    epochs ] and NOTE [ Slot rows ].
     """
 
-    delivers_itself = True
-
-    def __init__(self, decoder: Callable[[WorkItem], Any], transform: Callable[[Any], Any] | None,
-                 batch_size: int, num_slots: int, pin: bool, stats: SlotStats) -> None:
-        self.decoder = decoder
-        self.transform = transform
+    def __init__(self, batch_size: int, num_slots: int, pin: bool, stats: SlotStats) -> None:
         self.batch_size = batch_size
         self.num_slots = num_slots
         self.pin = pin
@@ -247,18 +244,16 @@ class SlotWriter:
         self._closed = False
         self._generation = 0  # one per epoch: NOTE [ Slots across epochs ]
 
-    @property
-    def patterns(self) -> Sequence[str] | None:
-        """The file patterns of the decoder it wraps (what a directory source lists), if it has any."""
-        return getattr(self.decoder, "patterns", None)
-
     # -- producer side -------------------------------------------------------------------------
 
-    def __call__(self, item: WorkItem) -> Any:
-        generation = self._generation
-        sample = self.decoder(item)
-        if self.transform is not None:
-            sample = self.transform(sample)
+    def write(self, generation: int, item: WorkItem, sample: Any) -> Slot | None:
+        """Write ``sample`` into a row; the slot if that row completes it, else ``None``.
+
+        Raises:
+            SampleError: the sample does not fit the slot (NOTE [ Slot rows ]); no row is claimed.
+            BufferClosed: epoch ``generation`` has ended.
+            RowWriteFailed: the claimed row could not be written.
+        """
         if not isinstance(sample, dict):
             raise SampleError(f"BatchSlotLoader needs dict samples, got {type(sample).__name__} from {item.path!r}",
                               path=item.path, index=item.index)
@@ -290,7 +285,7 @@ class SlotWriter:
         with self._cond:
             slot.written += 1
             done = slot.written == self.batch_size
-        return slot if done else DELIVERED
+        return slot if done else None
 
     def _set_layout(self, sample: dict[str, Any]) -> None:
         """The slot's columns, from the first sample (lock held); "lengths" as ``pad_collate`` makes it."""
@@ -377,18 +372,18 @@ class SlotWriter:
             slot, self._filling = self._filling, None
             return slot
 
-    def begin_epoch(self) -> int:
-        """Open the writer for a new epoch; returns the epoch's generation."""
+    def begin_epoch(self) -> SlotPort:
+        """Open the writer for a new epoch; returns the port of the epoch's producers."""
         with self._cond:
             self._generation += 1
             self._closed = False
-            return self._generation
+            return SlotPort(self, self._generation)
 
     def stop_waiting(self) -> None:
         """Wake producers of the running epoch that wait for a slot: the pool is stopping.
 
-        The pool calls it (NOTE [ Delivering decoders ] in ``engine/pool.py``) before joining its
-        threads; :meth:`end_epoch` opens the next generation only after that join.
+        The pool calls it through the port (NOTE [ Output port ] in ``engine/pool.py``) before
+        joining its threads; :meth:`end_epoch` opens the next generation only after that join.
         """
         with self._cond:
             self._closed = True
@@ -420,6 +415,38 @@ class SlotWriter:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+
+
+class SlotPort:
+    """One epoch's output port of the producer pool (NOTE [ Output port ] in ``engine/pool.py``):
+    each decoded sample goes into a row of a slot, and only the slot a row completes goes into the
+    buffer, at once. A sample that does not fit is its item's failure, put in its place.
+
+    It waits for the consumer (a producer waits for a free slot), so its pool runs unordered, with
+    chunks of one and no inline decoding. It carries its epoch's generation: a producer that
+    outlived the epoch's join gets no row in a later one (NOTE [ Slots across epochs ]).
+    """
+
+    in_place = False
+    waits_for_consumer = True
+
+    def __init__(self, writer: SlotWriter, generation: int) -> None:
+        self.writer = writer
+        self.generation = generation
+
+    def __repr__(self) -> str:
+        return f"SlotPort(generation={self.generation})"
+
+    def deliver(self, seq: int, item: WorkItem, out: Any, chunk: Chunk) -> None:
+        if out.__class__ is Failure:
+            chunk.put((seq, out))
+            return
+        slot = self.writer.write(self.generation, item, out)
+        if slot is not None:
+            chunk.put((seq, slot))
+
+    def stop(self) -> None:
+        self.writer.stop_waiting()
 
 
 class SlotStats:
@@ -502,7 +529,8 @@ class BatchSlotLoader(PipelineViews):
             if name in options:
                 raise TypeError(f"BatchSlotLoader takes no {name}: {why}")
         check_keywords("BatchSlotLoader", options, ["batch_size", "num_slots", "drop_last", "pin_memory", "transform"])
-        loader_options = LoaderOptions(buffer_size=num_slots, **options)  # each value checked first
+        # each value checked first
+        loader_options = LoaderOptions(buffer_size=num_slots, transform=transform, **options)
         if loader_options.max_batch_seconds is not None:
             raise ValueError("BatchSlotLoader takes no max_batch_seconds: its slots hold batch_size rows; batch by "
                             "duration with BufferedDataset or IsolatedLoader")
@@ -512,11 +540,16 @@ class BatchSlotLoader(PipelineViews):
         self.drop_last = bool(drop_last)
         self.pin_memory = pin
         self.slot_stats = SlotStats()
-        self._writer = SlotWriter(decoder, transform, batch_size, num_slots, pin, self.slot_stats)
-        # The producers run the writer, which delivers whole batches itself (NOTE [ Delivering decoders ]
-        # in engine/pool.py); the slots cover the buffer: producers never hold more complete slots than there are.
-        #: What the epochs run over: the source, the writer, the options (one copy of each).
-        self.pipeline = Pipeline.build(source, self._writer, loader_options)
+        # The producers write rows through the writer's port, which puts only whole batches (NOTE
+        # [ Output port ] in engine/pool.py); the slots cover the buffer: producers never hold more
+        # complete slots than there are.
+        self._writer = SlotWriter(batch_size, num_slots, pin, self.slot_stats)
+        #: What the epochs run over: the source, the decoder, the options (one copy of each).
+        self.pipeline = Pipeline.build(source, decoder, loader_options)
+        if isinstance(self.pipeline.source, ShardStream):
+            raise ValueError(f"BatchSlotLoader writes each sample into a row of a batch, and "
+                             f"streamed shards put their samples into the buffer as they stream: "
+                             f"{self.pipeline.source.random_access_hint}")
         self._cursor = EpochCursor(self.pipeline)
         self._epochs = RunningEpochs("BatchSlotLoader")
         self._lock = threading.Lock()
@@ -529,7 +562,8 @@ class BatchSlotLoader(PipelineViews):
 
     def __repr__(self) -> str:
         options = self.pipeline.options
-        return (f"BatchSlotLoader({self.source.description}, {self._writer.decoder!r}, items={len(self.source)}, "
+        return (f"BatchSlotLoader({self.source.description}, {self.pipeline.decoder!r}, "
+                f"items={len(self.source)}, "
                 f"batch_size={self.batch_size}, num_slots={self.num_slots}, drop_last={self.drop_last}, "
                 f"pin_memory={self.pin_memory}, num_producers={options.num_producers!r}, "
                 f"shuffle={options.shuffle}, on_error={options.on_error!r})")
@@ -553,10 +587,10 @@ class BatchSlotLoader(PipelineViews):
             self._running = True
         try:
             writer = self._writer
-            writer.begin_epoch()
+            port = writer.begin_epoch()
             self._rows = 0
             shard, _ = self._cursor.begin(dataloader_worker())  # no state_dict: nothing to resume
-            run = run_epoch(self.pipeline, shard)
+            run = run_epoch(self.pipeline, shard, port=port)
             epoch = self._epochs.run(run, self.pipeline.options.on_error)
             try:
                 for slot in epoch:
@@ -569,7 +603,7 @@ class BatchSlotLoader(PipelineViews):
                         self._rows += partial.claimed
                         yield writer.hand_out(partial, partial.claimed)
             finally:
-                # The pool aborts its buffer, wakes producers waiting for a slot (it calls
+                # The pool aborts its buffer, wakes producers waiting for a slot (its port calls
                 # writer.stop_waiting) and joins them; then every slot not handed out is free again.
                 epoch.close()
                 writer.end_epoch()

@@ -1,6 +1,6 @@
 """Tar shards streamed from start to end, without an index: :class:`ShardStream`, a source whose unit
 of work is a shard, and :func:`as_source`, which picks the kind of source a loader was given. The
-producers' decoder that streams a shard is :class:`~audiobuffer.engine.streamed.ShardReader`.
+producers' decoder and port that stream a shard: :class:`~audiobuffer.engine.streamed.ShardReader`.
 
 NOTE [ Streamed shards ]
 ========================
@@ -10,8 +10,8 @@ A :class:`ShardStream` is a source whose unit of work is a shard. The epoch plan
 takes a shard and streams it whole and in order (:func:`~audiobuffer.sources.iter_shard`; remote
 shards in ranged blocks of ``STREAM_BLOCK`` bytes), with ``shuffle=True`` through a shuffle buffer
 of :data:`SHUFFLE_BUFFER` samples seeded by (seed, epoch, shard) (WebDataset's ``shuffle(n)``),
-decoding each sample as it comes and putting it into the epoch's buffer itself (``ShardReader`` is a
-delivering decoder, NOTE [ Delivering decoders ] in ``engine/pool.py``). Producers waiting on the
+decoding each sample as it comes and putting it into the epoch's buffer (``ShardReader`` is the
+pool's output port, NOTE [ Output port ] in ``engine/pool.py``). Producers waiting on the
 network hold no GIL, so shards stream in parallel. Every sample of the shards an epoch plans is
 yielded exactly once.
 

@@ -594,16 +594,16 @@ def main() -> None:
             return
         sys.path[:] = [p for p in setup.sys_path if p] + [p for p in sys.path if p not in setup.sys_path]
         try:
-            from ...decoders import _common
+            from ...decoders._common import numpy_output
             from . import tables
 
-            _common.TENSORS = False
             if outbox is not None:  # the item table's region, sent before the setup
                 tables.adopt(outbox.receive_descriptors())
             spec = pickle.loads(setup.spec)
             if spec["background"]:
                 _lower_priority()
             helper = Helper(channel, spec, outbox)
+            numpy_output(helper.pipeline.decoder)  # no torch here: the decoder keeps numpy arrays
         except Exception as exc:
             channel.send(SetupFailed(PROTOCOL_VERSION, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
             return
