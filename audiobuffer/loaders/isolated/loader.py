@@ -29,9 +29,10 @@ import torch
 
 from ...buffer import BufferStats
 from ...engine.cancel import on_cancel
-from ...engine.epoch import DatasetStats, EpochCounts, closed_at_exit, mixture_counts
+from ...engine.epoch import EpochCounts, closed_at_exit, mixture_counts
 from ...engine.pipeline import EpochLayout, Pipeline
 from ...engine.plan import EpochShard
+from ...engine.stats import DatasetStats
 from ...errors import BufferClosed, DecodeError, HelperError, SampleError, StallError
 from ...options import ErrorPolicy, LoaderOptions, ProducerCount, check_keywords
 from ...sources.source import Source, SourceSpec, WorkItem
