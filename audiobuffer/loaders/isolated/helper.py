@@ -102,6 +102,7 @@ from .protocol import (
     EpochError,
     Free,
     FromHelper,
+    HelperSpec,
     Log,
     Ready,
     SampleFailed,
@@ -283,11 +284,11 @@ class Helper:
     """The helper's state: the spec from the trainer (its pipeline, the batching and slot setup), the slots,
     the running epoch."""
 
-    def __init__(self, channel: Channel, spec: dict[str, Any], outbox: _shm.HelperSocket | None) -> None:
+    def __init__(self, channel: Channel, spec: HelperSpec, outbox: _shm.HelperSocket | None) -> None:
         self.channel = channel
         self.spec = spec
-        self.pipeline: Pipeline = spec["pipeline"]
-        self.slots = _Slots(spec["num_slots"], spec["slot_bytes"], outbox)
+        self.pipeline: Pipeline = spec.pipeline
+        self.slots = _Slots(spec.num_slots, spec.slot_bytes, outbox)
         self._epoch: threading.Thread | None = None
         self._gen = -1
         self._pool: ProducerPool | None = None
@@ -329,7 +330,7 @@ class Helper:
             self.channel.send(EpochError(start.gen, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
 
     def _epoch_body(self, start: StartEpoch) -> None:
-        gen, batch_size, policy = start.gen, self.spec["batch_size"], self.pipeline.options.on_error
+        gen, batch_size, policy = start.gen, self.spec.batch_size, self.pipeline.options.on_error
         # Batches by duration come laid out by the trainer; samples are planned here, as in process.
         epoch = set_up_epoch(self.pipeline, start.shard, resume=start.consumed, layout=start.layout)
         layout, buffer, pool, make_item = epoch.layout, epoch.buffer, epoch.pool, epoch.make_item
@@ -362,7 +363,7 @@ class Helper:
                         return
                     # else the batch, short of its misfits, fills up from the next samples
             done = not pool.stopped
-            if done and not self.spec["drop_last"]:
+            if done and not self.spec.drop_last:
                 while samples and not self._send_batch(gen, samples, taken, positions, pool, make_item):
                     if policy == "raise":
                         return
@@ -432,13 +433,13 @@ class Helper:
             raise
         except Exception:  # a sample that cannot be collated, or a field that does not pickle
             slots.release(slot)
-            misfits = _misfits(samples, self.spec["key"])
+            misfits = _misfits(samples, self.spec.key)
             if not misfits:
                 raise  # not the samples': a bug of ours
             for i in sorted(misfits, reverse=True):
                 item, cause = make_item(taken[i]), misfits[i]
                 error = SampleError(f"its sample cannot join a batch: {type(cause).__name__}: {cause} (a batch's "
-                                    f"samples are dicts with the keys of its first one, {self.spec['key']!r} an array "
+                                    f"samples are dicts with the keys of its first one, {self.spec.key!r} an array "
                                     f"of numbers that differs from the first one's only in its last axis, and values "
                                     f"that pickle: convert them in the decoder or a transform)",
                                     path=item.path, index=item.index)
@@ -455,7 +456,7 @@ class Helper:
     def _collate(self, slot: int, samples: list[Any]) -> dict[str, Any]:
         """Collate ``samples`` into ``slot``, grown once if the batch does not fit; :attr:`Batch.fields`:
         where each array went in the slot (a :class:`SlotArray`), or the values themselves."""
-        slots, key = self.slots, self.spec["key"]
+        slots, key = self.slots, self.spec.key
         arena = SlotArena(slots.buffer(slot))
         batch = collate_numpy(samples, key=key, allocate=arena)
         if arena.overflow:  # a batch larger than the slot: grow it once, collate again
@@ -600,8 +601,8 @@ def main() -> None:
             _common.TENSORS = False
             if outbox is not None:  # the item table's region, sent before the setup
                 tables.adopt(outbox.receive_descriptors())
-            spec = pickle.loads(setup.spec)
-            if spec["background"]:
+            spec: HelperSpec = pickle.loads(setup.spec)
+            if spec.background:
                 _lower_priority()
             helper = Helper(channel, spec, outbox)
         except Exception as exc:
@@ -609,7 +610,7 @@ def main() -> None:
             return
         channel.send(Ready(PROTOCOL_VERSION, {"pid": os.getpid(), "torch": "torch" in sys.modules,
                                               "gil": getattr(sys, "_is_gil_enabled", lambda: True)(),
-                                              "segments": [helper.slots.name(i) for i in range(spec["num_slots"])]}))
+                                              "segments": [helper.slots.name(i) for i in range(spec.num_slots)]}))
         while True:
             message = channel.receive()
             if isinstance(message, Free):

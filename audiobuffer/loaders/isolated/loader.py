@@ -39,7 +39,7 @@ from ...sources.source import Source, SourceSpec, WorkItem
 from .._state import EpochCursor, PipelineViews, StateKeys
 from . import tables
 from .channel import CLOSED, HelperChannel, RemoteTraceback, death_message, not_the_owner, pickle_by_reference
-from .protocol import Batch, EpochEnd, EpochError, SampleFailed, Skipped, Stalled, StartEpoch
+from .protocol import Batch, EpochEnd, EpochError, HelperSpec, SampleFailed, Skipped, Stalled, StartEpoch
 
 __all__ = ["IsolatedLoader", "TrainerRun"]
 
@@ -229,9 +229,9 @@ class IsolatedLoader(PipelineViews, StateKeys):
             raise
         self._region = regions[0]  # its descriptor closes with it, or on close()
         self.pipeline = pipeline = dataclasses.replace(pipeline, source=here)
-        spec = {"pipeline": dataclasses.replace(pipeline, source=there, options=listed, batching=None),
-                "batch_size": batch_size, "drop_last": self.drop_last, "num_slots": num_slots,
-                "slot_bytes": slot_bytes, "key": key, "background": bool(background)}
+        spec = HelperSpec(dataclasses.replace(pipeline, source=there, options=listed, batching=None),
+                          batch_size=batch_size, drop_last=self.drop_last, num_slots=num_slots,
+                          slot_bytes=slot_bytes, key=key, background=bool(background))
         self._spec = pickle_by_reference(spec, "pipeline")
         self._cursor = EpochCursor(pipeline)
         self._lock = threading.Lock()
