@@ -1,7 +1,8 @@
 """One epoch, set up and run: :func:`set_up_epoch` (layout, buffer, producer pool) is how every loader's
-epochs start, the helper process's too; :func:`run_epoch` wraps it in the in-process consumer that
-yields samples, planned batches by duration, or batches cut as streamed samples arrive, with its
-counts, error policy and stats.
+epochs start, the helper process's too; :func:`run_epoch` wraps it in the consumer that yields
+samples, planned batches by duration, or batches cut as streamed samples arrive, with its counts,
+error policy and stats. The helper process runs the same consumer into a :class:`BatchSink`
+(:func:`feed`).
 
 NOTE [ Batches by duration ]
 ============================
@@ -54,7 +55,7 @@ import weakref
 from collections import Counter
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 import numpy as np
 
@@ -75,8 +76,8 @@ if TYPE_CHECKING:
     from .pipeline import DurationBatching, EpochLayout, Pipeline
     from .plan import EpochShard
 
-__all__ = ["Assembler", "BatchEpochRun", "EpochCounts", "EpochRun", "EpochSetup", "PaddingMeter",
-           "RunningEpochs", "StreamBatchRun", "mixture_counts", "run_epoch", "set_up_epoch"]
+__all__ = ["Assembler", "BatchEpochRun", "BatchSink", "EpochCounts", "EpochRun", "EpochSetup", "PaddingMeter",
+           "RunningEpochs", "StreamBatchRun", "feed", "mixture_counts", "run_epoch", "set_up_epoch"]
 
 logger = logging.getLogger(__name__)
 
@@ -216,13 +217,11 @@ class EpochCounts:
         self.start = time.perf_counter()
         self.end: float | None = None
 
-    def skip(self, index: int, path: str, reason: str, summary: str, policy: ErrorPolicy) -> None:
-        """Count a failed item that ``policy`` skips (``"warn"``: log ``summary`` too)."""
+    def count_failure(self, index: int, path: str, reason: str) -> None:
+        """Count a failed item that the error policy skipped (:meth:`EpochRun.fail` applied it)."""
         self.failed += 1
         if len(self.failures) < MAX_LISTED_FAILURES:
             self.failures.append((index, path, reason))
-        if policy == "warn":
-            logger.warning("skipping %s", summary)
 
     def count_header_failures(self, batching: DurationBatching) -> None:
         """Count the items whose header failed, in rank 0's first worker only: those items are in no rank's
@@ -231,9 +230,7 @@ class EpochCounts:
             return
         for index, path, message in batching.failures:
             self.items += 1  # an item of the epoch, failed: yielded + failed == items
-            self.failed += 1
-            if len(self.failures) < MAX_LISTED_FAILURES:
-                self.failures.append((index, path, message))
+            self.count_failure(index, path, message)
 
     def stats(self, *, num_producers: int, **measured: Any) -> DatasetStats:
         """The counts now, with what the producers' side ``measured`` (:class:`DatasetStats`' other fields)."""
@@ -331,9 +328,9 @@ def set_up_epoch(pipeline: Pipeline, shard: EpochShard, *, resume: bytes | None 
 
 
 def run_epoch(pipeline: Pipeline, shard: EpochShard, *, resume: bytes | None = None) -> EpochRun:
-    """Epoch ``shard`` of ``pipeline`` with its in-process consumer, not started (:class:`RunningEpochs`
-    starts it): samples, batches by duration (:class:`BatchEpochRun`), or streamed samples batched as they
-    arrive (:class:`StreamBatchRun`).
+    """Epoch ``shard`` of ``pipeline`` with its consumer, not started (:class:`RunningEpochs` starts it):
+    samples, batches by duration (:class:`BatchEpochRun`), or streamed samples batched as they arrive
+    (:class:`StreamBatchRun`).
 
     Raises:
         ResumeError: ``resume`` does not have one byte per unit of this shard's epoch.
@@ -350,8 +347,12 @@ def run_epoch(pipeline: Pipeline, shard: EpochShard, *, resume: bytes | None = N
 
 
 class EpochRun(EpochCounts):
-    """One running (or finished) epoch in this process: its pool and buffer, and the consumer's counts;
-    :meth:`consume` yields samples."""
+    """One running (or finished) epoch: its pool and buffer, and THE consumer of its outputs, with its
+    counts and error policy (:meth:`units`; in process :meth:`consume`, in the helper process
+    :func:`feed`); this class yields samples.
+
+    Thread safety: one thread consumes; :meth:`snapshot` from any thread.
+    """
 
     def __init__(self, setup: EpochSetup, *, batched: bool = False) -> None:
         super().__init__(setup.shard, setup.layout, batched=batched, sources=setup.sources)
@@ -360,17 +361,28 @@ class EpochRun(EpochCounts):
         self.pool = setup.pool
         self.buffer = setup.buffer
         self.clock = setup.clock
+        self.make_item = setup.make_item
         #: Marks the consumer's ``seq`` consumed (a streamed epoch: a shard, by its last sample).
         self.mark: Callable[[Any], None] = self._mark_shard if setup.layout.streamed else self._mark_item
+        #: Where :func:`feed` hands the epoch on (the helper process): it is told of every failure.
+        self.sink: BatchSink | None = None
+        #: With :func:`feed`, the positions marked consumed since the last batch it handed on.
+        self.marked: list[int] | None = None
+
+    def mark_consumed(self, position: int) -> None:
+        """Mark the unit at ``position`` of the full epoch consumed (handed on or failed)."""
+        self.consumed[position] = 1
+        if self.marked is not None:
+            self.marked.append(position)
 
     def _mark_item(self, seq: int) -> None:
         positions = self.layout.positions
-        self.consumed[seq if positions is None else positions[seq]] = 1
+        self.mark_consumed(seq if positions is None else positions[seq])
 
     def _mark_shard(self, tag: Any) -> None:
         shard, last = self.shard_of(tag)
         if last:
-            self.consumed[shard] = 1
+            self.mark_consumed(shard)
 
     def shard_of(self, tag: Any) -> tuple[int, bool]:
         """A streamed epoch's tag as ``(shard position, whether it is the shard's last output)``: a
@@ -388,7 +400,13 @@ class EpochRun(EpochCounts):
                           buffer=self.buffer.stats, producer_history=self.pool.history, gil_enabled=gil_enabled())
 
     def consume(self, policy: ErrorPolicy) -> Iterator[Any]:
-        """Yield each sample from the pool once, marking its position consumed; apply ``policy`` to failures."""
+        """What the training loop takes: each output of :meth:`units`."""
+        for out, _ in self.units(policy):
+            yield out
+
+    def units(self, policy: ErrorPolicy) -> Iterator[tuple[Any, Any]]:
+        """Yield each sample from the pool once, as ``(sample, its seq)``, marking its position consumed;
+        apply ``policy`` to failures."""
         mark, streamed = self.mark, self.shards is not None
         for seq, out in self.pool:
             mark(seq)
@@ -398,49 +416,66 @@ class EpochRun(EpochCounts):
                 self.fail(out, policy)
                 continue
             self.yielded += 1
-            yield out
+            yield out, seq
 
     def fail(self, failure: Failure, policy: ErrorPolicy) -> None:
-        """Apply the error policy to a failed item: raise it, or count (and log) it and go on."""
+        """Apply the error policy to a failed item, the one place it is applied: tell the sink (the helper's
+        trainer counts the failure, or raises it), then raise it, or count (and log) it and go on."""
         item, exc = cast(WorkItem, failure.item), failure.exc  # a producer's Failure always has its item
-        message = (f"item {item.index} ({item.path!r}) failed in {failure.producer}: "
-                   f"{type(exc).__name__}: {exc}")
+        if self.sink is not None:
+            self.sink.fail(failure, fatal=policy == "raise")
+        reason = f"{type(exc).__name__}: {exc}"
+        message = f"item {item.index} ({item.path!r}) failed in {failure.producer}: {reason}"
         if policy == "raise":
             cls = DecodeError if isinstance(exc, DecodeError) else SampleError
             raise cls(message, path=item.path, index=item.index, producer=failure.producer) from exc
-        self.skip(item.index, item.path, f"{type(exc).__name__}: {exc}", message, policy)
+        self.count_failure(item.index, item.path, reason)
+        if policy == "warn":
+            logger.warning("skipping %s", message)
 
 
 class BatchEpochRun(EpochRun):
     """One epoch of batches by duration: the consumed mask counts batches, and :meth:`consume` yields
-    whole batches (lists of samples; NOTE [ Batches by duration ], Assembly)."""
+    whole batches (lists of samples; NOTE [ Batches by duration ], Assembly).
 
-    def __init__(self, setup: EpochSetup, batching: DurationBatching) -> None:
+    ``batching``: ``None`` in the helper process, which decodes the batches its trainer planned (the
+    trainer counts the items whose header failed, and the padding).
+    """
+
+    def __init__(self, setup: EpochSetup, batching: DurationBatching | None) -> None:
         super().__init__(setup, batched=True)
         self.batching = batching
         self.assembler = Assembler(cast(list[int], setup.layout.sizes), in_order=setup.layout.in_step)
-        self.count_header_failures(batching)
+        if batching is not None:
+            self.count_header_failures(batching)
 
     def consume(self, policy: ErrorPolicy) -> Iterator[list[Any]]:
-        """Yield each complete batch once."""
+        """Yield each complete batch once, but those whose samples all failed."""
+        for samples, _ in self.units(policy):
+            if samples:
+                yield samples
+
+    def units(self, policy: ErrorPolicy) -> Iterator[tuple[list[Any], list[int]]]:
+        """Yield each complete batch once, as ``(samples, their seqs)``; empty if its samples all failed."""
         layout, assembler = self.layout, self.assembler
         for seq, out in self.pool:
             if out.__class__ is Failure:
                 self.fail(out, policy)  # raises under "raise"
             for b, outs in assembler.add(seq, out):
-                self.consumed[layout.position(b)] = 1
+                self.mark_consumed(layout.position(b))
+                first = assembler.start(b)
                 kept = [i for i, o in enumerate(outs) if o.__class__ is not Failure]
                 if not kept:
                     self.empty_batches += 1
+                    yield [], []
                     continue
                 self.batches = cast(int, self.batches) + 1
                 self.yielded += len(kept)
                 samples = [outs[i] for i in kept]
-                if not self.padding.add_samples(samples):  # samples without frames: their durations
-                    first = assembler.start(b)
+                if not self.padding.add_samples(samples) and self.batching:  # no frames: durations
                     self.batching.add_padding(self.padding, layout.indices[first:first + len(outs)][kept],
                                               seed=self.seed, epoch=self.number)
-                yield samples
+                yield samples, [first + i for i in kept]
 
 
 class StreamBatchRun(EpochRun):
@@ -454,7 +489,7 @@ class StreamBatchRun(EpochRun):
         self._waiting: Counter[int] = Counter()  # shard position -> its samples in a bucket
         self._ended: set[int] = set()  # the shards whose last output came
 
-    def consume(self, policy: ErrorPolicy) -> Iterator[list[Any]]:
+    def units(self, policy: ErrorPolicy) -> Iterator[tuple[list[Any], None]]:
         """Yield each batch once, as the buckets fill, then every bucket at the end of the epoch."""
         for tag, out in self.pool:
             self.items += 1
@@ -468,10 +503,10 @@ class StreamBatchRun(EpochRun):
             length, content, sample = out
             self._waiting[shard] += 1
             for batch in self.buckets.add(length, (content, shard, sample)):
-                yield self._hand_on(batch)
+                yield self._hand_on(batch), None
         if not self.pool.stopped:  # the epoch's end, not a close(): the batches left in the buckets
             for batch in self.buckets.flush():
-                yield self._hand_on(batch)
+                yield self._hand_on(batch), None
 
     def _hand_on(self, batch: list[tuple[float, tuple[float, int, Any]]]) -> list[Any]:
         """Count ``batch`` and mark the shards it completes (before the consumer gets it, as every mark)."""
@@ -489,8 +524,75 @@ class StreamBatchRun(EpochRun):
     def _settle(self, shard: int) -> None:
         """Mark ``shard`` consumed once its last output came and none of its samples waits in a bucket."""
         if shard in self._ended and self._waiting[shard] <= 0:
-            self.consumed[shard] = 1
+            self.mark_consumed(shard)
             del self._waiting[shard]
+
+
+class BatchSink(Protocol):
+    """Where :func:`feed` hands an epoch on: the helper process's shared-memory slots, which its trainer
+    copies out. The trainer counts what it is told; the error policy was applied before."""
+
+    def put(self, samples: list[Any], seqs: list[int], positions: list[int]) -> dict[int, Failure]:
+        """Hand on a batch of ``samples`` (sequence numbers ``seqs``) consuming ``positions``; or hand on
+        nothing and return the samples that cannot join a batch (by place), as their items' failures."""
+
+    def skip(self, position: int) -> None:
+        """The batch by duration at ``position`` is consumed with no batch: its samples all failed."""
+
+    def fail(self, failure: Failure, *, fatal: bool) -> None:
+        """An item failed; ``fatal``: the error policy raises it and the epoch ends."""
+
+    def end(self, positions: list[int]) -> None:
+        """The epoch ran to its end; ``positions``: those consumed after the last batch."""
+
+
+def feed(run: EpochRun, sink: BatchSink, policy: ErrorPolicy, *, batch_size: int | None = None,
+         drop_last: bool = False) -> None:
+    """Consume ``run`` (its pool started) into ``sink``: its samples in batches of ``batch_size``, or, with
+    ``None``, the batches by duration it assembles, each with the positions consumed since the one before
+    (its samples', the failures'). A sample the sink refuses fails as its item under ``policy``, and the
+    batch goes on without it (one of ``batch_size`` fills up from the next samples). Returns when the
+    epoch ends, is stopped, or ``policy`` raised a failure (the sink was told); raises what else the pool
+    (``StallError``, ``BufferClosed``) or the sink raises."""
+    run.sink, run.marked = sink, []
+    samples: list[Any] = []
+    seqs: list[int] = []
+    try:
+        for out, taken in run.units(policy):
+            if batch_size is None:  # a whole batch by duration: empty if its samples all failed
+                samples, seqs = out, taken
+                while samples and not _hand_on(run, sink, samples, seqs, policy):
+                    pass
+                if run.marked:  # nothing handed on: the batch's position goes alone
+                    sink.skip(run.marked.pop())
+                continue
+            samples.append(out)
+            seqs.append(taken)
+            if len(samples) == batch_size:
+                _hand_on(run, sink, samples, seqs, policy)  # short of misfits: fills up from the next
+        if run.pool.stopped:
+            return
+        while samples and not drop_last and not _hand_on(run, sink, samples, seqs, policy):
+            pass
+        sink.end(run.marked)
+    except SampleError:  # the error policy raised a failure: run.fail told the sink, the epoch ends
+        return
+
+
+def _hand_on(run: EpochRun, sink: BatchSink, samples: list[Any], seqs: list[int],
+             policy: ErrorPolicy) -> bool:
+    """Put ``samples`` into ``sink`` with the positions marked since the last batch: ``True`` once put,
+    the lists emptied; else ``False``, its misfits failed under ``policy`` and taken out."""
+    misfits = sink.put(samples, seqs, cast(list[int], run.marked))
+    if not misfits:
+        samples.clear()
+        seqs.clear()
+        run.marked = []
+        return True
+    for i in sorted(misfits, reverse=True):
+        run.fail(misfits[i], policy)  # raises under "raise"
+        del samples[i], seqs[i]
+    return False
 
 
 #: The epochs' generators still open (weakly): closed when the interpreter exits (see closed_at_exit).
