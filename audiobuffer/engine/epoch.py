@@ -328,9 +328,9 @@ def set_up_epoch(pipeline: Pipeline, shard: EpochShard, *, resume: bytes | None 
 
 
 def run_epoch(pipeline: Pipeline, shard: EpochShard, *, resume: bytes | None = None) -> EpochRun:
-    """Epoch ``shard`` of ``pipeline`` with its consumer, not started (:class:`RunningEpochs` starts it):
-    samples, batches by duration (:class:`BatchEpochRun`), or streamed samples batched as they arrive
-    (:class:`StreamBatchRun`).
+    """Epoch ``shard`` of ``pipeline`` with its in-process consumer, not started (:class:`RunningEpochs`
+    starts it): samples, batches by duration (:class:`BatchEpochRun`), or streamed samples batched as they
+    arrive (:class:`StreamBatchRun`).
 
     Raises:
         ResumeError: ``resume`` does not have one byte per unit of this shard's epoch.
