@@ -1,5 +1,6 @@
-"""The epoch consumer fed into a sink (``feed`` in audiobuffer/engine/epoch.py), as the isolated loader's
-helper process runs it: batches with the positions they consume, failures under the error policy."""
+"""The epoch consumer fed into a sink (``feed`` in audiobuffer/engine/epoch.py), as the isolated
+loader's helper process runs it: batches with the positions they consume, failures under the error
+policy."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ class ListSink:
 
     def put(self, samples, seqs, positions):
         misfits = {i: Failure(ValueError("refused"), self.run.make_item(seq), "collate")
-                   for i, (sample, seq) in enumerate(zip(samples, seqs)) if sample["index"] in self.refuse}
+                   for i, (sample, seq) in enumerate(zip(samples, seqs))
+                   if sample["index"] in self.refuse}
         if misfits:
             return misfits
         self.batches.append(([s["index"] for s in samples], list(positions)))
@@ -48,9 +50,10 @@ class ListSink:
         self.ended = list(positions)
 
 
-def fed(source, *, batch_size=None, drop_last=False, refuse=(), policy="skip", decoder=None, **options):
-    pipeline = Pipeline.build(source, decoder or IndexDecoder(), LoaderOptions(ordered=True, on_error=policy,
-                                                                              **options))
+def fed(source, *, batch_size=None, drop_last=False, refuse=(), policy="skip", decoder=None,
+        **options):
+    options = LoaderOptions(ordered=True, on_error=policy, **options)
+    pipeline = Pipeline.build(source, decoder or IndexDecoder(), options)
     run = run_epoch(pipeline, EpochShard(0))
     sink = ListSink(run, refuse)
     run.pool.start()

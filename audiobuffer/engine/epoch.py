@@ -76,8 +76,9 @@ if TYPE_CHECKING:
     from .pipeline import DurationBatching, EpochLayout, Pipeline
     from .plan import EpochShard
 
-__all__ = ["Assembler", "BatchEpochRun", "BatchSink", "EpochCounts", "EpochRun", "EpochSetup", "PaddingMeter",
-           "RunningEpochs", "StreamBatchRun", "feed", "mixture_counts", "run_epoch", "set_up_epoch"]
+__all__ = ["Assembler", "BatchEpochRun", "BatchSink", "EpochCounts", "EpochRun", "EpochSetup",
+           "PaddingMeter", "RunningEpochs", "StreamBatchRun", "feed", "mixture_counts", "run_epoch",
+           "set_up_epoch"]
 
 logger = logging.getLogger(__name__)
 
@@ -347,8 +348,8 @@ def run_epoch(pipeline: Pipeline, shard: EpochShard, *, resume: bytes | None = N
 
 
 class EpochRun(EpochCounts):
-    """One running (or finished) epoch: its pool and buffer, and THE consumer of its outputs, with its
-    counts and error policy (:meth:`units`; in process :meth:`consume`, in the helper process
+    """One running (or finished) epoch: its pool and buffer, and THE consumer of its outputs, with
+    its counts and error policy (:meth:`units`; in process :meth:`consume`, in the helper process
     :func:`feed`); this class yields samples.
 
     Thread safety: one thread consumes; :meth:`snapshot` from any thread.
@@ -405,8 +406,8 @@ class EpochRun(EpochCounts):
             yield out
 
     def units(self, policy: ErrorPolicy) -> Iterator[tuple[Any, Any]]:
-        """Yield each sample from the pool once, as ``(sample, its seq)``, marking its position consumed;
-        apply ``policy`` to failures."""
+        """Yield each sample from the pool once, as ``(sample, its seq)``, marking its position
+        consumed; apply ``policy`` to failures."""
         mark, streamed = self.mark, self.shards is not None
         for seq, out in self.pool:
             mark(seq)
@@ -419,8 +420,8 @@ class EpochRun(EpochCounts):
             yield out, seq
 
     def fail(self, failure: Failure, policy: ErrorPolicy) -> None:
-        """Apply the error policy to a failed item, the one place it is applied: tell the sink (the helper's
-        trainer counts the failure, or raises it), then raise it, or count (and log) it and go on."""
+        """Apply the error policy to a failed item, the one place it is applied: tell the sink (the
+        helper's trainer counts or raises it), then raise it, or count (and log) it and go on."""
         item, exc = cast(WorkItem, failure.item), failure.exc  # a producer's Failure always has its item
         if self.sink is not None:
             self.sink.fail(failure, fatal=policy == "raise")
@@ -456,7 +457,7 @@ class BatchEpochRun(EpochRun):
                 yield samples
 
     def units(self, policy: ErrorPolicy) -> Iterator[tuple[list[Any], list[int]]]:
-        """Yield each complete batch once, as ``(samples, their seqs)``; empty if its samples all failed."""
+        """Yield each complete batch once, as ``(samples, seqs)``; empty if they all failed."""
         layout, assembler = self.layout, self.assembler
         for seq, out in self.pool:
             if out.__class__ is Failure:
@@ -529,15 +530,15 @@ class StreamBatchRun(EpochRun):
 
 
 class BatchSink(Protocol):
-    """Where :func:`feed` hands an epoch on: the helper process's shared-memory slots, which its trainer
-    copies out. The trainer counts what it is told; the error policy was applied before."""
+    """Where :func:`feed` hands an epoch on: the helper process's shared-memory slots, which its
+    trainer copies out. The trainer counts what it is told; the error policy was applied before."""
 
     def put(self, samples: list[Any], seqs: list[int], positions: list[int]) -> dict[int, Failure]:
-        """Hand on a batch of ``samples`` (sequence numbers ``seqs``) consuming ``positions``; or hand on
-        nothing and return the samples that cannot join a batch (by place), as their items' failures."""
+        """Hand on a batch of ``samples`` (sequence numbers ``seqs``) consuming ``positions``; or
+        hand on nothing and return the samples that cannot join a batch (by place), as failures."""
 
     def skip(self, position: int) -> None:
-        """The batch by duration at ``position`` is consumed with no batch: its samples all failed."""
+        """The batch by duration at ``position`` is consumed with no batch: its samples failed."""
 
     def fail(self, failure: Failure, *, fatal: bool) -> None:
         """An item failed; ``fatal``: the error policy raises it and the epoch ends."""
@@ -548,12 +549,12 @@ class BatchSink(Protocol):
 
 def feed(run: EpochRun, sink: BatchSink, policy: ErrorPolicy, *, batch_size: int | None = None,
          drop_last: bool = False) -> None:
-    """Consume ``run`` (its pool started) into ``sink``: its samples in batches of ``batch_size``, or, with
-    ``None``, the batches by duration it assembles, each with the positions consumed since the one before
-    (its samples', the failures'). A sample the sink refuses fails as its item under ``policy``, and the
-    batch goes on without it (one of ``batch_size`` fills up from the next samples). Returns when the
-    epoch ends, is stopped, or ``policy`` raised a failure (the sink was told); raises what else the pool
-    (``StallError``, ``BufferClosed``) or the sink raises."""
+    """Consume ``run`` (its pool started) into ``sink``: its samples in batches of ``batch_size``,
+    or, with ``None``, the batches by duration it assembles, each with the positions consumed since
+    the one before (its samples', the failures'). A sample the sink refuses fails as its item under
+    ``policy``, and the batch goes on without it (one of ``batch_size`` fills up from the next
+    samples). Returns when the epoch ends, is stopped, or ``policy`` raised a failure (the sink was
+    told); raises what else the pool (``StallError``, ``BufferClosed``) or the sink raises."""
     run.sink, run.marked = sink, []
     samples: list[Any] = []
     seqs: list[int] = []
@@ -569,7 +570,7 @@ def feed(run: EpochRun, sink: BatchSink, policy: ErrorPolicy, *, batch_size: int
             samples.append(out)
             seqs.append(taken)
             if len(samples) == batch_size:
-                _hand_on(run, sink, samples, seqs, policy)  # short of misfits: fills up from the next
+                _hand_on(run, sink, samples, seqs, policy)  # short of misfits: fills up again
         if run.pool.stopped:
             return
         while samples and not drop_last and not _hand_on(run, sink, samples, seqs, policy):
@@ -581,8 +582,8 @@ def feed(run: EpochRun, sink: BatchSink, policy: ErrorPolicy, *, batch_size: int
 
 def _hand_on(run: EpochRun, sink: BatchSink, samples: list[Any], seqs: list[int],
              policy: ErrorPolicy) -> bool:
-    """Put ``samples`` into ``sink`` with the positions marked since the last batch: ``True`` once put,
-    the lists emptied; else ``False``, its misfits failed under ``policy`` and taken out."""
+    """Put ``samples`` into ``sink`` with the positions marked since the last batch: ``True`` once
+    put, the lists emptied; else ``False``, its misfits failed under ``policy`` and taken out."""
     misfits = sink.put(samples, seqs, cast(list[int], run.marked))
     if not misfits:
         samples.clear()

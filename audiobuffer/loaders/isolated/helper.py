@@ -33,8 +33,8 @@ machine with few cores.
 Epochs. :class:`StartEpoch` starts an epoch in a thread of its own (generation ``gen`` tags every
 message of it, so nothing of an abandoned epoch is mistaken for the next one's). The epoch thread runs
 the epoch that ``engine/epoch.set_up_epoch`` sets up from the spec's pipeline, as every loader's
-epochs are (a :class:`ProducerPool` into a :class:`Buffer`), with the consumer every loader runs, its
-counts and its error policy (``engine/epoch.feed``). That hands each ``batch_size`` samples to
+epochs are (a :class:`ProducerPool` into a :class:`Buffer`), with the consumer every loader runs,
+its counts and its error policy (``engine/epoch.feed``). That hands each ``batch_size`` samples to
 :class:`_SlotSink`, which collates them straight into a free shared-memory slot and sends
 :class:`Batch`; the trainer copies the slot out and answers :class:`Free`. Each failure is sent as
 :class:`SampleFailed` (``fatal`` once the policy raised it); the trainer counts or raises it. With
@@ -287,7 +287,8 @@ class Helper:
     """The helper's state: the spec from the trainer (its pipeline, the batching and slot setup), the slots,
     the running epoch."""
 
-    def __init__(self, channel: Channel, spec: HelperSpec, outbox: _shm.HelperSocket | None) -> None:
+    def __init__(self, channel: Channel, spec: HelperSpec,
+                 outbox: _shm.HelperSocket | None) -> None:
         self.channel = channel
         self.spec = spec
         self.pipeline: Pipeline = spec.pipeline
@@ -344,8 +345,8 @@ class Helper:
             self._pool = pool
         pool.start()
         try:
-            feed(run, _SlotSink(self, gen, run), self.pipeline.options.on_error, batch_size=spec.batch_size,
-                 drop_last=spec.drop_last)
+            feed(run, _SlotSink(self, gen, run), self.pipeline.options.on_error,
+                 batch_size=spec.batch_size, drop_last=spec.drop_last)
         except StallError as exc:  # said before the close below waits for the producer stuck in a decode
             self.channel.send(Stalled(gen, str(exc)))
         finally:
@@ -365,8 +366,8 @@ class Helper:
 
 
 class _SlotSink:
-    """One epoch's batches into free shared-memory slots, and what the trainer counts by, as messages
-    (``engine/epoch.BatchSink``; NOTE [ Helper process lifecycle ], Epochs)."""
+    """One epoch's batches into free shared-memory slots, and what the trainer counts by, as
+    messages (``engine/epoch.BatchSink``; NOTE [ Helper process lifecycle ], Epochs)."""
 
     def __init__(self, helper: Helper, gen: int, run: EpochRun) -> None:
         self.channel, self.slots, self.key = helper.channel, helper.slots, helper.spec.key
@@ -383,8 +384,8 @@ class _SlotSink:
         try:
             fields = self._collate(slot, samples)
             rows = None if self.indices is None else [int(self.indices[seq]) for seq in seqs]
-            self.channel.send(Batch(self.gen, slot, slots.name(slot), fields, positions[:], len(samples),
-                                    run.pool.decode_seconds, rows), data=True)
+            self.channel.send(Batch(self.gen, slot, slots.name(slot), fields, positions[:],
+                                    len(samples), run.pool.decode_seconds, rows), data=True)
         except HelperError:  # no room left in /dev/shm
             slots.release(slot)
             raise
@@ -398,11 +399,11 @@ class _SlotSink:
 
     def _misfit(self, seq: int, cause: Exception) -> Failure:
         item = self.run.make_item(seq)
-        error = SampleError(f"its sample cannot join a batch: {type(cause).__name__}: {cause} (a batch's "
-                            f"samples are dicts with the keys of its first one, {self.key!r} an array of "
-                            f"numbers that differs from the first one's only in its last axis, and values "
-                            f"that pickle: convert them in the decoder or a transform)",
-                            path=item.path, index=item.index)
+        error = SampleError(f"its sample cannot join a batch: {type(cause).__name__}: {cause} "
+                            f"(a batch's samples are dicts with the keys of its first one, "
+                            f"{self.key!r} an array of numbers that differs from the first one's "
+                            f"only in its last axis, and values that pickle: convert them in the "
+                            f"decoder or a transform)", path=item.path, index=item.index)
         error.__cause__ = cause
         return Failure(error, item, "collate")
 
@@ -441,7 +442,7 @@ class _SlotSink:
                                        type(exc).__name__, str(exc), payload, text), data=True)
 
     def end(self, positions: list[int]) -> None:
-        """What only the helper knows of the epoch; the trainer counts samples and failures itself."""
+        """What only the helper knows of the epoch; the trainer counts samples and failures."""
         pool = self.run.pool
         stats = {"decode_s": pool.decode_seconds, "buffer": self.run.buffer.stats.as_dict(),
                  "slot_wait_s": self.slots.wait_s, "num_producers": pool.num_producers,
@@ -573,9 +574,10 @@ def main() -> None:
         except Exception as exc:
             channel.send(SetupFailed(PROTOCOL_VERSION, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
             return
+        segments = [helper.slots.name(i) for i in range(spec.num_slots)]
         channel.send(Ready(PROTOCOL_VERSION, {"pid": os.getpid(), "torch": "torch" in sys.modules,
                                               "gil": getattr(sys, "_is_gil_enabled", lambda: True)(),
-                                              "segments": [helper.slots.name(i) for i in range(spec.num_slots)]}))
+                                              "segments": segments}))
         while True:
             message = channel.receive()
             if isinstance(message, Free):

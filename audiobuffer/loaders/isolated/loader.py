@@ -39,7 +39,16 @@ from ...sources.source import Source, SourceSpec, WorkItem
 from .._state import EpochCursor, PipelineViews, StateKeys
 from . import tables
 from .channel import CLOSED, HelperChannel, RemoteTraceback, death_message, not_the_owner, pickle_by_reference
-from .protocol import Batch, EpochEnd, EpochError, HelperSpec, SampleFailed, Skipped, Stalled, StartEpoch
+from .protocol import (
+    Batch,
+    EpochEnd,
+    EpochError,
+    HelperSpec,
+    SampleFailed,
+    Skipped,
+    Stalled,
+    StartEpoch,
+)
 
 __all__ = ["IsolatedLoader", "TrainerRun"]
 
@@ -84,9 +93,11 @@ class TrainerRun(EpochCounts):
                 cause = original
             except Exception:
                 pass
-        cls = DecodeError if failed.type_name == "DecodeError" or isinstance(cause, DecodeError) else SampleError
-        raise cls(f"item {failed.item_index} ({failed.path!r}) failed in {failed.producer} (helper process): "
-                  f"{reason}", path=failed.path, index=failed.item_index, producer=failed.producer) from cause
+        decode = failed.type_name == "DecodeError" or isinstance(cause, DecodeError)
+        cls = DecodeError if decode else SampleError
+        raise cls(f"item {failed.item_index} ({failed.path!r}) failed in {failed.producer} (helper "
+                  f"process): {reason}", path=failed.path, index=failed.item_index,
+                  producer=failed.producer) from cause
 
 
 class _Cancel(NamedTuple):
@@ -230,9 +241,10 @@ class IsolatedLoader(PipelineViews, StateKeys):
             raise
         self._region = regions[0]  # its descriptor closes with it, or on close()
         self.pipeline = pipeline = dataclasses.replace(pipeline, source=here)
-        spec = HelperSpec(dataclasses.replace(pipeline, source=there, options=listed, batching=None),
-                          batch_size=batch_size, drop_last=self.drop_last, num_slots=num_slots,
-                          slot_bytes=slot_bytes, key=key, background=bool(background))
+        helper_pipeline = dataclasses.replace(pipeline, source=there, options=listed, batching=None)
+        spec = HelperSpec(helper_pipeline, batch_size=batch_size, drop_last=self.drop_last,
+                          num_slots=num_slots, slot_bytes=slot_bytes, key=key,
+                          background=bool(background))
         self._spec = pickle_by_reference(spec, "pipeline")
         self._cursor = EpochCursor(pipeline)
         self._lock = threading.Lock()

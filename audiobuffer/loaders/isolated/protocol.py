@@ -10,10 +10,10 @@ how the trainer reads: NOTE [ Reading the helper on demand ] in ``channel.py``).
 
 Handshake. The trainer's first frame is :class:`Setup` (its :data:`PROTOCOL_VERSION`, its
 ``sys.path``, the pickled :class:`HelperSpec`: the pipeline and the slots). The helper answers
-:class:`Ready` (its version and what it reports of itself: ``pid``, ``torch``, ``gil``, the names of
-its slots' ``segments``) or :class:`SetupFailed` (its version, and why: the pipeline did not load, or
-the versions differ). Each
-side checks the other's version before it reads anything else: a helper that imported another
+:class:`Ready` (its version and what it reports of itself: ``pid``, ``torch``, ``gil``, the names
+of its slots' ``segments``) or :class:`SetupFailed` (its version, and why: the pipeline did not
+load, or the versions differ).
+Each side checks the other's version before it reads anything else: a helper that imported another
 audiobuffer (one in the current directory comes first on ``python -m``'s path) is a ``HelperError``
 naming both versions. So that any two versions can read each other's handshake, :class:`Setup`,
 :class:`Ready` and :class:`SetupFailed` keep this module, their names and their fields in every
@@ -48,9 +48,10 @@ if TYPE_CHECKING:
 #: Raised whenever a message other than the handshake's changes (NOTE [ Helper protocol ]).
 PROTOCOL_VERSION = 2
 
-__all__ = ["PROTOCOL_VERSION", "Batch", "Close", "EpochEnd", "EpochError", "Free", "FromHelper", "HelperSpec",
-           "Log", "Ready", "SampleFailed", "Setup", "SetupFailed", "Skipped", "SlotArray", "Stalled", "StartEpoch",
-           "StopEpoch", "Stopped", "ToHelper", "package_description", "version_mismatch"]
+__all__ = ["PROTOCOL_VERSION", "Batch", "Close", "EpochEnd", "EpochError", "Free", "FromHelper",
+           "HelperSpec", "Log", "Ready", "SampleFailed", "Setup", "SetupFailed", "Skipped",
+           "SlotArray", "Stalled", "StartEpoch", "StopEpoch", "Stopped", "ToHelper",
+           "package_description", "version_mismatch"]
 
 
 # -- handshake (the same fields in every version) ------------------------------------------------
@@ -87,8 +88,8 @@ class SetupFailed(NamedTuple):
 
 @dataclass(frozen=True)
 class HelperSpec:
-    """What the helper runs, made once by the trainer and sent in :class:`Setup`; its fields are part of
-    the protocol (NOTE [ Helper protocol ], Handshake).
+    """What the helper runs, made once by the trainer and sent in :class:`Setup`; its fields are
+    part of the protocol (NOTE [ Helper protocol ], Handshake).
 
     Attributes:
         pipeline: the trainer's pipeline, its source listed (the table in shared memory) and its
