@@ -1,7 +1,8 @@
 """One epoch, set up and run: :func:`set_up_epoch` (layout, buffer, producer pool) is how every loader's
-epochs start, the helper process's too; :func:`run_epoch` wraps it in the in-process consumer that
-yields samples, planned batches by duration, or batches cut as streamed samples arrive, with its
-counts, error policy and stats.
+epochs start, the helper process's too; :func:`run_epoch` wraps it in the consumer that yields
+samples, planned batches by duration, or batches cut as streamed samples arrive, with its counts,
+error policy and stats. The helper process runs the same consumer into a :class:`BatchSink`
+(:func:`feed`).
 
 NOTE [ Batches by duration ]
 ============================
@@ -53,12 +54,12 @@ import time
 import weakref
 from collections import Counter
 from collections.abc import Callable, Generator, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 import numpy as np
 
-from ..buffer import Buffer, BufferStats
+from ..buffer import Buffer
 from ..errors import BufferClosed, DecodeError, SampleError
 from ..options import DEFAULT_BUCKETS, ErrorPolicy, ProducerCount, gil_enabled
 from ..prepare.durations import decoder_crop
@@ -68,101 +69,18 @@ from ..sources.mixture import Mixture
 from ..sources.stream import ShardStream
 from .plan import BLOCK_WINDOW
 from .pool import Failure, Port, ProducerPool
+from .stats import MAX_LISTED_FAILURES, DatasetStats
 from .streamed import DynamicBuckets, ShardReader, TimedDecode
 
 if TYPE_CHECKING:
     from .pipeline import DurationBatching, EpochLayout, Pipeline
     from .plan import EpochShard
 
-__all__ = ["MAX_LISTED_FAILURES", "Assembler", "BatchEpochRun", "DatasetStats", "EpochCounts", "EpochRun",
-           "EpochSetup", "PaddingMeter", "RunningEpochs", "StreamBatchRun", "mixture_counts", "run_epoch",
+__all__ = ["Assembler", "BatchEpochRun", "BatchSink", "EpochCounts", "EpochRun", "EpochSetup",
+           "PaddingMeter", "RunningEpochs", "StreamBatchRun", "feed", "mixture_counts", "run_epoch",
            "set_up_epoch"]
 
 logger = logging.getLogger(__name__)
-
-#: How many failed items :class:`DatasetStats` lists by name (all are counted).
-MAX_LISTED_FAILURES = 100
-
-
-@dataclass
-class DatasetStats:
-    """What one epoch of a :class:`BufferedDataset` did (one rank, one DataLoader worker).
-
-    Attributes:
-        epoch: the epoch number.
-        rank: this process's rank; world_size: how many ranks share the epoch.
-        worker: the DataLoader worker id (0 without workers); num_workers: how many workers share it.
-        items: this shard's items in the epoch (those left to do, in a resumed epoch); of streamed tar
-            shards, the samples read so far (yielded, failed, or waiting for their batch), since a shard's
-            count is known only once it has streamed: final when ``done``.
-        shards: of streamed tar shards, the shards this epoch streams (those left to do, in a resumed
-            epoch); ``None`` for other sources.
-        num_producers: the producer threads decoding now (or at the end): the pinned count, or the
-            count ``"auto"`` has settled on; 0 means the consumer decodes in its own thread.
-        resumed: items already consumed before a resume (0 in a fresh epoch); of streamed tar shards,
-            the shards (resume is at shard boundaries).
-        yielded: samples handed to the consumer.
-        failed: items whose decoder or transform raised (skipped with "warn" or "skip").
-        failures: ``(index, path, message)`` of the first 100 failed items.
-        decode_s: seconds the producers spent decoding, summed over producers, without ``read_s``.
-        inline_s: of ``decode_s`` (and ``read_s``), the seconds the consumer decoded in its own thread
-            (``num_producers="auto"`` at 0): time the consumer spent on its input, as a wait would be.
-        read_s: seconds the producers spent waiting for bytes (shard members, remote objects, streamed
-            shards), summed over producers: I/O, not decoding.
-        wall_s: seconds from the epoch's start to its end (or to now, while it runs).
-        done: whether the epoch ran to its end.
-        buffer: the buffer's counters (waits on both sides, fill).
-        transfer: an :class:`~audiobuffer.IsolatedLoader`'s hand-over between its processes: seconds the
-            trainer waited for a batch (``trainer_wait_s``) and copied slots out (``trainer_copy_s``), and
-            seconds the helper waited for a free slot (``helper_slot_wait_s``); ``None`` in process.
-        producer_history: the producer count over time, as ``(seconds since the epoch started, count,
-            reason)``: each decision of ``num_producers="auto"`` (the first is the start), or one
-            ``"pinned"`` entry.
-        gil_enabled: whether the GIL was enabled (``sys._is_gil_enabled()``; always before 3.13).
-        batches: with ``max_batch_seconds``, the batches handed out (``None`` without).
-        empty_batches: batches whose samples all failed (skipped).
-        padding: with ``max_batch_seconds``, the padding of the batches handed out: padded seconds /
-            seconds in batches, each batch padded to its longest item, from each sample's ``num_frames``
-            of real audio where samples carry it (a crop's zero padding counts as padding), else from
-            the durations (``None`` without ``max_batch_seconds``).
-        sources: of a mixture (``audiobuffer.mix``), this shard's draws of the epoch from each source, by
-            name (those left to do, in a resumed epoch; failures included); ``None`` for other sources.
-
-    With ``max_batch_seconds``, ``items``, ``failed`` and ``failures`` also count the items whose header
-    could not be read (in rank 0's first DataLoader worker, every epoch: those items are in no batch).
-    Once an epoch is done, ``yielded + failed == items`` for every source.
-    """
-
-    epoch: int
-    rank: int
-    world_size: int
-    worker: int
-    num_workers: int
-    items: int
-    num_producers: int
-    shards: int | None = None
-    resumed: int = 0
-    yielded: int = 0
-    failed: int = 0
-    failures: list[tuple[int, str, str]] = field(default_factory=list)
-    decode_s: float = 0.0
-    inline_s: float = 0.0
-    read_s: float = 0.0
-    wall_s: float = 0.0
-    done: bool = False
-    buffer: BufferStats | None = None
-    transfer: dict[str, float] | None = None
-    batches: int | None = None
-    empty_batches: int = 0
-    padding: float | None = None
-    sources: dict[str, int] | None = None
-    producer_history: list[tuple[float, int, str]] = field(default_factory=list)
-    gil_enabled: bool = True
-
-    def as_dict(self) -> dict[str, Any]:
-        """The stats as plain builtins."""
-        return asdict(self)
-
 
 class PaddingMeter:
     """The padding of the batches handed out: padded seconds / seconds in batches, each batch padded to
@@ -300,13 +218,11 @@ class EpochCounts:
         self.start = time.perf_counter()
         self.end: float | None = None
 
-    def skip(self, index: int, path: str, reason: str, summary: str, policy: ErrorPolicy) -> None:
-        """Count a failed item that ``policy`` skips (``"warn"``: log ``summary`` too)."""
+    def count_failure(self, index: int, path: str, reason: str) -> None:
+        """Count a failed item that the error policy skipped (:meth:`EpochRun.fail` applied it)."""
         self.failed += 1
         if len(self.failures) < MAX_LISTED_FAILURES:
             self.failures.append((index, path, reason))
-        if policy == "warn":
-            logger.warning("skipping %s", summary)
 
     def count_header_failures(self, batching: DurationBatching) -> None:
         """Count the items whose header failed, in rank 0's first worker only: those items are in no rank's
@@ -315,9 +231,7 @@ class EpochCounts:
             return
         for index, path, message in batching.failures:
             self.items += 1  # an item of the epoch, failed: yielded + failed == items
-            self.failed += 1
-            if len(self.failures) < MAX_LISTED_FAILURES:
-                self.failures.append((index, path, message))
+            self.count_failure(index, path, message)
 
     def stats(self, *, num_producers: int, **measured: Any) -> DatasetStats:
         """The counts now, with what the producers' side ``measured`` (:class:`DatasetStats`' other fields)."""
@@ -437,8 +351,12 @@ def run_epoch(pipeline: Pipeline, shard: EpochShard, *, resume: bytes | None = N
 
 
 class EpochRun(EpochCounts):
-    """One running (or finished) epoch in this process: its pool and buffer, and the consumer's counts;
-    :meth:`consume` yields samples."""
+    """One running (or finished) epoch: its pool and buffer, and THE consumer of its outputs, with
+    its counts and error policy (:meth:`units`; in process :meth:`consume`, in the helper process
+    :func:`feed`); this class yields samples.
+
+    Thread safety: one thread consumes; :meth:`snapshot` from any thread.
+    """
 
     def __init__(self, setup: EpochSetup, *, batched: bool = False) -> None:
         super().__init__(setup.shard, setup.layout, batched=batched, sources=setup.sources)
@@ -447,17 +365,28 @@ class EpochRun(EpochCounts):
         self.pool = setup.pool
         self.buffer = setup.buffer
         self.clock = setup.clock
+        self.make_item = setup.make_item
         #: Marks the consumer's ``seq`` consumed (a streamed epoch: a shard, by its last sample).
         self.mark: Callable[[Any], None] = self._mark_shard if setup.layout.streamed else self._mark_item
+        #: Where :func:`feed` hands the epoch on (the helper process): it is told of every failure.
+        self.sink: BatchSink | None = None
+        #: With :func:`feed`, the positions marked consumed since the last batch it handed on.
+        self.marked: list[int] | None = None
+
+    def mark_consumed(self, position: int) -> None:
+        """Mark the unit at ``position`` of the full epoch consumed (handed on or failed)."""
+        self.consumed[position] = 1
+        if self.marked is not None:
+            self.marked.append(position)
 
     def _mark_item(self, seq: int) -> None:
         positions = self.layout.positions
-        self.consumed[seq if positions is None else positions[seq]] = 1
+        self.mark_consumed(seq if positions is None else positions[seq])
 
     def _mark_shard(self, tag: Any) -> None:
         shard, last = self.shard_of(tag)
         if last:
-            self.consumed[shard] = 1
+            self.mark_consumed(shard)
 
     def shard_of(self, tag: Any) -> tuple[int, bool]:
         """A streamed epoch's tag as ``(shard position, whether it is the shard's last output)``: a
@@ -475,7 +404,13 @@ class EpochRun(EpochCounts):
                           buffer=self.buffer.stats, producer_history=self.pool.history, gil_enabled=gil_enabled())
 
     def consume(self, policy: ErrorPolicy) -> Iterator[Any]:
-        """Yield each sample from the pool once, marking its position consumed; apply ``policy`` to failures."""
+        """What the training loop takes: each output of :meth:`units`."""
+        for out, _ in self.units(policy):
+            yield out
+
+    def units(self, policy: ErrorPolicy) -> Iterator[tuple[Any, Any]]:
+        """Yield each sample from the pool once, as ``(sample, its seq)``, marking its position
+        consumed; apply ``policy`` to failures."""
         mark, streamed = self.mark, self.shards is not None
         for seq, out in self.pool:
             mark(seq)
@@ -485,49 +420,66 @@ class EpochRun(EpochCounts):
                 self.fail(out, policy)
                 continue
             self.yielded += 1
-            yield out
+            yield out, seq
 
     def fail(self, failure: Failure, policy: ErrorPolicy) -> None:
-        """Apply the error policy to a failed item: raise it, or count (and log) it and go on."""
+        """Apply the error policy to a failed item, the one place it is applied: tell the sink (the
+        helper's trainer counts or raises it), then raise it, or count (and log) it and go on."""
         item, exc = cast(WorkItem, failure.item), failure.exc  # a producer's Failure always has its item
-        message = (f"item {item.index} ({item.path!r}) failed in {failure.producer}: "
-                   f"{type(exc).__name__}: {exc}")
+        if self.sink is not None:
+            self.sink.fail(failure, fatal=policy == "raise")
+        reason = f"{type(exc).__name__}: {exc}"
+        message = f"item {item.index} ({item.path!r}) failed in {failure.producer}: {reason}"
         if policy == "raise":
             cls = DecodeError if isinstance(exc, DecodeError) else SampleError
             raise cls(message, path=item.path, index=item.index, producer=failure.producer) from exc
-        self.skip(item.index, item.path, f"{type(exc).__name__}: {exc}", message, policy)
+        self.count_failure(item.index, item.path, reason)
+        if policy == "warn":
+            logger.warning("skipping %s", message)
 
 
 class BatchEpochRun(EpochRun):
     """One epoch of batches by duration: the consumed mask counts batches, and :meth:`consume` yields
-    whole batches (lists of samples; NOTE [ Batches by duration ], Assembly)."""
+    whole batches (lists of samples; NOTE [ Batches by duration ], Assembly).
 
-    def __init__(self, setup: EpochSetup, batching: DurationBatching) -> None:
+    ``batching``: ``None`` in the helper process, which decodes the batches its trainer planned (the
+    trainer counts the items whose header failed, and the padding).
+    """
+
+    def __init__(self, setup: EpochSetup, batching: DurationBatching | None) -> None:
         super().__init__(setup, batched=True)
         self.batching = batching
         self.assembler = Assembler(cast(list[int], setup.layout.sizes), in_order=setup.layout.in_step)
-        self.count_header_failures(batching)
+        if batching is not None:
+            self.count_header_failures(batching)
 
     def consume(self, policy: ErrorPolicy) -> Iterator[list[Any]]:
-        """Yield each complete batch once."""
+        """Yield each complete batch once, but those whose samples all failed."""
+        for samples, _ in self.units(policy):
+            if samples:
+                yield samples
+
+    def units(self, policy: ErrorPolicy) -> Iterator[tuple[list[Any], list[int]]]:
+        """Yield each complete batch once, as ``(samples, seqs)``; empty if they all failed."""
         layout, assembler = self.layout, self.assembler
         for seq, out in self.pool:
             if out.__class__ is Failure:
                 self.fail(out, policy)  # raises under "raise"
             for b, outs in assembler.add(seq, out):
-                self.consumed[layout.position(b)] = 1
+                self.mark_consumed(layout.position(b))
+                first = assembler.start(b)
                 kept = [i for i, o in enumerate(outs) if o.__class__ is not Failure]
                 if not kept:
                     self.empty_batches += 1
+                    yield [], []
                     continue
                 self.batches = cast(int, self.batches) + 1
                 self.yielded += len(kept)
                 samples = [outs[i] for i in kept]
-                if not self.padding.add_samples(samples):  # samples without frames: their durations
-                    first = assembler.start(b)
+                if not self.padding.add_samples(samples) and self.batching:  # no frames: durations
                     self.batching.add_padding(self.padding, layout.indices[first:first + len(outs)][kept],
                                               seed=self.seed, epoch=self.number)
-                yield samples
+                yield samples, [first + i for i in kept]
 
 
 class StreamBatchRun(EpochRun):
@@ -541,7 +493,7 @@ class StreamBatchRun(EpochRun):
         self._waiting: Counter[int] = Counter()  # shard position -> its samples in a bucket
         self._ended: set[int] = set()  # the shards whose last output came
 
-    def consume(self, policy: ErrorPolicy) -> Iterator[list[Any]]:
+    def units(self, policy: ErrorPolicy) -> Iterator[tuple[list[Any], None]]:
         """Yield each batch once, as the buckets fill, then every bucket at the end of the epoch."""
         for tag, out in self.pool:
             self.items += 1
@@ -555,10 +507,10 @@ class StreamBatchRun(EpochRun):
             length, content, sample = out
             self._waiting[shard] += 1
             for batch in self.buckets.add(length, (content, shard, sample)):
-                yield self._hand_on(batch)
+                yield self._hand_on(batch), None
         if not self.pool.stopped:  # the epoch's end, not a close(): the batches left in the buckets
             for batch in self.buckets.flush():
-                yield self._hand_on(batch)
+                yield self._hand_on(batch), None
 
     def _hand_on(self, batch: list[tuple[float, tuple[float, int, Any]]]) -> list[Any]:
         """Count ``batch`` and mark the shards it completes (before the consumer gets it, as every mark)."""
@@ -576,8 +528,75 @@ class StreamBatchRun(EpochRun):
     def _settle(self, shard: int) -> None:
         """Mark ``shard`` consumed once its last output came and none of its samples waits in a bucket."""
         if shard in self._ended and self._waiting[shard] <= 0:
-            self.consumed[shard] = 1
+            self.mark_consumed(shard)
             del self._waiting[shard]
+
+
+class BatchSink(Protocol):
+    """Where :func:`feed` hands an epoch on: the helper process's shared-memory slots, which its
+    trainer copies out. The trainer counts what it is told; the error policy was applied before."""
+
+    def put(self, samples: list[Any], seqs: list[int], positions: list[int]) -> dict[int, Failure]:
+        """Hand on a batch of ``samples`` (sequence numbers ``seqs``) consuming ``positions``; or
+        hand on nothing and return the samples that cannot join a batch (by place), as failures."""
+
+    def skip(self, position: int) -> None:
+        """The batch by duration at ``position`` is consumed with no batch: its samples failed."""
+
+    def fail(self, failure: Failure, *, fatal: bool) -> None:
+        """An item failed; ``fatal``: the error policy raises it and the epoch ends."""
+
+    def end(self, positions: list[int]) -> None:
+        """The epoch ran to its end; ``positions``: those consumed after the last batch."""
+
+
+def feed(run: EpochRun, sink: BatchSink, policy: ErrorPolicy, *, batch_size: int | None = None,
+         drop_last: bool = False) -> None:
+    """Consume ``run`` (its pool started) into ``sink``: its samples in batches of ``batch_size``,
+    or, with ``None``, the batches by duration it assembles, each with the positions consumed since
+    the one before (its samples', the failures'). A sample the sink refuses fails as its item under
+    ``policy``, and the batch goes on without it (one of ``batch_size`` fills up from the next
+    samples). Returns when the epoch ends, is stopped, or ``policy`` raised a failure (the sink was
+    told); raises what else the pool (``StallError``, ``BufferClosed``) or the sink raises."""
+    run.sink, run.marked = sink, []
+    samples: list[Any] = []
+    seqs: list[int] = []
+    try:
+        for out, taken in run.units(policy):
+            if batch_size is None:  # a whole batch by duration: empty if its samples all failed
+                samples, seqs = out, taken
+                while samples and not _hand_on(run, sink, samples, seqs, policy):
+                    pass
+                if run.marked:  # nothing handed on: the batch's position goes alone
+                    sink.skip(run.marked.pop())
+                continue
+            samples.append(out)
+            seqs.append(taken)
+            if len(samples) == batch_size:
+                _hand_on(run, sink, samples, seqs, policy)  # short of misfits: fills up again
+        if run.pool.stopped:
+            return
+        while samples and not drop_last and not _hand_on(run, sink, samples, seqs, policy):
+            pass
+        sink.end(run.marked)
+    except SampleError:  # the error policy raised a failure: run.fail told the sink, the epoch ends
+        return
+
+
+def _hand_on(run: EpochRun, sink: BatchSink, samples: list[Any], seqs: list[int],
+             policy: ErrorPolicy) -> bool:
+    """Put ``samples`` into ``sink`` with the positions marked since the last batch: ``True`` once
+    put, the lists emptied; else ``False``, its misfits failed under ``policy`` and taken out."""
+    misfits = sink.put(samples, seqs, cast(list[int], run.marked))
+    if not misfits:
+        samples.clear()
+        seqs.clear()
+        run.marked = []
+        return True
+    for i in sorted(misfits, reverse=True):
+        run.fail(misfits[i], policy)  # raises under "raise"
+        del samples[i], seqs[i]
+    return False
 
 
 #: The epochs' generators still open (weakly): closed when the interpreter exits (see closed_at_exit).

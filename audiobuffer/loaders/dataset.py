@@ -15,8 +15,9 @@ from typing import Any, Generic, TypeVar, overload
 
 from torch.utils.data import IterableDataset
 
-from ..engine.epoch import MAX_LISTED_FAILURES, DatasetStats, RunningEpochs, run_epoch
+from ..engine.epoch import RunningEpochs, run_epoch
 from ..engine.pipeline import DurationBatching, Pipeline
+from ..engine.stats import MAX_LISTED_FAILURES, DatasetStats
 from ..options import DEFAULT_WARN_AFTER, ErrorPolicy, EvenShards, LoaderOptions, ProducerCount, ReadBlock
 from ..sources.source import LabelSpec, Source, SourceSpec, WorkItem
 from ._state import EpochCursor, PipelineViews, StateKeys, dataloader_worker

@@ -56,9 +56,10 @@ import numpy as np
 import torch
 
 from .._checks import check_choice, check_decoder, check_int
-from ..engine.epoch import DatasetStats, RunningEpochs, run_epoch
+from ..engine.epoch import RunningEpochs, run_epoch
 from ..engine.pipeline import Pipeline
 from ..engine.pool import Chunk, Failure
+from ..engine.stats import DatasetStats
 from ..errors import BufferClosed, SampleError
 from ..options import LoaderOptions, check_keywords
 from ..sources.source import Source, SourceSpec, WorkItem

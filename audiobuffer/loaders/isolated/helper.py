@@ -33,14 +33,17 @@ machine with few cores.
 Epochs. :class:`StartEpoch` starts an epoch in a thread of its own (generation ``gen`` tags every
 message of it, so nothing of an abandoned epoch is mistaken for the next one's). The epoch thread runs
 the epoch that ``engine/epoch.set_up_epoch`` sets up from the spec's pipeline, as every loader's
-epochs are (a :class:`ProducerPool` into a :class:`Buffer`), collates each ``batch_size`` samples
-straight into a free shared-memory slot and sends :class:`Batch`; the trainer copies the slot out and
-answers :class:`Free`. With batches by duration the trainer plans the batches and sends their layout
-with the epoch; the helper decodes a batch's samples in parallel, collates each batch once it is
-complete (``engine/epoch.Assembler``) and sends :class:`Skipped` for one whose samples all failed.
-A sample that cannot go into a batch with the batch's first one (not a dict, another rank, an array
-of objects, a value that does not pickle) fails as its item, under the error policy, and the batch
-goes on without it (a batch of ``batch_size`` fills up from the next samples). A slot grows only
+epochs are (a :class:`ProducerPool` into a :class:`Buffer`), with the consumer every loader runs,
+its counts and its error policy (``engine/epoch.feed``). That hands each ``batch_size`` samples to
+:class:`_SlotSink`, which collates them straight into a free shared-memory slot and sends
+:class:`Batch`; the trainer copies the slot out and answers :class:`Free`. Each failure is sent as
+:class:`SampleFailed` (``fatal`` once the policy raised it); the trainer counts or raises it. With
+batches by duration the trainer plans the batches and sends their layout with the epoch; the helper
+decodes a batch's samples in parallel, collates each batch once it is complete and sends
+:class:`Skipped` for one whose samples all failed. A sample that cannot go into a batch with the
+batch's first one (not a dict, another rank, an array of objects, a value that does not pickle)
+fails as its item, under the error policy, and the batch goes on without it (a batch of
+``batch_size`` fills up from the next samples). A slot grows only
 where ``/dev/shm`` has room for the batch, else the epoch ends with a ``HelperError`` that says how to
 make room (``_shm.check_room``; writing past the room would kill the helper with SIGBUS). A stall
 (``timeout``: :class:`Stalled`) is sent before the pool is closed: the close waits for the producer
@@ -87,8 +90,8 @@ from collections.abc import Callable
 from typing import Any, BinaryIO, cast
 
 from ..._numpy_collate import SlotArena, collate_numpy
-from ...engine.epoch import Assembler, set_up_epoch
-from ...engine.pipeline import EpochLayout, Pipeline
+from ...engine.epoch import BatchEpochRun, EpochRun, feed, set_up_epoch
+from ...engine.pipeline import Pipeline
 from ...engine.pool import Failure, ProducerPool
 from ...errors import BufferClosed, HelperError, SampleError, StallError
 from ...options import gil_enabled
@@ -102,6 +105,7 @@ from .protocol import (
     EpochError,
     Free,
     FromHelper,
+    HelperSpec,
     Log,
     Ready,
     SampleFailed,
@@ -283,11 +287,12 @@ class Helper:
     """The helper's state: the spec from the trainer (its pipeline, the batching and slot setup), the slots,
     the running epoch."""
 
-    def __init__(self, channel: Channel, spec: dict[str, Any], outbox: _shm.HelperSocket | None) -> None:
+    def __init__(self, channel: Channel, spec: HelperSpec,
+                 outbox: _shm.HelperSocket | None) -> None:
         self.channel = channel
         self.spec = spec
-        self.pipeline: Pipeline = spec["pipeline"]
-        self.slots = _Slots(spec["num_slots"], spec["slot_bytes"], outbox)
+        self.pipeline: Pipeline = spec.pipeline
+        self.slots = _Slots(spec.num_slots, spec.slot_bytes, outbox)
         self._epoch: threading.Thread | None = None
         self._gen = -1
         self._pool: ProducerPool | None = None
@@ -329,133 +334,83 @@ class Helper:
             self.channel.send(EpochError(start.gen, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
 
     def _epoch_body(self, start: StartEpoch) -> None:
-        gen, batch_size, policy = start.gen, self.spec["batch_size"], self.pipeline.options.on_error
+        gen, spec = start.gen, self.spec
         # Batches by duration come laid out by the trainer; samples are planned here, as in process.
         epoch = set_up_epoch(self.pipeline, start.shard, resume=start.consumed, layout=start.layout)
-        layout, buffer, pool, make_item = epoch.layout, epoch.buffer, epoch.pool, epoch.make_item
-        assembler = None if layout.sizes is None else Assembler(layout.sizes, in_order=layout.in_step)
+        layout, pool = epoch.layout, epoch.pool
+        run = EpochRun(epoch) if layout.sizes is None else BatchEpochRun(epoch, None)
         with self._lock:
             if gen != self._gen:
                 return
             self._pool = pool
         pool.start()
-        samples: list[Any] = []
-        taken: list[int] = []  # each sample's sequence number
-        positions: list[int] = []  # consumed with the next batch the trainer takes: its samples and failures
         try:
-            for seq, out in pool:
-                if out.__class__ is Failure:  # the trainer counts and lists it (one count, the trainer's)
-                    self._report_failure(gen, out, fatal=policy == "raise")
-                    if policy == "raise":
-                        return
-                if assembler is not None:
-                    if not self._batch_done(gen, assembler, seq, out, layout, pool, make_item):
-                        return
-                    continue
-                positions.append(layout.position(seq))
-                if out.__class__ is Failure:
-                    continue
-                samples.append(out)
-                taken.append(seq)
-                if len(samples) == batch_size and not self._send_batch(gen, samples, taken, positions, pool, make_item):
-                    if policy == "raise":
-                        return
-                    # else the batch, short of its misfits, fills up from the next samples
-            done = not pool.stopped
-            if done and not self.spec["drop_last"]:
-                while samples and not self._send_batch(gen, samples, taken, positions, pool, make_item):
-                    if policy == "raise":
-                        return
-            if done:  # what only the helper knows; the trainer counts samples and failures itself
-                stats = {"decode_s": pool.decode_seconds, "buffer": buffer.stats.as_dict(),
-                         "slot_wait_s": self.slots.wait_s, "num_producers": pool.num_producers,
-                         "producer_history": pool.history, "gil_enabled": gil_enabled()}
-                self.channel.send(EpochEnd(gen, stats, positions))
+            feed(run, _SlotSink(self, gen, run), self.pipeline.options.on_error,
+                 batch_size=spec.batch_size, drop_last=spec.drop_last)
         except StallError as exc:  # said before the close below waits for the producer stuck in a decode
             self.channel.send(Stalled(gen, str(exc)))
         finally:
             pool.close()
 
-    def _batch_done(self, gen: int, assembler: Assembler, seq: int, out: Any, layout: EpochLayout,
-                    pool: ProducerPool, make_item: Callable[[int], WorkItem]) -> bool:
-        """Send a batch by duration once its last sample is in: collated, less its misfits, or ``skipped``
-        if none is left; ``False`` when a misfit ends the epoch (``on_error="raise"``)."""
-        for b, outs in assembler.add(seq, out):
-            if not self._send_assembled(gen, assembler.start(b), outs, layout.position(b), layout, pool, make_item):
-                return False
-        return True
+    def free(self, free: Free) -> None:
+        if free.gen == self._gen:
+            self.slots.release(free.slot)
 
-    def _send_assembled(self, gen: int, first: int, outs: list[Any], position: int, layout: EpochLayout,
-                        pool: ProducerPool, make_item: Callable[[int], WorkItem]) -> bool:
-        """Send one assembled batch (its first sequence number ``first``): see :meth:`_batch_done`."""
-        samples = [sample for sample in outs if sample.__class__ is not Failure]
-        taken = [first + i for i, sample in enumerate(outs) if sample.__class__ is not Failure]
-        while samples:
-            if self._send_batch(gen, samples, taken, [position], pool, make_item, indices=layout.indices):
-                return True
-            if self.pipeline.options.on_error == "raise":
-                return False
-        self.channel.send(Skipped(gen, position), data=True)
-        return True
+    def shutdown(self) -> None:
+        with self._lock:
+            pool = self._pool
+        self.slots.stop()
+        if pool is not None:
+            pool.close(EXIT_GRACE)
+        self.slots.unlink_all()
 
-    def _report_failure(self, gen: int, failure: Failure, *, fatal: bool) -> None:
-        exc = failure.exc
-        payload: bytes | None
-        try:
-            payload = pickle.dumps(exc)
-            pickle.loads(payload)
-        except Exception:
-            payload = None
-        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        item = cast(WorkItem, failure.item)  # a producer's Failure always has its item
-        self.channel.send(SampleFailed(gen, fatal, item.index, item.path, failure.producer, type(exc).__name__,
-                                       str(exc), payload, text), data=True)
 
-    def _send_batch(self, gen: int, samples: list[Any], taken: list[int], positions: list[int], pool: ProducerPool,
-                    make_item: Callable[[int], WorkItem], *, indices: Any = None) -> bool:
-        """Collate ``samples`` (sequence numbers ``taken``) into a free slot and send it with ``positions``;
-        ``indices``: the epoch's source indices, for the rows of a batch by duration.
+class _SlotSink:
+    """One epoch's batches into free shared-memory slots, and what the trainer counts by, as
+    messages (``engine/epoch.BatchSink``; NOTE [ Helper process lifecycle ], Epochs)."""
 
-        ``True`` once sent; the three lists are emptied then. A sample that cannot go into the batch
-        fails as its item instead (NOTE [ Helper process lifecycle ], Epochs): it is reported and taken
-        out of ``samples`` and ``taken``, and ``False`` returned with nothing sent.
-        """
-        slots = self.slots
-        slot = slots.take(gen)
+    def __init__(self, helper: Helper, gen: int, run: EpochRun) -> None:
+        self.channel, self.slots, self.key = helper.channel, helper.slots, helper.spec.key
+        self.gen = gen
+        self.run = run
+        #: The epoch's source indices, which the rows of a batch by duration name (its padding).
+        self.indices = run.layout.indices if isinstance(run, BatchEpochRun) else None
+
+    def put(self, samples: list[Any], seqs: list[int], positions: list[int]) -> dict[int, Failure]:
+        """Collate ``samples`` into a free slot and send it with ``positions``, and, for a batch by
+        duration, each row's source index; or name the samples that cannot join a batch."""
+        slots, run = self.slots, self.run
+        slot = slots.take(self.gen)
         try:
             fields = self._collate(slot, samples)
-            rows = None if indices is None else [int(indices[seq]) for seq in taken]
-            self.channel.send(Batch(gen, slot, slots.name(slot), fields, positions[:], len(samples),
-                                    pool.decode_seconds, rows), data=True)
+            rows = None if self.indices is None else [int(self.indices[seq]) for seq in seqs]
+            self.channel.send(Batch(self.gen, slot, slots.name(slot), fields, positions[:],
+                                    len(samples), run.pool.decode_seconds, rows), data=True)
         except HelperError:  # no room left in /dev/shm
             slots.release(slot)
             raise
         except Exception:  # a sample that cannot be collated, or a field that does not pickle
             slots.release(slot)
-            misfits = _misfits(samples, self.spec["key"])
+            misfits = _misfits(samples, self.key)
             if not misfits:
                 raise  # not the samples': a bug of ours
-            for i in sorted(misfits, reverse=True):
-                item, cause = make_item(taken[i]), misfits[i]
-                error = SampleError(f"its sample cannot join a batch: {type(cause).__name__}: {cause} (a batch's "
-                                    f"samples are dicts with the keys of its first one, {self.spec['key']!r} an array "
-                                    f"of numbers that differs from the first one's only in its last axis, and values "
-                                    f"that pickle: convert them in the decoder or a transform)",
-                                    path=item.path, index=item.index)
-                error.__cause__ = cause
-                self._report_failure(gen, Failure(error, item, "collate"),
-                                     fatal=self.pipeline.options.on_error == "raise")
-                del samples[i], taken[i]
-            return False
-        samples.clear()
-        taken.clear()
-        positions.clear()
-        return True
+            return {i: self._misfit(seqs[i], cause) for i, cause in misfits.items()}
+        return {}
+
+    def _misfit(self, seq: int, cause: Exception) -> Failure:
+        item = self.run.make_item(seq)
+        error = SampleError(f"its sample cannot join a batch: {type(cause).__name__}: {cause} "
+                            f"(a batch's samples are dicts with the keys of its first one, "
+                            f"{self.key!r} an array of numbers that differs from the first one's "
+                            f"only in its last axis, and values that pickle: convert them in the "
+                            f"decoder or a transform)", path=item.path, index=item.index)
+        error.__cause__ = cause
+        return Failure(error, item, "collate")
 
     def _collate(self, slot: int, samples: list[Any]) -> dict[str, Any]:
         """Collate ``samples`` into ``slot``, grown once if the batch does not fit; :attr:`Batch.fields`:
         where each array went in the slot (a :class:`SlotArray`), or the values themselves."""
-        slots, key = self.slots, self.spec["key"]
+        slots, key = self.slots, self.key
         arena = SlotArena(slots.buffer(slot))
         batch = collate_numpy(samples, key=key, allocate=arena)
         if arena.overflow:  # a batch larger than the slot: grow it once, collate again
@@ -470,17 +425,29 @@ class Helper:
             fields[name] = value if offset is None else SlotArray(offset, value.shape, value.dtype.str)
         return fields  # no view into the slot outlives the hand-over
 
-    def free(self, free: Free) -> None:
-        if free.gen == self._gen:
-            self.slots.release(free.slot)
+    def skip(self, position: int) -> None:
+        self.channel.send(Skipped(self.gen, position), data=True)
 
-    def shutdown(self) -> None:
-        with self._lock:
-            pool = self._pool
-        self.slots.stop()
-        if pool is not None:
-            pool.close(EXIT_GRACE)
-        self.slots.unlink_all()
+    def fail(self, failure: Failure, *, fatal: bool) -> None:
+        exc = failure.exc
+        payload: bytes | None
+        try:
+            payload = pickle.dumps(exc)
+            pickle.loads(payload)
+        except Exception:
+            payload = None
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        item = cast(WorkItem, failure.item)  # a producer's Failure always has its item
+        self.channel.send(SampleFailed(self.gen, fatal, item.index, item.path, failure.producer,
+                                       type(exc).__name__, str(exc), payload, text), data=True)
+
+    def end(self, positions: list[int]) -> None:
+        """What only the helper knows of the epoch; the trainer counts samples and failures."""
+        pool = self.run.pool
+        stats = {"decode_s": pool.decode_seconds, "buffer": self.run.buffer.stats.as_dict(),
+                 "slot_wait_s": self.slots.wait_s, "num_producers": pool.num_producers,
+                 "producer_history": pool.history, "gil_enabled": gil_enabled()}
+        self.channel.send(EpochEnd(self.gen, stats, positions))
 
 
 def _misfits(samples: list[Any], key: str) -> dict[int, Exception]:
@@ -599,17 +566,18 @@ def main() -> None:
 
             if outbox is not None:  # the item table's region, sent before the setup
                 tables.adopt(outbox.receive_descriptors())
-            spec = pickle.loads(setup.spec)
-            if spec["background"]:
+            spec: HelperSpec = pickle.loads(setup.spec)
+            if spec.background:
                 _lower_priority()
             helper = Helper(channel, spec, outbox)
             numpy_output(helper.pipeline.decoder)  # no torch here: the decoder keeps numpy arrays
         except Exception as exc:
             channel.send(SetupFailed(PROTOCOL_VERSION, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
             return
+        segments = [helper.slots.name(i) for i in range(spec.num_slots)]
         channel.send(Ready(PROTOCOL_VERSION, {"pid": os.getpid(), "torch": "torch" in sys.modules,
                                               "gil": getattr(sys, "_is_gil_enabled", lambda: True)(),
-                                              "segments": [helper.slots.name(i) for i in range(spec["num_slots"])]}))
+                                              "segments": segments}))
         while True:
             message = channel.receive()
             if isinstance(message, Free):

@@ -29,16 +29,26 @@ import torch
 
 from ...buffer import BufferStats
 from ...engine.cancel import on_cancel
-from ...engine.epoch import DatasetStats, EpochCounts, closed_at_exit, mixture_counts
+from ...engine.epoch import EpochCounts, closed_at_exit, mixture_counts
 from ...engine.pipeline import EpochLayout, Pipeline
 from ...engine.plan import EpochShard
+from ...engine.stats import DatasetStats
 from ...errors import BufferClosed, DecodeError, HelperError, SampleError, StallError
-from ...options import ErrorPolicy, LoaderOptions, ProducerCount, check_keywords
+from ...options import LoaderOptions, ProducerCount, check_keywords
 from ...sources.source import Source, SourceSpec, WorkItem
 from .._state import EpochCursor, PipelineViews, StateKeys
 from . import tables
 from .channel import CLOSED, HelperChannel, RemoteTraceback, death_message, not_the_owner, pickle_by_reference
-from .protocol import Batch, EpochEnd, EpochError, SampleFailed, Skipped, Stalled, StartEpoch
+from .protocol import (
+    Batch,
+    EpochEnd,
+    EpochError,
+    HelperSpec,
+    SampleFailed,
+    Skipped,
+    Stalled,
+    StartEpoch,
+)
 
 __all__ = ["IsolatedLoader", "TrainerRun"]
 
@@ -68,23 +78,26 @@ class TrainerRun(EpochCounts):
                       "helper_slot_wait_s": self.helper.get("slot_wait_s", 0.0)},
             producer_history=self.helper.get("producer_history", []), gil_enabled=self.helper.get("gil_enabled", True))
 
-    def on_failure(self, failed: SampleFailed, policy: ErrorPolicy) -> None:
-        """A sample that failed in the helper: raise it (``fatal``: the policy is ``raise``) with the
-        helper's traceback chained, or count it per ``policy``."""
-        summary = (f"item {failed.item_index} ({failed.path!r}) failed in {failed.producer} (helper process): "
-                   f"{failed.type_name}: {failed.text}")
-        if failed.fatal:
-            cause: BaseException = RemoteTraceback(failed.trace)
-            if failed.payload is not None:
-                try:
-                    original = pickle.loads(failed.payload)
-                    original.__cause__ = cause
-                    cause = original
-                except Exception:
-                    pass
-            cls = DecodeError if failed.type_name == "DecodeError" or isinstance(cause, DecodeError) else SampleError
-            raise cls(summary, path=failed.path, index=failed.item_index, producer=failed.producer) from cause
-        self.skip(failed.item_index, failed.path, f"{failed.type_name}: {failed.text}", summary, policy)
+    def on_failure(self, failed: SampleFailed) -> None:
+        """A sample that failed in the helper, whose consumer applied the error policy: raise it
+        (``fatal``) with the helper's traceback chained, or count it."""
+        reason = f"{failed.type_name}: {failed.text}"
+        if not failed.fatal:
+            self.count_failure(failed.item_index, failed.path, reason)
+            return
+        cause: BaseException = RemoteTraceback(failed.trace)
+        if failed.payload is not None:
+            try:
+                original = pickle.loads(failed.payload)
+                original.__cause__ = cause
+                cause = original
+            except Exception:
+                pass
+        decode = failed.type_name == "DecodeError" or isinstance(cause, DecodeError)
+        cls = DecodeError if decode else SampleError
+        raise cls(f"item {failed.item_index} ({failed.path!r}) failed in {failed.producer} (helper "
+                  f"process): {reason}", path=failed.path, index=failed.item_index,
+                  producer=failed.producer) from cause
 
 
 class _Cancel(NamedTuple):
@@ -228,9 +241,10 @@ class IsolatedLoader(PipelineViews, StateKeys):
             raise
         self._region = regions[0]  # its descriptor closes with it, or on close()
         self.pipeline = pipeline = dataclasses.replace(pipeline, source=here)
-        spec = {"pipeline": dataclasses.replace(pipeline, source=there, options=listed, batching=None),
-                "batch_size": batch_size, "drop_last": self.drop_last, "num_slots": num_slots,
-                "slot_bytes": slot_bytes, "key": key, "background": bool(background)}
+        helper_pipeline = dataclasses.replace(pipeline, source=there, options=listed, batching=None)
+        spec = HelperSpec(helper_pipeline, batch_size=batch_size, drop_last=self.drop_last,
+                          num_slots=num_slots, slot_bytes=slot_bytes, key=key,
+                          background=bool(background))
         self._spec = pickle_by_reference(spec, "pipeline")
         self._cursor = EpochCursor(pipeline)
         self._lock = threading.Lock()
@@ -313,7 +327,7 @@ class IsolatedLoader(PipelineViews, StateKeys):
                     case Batch():
                         yield self._unpack(run, channel, message)
                     case SampleFailed():
-                        run.on_failure(message, self.pipeline.options.on_error)
+                        run.on_failure(message)
                     case Skipped():  # a batch by duration whose samples all failed
                         run.consumed[message.position] = 1
                         run.empty_batches += 1

@@ -9,15 +9,17 @@ Who sends what, and when (the process around it: NOTE [ Helper process lifecycle
 how the trainer reads: NOTE [ Reading the helper on demand ] in ``channel.py``).
 
 Handshake. The trainer's first frame is :class:`Setup` (its :data:`PROTOCOL_VERSION`, its
-``sys.path``, the pickled pipeline). The helper answers :class:`Ready` (its version and what it
-reports of itself: ``pid``, ``torch``, ``gil``, the names of its slots' ``segments``) or
-:class:`SetupFailed` (its version, and why: the pipeline did not load, or the versions differ). Each
-side checks the other's version before it reads anything else: a helper that imported another
+``sys.path``, the pickled :class:`HelperSpec`: the pipeline and the slots). The helper answers
+:class:`Ready` (its version and what it reports of itself: ``pid``, ``torch``, ``gil``, the names
+of its slots' ``segments``) or :class:`SetupFailed` (its version, and why: the pipeline did not
+load, or the versions differ).
+Each side checks the other's version before it reads anything else: a helper that imported another
 audiobuffer (one in the current directory comes first on ``python -m``'s path) is a ``HelperError``
 naming both versions. So that any two versions can read each other's handshake, :class:`Setup`,
 :class:`Ready` and :class:`SetupFailed` keep this module, their names and their fields in every
 version (a pickled NamedTuple is rebuilt from its fields by position): what a new version adds goes
-into ``spec`` or ``info``, and a change to any other message raises :data:`PROTOCOL_VERSION`.
+into :class:`HelperSpec` or ``info``, and a change to the spec or to any other message raises
+:data:`PROTOCOL_VERSION` (the spec is unpickled only once the versions agree).
 
 Epochs, trainer -> helper. :class:`StartEpoch` starts epoch ``gen`` (each epoch a new generation,
 which tags every message of it, so nothing of an abandoned epoch is taken for the next one's);
@@ -35,19 +37,21 @@ trainer's reader logs it and reads on.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
-    from ...engine.pipeline import EpochLayout
+    from ...engine.pipeline import EpochLayout, Pipeline
     from ...engine.plan import EpochShard
 
 #: Raised whenever a message other than the handshake's changes (NOTE [ Helper protocol ]).
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
-__all__ = ["PROTOCOL_VERSION", "Batch", "Close", "EpochEnd", "EpochError", "Free", "FromHelper", "Log", "Ready",
-           "SampleFailed", "Setup", "SetupFailed", "Skipped", "SlotArray", "Stalled", "StartEpoch", "StopEpoch",
-           "Stopped", "ToHelper", "package_description", "version_mismatch"]
+__all__ = ["PROTOCOL_VERSION", "Batch", "Close", "EpochEnd", "EpochError", "Free", "FromHelper",
+           "HelperSpec", "Log", "Ready", "SampleFailed", "Setup", "SetupFailed", "Skipped",
+           "SlotArray", "Stalled", "StartEpoch", "StopEpoch", "Stopped", "ToHelper",
+           "package_description", "version_mismatch"]
 
 
 # -- handshake (the same fields in every version) ------------------------------------------------
@@ -55,8 +59,8 @@ __all__ = ["PROTOCOL_VERSION", "Batch", "Close", "EpochEnd", "EpochError", "Free
 
 class Setup(NamedTuple):
     """Trainer -> helper, first: the trainer's protocol ``version``, its ``sys_path`` (put in place before
-    the pipeline is unpickled, so that the user's modules import as in the trainer) and ``spec``, the
-    pipeline and slot setup pickled by reference (unpickled only once the versions agree)."""
+    the pipeline is unpickled, so that the user's modules import as in the trainer) and ``spec``, a
+    :class:`HelperSpec` pickled by reference (unpickled only once the versions agree)."""
 
     version: int
     sys_path: list[str]
@@ -80,6 +84,30 @@ class SetupFailed(NamedTuple):
     version: int
     text: str
     trace: str
+
+
+@dataclass(frozen=True)
+class HelperSpec:
+    """What the helper runs, made once by the trainer and sent in :class:`Setup`; its fields are
+    part of the protocol (NOTE [ Helper protocol ], Handshake).
+
+    Attributes:
+        pipeline: the trainer's pipeline, its source listed (the table in shared memory) and its
+            batches by duration planned by the trainer (each epoch's layout comes with the epoch).
+        batch_size: samples per batch; ``None`` with batches by duration.
+        drop_last: drop the last, short batch of an epoch.
+        num_slots: shared-memory slots; slot_bytes: the bytes each starts with.
+        key: the sample key padded into the batch.
+        background: run at a lower scheduling priority.
+    """
+
+    pipeline: Pipeline
+    batch_size: int | None
+    drop_last: bool
+    num_slots: int
+    slot_bytes: int
+    key: str
+    background: bool
 
 
 # -- trainer -> helper -----------------------------------------------------------------------------
