@@ -13,7 +13,7 @@ from audiobuffer.engine.pipeline import Pipeline
 from audiobuffer.engine.plan import EpochShard
 from audiobuffer.engine.pool import Failure
 from audiobuffer.options import LoaderOptions
-from audiobuffer.sources.durations import CACHE_ENV
+from audiobuffer.prepare.durations import CACHE_ENV
 
 pytestmark = pytest.mark.timeout(60)
 
