@@ -357,7 +357,7 @@ def test_ranks_in_step_by_default_with_exact_resume(tmp_path, sync):
     partial = resumed.state_dict()
     partial["epoch"] = 1
     partial["items"] = len(got[1])
-    from audiobuffer.engine.plan import pack_consumed
+    from audiobuffer.engine.state import pack_consumed
     partial["consumed"] = pack_consumed(bytes([1, 1, 1] + [0] * (len(got[1]) - 3)))
     resumed.load_state_dict(partial)
     assert sorted(keys(resumed)) == sorted(planned[1][3:])

@@ -194,7 +194,7 @@ class DurationBatching:
         return world_size > 1 and (self.sync_buckets is None or self.sync_buckets)
 
     def state(self, world_size: int = 1) -> dict[str, Any]:
-        """What a state dict's batch mask was counted under (``plan.STATE_BATCHING``) by one of ``world_size``
+        """What a state dict's batch mask was counted under (``state.STATE_BATCHING``) by one of ``world_size``
         ranks: the setup and a digest of the durations (a changed file changes the batches)."""
         digest = hashlib.sha256(np.ascontiguousarray(self.durations, dtype="<f8").tobytes()).hexdigest()[:16]
         state: dict[str, Any] = {"max_batch_seconds": self.max_batch_seconds, "buckets": self.buckets,
