@@ -127,7 +127,7 @@ class EpochCursor:
                 _format.STATE_RANK: rank, _format.STATE_WORLD_SIZE: world_size,
                 _format.STATE_EVEN_SHARDS: options.even_shards,
                 _format.STATE_SOURCE: pipeline.source.fingerprint(),
-                _format.STATE_BATCHING: None if pipeline.batching is None else pipeline.batching.state(world_size),
+                _format.STATE_BATCHING: pipeline.mask_setup(world_size),
                 _format.STATE_READ_BLOCK: pipeline.read_block()}
 
 
