@@ -400,8 +400,9 @@ def set_up_epoch(pipeline: Pipeline, shard: EpochShard, *, resume: bytes | None 
             return listed.item(int(indices[seq]), epoch=number, seed=seed, seq=layout.seq(seq), clock=clock)
 
     producers = cast(ProducerCount, options.num_producers)  # LoaderOptions stores None as "auto"
-    # batches by duration: the tuner weighs each item by its seconds (NOTE [ Producer tuning ])
-    weights = pipeline.item_seconds(number, indices) if producers == "auto" and len(layout) else None
+    # Batches by duration: the tuner weighs each item by its seconds (NOTE [ Producer tuning ]).
+    tuned = producers == "auto" and len(layout) > 0
+    weights = pipeline.item_seconds(number, indices) if tuned else None
     pool = ProducerPool(make_item, len(layout), decode, buffer, num_producers=producers, memory=pipeline.memory,
                         ordered=options.ordered, warn_after=options.warn_after, timeout=options.timeout,
                         weights=weights)

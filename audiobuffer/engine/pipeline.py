@@ -1,10 +1,10 @@
 """What a loader runs its epochs over: :class:`Pipeline` (source, decoder, options, batch mode,
-durations, tuner memory), built once per loader by :meth:`Pipeline.build`, and one shard of one epoch
-of it laid out for a producer pool (:class:`EpochLayout`).
+durations, tuner memory), built once per loader by :meth:`Pipeline.build`, and one shard of one
+epoch of it laid out for a producer pool (:class:`EpochLayout`).
 
-Every loader holds one pipeline and reads each option from it; the engine takes the pipeline, never a
-loader; the helper process of ``IsolatedLoader`` gets a copy. Whether the epochs batch by duration is
-decided here, once (:class:`DurationBudget`); nothing downstream reads ``max_batch_seconds`` again.
+Every loader holds one pipeline and reads each option from it; the engine takes the pipeline, never
+a loader; the helper process of ``IsolatedLoader`` gets a copy. Whether the epochs batch by duration
+is decided here, once (:class:`DurationBudget`); nothing downstream reads ``max_batch_seconds``.
 """
 
 from __future__ import annotations
@@ -119,8 +119,8 @@ class DurationBudget:
         if options.max_batch_seconds is None:
             return None
         quadratic = options.quadratic_duration
-        return cls(float(options.max_batch_seconds),
-                   DEFAULT_BUCKETS if options.buckets is None else options.buckets, options.max_batch_size,
+        buckets = DEFAULT_BUCKETS if options.buckets is None else options.buckets
+        return cls(float(options.max_batch_seconds), buckets, options.max_batch_size,
                    None if quadratic is None else float(quadratic), options.sync_buckets)
 
     def synced(self, world_size: int) -> bool:
@@ -148,8 +148,8 @@ class DurationBatching:
         failures: the items whose header could not be read, as ``(index, path, message)``.
     """
 
-    def __init__(self, durations: np.ndarray, failures: list[HeaderFailure], budget: DurationBudget, *,
-                 content: np.ndarray | None = None,
+    def __init__(self, durations: np.ndarray, failures: list[HeaderFailure],
+                 budget: DurationBudget, *, content: np.ndarray | None = None,
                  draw: Callable[[int, int], np.ndarray] | None = None) -> None:
         self.durations = durations
         self.content = durations if content is None else content
@@ -180,7 +180,8 @@ class DurationBatching:
 
     @classmethod
     def read(cls, source: Source, decoder: Callable[[WorkItem], Any], budget: DurationBudget, *,
-             duration_column: str | None, on_error: ErrorPolicy, num_threads: int) -> DurationBatching:
+             duration_column: str | None, on_error: ErrorPolicy,
+             num_threads: int) -> DurationBatching:
         """The durations of ``source``'s items, capped by ``decoder``'s crop (NOTE [ Batches by duration ]).
 
         Raises:
@@ -217,11 +218,13 @@ class DurationBatching:
         if plan is None:
             durations = self.durations if self.draw is None else self.durations[self.draw(seed, epoch)]
             budget = self.budget
-            plan = plan_batches(durations, max_batch_seconds=budget.max_batch_seconds, buckets=budget.buckets,
-                                max_batch_size=budget.max_batch_size,
-                                quadratic_duration=budget.quadratic_duration, shuffle=shuffle, seed=seed, epoch=epoch,
+            plan = plan_batches(durations, max_batch_seconds=budget.max_batch_seconds,
+                                buckets=budget.buckets, max_batch_size=budget.max_batch_size,
+                                quadratic_duration=budget.quadratic_duration, shuffle=shuffle,
+                                seed=seed, epoch=epoch,
                                 rank=rank, world_size=world_size, worker=worker, num_workers=num_workers,
-                                even_shards=even_shards, sync_buckets=budget.synced(world_size), consumed=consumed)
+                                even_shards=even_shards, sync_buckets=budget.synced(world_size),
+                                consumed=consumed)
             if len(self._plans) >= _REMEMBERED_PLANS:
                 self._plans.clear()  # one call: safe while another thread reads
             self._plans[key] = plan
@@ -244,8 +247,9 @@ class DurationBatching:
         return EpochLayout(indices, plan.positions, plan.consumed, sizes, seqs, sum(full) - sum(sizes), in_step=in_step)
 
     def state(self, world_size: int = 1) -> dict[str, Any]:
-        """What a state dict's batch mask was counted under (``state.STATE_BATCHING``) by one of ``world_size``
-        ranks: the setup and a digest of the durations (a changed file changes the batches)."""
+        """What a state dict's batch mask was counted under (``state.STATE_BATCHING``) by one of
+        ``world_size`` ranks: the setup and a digest of the durations (a changed file changes the
+        batches)."""
         digest = hashlib.sha256(np.ascontiguousarray(self.durations, dtype="<f8").tobytes()).hexdigest()[:16]
         state: dict[str, Any] = {"max_batch_seconds": self.max_batch_seconds, "buckets": self.buckets,
                                  "max_batch_size": self.max_batch_size, "durations": f"{len(self.durations)}:{digest}"}
@@ -264,8 +268,8 @@ class Pipeline:
         source: the listed source (a :class:`~audiobuffer.Source`, or streamed tar shards).
         decoder: what the producers run on each work item (before ``options.transform``).
         options: the validated options.
-        budget: the mode, decided once by :meth:`build`: with ``options.max_batch_seconds``, what bounds
-            a batch by duration; ``None``: the epochs hand out one sample at a time.
+        budget: the mode, decided once by :meth:`build`: with ``options.max_batch_seconds``, what
+            bounds a batch by duration; ``None``: the epochs hand out one sample at a time.
         batching: with a budget, the items' durations, from which the batches are planned; ``None``
             without a budget, for streamed shards (their batches are cut as they stream), and in the
             helper's copy (its trainer plans the batches and sends each epoch's).
@@ -302,7 +306,8 @@ class Pipeline:
         _check_combination(listed, decoder, options, budget)
         batching = None
         if budget is not None and isinstance(listed, Source):
-            batching = DurationBatching.read(listed, decoder, budget, duration_column=options.duration_column,
+            batching = DurationBatching.read(listed, decoder, budget,
+                                             duration_column=options.duration_column,
                                              on_error=options.on_error,
                                              num_threads=max(8, options.most_producers()))
         return cls(listed, decoder, options, budget=budget, batching=batching)
@@ -315,21 +320,24 @@ class Pipeline:
         decode = self.decoder if transform is None else Compose(self.decoder, transform)
         if self.budget is not None and self.streamed:
             crop, pad = decoder_crop(self.decoder)
-            decode = TimedDecode(decode, cast(str, self.options.duration_column), crop=crop, pad=pad)
+            column = cast(str, self.options.duration_column)  # needed by _check_combination
+            decode = TimedDecode(decode, column, crop=crop, pad=pad)
         return decode
 
     def item_seconds(self, epoch: int, indices: np.ndarray) -> np.ndarray | None:
-        """The seconds of an epoch's items ``indices`` where the batches are planned here by duration
-        (the producer tuner's weights, NOTE [ Producer tuning ] in ``tuner.py``), else ``None``."""
+        """The seconds of an epoch's items ``indices`` where the batches are planned here by
+        duration (the producer tuner's weights, NOTE [ Producer tuning ] in ``tuner.py``), else
+        ``None``."""
         batching = self.batching
         if batching is None:
             return None
-        return np.asarray(batching.durations[batching.epoch_items(self.options.seed, epoch, indices)],
-                          np.float64)
+        items = batching.epoch_items(self.options.seed, epoch, indices)
+        return np.asarray(batching.durations[items], np.float64)
 
     def mask_setup(self, world_size: int) -> dict[str, Any] | None:
-        """What a consumed mask of one of ``world_size`` ranks counts, for a state dict's batching key:
-        the planned batches' setup (``DurationBatching.state``), or ``None``: items or streamed shards."""
+        """What a consumed mask of one of ``world_size`` ranks counts, for a state dict's batching
+        key: the planned batches' setup (``DurationBatching.state``), or ``None``: items or streamed
+        shards."""
         return None if self.batching is None else self.batching.state(world_size)
 
     @property
@@ -424,13 +432,15 @@ def _check_combination(source: Source | ShardStream, decoder: Any, options: Load
     if budget is not None and pad:
         warnings.warn(f"max_batch_seconds with a decoder that crops and pads every sample to crop_seconds={crop:g}: "
                       f"every item lasts the crop, so batches by duration are batches of "
-                      f"{max(1, int(budget.max_batch_seconds // cast(float, crop)))} items and buy nothing "
+                      f"{max(1, int(budget.max_batch_seconds // cast(float, crop)))} items and buy "
+                      f"nothing "
                       f"(batch_size does the same); give the decoder pad=False to batch the items by their own "
                       f"lengths", UserWarning, stacklevel=4)
     if budget is not None and options.read_block not in ("auto", None):
         raise ValueError(f"read_block={options.read_block!r} with max_batch_seconds: batches by duration take their "
                          f"items by duration bucket, not in blocks of neighbouring members; leave read_block "
                          f"'auto' or None")
-    if delivers_itself(decoder) and (options.ordered or options.transform is not None or budget is not None):
+    if delivers_itself(decoder) and (options.ordered or options.transform is not None
+                                     or budget is not None):
         raise ValueError(f"{decoder!r} delivers its samples itself: it takes no ordered=True, no transform and "
                          f"no max_batch_seconds (NOTE [ Delivering decoders ] in audiobuffer/engine/pool.py)")

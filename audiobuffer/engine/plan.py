@@ -17,8 +17,8 @@ process computes the same plan and exactly-once can be tested on the plan alone.
 With batches by duration the plan's unit is a batch instead of an item: :func:`plan_batches` cuts
 the epoch into batches from the items' durations and then takes the same steps 2-4 over the batch
 order (with this module's :func:`even_out` and :func:`shard`); with ``sync_buckets`` the order puts
-batches of like length at the same step of every rank (NOTE [ Ranks in step ]). A state dict (``state.py``)
-records which of the two plans its consumed mask counts.
+batches of like length at the same step of every rank (NOTE [ Ranks in step ]). A state dict
+(``state.py``) records which of the two plans its consumed mask counts.
 """
 
 from __future__ import annotations

@@ -16,9 +16,10 @@ import numpy as np
 
 from ..errors import ResumeError
 
-__all__ = ["SETUP_KEYS", "STATE_BATCHING", "STATE_CONSUMED", "STATE_EPOCH", "STATE_EVEN_SHARDS", "STATE_FORMAT",
-           "STATE_ITEMS", "STATE_RANK", "STATE_READ_BLOCK", "STATE_SEED", "STATE_SHUFFLE", "STATE_SOURCE",
-           "STATE_VERSION", "STATE_WORLD_SIZE", "decode_state", "encode_state", "pack_consumed", "unpack_consumed"]
+__all__ = ["SETUP_KEYS", "STATE_BATCHING", "STATE_CONSUMED", "STATE_EPOCH", "STATE_EVEN_SHARDS",
+           "STATE_FORMAT", "STATE_ITEMS", "STATE_RANK", "STATE_READ_BLOCK", "STATE_SEED",
+           "STATE_SHUFFLE", "STATE_SOURCE", "STATE_VERSION", "STATE_WORLD_SIZE", "decode_state",
+           "encode_state", "pack_consumed", "unpack_consumed"]
 
 #: Keys of a state dict (``BufferedDataset.STATE_*`` name the same strings).
 STATE_VERSION = "version"
@@ -31,16 +32,20 @@ STATE_EVEN_SHARDS = "even_shards"
 STATE_SOURCE = "source_fingerprint"
 STATE_ITEMS = "items"
 STATE_CONSUMED = "consumed"
-#: The batches by duration a state's mask counts (their budget, buckets and a digest of the durations),
-#: or ``None`` where it counts items; part of the setup (a setup without the key means ``None``).
+#: The batches by duration a state's mask counts (their budget, buckets and a digest of the
+#: durations), or ``None`` where it counts items; part of the setup (a setup without the key means
+#: ``None``).
 STATE_BATCHING = "batching"
-#: The members a read block holds (``read_block`` resolved), where the order is a block order (NOTE [ Block
-#: order ]); part of the setup, written only where not ``None`` (a state without the key means ``None``).
+#: The members a read block holds (``read_block`` resolved), where the order is a block order
+#: (NOTE [ Block order ] in ``plan.py``); part of the setup, written only where not ``None``
+#: (a state without the key means ``None``).
 STATE_READ_BLOCK = "read_block"
-#: The setup a state was saved under; a state loads only into the same setup (and the same batching).
-SETUP_KEYS = (STATE_SEED, STATE_SHUFFLE, STATE_RANK, STATE_WORLD_SIZE, STATE_EVEN_SHARDS, STATE_SOURCE)
-#: 3: with the batching key (the consumed mask counts batches where it is not None); 2 (still loaded):
-#: the consumed bitmap as a base64 str (JSON-serialisable); 1 (still loaded): as bytes. 1 and 2 count items.
+#: The setup a state was saved under; a state loads only into the same setup (and batching).
+SETUP_KEYS = (STATE_SEED, STATE_SHUFFLE, STATE_RANK, STATE_WORLD_SIZE, STATE_EVEN_SHARDS,
+              STATE_SOURCE)
+#: 3: with the batching key (the consumed mask counts batches where it is not None); 2 (still
+#: loaded): the consumed bitmap as a base64 str (JSON-serialisable); 1 (still loaded): as bytes.
+#: 1 and 2 count items.
 STATE_FORMAT = 3
 
 
@@ -66,13 +71,16 @@ def unpack_consumed(packed: Any, items: int) -> bytes:
     else:
         raise ResumeError(f"consumed must be a base64 string, got {type(packed).__name__}")
     if len(raw) != (items + 7) // 8:
-        raise ResumeError(f"consumed must hold {(items + 7) // 8} bytes for {items} items, got {len(raw)}")
+        raise ResumeError(f"consumed must hold {(items + 7) // 8} bytes for {items} items, "
+                          f"got {len(raw)}")
     return np.unpackbits(np.frombuffer(raw, dtype=np.uint8))[:items].tobytes()
 
 
-def encode_state(setup: Mapping[str, Any], epoch: int, consumed: bytes | bytearray | None) -> dict[str, Any]:
-    """A state dict of plain builtins: ``setup`` (see :data:`SETUP_KEYS` and :data:`STATE_BATCHING`), the
-    epoch and its consumed mask (of items, or of batches where ``setup``'s batching is not ``None``)."""
+def encode_state(setup: Mapping[str, Any], epoch: int,
+                 consumed: bytes | bytearray | None) -> dict[str, Any]:
+    """A state dict of plain builtins: ``setup`` (see :data:`SETUP_KEYS` and
+    :data:`STATE_BATCHING`), the epoch and its consumed mask (of items, or of batches where
+    ``setup``'s batching is not ``None``)."""
     state: dict[str, Any] = {STATE_VERSION: STATE_FORMAT, STATE_EPOCH: epoch}
     state.update((key, setup[key]) for key in SETUP_KEYS)
     state[STATE_BATCHING] = setup.get(STATE_BATCHING)
@@ -84,14 +92,16 @@ def encode_state(setup: Mapping[str, Any], epoch: int, consumed: bytes | bytearr
 
 
 def decode_state(setup: Mapping[str, Any], state: Any) -> tuple[int, bytes | None]:
-    """``(epoch, consumed mask or None)`` of a state dict, checked against ``setup``; nothing is changed.
+    """``(epoch, consumed mask or None)`` of a state dict, checked against ``setup``; nothing is
+    changed.
 
     Raises:
         ResumeError: the state is malformed or was saved under another setup.
     """
     if not isinstance(state, Mapping):
         raise ResumeError(f"a state dict is a dict, got {type(state).__name__}")
-    missing = [k for k in (STATE_VERSION, STATE_EPOCH, *SETUP_KEYS, STATE_ITEMS, STATE_CONSUMED) if k not in state]
+    required = (STATE_VERSION, STATE_EPOCH, *SETUP_KEYS, STATE_ITEMS, STATE_CONSUMED)
+    missing = [k for k in required if k not in state]
     if missing:
         raise ResumeError(f"the state dict lacks {missing}")
     if state[STATE_VERSION] not in (1, 2, STATE_FORMAT):
@@ -100,14 +110,16 @@ def decode_state(setup: Mapping[str, Any], state: Any) -> tuple[int, bytes | Non
         raise ResumeError(f"the state dict lacks {[STATE_BATCHING]}")
     saved = {**state, STATE_BATCHING: state.get(STATE_BATCHING),  # formats 1 and 2 count items
              STATE_READ_BLOCK: state.get(STATE_READ_BLOCK)}
-    wanted = {**setup, STATE_BATCHING: setup.get(STATE_BATCHING), STATE_READ_BLOCK: setup.get(STATE_READ_BLOCK)}
+    wanted = {**setup, STATE_BATCHING: setup.get(STATE_BATCHING),
+              STATE_READ_BLOCK: setup.get(STATE_READ_BLOCK)}
     for key in (*SETUP_KEYS, STATE_BATCHING, STATE_READ_BLOCK):
         if saved[key] != wanted[key]:
-            raise ResumeError(f"the state was saved with {key}={saved[key]!r}, this dataset has {key}={wanted[key]!r}; "
-                              f"resume with the setup it was saved under")
+            raise ResumeError(f"the state was saved with {key}={saved[key]!r}, this dataset has "
+                              f"{key}={wanted[key]!r}; resume with the setup it was saved under")
     epoch, items = state[STATE_EPOCH], state[STATE_ITEMS]
     for key, value in ((STATE_EPOCH, epoch), (STATE_ITEMS, items)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 0):
             raise ResumeError(f"the state's {key} must be an integer >= 0, got {value!r}")
     if epoch is None:
         raise ResumeError("the state's epoch must be an integer >= 0, got None")
