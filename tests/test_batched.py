@@ -25,6 +25,7 @@ from audiobuffer import (
     WorkItem,
     pad_collate,
 )
+from audiobuffer.engine.pipeline import DurationBudget
 from audiobuffer.engine.plan import batch_cost, plan_batches
 from audiobuffer.engine.streamed import DynamicBuckets, TimedDecode
 from audiobuffer.prepare.durations import CACHE_ENV
@@ -77,6 +78,17 @@ def test_each_item_once_in_batches_within_the_budget(tmp_path, n, budget, bucket
         assert sorted(got) == sorted(planned)  # the same batches, whole, in the order they completed
     assert len(ds) == len(planned) == ds.stats().batches
     assert not wait_no_threads()
+
+
+def test_the_batch_mode_is_decided_once_with_one_budget(tmp_path):
+    durations = [1.0, 2.0, 3.0]
+    ds = dataset(duration_manifest(tmp_path, durations), durations, max_batch_seconds=4, buckets=2,
+                 quadratic_duration=30)
+    budget = ds.pipeline.budget
+    assert budget == DurationBudget(4.0, 2, None, 30.0, None)
+    assert ds.batching.budget is budget and ds.batching.max_batch_seconds == 4.0
+    plain = dataset(duration_manifest(tmp_path, durations, "plain.csv"))
+    assert plain.pipeline.budget is None and plain.batching is None
 
 
 def test_through_a_dataloader_each_element_is_one_padded_batch(tmp_path):
@@ -357,7 +369,7 @@ def test_ranks_in_step_by_default_with_exact_resume(tmp_path, sync):
     partial = resumed.state_dict()
     partial["epoch"] = 1
     partial["items"] = len(got[1])
-    from audiobuffer.engine.plan import pack_consumed
+    from audiobuffer.engine.state import pack_consumed
     partial["consumed"] = pack_consumed(bytes([1, 1, 1] + [0] * (len(got[1]) - 3)))
     resumed.load_state_dict(partial)
     assert sorted(keys(resumed)) == sorted(planned[1][3:])

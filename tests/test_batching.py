@@ -16,11 +16,10 @@ from audiobuffer.engine.plan import (
     batch_cost,
     bucket_edges,
     cut_batches,
-    pack_consumed,
     padding_fraction,
     plan_batches,
-    unpack_consumed,
 )
+from audiobuffer.engine.state import pack_consumed, unpack_consumed
 
 
 def keys(batches):

@@ -4,6 +4,7 @@ reads, every member once, memory bounded, failures reported per member; in proce
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 
 import numpy as np
@@ -163,6 +164,16 @@ def test_read_block_is_refused_with_batches_by_duration(packed):
         BufferedDataset(packed, AudioDecoder(8000), read_block=4, max_batch_seconds=1.0)
     with pytest.raises(ValueError, match=r"read_block must be an integer >= 1 or 'auto' or None, got 0"):
         BufferedDataset(packed, AudioDecoder(8000), read_block=0)
+
+
+def test_read_block_auto_follows_the_mode_in_the_helpers_copy(packed):
+    # An IsolatedLoader's helper gets the pipeline without its durations (the trainer plans the
+    # batches): it must still read one member a request, as the trainer's state dict says.
+    dataset = BufferedDataset(packed, AudioDecoder(8000), max_batch_seconds=1.0)
+    dataset.pipeline.source.__dict__["_urls"] = True  # read as if from an object store
+    helpers = dataclasses.replace(dataset.pipeline, batching=None)
+    assert dataset.pipeline.read_block() is None
+    assert helpers.read_block() is None
 
 
 def test_blocks_in_the_isolated_helper(packed):

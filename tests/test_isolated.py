@@ -48,7 +48,8 @@ from audiobuffer import (
     StallError,
     pad_collate,
 )
-from audiobuffer.engine.plan import plan_batches, unpack_consumed
+from audiobuffer.engine.plan import plan_batches
+from audiobuffer.engine.state import unpack_consumed
 from audiobuffer.loaders.isolated import shm as _shm
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_helper_left_behind")]

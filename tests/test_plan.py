@@ -14,11 +14,10 @@ from audiobuffer.engine.plan import (
     BLOCK_WINDOW,
     block_order,
     block_starts,
-    decode_state,
-    encode_state,
     plan_epoch,
     shard_length,
 )
+from audiobuffer.engine.state import decode_state, encode_state
 
 SETUP = {"seed": 3, "shuffle": True, "rank": 0, "world_size": 1, "even_shards": "pad", "source_fingerprint": "x"}
 

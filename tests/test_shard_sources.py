@@ -14,7 +14,8 @@ import pytest
 from helpers import drop_flac_length, make_corpus, write_tone
 
 from audiobuffer import AudioDecoder, BufferedDataset, DecodeError, SampleError, Source, SourceError
-from audiobuffer.engine.plan import epoch_order, unpack_consumed
+from audiobuffer.engine.plan import epoch_order
+from audiobuffer.engine.state import unpack_consumed
 from audiobuffer.sources import INDEX_NAME, pack
 from audiobuffer.sources.stream import MEMBER_STRIDE, ShardStream
 

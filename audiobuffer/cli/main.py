@@ -175,7 +175,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     with dataset:
         for epoch in range(config.epochs):
             dataset.set_epoch(epoch)
-            whole = config.buffer.isolate or config.loader.max_batch_seconds is not None  # len() counts batches
+            whole = config.buffer.isolate or loader.batch_size is None  # len() counts batches
             total = len(loader) if whole else math.ceil(len(dataset) / config.loader.batch_size)
             bar = tqdm(DevicePrefetcher(loader, device), total=total, desc=f"epoch {epoch + 1}/{config.epochs}",
                        unit="batch",

@@ -61,8 +61,7 @@ import numpy as np
 
 from ..buffer import Buffer
 from ..errors import BufferClosed, DecodeError, SampleError
-from ..options import DEFAULT_BUCKETS, ErrorPolicy, ProducerCount, gil_enabled
-from ..prepare.durations import decoder_crop
+from ..options import ErrorPolicy, ProducerCount, gil_enabled
 from ..sources.blocks import BlockReads
 from ..sources.item import ReadClock, WorkItem
 from ..sources.mixture import Mixture
@@ -70,7 +69,7 @@ from ..sources.stream import ShardStream
 from .plan import BLOCK_WINDOW
 from .pool import Failure, Port, ProducerPool
 from .stats import MAX_LISTED_FAILURES, DatasetStats
-from .streamed import DynamicBuckets, ShardReader, TimedDecode
+from .streamed import DynamicBuckets, ShardReader
 
 if TYPE_CHECKING:
     from .pipeline import DurationBatching, EpochLayout, Pipeline
@@ -296,9 +295,6 @@ def set_up_epoch(pipeline: Pipeline, shard: EpochShard, *, resume: bytes | None 
         def make_item(seq: int) -> WorkItem:
             return stream.shard_item(int(indices[seq]), epoch=number, seed=seed, seq=layout.seq(seq))
 
-        if options.max_batch_seconds is not None:  # each sample's duration first (NOTE [ Batches by duration ])
-            crop, pad = decoder_crop(pipeline.decoder)
-            decode = TimedDecode(decode, cast(str, options.duration_column), crop=crop, pad=pad)
         if port is not None:
             raise ValueError(f"streamed shards put their samples through their own port, not {port!r}")
         reader = ShardReader(stream, decode, clock, shuffle=options.shuffle)
@@ -320,10 +316,9 @@ def set_up_epoch(pipeline: Pipeline, shard: EpochShard, *, resume: bytes | None 
             return listed.item(int(indices[seq]), epoch=number, seed=seed, seq=layout.seq(seq), clock=clock)
 
     producers = cast(ProducerCount, options.num_producers)  # LoaderOptions stores None as "auto"
-    weights = None  # batches by duration: the tuner weighs each item by its seconds (NOTE [ Producer tuning ])
-    if producers == "auto" and layout.sizes is not None and pipeline.batching is not None and len(layout):
-        batching = pipeline.batching
-        weights = np.asarray(batching.durations[batching.epoch_items(seed, number, layout.indices)], np.float64)
+    # Batches by duration: the tuner weighs each item by its seconds (NOTE [ Producer tuning ]).
+    tuned = producers == "auto" and len(layout) > 0
+    weights = pipeline.item_seconds(number, indices) if tuned else None
     pool = ProducerPool(make_item, len(layout), decode, buffer, num_producers=producers, memory=pipeline.memory,
                         ordered=options.ordered, warn_after=options.warn_after, timeout=options.timeout,
                         weights=weights, port=port)
@@ -340,13 +335,10 @@ def run_epoch(pipeline: Pipeline, shard: EpochShard, *, resume: bytes | None = N
         ResumeError: ``resume`` does not have one byte per unit of this shard's epoch.
     """
     setup = set_up_epoch(pipeline, shard, resume=resume, port=port)
-    options = pipeline.options
     if pipeline.batching is not None:
         return BatchEpochRun(setup, pipeline.batching)
-    if setup.layout.streamed and options.max_batch_seconds is not None:
-        buckets = DEFAULT_BUCKETS if options.buckets is None else options.buckets
-        return StreamBatchRun(setup, DynamicBuckets(options.max_batch_seconds, buckets, options.max_batch_size,
-                                                    options.quadratic_duration))
+    if pipeline.budget is not None:  # streamed shards: no durations to plan from (Pipeline.build)
+        return StreamBatchRun(setup, pipeline.budget.stream_buckets())
     return EpochRun(setup)
 
 

@@ -1,9 +1,10 @@
-"""What a loader runs its epochs over: :class:`Pipeline` (source, decoder, options, durations, tuner
-memory), built once per loader by :meth:`Pipeline.build`, and one shard of one epoch of it laid out
-for a producer pool (:class:`EpochLayout`).
+"""What a loader runs its epochs over: :class:`Pipeline` (source, decoder, options, batch mode,
+durations, tuner memory), built once per loader by :meth:`Pipeline.build`, and one shard of one
+epoch of it laid out for a producer pool (:class:`EpochLayout`).
 
-Every loader holds one pipeline and reads each option from it; the engine takes the pipeline, never a
-loader; the helper process of ``IsolatedLoader`` gets a copy.
+Every loader holds one pipeline and reads each option from it; the engine takes the pipeline, never
+a loader; the helper process of ``IsolatedLoader`` gets a copy. Whether the epochs batch by duration
+is decided here, once (:class:`DurationBudget`); nothing downstream reads ``max_batch_seconds``.
 """
 
 from __future__ import annotations
@@ -24,13 +25,14 @@ from ..sources.mixture import Mixture
 from ..sources.source import AUDIO_PATTERNS, Source, SourceSpec, WorkItem
 from ..sources.stream import ShardStream, as_source
 from .plan import BatchPlan, EpochShard, block_starts, plan_batches, plan_epoch, shard_length
-from .streamed import check_streamable
+from .streamed import DynamicBuckets, TimedDecode, check_streamable
 from .tuner import TunerMemory
 
 if TYPE_CHECKING:
     from .epoch import PaddingMeter
 
-__all__ = ["Compose", "DurationBatching", "EpochLayout", "EpochShard", "Pipeline", "decoder_crop"]
+__all__ = ["Compose", "DurationBatching", "DurationBudget", "EpochLayout", "EpochShard", "Pipeline",
+           "decoder_crop"]
 
 #: How many plans a :class:`DurationBatching` remembers (planning a large corpus takes a while).
 _REMEMBERED_PLANS = 4
@@ -89,13 +91,53 @@ class EpochLayout:
         return int(self.seqs[seq]) if self.seqs is not None else self.position(seq)
 
 
-class DurationBatching:
-    """A pipeline's batches by duration: the budget, the buckets, and each item's duration (read once).
+@dataclass(frozen=True)
+class DurationBudget:
+    """What bounds a batch by duration: the options of the same names, checked by their rules in
+    ``options.OPTIONS`` and held here once. A pipeline has one (:attr:`Pipeline.budget`) when it
+    batches by duration, planned from the durations or cut as streamed samples arrive.
 
     Attributes:
-        max_batch_seconds, buckets, max_batch_size, quadratic_duration: the batch setup.
+        max_batch_seconds: the most a batch may cost (``plan.batch_cost``: its padded seconds).
+        buckets: the duration buckets batches are cut from.
+        max_batch_size: the most samples in a batch, or ``None``.
+        quadratic_duration: seconds ``Q`` of the cost's quadratic term, or ``None``.
         sync_buckets: whether the ranks take each step's batches from the same bucket (NOTE [ Ranks in
             step ] in ``plan.py``); ``None``: with more than one rank.
+    """
+
+    max_batch_seconds: float
+    buckets: int = DEFAULT_BUCKETS
+    max_batch_size: int | None = None
+    quadratic_duration: float | None = None
+    sync_buckets: bool | None = None
+
+    @classmethod
+    def of(cls, options: LoaderOptions) -> DurationBudget | None:
+        """The budget ``options`` set, or ``None``: the epochs hand out one sample at a time."""
+        if options.max_batch_seconds is None:
+            return None
+        quadratic = options.quadratic_duration
+        buckets = DEFAULT_BUCKETS if options.buckets is None else options.buckets
+        return cls(float(options.max_batch_seconds), buckets, options.max_batch_size,
+                   None if quadratic is None else float(quadratic), options.sync_buckets)
+
+    def synced(self, world_size: int) -> bool:
+        """Whether ``world_size`` ranks take each step's batches from the same bucket."""
+        return world_size > 1 and (self.sync_buckets is None or self.sync_buckets)
+
+    def stream_buckets(self) -> DynamicBuckets[Any]:
+        """Buckets that cut batches within this budget as streamed samples arrive."""
+        return DynamicBuckets(self.max_batch_seconds, self.buckets, self.max_batch_size,
+                              self.quadratic_duration)
+
+
+class DurationBatching:
+    """A pipeline's batches by duration, planned: the budget and each item's duration (read once).
+
+    Attributes:
+        budget: what bounds a batch; ``max_batch_seconds``, ``buckets``, ``max_batch_size``,
+            ``quadratic_duration`` and ``sync_buckets`` read it.
         draw: a mixture's draws (``Mixture.draw``): an epoch's items are ``durations[draw(seed, epoch)]``
             (NOTE [ Mixtures ] in ``sources/mixture.py``); ``None``: the source's items themselves.
         durations: seconds per source item (``NaN`` where its header could not be read): a sample's
@@ -105,26 +147,40 @@ class DurationBatching:
         failures: the items whose header could not be read, as ``(index, path, message)``.
     """
 
-    def __init__(self, durations: np.ndarray, failures: list[HeaderFailure], *, max_batch_seconds: float,
-                 buckets: int, max_batch_size: int | None, content: np.ndarray | None = None,
-                 quadratic_duration: float | None = None, sync_buckets: bool | None = None,
+    def __init__(self, durations: np.ndarray, failures: list[HeaderFailure],
+                 budget: DurationBudget, *, content: np.ndarray | None = None,
                  draw: Callable[[int, int], np.ndarray] | None = None) -> None:
         self.durations = durations
         self.content = durations if content is None else content
         self.failures = failures
-        self.max_batch_seconds = float(max_batch_seconds)
-        self.buckets = buckets
-        self.max_batch_size = max_batch_size
-        self.quadratic_duration = None if quadratic_duration is None else float(quadratic_duration)
-        self.sync_buckets = sync_buckets
+        self.budget = budget
         self.draw = draw
         self._plans: dict[tuple[Any, ...], BatchPlan] = {}  # the last few plans: len() and iter() of an epoch
 
+    @property
+    def max_batch_seconds(self) -> float:
+        return self.budget.max_batch_seconds
+
+    @property
+    def buckets(self) -> int:
+        return self.budget.buckets
+
+    @property
+    def max_batch_size(self) -> int | None:
+        return self.budget.max_batch_size
+
+    @property
+    def quadratic_duration(self) -> float | None:
+        return self.budget.quadratic_duration
+
+    @property
+    def sync_buckets(self) -> bool | None:
+        return self.budget.sync_buckets
+
     @classmethod
-    def read(cls, source: Source, decoder: Callable[[WorkItem], Any], *, max_batch_seconds: float,
-             buckets: int | None, max_batch_size: int | None, duration_column: str | None, on_error: ErrorPolicy,
-             num_threads: int, quadratic_duration: float | None = None,
-             sync_buckets: bool | None = None) -> DurationBatching:
+    def read(cls, source: Source, decoder: Callable[[WorkItem], Any], budget: DurationBudget, *,
+             duration_column: str | None, on_error: ErrorPolicy,
+             num_threads: int) -> DurationBatching:
         """The durations of ``source``'s items, capped by ``decoder``'s crop (NOTE [ Batches by duration ]).
 
         Raises:
@@ -138,9 +194,7 @@ class DurationBatching:
         if crop is not None and pad:
             durations = durations.copy()
             durations[~np.isnan(durations)] = crop  # padded to the crop: every sample is that long
-        return cls(durations, failures, max_batch_seconds=max_batch_seconds,
-                   buckets=DEFAULT_BUCKETS if buckets is None else buckets, max_batch_size=max_batch_size,
-                   content=content, quadratic_duration=quadratic_duration, sync_buckets=sync_buckets,
+        return cls(durations, failures, budget, content=content,
                    draw=source.draw if isinstance(source, Mixture) else None)
 
     def epoch_items(self, seed: int, epoch: int, indices: np.ndarray) -> np.ndarray:
@@ -162,11 +216,14 @@ class DurationBatching:
         plan = self._plans.get(key)
         if plan is None:
             durations = self.durations if self.draw is None else self.durations[self.draw(seed, epoch)]
-            plan = plan_batches(durations, max_batch_seconds=self.max_batch_seconds, buckets=self.buckets,
-                                max_batch_size=self.max_batch_size, quadratic_duration=self.quadratic_duration,
-                                shuffle=shuffle, seed=seed, epoch=epoch,
+            budget = self.budget
+            plan = plan_batches(durations, max_batch_seconds=budget.max_batch_seconds,
+                                buckets=budget.buckets, max_batch_size=budget.max_batch_size,
+                                quadratic_duration=budget.quadratic_duration, shuffle=shuffle,
+                                seed=seed, epoch=epoch,
                                 rank=rank, world_size=world_size, worker=worker, num_workers=num_workers,
-                                even_shards=even_shards, sync_buckets=self.synced(world_size), consumed=consumed)
+                                even_shards=even_shards, sync_buckets=budget.synced(world_size),
+                                consumed=consumed)
             if len(self._plans) >= _REMEMBERED_PLANS:
                 self._plans.clear()  # one call: safe while another thread reads
             self._plans[key] = plan
@@ -178,7 +235,7 @@ class DurationBatching:
         plan = self.plan(consumed=consumed, **setup)
         sizes = [len(b) for b in plan.batches]
         indices = np.concatenate(plan.batches) if sizes else np.empty(0, dtype=np.int64)
-        in_step = self.synced(setup.get("world_size", 1))
+        in_step = self.budget.synced(setup.get("world_size", 1))
         if plan.positions is None:
             return EpochLayout(indices, None, plan.consumed, sizes, np.arange(len(indices), dtype=np.int64),
                                in_step=in_step)
@@ -188,19 +245,16 @@ class DurationBatching:
             else np.empty(0, dtype=np.int64)
         return EpochLayout(indices, plan.positions, plan.consumed, sizes, seqs, sum(full) - sum(sizes), in_step=in_step)
 
-    def synced(self, world_size: int) -> bool:
-        """Whether ``world_size`` ranks take each step's batches from the same bucket."""
-        return world_size > 1 and (self.sync_buckets is None or self.sync_buckets)
-
     def state(self, world_size: int = 1) -> dict[str, Any]:
-        """What a state dict's batch mask was counted under (``plan.STATE_BATCHING``) by one of ``world_size``
-        ranks: the setup and a digest of the durations (a changed file changes the batches)."""
+        """What a state dict's batch mask was counted under (``state.STATE_BATCHING``) by one of
+        ``world_size`` ranks: the setup and a digest of the durations (a changed file changes the
+        batches)."""
         digest = hashlib.sha256(np.ascontiguousarray(self.durations, dtype="<f8").tobytes()).hexdigest()[:16]
         state: dict[str, Any] = {"max_batch_seconds": self.max_batch_seconds, "buckets": self.buckets,
                                  "max_batch_size": self.max_batch_size, "durations": f"{len(self.durations)}:{digest}"}
         if self.quadratic_duration is not None:  # only where set: a state saved without the option still loads
             state["quadratic_duration"] = self.quadratic_duration
-        if self.synced(world_size):  # the batches in another order
+        if self.budget.synced(world_size):  # the batches in another order
             state["sync_buckets"] = True
         return state
 
@@ -213,8 +267,11 @@ class Pipeline:
         source: the listed source (a :class:`~audiobuffer.Source`, or streamed tar shards).
         decoder: what the producers run on each work item (before ``options.transform``).
         options: the validated options.
-        batching: with ``options.max_batch_seconds``, the items' durations and the batch setup; ``None``
-            without, and for streamed shards (their batches are cut as they stream).
+        budget: the mode, decided once by :meth:`build`: with ``options.max_batch_seconds``, what
+            bounds a batch by duration; ``None``: the epochs hand out one sample at a time.
+        batching: with a budget, the items' durations, from which the batches are planned; ``None``
+            without a budget, for streamed shards (their batches are cut as they stream), and in the
+            helper's copy (its trainer plans the batches and sends each epoch's).
         memory: where the last epoch's producer tuner settled (NOTE [ Producer tuning ] in ``tuner.py``).
 
     Thread safety: read-only, but for ``memory`` and ``batching``'s plan cache, which any thread may use.
@@ -223,6 +280,7 @@ class Pipeline:
     source: Source | ShardStream
     decoder: Callable[[WorkItem], Any]
     options: LoaderOptions
+    budget: DurationBudget | None = None
     batching: DurationBatching | None = None
     memory: TunerMemory = field(default_factory=TunerMemory)
 
@@ -243,21 +301,43 @@ class Pipeline:
                            explicit_patterns=options.patterns, storage_options=options.storage_options,
                            start_column=options.start_column,
                            duration_column=options.duration_column if options.start_column else None)
-        _check_combination(listed, decoder, options)
+        budget = DurationBudget.of(options)
+        _check_combination(listed, decoder, options, budget)
         batching = None
-        if options.max_batch_seconds is not None and isinstance(listed, Source):
-            batching = DurationBatching.read(
-                listed, decoder, max_batch_seconds=options.max_batch_seconds, buckets=options.buckets,
-                max_batch_size=options.max_batch_size, duration_column=options.duration_column,
-                on_error=options.on_error, num_threads=max(8, options.most_producers()),
-                quadratic_duration=options.quadratic_duration, sync_buckets=options.sync_buckets)
-        return cls(listed, decoder, options, batching)
+        if budget is not None and isinstance(listed, Source):
+            batching = DurationBatching.read(listed, decoder, budget,
+                                             duration_column=options.duration_column,
+                                             on_error=options.on_error,
+                                             num_threads=max(8, options.most_producers()))
+        return cls(listed, decoder, options, budget=budget, batching=batching)
 
     @property
     def decode(self) -> Callable[[WorkItem], Any]:
-        """The decoder, then the transform."""
+        """The decoder, then the transform; of streamed shards batched by duration, each sample's
+        duration read first (NOTE [ Batches by duration ] in ``epoch.py``, Streamed shards)."""
         transform = self.options.transform
-        return self.decoder if transform is None else Compose(self.decoder, transform)
+        decode = self.decoder if transform is None else Compose(self.decoder, transform)
+        if self.budget is not None and self.streamed:
+            crop, pad = decoder_crop(self.decoder)
+            column = cast(str, self.options.duration_column)  # needed by _check_combination
+            decode = TimedDecode(decode, column, crop=crop, pad=pad)
+        return decode
+
+    def item_seconds(self, epoch: int, indices: np.ndarray) -> np.ndarray | None:
+        """The seconds of an epoch's items ``indices`` where the batches are planned here by
+        duration (the producer tuner's weights, NOTE [ Producer tuning ] in ``tuner.py``), else
+        ``None``."""
+        batching = self.batching
+        if batching is None:
+            return None
+        items = batching.epoch_items(self.options.seed, epoch, indices)
+        return np.asarray(batching.durations[items], np.float64)
+
+    def mask_setup(self, world_size: int) -> dict[str, Any] | None:
+        """What a consumed mask of one of ``world_size`` ranks counts, for a state dict's batching
+        key: the planned batches' setup (``DurationBatching.state``), or ``None``: items or streamed
+        shards."""
+        return None if self.batching is None else self.batching.state(world_size)
 
     @property
     def streamed(self) -> bool:
@@ -286,7 +366,7 @@ class Pipeline:
         if not isinstance(source, Source) or isinstance(source, Mixture) or source.table.offsets is None:
             return None
         if block == "auto":
-            return DEFAULT_READ_BLOCK if self.batching is None and source.has_urls() else None
+            return DEFAULT_READ_BLOCK if self.budget is None and source.has_urls() else None
         return block
 
     def read_blocks(self) -> np.ndarray | None:
@@ -313,7 +393,7 @@ class Pipeline:
         if self.batching is not None:
             return len(self.batching.plan(**setup))
         if isinstance(source, ShardStream):
-            if self.options.max_batch_seconds is not None:
+            if self.budget is not None:
                 raise TypeError(f"the number of batches of streamed shards is unknown before they stream (batches "
                                 f"are cut as the samples arrive), so {source.description} batched by duration has "
                                 f"no len(); read the shards through their index.json for planned batches")
@@ -328,7 +408,8 @@ class Pipeline:
                     num_workers=num_workers, even_shards=o.even_shards)
 
 
-def _check_combination(source: Source | ShardStream, decoder: Any, options: LoaderOptions) -> None:
+def _check_combination(source: Source | ShardStream, decoder: Any, options: LoaderOptions,
+                       budget: DurationBudget | None) -> None:
     """Refuse options that do not fit together with this source and decoder (each valid on its own), and
     warn (a ``UserWarning``, shown once per place by Python's default filter) of ``max_batch_seconds`` with
     a decoder that pads every sample to its crop.
@@ -339,19 +420,20 @@ def _check_combination(source: Source | ShardStream, decoder: Any, options: Load
     """
     if isinstance(source, ShardStream):
         check_streamable(options.ordered, source.random_access_hint, ordered_hint=source.ordered_hint)
-        if options.max_batch_seconds is not None and options.duration_column is None:
+        if budget is not None and options.duration_column is None:
             raise ValueError("max_batch_seconds on streamed shards needs duration_column: the field of each "
                              "sample's <key>.json sidecar that holds its duration in seconds (streamed shards "
                              "give no durations before they stream), or read the shards through their "
                              "index.json (audiobuffer pack writes one, with each member's duration)")
     crop, pad = decoder_crop(decoder)
-    if options.max_batch_seconds is not None and pad:
+    if budget is not None and pad:
         warnings.warn(f"max_batch_seconds with a decoder that crops and pads every sample to crop_seconds={crop:g}: "
                       f"every item lasts the crop, so batches by duration are batches of "
-                      f"{max(1, int(options.max_batch_seconds // cast(float, crop)))} items and buy nothing "
+                      f"{max(1, int(budget.max_batch_seconds // cast(float, crop)))} items and buy "
+                      f"nothing "
                       f"(batch_size does the same); give the decoder pad=False to batch the items by their own "
                       f"lengths", UserWarning, stacklevel=4)
-    if options.max_batch_seconds is not None and options.read_block not in ("auto", None):
+    if budget is not None and options.read_block not in ("auto", None):
         raise ValueError(f"read_block={options.read_block!r} with max_batch_seconds: batches by duration take their "
                          f"items by duration bucket, not in blocks of neighbouring members; leave read_block "
                          f"'auto' or None")

@@ -17,19 +17,16 @@ process computes the same plan and exactly-once can be tested on the plan alone.
 With batches by duration the plan's unit is a batch instead of an item: :func:`plan_batches` cuts
 the epoch into batches from the items' durations and then takes the same steps 2-4 over the batch
 order (with this module's :func:`even_out` and :func:`shard`); with ``sync_buckets`` the order puts
-batches of like length at the same step of every rank (NOTE [ Ranks in step ]). A state dict records which of the two
-plans it counts (:data:`STATE_BATCHING`).
+batches of like length at the same step of every rank (NOTE [ Ranks in step ]). A state dict
+(``state.py``) records which of the two plans its consumed mask counts.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import math
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -44,8 +41,6 @@ __all__ = ["EpochShard",
     "EpochPlan",
     "bucket_edges",
     "cut_batches",
-    "decode_state",
-    "encode_state",
     "epoch_order",
     "even_out",
     "padding_fraction",
@@ -233,104 +228,6 @@ def plan_epoch(n: int, *, shuffle: bool, seed: int, epoch: int, rank: int = 0, w
     mask = np.frombuffer(bytes(consumed), dtype=np.uint8)
     positions = np.flatnonzero(mask == 0)
     return EpochPlan(indices[positions], positions, size, bytes(consumed))
-
-
-# -- resume: the consumed mask in a state dict ---------------------------------------------------
-
-#: Keys of a state dict (``BufferedDataset.STATE_*`` name the same strings).
-STATE_VERSION = "version"
-STATE_EPOCH = "epoch"
-STATE_SEED = "seed"
-STATE_SHUFFLE = "shuffle"
-STATE_RANK = "rank"
-STATE_WORLD_SIZE = "world_size"
-STATE_EVEN_SHARDS = "even_shards"
-STATE_SOURCE = "source_fingerprint"
-STATE_ITEMS = "items"
-STATE_CONSUMED = "consumed"
-#: The batches by duration a state's mask counts (their budget, buckets and a digest of the durations),
-#: or ``None`` where it counts items; part of the setup (a setup without the key means ``None``).
-STATE_BATCHING = "batching"
-#: The members a read block holds (``read_block`` resolved), where the order is a block order (NOTE [ Block
-#: order ]); part of the setup, written only where not ``None`` (a state without the key means ``None``).
-STATE_READ_BLOCK = "read_block"
-#: The setup a state was saved under; a state loads only into the same setup (and the same batching).
-SETUP_KEYS = (STATE_SEED, STATE_SHUFFLE, STATE_RANK, STATE_WORLD_SIZE, STATE_EVEN_SHARDS, STATE_SOURCE)
-#: 3: with the batching key (the consumed mask counts batches where it is not None); 2 (still loaded):
-#: the consumed bitmap as a base64 str (JSON-serialisable); 1 (still loaded): as bytes. 1 and 2 count items.
-STATE_FORMAT = 3
-
-
-def pack_consumed(consumed: bytes | bytearray) -> str:
-    """One byte per position (0 or 1) -> a base64 string of the bitmap (8 positions a byte)."""
-    bits = np.packbits(np.frombuffer(bytes(consumed), dtype=np.uint8))
-    return base64.b64encode(bits.tobytes()).decode("ascii")
-
-
-def unpack_consumed(packed: Any, items: int) -> bytes:
-    """The one-byte-per-position mask of :func:`pack_consumed`'s string (or format 1's ``bytes``).
-
-    Raises:
-        ResumeError: ``packed`` is not a bitmap of ``items`` positions.
-    """
-    if isinstance(packed, str):
-        try:
-            raw = base64.b64decode(packed.encode("ascii"), validate=True)
-        except (binascii.Error, UnicodeEncodeError) as exc:
-            raise ResumeError(f"consumed must be a base64 string, got {packed[:40]!r}") from exc
-    elif isinstance(packed, (bytes, bytearray)):
-        raw = bytes(packed)
-    else:
-        raise ResumeError(f"consumed must be a base64 string, got {type(packed).__name__}")
-    if len(raw) != (items + 7) // 8:
-        raise ResumeError(f"consumed must hold {(items + 7) // 8} bytes for {items} items, got {len(raw)}")
-    return np.unpackbits(np.frombuffer(raw, dtype=np.uint8))[:items].tobytes()
-
-
-def encode_state(setup: Mapping[str, Any], epoch: int, consumed: bytes | bytearray | None) -> dict[str, Any]:
-    """A state dict of plain builtins: ``setup`` (see :data:`SETUP_KEYS` and :data:`STATE_BATCHING`), the
-    epoch and its consumed mask (of items, or of batches where ``setup``'s batching is not ``None``)."""
-    state: dict[str, Any] = {STATE_VERSION: STATE_FORMAT, STATE_EPOCH: epoch}
-    state.update((key, setup[key]) for key in SETUP_KEYS)
-    state[STATE_BATCHING] = setup.get(STATE_BATCHING)
-    if setup.get(STATE_READ_BLOCK) is not None:  # a block order: another order of the items
-        state[STATE_READ_BLOCK] = setup[STATE_READ_BLOCK]
-    state[STATE_ITEMS] = None if consumed is None else len(consumed)
-    state[STATE_CONSUMED] = "" if consumed is None else pack_consumed(consumed)
-    return state
-
-
-def decode_state(setup: Mapping[str, Any], state: Any) -> tuple[int, bytes | None]:
-    """``(epoch, consumed mask or None)`` of a state dict, checked against ``setup``; nothing is changed.
-
-    Raises:
-        ResumeError: the state is malformed or was saved under another setup.
-    """
-    if not isinstance(state, Mapping):
-        raise ResumeError(f"a state dict is a dict, got {type(state).__name__}")
-    missing = [k for k in (STATE_VERSION, STATE_EPOCH, *SETUP_KEYS, STATE_ITEMS, STATE_CONSUMED) if k not in state]
-    if missing:
-        raise ResumeError(f"the state dict lacks {missing}")
-    if state[STATE_VERSION] not in (1, 2, STATE_FORMAT):
-        raise ResumeError(f"state format {state[STATE_VERSION]!r} is not 1, 2 or {STATE_FORMAT}")
-    if state[STATE_VERSION] == STATE_FORMAT and STATE_BATCHING not in state:
-        raise ResumeError(f"the state dict lacks {[STATE_BATCHING]}")
-    saved = {**state, STATE_BATCHING: state.get(STATE_BATCHING),  # formats 1 and 2 count items
-             STATE_READ_BLOCK: state.get(STATE_READ_BLOCK)}
-    wanted = {**setup, STATE_BATCHING: setup.get(STATE_BATCHING), STATE_READ_BLOCK: setup.get(STATE_READ_BLOCK)}
-    for key in (*SETUP_KEYS, STATE_BATCHING, STATE_READ_BLOCK):
-        if saved[key] != wanted[key]:
-            raise ResumeError(f"the state was saved with {key}={saved[key]!r}, this dataset has {key}={wanted[key]!r}; "
-                              f"resume with the setup it was saved under")
-    epoch, items = state[STATE_EPOCH], state[STATE_ITEMS]
-    for key, value in ((STATE_EPOCH, epoch), (STATE_ITEMS, items)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise ResumeError(f"the state's {key} must be an integer >= 0, got {value!r}")
-    if epoch is None:
-        raise ResumeError("the state's epoch must be an integer >= 0, got None")
-    if items is None:
-        return epoch, None
-    return epoch, unpack_consumed(state[STATE_CONSUMED], items)
 
 
 #: Candidate bucket edges: the corpus's quantiles at multiples of ``1 / _EDGE_GRID``.

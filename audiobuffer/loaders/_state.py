@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import get_worker_info
 
 from .._checks import check_int
-from ..engine import plan as _plan
+from ..engine import state as _format
 from ..engine.plan import EpochShard
 
 if TYPE_CHECKING:
@@ -24,11 +24,13 @@ __all__ = ["EpochCursor", "PipelineViews", "StateKeys", "dataloader_worker"]
 
 class StateKeys:
     """The keys of a loader's ``state_dict()`` as class constants (``BufferedDataset.STATE_EPOCH``): the
-    strings of ``engine/plan.py``."""
+    strings of ``engine/state.py``."""
 
     STATE_VERSION, STATE_EPOCH, STATE_ITEMS, STATE_CONSUMED, STATE_BATCHING = (
-        _plan.STATE_VERSION, _plan.STATE_EPOCH, _plan.STATE_ITEMS, _plan.STATE_CONSUMED, _plan.STATE_BATCHING)
-    STATE_SEED, STATE_SHUFFLE, STATE_RANK, STATE_WORLD_SIZE, STATE_EVEN_SHARDS, STATE_SOURCE = _plan.SETUP_KEYS
+        _format.STATE_VERSION, _format.STATE_EPOCH, _format.STATE_ITEMS, _format.STATE_CONSUMED,
+        _format.STATE_BATCHING)
+    STATE_SEED, STATE_SHUFFLE, STATE_RANK, STATE_WORLD_SIZE, STATE_EVEN_SHARDS, STATE_SOURCE = (
+        _format.SETUP_KEYS)
 
 
 def dataloader_worker() -> tuple[int, int] | None:
@@ -105,7 +107,7 @@ class EpochCursor:
             epoch, consumed = resume
         elif progress is not None and progress[0] == epoch:
             consumed = progress[1]
-        return _plan.encode_state(self._setup(), epoch, consumed)
+        return _format.encode_state(self._setup(), epoch, consumed)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next ``iter()`` resume ``state``; checked whole before anything changes.
@@ -113,20 +115,21 @@ class EpochCursor:
         Raises:
             ResumeError: the state is malformed or was saved under another setup.
         """
-        epoch, consumed = _plan.decode_state(self._setup(), state)
+        epoch, consumed = _format.decode_state(self._setup(), state)
         with self._lock:
             self._epoch = epoch
             self._resume = None if consumed is None else (epoch, consumed)
 
     def _setup(self) -> dict[str, Any]:
-        """What a state must have been saved under (``plan.SETUP_KEYS`` and the batching)."""
+        """What a state must have been saved under (``state.SETUP_KEYS`` and the batching)."""
         pipeline, options = self.pipeline, self.pipeline.options
         rank, world_size = self.shard_info()
-        return {_plan.STATE_SEED: options.seed, _plan.STATE_SHUFFLE: options.shuffle, _plan.STATE_RANK: rank,
-                _plan.STATE_WORLD_SIZE: world_size, _plan.STATE_EVEN_SHARDS: options.even_shards,
-                _plan.STATE_SOURCE: pipeline.source.fingerprint(),
-                _plan.STATE_BATCHING: None if pipeline.batching is None else pipeline.batching.state(world_size),
-                _plan.STATE_READ_BLOCK: pipeline.read_block()}
+        return {_format.STATE_SEED: options.seed, _format.STATE_SHUFFLE: options.shuffle,
+                _format.STATE_RANK: rank, _format.STATE_WORLD_SIZE: world_size,
+                _format.STATE_EVEN_SHARDS: options.even_shards,
+                _format.STATE_SOURCE: pipeline.source.fingerprint(),
+                _format.STATE_BATCHING: pipeline.mask_setup(world_size),
+                _format.STATE_READ_BLOCK: pipeline.read_block()}
 
 
 class PipelineViews:

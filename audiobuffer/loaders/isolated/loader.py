@@ -302,15 +302,16 @@ class IsolatedLoader(PipelineViews, StateKeys):
             self._gen += 1
             gen = self._gen
         pipeline = self.pipeline
-        layout = pipeline.lay_out(shard, resume)  # batches by duration: planned here, decoded in the helper
+        layout = pipeline.lay_out(shard, resume)
+        planned = pipeline.batching  # batches by duration: planned here, decoded in the helper
         producers = cast(ProducerCount, pipeline.options.num_producers)  # LoaderOptions stores None as "auto"
         pinned = 0 if producers == "auto" else min(producers, max(1, len(layout)))  # auto: known at the end
         run = TrainerRun(gen, shard, layout, pinned, sources=mixture_counts(self.pipeline, shard, layout))
-        if pipeline.batching is not None:
-            run.count_header_failures(pipeline.batching)
+        if planned is not None:
+            run.count_header_failures(planned)
         with self._lock:
             self._run = run
-        channel.send(StartEpoch(gen, shard, resume, None if layout.sizes is None else layout))
+        channel.send(StartEpoch(gen, shard, resume, None if planned is None else layout))
         return closed_at_exit(self._epoch(run, channel))
 
     def _epoch(self, run: TrainerRun, channel: HelperChannel) -> Iterator[dict[str, Any]]:
