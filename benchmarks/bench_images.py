@@ -6,7 +6,8 @@ ship, by random crops, scales and mirror images (quality 90; made once into ``--
 The transform: a random resized crop to 224 (torchvision's ``RandomResizedCrop`` rule) and a flip,
 uint8 ``(3, 224, 224)``, batches of 64.
 
-The approaches, each an epoch in a fresh process (torch imported before the clock):
+The approaches, each an epoch in a fresh process (torch, Pillow and audiobuffer imported before the
+clock):
 
 - ``audiobuffer``: ``BufferedDataset(root, ImageDecoder(224, crop="random_resized", flip=True),
   labels="parent")`` and ``DataLoader(batch_size=64, collate_fn=image_collate)``, threads;
@@ -154,14 +155,16 @@ class PillowFolder:
 
 def child(approach: str, root: str, out: str) -> None:
     """One epoch of ``approach`` over ``root``; its figures written to ``out`` as JSON."""
+    import numpy  # noqa: F401 - what each approach imports, imported before the clock
+    import PIL.Image  # noqa: F401
     import torch
     from torch.utils.data import DataLoader
 
+    from audiobuffer import BufferedDataset, ImageDecoder
+    from audiobuffer.collate import image_collate
+
     start = time.perf_counter()
     if approach.startswith("audiobuffer"):
-        from audiobuffer import BufferedDataset, ImageDecoder
-        from audiobuffer.collate import image_collate
-
         decoder = ImageDecoder(SIZE, crop="random_resized", flip=True, draft=approach == "audiobuffer")
         dataset: Any = BufferedDataset(root, decoder, labels="parent", shuffle=True, seed=0)
         loader = DataLoader(dataset, batch_size=BATCH, collate_fn=image_collate)

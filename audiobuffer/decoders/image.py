@@ -223,8 +223,11 @@ class ImageDecoder:
             pixels = pixels[:, ::-1]
         if self.layout == "chw":
             pixels = pixels.transpose(2, 0, 1)
+        pixels = np.ascontiguousarray(pixels)  # a copy, unless channels last and not flipped
+        if not pixels.flags.writeable:  # Pillow's own buffer: a tensor needs an array it may write
+            pixels = pixels.copy()
         sample = sample_fields(item)
-        sample["image"] = as_tensor(np.ascontiguousarray(pixels))
+        sample["image"] = as_tensor(pixels)
         return sample
 
     def _pixels(self, im: Any, path: str, rng: np.random.Generator | None) -> np.ndarray:
@@ -262,8 +265,7 @@ class ImageDecoder:
             im = im.resize((self.size[1], self.size[0]), self._filter, box=corners)
         elif self.size is not None and im.size != (self.size[1], self.size[0]):
             im = im.resize((self.size[1], self.size[0]), self._filter)
-        pixels = np.asarray(im)
-        return pixels if pixels.flags.writeable else pixels.copy()  # tensors are made from it
+        return np.asarray(im)
 
 
 def _draft(im: Any, box: CropBox, size: tuple[int, int]) -> int:
