@@ -24,6 +24,7 @@ writes the results as JSON.
 
     python benchmarks/bench_images.py
     python benchmarks/bench_images.py --images 500 --runs 1 --approaches audiobuffer,pillow-w2-fork
+    python benchmarks/bench_images.py --draft   # the reduced decode alone, on 1600 x 1200 photos
 """
 
 from __future__ import annotations
@@ -151,6 +152,37 @@ class PillowFolder:
         return {"image": pixels, "label": label}
 
 
+# -- the reduced JPEG decode on large photos -------------------------------------------------------
+
+def draft_gain(folder: Path, runs: int) -> list[dict[str, Any]]:
+    """Milliseconds a decode of 1600 x 1200 JPEGs (the shipped photographs scaled up) to 224, with the
+    reduced decode and without, in this process, one thread: the median of ``runs`` rounds of 40."""
+    from PIL import Image
+
+    from audiobuffer import ImageDecoder, WorkItem
+
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for n, photo in enumerate(shipped_photos()):
+        path = folder / f"large-{n}.jpg"
+        if not path.exists():
+            with Image.open(photo) as im:
+                im.convert("RGB").resize((1600, 1200), Image.Resampling.BICUBIC).save(path, quality=90)
+        paths.append(str(path))
+    rows = []
+    for crop in ("random_resized", "center"):
+        for draft in (True, False):
+            decode = ImageDecoder(SIZE, crop=crop, draft=draft)
+            rounds = []
+            for _ in range(runs):
+                start = time.perf_counter()
+                for i in range(40):
+                    decode(WorkItem(index=i, path=paths[i % len(paths)], seed=0))
+                rounds.append((time.perf_counter() - start) / 40 * 1000)
+            rows.append({"crop": crop, "draft": draft, "ms_per_image": statistics.median(rounds)})
+    return rows
+
+
 # -- one epoch, in a child process ------------------------------------------------------------------
 
 def child(approach: str, root: str, out: str) -> None:
@@ -212,6 +244,8 @@ def main() -> None:
     parser.add_argument("--corpus", type=Path, default=None,
                         help="the corpus folder (default: one in the temporary folder, made once)")
     parser.add_argument("--save", type=Path, default=None, help="write the results as JSON to this file")
+    parser.add_argument("--draft", action="store_true",
+                        help="instead: the decode of 1600 x 1200 JPEGs to 224 with and without draft mode")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -223,6 +257,12 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown approaches {unknown}; choose from {', '.join(APPROACHES)}")
     folder = args.corpus or Path(tempfile.gettempdir()) / f"audiobuffer-bench-images-{args.images}"
+    if args.draft:
+        gain = draft_gain(folder / "large", args.runs)
+        print(harness.table(["crop", "draft", "ms per image"],
+                            [[r["crop"], r["draft"], f"{r['ms_per_image']:.1f}"] for r in gain]))
+        print(f"load average {os.getloadavg() if hasattr(os, 'getloadavg') else None}")
+        return
     made = time.perf_counter()
     root = make_corpus(folder, args.images)
     print(f"corpus: {args.images} JPEGs in {root} ({time.perf_counter() - made:.1f} s to make or find)")

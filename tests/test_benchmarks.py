@@ -696,3 +696,12 @@ def test_images_bench_runs_and_saves(tmp_path, load_benchmark):
     for path in jpegs:
         with Image.open(path) as im:
             assert 300 <= min(im.size) and max(im.size) <= 600, im.size
+
+
+def test_images_bench_draft_table(tmp_path, load_benchmark):
+    pytest.importorskip("PIL.Image")
+    if not load_benchmark("bench_images").shipped_photos():
+        pytest.skip("neither scikit-learn nor matplotlib (whose photographs make the corpus) is installed")
+    result = run_script("bench_images.py", "--draft", "--runs", "1", "--corpus", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("| random_resized |") == 2 and result.stdout.count("| center |") == 2
