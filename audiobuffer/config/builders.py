@@ -55,7 +55,8 @@ def build_decoder(config: PipelineConfig) -> AudioDecoder | ImageDecoder:
                                 crop_fraction=d.crop_fraction, flip=d.flip, layout=d.layout,
                                 draft=d.draft, resample=d.resample)
         return AudioDecoder(d.sample_rate, mono=d.mono, crop_seconds=d.crop_seconds,
-                            crop=cast(Any, d.crop), pad=d.pad, quality=d.quality, fallback=d.fallback)
+                            crop=cast(Any, d.crop), pad=d.pad, quality=d.quality,
+                            fallback=d.fallback)
     except ImportError as exc:
         raise ConfigError(f"{config.origin}: decode.kind: 'image' needs Pillow ({exc})") from None
     except (TypeError, ValueError) as exc:

@@ -200,8 +200,8 @@ class DecodeConfig(_Section):
             if wrong:
                 raise ValueError(f"{', '.join(wrong)} apply to kind: audio, not kind: image")
             if self.crop not in (None, *choices(ImageCrop)):
-                raise ValueError(f"crop with kind: image must be null, 'random_resized' or 'center', "
-                                 f"got {self.crop!r} (an audio crop)")
+                raise ValueError(f"crop with kind: image must be null, 'random_resized' or "
+                                 f"'center', got {self.crop!r} (an audio crop)")
         else:
             if self.size is not None:
                 raise ValueError("size applies to kind: image, not kind: audio")
@@ -209,8 +209,8 @@ class DecodeConfig(_Section):
             if wrong:
                 raise ValueError(f"{', '.join(wrong)} apply to kind: image, not kind: audio")
             if self.crop not in choices(CropMode):
-                raise ValueError(f"crop with kind: audio must be 'random', 'start' or 'center', got "
-                                 f"{self.crop!r} (an image crop: give kind: image)")
+                raise ValueError(f"crop with kind: audio must be 'random', 'start' or 'center', "
+                                 f"got {self.crop!r} (an image crop: give kind: image)")
         return self
 
 

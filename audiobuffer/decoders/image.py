@@ -203,10 +203,11 @@ class ImageDecoder:
         elif self.crop == "center":
             crop = f"crop='center', crop_fraction={self.crop_fraction}, "
         return (f"ImageDecoder(size={self.size}, {crop}flip={self.flip}, layout={self.layout!r}, "
-                f"resample={self.resample!r}, apply_exif_orientation={self.apply_exif_orientation})")
+                f"resample={self.resample!r}, "
+                f"apply_exif_orientation={self.apply_exif_orientation})")
 
     def __call__(self, item: ItemLike) -> dict[str, Any]:
-        from PIL import Image  # imported in __init__ already; kept out of the instance so it pickles
+        from PIL import Image  # imported in __init__ already; not held, so the instance pickles
 
         item = as_item(item)
         rng = item.rng() if self.flip or self.crop == "random_resized" else None

@@ -237,7 +237,8 @@ class Source:
         self.classes: list[str] = []
         if names is not None:
             used = np.unique(names.codes[names.codes >= 0]).tolist()  # a value no item has is no class
-            self.classes = class_order({names.values[c] for c in used if names.values[c] is not None}, labels)
+            found = {names.values[c] for c in used if names.values[c] is not None}
+            self.classes = class_order(found, labels)
             order = {name: i for i, name in enumerate(self.classes)}
             remap = np.array([order.get(v, -1) if v is not None else -1 for v in names.values] + [-1], dtype=np.int32)
             self.table.label_of = remap[names.codes]
