@@ -36,6 +36,7 @@ _EXPORTS = {
     "IMAGE_PATTERNS": ".sources",
     "ImageDecoder": ".decoders",
     "IsolatedLoader": ".loaders.isolated.loader",
+    "Normalize": ".normalize",
     "ProducerError": ".errors",
     "ResumeError": ".errors",
     "SampleError": ".errors",
@@ -69,6 +70,7 @@ __all__ = [
     "IMAGE_PATTERNS",
     "ImageDecoder",
     "IsolatedLoader",
+    "Normalize",
     "ProducerError",
     "ResumeError",
     "SampleError",
@@ -121,6 +123,7 @@ if TYPE_CHECKING:
     from .loaders.device import DevicePrefetcher, DeviceTensorLoader
     from .loaders.isolated.loader import IsolatedLoader
     from .loaders.slots import BatchSlotLoader, SlotStats
+    from .normalize import Normalize
     from .sources.mixture import mix
     from .sources.source import AUDIO_PATTERNS, IMAGE_PATTERNS, Source, WorkItem
 

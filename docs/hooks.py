@@ -41,7 +41,7 @@ ROOT_IMAGES = ("benchmarks/*.png",)
 #: goes to a last section of its own, so it cannot be left out; a name here that is not public fails the build.
 API_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Loaders", ("BufferedDataset", "IsolatedLoader", "BatchSlotLoader", "DevicePrefetcher", "DeviceTensorLoader")),
-    ("Decoding and batching", ("AudioDecoder", "ImageDecoder", "pad_collate")),
+    ("Decoding and batching", ("AudioDecoder", "ImageDecoder", "Normalize", "pad_collate")),
     ("Sources and work items", ("Source", "WorkItem", "AUDIO_PATTERNS", "IMAGE_PATTERNS", "make_demo_corpus")),
     ("The buffer and the statistics", ("Buffer", "BufferStats", "DatasetStats", "SlotStats", "payload_nbytes")),
     ("Errors", ("AudioBufferError", "BufferClosed", "SourceError", "ConfigError", "ResumeError", "StallError",

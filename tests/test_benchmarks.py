@@ -671,3 +671,38 @@ def test_train_threads_bench_runs_each_setting_beside_busy_processes_and_stops_t
     table = capsys.readouterr().out
     assert "| 0 | 1-passive |" in table and "| 1 | 1-passive |" in table
     assert psutil.Process().children() == []
+
+
+# -- benchmarks/bench_images.py ---------------------------------------------------------------
+
+def test_images_bench_runs_and_saves(tmp_path, load_benchmark):
+    """A tiny corpus from the shipped photographs, an epoch of two approaches, the saved rows."""
+    pytest.importorskip("PIL.Image")
+    images = load_benchmark("bench_images")
+    if not images.shipped_photos():
+        pytest.skip("neither scikit-learn nor matplotlib (whose photographs it uses) is installed")
+    saved = tmp_path / "images.json"
+    result = run_script("bench_images.py", "--images", "20", "--runs", "1",
+                        "--corpus", str(tmp_path / "c"), "--approaches", "audiobuffer,pillow-w0",
+                        "--save", str(saved))
+    assert result.returncode == 0, result.stderr
+    assert "| audiobuffer |" in result.stdout and "load average before" in result.stdout
+    data = json.loads(saved.read_text(encoding="utf-8"))
+    assert [row["approach"] for row in data["rows"]] == ["audiobuffer", "pillow-w0"]
+    assert all(row["images_per_s"] > 0 and row["peak_mib"] > 0 for row in data["rows"])
+    from PIL import Image
+
+    jpegs = sorted((tmp_path / "c").rglob("*.jpg"))
+    assert len(jpegs) == 20 and len({p.parent.name for p in jpegs}) == 10
+    for path in jpegs:
+        with Image.open(path) as im:
+            assert 300 <= min(im.size) and max(im.size) <= 600, im.size
+
+
+def test_images_bench_draft_table(tmp_path, load_benchmark):
+    pytest.importorskip("PIL.Image")
+    if not load_benchmark("bench_images").shipped_photos():
+        pytest.skip("neither scikit-learn nor matplotlib (whose photographs it uses) is installed")
+    result = run_script("bench_images.py", "--draft", "--runs", "1", "--corpus", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("| random_resized |") == 2 and result.stdout.count("| center |") == 2

@@ -482,6 +482,7 @@ NOT_KEYWORDS = {
 #: Keys whose default is the config's own: the keywords they feed have none a config could share.
 OWN_DEFAULTS = {
     "loader.batch_size": "BatchSlotLoader needs it; IsolatedLoader's None means batches by duration",
+    "decode.crop": "AudioDecoder's; a kind: image section without crop takes ImageDecoder's (null)",
 }
 #: Keywords no key feeds, and why.
 PYTHON_ONLY = {
@@ -561,6 +562,43 @@ def test_every_key_reaches_the_keyword_of_its_name(corpus):
     assert {name: getattr(decoder, name) for name in decode} == decode
     loader = build_loader(config, dataset)
     assert (loader.batch_size, loader.drop_last, loader.pin_memory) == (2, True, torch.cuda.is_available())
+
+
+def test_every_image_key_reaches_the_keyword_of_its_name(corpus):
+    pytest.importorskip("PIL.Image", reason="kind: image needs Pillow")
+    decode = {"size": (96, 128), "crop": "random_resized", "scale": (0.25, 0.9),
+              "ratio": (0.5, 2.0), "crop_fraction": 0.8, "flip": True, "layout": "hwc",
+              "draft": False, "resample": "bicubic"}
+    yaml_decode = {**decode, "kind": "image", "size": [96, 128], "scale": [0.25, 0.9],
+                   "ratio": [0.5, 2]}
+    config = load_config(write(corpus, {"source": {"root": "audio"}, "decode": yaml_decode}))
+    decoder = build_decoder(config)
+    assert isinstance(decoder, ImageDecoder)
+    assert {name: getattr(decoder, name) for name in decode} == decode
+    plain = build_decoder(load_config(write(corpus, {"source": {"root": "audio"},
+                                                     "decode": {"kind": "image", "size": 32}})))
+    assert (plain.crop, plain.flip, plain.layout, plain.size) == (None, False, "chw", (32, 32))
+    center = parse_config({"source": {"files": []},
+                           "decode": {"kind": "image", "crop": "center", "size": 8}})
+    assert center.decode.crop == "center"
+
+
+@pytest.mark.parametrize("decode, match", [
+    ({"kind": "image", "size": 8, "crop": "random"},
+     r"decode: crop with kind: image must be null, 'random_resized' or 'center', got 'random'"),
+    ({"crop": "random_resized"}, r"decode: crop with kind: audio must be 'random', 'start' or "
+                                 r"'center', got 'random_resized' \(an image crop: give kind"),
+    ({"flip": True, "scale": [0.5, 1]}, r"decode: scale, flip apply to kind: image, not kind: "),
+    ({"kind": "image", "size": 8, "scale": [0.5]}, r"decode\.scale"),
+    ({"kind": "image", "size": 8, "crop_fraction": 1.5}, r"decode\.crop_fraction: .*1\.5"),
+    ({"kind": "image", "crop": "center"}, r"decode: crop='center' scales its box to size: give "),
+    ({"kind": "image", "size": 8, "scale": [0.9, 0.1]}, r"decode: scale must be .* \(0\.9, 0\.1\)"),
+])
+def test_bad_image_decode_names_key_value_and_what_is_allowed(corpus, decode, match):
+    pytest.importorskip("PIL.Image", reason="kind: image needs Pillow")
+    with pytest.raises(ConfigError, match=match):
+        config = load_config(write(corpus, {"source": {"root": "audio"}, "decode": decode}))
+        build_decoder(config)
 
 
 @pytest.mark.parametrize("value, pinned", [("auto", None), (True, None), (False, False)])

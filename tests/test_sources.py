@@ -56,6 +56,25 @@ def test_numeric_classes_sort_numerically(tmp_path):
     assert Source(paths, labels=r"^(\d+)_").classes == ["2", "9", "10"]
 
 
+def test_folder_classes_in_torchvisions_image_folder_order(tmp_path):
+    """labels="parent": the class folders' names in plain sorted order, as torchvision's ImageFolder
+    (``find_classes``: ``sorted(entry.name for entry in os.scandir(root) if entry.is_dir())``), so a
+    checkpoint's class indices carry over; '10' comes before '2', 'B' before 'a'."""
+    import os
+
+    for name in ("2", "10", "a", "B", "1"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "x.wav").write_bytes(b"")
+    image_folder = sorted(entry.name for entry in os.scandir(tmp_path) if entry.is_dir())
+    assert image_folder == ["1", "10", "2", "B", "a"]
+    source = Source(tmp_path, labels="parent")
+    assert source.classes == image_folder
+    assert source.class_to_idx == {name: i for i, name in enumerate(image_folder)}
+    for i in range(len(source)):
+        item = source.item(i)
+        assert item.label == image_folder.index(item.label_name)
+
+
 def test_label_regex_errors(corpus):
     root, _ = corpus
     with pytest.raises(SourceError, match=r"does not match the label expression '\^x'"):

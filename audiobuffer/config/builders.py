@@ -51,9 +51,12 @@ def build_decoder(config: PipelineConfig) -> AudioDecoder | ImageDecoder:
     d = config.decode
     try:
         if d.kind == "image":
-            return ImageDecoder(size=d.size, resample=d.resample)
-        return AudioDecoder(d.sample_rate, mono=d.mono, crop_seconds=d.crop_seconds, crop=d.crop, pad=d.pad,
-                            quality=d.quality, fallback=d.fallback)
+            return ImageDecoder(size=d.size, crop=cast(Any, d.crop), scale=d.scale, ratio=d.ratio,
+                                crop_fraction=d.crop_fraction, flip=d.flip, layout=d.layout,
+                                draft=d.draft, resample=d.resample)
+        return AudioDecoder(d.sample_rate, mono=d.mono, crop_seconds=d.crop_seconds,
+                            crop=cast(Any, d.crop), pad=d.pad, quality=d.quality,
+                            fallback=d.fallback)
     except ImportError as exc:
         raise ConfigError(f"{config.origin}: decode.kind: 'image' needs Pillow ({exc})") from None
     except (TypeError, ValueError) as exc:

@@ -40,8 +40,9 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
+from .._checks import choices
 from ..decoders.audio import MAX_CROP_SECONDS, AudioDecoder, CropMode, Quality
-from ..decoders.image import ImageDecoder, Resample
+from ..decoders.image import ImageCrop, ImageDecoder, Layout, Resample
 from ..errors import ConfigError
 from ..options import MAX_BATCH_SIZE, MAX_PRODUCERS, OPTIONS, LoaderOptions
 from ..sources.storage import is_url as _is_url
@@ -150,26 +151,46 @@ class SourceConfig(_Section):
         return self
 
 
+#: The keys only ``kind: image`` takes (``size`` aside: its message is its own).
+_IMAGE_ONLY = ("scale", "ratio", "crop_fraction", "flip", "layout", "draft")
+
+
 class DecodeConfig(_Section):
     """How a file becomes a sample: ``kind: audio`` (AudioDecoder) or ``kind: image`` (ImageDecoder); the
-    other keys are that decoder's keywords of the same names."""
+    other keys are that decoder's keywords of the same names. ``crop`` is either decoder's: where an
+    audio crop is cut (default ``random``), or what part of an image is scaled to ``size`` (default
+    null: the whole image)."""
 
     kind: Literal["audio", "image"] = "audio"
     sample_rate: int | None = Field(default=_python_default(AudioDecoder, "sample_rate"), gt=0)
     mono: bool = _python_default(AudioDecoder, "mono")
     crop_seconds: float | None = Field(default=_python_default(AudioDecoder, "crop_seconds"), gt=0,
                                        le=MAX_CROP_SECONDS, allow_inf_nan=False, description="a number of seconds")
-    crop: CropMode = _python_default(AudioDecoder, "crop")
+    crop: CropMode | ImageCrop | None = _python_default(AudioDecoder, "crop")
     pad: bool = _python_default(AudioDecoder, "pad")
     quality: Quality = _python_default(AudioDecoder, "quality")
     fallback: Literal["librosa"] | None = _python_default(AudioDecoder, "fallback")
     size: int | tuple[int, int] | None = _python_default(ImageDecoder, "size")
+    scale: tuple[float, float] = _python_default(ImageDecoder, "scale")
+    ratio: tuple[float, float] = _python_default(ImageDecoder, "ratio")
+    crop_fraction: float = Field(default=_python_default(ImageDecoder, "crop_fraction"), gt=0, le=1)
+    flip: bool = _python_default(ImageDecoder, "flip")
+    layout: Layout = _python_default(ImageDecoder, "layout")
+    draft: bool = _python_default(ImageDecoder, "draft")
     resample: Resample = _python_default(ImageDecoder, "resample")
 
-    @field_validator("size", mode="before")
+    @field_validator("size", "scale", "ratio", mode="before")
     @classmethod
     def _size_list(cls, value: Any) -> Any:
         return tuple(value) if isinstance(value, list) else value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _image_crop_default(cls, data: Any) -> Any:
+        # ImageDecoder's crop default (null) where an image section does not give crop
+        if isinstance(data, Mapping) and data.get("kind") == "image" and "crop" not in data:
+            data = {**data, "crop": _python_default(ImageDecoder, "crop")}
+        return data
 
     @model_validator(mode="after")
     def _fields_of_kind(self) -> DecodeConfig:
@@ -178,8 +199,18 @@ class DecodeConfig(_Section):
             wrong = [k for k in audio_only if getattr(self, k) is not None]
             if wrong:
                 raise ValueError(f"{', '.join(wrong)} apply to kind: audio, not kind: image")
-        elif self.size is not None:
-            raise ValueError("size applies to kind: image, not kind: audio")
+            if self.crop not in (None, *choices(ImageCrop)):
+                raise ValueError(f"crop with kind: image must be null, 'random_resized' or "
+                                 f"'center', got {self.crop!r} (an audio crop)")
+        else:
+            if self.size is not None:
+                raise ValueError("size applies to kind: image, not kind: audio")
+            wrong = [k for k in _IMAGE_ONLY if k in self.model_fields_set]
+            if wrong:
+                raise ValueError(f"{', '.join(wrong)} apply to kind: image, not kind: audio")
+            if self.crop not in choices(CropMode):
+                raise ValueError(f"crop with kind: audio must be 'random', 'start' or 'center', "
+                                 f"got {self.crop!r} (an image crop: give kind: image)")
         return self
 
 

@@ -1,4 +1,5 @@
-"""Image decoding with Pillow: 8-bit RGB, optional resize, CHW uint8 tensor.
+"""Image decoding with Pillow: 8-bit RGB, a resize or a crop (random or central) scaled to a size,
+an optional flip, a uint8 tensor.
 
 Pillow is an optional dependency (``pip install 'audiobuffer[image]'``): it is imported when an
 :class:`ImageDecoder` is made, never by ``import audiobuffer``. Pillow releases the GIL while it
@@ -8,31 +9,112 @@ decodes and resizes, so producer threads decode images in parallel.
 from __future__ import annotations
 
 import io
-from typing import Any, Literal
+import math
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
-from .._checks import check_choice
+from .._checks import check_choice, short_repr
 from ..errors import DecodeError
 from ..sources.item import IMAGE_PATTERNS
 from ._common import ItemLike, as_item, as_tensor, check_flag, describe, sample_fields
 
-__all__ = ["ImageDecoder", "Resample"]
+__all__ = ["CropBox", "ImageCrop", "ImageDecoder", "Layout", "Resample", "center_box",
+           "random_resized_box"]
 
 #: The resize filter (``ImageDecoder(resample=...)``), a Pillow ``Image.Resampling`` in lower case.
 Resample = Literal["nearest", "bilinear", "bicubic", "lanczos", "box", "hamming"]
+#: What part of the image is scaled to ``size`` (``ImageDecoder(crop=...)``).
+ImageCrop = Literal["random_resized", "center"]
+#: The order of the image's dimensions: ``(3, H, W)`` or channels last, ``(H, W, 3)``.
+Layout = Literal["chw", "hwc"]
+_TRIES = 10  # random boxes tried before the central fallback, as torchvision's RandomResizedCrop
+_DRAFT_SCALES = (8, 4, 2)  # the reductions a JPEG decodes at directly (DCT scaling)
 _EXIF_ORIENTATION = 0x0112  # the EXIF tag; 1 is upright, 2 to 8 are mirrored and/or rotated
 # Integer greyscale modes with 16 bits per pixel. Pillow opens 16-bit PNGs and TIFFs as "I;16"
 # (older versions as "I", 32-bit signed, holding the same 0..65535 values).
 _SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
 
 
+class CropBox(NamedTuple):
+    """A crop in pixels of the (upright) image: its top-left corner and its size."""
+
+    top: float
+    left: float
+    height: float
+    width: float
+
+
+def random_resized_box(height: int, width: int, rng: np.random.Generator, *,
+                       scale: tuple[float, float] = (0.08, 1.0),
+                       ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> CropBox:
+    """A random crop of a ``height`` x ``width`` image, by torchvision's ``RandomResizedCrop`` rule.
+
+    Up to 10 tries: an area drawn uniformly in ``scale`` (fractions of the image's area), an aspect
+    (width / height) drawn log-uniformly in ``ratio``, the sides rounded to pixels; the first box
+    that fits is placed uniformly at random. When none fits, the central box of the whole image, its
+    aspect clamped into ``ratio``. A pure function: the same generator state gives the same box.
+
+    Example:
+        >>> random_resized_box(300, 400, np.random.default_rng(0))  # doctest: +SKIP
+        CropBox(top=104, left=61, height=124, width=163)
+    """
+    area = height * width
+    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    for _ in range(_TRIES):
+        target = area * rng.uniform(scale[0], scale[1])
+        aspect = math.exp(rng.uniform(log_lo, log_hi))
+        w = int(round(math.sqrt(target * aspect)))
+        h = int(round(math.sqrt(target / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            top = int(rng.integers(0, height - h + 1))
+            left = int(rng.integers(0, width - w + 1))
+            return CropBox(top, left, h, w)
+    aspect = width / height
+    if aspect < ratio[0]:
+        w, h = width, int(round(width / ratio[0]))
+    elif aspect > ratio[1]:
+        w, h = int(round(height * ratio[1])), height
+    else:
+        w, h = width, height
+    return CropBox((height - h) // 2, (width - w) // 2, h, w)
+
+
+def center_box(height: int, width: int, size: tuple[int, int], fraction: float) -> CropBox:
+    """The central crop of an image ``height`` x ``width`` that evaluation scales to ``size``.
+
+    The largest box of ``size``'s aspect that fits, shrunk to ``fraction`` of its sides: for a
+    square ``size`` that is ``Resize(round(size / fraction))`` then ``CenterCrop(size)``, in one
+    resize.
+    """
+    fit = min(height / size[0], width / size[1]) * fraction
+    h, w = size[0] * fit, size[1] * fit
+    return CropBox((height - h) / 2, (width - w) / 2, h, w)
+
+
 class ImageDecoder:
-    """Decode an image file into a ``(3, H, W)`` uint8 tensor.
+    """Decode an image file into a ``(3, H, W)`` uint8 tensor (``layout="hwc"``: ``(H, W, 3)``).
 
     The sample dict holds ``image``, ``path``, ``index``, and the ``label`` and ``label_name`` when the
     source has labels, plus a manifest's other columns. A work item whose ``read`` is set (a shard
     member, a remote object) is decoded from the bytes it returns.
+
+    For training and evaluation (``size`` given):
+
+    - ``crop="random_resized"``: a random box by torchvision's ``RandomResizedCrop`` rule
+      (:func:`random_resized_box`, with ``scale`` and ``ratio``) scaled to ``size``.
+    - ``crop="center"``: the central box :func:`center_box` (``crop_fraction`` of the sides)
+      scaled to ``size``, as ``Resize(256)`` then ``CenterCrop(224)`` do for
+      ``crop_fraction=224/256``.
+    - ``crop=None``: the whole image resized to ``size`` (its aspect is not kept).
+    - ``flip=True``: a horizontal flip, half the time.
+
+    Every random draw comes from the work item's generator (:meth:`WorkItem.rng`, seeded by the
+    dataset's seed, the epoch and the item's index), so an epoch's crops are the same whatever
+    thread decodes them, a resumed epoch gives the same crops, and each item (so each rank's share)
+    differs. A JPEG whose crop is scaled down by 2 or more is decoded at a reduced scale (Pillow's
+    draft mode, DCT scaling by 1/2, 1/4 or 1/8, never below ``size``); ``draft=False`` decodes
+    every pixel.
 
     What it does with images that are not plain 8-bit RGB:
 
@@ -45,19 +127,28 @@ class ImageDecoder:
       not blended onto a background.
     - **EXIF orientation**: applied (as image viewers show the photo), so a portrait photo stored
       sideways comes out upright, with height and width swapped; ``apply_exif_orientation=False``
-      keeps the stored pixels. ``size`` applies after the rotation.
+      keeps the stored pixels. Crops, ``size`` and flips apply after the rotation.
     - **Several frames** (animated GIF, APNG or WebP, multi-page TIFF): the first frame only.
 
     Thread safety: an instance holds no mutable state; one decoder serves all producer threads.
 
     Example:
-        >>> decode = ImageDecoder(size=(224, 224))  # doctest: +SKIP
+        >>> decode = ImageDecoder(224, crop="random_resized", flip=True)  # doctest: +SKIP
         >>> decode("cat.jpg")["image"].shape  # doctest: +SKIP
         torch.Size([3, 224, 224])
 
     Args:
-        size: ``None`` keeps each image's size; an int ``n`` resizes to ``n x n``; ``(height, width)``
-            resizes to that.
+        size: ``None`` keeps each image's size; an int ``n`` gives ``n x n``; or
+            ``(height, width)``.
+        crop: ``None`` (the whole image), ``"random_resized"`` (training) or ``"center"``
+            (evaluation); a crop needs ``size``.
+        scale: ``crop="random_resized"``: the range of the box's area, as fractions of the image's.
+        ratio: ``crop="random_resized"``: the range of the box's aspect (width / height).
+        crop_fraction: ``crop="center"``: the fraction of the largest central box kept, in (0, 1].
+        flip: flip horizontally with probability 0.5.
+        layout: ``"chw"`` for ``(3, H, W)``; ``"hwc"`` for ``(H, W, 3)`` (channels last: a batch's
+            ``permute(0, 3, 1, 2)`` is then in ``torch.channels_last`` memory format, with no copy).
+        draft: decode a JPEG at a reduced scale when its crop is scaled down by 2 or more.
         resample: the resize filter: ``"nearest"``, ``"bilinear"``, ``"bicubic"``, ``"lanczos"``,
             ``"box"`` or ``"hamming"``.
         apply_exif_orientation: turn photos upright as their EXIF orientation tag says.
@@ -69,8 +160,11 @@ class ImageDecoder:
     #: (:class:`~audiobuffer.BufferedDataset` uses them unless given ``patterns=``).
     patterns = IMAGE_PATTERNS
 
-    def __init__(self, size: int | tuple[int, int] | None = None, *,
-                 resample: Resample = "bilinear",
+    def __init__(self, size: int | tuple[int, int] | None = None, *, crop: ImageCrop | None = None,
+                 scale: tuple[float, float] = (0.08, 1.0),
+                 ratio: tuple[float, float] = (3 / 4, 4 / 3),
+                 crop_fraction: float = 0.875, flip: bool = False, layout: Layout = "chw",
+                 draft: bool = True, resample: Resample = "bilinear",
                  apply_exif_orientation: bool = True, tensors: bool = True) -> None:
         try:
             from PIL import Image
@@ -81,42 +175,140 @@ class ImageDecoder:
             if len(pair) != 2 or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in pair):
                 raise ValueError(f"size must be None, an int >= 1 or (height, width), got {size!r}")
             size = pair
+        if crop is not None:
+            check_choice("crop", crop, ImageCrop)
+            if size is None:
+                raise ValueError(f"crop={crop!r} scales its box to size: give size= (an int or "
+                                 "(height, width)), got size=None")
         check_choice("resample", resample, Resample)
-        if not isinstance(apply_exif_orientation, bool):
-            raise TypeError(f"apply_exif_orientation must be True or False, got {apply_exif_orientation!r}")
+        check_choice("layout", layout, Layout)
+        for name, flag in (("flip", flip), ("draft", draft),
+                           ("apply_exif_orientation", apply_exif_orientation)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be True or False, got {flag!r}")
         self._filter = getattr(Image.Resampling, resample.upper())
         self.size: tuple[int, int] | None = size
+        self.crop = crop
+        self.scale = _check_range("scale", scale, most=1.0)
+        self.ratio = _check_range("ratio", ratio)
+        self.crop_fraction = _check_fraction(crop_fraction)
+        self.flip = flip
+        self.layout = layout
+        self.draft = draft
         self.resample = resample
         self.apply_exif_orientation = apply_exif_orientation
         self.tensors = check_flag("tensors", tensors)
 
     def __repr__(self) -> str:
-        return (f"ImageDecoder(size={self.size}, resample={self.resample!r}, "
+        crop = ""
+        if self.crop == "random_resized":
+            crop = f"crop='random_resized', scale={self.scale}, ratio={self.ratio}, "
+        elif self.crop == "center":
+            crop = f"crop='center', crop_fraction={self.crop_fraction}, "
+        return (f"ImageDecoder(size={self.size}, {crop}flip={self.flip}, layout={self.layout!r}, "
+                f"resample={self.resample!r}, "
                 f"apply_exif_orientation={self.apply_exif_orientation})")
 
     def __call__(self, item: ItemLike) -> dict[str, Any]:
-        from PIL import Image, ImageOps  # imported in __init__ already; kept out of the instance so it pickles
+        from PIL import Image  # imported in __init__ already; not held, so the instance pickles
 
         item = as_item(item)
+        rng = item.rng() if self.flip or self.crop == "random_resized" else None
         # a shard member's or a remote object's bytes (a StorageError is raised as it is, not as a DecodeError)
         source = item.path if item.read is None else io.BytesIO(item.read())
-        im: Image.Image  # opened as an ImageFile; a transpose or conversion gives a plain Image
         try:
             with Image.open(source) as im:  # the first frame of a multi-frame file
-                if self.apply_exif_orientation and im.getexif().get(_EXIF_ORIENTATION, 1) != 1:
-                    im = ImageOps.exif_transpose(im)
-                im = _to_rgb(im, item.path)
-                if self.size is not None and im.size != (self.size[1], self.size[0]):
-                    im = im.resize((self.size[1], self.size[0]), self._filter)
-                pixels = np.asarray(im)
+                pixels = self._pixels(im, item.path, rng)
         except DecodeError:
             raise
         except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
             raise DecodeError(f"cannot decode {item.path!r}: {describe(exc)}", path=item.path) from exc
+        if rng is not None and self.flip and rng.random() < 0.5:
+            pixels = pixels[:, ::-1]
+        if self.layout == "chw":
+            pixels = pixels.transpose(2, 0, 1)
+        pixels = np.ascontiguousarray(pixels)  # a copy, unless channels last and not flipped
+        if not pixels.flags.writeable:  # Pillow's own buffer: a tensor needs an array it may write
+            pixels = pixels.copy()
         sample = sample_fields(item)
-        image = np.ascontiguousarray(pixels.transpose(2, 0, 1))
-        sample["image"] = as_tensor(image) if self.tensors else image
+        sample["image"] = as_tensor(pixels) if self.tensors else pixels
         return sample
+
+    def _pixels(self, im: Any, path: str, rng: np.random.Generator | None) -> np.ndarray:
+        """The open image's pixels, upright, cropped and resized: an ``(H, W, 3)`` uint8 array."""
+        from PIL import ImageOps
+
+        orientation = im.getexif().get(_EXIF_ORIENTATION, 1) if self.apply_exif_orientation else 1
+        turned = orientation != 1
+        box, reduction = None, 1
+        if self.crop is not None:
+            assert self.size is not None  # checked in __init__
+            width, height = im.size
+            if orientation in (5, 6, 7, 8):  # turned a quarter: the upright image's sides swap
+                width, height = height, width
+            if self.crop == "random_resized":
+                assert rng is not None  # made whenever crop == "random_resized"
+                box = random_resized_box(height, width, rng, scale=self.scale, ratio=self.ratio)
+            else:
+                box = center_box(height, width, self.size, self.crop_fraction)
+            reduction = _draft(im, box, self.size) if self.draft else 1
+            if reduction > 1:  # the box on the image decoded at 1/reduction of its sides (the last
+                # row and column of blocks cover what is left: under a mirroring orientation the box
+                # moves by less than one reduced pixel)
+                box = CropBox(*(v / reduction for v in box))
+        if turned:
+            im = ImageOps.exif_transpose(im)
+        im = _to_rgb(im, path)
+        if box is not None:
+            assert self.size is not None
+            corners: tuple[float, float, float, float] | None = (
+                box.left, box.top, box.left + box.width, box.top + box.height)
+            if self.crop == "random_resized" and reduction == 1:
+                # torchvision crops, then resizes: pixels outside the box take no part
+                im, corners = im.crop(corners), None
+            im = im.resize((self.size[1], self.size[0]), self._filter, box=corners)
+        elif self.size is not None and im.size != (self.size[1], self.size[0]):
+            im = im.resize((self.size[1], self.size[0]), self._filter)
+        return np.asarray(im)
+
+
+def _draft(im: Any, box: CropBox, size: tuple[int, int]) -> int:
+    """Ask a JPEG to decode at 1/2, 1/4 or 1/8 scale where ``box`` still has ``size``'s pixels; the
+    reduction it will decode at (1: none; other formats ignore drafts)."""
+    most = min(box.height / size[0], box.width / size[1])
+    wanted = next((s for s in _DRAFT_SCALES if s <= most), 1)
+    if wanted == 1 or im.format != "JPEG":
+        return 1
+    width, height = im.size
+    # Pillow picks the largest reduction r with size // r >= the asked size in both dimensions;
+    # asking (width // wanted, height // wanted) picks `wanted` exactly, as the box's sides, so the
+    # image's, are at least `wanted` pixels.
+    drafted = im.draft(im.mode, (width // wanted, height // wanted))
+    if drafted is None:  # several tiles (progressive scans are one tile), or drafted already
+        return 1
+    return int(round(width / drafted[1][2]))
+
+
+def _check_range(name: str, value: Any, *, most: float | None = None) -> tuple[float, float]:
+    """``value`` as a ``(low, high)`` pair of finite numbers, ``0 < low <= high`` (``<= most``)."""
+    bound = "" if most is None else f" <= {most}"
+    wrong = TypeError if not isinstance(value, (tuple, list)) else ValueError
+    numbers = isinstance(value, (tuple, list)) and len(value) == 2 and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value)
+    if numbers:
+        low, high = float(value[0]), float(value[1])
+        if 0 < low <= high and (most is None or high <= most):
+            return low, high
+    raise wrong(f"{name} must be a pair (low, high) of numbers with 0 < low <= high{bound}, "
+                f"got {short_repr(value)}")
+
+
+def _check_fraction(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"crop_fraction must be a number in (0, 1], got {short_repr(value)}")
+    if not 0 < value <= 1:
+        raise ValueError(f"crop_fraction must be a number in (0, 1], got {value!r}")
+    return float(value)
 
 
 def _to_rgb(im: Any, path: str) -> Any:

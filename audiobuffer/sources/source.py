@@ -15,7 +15,7 @@ import functools
 import math
 import os
 import re
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Union
 
@@ -155,6 +155,16 @@ def _natural_key(name: str) -> tuple[int, Any]:
         return (1, name)
 
 
+def class_order(names: Iterable[str], labels: Any) -> list[str]:
+    """The class names in the order their indices follow.
+
+    A folder tree's (``labels="parent"``): plain ``sorted``, as torchvision's ``ImageFolder``
+    numbers its class folders ('10' before '2'), so a checkpoint's class indices carry over. Any
+    other label's: numbers numerically and before words, so a column of class numbers keeps them.
+    """
+    return sorted(names) if labels == "parent" else sorted(names, key=_natural_key)
+
+
 class Source:
     """The files of a dataset with their labels and fields, local or remote.
 
@@ -167,7 +177,9 @@ class Source:
             the name of a manifest column (of an index: ``"label"``, the label it was packed with, or
             a packed manifest's column); a regular expression searched in the file name (its first
             group, or the whole match without groups; a member's original name); or a callable from
-            path to label.
+            path to label. Classes are numbered in sorted order (:func:`class_order`): folder names
+            as torchvision's ``ImageFolder`` sorts them ('10' before '2'), other labels with
+            numbers numerically ('2' before '10').
         path_column: the manifest column that holds the file paths; relative paths are resolved
             against the manifest's folder (or URL).
         storage_options: options for the fsspec filesystem of URLs (``{"endpoint_url": ..., "key":
@@ -221,7 +233,8 @@ class Source:
         self.classes: list[str] = []
         if names is not None:
             used = np.unique(names.codes[names.codes >= 0]).tolist()  # a value no item has is no class
-            self.classes = sorted({names.values[c] for c in used if names.values[c] is not None}, key=_natural_key)
+            found = {names.values[c] for c in used if names.values[c] is not None}
+            self.classes = class_order(found, labels)
             order = {name: i for i, name in enumerate(self.classes)}
             remap = np.array([order.get(v, -1) if v is not None else -1 for v in names.values] + [-1], dtype=np.int32)
             self.table.label_of = remap[names.codes]

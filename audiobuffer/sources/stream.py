@@ -59,7 +59,17 @@ from .formats.parquet import (
 )
 from .formats.parquet import audio_column as audio_column_of
 from .index import INDEX_NAME, index_columns
-from .source import LABEL_COLUMN, LabelSpec, Source, SourceSpec, WorkItem, _natural_key, _resolve_labels, names_shards
+from .source import (
+    LABEL_COLUMN,
+    LabelSpec,
+    Source,
+    SourceSpec,
+    WorkItem,
+    _natural_key,
+    _resolve_labels,
+    class_order,
+    names_shards,
+)
 from .storage import Retry, RetrySpec, Storage, is_url, sibling
 from .tar import MEMBER_STRIDE, SHUFFLE_BUFFER, ShardSample, is_packed_sidecar, shard_samples
 
@@ -120,7 +130,7 @@ class ShardStream:
             found = _resolve_labels(labels, listed.paths, listed.rows if listed.columns else None, listed.columns)
             names = {n for n in found or () if n is not None}
         #: The sorted label names; a sample's ``label`` is an index into this list.
-        self.classes: list[str] = sorted(names, key=_natural_key)
+        self.classes: list[str] = class_order(names, labels)
         self.class_to_idx: dict[str, int] = {name: i for i, name in enumerate(self.classes)}
 
     def _expand(self, spec: Any, what: str) -> list[str]:
@@ -366,7 +376,7 @@ class ParquetStream(ShardStream):
             declared = self._class_label(labels, names)
         #: The label names: a ``ClassLabel`` column's in its order (a sample's ``label`` is its
         #: number), else sorted.
-        self.classes = sorted(names, key=_natural_key) if declared is None else declared
+        self.classes = class_order(names, labels) if declared is None else declared
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
 
     def _class_label(self, column: Any, found: set[str]) -> list[str] | None:
