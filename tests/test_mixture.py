@@ -175,3 +175,21 @@ def test_yaml_source_mix(tmp_path):
     ds = build_dataset(load_config(path))
     assert isinstance(ds.source, Mixture) and len(ds) == 30
     assert ds.source.counts(0, 0) == dict(zip(ds.source.names, [15, 15]))
+
+
+def test_a_mixture_of_folder_trees_numbers_its_classes_as_each_tree_does(tmp_path):
+    """Folder labels in ImageFolder's order ('10' before '2') in a mixture too; class numbers from a
+    column keep their numeric order."""
+    for tree, folders in (("x", ["2", "10"]), ("y", ["10", "3"])):
+        for folder in folders:
+            (tmp_path / tree / folder).mkdir(parents=True)
+            (tmp_path / tree / folder / "a.wav").write_bytes(b"")
+    trees = [Source(tmp_path / tree, labels="parent") for tree in ("x", "y")]
+    assert trees[0].classes == ["10", "2"]
+    mixture = mix(*trees)
+    assert mixture.classes == ["10", "2", "3"]
+    items = [mixture.item(i, epoch=0, seed=0) for i in range(len(mixture))]
+    assert all(mixture.classes[item.label] == item.label_name for item in items)
+    rows = "".join(f"/nonexistent/{i}.wav,{c}\n" for i, c in enumerate(["2", "10", "3"]))
+    (tmp_path / "m.csv").write_text("path,label\n" + rows, encoding="utf-8")
+    assert mix(trees[0], Source(tmp_path / "m.csv", labels="label")).classes == ["2", "3", "10"]

@@ -28,7 +28,7 @@ import numpy as np
 
 from .blocks import BlockReads
 from .listing import table_of_paths
-from .source import ReadClock, Source, SourceSpec, WorkItem, _natural_key
+from .source import ReadClock, Source, SourceSpec, WorkItem, class_order
 from .storage import Storage
 from .table import ABSENT, ItemTable, as_column
 
@@ -113,7 +113,9 @@ class Mixture(Source):
         labelled = [s.label_names for s in listed]
         label_names: list[str | None] = [
             name for s in listed for name in (s.label_names if s.label_names is not None else [None] * len(s))]
-        self.classes = sorted({n for n in label_names if n is not None}, key=_natural_key)
+        # Folder names in ImageFolder's order where every labelled source takes its labels from folders.
+        folders = all(getattr(s, "folder_labels", False) for s in listed if s.label_names is not None)
+        self.classes = class_order({n for n in label_names if n is not None}, "parent" if folders else None)
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
         if any(n is not None for n in labelled):
             self.table.label_of = np.array([-1 if n is None else self.class_to_idx[n] for n in label_names],

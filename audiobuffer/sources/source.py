@@ -229,6 +229,8 @@ class Source:
         if start_column is not None:
             self.table.segments = _segments(self.table, self.description, start_column, duration_column)
         names = _label_column(labels, self.table)
+        #: Whether the labels are folder names, numbered as torchvision's ``ImageFolder`` does.
+        self.folder_labels = isinstance(labels, str) and labels == "parent"
         #: The sorted label names; a sample's ``label`` is an index into this list.
         self.classes: list[str] = []
         if names is not None:
