@@ -23,7 +23,7 @@ LAYERS = {
     "sources": 2,
     "decoders": 3,
     "sources.durations": 4, "sources.pack": 4,
-    "collate": 4, "features": 4,
+    "collate": 4, "features": 4, "augment": 4,
     "engine": 5,
     "loaders": 6,
     "config": 7,

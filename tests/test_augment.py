@@ -1,0 +1,408 @@
+"""audiobuffer.augment: each augmentation correct by its definition, every draw a pure function of
+(seed, epoch, item, position), exact resume, budgets on perturbed durations, pickling, errors."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import soundfile as sf
+from helpers import FSDD, wait_no_threads
+
+from audiobuffer import AudioDecoder, BufferedDataset, IsolatedLoader, WorkItem
+from audiobuffer.augment import AddNoise, Gain, Reverb, SpeedPerturb
+from audiobuffer.augment._draws import generator, uniform
+from audiobuffer.augment.reverb import convolve
+from audiobuffer.sources.durations import CACHE_ENV
+
+pytestmark = pytest.mark.timeout(120)
+
+FILES = sorted(str(p) for p in FSDD.glob("*.wav"))
+needs_fsdd = pytest.mark.skipif(len(FILES) < 100, reason="the FSDD recordings are not there")
+NOISE, RIRS, SPEECH = FILES[:40], FILES[40:50], FILES[100:]
+
+
+def signal(n: int = 8000, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((1, n)).astype(np.float32) * 0.1
+
+
+def read(path: str) -> np.ndarray:
+    audio, _ = sf.read(path, dtype="float32")
+    return audio[None, :]
+
+
+def all_four(p: float = 1.0) -> list:
+    return [
+        SpeedPerturb((0.9, 1.0, 1.1), p=p),
+        Gain((-6.0, 6.0), p=p),
+        AddNoise(NOISE, (10.0, 20.0), p=p),
+        Reverb(RIRS, p=p),
+    ]
+
+
+# -- correct by definition -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("factor", [0.9, 1.1, 0.5, 1.7])
+@pytest.mark.parametrize("n", [16000, 12345])
+def test_speed_perturb_gives_n_over_f_frames_and_frequencies_times_f(factor, n):
+    sr, freq = 16000, 440.0
+    tone = np.sin(2 * np.pi * freq * np.arange(n) / sr).astype(np.float32)[None, :]
+    out = SpeedPerturb([factor])(tone, sr, (0, 0, 0, 0))
+    assert out.dtype == np.float32 and out.shape[0] == 1
+    assert abs(out.shape[1] - round(n / factor)) <= 1
+    spectrum = np.abs(np.fft.rfft(out[0] * np.hanning(out.shape[1]), 8 * sr))
+    peak = np.argmax(spectrum) * sr / (8 * sr)
+    assert peak == pytest.approx(freq * factor, abs=1.0)
+
+
+def test_speed_perturb_keeps_channels_apart():
+    sr = 8000
+    t = np.arange(4000) / sr
+    stereo = np.stack([np.sin(2 * np.pi * 300 * t), np.zeros_like(t)]).astype(np.float32)
+    out = SpeedPerturb([1.25])(stereo, sr, (0, 0, 0, 0))
+    assert out.shape == (2, 3200) and np.abs(out[1]).max() < 1e-6 < np.abs(out[0]).max()
+
+
+def _drawn_snr(aug: AddNoise, key) -> float:
+    rng = generator(key)
+    rng.random()  # whether to apply it
+    return float(rng.uniform(*aug.snr_db))
+
+
+@needs_fsdd
+@pytest.mark.parametrize("index", range(12))
+def test_add_noise_mixes_at_the_drawn_snr(index):
+    # FSDD noise clips are as short as the speech, so many of these loop the noise.
+    aug = AddNoise(NOISE, snr_db=(-5.0, 30.0))
+    speech = read(SPEECH[index])
+    key = (7, 1, index, 2)
+    out = aug(speech, 8000, key)
+    noise = out.astype(np.float64) - speech
+    measured = 10 * np.log10(
+        np.mean(np.square(speech, dtype=np.float64)) / np.mean(np.square(noise))
+    )
+    assert abs(measured - _drawn_snr(aug, key)) < 0.2
+
+
+def test_noise_loops_when_shorter(tmp_path):
+    clip = np.linspace(-0.5, 0.5, 100, dtype=np.float32)
+    sf.write(tmp_path / "n.wav", clip, 8000, subtype="FLOAT")
+    aug = AddNoise([str(tmp_path / "n.wav")], snr_db=0.0)
+    speech = signal(1000)
+    noise = aug(speech, 8000, (0, 0, 0, 0))[0] - speech[0]
+    scale = noise[np.argmax(np.abs(noise))] / clip[np.argmax(np.abs(np.roll(clip, 0)))]
+    period = noise / abs(scale)
+    np.testing.assert_allclose(period[:100], period[100:200], atol=1e-5)  # the clip again, unbroken
+
+
+@needs_fsdd
+@pytest.mark.parametrize("index", range(6))
+def test_reverb_correlates_with_scipy_fftconvolve(index):
+    signal_ = pytest.importorskip("scipy.signal")
+    aug = Reverb(RIRS)
+    speech = read(SPEECH[index])
+    key = (3, 0, index, 0)
+    out = aug(speech, 8000, key)
+    rng = generator(key)
+    rng.random()
+    rir = read(RIRS[int(rng.integers(len(RIRS)))])[0]
+    expected = signal_.fftconvolve(speech[0].astype(np.float64), rir.astype(np.float64))[
+        : speech.shape[1]
+    ]
+    assert out.shape == speech.shape  # trimmed to the input's length
+    assert np.corrcoef(out[0], expected)[0, 1] >= 0.999
+    energy = np.sum(np.square(out, dtype=np.float64)) / np.sum(np.square(speech, dtype=np.float64))
+    assert energy == pytest.approx(1.0, rel=1e-3)  # scaled to the input's energy
+
+
+def test_convolve_is_the_full_linear_convolution():
+    x, h = signal(1001), np.random.default_rng(1).standard_normal(77)
+    np.testing.assert_allclose(convolve(x, h)[0], np.convolve(x[0], h), atol=1e-6)  # float32
+    np.testing.assert_allclose(
+        convolve(x.astype(np.float64), h)[0], np.convolve(x[0], h), atol=1e-12
+    )
+
+
+def test_gain_within_its_range_and_p():
+    x = signal()
+    gains = [
+        float(np.max(np.abs(Gain((-6.0, 6.0))(x, 8000, (0, 0, i, 0)))) / np.max(np.abs(x)))
+        for i in range(50)
+    ]
+    db = 20 * np.log10(gains)
+    assert db.min() >= -6.0 - 1e-4 and db.max() <= 6.0 + 1e-4 and db.max() - db.min() > 6
+    assert all(Gain(p=0.0)(x, 8000, (0, 0, i, 0)) is x for i in range(10))
+    applied = sum(Gain(p=0.3)(x, 8000, (0, 0, i, 0)) is not x for i in range(1000))
+    assert 240 < applied < 360
+
+
+def test_speed_factor_p_and_choices():
+    f = SpeedPerturb((0.9, 1.1), p=0.5).factor(1, 2, np.arange(4000), 0)
+    assert set(np.unique(f)) == {0.9, 1.0, 1.1}
+    assert 1800 < np.sum(f == 1.0) < 2200 and abs(np.sum(f == 0.9) - np.sum(f == 1.1)) < 200
+
+
+# -- draws: a pure function of (seed, epoch, item, position) -------------------------------------
+
+
+def test_draws_differ_by_each_part_of_the_key():
+    base = uniform(1, 2, [3], 4, 0)
+    for other in (
+        uniform(9, 2, [3], 4, 0),
+        uniform(1, 9, [3], 4, 0),
+        uniform(1, 2, [9], 4, 0),
+        uniform(1, 2, [3], 9, 0),
+        uniform(1, 2, [3], 4, 9),
+    ):
+        assert other[0] != base[0]
+    vector = uniform(1, 2, np.arange(10), 4, 0)
+    assert vector[3] == base[0]  # one item alone or among others: the same draw
+
+
+@needs_fsdd
+def test_decoder_output_depends_on_the_item_key_only():
+    decoder = AudioDecoder(augment=all_four())
+    a = decoder(WorkItem(5, SPEECH[0], seed=1, epoch=2))["audio"]
+    assert np.array_equal(a, decoder(WorkItem(5, SPEECH[0], seed=1, epoch=2, seq=40))["audio"])
+    for item in (
+        WorkItem(6, SPEECH[0], seed=1, epoch=2),
+        WorkItem(5, SPEECH[0], seed=2, epoch=2),
+        WorkItem(5, SPEECH[0], seed=1, epoch=3),
+    ):
+        other = decoder(item)["audio"]
+        assert other.shape != a.shape or not np.array_equal(other, a)
+
+
+@needs_fsdd
+def test_threads_and_order_do_not_change_the_samples():
+    def samples(num_producers, ordered):
+        ds = BufferedDataset(
+            SPEECH[:40],
+            AudioDecoder(augment=all_four(p=0.5)),
+            shuffle=True,
+            seed=4,
+            num_producers=num_producers,
+            ordered=ordered,
+        )
+        return {int(s["index"]): s["audio"].numpy() for s in ds}
+
+    one, four = samples(1, True), samples(4, False)
+    assert one.keys() == four.keys() and all(np.array_equal(one[i], four[i]) for i in one)
+    assert not wait_no_threads()
+
+
+@needs_fsdd
+def test_ranks_draw_differently():
+    decoder = AudioDecoder(augment=[SpeedPerturb((0.8, 0.9, 1.1, 1.2))])
+    ranks = [
+        BufferedDataset(SPEECH[:40], decoder, shuffle=True, seed=4, rank=r, world_size=2)
+        for r in (0, 1)
+    ]
+    items = [[int(s["index"]) for s in ds] for ds in ranks]
+    assert not set(items[0]) & set(items[1])
+    factors = [decoder.stretch(4, 0, np.array(i)) for i in items]
+    assert not np.array_equal(factors[0], factors[1])
+
+
+# -- exact resume ---------------------------------------------------------------------------------
+
+
+@needs_fsdd
+@pytest.mark.parametrize("k", [1, 13])
+def test_a_resumed_epoch_gives_bit_identical_samples(k):
+    def dataset():
+        return BufferedDataset(
+            SPEECH[:30],
+            AudioDecoder(crop_seconds=0.5, pad=False, augment=all_four(p=0.7)),
+            shuffle=True,
+            seed=11,
+            num_producers=3,
+        )
+
+    whole = dataset()
+    whole.set_epoch(3)
+    expected = {int(s["index"]): s["audio"].numpy() for s in whole}
+    first = dataset()
+    first.set_epoch(3)
+    it = iter(first)
+    seen = {}
+    for _ in range(k):
+        s = next(it)
+        seen[int(s["index"])] = s["audio"].numpy()
+    state = pickle.loads(pickle.dumps(first.state_dict()))
+    it.close()
+    again = dataset()
+    again.load_state_dict(state)
+    for s in again:
+        seen[int(s["index"])] = s["audio"].numpy()
+    assert seen.keys() == expected.keys()
+    assert all(np.array_equal(seen[i], expected[i]) for i in expected)
+    assert not wait_no_threads()
+
+
+# -- the planner knows perturbed durations ---------------------------------------------------------
+
+
+@needs_fsdd
+@pytest.mark.parametrize("crop", [None, 1.0])
+def test_batches_by_duration_hold_the_budget_on_perturbed_durations(crop, tmp_path, monkeypatch):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    budget, sr, files = 3.0, 8000, SPEECH[:120]
+    decoder = AudioDecoder(crop_seconds=crop, pad=False, augment=[SpeedPerturb((0.5, 1.0, 1.5))])
+    ds = BufferedDataset(
+        files, decoder, max_batch_seconds=budget, shuffle=True, seed=2, num_producers=2
+    )
+    for epoch in (0, 1):
+        ds.set_epoch(epoch)
+        batches = list(ds)
+        seen = sorted(int(s["index"]) for b in batches for s in b)
+        assert seen == list(range(len(files)))  # every item once
+        for batch in batches:
+            frames = [int(s["num_frames"]) for s in batch]
+            # round(n / f) frames: within half a frame of the planned n / f seconds
+            assert len(batch) == 1 or len(batch) * max(frames) <= budget * sr + len(batch) * 0.5
+    assert not wait_no_threads()
+
+
+# -- pickling, the isolated loader ----------------------------------------------------------------
+
+
+@needs_fsdd
+def test_pickled_decoder_lists_its_sources_where_it_runs():
+    decoder = AudioDecoder(augment=all_four())
+    expected = decoder(WorkItem(3, SPEECH[0], seed=5))["audio"]
+    copy = pickle.loads(pickle.dumps(decoder))
+    noise = copy.augment[2]
+    assert noise.clips._source is None  # listed on first use
+    assert np.array_equal(copy(WorkItem(3, SPEECH[0], seed=5))["audio"], expected)
+    assert copy.augment_clock.seconds > 0
+
+
+@needs_fsdd
+@pytest.mark.usefixtures("no_helper_left_behind")
+def test_isolated_loader_gives_the_samples_of_the_dataset():
+    decoder = AudioDecoder(augment=all_four(p=0.6))
+    files = SPEECH[:16]
+    with IsolatedLoader(files, decoder, batch_size=4, shuffle=True, seed=9, ordered=True) as loader:
+        batches = list(loader)
+    ds = BufferedDataset(files, decoder, shuffle=True, seed=9, ordered=True)
+    samples = list(ds)
+    got = [
+        (int(i), a[:n].numpy())
+        for b in batches
+        for i, a, n in zip(b["index"], b["audio"], b["lengths"])
+    ]
+    assert [i for i, _ in got] == [int(s["index"]) for s in samples]
+    assert all(np.array_equal(a, s["audio"].numpy()) for (_, a), s in zip(got, samples))
+
+
+# -- errors ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "make, error, words",
+    [
+        (lambda: SpeedPerturb(1.1), TypeError, "factors"),
+        (lambda: SpeedPerturb([]), TypeError, "factors"),
+        (lambda: SpeedPerturb([0.1]), ValueError, "factors"),
+        (lambda: SpeedPerturb([1.1], p=1.5), ValueError, "p="),
+        (lambda: SpeedPerturb([1.1], p="x"), TypeError, "p="),
+        (lambda: Gain((6.0, -6.0)), ValueError, "db"),
+        (lambda: Gain("loud"), TypeError, "db"),
+        (lambda: Gain(float("nan")), ValueError, "db"),
+        (lambda: AddNoise(3), TypeError, "source"),
+        (lambda: AddNoise(["a.wav"], snr_db=(1, 2, 3)), TypeError, "snr_db"),
+        (lambda: Reverb(["a.wav"], normalize="yes"), TypeError, "normalize"),
+        (lambda: AudioDecoder(augment=Gain()), TypeError, "augment"),
+        (lambda: AudioDecoder(augment=[Gain(), 3]), TypeError, "augment[1]"),
+    ],
+)
+def test_wrong_arguments_are_named(make, error, words):
+    with pytest.raises(error, match=pytest.importorskip("re").escape(words)):
+        make()
+
+
+def test_an_empty_noise_folder_is_named(tmp_path):
+    aug = AddNoise(str(tmp_path))
+    with pytest.raises(Exception, match="AddNoise|no audio|no files"):
+        aug(signal(), 8000, (0, 0, 0, 0))
+
+
+# -- SpecAugment: masks on batched features -------------------------------------------------------
+
+
+def _bands_of(flags):
+    """The (start, width) of each run of True in a 1-d boolean tensor."""
+    runs, start = [], None
+    for i, on in enumerate(list(flags) + [False]):
+        if on and start is None:
+            start = i
+        elif not on and start is not None:
+            runs.append((start, i - start))
+            start = None
+    return runs
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_spec_augment_masks_within_their_bounds(seed):
+    torch = pytest.importorskip("torch")
+    from audiobuffer.features import SpecAugment
+
+    spec = SpecAugment(
+        freq_masks=2, freq_width=8, time_masks=3, time_width=10, mask_value=-1.0, seed=seed
+    )
+    features = torch.rand(6, 40, 120) + 1.0
+    frames = torch.tensor([120, 90, 50, 12, 5, 0])
+    out = spec(features, frames)
+    assert out.shape == features.shape and torch.equal(
+        features >= 1.0, torch.ones_like(features, dtype=torch.bool)
+    )
+    masked = out == -1.0
+    for row in range(6):
+        freq_rows = masked[row].all(dim=1)  # a masked bin is masked at every frame
+        assert sum(w for _, w in _bands_of(freq_rows.tolist())) <= 2 * 8
+        assert all(w <= 2 * 8 for _, w in _bands_of(freq_rows.tolist()))
+        time_cols = (
+            masked[row][~freq_rows].all(dim=0)
+            if (~freq_rows).any()
+            else torch.zeros(120, dtype=torch.bool)
+        )
+        cols = time_cols.nonzero().flatten().tolist()
+        assert all(c < int(frames[row]) for c in cols)  # never in the padding
+        assert len(cols) <= 3 * 10
+        unmasked = ~masked[row]
+        assert torch.equal(out[row][unmasked], features[row][unmasked])
+
+
+def test_spec_augment_is_seeded_and_runs_on_the_batch_device():
+    torch = pytest.importorskip("torch")
+    from audiobuffer.features import SpecAugment
+
+    x = torch.ones(3, 2, 20, 30)
+    a = SpecAugment(freq_masks=1, freq_width=5, time_masks=1, time_width=5, seed=3)(x)
+    b = SpecAugment(freq_masks=1, freq_width=5, time_masks=1, time_width=5, seed=3)(x)
+    c = SpecAugment(freq_masks=1, freq_width=5, time_masks=1, time_width=5)(
+        x, generator=torch.Generator().manual_seed(3)
+    )
+    assert torch.equal(a, b) and torch.equal(a, c) and (a == 0).any() and a.device == x.device
+    if torch.cuda.is_available():
+        on = SpecAugment(freq_masks=1, freq_width=5, time_masks=1, time_width=5, seed=3)(x.cuda())
+        assert on.is_cuda and torch.equal(on.cpu(), a)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        (dict(freq_masks=-1), ValueError),
+        (dict(time_width=2.5), TypeError),
+        (dict(seed=-1), ValueError),
+        (dict(mask_value="zero"), TypeError),
+    ],
+)
+def test_spec_augment_arguments(kwargs, error):
+    from audiobuffer.features import SpecAugment
+
+    with pytest.raises(error, match=next(iter(kwargs))):
+        SpecAugment(**kwargs)
