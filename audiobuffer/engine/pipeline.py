@@ -104,12 +104,18 @@ class DurationBatching:
         content: seconds of audio per source item, the rest of ``durations`` being padding (the same
             array as ``durations`` unless the decoder pads samples to its crop).
         failures: the items whose header could not be read, as ``(index, path, message)``.
+        stretch: the decoder's ``stretch(seed, epoch, indices)`` (each item's duration after its
+            augmentations over its duration before: NOTE [ Augmentations ] in ``decoders/_augment.py``),
+            applied to ``content`` before ``crop``; ``None``: durations do not change by epoch.
+        crop: the decoder's crop in seconds (caps a stretched duration), or ``None``.
     """
 
     def __init__(self, durations: np.ndarray, failures: list[HeaderFailure], *, max_batch_seconds: float,
                  buckets: int, max_batch_size: int | None, content: np.ndarray | None = None,
                  quadratic_duration: float | None = None, sync_buckets: bool | None = None,
-                 draw: Callable[[int, int], np.ndarray] | None = None) -> None:
+                 draw: Callable[[int, int], np.ndarray] | None = None,
+                 stretch: Callable[[int, int, np.ndarray], np.ndarray | None] | None = None,
+                 crop: float | None = None) -> None:
         self.durations = durations
         self.content = durations if content is None else content
         self.failures = failures
@@ -119,6 +125,9 @@ class DurationBatching:
         self.quadratic_duration = None if quadratic_duration is None else float(quadratic_duration)
         self.sync_buckets = sync_buckets
         self.draw = draw
+        self.stretch = stretch
+        self.crop = crop
+        self._stretched: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         self._plans: dict[tuple[Any, ...], BatchPlan] = {}  # the last few plans: len() and iter() of an epoch
 
     @classmethod
@@ -139,10 +148,31 @@ class DurationBatching:
         if crop is not None and pad:
             durations = durations.copy()
             durations[~np.isnan(durations)] = crop  # padded to the crop: every sample is that long
+        stretch = getattr(decoder, "stretch", None)
         return cls(durations, failures, max_batch_seconds=max_batch_seconds,
                    buckets=DEFAULT_BUCKETS if buckets is None else buckets, max_batch_size=max_batch_size,
                    content=content, quadratic_duration=quadratic_duration, sync_buckets=sync_buckets,
-                   draw=source.draw if isinstance(source, Mixture) else None)
+                   draw=source.draw if isinstance(source, Mixture) else None,
+                   stretch=stretch if callable(stretch) else None, crop=crop)
+
+    def seconds(self, seed: int, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(durations, content)`` of each source item in ``epoch``: stretched by the decoder's
+        augmentations (a speed perturbation's factor of the epoch), then capped by the crop."""
+        if self.stretch is None:
+            return self.durations, self.content
+        key = (seed, epoch)
+        found = self._stretched.get(key)
+        if found is None:
+            factors = self.stretch(seed, epoch, np.arange(len(self.content), dtype=np.int64))
+            content = self.content if factors is None else self.content * factors
+            if self.crop is not None:
+                content = np.minimum(content, self.crop)  # NaN stays NaN
+            padded = self.durations is not self.content  # every sample lasts the crop
+            found = (self.durations if padded else content, content)
+            if len(self._stretched) >= _REMEMBERED_PLANS:
+                self._stretched.clear()  # one call: safe while another thread reads
+            self._stretched[key] = found
+        return found
 
     def epoch_items(self, seed: int, epoch: int, indices: np.ndarray) -> np.ndarray:
         """The items behind an epoch's ``indices`` (a mixture's draws; else ``indices`` themselves)."""
@@ -151,7 +181,8 @@ class DurationBatching:
     def add_padding(self, meter: PaddingMeter, indices: np.ndarray, *, seed: int = 0, epoch: int = 0) -> None:
         """Count the batch of ``indices`` (source items; a mixture's draws of ``epoch``) in ``meter``."""
         items = self.epoch_items(seed, epoch, indices)
-        meter.add(self.durations[items], self.content[items])
+        durations, content = self.seconds(seed, epoch)
+        meter.add(durations[items], content[items])
 
     def plan(self, *, shuffle: bool, seed: int, epoch: int, rank: int = 0, world_size: int = 1, worker: int = 0,
              num_workers: int = 1, even_shards: str | None = "pad",
@@ -162,7 +193,8 @@ class DurationBatching:
                None if consumed is None else bytes(consumed))
         plan = self._plans.get(key)
         if plan is None:
-            durations = self.durations if self.draw is None else self.durations[self.draw(seed, epoch)]
+            durations = self.seconds(seed, epoch)[0]
+            durations = durations if self.draw is None else durations[self.draw(seed, epoch)]
             plan = plan_batches(durations, max_batch_seconds=self.max_batch_seconds, buckets=self.buckets,
                                 max_batch_size=self.max_batch_size, quadratic_duration=self.quadratic_duration,
                                 shuffle=shuffle, seed=seed, epoch=epoch,
