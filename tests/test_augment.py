@@ -406,3 +406,51 @@ def test_spec_augment_arguments(kwargs, error):
 
     with pytest.raises(error, match=next(iter(kwargs))):
         SpecAugment(**kwargs)
+
+
+# -- the YAML form ----------------------------------------------------------------------------------------
+
+YAML = """\
+source: {files: [a.wav]}
+decode:
+  sample_rate: 8000
+  augment:
+    - {kind: speed_perturb, factors: [0.9, 1.0, 1.1]}
+    - {kind: gain, db: [-6, 6], p: 0.5}
+    - {kind: add_noise, source: noise, snr_db: [10, 20], p: 0.5}
+    - {kind: reverb, source: [rirs/r.wav], p: 0.3, normalize: false}
+"""
+
+
+def test_yaml_augment_builds_the_python_augmentations(tmp_path):
+    from audiobuffer.config import load_config
+    from audiobuffer.config.builders import build_decoder
+
+    (tmp_path / "cfg.yaml").write_text(YAML, encoding="utf-8")
+    decoder = build_decoder(load_config(tmp_path / "cfg.yaml"))
+    speed, gain, noise, reverb = decoder.augment
+    assert isinstance(speed, SpeedPerturb) and speed.factors == (0.9, 1.0, 1.1) and speed.p == 1.0
+    assert isinstance(gain, Gain) and gain.db == (-6.0, 6.0) and gain.p == 0.5
+    assert isinstance(noise, AddNoise) and noise.snr_db == (10.0, 20.0)
+    assert noise.clips.spec == str(tmp_path / "noise")  # relative to the config's folder
+    assert isinstance(reverb, Reverb) and reverb.clips.spec == [str(tmp_path / "rirs" / "r.wav")]
+    assert reverb.normalize is False and reverb.p == 0.3
+
+
+@pytest.mark.parametrize("entry, words", [
+    ("{kind: gain, factors: [1.1]}", "kind: gain takes p, db, not factors"),
+    ("{kind: add_noise}", "needs source"),
+    ("{kind: gain, p: 1.5}", "decode.augment.0.p"),
+    ("{kind: speed_perturb, factors: [9]}", "decode.augment.0.factors"),
+    ("{kind: speed, factors: [1.1]}", "decode.augment.0.kind"),
+    ("{kind: gain, db: [6, -6]}", "decode.augment[0]: Gain(db=...)"),
+])
+def test_yaml_augment_errors_name_the_entry(entry, words):
+    from audiobuffer import ConfigError
+    from audiobuffer.config import parse_config
+    from audiobuffer.config.builders import build_decoder
+
+    with pytest.raises(ConfigError) as info:
+        build_decoder(parse_config({"source": {"files": ["a.wav"]},
+                                    "decode": {"augment": [pytest.importorskip("yaml").safe_load(entry)]}}))
+    assert words in str(info.value)
