@@ -454,3 +454,40 @@ def test_yaml_augment_errors_name_the_entry(entry, words):
         build_decoder(parse_config({"source": {"files": ["a.wav"]},
                                     "decode": {"augment": [pytest.importorskip("yaml").safe_load(entry)]}}))
     assert words in str(info.value)
+
+
+# -- time spent augmenting -------------------------------------------------------------------------------
+
+@needs_fsdd
+def test_stats_count_the_seconds_spent_augmenting():
+    ds = BufferedDataset(SPEECH[:12], AudioDecoder(augment=[Reverb(RIRS)]), num_producers=2)
+    assert len(list(ds)) == 12
+    stats = ds.stats()
+    assert 0 < stats.augment_s <= stats.decode_s
+    plain = BufferedDataset(SPEECH[:12], AudioDecoder(), num_producers=2)
+    list(plain)
+    assert plain.stats().augment_s == 0.0
+    assert not wait_no_threads()
+
+
+@needs_fsdd
+@pytest.mark.usefixtures("no_helper_left_behind")
+def test_isolated_stats_count_the_helpers_seconds_augmenting():
+    decoder = AudioDecoder(augment=[Reverb(RIRS)])
+    with IsolatedLoader(SPEECH[:12], decoder, batch_size=4) as loader:
+        assert len(list(loader)) == 3
+        stats = loader.stats()
+    assert stats.augment_s > 0 and decoder.augment_clock.seconds == 0.0  # spent in the helper
+
+
+def test_run_summary_reports_augmenting():
+    from audiobuffer.cli.report import RunSummary
+    from audiobuffer.engine.epoch import DatasetStats
+
+    stats = DatasetStats(epoch=0, rank=0, world_size=1, worker=0, num_workers=1, items=10,
+                         num_producers=2, decode_s=4.0, augment_s=1.25)
+    summary = RunSummary(wall_s=5.0, samples=10)
+    summary.add_epoch(stats)
+    summary.judge()
+    assert summary.augment_s == 1.25 and summary.as_dict()["augment_s"] == 1.25
+    assert "decoding 4.00 s (summed over producers; 1.25 s of them augmenting)" in "\n".join(summary.lines())

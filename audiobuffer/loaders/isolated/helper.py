@@ -369,7 +369,8 @@ class Helper:
             if done:  # what only the helper knows; the trainer counts samples and failures itself
                 stats = {"decode_s": pool.decode_seconds, "buffer": buffer.stats.as_dict(),
                          "slot_wait_s": self.slots.wait_s, "num_producers": pool.num_producers,
-                         "producer_history": pool.history, "gil_enabled": gil_enabled()}
+                         "producer_history": pool.history, "gil_enabled": gil_enabled(),
+                         "augment_s": epoch.augment_s()}
                 self.channel.send(EpochEnd(gen, stats, positions))
         except StallError as exc:  # said before the close below waits for the producer stuck in a decode
             self.channel.send(Stalled(gen, str(exc)))
