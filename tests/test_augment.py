@@ -491,3 +491,30 @@ def test_run_summary_reports_augmenting():
     summary.judge()
     assert summary.augment_s == 1.25 and summary.as_dict()["augment_s"] == 1.25
     assert "decoding 4.00 s (summed over producers; 1.25 s of them augmenting)" in "\n".join(summary.lines())
+
+
+@pytest.mark.parametrize("index_json", [False, True])
+def test_shards_batched_by_duration_hold_the_budget_on_perturbed_durations(tmp_path, index_json):
+    """Streamed shards batch by each sidecar's duration, an index by its durations: both stretched."""
+    from helpers import write_tone
+
+    from audiobuffer.sources import INDEX_NAME, pack
+
+    rows = []
+    for i in range(24):
+        seconds = (0.05, 0.1, 0.2)[i % 3]
+        path = write_tone(tmp_path / "src" / f"t{i:03d}.wav", seconds=seconds, sample_rate=8000)
+        rows.append(f"{path},{seconds!r}\n")
+    (tmp_path / "manifest.csv").write_text("path,seconds\n" + "".join(rows), encoding="utf-8", newline="\n")
+    index = pack(tmp_path / "manifest.csv", tmp_path / "out", shard_size=20_000, progress=False)
+    spec = (str(tmp_path / "out" / INDEX_NAME) if index_json
+            else str(tmp_path / "out" / f"shard-{{000000..{len(index.shards) - 1:06d}}}.tar"))
+    budget = 0.6
+    decoder = AudioDecoder(augment=[SpeedPerturb((0.5, 1.0))])
+    ds = BufferedDataset(spec, decoder, max_batch_seconds=budget, duration_column="seconds", buckets=2,
+                         shuffle=True, num_producers=2)
+    batches = list(ds)
+    assert sum(len(b) for b in batches) == 24
+    assert all(len(b) == 1 or len(b) * max(int(s["num_frames"]) for s in b) <= budget * 8000 + len(b)
+               for b in batches)
+    assert not wait_no_threads()

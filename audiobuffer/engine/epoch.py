@@ -395,7 +395,8 @@ def set_up_epoch(pipeline: Pipeline, shard: EpochShard, *, resume: bytes | None 
 
         if options.max_batch_seconds is not None:  # each sample's duration first (NOTE [ Batches by duration ])
             crop, pad = decoder_crop(pipeline.decoder)
-            decode = TimedDecode(decode, cast(str, options.duration_column), crop=crop, pad=pad)
+            decode = TimedDecode(decode, cast(str, options.duration_column), crop=crop, pad=pad,
+                                 stretch=getattr(pipeline.decoder, "stretch", None))
         # Chunks as a pool's own: no more than a producer's share of the buffer (at its most).
         most = min(options.most_producers(), max(1, len(layout)))
         decode = ShardReader(stream, decode, buffer, clock, shuffle=options.shuffle,
