@@ -518,3 +518,21 @@ def test_shards_batched_by_duration_hold_the_budget_on_perturbed_durations(tmp_p
     assert all(len(b) == 1 or len(b) * max(int(s["num_frames"]) for s in b) <= budget * 8000 + len(b)
                for b in batches)
     assert not wait_no_threads()
+
+
+@needs_fsdd
+def test_a_state_saved_under_other_speed_factors_is_refused():
+    from audiobuffer import ResumeError
+
+    def dataset(factors):
+        return BufferedDataset(SPEECH[:30], AudioDecoder(augment=[SpeedPerturb(factors)]), max_batch_seconds=2.0,
+                               shuffle=True, seed=1)
+    saved = dataset((0.5, 1.0))
+    it = iter(saved)
+    next(it)
+    state = saved.state_dict()
+    it.close()
+    dataset((0.5, 1.0)).load_state_dict(state)
+    with pytest.raises(ResumeError, match="stretch"):
+        dataset((0.9, 1.1)).load_state_dict(state)
+    assert not wait_no_threads()

@@ -235,6 +235,9 @@ class DurationBatching:
             state["quadratic_duration"] = self.quadratic_duration
         if self.synced(world_size):  # the batches in another order
             state["sync_buckets"] = True
+        factors = None if self.stretch is None else self.stretch(0, 0, np.arange(len(self.content), dtype=np.int64))
+        if factors is not None:  # the augmentations' durations (of seed 0, epoch 0: any change shows)
+            state["stretch"] = hashlib.sha256(np.ascontiguousarray(factors, dtype="<f8").tobytes()).hexdigest()[:16]
         return state
 
 
