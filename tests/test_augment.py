@@ -324,10 +324,15 @@ def test_wrong_arguments_are_named(make, error, words):
         make()
 
 
-def test_an_empty_noise_folder_is_named(tmp_path):
-    aug = AddNoise(str(tmp_path))
-    with pytest.raises(Exception, match="AddNoise|no audio|no files"):
-        aug(signal(), 8000, (0, 0, 0, 0))
+@pytest.mark.parametrize("make", [AddNoise, Reverb])
+def test_a_noise_source_that_lists_nothing_is_named_when_made(tmp_path, make):
+    from audiobuffer import SourceError
+
+    name = make.__name__
+    with pytest.raises(SourceError, match=rf"{name}\(source=\.\.\.\): no files in"):
+        make(str(tmp_path))
+    with pytest.raises(SourceError, match=rf"{name}\(source=\.\.\.\): source .* does not exist"):
+        make(str(tmp_path / "missing"))
 
 
 # -- SpecAugment: masks on batched features -------------------------------------------------------
@@ -427,6 +432,10 @@ def test_yaml_augment_builds_the_python_augmentations(tmp_path):
     from audiobuffer.config.builders import build_decoder
 
     (tmp_path / "cfg.yaml").write_text(YAML, encoding="utf-8")
+    (tmp_path / "noise").mkdir()
+    (tmp_path / "rirs").mkdir()
+    for path in (tmp_path / "noise" / "n.wav", tmp_path / "rirs" / "r.wav"):
+        sf.write(path, signal(800)[0], 8000)
     decoder = build_decoder(load_config(tmp_path / "cfg.yaml"))
     speed, gain, noise, reverb = decoder.augment
     assert isinstance(speed, SpeedPerturb) and speed.factors == (0.9, 1.0, 1.1) and speed.p == 1.0
@@ -444,6 +453,7 @@ def test_yaml_augment_builds_the_python_augmentations(tmp_path):
     ("{kind: speed_perturb, factors: [9]}", "decode.augment.0.factors"),
     ("{kind: speed, factors: [1.1]}", "decode.augment.0.kind"),
     ("{kind: gain, db: [6, -6]}", "decode.augment[0]: Gain(db=...)"),
+    ("{kind: add_noise, source: /no/such/noise}", "decode.augment[0]: AddNoise(source=...): source"),
 ])
 def test_yaml_augment_errors_name_the_entry(entry, words):
     from audiobuffer import ConfigError
@@ -536,3 +546,51 @@ def test_a_state_saved_under_other_speed_factors_is_refused():
     with pytest.raises(ResumeError, match="stretch"):
         dataset((0.9, 1.1)).load_state_dict(state)
     assert not wait_no_threads()
+
+
+# -- scripts/train_audio.py --augment ---------------------------------------------------------------
+
+@needs_fsdd
+@pytest.mark.timeout(400)
+def test_train_script_augments_the_training_set_only(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+    from helpers import REPO
+
+    files = [str(FSDD / f"{digit}_jackson_{i}.wav") for digit in range(10) for i in (4, 5, 6)]
+    config = yaml.safe_load((REPO / "configs" / "fsdd.yaml").read_text(encoding="utf-8"))
+    config.update(source={"files": files, "labels": r"^(\d+)_"}, epochs=1)
+    config["loader"]["batch_size"] = 4
+    config["train"].update(checkpoint=str(tmp_path / "model.pt"), test_files=r"_4\.wav$")
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, REPO / "scripts" / "train_audio.py", "--config", tmp_path / "cfg.yaml",
+                             "--augment", FSDD.parent / "recordings", "--max-steps", "2",
+                             "--json", tmp_path / "m.json"],
+                            capture_output=True, text=True, timeout=360, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "m.json").read_text())["epochs"][0]["test_accuracy"] is not None
+
+
+def test_train_script_augment_override_is_speed_and_noise(tmp_path):
+    import importlib.util
+
+    from helpers import REPO
+
+    from audiobuffer.config import parse_config
+    from audiobuffer.config.builders import build_decoder
+    from audiobuffer.config.schema import apply_overrides
+
+    spec = importlib.util.spec_from_file_location("train_audio", REPO / "scripts" / "train_audio.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    (tmp_path / "noise").mkdir()
+    sf.write(tmp_path / "noise" / "n.wav", signal(800)[0], 8000)
+    data = apply_overrides({"source": {"files": ["a.wav"]}}, [script.augment_override(tmp_path / "noise")])
+    speed, noise = build_decoder(parse_config(data)).augment
+    assert speed.factors == (0.9, 1.0, 1.1) and speed.p == 1.0
+    assert noise.snr_db == (10.0, 20.0) and noise.p == 0.5 and noise.clips.spec == str(tmp_path / "noise")

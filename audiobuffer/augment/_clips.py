@@ -14,6 +14,7 @@ import numpy as np
 
 from .._checks import short_repr
 from ..decoders.audio import AudioDecoder
+from ..errors import SourceError
 from ..sources.item import AUDIO_PATTERNS
 from ..sources.source import Source
 from ..sources.stream import as_source
@@ -28,8 +29,9 @@ class Clips:
     """The items of a source, decoded to mono float32 at a given rate, a few kept decoded.
 
     The source (a folder, a file list, a manifest, an ``index.json`` of shards, local or remote) is
-    listed on first use, in the process that uses it: a pickled :class:`Clips` carries its
-    description only, so an ``IsolatedLoader``'s helper lists and reads it there.
+    listed when the :class:`Clips` is made, so that a wrong one fails there; a pickled copy carries
+    its description only and lists it again on first use, so an ``IsolatedLoader``'s helper lists and
+    reads it there.
 
     Thread safety: any thread may call :meth:`clip`; the listing happens once.
     """
@@ -61,6 +63,7 @@ class Clips:
         self.spec = source
         self.storage_options = None if storage_options is None else dict(storage_options)
         self._init_runtime()
+        self._list()  # now, so that a wrong source fails here rather than in every item
 
     def _init_runtime(self) -> None:
         self._lock = threading.Lock()
@@ -79,7 +82,11 @@ class Clips:
 
     @property
     def source(self) -> Source:
-        """The listed source (listed on first use).
+        """The listed source (listed again on first use in a pickled copy)."""
+        return self._list()
+
+    def _list(self) -> Source:
+        """The listed source, listed on the first call.
 
         Raises:
             ValueError: the source is streamed tar shards or Parquet files, or has no items.
@@ -87,13 +94,11 @@ class Clips:
         """
         with self._lock:
             if self._source is None:
-                listed = as_source(
-                    self.spec,
-                    patterns=AUDIO_PATTERNS,
-                    labels=None,
-                    path_column="path",
-                    storage_options=self.storage_options,
-                )
+                try:
+                    listed = as_source(self.spec, patterns=AUDIO_PATTERNS, labels=None,
+                                       path_column="path", storage_options=self.storage_options)
+                except SourceError as exc:
+                    raise SourceError(f"{self.name}: {exc}") from exc
                 if not isinstance(listed, Source):
                     raise ValueError(
                         f"{self.name}={short_repr(self.spec)} is read as a stream, but clips are "
