@@ -12,7 +12,7 @@ from helpers import FSDD, wait_no_threads
 
 from audiobuffer import AudioDecoder, BufferedDataset, IsolatedLoader, WorkItem
 from audiobuffer.augment import AddNoise, Gain, Reverb, SpeedPerturb
-from audiobuffer.augment._draws import generator, uniform
+from audiobuffer.augment._draws import generator, uniform, uniform_one
 from audiobuffer.augment.reverb import convolve
 from audiobuffer.sources.durations import CACHE_ENV
 
@@ -159,6 +159,10 @@ def test_draws_differ_by_each_part_of_the_key():
         assert other[0] != base[0]
     vector = uniform(1, 2, np.arange(10), 4, 0)
     assert vector[3] == base[0]  # one item alone or among others: the same draw
+    big = 2**63 - 1
+    assert [uniform_one(big, 5, i, 1, 1) for i in range(50)] == uniform(big, 5, np.arange(50), 1, 1).tolist()
+    speed = SpeedPerturb((0.8, 0.9, 1.1), p=0.6)
+    assert [speed.factor_of((3, 4, i, 2)) for i in range(200)] == speed.factor(3, 4, np.arange(200), 2).tolist()
 
 
 @needs_fsdd

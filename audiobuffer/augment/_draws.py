@@ -5,10 +5,10 @@ NOTE [ Augmentation draws ]
 ===========================
 An augmentation at position ``k`` of ``AudioDecoder(augment=[...])`` draws for the item ``index`` of
 epoch ``epoch`` under seed ``seed`` from ``generator(key)``, ``key = (seed, epoch, index, k)``: a
-numpy ``Generator`` seeded by those four numbers and a tag, so that its stream differs from the
-random crop's (``WorkItem.rng()``, seeded by the first three). Two items, two epochs, two positions
-or two seeds draw independently; the same four numbers draw the same values on any thread, in any
-process, after any resume. Ranks hold different items, so they draw differently.
+numpy ``Generator`` keyed by a hash of those four numbers and a tag, so that its stream differs
+from the random crop's (``WorkItem.rng()``, seeded by the first three). Two items, two epochs, two
+positions or two seeds draw independently; the same four numbers draw the same values on any
+thread, in any process, after any resume. Ranks hold different items, so they draw differently.
 
 A draw the planner needs before decoding (a speed factor changes an item's duration) comes from
 :func:`uniform` instead: a hash of the same four numbers and a stream number, computed for a whole
@@ -24,20 +24,28 @@ import numpy as np
 
 from .._checks import MAX_SEED, short_repr
 
-__all__ = ["Key", "check_key", "check_probability", "check_range", "generator", "uniform"]
+__all__ = ["Key", "check_key", "check_probability", "check_range", "generator", "uniform", "uniform_one"]
 
 #: What an augmentation draws from: (seed, epoch, item index, position in the decoder's list).
 Key = tuple[int, int, int, int]
 
 # Told apart from the random crop's stream (WorkItem.rng: [seed, epoch, index]).
 _TAG = 0x61756731
+# The streams of the two halves of a generator's key (uniform's own streams are small numbers).
+_KEY_LOW, _KEY_HIGH = 2**32, 2**32 + 1
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 def generator(key: Key) -> np.random.Generator:
-    """The generator an augmentation draws an item's values from (NOTE [ Augmentation draws ])."""
+    """The generator an augmentation draws an item's values from (NOTE [ Augmentation draws ]): a
+    Philox generator keyed by two hashes of ``key`` (no ``SeedSequence``: a fraction of the time)."""
     seed, epoch, index, position = key
-    return np.random.default_rng([seed, epoch, index, position, _TAG])
+    keys = [_mix_int((_prefix(seed, epoch, position, stream) + int(_GOLDEN) + index) & _MASK)
+            for stream in (_KEY_LOW, _KEY_HIGH)]
+    return np.random.Generator(np.random.Philox(key=keys))
+
+
+_MASK = 2**64 - 1
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -47,17 +55,33 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
+def _mix_int(x: int) -> int:
+    """:func:`_mix` of one Python int (the same numbers, without numpy's per-call cost)."""
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+def _prefix(seed: int, epoch: int, position: int, stream: int) -> int:
+    h = _TAG
+    for part in (seed, epoch, position, stream):
+        h = _mix_int((h + int(_GOLDEN) + int(part)) & _MASK)
+    return h
+
+
 def uniform(seed: int, epoch: int, indices: Any, position: int, stream: int) -> np.ndarray:
     """One number in [0, 1) for each item of ``indices`` (float64), a pure function of (``seed``,
-    ``epoch``, item index, ``position``, ``stream``): the draws the planner repeats before
-    decoding."""
+    ``epoch``, item index, ``position``, ``stream``): the draws the planner repeats before decoding."""
     items = np.asarray(indices, dtype=np.int64).astype(np.uint64)
     with np.errstate(over="ignore"):
-        h = np.full(items.shape, _TAG, dtype=np.uint64)
-        for part in (seed, epoch, position, stream):
-            h = _mix(h + _GOLDEN + np.uint64(int(part) % 2**64))
-        h = _mix(h + _GOLDEN + items)
+        h = _mix(np.uint64(_prefix(seed, epoch, position, stream)) + _GOLDEN + items)
     return (h >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+def uniform_one(seed: int, epoch: int, index: int, position: int, stream: int) -> float:
+    """``uniform(seed, epoch, [index], position, stream)[0]``, for one item, in Python ints."""
+    h = _mix_int((_prefix(seed, epoch, position, stream) + int(_GOLDEN) + index) & _MASK)
+    return (h >> 11) * 2.0**-53
 
 
 def check_key(key: Any) -> Key:

@@ -11,7 +11,7 @@ import numpy as np
 import soxr
 
 from .._checks import short_repr
-from ._draws import Key, check_probability, uniform
+from ._draws import Key, check_probability, uniform, uniform_one
 
 __all__ = ["SpeedPerturb"]
 
@@ -72,24 +72,25 @@ class SpeedPerturb:
 
     def factor(self, seed: int, epoch: int, indices: Any, position: int) -> np.ndarray:
         """The speed of each item of ``indices`` (1.0 where it is not perturbed)."""
-        chosen = np.asarray(self.factors)[
-            np.minimum(
-                (uniform(seed, epoch, indices, position, _CHOICE) * len(self.factors)).astype(
-                    np.int64
-                ),
-                len(self.factors) - 1,
-            )
-        ]
+        choice = uniform(seed, epoch, indices, position, _CHOICE) * len(self.factors)
+        chosen = np.asarray(self.factors)[np.minimum(choice.astype(np.int64), len(self.factors) - 1)]
         applied = uniform(seed, epoch, indices, position, _APPLY) < self.p
         return np.where(applied, chosen, 1.0)
+
+    def factor_of(self, key: Key) -> float:
+        """The speed of one item: ``factor(seed, epoch, [index], position)[0]``, without arrays."""
+        seed, epoch, index, position = key
+        if not uniform_one(seed, epoch, index, position, _APPLY) < self.p:
+            return 1.0
+        choice = int(uniform_one(seed, epoch, index, position, _CHOICE) * len(self.factors))
+        return self.factors[min(choice, len(self.factors) - 1)]
 
     def stretch(self, seed: int, epoch: int, indices: Any, position: int) -> np.ndarray:
         """Each item's output duration over its input duration: ``1 / factor``."""
         return 1.0 / self.factor(seed, epoch, indices, position)
 
     def __call__(self, audio: np.ndarray, sample_rate: int, key: Key) -> np.ndarray:
-        seed, epoch, index, position = key
-        f = float(self.factor(seed, epoch, [index], position)[0])
+        f = self.factor_of(key)
         if f == 1.0 or audio.shape[1] == 0:
             return audio
         out = soxr.resample(
