@@ -1,5 +1,5 @@
-"""The recordings an augmentation mixes in (noise, room impulse responses): :class:`Clips`, any source
-audiobuffer reads, opened on first use and decoded at the rate of the audio they are mixed into.
+"""The recordings an augmentation mixes in (noise, room impulse responses): :class:`Clips`, any
+source audiobuffer reads, decoded at the rate of the audio they are mixed into.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from ..decoders.audio import AudioDecoder
 from ..errors import SourceError
 from ..sources.item import AUDIO_PATTERNS
 from ..sources.source import Source
-from ..sources.stream import as_source
 
 __all__ = ["Clips"]
 
@@ -30,8 +29,8 @@ class Clips:
 
     The source (a folder, a file list, a manifest, an ``index.json`` of shards, local or remote) is
     listed when the :class:`Clips` is made, so that a wrong one fails there; a pickled copy carries
-    its description only and lists it again on first use, so an ``IsolatedLoader``'s helper lists and
-    reads it there.
+    its description only and lists it again on first use, so an ``IsolatedLoader``'s helper lists
+    and reads it there.
 
     Thread safety: any thread may call :meth:`clip`; the listing happens once.
     """
@@ -89,24 +88,17 @@ class Clips:
         """The listed source, listed on the first call.
 
         Raises:
-            ValueError: the source is streamed tar shards or Parquet files, or has no items.
-            SourceError: it cannot be listed.
+            SourceError: it cannot be listed, or holds no audio files.
         """
         with self._lock:
             if self._source is None:
                 try:
-                    listed = as_source(self.spec, patterns=AUDIO_PATTERNS, labels=None,
-                                       path_column="path", storage_options=self.storage_options)
+                    listed = Source(self.spec, patterns=AUDIO_PATTERNS,
+                                    storage_options=self.storage_options)
                 except SourceError as exc:
                     raise SourceError(f"{self.name}: {exc}") from exc
-                if not isinstance(listed, Source):
-                    raise ValueError(
-                        f"{self.name}={short_repr(self.spec)} is read as a stream, but clips are "
-                        f"picked at random: give a folder, a file list, a manifest or the shards' "
-                        f"index.json"
-                    )
                 if len(listed) == 0:
-                    raise ValueError(f"{self.name}={short_repr(self.spec)} holds no audio files")
+                    raise SourceError(f"{self.name}={short_repr(self.spec)} holds no audio files")
                 self._source = listed
             return self._source
 

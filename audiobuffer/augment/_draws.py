@@ -24,7 +24,8 @@ import numpy as np
 
 from .._checks import MAX_SEED, short_repr
 
-__all__ = ["Key", "check_key", "check_probability", "check_range", "generator", "uniform", "uniform_one"]
+__all__ = ["Key", "check_key", "check_probability", "check_range", "generator", "uniform",
+           "uniform_one"]
 
 #: What an augmentation draws from: (seed, epoch, item index, position in the decoder's list).
 Key = tuple[int, int, int, int]
@@ -38,7 +39,7 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 def generator(key: Key) -> np.random.Generator:
     """The generator an augmentation draws an item's values from (NOTE [ Augmentation draws ]): a
-    Philox generator keyed by two hashes of ``key`` (no ``SeedSequence``: a fraction of the time)."""
+    Philox generator keyed by two hashes of ``key`` (no ``SeedSequence``, which takes longer)."""
     seed, epoch, index, position = key
     keys = [_mix_int((_prefix(seed, epoch, position, stream) + int(_GOLDEN) + index) & _MASK)
             for stream in (_KEY_LOW, _KEY_HIGH)]
@@ -71,7 +72,8 @@ def _prefix(seed: int, epoch: int, position: int, stream: int) -> int:
 
 def uniform(seed: int, epoch: int, indices: Any, position: int, stream: int) -> np.ndarray:
     """One number in [0, 1) for each item of ``indices`` (float64), a pure function of (``seed``,
-    ``epoch``, item index, ``position``, ``stream``): the draws the planner repeats before decoding."""
+    ``epoch``, item index, ``position``, ``stream``): the draws the planner repeats before
+    decoding."""
     items = np.asarray(indices, dtype=np.int64).astype(np.uint64)
     with np.errstate(over="ignore"):
         h = _mix(np.uint64(_prefix(seed, epoch, position, stream)) + _GOLDEN + items)
@@ -118,7 +120,7 @@ def check_probability(name: str, value: Any) -> float:
 def check_range(
     name: str, value: Any, *, low: float, high: float, unit: str
 ) -> tuple[float, float]:
-    """``value``, a number or a ``(low, high)`` pair of finite numbers within [``low``, ``high``], as
+    """``value``, a number or a ``(low, high)`` pair of finite numbers in [``low``, ``high``], as
     a pair with its first item at most its second (a single number ``x`` is ``(x, x)``)."""
     pair = (value, value) if _number(value) else value
     if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not all(_number(v) for v in pair):

@@ -11,7 +11,7 @@ __all__ = ["Augmentation"]
 
 
 class Augmentation:
-    """The shared part of the built-in augmentations: the probability ``p`` of applying one to an item.
+    """What the built-in augmentations share: the probability ``p`` of applying one to an item.
 
     Subclasses implement :meth:`transform`; :meth:`__call__` draws whether to apply it (the first
     draw of the item's generator) and calls it with the same generator.

@@ -16,7 +16,8 @@ class Gain(Augmentation):
     """Scale each item by ``10 ** (g / 20)``, ``g`` drawn uniformly from ``db`` decibels.
 
     Example:
-        >>> decoder = AudioDecoder(sample_rate=16000, augment=[Gain(db=(-6.0, 6.0), p=0.5)])  # doctest: +SKIP
+        >>> gain = Gain(db=(-6.0, 6.0), p=0.5)
+        >>> decoder = AudioDecoder(sample_rate=16000, augment=[gain])  # doctest: +SKIP
 
     Args:
         db: a ``(low, high)`` range of decibels, or one number (always that gain); within [-100,

@@ -1,5 +1,5 @@
-"""Additive noise (:class:`AddNoise`): a random stretch of a random recording of a noise corpus, mixed
-in at a random signal-to-noise ratio."""
+"""Additive noise (:class:`AddNoise`): a random stretch of a random recording of a noise corpus,
+mixed in at a random signal-to-noise ratio."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ __all__ = ["AddNoise", "loop_to"]
 
 
 def loop_to(clip: np.ndarray, frames: int, start: int) -> np.ndarray:
-    """``frames`` frames of ``clip`` from ``start``, wrapping round to its start as often as needed."""
+    """``frames`` frames of ``clip`` from ``start``, wrapping round to its start as often as
+    needed."""
     if frames <= len(clip) - start:
         return clip[start : start + frames]
     return np.resize(np.roll(clip, -start), frames)  # np.resize repeats the array to fill

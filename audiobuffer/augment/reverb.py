@@ -14,7 +14,7 @@ __all__ = ["Reverb", "convolve"]
 
 
 def _fast_length(n: int) -> int:
-    """The smallest 5-smooth number (2**a 3**b 5**c) at least ``n``: a length numpy's FFT is fast at."""
+    """The smallest 5-smooth number (2**a 3**b 5**c) >= ``n``: a length numpy's FFT is fast at."""
     best = 1 << max(0, (n - 1).bit_length())
     p5 = 1
     while p5 < best:
@@ -52,7 +52,8 @@ class Reverb(Augmentation):
     item as it is.
 
     Example:
-        >>> decoder = AudioDecoder(sample_rate=16000, augment=[Reverb("rirs/", p=0.3)])  # doctest: +SKIP
+        >>> reverb = Reverb("rirs/", p=0.3)  # doctest: +SKIP
+        >>> decoder = AudioDecoder(sample_rate=16000, augment=[reverb])  # doctest: +SKIP
 
     Args:
         source: the impulse responses.

@@ -27,11 +27,12 @@ class SpeedPerturb:
 
     The factor is a pure function of (seed, epoch, item index, position) that the planner of batches
     by duration computes before decoding (:meth:`stretch`), so ``max_batch_seconds`` holds on the
-    perturbed durations (NOTE [ Augmentations ] in ``decoders/_augment.py``). Resampling is soxr's (GIL
-    released).
+    perturbed durations (NOTE [ Augmentations ] in ``decoders/_augment.py``). Resampling is soxr's
+    (GIL released).
 
     Example:
-        >>> decoder = AudioDecoder(sample_rate=16000, augment=[SpeedPerturb((0.9, 1.0, 1.1))])  # doctest: +SKIP
+        >>> speed = SpeedPerturb((0.9, 1.0, 1.1))
+        >>> decoder = AudioDecoder(sample_rate=16000, augment=[speed])  # doctest: +SKIP
 
     Args:
         factors: the speeds to draw from (each in [0.25, 4]; 1.0 leaves an item as it is).
@@ -73,7 +74,8 @@ class SpeedPerturb:
     def factor(self, seed: int, epoch: int, indices: Any, position: int) -> np.ndarray:
         """The speed of each item of ``indices`` (1.0 where it is not perturbed)."""
         choice = uniform(seed, epoch, indices, position, _CHOICE) * len(self.factors)
-        chosen = np.asarray(self.factors)[np.minimum(choice.astype(np.int64), len(self.factors) - 1)]
+        last = len(self.factors) - 1
+        chosen = np.asarray(self.factors)[np.minimum(choice.astype(np.int64), last)]
         applied = uniform(seed, epoch, indices, position, _APPLY) < self.p
         return np.where(applied, chosen, 1.0)
 

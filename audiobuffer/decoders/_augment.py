@@ -33,7 +33,8 @@ __all__ = ["Clock", "apply", "check_augmentations", "stretch"]
 
 
 def check_augmentations(augment: Any) -> tuple[Any, ...]:
-    """``augment`` (``None`` or a sequence of augmentations) as a tuple; ``TypeError`` naming a wrong entry."""
+    """``augment`` (``None`` or a sequence of augmentations) as a tuple; a ``TypeError`` names
+    a wrong entry."""
     if augment is None:
         return ()
     if isinstance(augment, (str, bytes)) or not isinstance(augment, Sequence):
@@ -44,8 +45,8 @@ def check_augmentations(augment: Any) -> tuple[Any, ...]:
     for position, aug in enumerate(augment):
         if not callable(aug):
             raise TypeError(
-                f"augment[{position}] must be an augmentation: a callable (audio, sample_rate, key) "
-                f"-> audio such as audiobuffer.augment.Gain(), got {short_repr(aug)}"
+                f"augment[{position}] must be an augmentation: a callable (audio, sample_rate, "
+                f"key) -> audio such as audiobuffer.augment.Gain(), got {short_repr(aug)}"
             )
         hook = getattr(aug, "stretch", None)
         if hook is not None and not callable(hook):
@@ -85,8 +86,8 @@ def apply(
 def stretch(
     augment: Sequence[Any], seed: int, epoch: int, indices: np.ndarray
 ) -> np.ndarray | None:
-    """Each item's output duration over its input duration through ``augment`` (float64), or ``None``
-    where no augmentation changes durations (NOTE [ Augmentations ])."""
+    """Each item's output duration over its input duration through ``augment`` (float64), or
+    ``None`` where no augmentation changes durations (NOTE [ Augmentations ])."""
     factors: np.ndarray | None = None
     for position, aug in enumerate(augment):
         hook = getattr(aug, "stretch", None)
