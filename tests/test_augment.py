@@ -598,3 +598,23 @@ def test_train_script_augment_override_is_speed_and_noise(tmp_path):
     speed, noise = build_decoder(parse_config(data)).augment
     assert speed.factors == (0.9, 1.0, 1.1) and speed.p == 1.0
     assert noise.snr_db == (10.0, 20.0) and noise.p == 0.5 and noise.clips.spec == str(tmp_path / "noise")
+
+
+def test_noise_from_the_index_of_packed_shards(tmp_path):
+    """A noise corpus packed into tar shards is read member by member through its index.json."""
+    from helpers import write_tone
+
+    from audiobuffer.sources import INDEX_NAME, pack
+
+    rows = [f"{write_tone(tmp_path / 'src' / f'n{i}.wav', seconds=0.2, sample_rate=8000)}\n" for i in range(4)]
+    (tmp_path / "noise.csv").write_text("path\n" + "".join(rows), encoding="utf-8", newline="\n")
+    pack(tmp_path / "noise.csv", tmp_path / "out", shard_size=4000, progress=False)
+    aug = AddNoise(str(tmp_path / "out" / INDEX_NAME), snr_db=5.0)
+    assert len(aug.clips) == 4 and aug.clips.source.table.offsets is not None  # members of shards
+    speech = signal(3000)
+    key = (0, 0, 1, 0)
+    noise = aug(speech, 8000, key).astype(np.float64) - speech
+    measured = 10 * np.log10(np.mean(np.square(speech, dtype=np.float64)) / np.mean(np.square(noise)))
+    assert abs(measured - 5.0) < 0.2
+    copy = pickle.loads(pickle.dumps(aug))
+    assert np.array_equal(copy(speech, 8000, key), aug(speech, 8000, key))
