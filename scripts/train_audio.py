@@ -117,17 +117,20 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-batch-seconds", type=float, default=None, metavar="S",
                         help="batch by duration: at most S seconds of padded audio per batch "
                              "(the same as --set loader.max_batch_seconds=S)")
-    parser.add_argument("--augment", type=Path, default=None, metavar="NOISE",
+    parser.add_argument("--augment", default=None, metavar="NOISE",
                         help="speed perturbation (0.9, 1.0, 1.1) and noise from NOISE (a folder, file list or "
                              "manifest) at 10-20 dB SNR for half the items (sets decode.augment); the test set "
                              "is never augmented")
     return parser
 
 
-def augment_override(noise: Path) -> str:
-    """The ``--set`` override of ``--augment NOISE``: speed perturbation, and ``noise`` mixed in."""
+def augment_override(noise: str | os.PathLike[str]) -> str:
+    """The ``--set`` override of ``--augment NOISE``: speed perturbation, and ``noise`` (a path, made
+    absolute, or a URL) mixed in."""
+    source = os.fspath(noise)
+    source = source if "://" in source else str(Path(source).resolve())
     entries = [{"kind": "speed_perturb", "factors": [0.9, 1.0, 1.1]},
-               {"kind": "add_noise", "source": str(noise.resolve()), "snr_db": [10.0, 20.0], "p": 0.5}]
+               {"kind": "add_noise", "source": source, "snr_db": [10.0, 20.0], "p": 0.5}]
     return f"decode.augment={json.dumps(entries)}"
 
 
