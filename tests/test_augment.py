@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import pickle
+import re
 
 import numpy as np
 import pytest
 import soundfile as sf
+import yaml
 from helpers import FSDD, wait_no_threads
 
 from audiobuffer import AudioDecoder, BufferedDataset, IsolatedLoader, WorkItem
@@ -324,7 +326,7 @@ def test_isolated_loader_gives_the_samples_of_the_dataset():
     ],
 )
 def test_wrong_arguments_are_named(make, error, words):
-    with pytest.raises(error, match=pytest.importorskip("re").escape(words)):
+    with pytest.raises(error, match=re.escape(words)):
         make()
 
 
@@ -466,7 +468,7 @@ def test_yaml_augment_errors_name_the_entry(entry, words):
 
     with pytest.raises(ConfigError) as info:
         build_decoder(parse_config({"source": {"files": ["a.wav"]},
-                                    "decode": {"augment": [pytest.importorskip("yaml").safe_load(entry)]}}))
+                                    "decode": {"augment": [yaml.safe_load(entry)]}}))
     assert words in str(info.value)
 
 
@@ -562,7 +564,6 @@ def test_train_script_augments_the_training_set_only(tmp_path):
     import subprocess
     import sys
 
-    import yaml
     from helpers import REPO
 
     files = [str(FSDD / f"{digit}_jackson_{i}.wav") for digit in range(10) for i in (4, 5, 6)]
