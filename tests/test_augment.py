@@ -558,7 +558,7 @@ def test_a_state_saved_under_other_speed_factors_is_refused():
 
 @needs_fsdd
 @pytest.mark.timeout(400)
-def test_train_script_augments_the_training_set_only(tmp_path):
+def test_train_script_trains_with_augment(tmp_path):
     import json
     import os
     import subprocess
