@@ -619,3 +619,17 @@ def test_noise_from_the_index_of_packed_shards(tmp_path):
     assert abs(measured - 5.0) < 0.2
     copy = pickle.loads(pickle.dumps(aug))
     assert np.array_equal(copy(speech, 8000, key), aug(speech, 8000, key))
+
+
+@needs_fsdd
+@pytest.mark.usefixtures("no_helper_left_behind")
+def test_isolated_batches_by_duration_hold_the_budget_on_perturbed_durations(tmp_path, monkeypatch):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    files, budget = SPEECH[:60], 3.0
+    decoder = AudioDecoder(augment=[SpeedPerturb((0.5, 1.0, 1.5))])
+    with IsolatedLoader(files, decoder, max_batch_seconds=budget, shuffle=True, seed=2) as loader:
+        batches = list(loader)
+    assert sorted(int(i) for b in batches for i in b["index"]) == list(range(len(files)))
+    for batch in batches:
+        rows = len(batch["index"])
+        assert rows == 1 or rows * int(batch["lengths"].max()) <= budget * 8000 + rows * 0.5
