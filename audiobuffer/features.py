@@ -1,4 +1,5 @@
-"""Batched spectral features as torch modules: STFT magnitude and (log-)mel spectrograms.
+"""Batched spectral features as torch modules: STFT magnitude and (log-)mel spectrograms, and
+SpecAugment's masks.
 
 Per-sample features in producer threads do not scale (``librosa.feature.melspectrogram`` holds the
 GIL), so features belong here: one call on a whole batch, after it is loaded, on whatever device the
@@ -16,9 +17,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from ._checks import check_choice
+from ._checks import check_choice, check_int
 
-__all__ = ["LogMel", "MelNorm", "MelSpectrogram", "Spectrogram", "mel_filterbank"]
+__all__ = ["LogMel", "MelNorm", "MelSpectrogram", "SpecAugment", "Spectrogram", "mel_filterbank"]
 
 #: How mel filters are normalised: ``"slaney"`` (each filter's area is constant, as librosa does) or ``None``.
 MelNorm = Literal["slaney"] | None
@@ -205,3 +206,89 @@ class LogMel(MelSpectrogram):
             peak = db.amax(dim=(-2, -1), keepdim=True)
             db = torch.maximum(db, peak - self.top_db)
         return db, frames
+
+
+def _bands(count: int, most: int, limits: torch.Tensor, size: int, generator: torch.Generator | None
+           ) -> torch.Tensor:
+    """A ``(rows, size)`` boolean mask of ``count`` bands per row, each of a width drawn in [0, ``most``]
+    (at most the row's limit) starting within the row's first ``limits`` places. Drawn on the CPU."""
+    rows = len(limits)
+    limit = limits.to(torch.float64)[:, None]
+    widths = torch.floor(torch.rand(rows, count, generator=generator, dtype=torch.float64) * (most + 1))
+    widths = torch.minimum(widths, limit)
+    starts = torch.floor(torch.rand(rows, count, generator=generator, dtype=torch.float64) * (limit - widths + 1))
+    place = torch.arange(size, dtype=torch.float64)[None, None, :]
+    inside = (place >= starts[..., None]) & (place < (starts + widths)[..., None])
+    return inside.any(dim=1)
+
+
+class SpecAugment(nn.Module):
+    """SpecAugment's frequency and time masks on a batch of features, on the batch's device.
+
+    Each example gets ``freq_masks`` bands of ``0`` to ``freq_width`` feature bins and ``time_masks``
+    bands of ``0`` to ``time_width`` frames (widths and starts drawn uniformly), set to ``mask_value``.
+    With ``frames`` (each example's length, as the feature modules return it), time bands lie within
+    the example's own frames, never in its padding. The draws come from ``generator`` (a CPU
+    ``torch.Generator``) or, without one, from a generator seeded by ``seed`` at construction (the
+    same sequence of masks on every run); to resume exactly, pass a generator seeded from the step.
+
+    Example:
+        >>> specaug = SpecAugment(freq_masks=2, freq_width=8, time_masks=2, time_width=10, seed=0)
+        >>> masked = specaug(torch.ones(4, 64, 100))
+        >>> masked.shape
+        torch.Size([4, 64, 100])
+
+    Args:
+        freq_masks, freq_width: frequency bands per example and the widest (bins).
+        time_masks, time_width: time bands per example and the widest (frames).
+        mask_value: what masked places are set to.
+        seed: seeds the module's own generator (``None``: torch's global one).
+    """
+
+    def __init__(self, *, freq_masks: int = 2, freq_width: int = 27, time_masks: int = 2,
+                 time_width: int = 40, mask_value: float = 0.0, seed: int | None = None) -> None:
+        super().__init__()
+        self.freq_masks = check_int("SpecAugment(freq_masks=...)", freq_masks, 0)
+        self.freq_width = check_int("SpecAugment(freq_width=...)", freq_width, 0)
+        self.time_masks = check_int("SpecAugment(time_masks=...)", time_masks, 0)
+        self.time_width = check_int("SpecAugment(time_width=...)", time_width, 0)
+        if isinstance(mask_value, bool) or not isinstance(mask_value, (int, float)):
+            raise TypeError(f"SpecAugment(mask_value=...) must be a number, got {mask_value!r}")
+        self.mask_value = float(mask_value)
+        self.generator: torch.Generator | None = None
+        if seed is not None:
+            check_int("SpecAugment(seed=...)", seed, 0, 2**63 - 1, also="or None")
+            self.generator = torch.Generator().manual_seed(seed)
+
+    def forward(self, features: torch.Tensor, frames: torch.Tensor | None = None, *,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+        """``features`` ``(..., bins, time)`` with the masks set (a new tensor).
+
+        Args:
+            features: a batch of features on any device.
+            frames: each example's length in frames, shape ``features.shape[:-2]``, or ``None``.
+            generator: a CPU ``torch.Generator`` to draw from (else the module's own).
+
+        Raises:
+            ValueError: ``features`` has fewer than 2 dimensions, or ``frames`` another shape.
+        """
+        if features.dim() < 2:
+            raise ValueError(f"SpecAugment takes features (..., bins, time), got shape {tuple(features.shape)}")
+        gen = generator if generator is not None else self.generator
+        *lead, bins, time = features.shape
+        rows = math.prod(lead)
+        if frames is None:
+            limits = torch.full((rows,), time, dtype=torch.int64)
+        else:
+            if tuple(frames.shape) != tuple(lead):
+                raise ValueError(f"SpecAugment(frames=...) must have the shape {tuple(lead)} of the features' "
+                                 f"leading dimensions, got {tuple(frames.shape)}")
+            limits = frames.detach().to("cpu", torch.int64).reshape(rows).clamp(0, time)
+        mask = torch.zeros(rows, bins, time, dtype=torch.bool)
+        if self.freq_masks and self.freq_width:
+            full = torch.full((rows,), bins, dtype=torch.int64)
+            mask |= _bands(self.freq_masks, self.freq_width, full, bins, gen)[:, :, None]
+        if self.time_masks and self.time_width:
+            mask |= _bands(self.time_masks, self.time_width, limits, time, gen)[:, None, :]
+        mask = mask.reshape(features.shape).to(features.device, non_blocking=True)
+        return features.masked_fill(mask, self.mask_value)

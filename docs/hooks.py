@@ -50,6 +50,7 @@ API_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
 #: Public submodules, each with its own ``__all__``: (module, heading, names to leave out: shown above).
 API_MODULES = (
     ("audiobuffer.features", "Features on any device: `audiobuffer.features`"),
+    ("audiobuffer.augment", "Augmentations: `audiobuffer.augment`"),
     ("audiobuffer.config", "YAML pipelines: `audiobuffer.config`"),
     ("audiobuffer.sources", "Shards, indexes and items: `audiobuffer.sources`"),
 )

@@ -51,6 +51,7 @@ class RunSummary:
         producer_wait_s: seconds the producers waited for room, summed over producers (it was full).
         inline_s: of ``decode_s``, the seconds the loop's own thread decoded (``auto`` at 0 producers):
             time the loop spent on its input, counted with ``consumer_wait_s`` in the verdict.
+        augment_s: of ``decode_s``, the seconds the decoder's augmentations ran (``decode.augment``).
         step_s: seconds the loop spent on its own work (the train step, device copies).
         padding: each epoch's padding fraction (padded seconds / seconds in batches): measured on the
             loop's own audio batches (each row's ``lengths``, the real frames, against the padded
@@ -72,6 +73,7 @@ class RunSummary:
     audio_s: float = 0.0
     decode_s: float = 0.0
     inline_s: float = 0.0
+    augment_s: float = 0.0
     consumer_wait_s: float = 0.0
     producer_wait_s: float = 0.0
     step_s: float = 0.0
@@ -95,6 +97,7 @@ class RunSummary:
         room = LISTED_FAILURES - len(self.failures)
         self.failures.extend([{"index": i, "path": p, "error": e} for i, p, e in stats.failures[:max(0, room)]])
         self.decode_s += stats.decode_s
+        self.augment_s += stats.augment_s
         self.producers = stats.num_producers
         if self._meter.padded > 0:  # the batches the loop got this epoch
             self.padding.append(self._meter.fraction)
@@ -194,7 +197,9 @@ class RunSummary:
         return out
 
     def _inline_part(self) -> str:
-        return f"; {self.inline_s:.2f} s of them in the loop's thread" if self.inline_s >= 0.005 else ""
+        augmenting = f"; {self.augment_s:.2f} s of them augmenting" if self.augment_s >= 0.005 else ""
+        return augmenting + (f"; {self.inline_s:.2f} s of them in the loop's thread" if self.inline_s >= 0.005
+                             else "")
 
     def _producers_line(self) -> str:
         gil = "GIL enabled" if self.gil_enabled else "GIL disabled (free-threaded)"

@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     from ..sources.stream import ShardStream
     from .schema import PipelineConfig
 
-__all__ = ["build_dataset", "build_decoder", "build_isolated", "build_loader", "build_source", "source_error"]
+__all__ = ["build_augmentation", "build_dataset", "build_decoder", "build_isolated", "build_loader",
+           "build_source", "source_error"]
 
 
 def _source_key(config: PipelineConfig) -> str:
@@ -54,13 +55,31 @@ def build_decoder(config: PipelineConfig) -> AudioDecoder | ImageDecoder:
             return ImageDecoder(size=d.size, crop=cast(Any, d.crop), scale=d.scale, ratio=d.ratio,
                                 crop_fraction=d.crop_fraction, flip=d.flip, layout=d.layout,
                                 draft=d.draft, resample=d.resample)
+        augment = [build_augmentation(config, n) for n in range(len(d.augment or ()))]
         return AudioDecoder(d.sample_rate, mono=d.mono, crop_seconds=d.crop_seconds,
                             crop=cast(Any, d.crop), pad=d.pad, quality=d.quality,
-                            fallback=d.fallback)
+                            fallback=d.fallback, augment=augment or None)
     except ImportError as exc:
         raise ConfigError(f"{config.origin}: decode.kind: 'image' needs Pillow ({exc})") from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{config.origin}: decode: {exc}") from None
+
+
+def build_augmentation(config: PipelineConfig, n: int) -> Any:
+    """The augmentation ``decode.augment[n]`` describes.
+
+    Raises:
+        ConfigError: the augmentation refuses the entry's values (the message names the entry).
+    """
+    from .. import augment
+
+    entry = (config.decode.augment or [])[n]
+    make = {"speed_perturb": augment.SpeedPerturb, "gain": augment.Gain, "add_noise": augment.AddNoise,
+            "reverb": augment.Reverb}[entry.kind]
+    try:
+        return make(**entry.keywords())
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{config.origin}: decode.augment[{n}]: {exc}") from None
 
 
 def build_source(config: PipelineConfig) -> Source | ShardStream:

@@ -8,7 +8,7 @@ what is allowed.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -75,7 +75,10 @@ _YAML_11_BOOLEANS = frozenset({"y", "n", "yes", "no", "on", "off"})
 #: What a union-typed key accepts, said for people (pydantic reports each branch of the union).
 _UNION_HELP = {"decode.size": "must be an integer or a list [height, width] of two integers",
                "buffer.num_producers": f"must be an integer in [1, {MAX_PRODUCERS}] or 'auto'",
-               "loader.pin_memory": "must be true, false or 'auto'"}
+               "loader.pin_memory": "must be true, false or 'auto'",
+               "decode.augment.db": "must be a number of decibels or a list [low, high] of two",
+               "decode.augment.snr_db": "must be a number of decibels or a list [low, high] of two",
+               "decode.augment.source": "must be a path (a folder, manifest or index.json) or a list of paths"}
 
 
 def _bounds(field: Any) -> list[str]:
@@ -89,6 +92,13 @@ def _bounds(field: Any) -> list[str]:
     return out
 
 
+def _entry_model(annotation: Any) -> type[BaseModel] | None:
+    """The section model of a ``list[Model]`` annotation, else ``None``."""
+    args = get_args(annotation) if get_origin(annotation) is list else ()
+    item = args[0] if args else None
+    return item if isinstance(item, type) and issubclass(item, BaseModel) else None
+
+
 def _locate(loc: Sequence[Any], model: type[BaseModel]) -> tuple[list[str], Any, type[BaseModel] | None, bool]:
     """Walk an error's location through the models: (key parts, the field, the section model, in a union).
 
@@ -98,12 +108,17 @@ def _locate(loc: Sequence[Any], model: type[BaseModel]) -> tuple[list[str], Any,
     parent: type[BaseModel] | None = model
     field: Any = None
     parts: list[str] = []
+    entries: type[BaseModel] | None = None  # the model of a list of sections (decode.augment)
     for part in loc:
         if parent is not None and isinstance(part, str) and part in parent.model_fields:
             field = parent.model_fields[part]
             annotation = field.annotation
             parent = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+            entries = _entry_model(annotation)
             parts.append(part)
+        elif entries is not None and isinstance(part, int):
+            parent, entries = entries, None
+            parts.append(str(part))
         elif parent is None and field is not None and isinstance(part, str):
             return parts, field, None, True
         else:

@@ -154,6 +154,53 @@ class SourceConfig(_Section):
 #: The keys only ``kind: image`` takes (``size`` aside: its message is its own).
 _IMAGE_ONLY = ("scale", "ratio", "crop_fraction", "flip", "layout", "draft")
 
+#: ``decode.augment[].kind``: each augmentation of :mod:`audiobuffer.augment`, its class's name in
+#: snake case.
+AugmentKind = Literal["speed_perturb", "gain", "add_noise", "reverb"]
+#: The keys each kind takes besides ``kind`` and ``p`` (its keywords of the same names).
+AUGMENT_KEYS: dict[str, tuple[str, ...]] = {
+    "speed_perturb": ("factors", "quality"), "gain": ("db",),
+    "add_noise": ("source", "snr_db", "storage_options"), "reverb": ("source", "normalize", "storage_options"),
+}
+_Number = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class AugmentConfig(_Section):
+    """One augmentation of ``decode.augment``: ``kind`` names the class of :mod:`audiobuffer.augment`
+    (``speed_perturb`` is ``SpeedPerturb``, ``add_noise`` ``AddNoise``); the other keys are its keywords
+    of the same names, defaults as in Python."""
+
+    kind: AugmentKind
+    p: float = Field(default=1.0, ge=0.0, le=1.0)
+    factors: list[Annotated[float, Field(ge=0.25, le=4.0)]] | None = Field(default=None, min_length=1)
+    quality: Quality | None = None
+    db: _Number | tuple[_Number, _Number] | None = None
+    snr_db: _Number | tuple[_Number, _Number] | None = None
+    source: str | list[str] | None = None
+    normalize: bool | None = None
+    storage_options: dict[str, Any] | None = None
+
+    @field_validator("db", "snr_db", mode="before")
+    @classmethod
+    def _pair_list(cls, value: Any) -> Any:
+        return tuple(value) if isinstance(value, list) else value
+
+    @model_validator(mode="after")
+    def _keys_of_kind(self) -> AugmentConfig:
+        allowed = AUGMENT_KEYS[self.kind]
+        wrong = [k for k in ("factors", "quality", "db", "snr_db", "source", "normalize", "storage_options")
+                 if getattr(self, k) is not None and k not in allowed]
+        if wrong:
+            raise ValueError(f"kind: {self.kind} takes {', '.join(('p',) + allowed)}, not {', '.join(wrong)}")
+        if "source" in allowed and self.source is None:
+            raise ValueError(f"kind: {self.kind} needs source: the folder, file list or manifest of its "
+                             f"recordings")
+        return self
+
+    def keywords(self) -> dict[str, Any]:
+        """The class's keywords this entry gives (the others keep their Python defaults)."""
+        return {k: getattr(self, k) for k in ("p",) + AUGMENT_KEYS[self.kind] if getattr(self, k) is not None}
+
 
 class DecodeConfig(_Section):
     """How a file becomes a sample: ``kind: audio`` (AudioDecoder) or ``kind: image`` (ImageDecoder); the
@@ -178,6 +225,13 @@ class DecodeConfig(_Section):
     layout: Layout = _python_default(ImageDecoder, "layout")
     draft: bool = _python_default(ImageDecoder, "draft")
     resample: Resample = _python_default(ImageDecoder, "resample")
+    #: ``null`` (Python's default, no augmentation) is read as an empty list
+    augment: list[AugmentConfig] = Field(default=_python_default(AudioDecoder, "augment"))
+
+    @field_validator("augment", mode="before")
+    @classmethod
+    def _null_is_none(cls, value: Any) -> Any:
+        return [] if value is None else value
 
     @field_validator("size", "scale", "ratio", mode="before")
     @classmethod
@@ -199,6 +253,8 @@ class DecodeConfig(_Section):
             wrong = [k for k in audio_only if getattr(self, k) is not None]
             if wrong:
                 raise ValueError(f"{', '.join(wrong)} apply to kind: audio, not kind: image")
+            if self.augment:
+                raise ValueError("augment applies to kind: audio, not kind: image")
             if self.crop not in (None, *choices(ImageCrop)):
                 raise ValueError(f"crop with kind: image must be null, 'random_resized' or "
                                  f"'center', got {self.crop!r} (an audio crop)")
@@ -334,6 +390,15 @@ def _resolve_path(value: str, base: Path) -> str:
     return str(path if path.is_absolute() else base / path)
 
 
+def _resolve_augment(entry: AugmentConfig, base: Path) -> AugmentConfig:
+    """``entry`` with its ``source`` resolved against ``base`` (listed when the augmentation first runs)."""
+    if entry.source is None:
+        return entry
+    if isinstance(entry.source, str):
+        return entry.model_copy(update={"source": _resolve_path(entry.source, base)})
+    return entry.model_copy(update={"source": [_resolve_path(v, base) for v in entry.source]})
+
+
 def _resolve_raw_paths(data: Any, base: Path) -> None:
     """Resolve the relative paths of a raw (not yet validated) config dict against ``base``, in place."""
     if not isinstance(data, dict):
@@ -452,10 +517,12 @@ def _parse(data: Any, base_dir: str | os.PathLike[str] | None, origin: str) -> P
                 moved["files"] = [_resolve_path(f, base) for f in entry.files]
             entries.append(entry.model_copy(update=moved))
         update["mix"] = entries
+    augment = [_resolve_augment(entry, base) for entry in config.decode.augment or ()]
     train_update = {}
     if config.train.checkpoint is not None:
         train_update["checkpoint"] = _resolve_path(config.train.checkpoint, base)
     config = config.model_copy(update={"source": src.model_copy(update=update),
+                                       "decode": config.decode.model_copy(update={"augment": augment}),
                                        "train": config.train.model_copy(update=train_update)})
     config._origin = origin
     return config

@@ -14,8 +14,9 @@ import math
 import numbers
 import os
 import threading
+import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
@@ -25,7 +26,7 @@ import soxr
 from .._checks import MAX_SECONDS, check_choice, check_int, check_seconds
 from ..errors import DecodeError
 from ..sources.item import AUDIO_PATTERNS
-from . import _wav
+from . import _augment, _wav
 from ._common import ItemLike, as_item, as_tensor, check_flag, describe, sample_fields
 from ._sndfile import read_to_end, sndfile_path
 
@@ -245,6 +246,10 @@ class AudioDecoder:
             to libsndfile (the benchmarks compare the two).
         tensors: hand ``audio`` over as a torch tensor; ``False`` keeps the numpy array (no torch
             needed: the isolated loader's helper process sets it on its copy).
+        augment: augmentations (:mod:`audiobuffer.augment`) run in turn on each item's real audio after
+            the crop and before the padding, each drawing from (seed, epoch, item index, its position);
+            with a crop, what they return is cut to the crop again (NOTE [ Augmentations ] in
+            ``decoders/_augment.py``). ``num_frames`` counts the augmented frames.
     """
 
     #: The glob patterns a directory source matches when this decoder reads it
@@ -255,7 +260,8 @@ class AudioDecoder:
                  crop_seconds: float | None = None, crop: CropMode = "random", pad: bool = True,
                  quality: Quality = "HQ",
                  fallback: Literal["librosa"] | FallbackReader | None = "librosa",
-                 native_wav: bool = True, tensors: bool = True) -> None:
+                 native_wav: bool = True, tensors: bool = True,
+                 augment: Sequence[Any] | None = None) -> None:
         if sample_rate is not None:
             check_int("sample_rate", sample_rate, 1, also="or None")
         check_seconds("crop_seconds", crop_seconds, maximum=MAX_CROP_SECONDS)
@@ -275,10 +281,20 @@ class AudioDecoder:
         self.quality = quality
         self.native_wav = check_flag("native_wav", native_wav)
         self.tensors = check_flag("tensors", tensors)
+        self.augment = _augment.check_augmentations(augment)
+        #: Seconds this decoder's augmentations have run, over all threads.
+        self.augment_clock = _augment.Clock()
 
     def __repr__(self) -> str:
+        more = f", augment={list(self.augment)!r}" if self.augment else ""
         return (f"AudioDecoder(sample_rate={self.sample_rate}, mono={self.mono}, "
-                f"crop_seconds={self.crop_seconds}, crop={self.crop!r}, pad={self.pad})")
+                f"crop_seconds={self.crop_seconds}, crop={self.crop!r}, pad={self.pad}{more})")
+
+    def stretch(self, seed: int, epoch: int, indices: np.ndarray) -> np.ndarray | None:
+        """Each item's duration after the augmentations over its duration before, for the items
+        ``indices`` of ``epoch`` under ``seed`` (before the crop), or ``None`` where no augmentation
+        changes durations (NOTE [ Augmentations ] in ``decoders/_augment.py``)."""
+        return _augment.stretch(self.augment, seed, epoch, indices)
 
     def __call__(self, item: ItemLike) -> dict[str, Any]:
         item = as_item(item)
@@ -296,7 +312,7 @@ class AudioDecoder:
             data, native_sr = self._read_fallback(item.path, pick, exc)
         if pick.padded:
             data = self._pad(data, native_sr, pick)
-        audio, num_frames, sr = self._finish(data, native_sr)
+        audio, num_frames, sr = self._finish(data, native_sr, item)
         sample = sample_fields(item)
         sample["audio"] = as_tensor(audio) if self.tensors else audio
         sample["sample_rate"] = sr
@@ -421,10 +437,10 @@ class AudioDecoder:
 
     # -- shaping -------------------------------------------------------------------------------
 
-    def _finish(self, data: np.ndarray, sr: int) -> tuple[np.ndarray, int, int]:
-        """Mix down, resample, trim and pad ``data`` (frames, channels) float32; return (audio, valid
-        frames, rate). Each step is skipped where it would change nothing: a tiny file spends more
-        time here in Python than in numpy."""
+    def _finish(self, data: np.ndarray, sr: int, item: Any = None) -> tuple[np.ndarray, int, int]:
+        """Mix down, resample, trim, augment (``item``'s draws) and pad ``data`` (frames, channels)
+        float32; return (audio, valid frames, rate). Each step is skipped where it would change
+        nothing: a tiny file spends more time here in Python than in numpy."""
         if self.mono and data.shape[1] > 1:
             data = data.mean(axis=1, keepdims=True, dtype=np.float32)
         out_sr = sr if self.sample_rate is None else self.sample_rate
@@ -436,7 +452,11 @@ class AudioDecoder:
             if num_frames > target:
                 data = data[:target]
                 num_frames = target
-            elif self.pad and num_frames < target:
+        if self.augment and item is not None:
+            data, num_frames = self._augment(data, out_sr, item)
+        if self.crop_seconds is not None:
+            target = self._target(out_sr)
+            if self.pad and num_frames < target:
                 data = np.pad(data, ((0, target - num_frames), (0, 0)))
         # mono: (frames, 1) as (frames,), a view where it is contiguous (every built-in reader's output
         # is; a fallback reader's may not be)
@@ -445,3 +465,15 @@ class AudioDecoder:
         if base is not None and (not isinstance(base, np.ndarray) or base.nbytes > audio.nbytes):
             audio = audio.copy()  # a view into a longer array (a trimmed resample): keep only the crop
         return audio, num_frames, out_sr
+
+    def _augment(self, data: np.ndarray, sr: int, item: Any) -> tuple[np.ndarray, int]:
+        """``data`` (frames, channels) through the augmentations, cut to the crop; with its frames."""
+        start = time.perf_counter()
+        try:
+            out = _augment.apply(self.augment, np.ascontiguousarray(data.T), sr, seed=item.seed,
+                                 epoch=item.epoch, index=item.index).T
+        finally:
+            self.augment_clock.add(time.perf_counter() - start)
+        if self.crop_seconds is not None:
+            out = out[:self._target(sr)]
+        return out, len(out)

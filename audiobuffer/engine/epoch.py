@@ -257,6 +257,16 @@ class EpochSetup:
     clock: ReadClock
     seed: int = 0
     sources: dict[str, int] | None = None
+    augment_s: Callable[[], float] = lambda: 0.0
+
+
+def augment_seconds(decoder: Any) -> Callable[[], float]:
+    """Seconds ``decoder``'s augmentations run from this call on (its ``augment_clock``; 0 without)."""
+    clock = getattr(decoder, "augment_clock", None)
+    if clock is None:
+        return lambda: 0.0
+    start = clock.seconds
+    return lambda: max(0.0, clock.seconds - start)
 
 
 def mixture_counts(pipeline: Pipeline, shard: EpochShard, layout: EpochLayout) -> dict[str, int] | None:
@@ -322,7 +332,8 @@ def set_up_epoch(pipeline: Pipeline, shard: EpochShard, *, resume: bytes | None 
     pool = ProducerPool(make_item, len(layout), decode, buffer, num_producers=producers, memory=pipeline.memory,
                         ordered=options.ordered, warn_after=options.warn_after, timeout=options.timeout,
                         weights=weights, port=port)
-    return EpochSetup(shard, layout, buffer, pool, make_item, clock, seed, mixture_counts(pipeline, shard, layout))
+    return EpochSetup(shard, layout, buffer, pool, make_item, clock, seed, mixture_counts(pipeline, shard, layout),
+                      augment_seconds(pipeline.decoder))
 
 
 def run_epoch(pipeline: Pipeline, shard: EpochShard, *, resume: bytes | None = None,
@@ -358,6 +369,7 @@ class EpochRun(EpochCounts):
         self.buffer = setup.buffer
         self.clock = setup.clock
         self.make_item = setup.make_item
+        self.augment_s = setup.augment_s
         #: Marks the consumer's ``seq`` consumed (a streamed epoch: a shard, by its last sample).
         self.mark: Callable[[Any], None] = self._mark_shard if setup.layout.streamed else self._mark_item
         #: Where :func:`feed` hands the epoch on (the helper process): it is told of every failure.
@@ -392,7 +404,7 @@ class EpochRun(EpochCounts):
         """The epoch's stats now."""
         return self.stats(num_producers=self.pool.num_producers,
                           decode_s=max(0.0, self.pool.decode_seconds - self.clock.seconds), read_s=self.clock.seconds,
-                          inline_s=self.pool.inline_seconds,
+                          inline_s=self.pool.inline_seconds, augment_s=self.augment_s(),
                           buffer=self.buffer.stats, producer_history=self.pool.history, gil_enabled=gil_enabled())
 
     def consume(self, policy: ErrorPolicy) -> Iterator[Any]:

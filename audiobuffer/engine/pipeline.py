@@ -145,16 +145,25 @@ class DurationBatching:
         content: seconds of audio per source item, the rest of ``durations`` being padding (the same
             array as ``durations`` unless the decoder pads samples to its crop).
         failures: the items whose header could not be read, as ``(index, path, message)``.
+        stretch: the decoder's ``stretch(seed, epoch, indices)`` (each item's duration after its
+            augmentations over its duration before: NOTE [ Augmentations ] in ``decoders/_augment.py``),
+            applied to ``content`` before ``crop``; ``None``: durations do not change by epoch.
+        crop: the decoder's crop in seconds (caps a stretched duration), or ``None``.
     """
 
     def __init__(self, durations: np.ndarray, failures: list[HeaderFailure],
                  budget: DurationBudget, *, content: np.ndarray | None = None,
-                 draw: Callable[[int, int], np.ndarray] | None = None) -> None:
+                 draw: Callable[[int, int], np.ndarray] | None = None,
+                 stretch: Callable[[int, int, np.ndarray], np.ndarray | None] | None = None,
+                 crop: float | None = None) -> None:
         self.durations = durations
         self.content = durations if content is None else content
         self.failures = failures
         self.budget = budget
         self.draw = draw
+        self.stretch = stretch
+        self.crop = crop
+        self._stretched: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         self._plans: dict[tuple[Any, ...], BatchPlan] = {}  # the last few plans: len() and iter() of an epoch
 
     @property
@@ -194,8 +203,29 @@ class DurationBatching:
         if crop is not None and pad:
             durations = durations.copy()
             durations[~np.isnan(durations)] = crop  # padded to the crop: every sample is that long
+        stretch = getattr(decoder, "stretch", None)
         return cls(durations, failures, budget, content=content,
-                   draw=source.draw if isinstance(source, Mixture) else None)
+                   draw=source.draw if isinstance(source, Mixture) else None,
+                   stretch=stretch if callable(stretch) else None, crop=crop)
+
+    def seconds(self, seed: int, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(durations, content)`` of each source item in ``epoch``: stretched by the decoder's
+        augmentations (a speed perturbation's factor of the epoch), then capped by the crop."""
+        if self.stretch is None:
+            return self.durations, self.content
+        key = (seed, epoch)
+        found = self._stretched.get(key)
+        if found is None:
+            factors = self.stretch(seed, epoch, np.arange(len(self.content), dtype=np.int64))
+            content = self.content if factors is None else self.content * factors
+            if self.crop is not None:
+                content = np.minimum(content, self.crop)  # NaN stays NaN
+            padded = self.durations is not self.content  # every sample lasts the crop
+            found = (self.durations if padded else content, content)
+            if len(self._stretched) >= _REMEMBERED_PLANS:
+                self._stretched.clear()  # one call: safe while another thread reads
+            self._stretched[key] = found
+        return found
 
     def epoch_items(self, seed: int, epoch: int, indices: np.ndarray) -> np.ndarray:
         """The items behind an epoch's ``indices`` (a mixture's draws; else ``indices`` themselves)."""
@@ -204,7 +234,8 @@ class DurationBatching:
     def add_padding(self, meter: PaddingMeter, indices: np.ndarray, *, seed: int = 0, epoch: int = 0) -> None:
         """Count the batch of ``indices`` (source items; a mixture's draws of ``epoch``) in ``meter``."""
         items = self.epoch_items(seed, epoch, indices)
-        meter.add(self.durations[items], self.content[items])
+        durations, content = self.seconds(seed, epoch)
+        meter.add(durations[items], content[items])
 
     def plan(self, *, shuffle: bool, seed: int, epoch: int, rank: int = 0, world_size: int = 1, worker: int = 0,
              num_workers: int = 1, even_shards: str | None = "pad",
@@ -215,7 +246,8 @@ class DurationBatching:
                None if consumed is None else bytes(consumed))
         plan = self._plans.get(key)
         if plan is None:
-            durations = self.durations if self.draw is None else self.durations[self.draw(seed, epoch)]
+            durations = self.seconds(seed, epoch)[0]
+            durations = durations if self.draw is None else durations[self.draw(seed, epoch)]
             budget = self.budget
             plan = plan_batches(durations, max_batch_seconds=budget.max_batch_seconds,
                                 buckets=budget.buckets, max_batch_size=budget.max_batch_size,
@@ -256,6 +288,9 @@ class DurationBatching:
             state["quadratic_duration"] = self.quadratic_duration
         if self.budget.synced(world_size):  # the batches in another order
             state["sync_buckets"] = True
+        factors = None if self.stretch is None else self.stretch(0, 0, np.arange(len(self.content), dtype=np.int64))
+        if factors is not None:  # the augmentations' durations (of seed 0, epoch 0: any change shows)
+            state["stretch"] = hashlib.sha256(np.ascontiguousarray(factors, dtype="<f8").tobytes()).hexdigest()[:16]
         return state
 
 
@@ -320,7 +355,8 @@ class Pipeline:
         if self.budget is not None and self.streamed:
             crop, pad = decoder_crop(self.decoder)
             column = cast(str, self.options.duration_column)  # needed by _check_combination
-            decode = TimedDecode(decode, column, crop=crop, pad=pad)
+            decode = TimedDecode(decode, column, crop=crop, pad=pad,
+                                 stretch=getattr(self.decoder, "stretch", None))
         return decode
 
     def item_seconds(self, epoch: int, indices: np.ndarray) -> np.ndarray | None:
@@ -331,7 +367,8 @@ class Pipeline:
         if batching is None:
             return None
         items = batching.epoch_items(self.options.seed, epoch, indices)
-        return np.asarray(batching.durations[items], np.float64)
+        durations = batching.seconds(self.options.seed, epoch)[0]  # after a speed perturbation
+        return np.asarray(durations[items], np.float64)
 
     def mask_setup(self, world_size: int) -> dict[str, Any] | None:
         """What a consumed mask of one of ``world_size`` ranks counts, for a state dict's batching

@@ -39,6 +39,8 @@ class DatasetStats:
             (``num_producers="auto"`` at 0): time the consumer spent on its input, as a wait would be.
         read_s: seconds the producers spent waiting for bytes (shard members, remote objects, streamed
             shards), summed over producers: I/O, not decoding.
+        augment_s: of ``decode_s``, the seconds the decoder's augmentations ran (``AudioDecoder(augment=
+            ...)``), summed over producers (a decoder shared by two loaders at once counts both).
         wall_s: seconds from the epoch's start to its end (or to now, while it runs).
         done: whether the epoch ran to its end.
         buffer: the buffer's counters (waits on both sides, fill).
@@ -78,6 +80,7 @@ class DatasetStats:
     decode_s: float = 0.0
     inline_s: float = 0.0
     read_s: float = 0.0
+    augment_s: float = 0.0
     wall_s: float = 0.0
     done: bool = False
     buffer: BufferStats | None = None

@@ -228,13 +228,16 @@ class TimedDecode:
     [ Batches by duration ], Streamed shards): ``(length, content, sample)``, where ``length`` is capped by
     the decoder's crop (the crop itself where the decoder pads to it) and ``content`` is the audio in it.
     A sample without a duration there fails (a :class:`~audiobuffer.SourceError`) and is not decoded.
-    Thread safety: any producer thread may call it."""
+    ``stretch`` (the decoder's: NOTE [ Augmentations ] in ``decoders/_augment.py``) scales the duration
+    before the crop. Thread safety: any producer thread may call it."""
 
-    def __init__(self, decode: Callable[[WorkItem], Any], column: str, *, crop: float | None, pad: bool) -> None:
+    def __init__(self, decode: Callable[[WorkItem], Any], column: str, *, crop: float | None, pad: bool,
+                 stretch: Callable[[int, int, np.ndarray], np.ndarray | None] | None = None) -> None:
         self.decode = decode
         self.column = column
         self.crop = crop
         self.pad = pad
+        self.stretch = stretch if callable(stretch) else None
 
     def __call__(self, item: WorkItem) -> tuple[float, float, Any]:
         fields, column = item.fields, self.column
@@ -246,6 +249,9 @@ class TimedDecode:
         if seconds is None:
             raise SourceError(f"no duration: the field {column!r} (duration_column) of its sidecar holds "
                               f"{fields[column]!r}, not a finite number of seconds >= 0")
+        if self.stretch is not None:
+            factors = self.stretch(item.seed, item.epoch, np.array([item.index], dtype=np.int64))
+            seconds = seconds if factors is None else seconds * float(factors[0])
         content = seconds if self.crop is None else min(seconds, self.crop)
         length = self.crop if self.crop is not None and self.pad else content
         return length, content, self.decode(item)

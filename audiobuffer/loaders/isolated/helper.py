@@ -446,7 +446,8 @@ class _SlotSink:
         pool = self.run.pool
         stats = {"decode_s": pool.decode_seconds, "buffer": self.run.buffer.stats.as_dict(),
                  "slot_wait_s": self.slots.wait_s, "num_producers": pool.num_producers,
-                 "producer_history": pool.history, "gil_enabled": gil_enabled()}
+                 "producer_history": pool.history, "gil_enabled": gil_enabled(),
+                 "augment_s": self.run.augment_s()}
         self.channel.send(EpochEnd(self.gen, stats, positions))
 
 

@@ -73,6 +73,7 @@ class TrainerRun(EpochCounts):
         buffer = self.helper.get("buffer")
         return self.stats(
             num_producers=self.helper.get("num_producers", self.num_producers), decode_s=self.decode_s,
+            augment_s=self.helper.get("augment_s", 0.0),
             buffer=BufferStats(**buffer) if buffer else None,
             transfer={"trainer_wait_s": self.wait_s, "trainer_copy_s": self.copy_s,
                       "helper_slot_wait_s": self.helper.get("slot_wait_s", 0.0)},
