@@ -16,7 +16,7 @@ from audiobuffer import AudioDecoder, BufferedDataset, IsolatedLoader, WorkItem
 from audiobuffer.augment import AddNoise, Gain, Reverb, SpeedPerturb
 from audiobuffer.augment._draws import generator, uniform, uniform_one
 from audiobuffer.augment.reverb import convolve
-from audiobuffer.sources.durations import CACHE_ENV
+from audiobuffer.prepare.durations import CACHE_ENV
 
 pytestmark = pytest.mark.timeout(120)
 
