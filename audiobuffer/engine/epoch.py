@@ -410,7 +410,7 @@ def set_up_epoch(pipeline: Pipeline, shard: EpochShard, *, resume: bytes | None 
         weights = np.asarray(batching.durations[batching.epoch_items(seed, number, layout.indices)], np.float64)
     pool = ProducerPool(make_item, len(layout), decode, buffer, num_producers=producers, memory=pipeline.memory,
                         ordered=options.ordered, warn_after=options.warn_after, timeout=options.timeout,
-                        weights=weights)
+                        weights=weights, blas_threads=options.blas_threads)
     return EpochSetup(shard, layout, buffer, pool, make_item, clock, seed, mixture_counts(pipeline, shard, layout))
 
 

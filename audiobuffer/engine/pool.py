@@ -63,6 +63,7 @@ from ..buffer import Buffer, payload_nbytes
 from ..errors import AudioBufferError, BufferClosed, ProducerError, SampleError, StallError
 from ..options import usable_cores
 from ..sources import storage
+from . import blas
 from .cancel import on_cancel
 from .feed import Feed, Producer
 from .tuner import PoolTuning, TunerMemory, default_tuner
@@ -293,13 +294,16 @@ class ProducerPool:
         weights: with ``"auto"``, each sequence number's cost (batches by duration: its seconds), so
             that the tuner judges work per second, not items (NOTE [ Producer tuning ]); ``None``: items
             cost alike.
+        blas_threads: the BLAS threads held while the pool runs, from :meth:`start` to :meth:`close`
+            (NOTE [ BLAS threads ] in ``engine/blas.py``); ``None``: BLAS as it is.
     """
 
     def __init__(self, make_item: Callable[[int], WorkItem], count: int,
                  decode: Callable[[WorkItem], Any], buffer: Buffer, *, num_producers: int | Literal["auto"],
                  ordered: bool = False, warn_after: float | None = None, timeout: float | None = None,
                  chunk_items: int | None = None, name: str = "audiobuffer-producer", tuner: Any = None,
-                 memory: TunerMemory | None = None, weights: Sequence[float] | np.ndarray | None = None) -> None:
+                 memory: TunerMemory | None = None, weights: Sequence[float] | np.ndarray | None = None,
+                 blas_threads: int | None = None) -> None:
         check_int("count", count, 0)
         auto = num_producers == "auto"
         if not auto:
@@ -340,6 +344,8 @@ class ProducerPool:
         self._producers: list[Producer] = []  # every producer started, in order; appended under the feed lock
         self._inline = InlineDecoder(make_item, decode, self._feed, buffer, f"{name}-inline", self._weights)
         self._started = False
+        self._blas_threads = blas_threads
+        self._release_blas = blas.hold(None)
         # A DevicePrefetcher's thread builds pools in a cancel scope: leaving its loop stops this one
         # (NOTE [ Prefetch cancellation ] in audiobuffer/engine/cancel.py).
         self._unregister = on_cancel(self.stop)
@@ -352,6 +358,7 @@ class ProducerPool:
         if self._started:
             raise RuntimeError("a ProducerPool is started once")
         self._started = True
+        self._release_blas = blas.hold(self._blas_threads)  # released by close()
         try:
             self._set_target(self._tuning.begin() if self._tuning is not None else cast(int, self._pinned))
         except BaseException:
@@ -382,6 +389,7 @@ class ProducerPool:
             if thread is not current and thread.ident is not None:
                 thread.join(max(0.0, deadline - time.monotonic()))
         alive = [t.name for t in threads if t.is_alive() and t is not current]
+        self._release_blas()
         if alive:
             logger.warning("producer threads still running %.1f s after close(), stuck in a decoder: %s",
                            timeout, ", ".join(alive))
