@@ -189,6 +189,16 @@ class IsolatedLoader(PipelineViews, StateKeys):
         except BaseException:
             self._region.close()
             raise
+        # The pipeline goes now too: the helper loads it and warms the decoder and transform up
+        # (NOTE [ Helper process lifecycle ], Start); the first iter() reads its answer.
+        try:
+            self._channel.send_setup(self._spec, descriptors=self._region.pass_fds)
+        except HelperError:  # it died as it started: the first iter() says so
+            pass
+        except BaseException:  # Ctrl-C in the middle of the frame: this loader is not made
+            self._channel.close()
+            self._region.close()
+            raise
 
     def _build(self, source: SourceSpec | Source, decoder: Callable[[WorkItem], Any], options: LoaderOptions, *,
                batch_size: int | None, drop_last: bool, num_slots: int, pin_memory: bool | str, key: str,
