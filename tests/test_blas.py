@@ -1,4 +1,5 @@
-"""BLAS thread limits (``engine/blas.py``): held while producers run, restored after, in the helper too."""
+"""BLAS thread limits (``engine/blas.py``): held while producers run, restored after, and in the
+helper process."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(autouse=True)
 def three_threads():
-    """BLAS on 3 threads during the test, so that a limit of 1 or 2 shows on any machine; restored after."""
+    """BLAS on 3 threads during the test (a limit of 1 or 2 shows on any machine), restored after."""
     with threadpool_limits(limits=3, user_api="blas"):
         assert blas_threads() == 3
         yield
@@ -41,7 +42,8 @@ def test_the_default_is_one_thread_while_producers_run():
 
 
 def test_an_epoch_left_early_gives_the_count_back():
-    with BufferedDataset(fake_paths(200), BlasProbe(length=2, delay=0.001), num_producers=2) as dataset:
+    with BufferedDataset(fake_paths(200), BlasProbe(length=2, delay=0.001),
+                         num_producers=2) as dataset:
         epoch = iter(dataset)
         assert next(epoch)["blas_threads"] == 1
         del epoch  # the pool closes

@@ -1,4 +1,5 @@
-"""The helper process warms its decoder and transform up before the first epoch, changing nothing of it."""
+"""The helper process warms its decoder and transform up before the first epoch, changing nothing
+of it."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def calls(log: Path) -> list[str]:
 
 
 def wait_for_calls(log: Path, wanted: list[str], timeout: float = START) -> list[str]:
-    """The log's lines once ``wanted`` are all in it, or at ``timeout`` (the helper writes the file)."""
+    """The log's lines once ``wanted`` are all in it, or at ``timeout`` (the helper writes it)."""
     deadline = time.monotonic() + timeout
     while not set(wanted) <= set(calls(log)) and time.monotonic() < deadline:
         time.sleep(0.02)  # another process writes the file: nothing to wait on but its content
@@ -31,24 +32,27 @@ def wait_for_calls(log: Path, wanted: list[str], timeout: float = START) -> list
 
 def test_the_helper_decodes_and_transforms_the_first_item_before_the_first_iter(tmp_path):
     log = tmp_path / "calls.log"
-    with IsolatedLoader(fake_paths(10), Logged(str(log), length=2), transform=LoggedTransform(str(log)),
-                        batch_size=3, shuffle=True, seed=7, ordered=True, num_producers=2) as loader:
+    with IsolatedLoader(fake_paths(10), Logged(str(log), length=2),
+                        transform=LoggedTransform(str(log)), batch_size=3, shuffle=True, seed=7,
+                        ordered=True, num_producers=2) as loader:
         assert wait_for_calls(log, ["decode 0", "transform 0"]) == ["decode 0", "transform 0"]
         batches = list(loader)
         stats = loader.stats()
     order = [int(i) for batch in batches for i in batch["index"]]
-    with BufferedDataset(fake_paths(10), Logged(str(tmp_path / "other.log"), length=2), shuffle=True,
-                         seed=7, ordered=True, num_producers=2) as dataset:
+    other = Logged(str(tmp_path / "other.log"), length=2)
+    with BufferedDataset(fake_paths(10), other, shuffle=True, seed=7, ordered=True,
+                         num_producers=2) as dataset:
         assert order == [s["index"] for s in dataset]  # the same order as without the warm-up
     assert stats is not None and (stats.yielded, stats.failed) == (10, 0)
     epoch = calls(log)[2:]  # after the warm-up: each item once
-    assert sorted(epoch) == sorted([f"decode {i}" for i in range(10)] + [f"transform {i}" for i in range(10)])
+    each = [f"decode {i}" for i in range(10)] + [f"transform {i}" for i in range(10)]
+    assert sorted(epoch) == sorted(each)
 
 
 def test_a_failure_in_the_warm_up_is_reported_by_the_epoch_only(tmp_path):
     log = tmp_path / "calls.log"
-    with IsolatedLoader(fake_paths(6), Logged(str(log), length=2, fail=(0,)), batch_size=2, on_error="skip",
-                        num_producers=1) as loader:
+    with IsolatedLoader(fake_paths(6), Logged(str(log), length=2, fail=(0,)), batch_size=2,
+                        on_error="skip", num_producers=1) as loader:
         assert wait_for_calls(log, ["decode 0"]) == ["decode 0"]
         indices = sorted(int(i) for batch in loader for i in batch["index"])
         stats = loader.stats()
