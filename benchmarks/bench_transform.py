@@ -125,9 +125,11 @@ def rows_of(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
                      "num_producers": [m.get("num_producers") for m in measured],
                      "load_min": min(loads), "load_max": max(loads),
                      "runs": [m["epochs_s"] for m in measured]})
-    loop = next((r for r in rows if r["contestant"] == "loop"), None)
+    # the reference: the plain loop, else the loop with BLAS on one thread
+    loop = next((r for name in ("loop", "loop-blas1") for r in rows if r["contestant"] == name), None)
     for row in rows:
         if loop is not None:
+            row["loop"] = loop["contestant"]
             row["first_over_loop_s"] = row["first_s"] - loop["first_s"]
             row["warm_speed_vs_loop"] = loop["warm_s"] / row["warm_s"]
     return rows
