@@ -2,19 +2,20 @@
 
 NOTE [ BLAS threads ]
 =====================
-numpy's and scipy's BLAS (OpenBLAS, MKL, BLIS) run a matrix product (a mel filter bank applied to a
-spectrogram) on a pool of threads of their own, as many as the cores. Called from producer threads
-that already keep every core busy, each product's threads wait for cores the other producers hold, and
-OpenBLAS's threads spin while they wait: on a loaded machine the transform then runs several times
-slower than on one thread. The count is the library's, for the whole process, so a pool holds a limit
-rather than setting one: :func:`hold` registers a limit and applies, through threadpoolctl, the
-smallest one held to every library of those APIs loaded now; the release of the last hold sets each
-library back to the count it had before the first. A library loaded while a limit holds (scipy's own
-OpenBLAS, loaded by a transform's first import) is limited at the next :func:`hold` or
-:func:`refresh`. In process, pools limit BLAS only: torch's intra-op threads (OpenMP) are the
-trainer's; the trainer's own numpy products run under the limit while producers run. The helper
-process of ``IsolatedLoader`` holds its limit for its whole life, on OpenMP too: nothing else runs
-there. A library threadpoolctl cannot read or set is left as it is (the limit is a matter of speed).
+numpy's and scipy's BLAS (OpenBLAS, MKL, BLIS) run a matrix product (a mel filter bank applied to
+a spectrogram) on a pool of threads of their own, as many as the cores. Called from producer
+threads that already keep every core busy, each product's threads wait for cores the other
+producers hold, and OpenBLAS's threads spin while they wait: on a loaded machine the transform then
+runs several times slower than on one thread. The count is the library's, for the whole process,
+so a pool holds a limit rather than setting one: :func:`hold` registers a limit and applies,
+through threadpoolctl, the smallest one held to every library of those APIs loaded now; the
+release of the last hold sets each library back to the count it had before the first. A library
+loaded while a limit holds (scipy's own OpenBLAS, loaded by a transform's first import) is limited
+at the next :func:`hold` or :func:`refresh`. In process, pools limit BLAS only: torch's intra-op
+threads (OpenMP) are the trainer's; the trainer's own numpy products run under the limit while
+producers run. The helper process of ``IsolatedLoader`` holds its limit for its whole life, on
+OpenMP too: nothing else runs there. A library threadpoolctl cannot read or set is left as it is
+(the limit is a matter of speed).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def hold(threads: int | None, apis: Iterable[str] = ("blas",)) -> Callable[[], N
 
 
 def refresh() -> None:
-    """Apply the limits held to libraries loaded since they were set (a transform's first imports)."""
+    """Apply the limits held to the libraries loaded since (a transform's first imports)."""
     with _lock:
         if _held:
             _apply()
@@ -66,7 +67,8 @@ def _nothing() -> None:
 
 
 def _apply() -> None:
-    """Set every library to the smallest limit held on its API, or back to its own count (under ``_lock``)."""
+    """Set every library to the smallest limit held on its API, or back to its own count (called
+    under ``_lock``)."""
     limits: dict[str, int] = {}
     for threads, apis in _held.values():
         for api in apis:
