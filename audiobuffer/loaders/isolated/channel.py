@@ -457,10 +457,10 @@ class HelperChannel:
             raise
 
     def send_setup(self, spec: bytes, *, descriptors: tuple[int, ...] = ()) -> None:
-        """Send the launched helper ``spec`` and ``descriptors`` (as :meth:`finish_start` does) without
-        waiting for its answer, which :meth:`finish_start` reads: the helper then loads the pipeline
-        and warms it up while the trainer sets up. A spec larger than the pipe holds waits for the
-        helper's imports."""
+        """Send the launched helper ``spec`` and ``descriptors`` (as :meth:`finish_start` does)
+        without waiting for its answer, which :meth:`finish_start` reads: the helper then loads the
+        pipeline and warms it up while the trainer sets up. A spec larger than the pipe holds waits
+        for the helper's imports."""
         if self._passed is not None:
             for fd in descriptors:  # before the setup, which names them
                 self._passed.send_descriptor(fd)

@@ -26,16 +26,17 @@ Start. The trainer sends :class:`Setup`; the helper checks the trainer's protoco
 and exits),
 puts the trainer's ``sys.path`` in place (so the user's modules import as they do in the trainer),
 unpickles the spec and answers :class:`Ready` or :class:`SetupFailed`. With ``background`` it lowers
-its own scheduling priority (``nice 10``, or below-normal on Windows): its producers use the cores the
-trainer leaves idle, and a Python-bound training step is not slowed by decoding on a machine with few
-cores. It limits BLAS (and OpenMP) threads for its whole life (``blas_threads``; NOTE [ BLAS threads ]
-in ``engine/blas.py``). The trainer sends the setup as soon as it has launched the helper, and the
-helper, once ready, warms up in a thread of its own: it decodes and transforms the source's first item
-once, with the seed of epoch 0, and drops the result and any error (the epoch decodes that item again
-and reports its error in its place), so that the decoder's and transform's imports and first calls
-(librosa's loads scipy and numba) are paid while the trainer sets up, not in its first epoch. The
-epochs do not wait for it: an epoch that starts first takes the import locks after it. Nothing of the
-epochs' seeds, order or counts changes; a decoder that keeps state of its own sees one more call.
+its own scheduling priority (``nice 10``, or below-normal on Windows): its producers use the cores
+the trainer leaves idle, and a Python-bound training step is not slowed by decoding on a machine
+with few cores. It limits BLAS (and OpenMP) threads for its whole life (``blas_threads``;
+NOTE [ BLAS threads ] in ``engine/blas.py``). The trainer sends the setup as soon as it has
+launched the helper, and the helper, once ready, warms up in a thread of its own: it decodes and
+transforms the source's first item once, with the seed of epoch 0, and drops the result and any
+error (the epoch decodes that item again and reports its error in its place), so that the decoder's
+and transform's imports and first calls (librosa's loads scipy and numba) are paid while the
+trainer sets up, not in its first epoch. The epochs do not wait for it: an epoch that starts first
+takes the import locks after it. Nothing of the epochs' seeds, order or counts changes; a decoder
+that keeps state of its own sees one more call.
 
 Epochs. :class:`StartEpoch` starts an epoch in a thread of its own (generation ``gen`` tags every
 message of it, so nothing of an abandoned epoch is mistaken for the next one's). The epoch thread runs
@@ -634,8 +635,8 @@ def main() -> None:
         channel.send(Ready(PROTOCOL_VERSION, {"pid": os.getpid(), "torch": "torch" in sys.modules,
                                               "gil": getattr(sys, "_is_gil_enabled", lambda: True)(),
                                               "segments": [helper.slots.name(i) for i in range(spec["num_slots"])]}))
-        threading.Thread(target=_warm_up, args=(helper.pipeline,), name="audiobuffer-helper-warm-up",
-                         daemon=True).start()
+        threading.Thread(target=_warm_up, args=(helper.pipeline,),
+                         name="audiobuffer-helper-warm-up", daemon=True).start()
         while True:
             message = channel.receive()
             if isinstance(message, Free):

@@ -110,9 +110,9 @@ class IsolatedLoader(PipelineViews, StateKeys):
     script sets up, it imports what it needs and runs the decoder and transform once on the first
     item (result and errors dropped: the epoch reports them). It is kept across epochs (one that died
     is replaced at the next ``iter()``), does not import torch or your script, and needs no
-    ``if __name__ == "__main__":`` guard. What crosses to it: the source, the options, and the decoder and transform,
-    pickled by reference (the built-in decoders, or any importable module-level
-    function or class instance). Batches cross in shared-memory slots and are copied once into
+    ``if __name__ == "__main__":`` guard. What crosses to it: the source, the options, and the
+    decoder and transform, pickled by reference (the built-in decoders, or any importable
+    module-level function or class instance). Batches cross in shared-memory slots and are copied once into
     (pinned) tensors.
 
     Use it when the training step is Python-bound (a GPU step launching many small kernels) or the
