@@ -1,9 +1,12 @@
 """A per-sample transform (librosa's log-mel) behind each loader: first and warm epochs, the loop.
 
     python benchmarks/bench_transform.py            # print the table
-    python benchmarks/bench_transform.py --write    # and save results/transform.json
-    python benchmarks/bench_transform.py --contestants loop-blas1,isolated-bg,isolated-fg --runs 5 \
-        --name transform-background --write         # background True against False
+    python benchmarks/bench_transform.py --contestants loop-blas1,isolated-bg,isolated-fg --runs 5
+    python benchmarks/bench_transform.py --contestants loop-blas1,isolated-bg,isolated-fg --between 8
+
+The second compares ``background`` True and False; the third gives the helper 8 s to warm up while
+the script "builds its model". ``--write`` saves ``results/NAME.json`` (``--name``, default
+``transform``) for a section of BENCHMARKS.md to show; no section shows them yet.
 
 ``--files`` (300) generated FLAC files of 1-4 s (``audiobuffer bench``'s corpus), each decoded by
 ``AudioDecoder`` and turned into its log-mel spectrogram by ``audiobuffer bench``'s

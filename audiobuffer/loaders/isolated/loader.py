@@ -143,7 +143,8 @@ class IsolatedLoader(PipelineViews, StateKeys):
             Windows), so that it decodes on the cores the trainer leaves idle. Off by default: the
             priority is lower against every process, so where other jobs share the cores (where
             training jobs run) they take the helper's share, and its epochs, the first above all,
-            run slower (``benchmarks/bench_transform.py``, its ``transform-background`` results).
+            run slower (as ``benchmarks/bench_transform.py`` measures, ``isolated-bg`` against
+            ``isolated-fg``).
             Turn it on where the machine is the trainer's alone and its step is Python-bound.
         **options: every option of :class:`~audiobuffer.BufferedDataset`, listed there (and in
             :data:`audiobuffer.options.OPTIONS`, with their bounds); they apply in the helper process.
