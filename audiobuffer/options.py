@@ -194,6 +194,10 @@ class LoaderOptions:
     read_block: ReadBlock = _option("auto", "Index members read a request: a count, 'auto' or None (one).",
                                     yaml="loader.read_block", kind="int", minimum=1, auto=True, nullable=True,
                                     takes="or 'auto' or None")
+    blas_threads: int | None = _option(
+        1, "BLAS threads (numpy, scipy) while producers run, restored after (None: leave them).",
+        yaml="buffer.blas_threads", kind="int", minimum=1, maximum=MAX_PRODUCERS, nullable=True,
+        takes="or None")
 
     def __post_init__(self) -> None:
         if self.num_producers is None:

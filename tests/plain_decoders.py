@@ -180,3 +180,45 @@ class FramesDecoder:
     def __call__(self, item: Any) -> dict[str, Any]:
         return {"audio": np.zeros(self.width, dtype=np.float32), "num_frames": self.frames[item.index],
                 "sample_rate": 1000, "index": item.index}
+
+
+def blas_threads() -> int:
+    """The fewest threads any BLAS library loaded here runs on now (threadpoolctl)."""
+    from threadpoolctl import threadpool_info
+
+    return min(info["num_threads"] for info in threadpool_info() if info["user_api"] == "blas")
+
+
+class BlasProbe(IndexDecoder):
+    """:class:`IndexDecoder` whose samples also hold ``blas_threads``: :func:`blas_threads` in the decode."""
+
+    def __call__(self, item: Any) -> dict[str, Any]:
+        sample = super().__call__(item)
+        sample["blas_threads"] = blas_threads()
+        return sample
+
+
+class Logged(IndexDecoder):
+    """:class:`IndexDecoder` that appends ``decode INDEX`` to the file ``log`` at each call (made in the
+    helper process too), and fails on the indices of ``fail``."""
+
+    def __init__(self, log: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.log = log
+
+    def __call__(self, item: Any) -> dict[str, Any]:
+        with open(self.log, "a", encoding="utf-8") as f:
+            f.write(f"decode {item.index}\n")
+        return super().__call__(item)
+
+
+class LoggedTransform:
+    """A transform that appends ``transform INDEX`` to the file ``log`` at each call."""
+
+    def __init__(self, log: str) -> None:
+        self.log = log
+
+    def __call__(self, sample: dict[str, Any]) -> dict[str, Any]:
+        with open(self.log, "a", encoding="utf-8") as f:
+            f.write(f"transform {sample['index']}\n")
+        return sample

@@ -240,9 +240,10 @@ class CutWriter:
 
 
 @pytest.mark.timeout(60)
-def test_iter_after_ctrl_c_cut_the_setup_frame_runs_in_a_new_helper(monkeypatch):
-    # A notebook's "interrupt, run the cell again": the first helper waits for the rest of a frame that
-    # never comes, so the channel is not used again; a new helper runs the epoch.
+def test_ctrl_c_that_cut_the_setup_frame_leaves_nothing_and_the_next_loader_runs(monkeypatch):
+    # A notebook's "interrupt, run the cell again": the setup goes as the loader is built, so the
+    # interrupt ends the constructor; its helper, waiting for the rest of a frame that never comes,
+    # leaves quietly, and the next loader runs its epoch in a new helper.
     started = []
 
     class FirstFrameCut(subprocess.Popen):
@@ -253,12 +254,12 @@ def test_iter_after_ctrl_c_cut_the_setup_frame_runs_in_a_new_helper(monkeypatch)
             started.append(self)
 
     monkeypatch.setattr(_channel.subprocess, "Popen", FirstFrameCut)
+    with pytest.raises(KeyboardInterrupt):
+        IsolatedLoader(fake_paths(12), IndexDecoder(), batch_size=4)
+    assert started[0].wait(JOIN_TIMEOUT) == 0  # the first one left quietly, as when its trainer goes
     with IsolatedLoader(fake_paths(12), IndexDecoder(), batch_size=4) as loader:
-        with pytest.raises(KeyboardInterrupt):
-            iter(loader)
         assert sorted(indices(loader)) == list(range(12))
         assert len(started) == 2 and loader.helper_info["pid"] == started[1].pid
-        assert started[0].wait(JOIN_TIMEOUT) == 0  # the first one left quietly, as when its trainer goes
 
 
 @pytest.mark.timeout(60)

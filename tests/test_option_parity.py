@@ -36,6 +36,7 @@ CASES = [
     ("quadratic_duration", -1.0, False), ("quadratic_duration", math.nan, False), ("sync_buckets", "yes", False),
     ("sync_buckets", 1, False), ("read_block", 0, False), ("read_block", "all", False), ("read_block", None, True),
     ("path_column", 3, False), ("duration_column", 1, False), ("start_column", ["a"], False),
+    ("blas_threads", 0, False), ("blas_threads", "one", False), ("blas_threads", None, True),
 ]
 #: Options that shape batches by duration: given with max_batch_seconds.
 BY_DURATION = {"buckets", "max_batch_size", "quadratic_duration", "sync_buckets"}

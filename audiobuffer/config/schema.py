@@ -284,6 +284,7 @@ class BufferConfig(_Section):
     warn_after: float | None = option_field("warn_after")
     timeout: float | None = option_field("timeout")
     even_shards: Literal["pad", "drop"] | None = option_field("even_shards")
+    blas_threads: int | None = option_field("blas_threads")
     isolate: bool = Field(default=False, description="run the producers in a helper process (IsolatedLoader)")
 
     @field_validator("num_producers")

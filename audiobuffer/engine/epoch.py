@@ -331,7 +331,7 @@ def set_up_epoch(pipeline: Pipeline, shard: EpochShard, *, resume: bytes | None 
     weights = pipeline.item_seconds(number, indices) if tuned else None
     pool = ProducerPool(make_item, len(layout), decode, buffer, num_producers=producers, memory=pipeline.memory,
                         ordered=options.ordered, warn_after=options.warn_after, timeout=options.timeout,
-                        weights=weights, port=port)
+                        weights=weights, port=port, blas_threads=options.blas_threads)
     return EpochSetup(shard, layout, buffer, pool, make_item, clock, seed, mixture_counts(pipeline, shard, layout),
                       augment_seconds(pipeline.decoder))
 

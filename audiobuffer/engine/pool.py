@@ -64,6 +64,7 @@ from ..buffer import Buffer, payload_nbytes
 from ..errors import AudioBufferError, BufferClosed, ProducerError, SampleError, StallError
 from ..options import usable_cores
 from ..sources import storage
+from . import blas
 from .cancel import on_cancel
 from .feed import Feed, Producer
 from .tuner import PoolTuning, TunerMemory, default_tuner
@@ -374,6 +375,8 @@ class ProducerPool:
             cost alike.
         port: what a producer does with each decoded item (NOTE [ Output port ]); ``None``: a
             :class:`BufferPort`, each into the buffer in the item's place.
+        blas_threads: the BLAS threads held while the pool runs, from :meth:`start` to :meth:`close`
+            (NOTE [ BLAS threads ] in ``engine/blas.py``); ``None``: BLAS as it is.
     """
 
     def __init__(self, make_item: Callable[[int], WorkItem], count: int,
@@ -382,7 +385,7 @@ class ProducerPool:
                  chunk_items: int | None = None, name: str = "audiobuffer-producer", tuner: Any = None,
                  memory: TunerMemory | None = None,
                  weights: Sequence[float] | np.ndarray | None = None,
-                 port: Port | None = None) -> None:
+                 port: Port | None = None, blas_threads: int | None = None) -> None:
         check_int("count", count, 0)
         auto = num_producers == "auto"
         if not auto:
@@ -423,6 +426,8 @@ class ProducerPool:
         self._producers: list[Producer] = []  # every producer started, in order; appended under the feed lock
         self._inline = InlineDecoder(make_item, decode, self._feed, buffer, f"{name}-inline", self._weights)
         self._started = False
+        self._blas_threads = blas_threads
+        self._release_blas = blas.hold(None)
         # A DevicePrefetcher's thread builds pools in a cancel scope: leaving its loop stops this one
         # (NOTE [ Prefetch cancellation ] in audiobuffer/engine/cancel.py).
         self._unregister = on_cancel(self.stop)
@@ -435,6 +440,7 @@ class ProducerPool:
         if self._started:
             raise RuntimeError("a ProducerPool is started once")
         self._started = True
+        self._release_blas = blas.hold(self._blas_threads)  # released by close()
         try:
             self._set_target(self._tuning.begin() if self._tuning is not None else cast(int, self._pinned))
         except BaseException:
@@ -464,6 +470,7 @@ class ProducerPool:
             if thread is not current and thread.ident is not None:
                 thread.join(max(0.0, deadline - time.monotonic()))
         alive = [t.name for t in threads if t.is_alive() and t is not current]
+        self._release_blas()
         if alive:
             logger.warning("producer threads still running %.1f s after close(), stuck in a decoder: %s",
                            timeout, ", ".join(alive))

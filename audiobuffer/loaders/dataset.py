@@ -198,6 +198,12 @@ class BufferedDataset(PipelineViews, StateKeys, IterableDataset):
             blocks of :data:`~audiobuffer.options.DEFAULT_READ_BLOCK` for an index read from a URL
             (not with ``max_batch_seconds``), one member a request for local data; ``None``: one member
             a request, in the plain order. Exactly once, ranks, workers and resume as ever.
+        blas_threads: the threads numpy's and scipy's BLAS (OpenBLAS, MKL) may run a matrix product
+            on while the producers run (a transform's filter bank): without a limit, each product
+            starts threads of its own that fight the producers for the cores. The count is
+            process-wide: set while any loader's producers run and restored when the last one
+            stops (NOTE [ BLAS threads ] in ``engine/blas.py``); in an ``IsolatedLoader``'s helper
+            process, for its whole life. ``None``: leave BLAS as it is.
     """
 
     #: The options, read-only (one copy of each: ``pipeline.options``).
@@ -225,7 +231,8 @@ class BufferedDataset(PipelineViews, StateKeys, IterableDataset):
                  max_batch_size: int | None = None, duration_column: str | None = None,
                  start_column: str | None = None, quadratic_duration: float | None = None,
                  sync_buckets: bool | None = None,
-                 storage_options: Mapping[str, Any] | None = None, read_block: ReadBlock = "auto") -> None:
+                 storage_options: Mapping[str, Any] | None = None, read_block: ReadBlock = "auto",
+                 blas_threads: int | None = 1) -> None:
         super().__init__()
         options = LoaderOptions(
             num_producers=num_producers, buffer_size=buffer_size, max_bytes=max_bytes, shuffle=shuffle, seed=seed,
@@ -234,7 +241,8 @@ class BufferedDataset(PipelineViews, StateKeys, IterableDataset):
             warn_after=warn_after, timeout=timeout, max_batch_seconds=max_batch_seconds, buckets=buckets,
             max_batch_size=max_batch_size, duration_column=duration_column, start_column=start_column,
             quadratic_duration=quadratic_duration,
-            sync_buckets=sync_buckets, storage_options=storage_options, read_block=read_block)
+            sync_buckets=sync_buckets, storage_options=storage_options, read_block=read_block,
+            blas_threads=blas_threads)
         #: What the epochs run over: the source, decoder, options and durations (one copy of each).
         self.pipeline = Pipeline.build(source, decoder, options)
         self._cursor = EpochCursor(self.pipeline)

@@ -362,6 +362,7 @@ class HelperChannel:
         #: not finish: the helper would read the next frame as the rest of that one, so this channel is
         #: never used again and the loader starts a new helper.
         self.broken = False
+        self._setup_sent = False
 
     @property
     def running(self) -> bool:
@@ -427,10 +428,8 @@ class HelperChannel:
                 pipeline (its traceback chained); the channel is closed then.
         """
         try:
-            if self._passed is not None:
-                for fd in descriptors:  # before the setup, which names them
-                    self._passed.send_descriptor(fd)
-            self.send(Setup(PROTOCOL_VERSION, list(sys.path), spec))
+            if not self._setup_sent:
+                self.send_setup(spec, descriptors=descriptors)
             message = self.receive(START_TIMEOUT)
         except TimeoutError:
             self.close()
@@ -456,6 +455,17 @@ class HelperChannel:
         except HelperError:
             self.close()
             raise
+
+    def send_setup(self, spec: bytes, *, descriptors: tuple[int, ...] = ()) -> None:
+        """Send the launched helper ``spec`` and ``descriptors`` (as :meth:`finish_start` does)
+        without waiting for its answer, which :meth:`finish_start` reads: the helper then loads the
+        pipeline and warms it up while the trainer sets up. A spec larger than the pipe holds waits
+        for the helper's imports."""
+        if self._passed is not None:
+            for fd in descriptors:  # before the setup, which names them
+                self._passed.send_descriptor(fd)
+        self.send(Setup(PROTOCOL_VERSION, list(sys.path), spec))
+        self._setup_sent = True
 
     def send(self, message: ToHelper) -> None:
         """Send one message to the helper (any thread).

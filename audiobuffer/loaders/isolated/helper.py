@@ -25,10 +25,18 @@ Start. The trainer sends :class:`Setup`; the helper checks the trainer's protoco
 (NOTE [ Helper protocol ] in ``protocol.py``; a helper of another version answers :class:`SetupFailed`
 and exits),
 puts the trainer's ``sys.path`` in place (so the user's modules import as they do in the trainer),
-unpickles the spec and answers :class:`Ready` or :class:`SetupFailed`. With ``background`` (the
-default) it lowers its own scheduling priority (``nice 10``, or below-normal on Windows): its producers
-use the cores the trainer leaves idle, and a Python-bound training step is not slowed by decoding on a
-machine with few cores.
+unpickles the spec and answers :class:`Ready` or :class:`SetupFailed`. With ``background`` it lowers
+its own scheduling priority (``nice 10``, or below-normal on Windows): its producers use the cores
+the trainer leaves idle, and a Python-bound training step is not slowed by decoding on a machine
+with few cores. It limits BLAS (and OpenMP) threads for its whole life (``blas_threads``;
+NOTE [ BLAS threads ] in ``engine/blas.py``). The trainer sends the setup as soon as it has
+launched the helper, and the helper, once ready, warms up in a thread of its own: it decodes and
+transforms the source's first item once, with the seed of epoch 0, and drops the result and any
+error (the epoch decodes that item again and reports its error in its place), so that the decoder's
+and transform's imports and first calls (librosa's loads scipy and numba) are paid while the
+trainer sets up, not in its first epoch. The epochs do not wait for it: an epoch that starts first
+takes the import locks after it. Nothing of the epochs' seeds, order or counts changes; a decoder
+that keeps state of its own sees one more call.
 
 Epochs. :class:`StartEpoch` starts an epoch in a thread of its own (generation ``gen`` tags every
 message of it, so nothing of an abandoned epoch is mistaken for the next one's). The epoch thread runs
@@ -90,12 +98,14 @@ from collections.abc import Callable
 from typing import Any, BinaryIO, cast
 
 from ..._numpy_collate import SlotArena, collate_numpy
+from ...engine import blas
 from ...engine.epoch import BatchEpochRun, EpochRun, feed, set_up_epoch
 from ...engine.pipeline import Pipeline
 from ...engine.pool import Failure, ProducerPool
 from ...errors import BufferClosed, HelperError, SampleError, StallError
 from ...options import gil_enabled
 from ...sources.item import WorkItem
+from ...sources.source import Source
 from . import shm as _shm
 from .protocol import (
     PROTOCOL_VERSION,
@@ -483,6 +493,19 @@ def _lower_priority() -> None:
         pass
 
 
+def _warm_up(pipeline: Pipeline) -> None:
+    """Thread: decode and transform the source's first item once, the result and any error dropped,
+    so that the imports and first calls are paid before the first epoch asks (NOTE [ Helper process
+    lifecycle ], Start); then limit the BLAS threads of the libraries that loaded."""
+    source, decode = pipeline.source, pipeline.decode
+    if isinstance(source, Source) and len(source):
+        try:
+            decode(source.item(0, epoch=0, seed=pipeline.options.seed))
+        except Exception:  # the epoch decodes the item again and reports its error in its place
+            pass
+    blas.refresh()
+
+
 def _take_channel() -> tuple[BinaryIO, BinaryIO]:
     """The trainer's pipes on descriptors of their own, which no child process inherits (PEP 446);
     descriptors 0 and 1 then point at the null device and at stderr (NOTE [ Helper process lifecycle ],
@@ -570,6 +593,8 @@ def main() -> None:
             spec: HelperSpec = pickle.loads(setup.spec)
             if spec.background:
                 _lower_priority()
+            # for the helper's whole life: nothing but producers runs here (NOTE [ BLAS threads ])
+            blas.hold(spec.pipeline.options.blas_threads, apis=("blas", "openmp"))
             helper = Helper(channel, spec, outbox)
             numpy_output(helper.pipeline.decoder)  # no torch here: the decoder keeps numpy arrays
         except Exception as exc:
@@ -579,6 +604,8 @@ def main() -> None:
         channel.send(Ready(PROTOCOL_VERSION, {"pid": os.getpid(), "torch": "torch" in sys.modules,
                                               "gil": getattr(sys, "_is_gil_enabled", lambda: True)(),
                                               "segments": segments}))
+        threading.Thread(target=_warm_up, args=(helper.pipeline,),
+                         name="audiobuffer-helper-warm-up", daemon=True).start()
         while True:
             message = channel.receive()
             if isinstance(message, Free):

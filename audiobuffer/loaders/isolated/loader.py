@@ -120,12 +120,13 @@ class IsolatedLoader(PipelineViews, StateKeys):
     Takes :class:`~audiobuffer.BufferedDataset`'s keywords plus the batching ones, and yields
     :func:`~audiobuffer.pad_collate`'s batches (``audio`` ``(B, T)`` padded, ``lengths``, numbers as
     tensors, strings as lists). The helper is a fresh ``python -m audiobuffer.loaders.isolated.helper``
-    started by the constructor once the source is listed (it imports what it needs meanwhile), given the
-    pipeline at the first ``iter()`` and kept across epochs (one that died is replaced at the next
-    ``iter()``): it does not import torch or your script, and needs no ``if __name__ ==
-    "__main__":`` guard. What crosses to it: the source, the options, and the decoder and transform,
-    pickled by reference (the built-in decoders, or any importable module-level
-    function or class instance). Batches cross in shared-memory slots and are copied once into
+    started by the constructor once the source is listed and given the pipeline at once; while the
+    script sets up, it imports what it needs and runs the decoder and transform once on the first
+    item (result and errors dropped: the epoch reports them). It is kept across epochs (one that died
+    is replaced at the next ``iter()``), does not import torch or your script, and needs no
+    ``if __name__ == "__main__":`` guard. What crosses to it: the source, the options, and the
+    decoder and transform, pickled by reference (the built-in decoders, or any importable
+    module-level function or class instance). Batches cross in shared-memory slots and are copied once into
     (pinned) tensors.
 
     Use it when the training step is Python-bound (a GPU step launching many small kernels) or the
@@ -153,7 +154,12 @@ class IsolatedLoader(PipelineViews, StateKeys):
         key: the sample key padded into the batch (as ``pad_collate``'s ``key``).
         slot_bytes: the bytes each slot starts with (a larger batch grows its slot).
         background: run the helper at a lower scheduling priority (``nice 10``; below normal on
-            Windows), so that it decodes on the cores the trainer leaves idle.
+            Windows), so that it decodes on the cores the trainer leaves idle. Off by default: the
+            priority is lower against every process, so where other jobs share the cores (where
+            training jobs run) they take the helper's share, and its epochs, the first above all,
+            run slower (as ``benchmarks/bench_transform.py`` measures, ``isolated-bg`` against
+            ``isolated-fg``).
+            Turn it on where the machine is the trainer's alone and its step is Python-bound.
         **options: every option of :class:`~audiobuffer.BufferedDataset`, listed there (and in
             :data:`audiobuffer.options.OPTIONS`, with their bounds); they apply in the helper process.
 
@@ -165,7 +171,7 @@ class IsolatedLoader(PipelineViews, StateKeys):
     def __init__(self, source: SourceSpec | Source, decoder: Callable[[WorkItem], Any], *,
                  batch_size: int | None = None, drop_last: bool = False, num_slots: int = 4,
                  pin_memory: bool | str = "auto", key: str = "audio", slot_bytes: int = DEFAULT_SLOT_BYTES,
-                 background: bool = True, **options: Any) -> None:
+                 background: bool = False, **options: Any) -> None:
         own = [name for name, parameter in inspect.signature(IsolatedLoader.__init__).parameters.items()
                if parameter.kind is parameter.KEYWORD_ONLY]
         check_keywords("IsolatedLoader", options, own)
@@ -201,6 +207,16 @@ class IsolatedLoader(PipelineViews, StateKeys):
         try:
             self._channel.launch()
         except BaseException:
+            self._region.close()
+            raise
+        # The pipeline goes now too: the helper loads it and warms the decoder and transform up
+        # (NOTE [ Helper process lifecycle ], Start); the first iter() reads its answer.
+        try:
+            self._channel.send_setup(self._spec, descriptors=self._region.pass_fds)
+        except HelperError:  # it died as it started: the first iter() says so
+            pass
+        except BaseException:  # Ctrl-C in the middle of the frame: this loader is not made
+            self._channel.close()
             self._region.close()
             raise
 
