@@ -80,12 +80,14 @@ def no_helper_left_behind(monkeypatch):
 # the fixtures it uses, so a new test in a module is marked without a decorator.
 #: Modules whose tests start processes (the helper, torchrun, the command line, scripts).
 SUBPROCESS_MODULES = {
-    "test_isolated", "test_helper", "test_channel", "test_distributed", "test_train_audio", "test_demo",
-    "test_cli", "test_bench", "test_benchmarks", "test_packaging", "test_init", "test_pack_cli",
-    "test_device", "test_docs",
+    "test_isolated", "test_helper_process", "test_channel", "test_distributed", "test_train_audio",
+    "test_demo", "test_main", "test_bench_command", "test_benchmark_scripts", "test_packaging",
+    "test_init", "test_pack_command", "test_device", "test_docs",
 }
 #: Modules that are slow as a whole (benchmark smoke runs, every example of the docs).
-SLOW_MODULES = {"test_bench", "test_benchmarks", "test_docs", "test_train_audio", "test_demo"}
+SLOW_MODULES = {
+    "test_bench_command", "test_benchmark_scripts", "test_docs", "test_train_audio", "test_demo",
+}
 #: Fixtures that start a server on the loopback address.
 NETWORK_FIXTURES = {"s3", "proxies"}
 

@@ -43,7 +43,7 @@ def test_mel_transform_keeps_the_audio_duration():
 
 
 def test_bench_corpus_rules(capsys):
-    """The peers' rules (a WAV-only peer, their versions in the header) are in test_benchmarks.py."""
+    """The peers' rules (a WAV-only peer, their versions in the header) are in project/test_benchmark_scripts.py."""
     from audiobuffer.cli.bench import LINEUP, gil_line
 
     assert LINEUP.applies("loop", ["a.flac"], "mel") and LINEUP.applies("isolated-2", ["a.wav"], None)
