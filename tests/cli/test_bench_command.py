@@ -276,7 +276,7 @@ def test_stress_says_its_units_and_what_jittered_means(capsys):
 
 
 def test_loop_libsndfile_reads_wav_through_libsndfile(tmp_path, monkeypatch):
-    """The baseline of the issue's targets: the loop as it was before AudioDecoder's own WAV reader."""
+    """The baseline of the targets: the loop as it was before AudioDecoder's own WAV reader."""
     from audiobuffer.cli.bench import loader
     from audiobuffer.decoders import audio as audio_module
 
