@@ -82,7 +82,7 @@ def no_helper_left_behind(monkeypatch):
 SUBPROCESS_MODULES = {
     "test_isolated", "test_helper_process", "test_channel", "test_distributed", "test_train_audio",
     "test_demo", "test_main", "test_bench_command", "test_benchmark_scripts", "test_packaging",
-    "test_init", "test_pack_command", "test_device", "test_docs",
+    "test_init", "test_pack_command", "test_device", "test_docs", "test_torch_free",
 }
 #: Modules that are slow as a whole (benchmark smoke runs, every example of the docs).
 SLOW_MODULES = {
