@@ -93,6 +93,9 @@ NETWORK_FIXTURES = {"s3", "proxies"}
 
 
 def pytest_collection_modifyitems(config, items):
+    """Mark each test (see above), then put the slow ones first: run in parallel (pytest-xdist), the
+    long tests then start early instead of leaving one worker busy at the end while the others wait.
+    The order is the same in every worker, as pytest-xdist requires."""
     for item in items:
         module = item.module.__name__ if item.module is not None else ""
         if module in SUBPROCESS_MODULES:
@@ -104,3 +107,4 @@ def pytest_collection_modifyitems(config, items):
         needs_cuda = any("CUDA" in str(m.kwargs.get("reason", "")) for m in item.iter_markers("skipif"))
         if needs_cuda or item.get_closest_marker("cuda") is not None:
             item.add_marker(pytest.mark.gpu)
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: the rest keep order

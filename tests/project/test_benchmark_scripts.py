@@ -154,6 +154,8 @@ def test_contention_transform_is_the_bench_mel_transform(contention):
     assert contention._transform(None) is None
 
 
+# Both look for --neighbour processes on the whole system: in one worker, they cannot see each other's.
+@pytest.mark.xdist_group("contention-neighbours")
 def test_contention_bench_quick_fills_every_column(tmp_path, contention):
     """Tiny corpora, one run: every approach gives numbers and each table has one full row per approach."""
     out = tmp_path / "contention.json"
@@ -196,6 +198,7 @@ def test_contention_bench_quick_fills_every_column(tmp_path, contention):
     assert rows[contention.LABELS["step-alone"]][flac] == "1.00x"
 
 
+@pytest.mark.xdist_group("contention-neighbours")
 def test_contention_neighbour_ends_with_its_parent(tmp_path):
     """The step-beside neighbour decodes until it is stopped, and never outlives the process that
     started it (a measuring subprocess killed by its timeout, say)."""
