@@ -488,6 +488,7 @@ def test_an_epoch_in_the_main_process_after_worker_epochs_does_not_warn():
         assert ds.stats().yielded == 8
 
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(120)
 def test_the_warning_also_comes_with_spawned_workers():
     # Spawned workers get the shared counter as they start (Windows and macOS start workers this way).
