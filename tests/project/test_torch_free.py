@@ -33,7 +33,7 @@ COLLECT = """
 import sys
 sys.modules["torch"] = None
 import pytest
-options = ["--collect-only", "-q", "-p", "no:cacheprovider", "-p", "no:xdist"]
+options = ["--collect-only", "-q", "-p", "no:cacheprovider", "-o", "addopts="]
 status = pytest.main([*options, *sys.argv[1:]])
 loaded = sorted(name for name, module in sys.modules.items() if name.startswith("torch.") and module)
 print("torch modules loaded:", loaded)
