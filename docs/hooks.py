@@ -10,7 +10,8 @@
 - BENCHMARKS.md, its plots (``benchmarks/*.png``) and CHANGELOG.md join the site from the repository's
   root, included rather than copied.
 
-The functions that make the Markdown work without MkDocs, so that ``tests/test_docs.py`` can check them.
+The functions that make the Markdown work without MkDocs, so that ``tests/project/test_docs.py``
+can check them.
 """
 
 from __future__ import annotations

@@ -80,17 +80,22 @@ def no_helper_left_behind(monkeypatch):
 # the fixtures it uses, so a new test in a module is marked without a decorator.
 #: Modules whose tests start processes (the helper, torchrun, the command line, scripts).
 SUBPROCESS_MODULES = {
-    "test_isolated", "test_helper", "test_channel", "test_distributed", "test_train_audio", "test_demo",
-    "test_cli", "test_bench", "test_benchmarks", "test_packaging", "test_init", "test_pack_cli",
-    "test_device", "test_docs",
+    "test_isolated", "test_helper_process", "test_channel", "test_distributed", "test_train_audio",
+    "test_demo", "test_main", "test_bench_command", "test_benchmark_scripts", "test_packaging",
+    "test_init", "test_pack_command", "test_device", "test_docs", "test_torch_free",
 }
 #: Modules that are slow as a whole (benchmark smoke runs, every example of the docs).
-SLOW_MODULES = {"test_bench", "test_benchmarks", "test_docs", "test_train_audio", "test_demo"}
+SLOW_MODULES = {
+    "test_bench_command", "test_benchmark_scripts", "test_docs", "test_train_audio", "test_demo",
+}
 #: Fixtures that start a server on the loopback address.
 NETWORK_FIXTURES = {"s3", "proxies"}
 
 
 def pytest_collection_modifyitems(config, items):
+    """Mark each test (see above), then put the slow ones first: run in parallel (pytest-xdist), the
+    long tests then start early instead of leaving one worker busy at the end while the others wait.
+    The order is the same in every worker, as pytest-xdist requires."""
     for item in items:
         module = item.module.__name__ if item.module is not None else ""
         if module in SUBPROCESS_MODULES:
@@ -102,3 +107,4 @@ def pytest_collection_modifyitems(config, items):
         needs_cuda = any("CUDA" in str(m.kwargs.get("reason", "")) for m in item.iter_markers("skipif"))
         if needs_cuda or item.get_closest_marker("cuda") is not None:
             item.add_marker(pytest.mark.gpu)
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: the rest keep order

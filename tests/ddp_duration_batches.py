@@ -1,5 +1,5 @@
 """Run under torchrun: every rank reads its batches by duration, all-gathers the counts, then rank 0
-writes them all (see test_distributed.py)."""
+writes them all (see loaders/test_distributed.py)."""
 
 import json
 import sys

@@ -1,4 +1,4 @@
-"""Run under torchrun: every rank reads its shard, then rank 0 checks them all (see test_distributed.py)."""
+"""Run under torchrun: every rank reads its shard, then rank 0 checks them all (see loaders/test_distributed.py)."""
 
 import json
 import sys

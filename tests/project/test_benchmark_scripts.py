@@ -53,8 +53,10 @@ def test_decode_bench_quick_fills_every_row_of_the_new_approaches_and_corpora(tm
     decode = load_benchmark("bench_decode")
     available = decode.LINEUP.available
     out, md = tmp_path / "bench.json", tmp_path / "bench.md"
+    # --max-minutes: a quick run's 3 minutes can run out on a busy machine, leaving rows out
     status = decode.run(["--quick", "--formats", "wav,flac+mel", "--approaches", ",".join(NEW_APPROACHES),
-                         "--json", str(out), "--markdown", str(md), "--cache-dir", str(tmp_path)])
+                         "--json", str(out), "--markdown", str(md), "--cache-dir", str(tmp_path),
+                         "--max-minutes", "60"])
     assert status == 0
     wav, mel = json.loads(out.read_text()).items()
     assert wav[0].startswith("WAV") and "log-mel" in mel[0]
@@ -154,6 +156,8 @@ def test_contention_transform_is_the_bench_mel_transform(contention):
     assert contention._transform(None) is None
 
 
+# Both look for --neighbour processes on the whole system: in one worker, they cannot see each other's.
+@pytest.mark.xdist_group("contention-neighbours")
 def test_contention_bench_quick_fills_every_column(tmp_path, contention):
     """Tiny corpora, one run: every approach gives numbers and each table has one full row per approach."""
     out = tmp_path / "contention.json"
@@ -196,6 +200,7 @@ def test_contention_bench_quick_fills_every_column(tmp_path, contention):
     assert rows[contention.LABELS["step-alone"]][flac] == "1.00x"
 
 
+@pytest.mark.xdist_group("contention-neighbours")
 def test_contention_neighbour_ends_with_its_parent(tmp_path):
     """The step-beside neighbour decodes until it is stopped, and never outlives the process that
     started it (a measuring subprocess killed by its timeout, say)."""

@@ -213,6 +213,7 @@ def packed_and_listed(tmp_path_factory):
     return root
 
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("what, parser", [("index", "json"), ("index", "arrow"), ("csv", "arrow")])
 def test_an_index_or_a_csv_manifest_is_read_without_importing_pandas(packed_and_listed, what, parser):

@@ -30,6 +30,7 @@ def test_demo_and_train_audio_share_one_model_and_step():
         assert getattr(demo, name) is getattr(_model, name), name
 
 
+@pytest.mark.slow
 def test_train_step_lowers_the_loss_and_evaluate_counts_right():
     torch.manual_seed(0)
     model = SpeechCNN(3, 8000, n_fft=256, hop_length=80, n_mels=20, channels=4)

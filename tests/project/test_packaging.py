@@ -48,7 +48,7 @@ def test_the_test_extra_brings_every_module_a_test_skips_without():
     setup = _setup_cfg()
     provided = _requirements(setup["options"]["install_requires"]) | \
         _requirements(setup["options.extras_require"]["test"])
-    needed = {m.split(".")[0] for f in (REPO / "tests").glob("*.py")
+    needed = {m.split(".")[0] for f in (REPO / "tests").rglob("*.py")
               for m in re.findall(r'importorskip\("([\w.]+)"', f.read_text(encoding="utf-8"))}
     owners = importlib.metadata.packages_distributions()
     missing = {m: owners.get(m) for m in needed

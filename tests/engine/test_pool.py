@@ -176,7 +176,7 @@ def test_start_once():
     pool.close()
 
 
-# -- a failed start (issue 9, item 7) ------------------------------------------------------------
+# -- a failed start --------------------------------------------------------------------------------
 
 @pytest.mark.timeout(60)
 def test_a_thread_that_cannot_start_stops_those_already_started(monkeypatch):
@@ -199,7 +199,7 @@ def test_a_thread_that_cannot_start_stops_those_already_started(monkeypatch):
     assert pool.stopped
 
 
-# -- ordered mode with a byte bound (issue 9, item 6) ---------------------------------------------
+# -- ordered mode with a byte bound ----------------------------------------------------------------
 
 @pytest.mark.timeout(60)
 def test_ordered_byte_bound_counts_the_items_waiting_for_their_turn():
@@ -275,7 +275,7 @@ def test_ordered_byte_bound_yields_each_item_once_in_order_and_holds(count, prod
     assert not wait_no_threads()
 
 
-# -- validation (issue 9, item 8) -----------------------------------------------------------------
+# -- validation ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs, error, message", [
     ({"num_producers": 0}, ValueError, "num_producers must be an integer >= 1 or 'auto', got 0"),
@@ -311,7 +311,7 @@ def test_infinite_and_huge_waits_mean_no_limit(ordered):
     assert got == list(range(10))
 
 
-# -- a changing count: num_producers="auto" (issue 12) ----------------------------------------------
+# -- a changing count: num_producers="auto" --------------------------------------------------------
 
 def auto_pool(count, decode, script, *, capacity=4, ordered=False, max_bytes=None, **kwargs):
     return ProducerPool(make_item, count, decode, Buffer(capacity, max_bytes=max_bytes), num_producers="auto",
@@ -653,7 +653,7 @@ def test_a_pinned_count_through_the_dataset():
     assert stats.num_producers == 3 and stats.producer_history == [(0.0, 3, "pinned")]
 
 
-# -- free-threaded readiness (issue 12, part 5) ---------------------------------------------------
+# -- free-threaded readiness -----------------------------------------------------------------------
 
 class StaleView(Buffer):
     """A buffer whose unlocked reads are stale, as they may be without the GIL: closed, and empty."""

@@ -180,7 +180,7 @@ def test_timeout_reaches_the_slot_loader():
     assert not wait_no_threads()
 
 
-# -- an epoch left early (issue 9, item 1) -------------------------------------------------------
+# -- an epoch left early ---------------------------------------------------------------------------
 
 
 @pytest.mark.timeout(120)
@@ -259,7 +259,7 @@ def test_a_slot_is_not_refilled_while_its_batch_is_being_made(monkeypatch):
     assert sorted(seen) == list(range(48))
 
 
-# -- rows that fail (issue 9, item 2) ------------------------------------------------------------
+# -- rows that fail --------------------------------------------------------------------------------
 
 
 def write_jsonl(path, rows):
@@ -349,7 +349,7 @@ def test_a_row_write_that_fails_ends_the_epoch_and_leaves_no_stale_row(monkeypat
     assert sorted(seen) == list(range(24))
 
 
-# -- keys and counts like BufferedDataset + pad_collate (issue 9, item 19) -------------------------
+# -- keys and counts like BufferedDataset + pad_collate --------------------------------------------
 
 
 def test_an_unknown_keyword_names_the_closest_ones():

@@ -233,7 +233,7 @@ def test_an_item_over_the_budget_is_a_batch_of_one():
 
 
 def test_speech_like_corpus_pads_little_with_full_batches():
-    # The goal: at most 10 % padding with 10 buckets, against about 50 % for random batches.
+    # The goal: at most 10 % padding with 10 buckets, against about 50 % for random batches.
     durations = corpus("speech", 5000, 0)
     plan = plan_batches(durations, max_batch_seconds=60, buckets=10, shuffle=True, seed=0, epoch=0)
     fill = np.mean([len(b) * durations[b].max() for b in plan.batches]) / 60

@@ -69,6 +69,7 @@ def test_through_buffered_dataset(images):
     assert shapes == [(3, 16, 16)] * 4
 
 
+@pytest.mark.subprocess
 def test_import_audiobuffer_does_not_import_pillow():
     code = "import sys, audiobuffer; assert 'PIL' not in sys.modules, 'PIL imported'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

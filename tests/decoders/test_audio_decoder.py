@@ -544,6 +544,7 @@ def test_librosa_fallback_failure_names_a_reason_and_prints_no_warning(tmp_path)
     assert not message.rstrip().endswith(":"), message
 
 
+@pytest.mark.subprocess
 def test_a_broken_file_prints_no_librosa_warning_in_a_plain_process(tmp_path):
     """Outside pytest's warning filters, as `audiobuffer run` meets it."""
     pytest.importorskip("librosa")

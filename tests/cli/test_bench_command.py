@@ -21,8 +21,10 @@ pytestmark = pytest.mark.timeout(400)
 def test_decode_bench_quick_counts_every_file(tmp_path):
     out = tmp_path / "bench.json"
     plot = tmp_path / "bench.png"
+    # --max-minutes: a quick run's 3 minutes can run out on a busy machine, leaving rows out
     status = bench_main(["--quick", "--formats", "flac", "--approaches", "loop,audiobuffer-2,dataloader-1",
-                         "--json", str(out), "--plot", str(plot), "--cache-dir", str(tmp_path)])
+                         "--json", str(out), "--plot", str(plot), "--cache-dir", str(tmp_path),
+                         "--max-minutes", "60"])
     assert status == 0
     (rows,) = json.loads(out.read_text()).values()
     assert [r["approach"] for r in rows] == ["loop", "audiobuffer-2", "dataloader-1"]
@@ -43,7 +45,8 @@ def test_mel_transform_keeps_the_audio_duration():
 
 
 def test_bench_corpus_rules(capsys):
-    """The peers' rules (a WAV-only peer, their versions in the header) are in test_benchmarks.py."""
+    """The peers' rules (a WAV-only peer, their versions in the header): in
+    project/test_benchmark_scripts.py."""
     from audiobuffer.cli.bench import LINEUP, gil_line
 
     assert LINEUP.applies("loop", ["a.flac"], "mel") and LINEUP.applies("isolated-2", ["a.wav"], None)
@@ -276,7 +279,7 @@ def test_stress_says_its_units_and_what_jittered_means(capsys):
 
 
 def test_loop_libsndfile_reads_wav_through_libsndfile(tmp_path, monkeypatch):
-    """The baseline of the issue's targets: the loop as it was before AudioDecoder's own WAV reader."""
+    """The baseline of the targets: the loop as it was before AudioDecoder's own WAV reader."""
     from audiobuffer.cli.bench import loader
     from audiobuffer.decoders import _wav
 

@@ -178,6 +178,7 @@ def test_storage_error_pickles():
     assert (str(copy), copy.url, copy.member, copy.attempts, copy.transient) == ("boom", "s3://b/k", "m.wav", 3, True)
 
 
+@pytest.mark.subprocess
 def test_importing_needs_no_fsspec(tmp_path):
     """``import audiobuffer`` and local shards work where fsspec cannot be imported."""
     out = tmp_path / "p"

@@ -141,7 +141,7 @@ def test_malformed_state_is_refused(mangle, message):
         dataset().load_state_dict(mangle(state))
 
 
-# -- a state for a JSON sidecar (issue 9, item 17) -------------------------------------------------
+# -- a state for a JSON sidecar --------------------------------------------------------------------
 
 @pytest.mark.parametrize("ordered", [False, True])
 @pytest.mark.parametrize("k", [0, 17, 60])

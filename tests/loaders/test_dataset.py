@@ -315,7 +315,7 @@ def test_pickles_without_runtime_state(tmp_path):
     ({"rank": 0}, ValueError, "give rank and world_size together"),
     ({"rank": 2, "world_size": 2}, ValueError, r"rank must be an integer in \[0, 1\], got 2"),
     ({"transform": 3}, TypeError, "transform"),
-    # Values that used to pass and fail mid-epoch (issue 9, item 8).
+    # Values that used to pass and fail mid-epoch.
     ({"seed": -1}, ValueError, r"seed must be an integer in \[0, 9223372036854775807\], got -1"),
     ({"timeout": float("nan")}, ValueError, "timeout must be None or a number of seconds > 0"),
     ({"warn_after": float("-inf")}, ValueError, "warn_after"),
@@ -356,7 +356,7 @@ def test_warn_after_validation():
 
 
 
-# -- large values (issue 9, item 8) ---------------------------------------------------------------
+# -- large values ----------------------------------------------------------------------------------
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("ordered", [False, True])
@@ -376,7 +376,7 @@ def test_the_largest_seed_works():
     assert sorted(indices(ds)) == list(range(10))
 
 
-# -- a failed start (issue 9, item 7) -------------------------------------------------------------
+# -- a failed start --------------------------------------------------------------------------------
 
 @pytest.mark.timeout(60)
 def test_a_thread_that_cannot_start_leaves_no_thread(monkeypatch):
@@ -402,7 +402,7 @@ def test_a_thread_that_cannot_start_leaves_no_thread(monkeypatch):
     assert sorted(indices(ds)) == list(range(500))  # the next epoch starts normally
 
 
-# -- max_bytes in ordered mode (issue 9, item 6) --------------------------------------------------
+# -- max_bytes in ordered mode ---------------------------------------------------------------------
 
 class SizedDecoder:
     """Samples of ``size`` bytes; item 0 takes ``first_s`` seconds; counts samples alive (decoded, not consumed)."""
@@ -444,7 +444,7 @@ def test_ordered_max_bytes_bounds_the_samples_waiting_for_their_turn():
     assert ds.stats().yielded == 120
 
 
-# -- stats() and state_dict() with DataLoader workers (issue 9, item 18) -------------------------
+# -- stats() and state_dict() with DataLoader workers ----------------------------------------------
 
 @pytest.mark.timeout(120)
 def test_stats_and_state_dict_warn_once_after_epochs_in_dataloader_workers():
@@ -488,6 +488,7 @@ def test_an_epoch_in_the_main_process_after_worker_epochs_does_not_warn():
         assert ds.stats().yielded == 8
 
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(120)
 def test_the_warning_also_comes_with_spawned_workers():
     # Spawned workers get the shared counter as they start (Windows and macOS start workers this way).

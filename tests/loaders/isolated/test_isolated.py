@@ -330,10 +330,8 @@ GROUP_TRAINER = textwrap.dedent("""
 """)
 
 
-def table_files() -> set[Path]:
-    import tempfile
-
-    return set(Path(tempfile.gettempdir()).glob("audiobuffer-table-*"))
+def table_files(folder: Path) -> set[Path]:
+    return set(folder.glob("audiobuffer-table-*"))
 
 
 @pytest.mark.skipif(not hasattr(os, "killpg"), reason="process groups are POSIX")
@@ -343,16 +341,20 @@ def test_a_signal_to_the_whole_process_group_leaves_no_shared_memory(tmp_path, s
     # group ends at once, none of them cleaning up; nothing may be left in /dev/shm or the temp folder.
     script = tmp_path / "trainer.py"
     script.write_text(GROUP_TRAINER.format(tests=str(REPO / "tests")), encoding="utf-8", newline="\n")
-    tables = table_files()
+    # The trainer's own temp folder: another process's tables (a parallel test's) come and go elsewhere.
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    tables = table_files(temp)
+    env = {**os.environ, "TMPDIR": str(temp), "TEMP": str(temp), "TMP": str(temp)}
     trainer = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
-                               start_new_session=True)
+                               start_new_session=True, env=env)
     try:
         helper = int(trainer.stdout.readline())
         os.killpg(trainer.pid, getattr(signal, signame))
         trainer.wait(JOIN_TIMEOUT)
         assert wait_gone(helper, JOIN_TIMEOUT)
         assert _shm.leftovers(helper) == [] and _shm.leftovers(trainer.pid) == []
-        assert table_files() == tables
+        assert table_files(temp) == tables
     finally:
         trainer.kill()
         trainer.wait(JOIN_TIMEOUT)

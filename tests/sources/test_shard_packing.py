@@ -653,6 +653,7 @@ def test_pyarrow_and_json_read_an_index_alike(tmp_path, monkeypatch, shape):
         assert "\n" not in by_json
 
 
+@pytest.mark.subprocess
 def test_an_index_nested_deeper_than_pyarrow_parses_is_refused_not_a_crash(tmp_path):
     # pyarrow's JSON reader recurses: arrays nested tens of thousands deep overflow its stack (a crash of
     # the process, not an exception), so this runs in a process of its own.

@@ -3,7 +3,6 @@ import time
 
 import numpy as np
 import pytest
-import torch
 from helpers import JOIN_TIMEOUT, wait_until_blocked
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -274,6 +273,8 @@ def test_byte_bound_get_wakes_every_producer_that_now_fits():
 
 
 def test_payload_nbytes_counts_numpy_torch_and_containers():
+    import torch  # the one test of this module that needs it
+
     sample = {"audio": torch.zeros(10, dtype=torch.float32), "spec": np.zeros((2, 3), dtype=np.float64),
               "raw": b"abcd", "meta": ["x", 3, (np.zeros(1, dtype=np.int16),)]}
     assert payload_nbytes(sample) == 40 + 48 + 4 + 2
