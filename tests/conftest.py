@@ -82,12 +82,14 @@ def no_helper_left_behind(monkeypatch):
 SUBPROCESS_MODULES = {
     "test_isolated", "test_helper_process", "test_channel", "test_distributed", "test_train_audio",
     "test_demo", "test_main", "test_bench_command", "test_benchmark_scripts", "test_packaging",
-    "test_init", "test_pack_command", "test_device", "test_docs", "test_torch_free",
+    "test_init", "test_pack_command", "test_device", "test_docs", "test_torch_free", "test_helper_warm_up",
 }
 #: Modules that are slow as a whole (benchmark smoke runs, every example of the docs).
 SLOW_MODULES = {
     "test_bench_command", "test_benchmark_scripts", "test_docs", "test_train_audio", "test_demo",
 }
+#: Fixtures of tests that start a helper process, wherever their module is.
+SUBPROCESS_FIXTURES = {"no_helper_left_behind"}
 #: Fixtures that start a server on the loopback address.
 NETWORK_FIXTURES = {"s3", "proxies"}
 
@@ -98,7 +100,7 @@ def pytest_collection_modifyitems(config, items):
     The order is the same in every worker, as pytest-xdist requires."""
     for item in items:
         module = item.module.__name__ if item.module is not None else ""
-        if module in SUBPROCESS_MODULES:
+        if module in SUBPROCESS_MODULES or SUBPROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.subprocess)
         if module in SLOW_MODULES or item.get_closest_marker("slow") is not None:
             item.add_marker(pytest.mark.slow)
