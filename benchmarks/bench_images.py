@@ -105,7 +105,7 @@ def make_corpus(folder: Path, n: int, *, seed: int = 0) -> Path:
         target = folder / f"class{i % CLASSES:02d}"
         target.mkdir(parents=True, exist_ok=True)
         image.save(target / f"{i:05d}.jpg", quality=90)
-    marker.write_text("", encoding="utf-8")
+    marker.write_text("", encoding="utf-8", newline="\n")
     return folder
 
 
@@ -245,7 +245,8 @@ def child(approach: str, root: str, out: str) -> None:
     if hasattr(dataset, "close"):
         dataset.close()
     Path(out).write_text(
-        json.dumps({"images": images, "total_s": total, "first_batch_s": first}), encoding="utf-8"
+        json.dumps({"images": images, "total_s": total, "first_batch_s": first}), encoding="utf-8",
+        newline="\n",
     )
 
 
