@@ -1,0 +1,197 @@
+"""Resume on another world size: merge_states and the dealt epoch (audiobuffer/engine/resize.py), on the
+plans alone (100k items) and through the loaders."""
+
+import json
+
+import numpy as np
+import pytest
+from helpers import IndexDecoder, duration_manifest, fake_paths, wait_no_threads
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from audiobuffer import BufferedDataset, merge_states
+from audiobuffer.engine.plan import epoch_order, plan_batches, plan_epoch
+from audiobuffer.engine.resize import deal_batches, deal_items, done_mask
+from audiobuffer.prepare.durations import CACHE_ENV
+
+EVEN = st.sampled_from(["pad", None])
+
+
+@pytest.fixture(autouse=True)
+def duration_cache(tmp_path, monkeypatch):
+    """Header durations are cached under the test's folder, never in the user's cache."""
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+
+
+def stops(seed, sizes):
+    """A random consumed mask per shard: each shard stopped after a random number of its units,
+    taken in any order (a buffer hands samples out unordered)."""
+    rng = np.random.default_rng(seed)
+    masks = []
+    for size in sizes:
+        mask = np.zeros(size, dtype=np.uint8)
+        mask[rng.permutation(size)[:rng.integers(0, size + 1)]] = 1
+        masks.append(mask.tobytes())
+    return masks
+
+
+def check_deal(before, shares, everything, even, world):
+    """Each unit once over before and after (padding apart), shares equal (pad) or one apart."""
+    after = np.concatenate(shares)
+    assert not set(before.tolist()) & set(after.tolist())
+    assert set(before.tolist()) | set(after.tolist()) == everything
+    lengths = [len(s) for s in shares]
+    repeats = len(after) - len(set(after.tolist()))
+    if even == "pad" and world > 1:
+        assert len(set(lengths)) == 1 and repeats < world
+    else:
+        assert max(lengths) - min(lengths) <= 1 and repeats == 0
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example(n=100_000, old=8, new=3, even="pad", seed=1)
+@example(n=100_000, old=3, new=8, even=None, seed=2)
+@given(n=st.integers(1, 100_000), old=st.integers(1, 8), new=st.integers(1, 8), even=EVEN,
+       seed=st.integers(0, 2**32 - 1))
+def test_plan_items_each_once_after_another_world_size(n, old, new, even, seed):
+    order = epoch_order(n, shuffle=True, seed=5, epoch=2)
+    shards = [plan_epoch(n, shuffle=True, seed=5, epoch=2, rank=r, world_size=old,
+                         even_shards=even).indices for r in range(old)]
+    masks = stops(seed, [len(s) for s in shards])
+    before = np.concatenate([s[np.frombuffer(m, np.uint8) == 1] for s, m in zip(shards, masks)])
+    done = done_mask(n, list(zip(shards, masks)))
+    shares = [deal_items(order, done, rank=j, world_size=new, even_shards=even)
+              for j in range(new)]
+    check_deal(before, shares, set(range(n)), even, new)
+
+
+def batch_units(durations, epoch, **setup):
+    """The epoch's batches as one rank plans them, and each item's batch number."""
+    batches = plan_batches(durations, epoch=epoch, **setup).batches
+    unit_of = np.full(len(durations), -1, dtype=np.int64)
+    for unit, batch in enumerate(batches):
+        unit_of[batch] = unit
+    return batches, unit_of
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example(n=100_000, old=8, new=5, even="pad", sync=True, seed=3)
+@example(n=100_000, old=2, new=7, even=None, sync=False, seed=4)
+@given(n=st.integers(1, 100_000), old=st.integers(1, 8), new=st.integers(1, 8), even=EVEN,
+       sync=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_plan_batches_each_once_after_another_world_size(n, old, new, even, sync, seed):
+    durations = np.random.default_rng(n).uniform(0.5, 12.0, n)
+    setup = dict(max_batch_seconds=60.0, buckets=6, shuffle=True, seed=5)
+    batches, unit_of = batch_units(durations, 1, **setup)
+    shards = [np.array([unit_of[b[0]] for b in plan_batches(
+        durations, epoch=1, rank=r, world_size=old, even_shards=even, sync_buckets=sync,
+        **setup).batches], dtype=np.int64) for r in range(old)]
+    masks = stops(seed, [len(s) for s in shards])
+    before = np.concatenate([s[np.frombuffer(m, np.uint8) == 1] for s, m in zip(shards, masks)])
+    done = done_mask(len(batches), list(zip(shards, masks)))
+    longest = np.array([durations[b].max() for b in batches])
+    shares = [deal_batches(done, longest, rank=j, world_size=new, even_shards=even, synced=sync,
+                           rng=np.random.default_rng((5, 1))) for j in range(new)]
+    check_deal(before, shares, set(range(len(batches))), even, new)
+
+
+# -- through the loaders -------------------------------------------------------------------------
+
+
+def samples(n, rank, world, **kwargs):
+    kwargs.setdefault("decoder", IndexDecoder())
+    return BufferedDataset(kwargs.pop("source", fake_paths(n)), kwargs.pop("decoder"), shuffle=True,
+                           seed=3, num_producers=2, buffer_size=4, rank=rank, world_size=world,
+                           **kwargs)
+
+
+def units(batch_or_sample):
+    """A sample's index, or a batch by duration's indices as one tuple."""
+    if isinstance(batch_or_sample, list):
+        return tuple(int(s["index"]) for s in batch_or_sample)
+    return int(batch_or_sample["index"])
+
+
+def stop_all(make, old, epoch, stops_at):
+    """Run ``old`` ranks of ``epoch``, each stopped after ``stops_at[rank]`` units: what they yielded,
+    and their states through JSON."""
+    before, states = [], []
+    for rank in range(old):
+        with make(rank, old) as ds:
+            ds.set_epoch(epoch)
+            it = iter(ds)
+            for _ in range(min(stops_at[rank], len(ds))):
+                before.append(units(next(it)))
+            states.append(json.loads(json.dumps(ds.state_dict())))
+            it.close()
+    return before, states
+
+
+def resume_all(make, new, merged):
+    """Each of ``new`` ranks loads ``merged`` and runs the rest of the epoch, then the next one."""
+    after, following = [], []
+    for rank in range(new):
+        with make(rank, new) as ds:
+            ds.load_state_dict(merged)
+            after.append([units(u) for u in ds])
+            ds.set_epoch(ds.epoch + 1)
+            following.append(sorted(units(u) for u in ds))
+    return after, following
+
+
+def fresh_epoch(make, new, epoch):
+    out = []
+    for rank in range(new):
+        with make(rank, new) as ds:
+            ds.set_epoch(epoch)
+            out.append(sorted(units(u) for u in ds))
+    return out
+
+
+def check_loaders(before, after, everything, even, new):
+    """Each unit once before and after the resume (the padding of the two worlds apart)."""
+    flat = [u for share in after for u in share]
+    assert not set(before) & set(flat)
+    assert set(before) | set(flat) == everything
+    lengths = [len(share) for share in after]
+    if even == "pad" and new > 1:
+        assert len(set(lengths)) == 1 and len(flat) - len(set(flat)) < new
+    else:
+        assert max(lengths) - min(lengths) <= 1 and len(flat) == len(set(flat))
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(5, 60), old=st.integers(1, 4), new=st.integers(1, 4), even=EVEN,
+       stops_at=st.lists(st.integers(0, 60), min_size=4, max_size=4))
+def test_samples_resume_on_another_world_size(n, old, new, even, stops_at):
+    def make(rank, world):
+        return samples(n, rank, world, even_shards=even)
+
+    before, states = stop_all(make, old, 4, stops_at)
+    after, following = resume_all(make, new, merge_states(states))
+    check_loaders(before, after, set(range(n)), even, new)
+    assert following == fresh_epoch(make, new, 5)
+    assert not wait_no_threads()
+
+
+@settings(max_examples=12, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(n=st.integers(5, 80), old=st.integers(1, 4), new=st.integers(1, 4), even=EVEN,
+       sync=st.booleans(), stops_at=st.lists(st.integers(0, 20), min_size=4, max_size=4))
+def test_duration_batches_resume_on_another_world_size(tmp_path, n, old, new, even, sync,
+                                                       stops_at):
+    durations = np.random.default_rng(n).uniform(0.5, 6.0, n)
+    manifest = duration_manifest(tmp_path, durations, f"m{n}.csv")
+
+    def make(rank, world):
+        return samples(n, rank, world, source=manifest, duration_column="seconds",
+                       max_batch_seconds=12.0, buckets=3, sync_buckets=sync, even_shards=even)
+
+    before, states = stop_all(make, old, 2, stops_at)
+    after, following = resume_all(make, new, merge_states(states))
+    with make(0, 1) as one:
+        one.set_epoch(2)
+        everything = {units(b) for b in one}
+    check_loaders(before, after, everything, even, new)
+    assert following == fresh_epoch(make, new, 3)
+    assert not wait_no_threads()
