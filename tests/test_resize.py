@@ -9,7 +9,7 @@ from helpers import IndexDecoder, duration_manifest, fake_paths, wait_no_threads
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from audiobuffer import BufferedDataset, merge_states
+from audiobuffer import BufferedDataset, IsolatedLoader, ResumeError, merge_states, mix
 from audiobuffer.engine.plan import epoch_order, plan_batches, plan_epoch
 from audiobuffer.engine.resize import deal_batches, deal_items, done_mask
 from audiobuffer.prepare.durations import CACHE_ENV
@@ -99,10 +99,9 @@ def test_plan_batches_each_once_after_another_world_size(n, old, new, even, sync
 
 
 def samples(n, rank, world, **kwargs):
-    kwargs.setdefault("decoder", IndexDecoder())
+    kwargs = {"decoder": IndexDecoder(), "seed": 3, **kwargs}
     return BufferedDataset(kwargs.pop("source", fake_paths(n)), kwargs.pop("decoder"), shuffle=True,
-                           seed=3, num_producers=2, buffer_size=4, rank=rank, world_size=world,
-                           **kwargs)
+                           num_producers=2, buffer_size=4, rank=rank, world_size=world, **kwargs)
 
 
 def units(batch_or_sample):
@@ -195,3 +194,97 @@ def test_duration_batches_resume_on_another_world_size(tmp_path, n, old, new, ev
     check_loaders(before, after, everything, even, new)
     assert following == fresh_epoch(make, new, 3)
     assert not wait_no_threads()
+
+
+def test_a_state_saved_in_a_dealt_epoch_resumes_there_and_merges_again():
+    def make(rank, world):
+        return samples(90, rank, world, even_shards=None)
+
+    first, states = stop_all(make, 3, 1, [10, 3, 25])
+    merged = merge_states(states)
+    second, dealt = [], []
+    for rank in range(2):
+        with make(rank, 2) as ds:
+            ds.load_state_dict(merged)
+            it = iter(ds)
+            second += [units(next(it)) for _ in range(7 + rank)]
+            dealt.append(json.loads(json.dumps(ds.state_dict())))
+            it.close()
+    assert {s["version"] for s in dealt} == {4} and all("dealt" in s for s in dealt)
+    with make(1, 2) as ds:  # the same rank of the same world resumes its share
+        ds.load_state_dict(dealt[1])
+        rest_of_one = [units(u) for u in ds]
+    with make(1, 2) as ds:
+        ds.load_state_dict(merged)
+        share = [units(u) for u in ds]
+    assert sorted(second[7:] + rest_of_one) == sorted(share)
+    after, following = resume_all(make, 4, merge_states(dealt))  # merged again, onto 4 ranks
+    check_loaders(first + second, after, set(range(90)), None, 4)
+    assert following == fresh_epoch(make, 4, 2)
+
+
+def test_merge_states_names_what_does_not_fit():
+    def state(rank, world=3, **kwargs):
+        with samples(30, rank, world, **kwargs) as ds:
+            return ds.state_dict()
+
+    states = [state(r) for r in range(3)]
+    with pytest.raises(ResumeError, match=r"rank\(s\) \[1\] of 3 are missing"):
+        merge_states([states[0], states[2]])
+    with pytest.raises(ResumeError, match=r"rank\(s\) \[2\] given more than once"):
+        merge_states([*states, states[2]])
+    with pytest.raises(ResumeError, match="differ in seed: rank 0 has 3, rank 1 has 4"):
+        merge_states([states[0], {**states[1], "seed": 4}, states[2]])
+    with pytest.raises(ResumeError, match="differ in epoch"):
+        merge_states([states[0], {**states[1], "epoch": 1}, states[2]])
+    with pytest.raises(ResumeError, match="differ in world_size"):
+        merge_states([*states, state(3, 4)])
+    with pytest.raises(ResumeError, match="merged already"):
+        merge_states([merge_states(states)])
+    with pytest.raises(TypeError, match="list of every rank"):
+        merge_states(states[0])
+    with samples(31, 0, 2) as other, pytest.raises(ResumeError, match="source_fingerprint"):
+        other.load_state_dict(merge_states(states))
+    with samples(30, 0, 2, seed=9) as other, pytest.raises(ResumeError, match="seed=3"):
+        other.load_state_dict(merge_states(states))
+
+
+def test_a_merged_state_at_the_start_of_an_epoch_is_a_fresh_epoch():
+    def make(rank, world):
+        return samples(40, rank, world)
+
+    _, states = stop_all(make, 2, 3, [0, 0])
+    after, _ = resume_all(make, 3, merge_states(states))
+    assert [sorted(a) for a in after] == fresh_epoch(make, 3, 3)
+
+
+def test_isolated_loader_resumes_a_merged_state():
+    from plain_decoders import IndexDecoder as PlainIndexDecoder
+
+    before, states = stop_all(lambda r, w: samples(50, r, w, even_shards=None), 2, 0, [9, 14])
+    after = []
+    for rank in range(3):
+        with IsolatedLoader(fake_paths(50), PlainIndexDecoder(), batch_size=4, rank=rank,
+                            world_size=3, shuffle=True, seed=3, even_shards=None) as loader:
+            loader.load_state_dict(merge_states(states))
+            after.append([int(i) for batch in loader for i in batch["index"]])
+    check_loaders(before, after, set(range(50)), None, 3)
+
+
+def test_a_mixture_resumes_on_another_world_size(tmp_path):
+    paths = []
+    for k, n in enumerate([30, 50]):
+        (tmp_path / f"c{k}").mkdir()
+        paths.append(duration_manifest(tmp_path / f"c{k}", [1.0] * n))
+
+    def make(rank, world):
+        return samples(0, rank, world, source=mix(*paths, weights=[1, 3], size=70),
+                       even_shards=None)
+
+    with make(0, 1) as one:
+        one.set_epoch(2)
+        full = sorted(units(u) for u in one)
+    before, states = stop_all(make, 2, 2, [11, 20])
+    after, following = resume_all(make, 3, merge_states(states))
+    assert sorted(before + [u for a in after for u in a]) == full
+    assert following == fresh_epoch(make, 3, 3)
