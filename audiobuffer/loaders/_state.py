@@ -111,8 +111,14 @@ class EpochCursor:
         return self.pipeline.lay_out(shard, resume)
 
     def length(self) -> int:
-        """Items (batches, by duration) this rank yields in the next epoch: ``Pipeline.length``."""
-        return self.pipeline.length(self._epoch, *self.shard_info())
+        """Items (batches, by duration) this rank yields in the next epoch: ``Pipeline.length``, or
+        of a loaded merged state, this rank's share of the dealt epoch (of samples: not streamed)."""
+        with self._lock:
+            epoch, resume = self._epoch, self._resume
+        if resume is not None and isinstance(resume[1], Dealt) and not self.pipeline.streamed:
+            rank, world_size = self.shard_info()
+            return len(EpochUnits(self.pipeline, epoch).share(resume[1].done, rank, world_size))
+        return self.pipeline.length(epoch, *self.shard_info())
 
     def state_dict(self, progress: tuple[int, bytes] | None) -> dict[str, Any]:
         """The state of plain builtins: a loaded state not yet resumed, else ``progress`` (the epoch run last
