@@ -1,7 +1,8 @@
-"""Resume on another world size: merge_states and the dealt epoch (audiobuffer/engine/resize.py), on the
-plans alone (100k items) and through the loaders."""
+"""Resume on another world size: merge_states and the dealt epoch (audiobuffer/engine/resize.py),
+on the plans alone (100k items) and through the loaders."""
 
 import json
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -112,8 +113,8 @@ def units(batch_or_sample):
 
 
 def stop_all(make, old, epoch, stops_at):
-    """Run ``old`` ranks of ``epoch``, each stopped after ``stops_at[rank]`` units: what they yielded,
-    and their states through JSON."""
+    """Run ``old`` ranks of ``epoch``, each stopped after ``stops_at[rank]`` units: what they
+    yielded, and their states through JSON."""
     before, states = [], []
     for rank in range(old):
         with make(rank, old) as ds:
@@ -288,3 +289,45 @@ def test_a_mixture_resumes_on_another_world_size(tmp_path):
     after, following = resume_all(make, 3, merge_states(states))
     assert sorted(before + [u for a in after for u in a]) == full
     assert following == fresh_epoch(make, 3, 3)
+
+
+def test_streamed_shards_resume_on_another_world_size_at_shard_boundaries(tmp_path):
+    """A tar shard every sample of which was handed on is done; the others stream again whole."""
+    from helpers import make_corpus
+
+    from audiobuffer import AudioDecoder
+    from audiobuffer.sources import pack
+
+    files = make_corpus(tmp_path / "src", 30, seconds=0.05)
+    index = pack(tmp_path / "src", tmp_path / "out", shard_size=20_000, labels="parent",
+                 progress=False)
+    pattern = str(tmp_path / "out" / f"shard-{{000000..{len(index.shards) - 1:06d}}}.tar")
+
+    def make(rank, world):
+        return BufferedDataset(pattern, AudioDecoder(sample_rate=8000), shuffle=True, seed=2,
+                               num_producers=1, buffer_size=1, rank=rank, world_size=world,
+                               even_shards=None)
+
+    def shard_of(sample):
+        return sample["path"].split(".tar/")[0] + ".tar"
+
+    first, states = [], []
+    for rank in range(2):
+        with make(rank, 2) as ds:
+            it = iter(ds)
+            first += [next(it) for _ in range(7)]
+            states.append(ds.state_dict())
+            it.close()
+    sizes = Counter(m.shard for m in index.members)
+    taken = Counter(shard_of(s) for s in first)
+    done = {shard for shard, n in taken.items() if n == sizes[shard]}
+    assert done
+    rest = []
+    for rank in range(3):
+        with make(rank, 3) as ds:
+            ds.load_state_dict(merge_states(states))
+            rest += list(ds)
+    assert not {shard_of(s) for s in rest} & done
+    assert len(rest) == len(files) - sum(sizes[s] for s in done)
+    names = {s["path"].split(".tar/", 1)[1] for s in first + rest}
+    assert len(names) == len(files)

@@ -58,9 +58,9 @@ _COMMON = (_format.STATE_EPOCH, _format.STATE_SEED, _format.STATE_SHUFFLE,
 
 @dataclass(frozen=True)
 class Dealt:
-    """A dealt epoch to resume: ``done``, one byte per unit of the epoch, 1 where delivered before the
-    deal (or left out of the epoch), and ``consumed``, this rank's progress in its share (``None``:
-    none yet)."""
+    """A dealt epoch to resume: ``done``, one byte per unit of the epoch, 1 where delivered before
+    the deal (or left out of the epoch), and ``consumed``, this rank's progress in its share
+    (``None``: none yet)."""
 
     done: bytes
     consumed: bytes | None = None
@@ -72,8 +72,8 @@ def is_merged(state: Any) -> bool:
 
 
 def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The ``state_dict()`` of every rank of a run, merged into one state that any rank of a world of
-    any size loads with ``load_state_dict`` (NOTE [ Resume on another world size ]).
+    """The ``state_dict()`` of every rank of a run, merged into one state that any rank of a world
+    of any size loads with ``load_state_dict`` (NOTE [ Resume on another world size ]).
 
     Gather the states first (``torch.distributed.all_gather_object``, or one file per rank). A
     merged state is plain builtins (JSON-ready) and needs no dataset to make.
@@ -142,14 +142,15 @@ def _rank_entry(state: Mapping[str, Any]) -> dict[str, Any]:
     _format.decode_dealt(state)  # checked here, kept once in the merged state
     packed = ""
     if items is not None:
-        packed = _format.pack_consumed(_format.unpack_consumed(state[_format.STATE_CONSUMED], items))
+        mask = _format.unpack_consumed(state[_format.STATE_CONSUMED], items)
+        packed = _format.pack_consumed(mask)
     return {_format.STATE_RANK: rank, _format.STATE_ITEMS: items, _format.STATE_CONSUMED: packed}
 
 
 def done_mask(units: int, shards: Sequence[tuple[np.ndarray, bytes | None]],
               done: bytes | None = None) -> bytes:
     """One byte per unit, 1 where no shard of ``shards`` (each its units and its consumed mask, or
-    ``None``: none consumed) holds it unconsumed, or where ``done`` (a dealt epoch's) already has it."""
+    ``None``: none consumed) holds it unconsumed, or where ``done`` (a dealt epoch's) has it."""
     planned = np.zeros(units, dtype=bool)
     delivered = np.zeros(units, dtype=bool) if done is None else _mask(done).astype(bool)
     for ids, consumed in shards:
@@ -210,7 +211,8 @@ class EpochUnits:
             self.longest = np.array([durations[b].max() for b in self.batches], dtype=np.float64)
         else:
             source = pipeline.source
-            self.units = len(source.shards) if pipeline.streamed else len(source)  # type: ignore[union-attr]
+            listed: Any = source  # a ShardStream counts its tar shards (``Pipeline.lay_out``)
+            self.units = len(listed.shards) if pipeline.streamed else len(listed)
             blocks = self._blocks = pipeline.read_blocks()
             self.order = epoch_order(self.units, **self._setup) if blocks is None else \
                 block_order(blocks, self.units, **self._setup)
