@@ -1,6 +1,6 @@
-"""Run under torchrun, in two phases (see test_distributed.py): ``stop`` reads part of epoch 0 on each
-rank and saves every rank's state and what it yielded; ``resume`` loads their merged state on each
-rank of a world of any size, finishes epoch 0 and runs epoch 1, and rank 0 writes what each yielded."""
+"""Run under torchrun, in two phases (see test_distributed.py): ``stop`` reads part of epoch 0 on
+each rank and saves every rank's state and what it yielded; ``resume`` loads their merged state on
+each rank of a world of any size, finishes epoch 0 and runs epoch 1; rank 0 writes the report."""
 
 import json
 import sys

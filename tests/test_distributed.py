@@ -65,11 +65,11 @@ def _launchers(script, args, *, nodes, timeout=240):
         port = s.getsockname()[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", "--nproc_per_node=1",
-               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=resize",
-               "--local-addr=127.0.0.1", str(script), *map(str, args)]
-    procs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-             for _ in range(nodes)]
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}",
+               "--nproc_per_node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+               "--rdzv-id=resize", "--local-addr=127.0.0.1", str(script), *map(str, args)]
+    procs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=env) for _ in range(nodes)]
     results = []
     try:
         for proc in procs:
@@ -85,8 +85,9 @@ def _launchers(script, args, *, nodes, timeout=240):
 
 @pytest.mark.timeout(400)
 def test_two_launchers_then_three_ranks_resume_with_every_item_once(tmp_path):
-    """Two launchers (two nodes on one machine) stop mid-epoch; one launcher of three ranks merges their
-    states and finishes the epoch: every item once across the ranks, then a full 3-rank epoch."""
+    """Two launchers (two nodes on one machine) stop mid-epoch; one launcher of three ranks merges
+    their states and finishes the epoch: every item once across the ranks, then a full 3-rank
+    epoch."""
     script, path = REPO / "tests" / "ddp_resize.py", tmp_path / "report.json"
     for code, output in _launchers(script, ["stop", path], nodes=2):
         assert code == 0, output[-3000:]
