@@ -130,6 +130,7 @@ def stop_all(make, old, epoch, stops_at):
 def resume_all(make, new, merged):
     """Each of ``new`` ranks loads ``merged`` and runs the rest of the epoch, then the next one."""
     after, following = [], []
+    merged = json.loads(json.dumps(merged))  # plain builtins
     for rank in range(new):
         with make(rank, new) as ds:
             ds.load_state_dict(merged)
