@@ -162,8 +162,8 @@ def check_loaders(before, after, everything, even, new):
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(n=st.integers(5, 60), old=st.integers(1, 4), new=st.integers(1, 4), even=EVEN,
-       stops_at=st.lists(st.integers(0, 60), min_size=4, max_size=4))
+@given(n=st.integers(5, 60), old=st.integers(1, 8), new=st.integers(1, 8), even=EVEN,
+       stops_at=st.lists(st.integers(0, 60), min_size=8, max_size=8))
 def test_samples_resume_on_another_world_size(n, old, new, even, stops_at):
     def make(rank, world):
         return samples(n, rank, world, even_shards=even)
@@ -177,8 +177,8 @@ def test_samples_resume_on_another_world_size(n, old, new, even, stops_at):
 
 @settings(max_examples=12, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-@given(n=st.integers(5, 80), old=st.integers(1, 4), new=st.integers(1, 4), even=EVEN,
-       sync=st.booleans(), stops_at=st.lists(st.integers(0, 20), min_size=4, max_size=4))
+@given(n=st.integers(5, 80), old=st.integers(1, 8), new=st.integers(1, 8), even=EVEN,
+       sync=st.booleans(), stops_at=st.lists(st.integers(0, 20), min_size=8, max_size=8))
 def test_duration_batches_resume_on_another_world_size(tmp_path, n, old, new, even, sync,
                                                        stops_at):
     durations = np.random.default_rng(n).uniform(0.5, 6.0, n)
