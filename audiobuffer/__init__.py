@@ -47,6 +47,7 @@ _EXPORTS = {
     "StorageError": ".errors",
     "WorkItem": ".sources",
     "make_demo_corpus": ".cli.demo",
+    "merge_states": ".engine.resize",
     "mix": ".sources",
     "pad_collate": ".collate",
     "payload_nbytes": ".buffer",
@@ -81,6 +82,7 @@ __all__ = [
     "StorageError",
     "WorkItem",
     "make_demo_corpus",
+    "merge_states",
     "mix",
     "pad_collate",
     "payload_nbytes",
@@ -106,6 +108,7 @@ if TYPE_CHECKING:
     from .cli.demo import make_demo_corpus
     from .collate import pad_collate
     from .decoders import AudioDecoder, ImageDecoder
+    from .engine.resize import merge_states
     from .errors import (
         AudioBufferError,
         BufferClosed,

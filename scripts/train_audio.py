@@ -20,6 +20,9 @@ random state and each rank's ``BufferedDataset.state_dict()``. They are written 
 ``--save-every`` steps, at the end of each epoch and on Ctrl-C (after the step under way; the script
 then prints the command that resumes and exits with status 130). ``--resume PATH`` continues from one,
 mid-epoch too: the resumed epoch trains on exactly the samples of that epoch it had not trained on yet.
+A checkpoint of another ``--nproc_per_node`` resumes too: the ranks' dataset states are merged
+(``audiobuffer.merge_states``) and the samples not yet trained on are dealt again over the new ranks;
+the learning-rate schedule keeps its place as a share of the whole run.
 
 By default samples are batched in the order the producers finish them, so the batches, and with them
 the per-epoch loss and accuracy, vary a little from run to run. ``--deterministic`` hands samples out
@@ -47,6 +50,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
@@ -64,6 +68,7 @@ from tqdm import tqdm  # noqa: E402
 
 from audiobuffer.cli._model import SpeechCNN, evaluate, make_optimizer, train_step  # noqa: E402
 from audiobuffer.config import build_dataset, build_isolated, build_loader, build_source, load_config  # noqa: E402
+from audiobuffer.engine.resize import merge_states  # noqa: E402
 from audiobuffer.errors import AudioBufferError, ResumeError  # noqa: E402
 from audiobuffer.loaders.device import DevicePrefetcher, resolve_device  # noqa: E402
 
@@ -301,10 +306,11 @@ def _train(args: argparse.Namespace, config: Any, device: torch.device, distribu
         _check_fits(resume, classes=source.classes, epochs=config.epochs, steps=steps, world_size=world_size)
         model.load_state_dict(resume["model"])
         optimizer.load_state_dict(resume["optimizer"])
-        schedule.load_state_dict(resume["schedule"])
         start_epoch, start_step = resume["epoch"], resume["step"]
+        if resume["world_size"] == world_size:  # else placed once the epoch's steps are known
+            schedule.load_state_dict(resume["schedule"])
         metrics["epochs"] = resume["metrics"]
-        mine = resume["ranks"][rank]
+        mine = _rank_state(resume, rank, world_size)
     if distributed:
         model = DistributedDataParallel(model)
     plain = model.module if isinstance(model, DistributedDataParallel) else model
@@ -342,6 +348,10 @@ def _train(args: argparse.Namespace, config: Any, device: torch.device, distribu
         if epoch == start_epoch and mine is not None:
             if mine["dataset"] is not None:
                 train_set.load_state_dict(mine["dataset"])  # the next iter() yields the rest of this epoch
+            if resume is not None and resume["world_size"] != world_size:  # the rest dealt anew
+                if mine["dataset"] is not None:
+                    first_step = max(0, steps - _agree_min(len(train_loader), distributed))
+                _schedule_at(schedule, epoch * steps + first_step)
             loss_sum = torch.tensor(mine["loss_sum"], dtype=torch.float64)
             torch.set_rng_state(mine["rng"])
             if mine["cuda_rng"] is not None and device.type == "cuda":
@@ -444,17 +454,44 @@ def _load_checkpoint(path: Path) -> dict:
 
 
 def _check_fits(state: dict, *, classes: list, epochs: int, steps: int, world_size: int) -> None:
-    """Refuse a checkpoint made under another setup: its schedule or dataset state would not fit."""
+    """Refuse a checkpoint made under another setup: its schedule or dataset state would not fit.
+    Another rank count fits (its steps per epoch differ with it)."""
     mismatches = []
     if state["classes"] != classes:
         mismatches.append(f"classes {state['classes']} (now {classes})")
-    if (state["epochs"], state["steps_per_epoch"]) != (epochs, steps):
-        mismatches.append(f"{state['epochs']} epochs of {state['steps_per_epoch']} steps (now {epochs} of {steps})")
-    if state["world_size"] != world_size:
-        mismatches.append(f"{state['world_size']} rank(s) (now {world_size})")
+    if state["epochs"] != epochs:
+        mismatches.append(f"{state['epochs']} epochs (now {epochs})")
+    elif state["world_size"] == world_size and state["steps_per_epoch"] != steps:
+        mismatches.append(f"{state['steps_per_epoch']} steps per epoch (now {steps})")
     if mismatches:
         raise ResumeError("--resume: the checkpoint was made with " + "; ".join(mismatches) +
-                          "; resume with the config, --max-steps and rank count it was made with")
+                          "; resume with the config and --max-steps it was made with")
+
+
+def _rank_state(state: dict, rank: int, world_size: int) -> dict:
+    """This rank's part of a checkpoint: its own, or made by another rank count, the ranks' dataset
+    states merged (each rank deals itself its share of the rest), their loss sums on rank 0 and the
+    random state of rank ``rank`` modulo the old count."""
+    ranks = state["ranks"]
+    if state["world_size"] == world_size:
+        return ranks[rank]
+    datasets = [r["dataset"] for r in ranks]
+    loss = torch.tensor([r["loss_sum"] for r in ranks], dtype=torch.float64).sum(0)
+    own = ranks[rank % len(ranks)]
+    return {"dataset": None if all(d is None for d in datasets) else merge_states(datasets),
+            "loss_sum": (loss if rank == 0 else torch.zeros(2, dtype=torch.float64)).tolist(),
+            "rng": own["rng"], "cuda_rng": own["cuda_rng"]}
+
+
+def _schedule_at(schedule: torch.optim.lr_scheduler.OneCycleLR, step: int) -> None:
+    """Move a fresh one-cycle schedule to ``step`` of its run (and the optimiser's rate with it)."""
+    schedule.last_epoch = min(step, schedule.total_steps)
+    with warnings.catch_warnings():  # get_lr() outside step() warns; this is step()'s own work
+        warnings.simplefilter("ignore", UserWarning)
+        rates = schedule.get_lr()
+    for group, rate in zip(schedule.optimizer.param_groups, rates):
+        group["lr"] = rate
+    schedule._last_lr = rates  # what get_last_lr() answers
 
 
 def _write_checkpoint(path: Path, state: dict) -> None:

@@ -337,15 +337,15 @@ def set_up_epoch(pipeline: Pipeline, shard: EpochShard, *, resume: bytes | None 
 
 
 def run_epoch(pipeline: Pipeline, shard: EpochShard, *, resume: bytes | None = None,
-              port: Port | None = None) -> EpochRun:
+              layout: EpochLayout | None = None, port: Port | None = None) -> EpochRun:
     """Epoch ``shard`` of ``pipeline`` with its in-process consumer, not started (:class:`RunningEpochs`
     starts it): samples, batches by duration (:class:`BatchEpochRun`), or streamed samples batched as they
-    arrive (:class:`StreamBatchRun`). ``port``: as for :func:`set_up_epoch`.
+    arrive (:class:`StreamBatchRun`). ``layout``, ``port``: as for :func:`set_up_epoch`.
 
     Raises:
         ResumeError: ``resume`` does not have one byte per unit of this shard's epoch.
     """
-    setup = set_up_epoch(pipeline, shard, resume=resume, port=port)
+    setup = set_up_epoch(pipeline, shard, resume=resume, layout=layout, port=port)
     if pipeline.batching is not None:
         return BatchEpochRun(setup, pipeline.batching)
     if pipeline.budget is not None:  # streamed shards: no durations to plan from (Pipeline.build)

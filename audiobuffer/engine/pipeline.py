@@ -25,6 +25,7 @@ from ..sources.mixture import Mixture
 from ..sources.source import AUDIO_PATTERNS, Source, SourceSpec, WorkItem
 from ..sources.stream import ShardStream, as_source
 from .plan import BatchPlan, EpochShard, block_starts, plan_batches, plan_epoch, shard_length
+from .resize import Dealt, EpochUnits
 from .streamed import DynamicBuckets, TimedDecode, check_streamable
 from .tuner import TunerMemory
 
@@ -381,12 +382,15 @@ class Pipeline:
         """Whether the source is tar shards streamed whole (NOTE [ Streamed shards ])."""
         return isinstance(self.source, ShardStream)
 
-    def lay_out(self, shard: EpochShard, consumed: bytes | None = None) -> EpochLayout:
-        """The plan of ``shard`` (resumed after the units ``consumed`` marks), laid out for a pool.
+    def lay_out(self, shard: EpochShard, consumed: bytes | Dealt | None = None) -> EpochLayout:
+        """The plan of ``shard`` (resumed after the units ``consumed`` marks; or a dealt epoch's
+        share, NOTE [ Resume on another world size ] in ``resize.py``), laid out for a pool.
 
         Raises:
             ResumeError: ``consumed`` does not have one byte per unit of this shard's epoch.
         """
+        if isinstance(consumed, Dealt):
+            return EpochLayout(**EpochUnits(self, shard.number).lay_out(shard, consumed))
         setup = self._plan_setup(shard.number, shard.rank, shard.world_size, shard.worker, shard.num_workers)
         if self.batching is not None:
             return self.batching.lay_out(consumed=consumed, **setup)

@@ -16,10 +16,11 @@ import numpy as np
 
 from ..errors import ResumeError
 
-__all__ = ["SETUP_KEYS", "STATE_BATCHING", "STATE_CONSUMED", "STATE_EPOCH", "STATE_EVEN_SHARDS",
-           "STATE_FORMAT", "STATE_ITEMS", "STATE_RANK", "STATE_READ_BLOCK", "STATE_SEED",
-           "STATE_SHUFFLE", "STATE_SOURCE", "STATE_VERSION", "STATE_WORLD_SIZE", "decode_state",
-           "encode_state", "pack_consumed", "unpack_consumed"]
+__all__ = ["DEALT_FORMAT", "SETUP_KEYS", "STATE_BATCHING", "STATE_CONSUMED", "STATE_DEALT",
+           "STATE_EPOCH", "STATE_EVEN_SHARDS", "STATE_FORMAT", "STATE_ITEMS", "STATE_RANK",
+           "STATE_READ_BLOCK", "STATE_SEED", "STATE_SHUFFLE", "STATE_SOURCE", "STATE_VERSION",
+           "STATE_WORLD_SIZE", "decode_dealt", "decode_state", "encode_state", "pack_consumed",
+           "unpack_consumed"]
 
 #: Keys of a state dict (``BufferedDataset.STATE_*`` name the same strings).
 STATE_VERSION = "version"
@@ -40,6 +41,10 @@ STATE_BATCHING = "batching"
 #: (NOTE [ Block order ] in ``plan.py``); part of the setup, written only where not ``None``
 #: (a state without the key means ``None``).
 STATE_READ_BLOCK = "read_block"
+#: An epoch dealt from merged states (``engine/resize.py``): ``{"units": U, "done": mask}``, the
+#: units of the epoch delivered before the merge (packed as the consumed mask); the consumed mask
+#: then counts this rank's share of the rest. Written only where not ``None``.
+STATE_DEALT = "dealt"
 #: The setup a state was saved under; a state loads only into the same setup (and batching).
 SETUP_KEYS = (STATE_SEED, STATE_SHUFFLE, STATE_RANK, STATE_WORLD_SIZE, STATE_EVEN_SHARDS,
               STATE_SOURCE)
@@ -47,6 +52,8 @@ SETUP_KEYS = (STATE_SEED, STATE_SHUFFLE, STATE_RANK, STATE_WORLD_SIZE, STATE_EVE
 #: loaded): the consumed bitmap as a base64 str (JSON-serialisable); 1 (still loaded): as bytes.
 #: 1 and 2 count items.
 STATE_FORMAT = 3
+#: A state with :data:`STATE_DEALT` (format 3 otherwise, so that older readers load the rest).
+DEALT_FORMAT = 4
 
 
 def pack_consumed(consumed: bytes | bytearray) -> str:
@@ -76,19 +83,42 @@ def unpack_consumed(packed: Any, items: int) -> bytes:
     return np.unpackbits(np.frombuffer(raw, dtype=np.uint8))[:items].tobytes()
 
 
-def encode_state(setup: Mapping[str, Any], epoch: int,
-                 consumed: bytes | bytearray | None) -> dict[str, Any]:
+def encode_state(setup: Mapping[str, Any], epoch: int, consumed: bytes | bytearray | None,
+                 dealt: bytes | None = None) -> dict[str, Any]:
     """A state dict of plain builtins: ``setup`` (see :data:`SETUP_KEYS` and
     :data:`STATE_BATCHING`), the epoch and its consumed mask (of items, or of batches where
-    ``setup``'s batching is not ``None``)."""
-    state: dict[str, Any] = {STATE_VERSION: STATE_FORMAT, STATE_EPOCH: epoch}
+    ``setup``'s batching is not ``None``); ``dealt``: the done mask of a dealt epoch
+    (:data:`STATE_DEALT`)."""
+    version = STATE_FORMAT if dealt is None else DEALT_FORMAT
+    state: dict[str, Any] = {STATE_VERSION: version, STATE_EPOCH: epoch}
     state.update((key, setup[key]) for key in SETUP_KEYS)
     state[STATE_BATCHING] = setup.get(STATE_BATCHING)
     if setup.get(STATE_READ_BLOCK) is not None:  # a block order: another order of the items
         state[STATE_READ_BLOCK] = setup[STATE_READ_BLOCK]
     state[STATE_ITEMS] = None if consumed is None else len(consumed)
     state[STATE_CONSUMED] = "" if consumed is None else pack_consumed(consumed)
+    if dealt is not None:
+        state[STATE_DEALT] = {"units": len(dealt), "done": pack_consumed(dealt)}
     return state
+
+
+def decode_dealt(state: Mapping[str, Any]) -> bytes | None:
+    """The done mask of a dealt epoch's state (:data:`STATE_DEALT`), or ``None``: not dealt.
+
+    Raises:
+        ResumeError: the key is malformed, or present in a state of another format.
+    """
+    dealt = state.get(STATE_DEALT)
+    if (dealt is None) != (state.get(STATE_VERSION) != DEALT_FORMAT):
+        raise ResumeError(f"a state of format {DEALT_FORMAT} has the key {STATE_DEALT!r} and "
+                          f"others do not; got format {state.get(STATE_VERSION)!r}")
+    if dealt is None:
+        return None
+    units = dealt.get("units") if isinstance(dealt, Mapping) else None
+    if isinstance(units, bool) or not isinstance(units, int) or units < 0:
+        raise ResumeError(f"the state's {STATE_DEALT} must be {{'units': integer >= 0, 'done': "
+                          f"mask}}, got {dealt!r:.80}")
+    return unpack_consumed(dealt.get("done"), units)
 
 
 def decode_state(setup: Mapping[str, Any], state: Any) -> tuple[int, bytes | None]:
@@ -104,9 +134,10 @@ def decode_state(setup: Mapping[str, Any], state: Any) -> tuple[int, bytes | Non
     missing = [k for k in required if k not in state]
     if missing:
         raise ResumeError(f"the state dict lacks {missing}")
-    if state[STATE_VERSION] not in (1, 2, STATE_FORMAT):
-        raise ResumeError(f"state format {state[STATE_VERSION]!r} is not 1, 2 or {STATE_FORMAT}")
-    if state[STATE_VERSION] == STATE_FORMAT and STATE_BATCHING not in state:
+    if state[STATE_VERSION] not in (1, 2, STATE_FORMAT, DEALT_FORMAT):
+        raise ResumeError(f"state format {state[STATE_VERSION]!r} is not 1, 2, {STATE_FORMAT} or "
+                          f"{DEALT_FORMAT}")
+    if state[STATE_VERSION] >= STATE_FORMAT and STATE_BATCHING not in state:
         raise ResumeError(f"the state dict lacks {[STATE_BATCHING]}")
     saved = {**state, STATE_BATCHING: state.get(STATE_BATCHING),  # formats 1 and 2 count items
              STATE_READ_BLOCK: state.get(STATE_READ_BLOCK)}

@@ -13,13 +13,18 @@ from torch.utils.data import get_worker_info
 from .._checks import check_int
 from ..engine import state as _format
 from ..engine.plan import EpochShard
+from ..engine.resize import MERGED_FORMAT, STATE_MERGED, STATE_RANKS, Dealt, EpochUnits, is_merged
+from ..errors import ResumeError
 
 if TYPE_CHECKING:
-    from ..engine.pipeline import Pipeline
+    from ..engine.pipeline import EpochLayout, Pipeline
     from ..sources.source import Source
     from ..sources.stream import ShardStream
 
-__all__ = ["EpochCursor", "PipelineViews", "StateKeys", "dataloader_worker"]
+__all__ = ["EpochCursor", "PipelineViews", "Resume", "StateKeys", "dataloader_worker"]
+
+#: What a loaded state resumes: a consumed mask of the rank's shard, or a dealt epoch's share.
+Resume = bytes | Dealt
 
 
 class StateKeys:
@@ -51,7 +56,8 @@ class EpochCursor:
         self.pipeline = pipeline
         self._lock = threading.Lock()
         self._epoch = 0
-        self._resume: tuple[int, bytes] | None = None  # (epoch, consumed) from load_state_dict
+        self._resume: tuple[int, Resume] | None = None  # (epoch, consumed) from load_state_dict
+        self._dealt: tuple[int, bytes] | None = None  # (epoch, done) of the dealt epoch run last
 
     def __getstate__(self) -> dict[str, Any]:
         with self._lock:
@@ -83,42 +89,101 @@ class EpochCursor:
             return torch.distributed.get_rank(), torch.distributed.get_world_size()
         return 0, 1
 
-    def begin(self, worker: tuple[int, int] | None = None) -> tuple[EpochShard, bytes | None]:
+    def begin(self, worker: tuple[int, int] | None = None) -> tuple[EpochShard, Resume | None]:
         """The shard of the epoch starting now (``worker``: its DataLoader worker and their count) and the
-        units a loaded state consumed of it (``None``: a fresh epoch), taken once."""
+        units a loaded state consumed of it, or its dealt share (``None``: a fresh epoch), taken once;
+        :meth:`lay_out` lays it out."""
         rank, world_size = self.shard_info()
         with self._lock:
             number, resume = self._epoch, self._resume
             self._resume = None
-        consumed = resume[1] if resume is not None and resume[0] == number else None
+            consumed = resume[1] if resume is not None and resume[0] == number else None
+            self._dealt = (number, consumed.done) if isinstance(consumed, Dealt) else None
         return EpochShard(number, rank, world_size, *(worker or (0, 1))), consumed
 
+    def lay_out(self, shard: EpochShard, resume: Resume | None) -> EpochLayout:
+        """The layout of :meth:`begin`'s epoch: ``Pipeline.lay_out``, or a dealt epoch's share
+        (NOTE [ Resume on another world size ] in ``engine/resize.py``).
+
+        Raises:
+            ResumeError: the resumed mask does not fit this shard's epoch.
+        """
+        return self.pipeline.lay_out(shard, resume)
+
     def length(self) -> int:
-        """Items (batches, by duration) this rank yields in the next epoch: ``Pipeline.length``."""
-        return self.pipeline.length(self._epoch, *self.shard_info())
+        """Items (batches, by duration) this rank yields in the next epoch: ``Pipeline.length``, or
+        of a loaded merged state, this rank's share of the dealt epoch (of samples: not streamed)."""
+        with self._lock:
+            epoch, resume = self._epoch, self._resume
+        if resume is not None and isinstance(resume[1], Dealt) and not self.pipeline.streamed:
+            rank, world_size = self.shard_info()
+            return len(EpochUnits(self.pipeline, epoch).share(resume[1].done, rank, world_size))
+        return self.pipeline.length(epoch, *self.shard_info())
 
     def state_dict(self, progress: tuple[int, bytes] | None) -> dict[str, Any]:
         """The state of plain builtins: a loaded state not yet resumed, else ``progress`` (the epoch run last
         here and its consumed mask) if it is of the next epoch, else the start of the next epoch."""
         with self._lock:
-            epoch, resume = self._epoch, self._resume
+            epoch, resume, dealt = self._epoch, self._resume, self._dealt
         consumed: bytes | None = None
+        done: bytes | None = None
         if resume is not None:
-            epoch, consumed = resume
+            epoch, saved = resume
+            consumed, done = (saved.consumed, saved.done) if isinstance(saved, Dealt) else (saved, None)
         elif progress is not None and progress[0] == epoch:
             consumed = progress[1]
-        return _format.encode_state(self._setup(), epoch, consumed)
+            done = dealt[1] if dealt is not None and dealt[0] == epoch else None
+        return _format.encode_state(self._setup(), epoch, consumed, done)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next ``iter()`` resume ``state``; checked whole before anything changes.
 
+        A merged state (``audiobuffer.merge_states``) of any number of ranks loads on any rank: the
+        units its ranks had not delivered are dealt again over this world (NOTE [ Resume on another
+        world size ] in ``engine/resize.py``).
+
         Raises:
             ResumeError: the state is malformed or was saved under another setup.
         """
-        epoch, consumed = _format.decode_state(self._setup(), state)
+        resume: Resume | None
+        if is_merged(state):
+            epoch, resume = self._resolve(state)
+        else:
+            epoch, consumed = _format.decode_state(self._setup(), state)
+            done = _format.decode_dealt(state)
+            resume = consumed if done is None else Dealt(done, consumed)
         with self._lock:
             self._epoch = epoch
-            self._resume = None if consumed is None else (epoch, consumed)
+            self._resume = None if resume is None else (epoch, resume)
+
+    def _resolve(self, merged: dict[str, Any]) -> tuple[int, Dealt | None]:
+        """A merged state's epoch and what it deals (``None``: no rank had begun it)."""
+        if merged.get(STATE_MERGED) != MERGED_FORMAT:
+            raise ResumeError(f"merged state format {merged.get(STATE_MERGED)!r} is not "
+                              f"{MERGED_FORMAT}")
+        epoch, world = merged.get(_format.STATE_EPOCH), merged.get(_format.STATE_WORLD_SIZE)
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ResumeError(f"the merged state's epoch must be an integer >= 0, got {epoch!r}")
+        if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+            raise ResumeError(f"the merged state's world_size must be an integer >= 1, got "
+                              f"{world!r}")
+        setup = self._setup()
+        setup[_format.STATE_BATCHING] = self.pipeline.mask_setup(world)  # as the old ranks counted
+        for key in (_format.STATE_SEED, _format.STATE_SHUFFLE, _format.STATE_EVEN_SHARDS,
+                    _format.STATE_SOURCE, _format.STATE_BATCHING, _format.STATE_READ_BLOCK):
+            if merged.get(key) != setup.get(key):
+                raise ResumeError(f"the merged state was saved with {key}={merged.get(key)!r}, "
+                                  f"this dataset has {key}={setup.get(key)!r}; resume with the "
+                                  f"setup it was saved under")
+        entries = merged.get(STATE_RANKS)
+        if not isinstance(entries, list) or [e.get(_format.STATE_RANK) for e in entries
+                                             if isinstance(e, dict)] != list(range(world)):
+            raise ResumeError(f"the merged state's ranks must be 0..{world - 1}, each once; "
+                              f"make it with audiobuffer.merge_states")
+        begun = any(e.get(_format.STATE_ITEMS) is not None for e in entries)
+        if not begun and merged.get(_format.STATE_DEALT) is None:
+            return epoch, None  # every rank at the start of the epoch: a fresh one here
+        return epoch, Dealt(EpochUnits(self.pipeline, epoch).done_of(merged))
 
     def _setup(self) -> dict[str, Any]:
         """What a state must have been saved under (``state.SETUP_KEYS`` and the batching)."""

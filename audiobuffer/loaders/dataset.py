@@ -284,7 +284,8 @@ class BufferedDataset(PipelineViews, StateKeys, IterableDataset):
         worker = dataloader_worker()
         self._worker_epochs.started(in_worker=worker is not None)
         shard, resume = self._cursor.begin(worker)
-        yield from self._epochs.run(run_epoch(self.pipeline, shard, resume=resume), self.pipeline.options.on_error)
+        layout = self._cursor.lay_out(shard, resume)
+        yield from self._epochs.run(run_epoch(self.pipeline, shard, layout=layout), self.pipeline.options.on_error)
 
     # -- inspection and shutdown ---------------------------------------------------------------
 

@@ -214,6 +214,58 @@ def test_torchrun_resume_mid_epoch_restores_each_ranks_shard(tiny, tmp_path):
     assert sorted(trained) == train_files
 
 
+def test_torchrun_resumes_a_checkpoint_of_another_rank_count(tiny, tmp_path):
+    """Two ranks stop after 2 of their 4 steps; the checkpoint resumes on three ranks (torchrun) and on
+    one (no torchrun): the ranks' dataset states are merged and the 14 files not yet trained on are
+    dealt again, so epoch 0 covers every file once (one repeated: padding 14 to 3 equal shares)."""
+    import shutil
+    from collections import Counter
+
+    config, train_files = tiny
+    common = ["--config", config, "--set", "epochs=1"]
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    first = run([*launch, "--nproc_per_node=2", SCRIPT, *common, "--checkpoint-dir", tmp_path / "ck",
+                 "--seen-log", tmp_path / "seen", "--stop-at-step", "2"], cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    shutil.copytree(tmp_path / "ck", tmp_path / "ck1")
+    shutil.copytree(tmp_path / "seen", tmp_path / "seen1")
+    three = run([*launch, "--nproc_per_node=3", SCRIPT, *common, "--checkpoint-dir", tmp_path / "ck",
+                 "--seen-log", tmp_path / "seen", "--resume", tmp_path / "ck"], cwd=tmp_path)
+    assert three.returncode == 0, three.stdout + three.stderr
+    assert "3 rank(s), 3 steps per epoch" in three.stdout
+    one = run([sys.executable, SCRIPT, *common, "--checkpoint-dir", tmp_path / "ck1", "--seen-log",
+               tmp_path / "seen1", "--resume", tmp_path / "ck1"], cwd=tmp_path)
+    assert one.returncode == 0, one.stdout + one.stderr
+    for seen, ranks, repeats in ((tmp_path / "seen", 3, 1), (tmp_path / "seen1", 2, 0)):
+        lines = [line for r in range(ranks) for line in _seen(seen / f"rank{r}.jsonl")]
+        counts = Counter(p for line in lines for p in line["paths"])
+        assert sorted(counts) == train_files
+        assert sum(counts.values()) - len(counts) == repeats
+    after = [len(_seen(tmp_path / "seen" / f"rank{r}.jsonl")) for r in range(3)]
+    assert after == [2 + 2, 2 + 2, 2]  # equal steps after the resume on every rank
+    assert [line["step"] for line in _seen(tmp_path / "seen1" / "rank0.jsonl")] == [0, 1, *range(4, 8)]
+
+
+def test_a_checkpoint_of_batches_by_duration_resumes_on_two_ranks(tiny, tmp_path, monkeypatch):
+    """One rank stops after 3 of its 8 batches by duration; two ranks (torchrun) resume: the 5
+    batches left are dealt over them (3 each, one repeated), and epoch 0 covers every file."""
+    from collections import Counter
+
+    config, train_files = tiny
+    monkeypatch.setenv("AUDIOBUFFER_CACHE_DIR", str(tmp_path / "cache"))
+    common = ["--config", config, "--set", "epochs=1", "--max-batch-seconds", "1",
+              "--checkpoint-dir", tmp_path / "ck", "--seen-log", tmp_path / "seen"]
+    first = run([sys.executable, SCRIPT, *common, "--stop-at-step", "3"], cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    two = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               SCRIPT, *common, "--resume", tmp_path / "ck"], cwd=tmp_path)
+    assert two.returncode == 0, two.stdout + two.stderr
+    ranks = [_seen(tmp_path / "seen" / f"rank{r}.jsonl") for r in (0, 1)]
+    assert [len(lines) for lines in ranks] == [3 + 3, 3]
+    counts = Counter(p for lines in ranks for line in lines for p in line["paths"])
+    assert sorted(counts) == train_files and all(len(line["paths"]) <= 4 for line in ranks[1])
+
+
 # -- Ctrl-C: a checkpoint, one line with the resume command, exit 130 ------------------------------
 
 INTERRUPT_TIMEOUT = 120.0

@@ -32,6 +32,7 @@ from ...engine.cancel import on_cancel
 from ...engine.epoch import EpochCounts, closed_at_exit, mixture_counts
 from ...engine.pipeline import EpochLayout, Pipeline
 from ...engine.plan import EpochShard
+from ...engine.resize import Dealt
 from ...engine.stats import DatasetStats
 from ...errors import BufferClosed, DecodeError, HelperError, SampleError, StallError
 from ...options import LoaderOptions, ProducerCount, check_keywords
@@ -319,7 +320,8 @@ class IsolatedLoader(PipelineViews, StateKeys):
             self._gen += 1
             gen = self._gen
         pipeline = self.pipeline
-        layout = pipeline.lay_out(shard, resume)
+        layout = self._cursor.lay_out(shard, resume)
+        dealt = isinstance(resume, Dealt)  # laid out here, as batches by duration are
         planned = pipeline.batching  # batches by duration: planned here, decoded in the helper
         producers = cast(ProducerCount, pipeline.options.num_producers)  # LoaderOptions stores None as "auto"
         pinned = 0 if producers == "auto" else min(producers, max(1, len(layout)))  # auto: known at the end
@@ -328,7 +330,8 @@ class IsolatedLoader(PipelineViews, StateKeys):
             run.count_header_failures(planned)
         with self._lock:
             self._run = run
-        channel.send(StartEpoch(gen, shard, resume, None if planned is None else layout))
+        channel.send(StartEpoch(gen, shard, None if dealt else cast("bytes | None", resume),
+                                layout if planned is not None or dealt else None))
         return closed_at_exit(self._epoch(run, channel))
 
     def _epoch(self, run: TrainerRun, channel: HelperChannel) -> Iterator[dict[str, Any]]:
