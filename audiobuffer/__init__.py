@@ -50,6 +50,7 @@ _EXPORTS = {
     "mix": ".sources",
     "pad_collate": ".collate",
     "payload_nbytes": ".buffer",
+    "probe_budgets": ".probe",
 }
 
 __all__ = [
@@ -84,6 +85,7 @@ __all__ = [
     "mix",
     "pad_collate",
     "payload_nbytes",
+    "probe_budgets",
 ]
 assert set(__all__) == set(_EXPORTS), "__all__ and _EXPORTS name the same things"
 
