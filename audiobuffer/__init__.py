@@ -126,6 +126,7 @@ if TYPE_CHECKING:
     from .loaders.isolated.loader import IsolatedLoader
     from .loaders.slots import BatchSlotLoader, SlotStats
     from .normalize import Normalize
+    from .probe import probe_budgets
     from .sources.mixture import mix
     from .sources.source import AUDIO_PATTERNS, IMAGE_PATTERNS, Source, WorkItem
 
