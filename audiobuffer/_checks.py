@@ -118,13 +118,15 @@ def check_budgets(name: str, value: Any, *, maximum: float | None = None) -> int
     """
     if isinstance(value, Mapping):
         if not value:
-            raise ValueError(f"{name} must map each bucket's upper edge (seconds) to its budget, got {{}}")
+            raise ValueError(f"{name} must map each bucket's upper edge (seconds) to its budget, "
+                             f"got {{}}")
         edges = list(value)
         for edge in edges:
             _one_seconds(f"{name}'s bucket edge", edge, maximum)
             _one_seconds(f"{name}[{edge!r}]", value[edge], maximum)
         if any(b <= a for a, b in zip(edges, edges[1:])):
-            raise ValueError(f"{name}'s bucket edges must increase, got {short_repr(edges)}: list the "
+            raise ValueError(f"{name}'s bucket edges must increase, got {short_repr(edges)}: list "
+                             f"the "
                              f"buckets from the shortest to the longest")
         return len(edges)
     if isinstance(value, (list, tuple)):

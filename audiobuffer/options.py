@@ -178,7 +178,8 @@ class LoaderOptions:
         None, "Raise StallError when no sample arrives for this many seconds (None, inf: never).",
         yaml="buffer.timeout", kind="seconds", nullable=True)
     max_batch_seconds: BatchSeconds | None = _option(
-        None, "Batch by duration: each batch's padded length within this many seconds (or one per bucket).",
+        None, "Batch by duration: each batch's padded length within this many seconds (or one per "
+        "bucket).",
         yaml="loader.max_batch_seconds", kind="budgets", maximum=MAX_SECONDS, nullable=True)
     buckets: int | None = _option(None, "Duration buckets batches are cut from (default 10).",
                                   yaml="loader.buckets", kind="int", minimum=1, nullable=True,
@@ -218,8 +219,9 @@ class LoaderOptions:
         per_bucket = check_budgets("max_batch_seconds", self.max_batch_seconds) \
             if self.max_batch_seconds is not None else None
         if per_bucket is not None and self.buckets is not None and self.buckets != per_bucket:
-            raise ValueError(f"max_batch_seconds gives {per_bucket} budgets (one per bucket) but buckets="
-                             f"{self.buckets}: give as many budgets as buckets, or leave buckets out")
+            raise ValueError(f"max_batch_seconds gives {per_bucket} budgets (one per bucket) but "
+                             f"buckets={self.buckets}: give as many budgets as buckets, or leave "
+                             f"buckets out")
         if self.max_batch_seconds is None:
             # duration_column also bounds the segments of start_column
             shaping = ("buckets", "max_batch_size", "quadratic_duration", "sync_buckets",

@@ -23,22 +23,37 @@ logger = logging.getLogger(__name__)
 OUT_OF_MEMORY: tuple[type[BaseException], ...] = (torch.OutOfMemoryError,)
 
 
-def synthetic_batch(n: int, frames: int, *, sample_rate: int = 16000,
-                    device: str | torch.device = "cpu") -> dict[str, Any]:
+def synthetic_batch(
+    n: int, frames: int, *, sample_rate: int = 16000, device: str | torch.device = "cpu"
+) -> dict[str, Any]:
     """A batch as :func:`~audiobuffer.pad_collate` makes it from ``n`` mono samples of ``frames``
     frames each (noise, labels 0), on ``device``: ``audio`` ``(n, frames)``, ``lengths``,
     ``num_frames``, ``sample_rate``, ``index`` and ``label``."""
     full = torch.full((n,), frames, dtype=torch.int64, device=device)
-    return {"audio": torch.randn(n, frames, device=device), "lengths": full, "num_frames": full.clone(),
-            "sample_rate": torch.full((n,), sample_rate, dtype=torch.int64, device=device),
-            "index": torch.arange(n, device=device), "label": torch.zeros(n, dtype=torch.int64, device=device)}
+    return {
+        "audio": torch.randn(n, frames, device=device),
+        "lengths": full,
+        "num_frames": full.clone(),
+        "sample_rate": torch.full((n,), sample_rate, dtype=torch.int64, device=device),
+        "index": torch.arange(n, device=device),
+        "label": torch.zeros(n, dtype=torch.int64, device=device),
+    }
 
 
-def probe_budgets(step: Callable[[dict[str, Any]], Any], bucket_edges: Sequence[float] | Mapping[float, Any], *,
-                  sample_rate: int = 16000, device: str | torch.device = "cpu", margin: float = 0.1,
-                  memory_limit: int | None = None, max_steps: int = 30, tolerance: float = 0.01,
-                  max_batch_size: int = 1 << 16, quadratic_duration: float | None = None,
-                  make_batch: Callable[[int, int], dict[str, Any]] | None = None) -> list[float]:
+def probe_budgets(
+    step: Callable[[dict[str, Any]], Any],
+    bucket_edges: Sequence[float] | Mapping[float, Any],
+    *,
+    sample_rate: int = 16000,
+    device: str | torch.device = "cpu",
+    margin: float = 0.1,
+    memory_limit: int | None = None,
+    max_steps: int = 30,
+    tolerance: float = 0.01,
+    max_batch_size: int = 1 << 16,
+    quadratic_duration: float | None = None,
+    make_batch: Callable[[int, int], dict[str, Any]] | None = None,
+) -> list[float]:
     """Each bucket's budget in seconds: the largest batch of its longest items that ``step`` runs.
 
     For each bucket (shortest first) the probe calls ``step`` on synthetic batches of ``n`` samples
@@ -76,7 +91,8 @@ def probe_budgets(step: Callable[[dict[str, Any]], Any], bucket_edges: Sequence[
         tolerance: how close below the largest fitting batch size the search stops (a fraction).
         max_batch_size: the largest batch tried.
         quadratic_duration: the loader's ``quadratic_duration``, or ``None``.
-        make_batch: ``(n, frames) -> batch``, instead of :func:`synthetic_batch` (other keys, shapes).
+        make_batch: ``(n, frames) -> batch``, instead of :func:`synthetic_batch` (other keys or
+            shapes).
 
     Raises:
         TypeError, ValueError: an argument of the wrong type or value (the message names it).
@@ -90,12 +106,17 @@ def probe_budgets(step: Callable[[dict[str, Any]], Any], bucket_edges: Sequence[
     _check_fraction("tolerance", tolerance)
     if memory_limit is not None:
         check_int("memory_limit", memory_limit, 1, also="(bytes) or None")
-    if quadratic_duration is not None and not (isinstance(quadratic_duration, (int, float))
-                                               and quadratic_duration > 0):
-        raise ValueError(f"quadratic_duration must be None or a number of seconds > 0, got "
-                         f"{short_repr(quadratic_duration)}")
+    if quadratic_duration is not None and not (
+        isinstance(quadratic_duration, (int, float)) and quadratic_duration > 0
+    ):
+        raise ValueError(
+            f"quadratic_duration must be None or a number of seconds > 0, got "
+            f"{short_repr(quadratic_duration)}"
+        )
     where = torch.device(device)
-    build = make_batch or (lambda n, frames: synthetic_batch(n, frames, sample_rate=sample_rate, device=where))
+    build = make_batch or (
+        lambda n, frames: synthetic_batch(n, frames, sample_rate=sample_rate, device=where)
+    )
     budgets: list[float] = []
     start = 1
     for edge in edges:
@@ -103,13 +124,22 @@ def probe_budgets(step: Callable[[dict[str, Any]], Any], bucket_edges: Sequence[
         trial = _Trial(step, build, frames, where, memory_limit)
         n = _largest(trial, start, max_steps, tolerance, max_batch_size)
         if n == 0:
-            raise RuntimeError(f"a batch of one sample of {edge:g} s ({frames} frames) does not fit on "
-                               f"{where} ({trial.reason}): shorten the bucket (its edge), or give the step "
-                               f"more memory")
-        per_item = edge if quadratic_duration is None else edge + edge * edge / float(quadratic_duration)
+            raise RuntimeError(
+                f"a batch of one sample of {edge:g} s ({frames} frames) does not fit on "
+                f"{where} ({trial.reason}): shorten the bucket (its edge), or give the step "
+                f"more memory"
+            )
+        per_item = (
+            edge if quadratic_duration is None else edge + edge * edge / float(quadratic_duration)
+        )
         budgets.append(n * per_item * (1.0 - margin))
-        logger.info("bucket up to %g s: %d samples fit (%d steps), budget %.1f s", edge, n, trial.calls,
-                    budgets[-1])
+        logger.info(
+            "bucket up to %g s: %d samples fit (%d steps), budget %.1f s",
+            edge,
+            n,
+            trial.calls,
+            budgets[-1],
+        )
         start = n
     return budgets
 
@@ -117,8 +147,14 @@ def probe_budgets(step: Callable[[dict[str, Any]], Any], bucket_edges: Sequence[
 class _Trial:
     """Whether a batch of ``n`` fits: one call of the step, its out-of-memory error caught."""
 
-    def __init__(self, step: Callable[[dict[str, Any]], Any], build: Callable[[int, int], dict[str, Any]],
-                 frames: int, device: torch.device, memory_limit: int | None) -> None:
+    def __init__(
+        self,
+        step: Callable[[dict[str, Any]], Any],
+        build: Callable[[int, int], dict[str, Any]],
+        frames: int,
+        device: torch.device,
+        memory_limit: int | None,
+    ) -> None:
         self.step, self.build, self.frames = step, build, frames
         self.device, self.memory_limit = device, memory_limit
         self.calls = 0
@@ -146,15 +182,18 @@ class _Trial:
             torch.cuda.reset_peak_memory_stats(self.device)
         if fits and self.memory_limit is not None:
             if isinstance(used, bool) or not isinstance(used, (int, float)):
-                raise TypeError(f"with memory_limit on {self.device}, the step must return its peak memory "
-                                f"in bytes, got {short_repr(used)}")
+                raise TypeError(
+                    f"with memory_limit on {self.device}, the step must return its peak memory "
+                    f"in bytes, got {short_repr(used)}"
+                )
             if used > self.memory_limit:
                 fits, self.reason = False, f"{used:.0f} bytes > memory_limit at {n} samples"
         return fits
 
 
 def _largest(fits: _Trial, start: int, max_steps: int, tolerance: float, most: int) -> int:
-    """The largest ``n`` in [1, ``most``] that ``fits``, found from ``start`` by doubling or halving,
+    """The largest ``n`` in [1, ``most``] that ``fits``, found from ``start`` by doubling or
+    halving,
     then bisecting until within ``tolerance`` below it; 0 when even 1 does not fit."""
     lo, hi = 0, most + 1  # lo fits (0: none yet), hi does not
     n = max(1, min(start, most))
@@ -182,8 +221,10 @@ def _largest(fits: _Trial, start: int, max_steps: int, tolerance: float, most: i
 
 def _check_edges(bucket_edges: Sequence[float] | Mapping[float, Any]) -> list[float]:
     if isinstance(bucket_edges, (str, bytes)) or not isinstance(bucket_edges, (Sequence, Mapping)):
-        raise TypeError(f"bucket_edges must be a list of seconds (each bucket's upper edge), got "
-                        f"{short_repr(bucket_edges)}")
+        raise TypeError(
+            f"bucket_edges must be a list of seconds (each bucket's upper edge), got "
+            f"{short_repr(bucket_edges)}"
+        )
     edges = list(bucket_edges)
     if not edges:
         raise ValueError("bucket_edges must give at least one bucket's upper edge, got none")
@@ -191,7 +232,9 @@ def _check_edges(bucket_edges: Sequence[float] | Mapping[float, Any]) -> list[fl
         if isinstance(edge, bool) or not isinstance(edge, (int, float)):
             raise TypeError(f"bucket_edges must hold numbers of seconds, got {short_repr(edge)}")
         if not (math.isfinite(edge) and edge > 0):
-            raise ValueError(f"bucket_edges must hold finite numbers of seconds > 0, got {short_repr(edge)}")
+            raise ValueError(
+                f"bucket_edges must hold finite numbers of seconds > 0, got {short_repr(edge)}"
+            )
     if any(b <= a for a, b in zip(edges, edges[1:])):
         raise ValueError(f"bucket_edges must increase, got {short_repr(edges)}")
     return [float(edge) for edge in edges]

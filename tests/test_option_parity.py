@@ -39,9 +39,11 @@ CASES = [
     # one budget per bucket: a list, or a mapping from each bucket's upper edge to its budget
     ("max_batch_seconds", [30.0, 20.0], True), ("max_batch_seconds", {2.0: 30.0, 5.0: 20.0}, True),
     ("max_batch_seconds", [30.0, math.nan], False), ("max_batch_seconds", [30.0, 0.0], False),
-    ("max_batch_seconds", [30.0, -1.0], False), ("max_batch_seconds", [], False), ("max_batch_seconds", {}, False),
+    ("max_batch_seconds", [30.0, -1.0], False), ("max_batch_seconds", [], False),
+    ("max_batch_seconds", {}, False),
     ("max_batch_seconds", [30.0, "20"], False), ("max_batch_seconds", [30.0, None], False),
-    ("max_batch_seconds", {5.0: 30.0, 2.0: 20.0}, False), ("max_batch_seconds", {2.0: 30.0, 3.0: 0.0}, False),
+    ("max_batch_seconds", {5.0: 30.0, 2.0: 20.0}, False),
+    ("max_batch_seconds", {2.0: 30.0, 3.0: 0.0}, False),
     ("max_batch_seconds", {math.nan: 30.0}, False), ("max_batch_seconds", {0.0: 30.0}, False),
     ("max_batch_seconds", {2.0: math.nan}, False), ("max_batch_seconds", [30.0, math.inf], False),
 ]
@@ -106,7 +108,8 @@ PER_BUCKET = [([30.0, 20.0], 2, True), ([30.0, 20.0], 3, False), ({2.0: 30.0, 5.
               ({2.0: 30.0, 5.0: 20.0}, 1, False), ([30.0] * 10, None, True)]
 
 
-@pytest.mark.parametrize("seconds, buckets, taken", PER_BUCKET, ids=[f"{s!r}-{b}" for s, b, _ in PER_BUCKET])
+@pytest.mark.parametrize("seconds, buckets, taken", PER_BUCKET,
+                         ids=[f"{s!r}-{b}" for s, b, _ in PER_BUCKET])
 def test_budgets_per_bucket_agree_with_buckets_everywhere(tmp_path, seconds, buckets, taken):
     keywords = {"max_batch_seconds": seconds, "buckets": buckets, "duration_column": "seconds"}
     items = duration_manifest(tmp_path, [1.0] * 4)

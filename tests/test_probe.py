@@ -27,7 +27,7 @@ class ModelStep:
         self.shapes: list[tuple[int, int]] = []
 
     def used(self, n: int, frames: int) -> float:
-        return n * frames ** 1.5
+        return n * frames**1.5
 
     def __call__(self, batch):
         n, frames = batch["audio"].shape
@@ -42,11 +42,11 @@ class ModelStep:
 
     def true_budget(self, edge: float) -> float:
         frames = round(edge * RATE)
-        return math.floor(self.limit / frames ** 1.5) * edge
+        return math.floor(self.limit / frames**1.5) * edge
 
 
 def no_memory_batch(n: int, frames: int) -> dict:
-    """``(n, frames)`` audio that takes no memory (a broadcast view), so large batches cost nothing."""
+    """``(n, frames)`` audio that takes no memory (a broadcast view): large batches cost nothing."""
     return {"audio": torch.zeros(1, 1).expand(n, frames), "lengths": torch.full((n,), frames)}
 
 
@@ -54,8 +54,15 @@ def no_memory_batch(n: int, frames: int) -> dict:
 @pytest.mark.parametrize("report", [False, True])
 def test_each_budget_is_at_most_five_percent_below_the_largest_never_above(limit, report):
     step = ModelStep(limit, report=report)
-    budgets = probe_budgets(step, EDGES, sample_rate=RATE, margin=0.0, memory_limit=int(limit) if report else None,
-                            max_batch_size=1 << 20, make_batch=no_memory_batch)
+    budgets = probe_budgets(
+        step,
+        EDGES,
+        sample_rate=RATE,
+        margin=0.0,
+        memory_limit=int(limit) if report else None,
+        max_batch_size=1 << 20,
+        make_batch=no_memory_batch,
+    )
     assert len(budgets) == len(EDGES)
     for edge, budget in zip(EDGES, budgets):
         true = step.true_budget(edge)
@@ -72,8 +79,9 @@ def test_the_margin_leaves_its_fraction_free():
 
 def test_the_quadratic_term_counts_as_the_loader_counts_it():
     plain = probe_budgets(ModelStep(2e8), [2.0], sample_rate=RATE, margin=0.0, tolerance=0.0)
-    quadratic = probe_budgets(ModelStep(2e8), [2.0], sample_rate=RATE, margin=0.0, tolerance=0.0,
-                              quadratic_duration=4.0)
+    quadratic = probe_budgets(
+        ModelStep(2e8), [2.0], sample_rate=RATE, margin=0.0, tolerance=0.0, quadratic_duration=4.0
+    )
     assert quadratic[0] == pytest.approx(plain[0] * (1 + 2.0 / 4.0))
 
 
@@ -93,15 +101,18 @@ def test_the_largest_batch_size_bounds_the_search():
     assert max(n for n, _ in step.shapes) == 100
 
 
-@pytest.mark.parametrize("kwargs, error, match", [
-    (dict(bucket_edges=[2.0, 1.0]), ValueError, "bucket_edges must increase"),
-    (dict(bucket_edges=[]), ValueError, "at least one"),
-    (dict(bucket_edges=[math.nan]), ValueError, "finite"),
-    (dict(bucket_edges="2"), TypeError, "bucket_edges"),
-    (dict(bucket_edges=[1.0], margin=1.0), ValueError, "margin"),
-    (dict(bucket_edges=[1.0], max_steps=1), ValueError, "max_steps"),
-    (dict(bucket_edges=[1.0], memory_limit=0), ValueError, "memory_limit"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(bucket_edges=[2.0, 1.0]), ValueError, "bucket_edges must increase"),
+        (dict(bucket_edges=[]), ValueError, "at least one"),
+        (dict(bucket_edges=[math.nan]), ValueError, "finite"),
+        (dict(bucket_edges="2"), TypeError, "bucket_edges"),
+        (dict(bucket_edges=[1.0], margin=1.0), ValueError, "margin"),
+        (dict(bucket_edges=[1.0], max_steps=1), ValueError, "max_steps"),
+        (dict(bucket_edges=[1.0], memory_limit=0), ValueError, "memory_limit"),
+    ],
+)
 def test_bad_arguments_are_named(kwargs, error, match):
     with pytest.raises(error, match=match):
         probe_budgets(ModelStep(1e9), **kwargs)
@@ -117,7 +128,9 @@ def test_a_mapping_of_edges_serves_and_the_result_loads_as_max_batch_seconds():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_on_cuda_a_real_step_is_probed_and_its_memory_freed():
     device = torch.device("cuda")
-    model = torch.nn.Sequential(torch.nn.Linear(400, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)).to(device)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(400, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)
+    ).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 
     def step(batch):
@@ -128,8 +141,8 @@ def test_on_cuda_a_real_step_is_probed_and_its_memory_freed():
         optimizer.zero_grad(set_to_none=True)
 
     before = torch.cuda.memory_allocated(device)
-    budgets = probe_budgets(step, [1.0, 4.0], sample_rate=16000, device="cuda", memory_limit=256 << 20,
-                            margin=0.0)
+    budgets = probe_budgets(
+        step, [1.0, 4.0], sample_rate=16000, device="cuda", memory_limit=256 << 20, margin=0.0
+    )
     assert budgets[0] > 0 and budgets[1] > 0
     assert torch.cuda.memory_allocated(device) <= before + (16 << 20)
-

@@ -125,7 +125,8 @@ def command_parsers() -> dict[str, argparse.ArgumentParser]:
 
 
 def _own_module(name: str) -> Any:
-    """The module of a command that parses its own arguments (``probe-budgets``: ``probe_budgets``)."""
+    """The module of a command that parses its own arguments (``probe-budgets``:
+    ``probe_budgets``)."""
     return importlib.import_module(f".{name.replace('-', '_')}", __package__)
 
 

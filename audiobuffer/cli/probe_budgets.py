@@ -31,27 +31,55 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of `audiobuffer probe-budgets` (the docs list its options from it)."""
     parser = argparse.ArgumentParser(
         prog=_PROG,
-        description="Run the training step on synthetic batches of each duration bucket's longest items, "
-                    "find the largest batch that runs without running out of memory, and write the budgets "
-                    "into the config as loader.max_batch_seconds (a mapping from each bucket's upper edge to "
-                    "its budget in seconds). The buckets: --edges, else the config's own edges, else the "
-                    "edges of its items' durations (loader.buckets of them, the last at the longest item).")
+        description="Run the training step on synthetic batches of each duration bucket's "
+        "longest items, find the largest batch that runs without running out of memory, and write "
+        "the budgets into the config as loader.max_batch_seconds (a mapping from each bucket's "
+        "upper edge to its budget in seconds). The buckets: --edges, else the config's own edges, "
+        "else the edges of its items' durations (loader.buckets of them, the last at the longest "
+        "item).",
+    )
     parser.add_argument("config", metavar="CONFIG.yaml", help="the pipeline config")
-    parser.add_argument("--step", required=True, metavar="MODULE:FUNCTION",
-                        help="the training step, called with one batch (pad_collate's dict); the module is "
-                             "imported from the current directory too")
-    parser.add_argument("--edges", default=None, metavar="S,S,...",
-                        help="each bucket's upper edge in seconds, increasing (e.g. 2,4,8,16)")
-    parser.add_argument("--margin", type=float, default=0.1,
-                        help="the fraction of the largest batch left free (default 0.1)")
-    parser.add_argument("--device", default="auto", help="'auto' (cuda if available), 'cpu' or 'cuda[:N]'")
-    parser.add_argument("--memory-limit", type=int, default=None, metavar="BYTES",
-                        help="the most bytes a step may use at its peak (on CPU the step returns its peak)")
-    parser.add_argument("--max-steps", type=int, default=30, help="the most steps per bucket (default 30)")
+    parser.add_argument(
+        "--step",
+        required=True,
+        metavar="MODULE:FUNCTION",
+        help="the training step, called with one batch (pad_collate's dict); the module is "
+        "imported from the current directory too",
+    )
+    parser.add_argument(
+        "--edges",
+        default=None,
+        metavar="S,S,...",
+        help="each bucket's upper edge in seconds, increasing (e.g. 2,4,8,16)",
+    )
+    parser.add_argument(
+        "--margin",
+        type=float,
+        default=0.1,
+        help="the fraction of the largest batch left free (default 0.1)",
+    )
+    parser.add_argument(
+        "--device", default="auto", help="'auto' (cuda if available), 'cpu' or 'cuda[:N]'"
+    )
+    parser.add_argument(
+        "--memory-limit",
+        type=int,
+        default=None,
+        metavar="BYTES",
+        help="the most bytes a step may use at its peak (on CPU the step returns its peak)",
+    )
+    parser.add_argument(
+        "--max-steps", type=int, default=30, help="the most steps per bucket (default 30)"
+    )
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--out", default=None, metavar="PATH", help="write the config with the budgets to PATH")
-    where.add_argument("--in-place", action="store_true",
-                       help="rewrite CONFIG with the budgets (its comments are not kept)")
+    where.add_argument(
+        "--out", default=None, metavar="PATH", help="write the config with the budgets to PATH"
+    )
+    where.add_argument(
+        "--in-place",
+        action="store_true",
+        help="rewrite CONFIG with the budgets (its comments are not kept)",
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     return parser
 
@@ -59,8 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; return the exit status."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.ERROR if args.quiet else logging.INFO,
-                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.ERROR if args.quiet else logging.INFO,
+        format="%(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
     logging.getLogger("audiobuffer").setLevel(logging.ERROR if args.quiet else logging.INFO)
     try:
         return _run(args)
@@ -87,9 +118,16 @@ def _run(args: argparse.Namespace) -> int:
     step = _import_step(args.step)
     edges = _edges(args.edges, config)
     sample_rate = config.decode.sample_rate or 16000
-    budgets = probe_budgets(step, edges, sample_rate=sample_rate, device=_device(args.device),
-                            margin=args.margin, memory_limit=args.memory_limit, max_steps=args.max_steps,
-                            quadratic_duration=config.loader.quadratic_duration)
+    budgets = probe_budgets(
+        step,
+        edges,
+        sample_rate=sample_rate,
+        device=_device(args.device),
+        margin=args.margin,
+        memory_limit=args.memory_limit,
+        max_steps=args.max_steps,
+        quadratic_duration=config.loader.quadratic_duration,
+    )
     data = _load_yaml(text)
     loader = data.setdefault("loader", {}) if isinstance(data, dict) else None
     if not isinstance(loader, dict):
@@ -97,7 +135,9 @@ def _run(args: argparse.Namespace) -> int:
     loader["max_batch_seconds"] = {edge: round(seconds, 3) for edge, seconds in zip(edges, budgets)}
     loader.pop("buckets", None)  # the mapping fixes the buckets
     written = yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
-    parse_config(_load_yaml(written), base_dir=path.parent)  # never write a config that does not load
+    parse_config(
+        _load_yaml(written), base_dir=path.parent
+    )  # never write a config that does not load
     target = path if args.in_place else (Path(args.out) if args.out else None)
     if target is None:
         sys.stdout.write(written)
@@ -105,7 +145,10 @@ def _run(args: argparse.Namespace) -> int:
     with open(target, "w", encoding="utf-8", newline="\n") as out:
         out.write(written)
     if not args.quiet:
-        print(f"{_PROG}: wrote {len(budgets)} budgets (loader.max_batch_seconds) to {target}", file=sys.stderr)
+        print(
+            f"{_PROG}: wrote {len(budgets)} budgets (loader.max_batch_seconds) to {target}",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -131,7 +174,9 @@ def _edges(given: str | None, config: Any) -> list[float]:
         try:
             return [float(edge) for edge in given.split(",")]
         except ValueError:
-            raise _UsageError(f"--edges must be seconds separated by commas (2,4,8,16), got {given!r}") from None
+            raise _UsageError(
+                f"--edges must be seconds separated by commas (2,4,8,16), got {given!r}"
+            ) from None
     seconds = config.loader.max_batch_seconds
     if isinstance(seconds, dict):
         return [float(edge) for edge in seconds]
@@ -142,12 +187,18 @@ def _edges(given: str | None, config: Any) -> list[float]:
     from ..options import DEFAULT_BUCKETS
     from ..prepare.durations import read_durations
 
-    durations, _ = read_durations(build_source(config), duration_column=config.source.duration_column,
-                                  crop_seconds=config.decode.crop_seconds, on_error="skip")
+    durations, _ = read_durations(
+        build_source(config),
+        duration_column=config.source.duration_column,
+        crop_seconds=config.decode.crop_seconds,
+        on_error="skip",
+    )
     valid = durations[~np.isnan(durations)]
     if not len(valid) or not valid.max() > 0:
         raise _UsageError("the config's items have no durations to put buckets on: give --edges")
-    buckets = config.loader.buckets or (len(seconds) if isinstance(seconds, list) else DEFAULT_BUCKETS)
+    buckets = config.loader.buckets or (
+        len(seconds) if isinstance(seconds, list) else DEFAULT_BUCKETS
+    )
     edges = [float(edge) for edge in bucket_edges(valid, buckets) if edge > 0]
     return [*edges, float(valid.max())]
 

@@ -105,7 +105,8 @@ class DurationBudget:
         quadratic_duration: seconds ``Q`` of the cost's quadratic term, or ``None``.
         sync_buckets: whether the ranks take each step's batches from the same bucket (NOTE [ Ranks in
             step ] in ``plan.py``); ``None``: with more than one rank.
-        edges: each bucket's upper edge in seconds, fixed (``max_batch_seconds`` given as a mapping);
+        edges: each bucket's upper edge in seconds, fixed (``max_batch_seconds`` given as a
+            mapping);
             ``None``: the edges come from the durations (``plan.bucket_edges``).
     """
 
@@ -122,7 +123,8 @@ class DurationBudget:
         given = options.max_batch_seconds
         if given is None:
             return None
-        quadratic = None if options.quadratic_duration is None else float(options.quadratic_duration)
+        quadratic = options.quadratic_duration
+        quadratic = None if quadratic is None else float(quadratic)
         edges: tuple[float, ...] | None = None
         if isinstance(given, Mapping):
             edges = tuple(float(edge) for edge in given)
@@ -272,7 +274,8 @@ class DurationBatching:
         batches)."""
         digest = hashlib.sha256(np.ascontiguousarray(self.durations, dtype="<f8").tobytes()).hexdigest()[:16]
         seconds = self.max_batch_seconds
-        state: dict[str, Any] = {"max_batch_seconds": list(seconds) if isinstance(seconds, tuple) else seconds,
+        state: dict[str, Any] = {"max_batch_seconds": list(seconds) if isinstance(seconds, tuple)
+                                 else seconds,
                                  "buckets": self.buckets,
                                  "max_batch_size": self.max_batch_size, "durations": f"{len(self.durations)}:{digest}"}
         if self.quadratic_duration is not None:  # only where set: a state saved without the option still loads

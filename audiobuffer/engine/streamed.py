@@ -166,8 +166,9 @@ class DynamicBuckets(Generic[T]):
         ([], [[(1.0, 'a'), (2.0, 'b')]], [], [[(0.5, 'c')]])
     """
 
-    def __init__(self, max_batch_seconds: float | Sequence[float], buckets: int, max_batch_size: int | None = None,
-                 quadratic_duration: float | None = None, *, edges: Sequence[float] | None = None) -> None:
+    def __init__(self, max_batch_seconds: float | Sequence[float], buckets: int,
+                 max_batch_size: int | None = None, quadratic_duration: float | None = None, *,
+                 edges: Sequence[float] | None = None) -> None:
         self._seconds: float | tuple[float, ...]
         if isinstance(max_batch_seconds, (int, float)):
             self._seconds = self._budget = float(max_batch_seconds)
@@ -183,7 +184,8 @@ class DynamicBuckets(Generic[T]):
         self._early: list[tuple[float, T]] = []  # the samples the edges are estimated from
         self._early_seconds = 0.0
         count = 1 if self._edges is None else len(self._edges) + 1
-        self._open: list[list[tuple[float, T]]] = [[] for _ in range(count)]  # each bucket's batch being filled
+        # each bucket's batch being filled
+        self._open: list[list[tuple[float, T]]] = [[] for _ in range(count)]
         self._longest: list[float] = [0.0] * count
         self._budgets = bucket_budgets(self._seconds, count)
 
@@ -229,7 +231,8 @@ class DynamicBuckets(Generic[T]):
             longest = seconds
         batch.append((seconds, entry))
         self._longest[b] = longest
-        if batch_cost(len(batch) + 1, longest, self._quadratic) > budget or len(batch) >= self._limit:
+        if (batch_cost(len(batch) + 1, longest, self._quadratic) > budget
+                or len(batch) >= self._limit):
             # no sample could join
             done.append(batch)
             self._open[b], self._longest[b] = [], 0.0

@@ -171,7 +171,8 @@ class BufferedDataset(PipelineViews, StateKeys, IterableDataset):
             (NOTE [ Batches by duration ] in ``engine/epoch.py``). Streamed tar shards are batched as they
             stream, by ``duration_column``: no ``len()``, and resume stays at shard boundaries.
             One budget per bucket: a list (shortest bucket first), or a mapping from each bucket's
-            upper edge in seconds to its budget (fixed buckets; ``audiobuffer.probe_budgets`` finds them).
+            upper edge in seconds to its budget (fixed buckets; ``audiobuffer.probe_budgets`` finds
+            them).
         buckets: duration buckets batches are cut from (default 10; 1: any mix of lengths).
         max_batch_size: also at most this many samples in a batch.
         duration_column: a manifest column holding each item's duration in seconds, read instead of
