@@ -51,6 +51,7 @@ _EXPORTS = {
     "mix": ".sources",
     "pad_collate": ".collate",
     "payload_nbytes": ".buffer",
+    "probe_budgets": ".probe",
 }
 
 __all__ = [
@@ -86,6 +87,7 @@ __all__ = [
     "mix",
     "pad_collate",
     "payload_nbytes",
+    "probe_budgets",
 ]
 assert set(__all__) == set(_EXPORTS), "__all__ and _EXPORTS name the same things"
 
@@ -127,6 +129,7 @@ if TYPE_CHECKING:
     from .loaders.isolated.loader import IsolatedLoader
     from .loaders.slots import BatchSlotLoader, SlotStats
     from .normalize import Normalize
+    from .probe import probe_budgets
     from .sources.mixture import mix
     from .sources.source import AUDIO_PATTERNS, IMAGE_PATTERNS, Source, WorkItem
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import math
 import reprlib
+from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
-__all__ = ["MAX_SECONDS", "MAX_SEED", "check_choice", "check_decoder", "check_int", "check_seconds", "choices",
-           "short_repr"]
+__all__ = ["MAX_SECONDS", "MAX_SEED", "check_budgets", "check_choice", "check_decoder", "check_int",
+           "check_seconds", "choices", "short_repr"]
 
 #: The longest wait or duration accepted, in seconds (a day): ``threading`` waits overflow past
 #: ``threading.TIMEOUT_MAX``, and no sensible timeout or crop is longer.
@@ -102,6 +103,49 @@ def check_seconds(name: str, value: Any, *, maximum: float | None = None) -> flo
         hint = " (float('inf'): no limit)" if maximum is None else ""
         raise ValueError(f"{wanted}{hint}, got {short_repr(value)}")
     return float(value)
+
+
+def check_budgets(name: str, value: Any, *, maximum: float | None = None) -> int | None:
+    """``value`` if it is a batch budget: a number of seconds > 0 (at most ``maximum``), one per
+    bucket (a non-empty list of such numbers), or a non-empty mapping from each bucket's upper edge
+    (seconds > 0, increasing) to its budget. Returns the number of buckets it fixes (``None``: one
+    budget for every bucket).
+
+    Raises:
+        TypeError: not a number, list or mapping, or one of them holds something else.
+        ValueError: a budget or edge that is zero, negative, NaN or too large; an empty list or
+            mapping; edges out of order.
+    """
+    if isinstance(value, Mapping):
+        if not value:
+            raise ValueError(f"{name} must map each bucket's upper edge (seconds) to its budget, "
+                             f"got {{}}")
+        edges = list(value)
+        for edge in edges:
+            _one_seconds(f"{name}'s bucket edge", edge, maximum)
+            _one_seconds(f"{name}[{edge!r}]", value[edge], maximum)
+        if any(b <= a for a, b in zip(edges, edges[1:])):
+            raise ValueError(f"{name}'s bucket edges must increase, got {short_repr(edges)}: list "
+                             f"the "
+                             f"buckets from the shortest to the longest")
+        return len(edges)
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise ValueError(f"{name} must give one budget per bucket, got an empty list")
+        for i, seconds in enumerate(value):
+            _one_seconds(f"{name}[{i}]", seconds, maximum)
+        return len(value)
+    check_seconds(name, value, maximum=maximum)
+    return None
+
+
+def _one_seconds(name: str, value: Any, maximum: float | None) -> None:
+    limit = "" if maximum is None else f" and <= {maximum:g}"
+    wanted = f"{name} must be a number of seconds > 0{limit}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{wanted}, got {short_repr(value)}")
+    if math.isnan(value) or not value > 0 or (maximum is not None and value > maximum):
+        raise ValueError(f"{wanted}, got {short_repr(value)}")
 
 
 def _bounds(minimum: int | None, maximum: int | None) -> str:

@@ -14,18 +14,22 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal
 
-from ._checks import MAX_SECONDS, MAX_SEED, check_choice, check_int, check_seconds, short_repr
+from ._checks import MAX_SECONDS, MAX_SEED, check_budgets, check_choice, check_int, check_seconds, short_repr
 
 if TYPE_CHECKING:
     from .sources.source import LabelSpec
 
-__all__ = ["DEFAULT_READ_BLOCK", "DEFAULT_WARN_AFTER", "OPTIONS", "ErrorPolicy", "EvenShards", "LoaderOptions",
-           "Option", "ProducerCount", "ReadBlock", "check_keywords", "gil_enabled", "usable_cores"]
+__all__ = ["DEFAULT_READ_BLOCK", "DEFAULT_WARN_AFTER", "OPTIONS", "BatchSeconds", "ErrorPolicy", "EvenShards",
+           "LoaderOptions", "Option", "ProducerCount", "ReadBlock", "check_keywords", "gil_enabled",
+           "usable_cores"]
 
 ErrorPolicy = Literal["raise", "warn", "skip"]
 EvenShards = Literal["pad", "drop"] | None
 #: ``num_producers``: a pinned count of threads, or ``"auto"`` (tuned as the epoch runs).
 ProducerCount = int | Literal["auto"]
+#: ``max_batch_seconds``: one budget for every bucket, one per bucket (shortest first), or a mapping
+#: from each bucket's upper edge in seconds to its budget (fixed buckets).
+BatchSeconds = float | Sequence[float] | Mapping[float, float]
 #: The most producer threads a loader accepts.
 MAX_PRODUCERS = 1024
 #: The largest buffer (items).
@@ -72,8 +76,10 @@ class Option:
         doc: what the option does, in one line.
         yaml: its key in a YAML pipeline (``"buffer.num_producers"``); ``None``: Python only.
         kind: ``"int"`` (an integer in [minimum, maximum]), ``"seconds"`` (a number of seconds > 0, at
-            most ``maximum``; without one, ``float("inf")`` means never), ``"bool"``, ``"choice"`` (one of
-            the field's ``Literal`` values), ``"str"`` (a name), or ``"other"`` (checked by hand below).
+            most ``maximum``; without one, ``float("inf")`` means never), ``"budgets"`` (seconds, a
+            list of seconds or a mapping of edges to seconds: ``_checks.check_budgets``), ``"bool"``,
+            ``"choice"`` (one of the field's ``Literal`` values), ``"str"`` (a name), or ``"other"``
+            (checked by hand below).
         minimum: the least integer (``"int"``).
         maximum: the largest integer or number of seconds, or ``None``.
         nullable: ``None`` is a value of its own (``max_bytes=None``: no byte bound).
@@ -85,7 +91,7 @@ class Option:
 
     doc: str
     yaml: str | None = None
-    kind: Literal["int", "seconds", "bool", "choice", "str", "other"] = "other"
+    kind: Literal["int", "seconds", "budgets", "bool", "choice", "str", "other"] = "other"
     minimum: int | None = None
     maximum: float | None = None
     nullable: bool = False
@@ -107,6 +113,8 @@ class Option:
             check_int(name, value, self.minimum, maximum, also=self.takes)
         elif self.kind == "seconds":
             check_seconds(name, value, maximum=self.maximum)
+        elif self.kind == "budgets":
+            check_budgets(name, value, maximum=self.maximum)
         elif self.kind == "bool" and not isinstance(value, bool):
             allowed = "True, False or None" if self.nullable else "True or False"
             raise TypeError(f"{name} must be {allowed}, got {short_repr(value)}")
@@ -169,9 +177,10 @@ class LoaderOptions:
     timeout: float | None = _option(
         None, "Raise StallError when no sample arrives for this many seconds (None, inf: never).",
         yaml="buffer.timeout", kind="seconds", nullable=True)
-    max_batch_seconds: float | None = _option(
-        None, "Batch by duration: each batch's padded length within this many seconds.",
-        yaml="loader.max_batch_seconds", kind="seconds", maximum=MAX_SECONDS, nullable=True)
+    max_batch_seconds: BatchSeconds | None = _option(
+        None, "Batch by duration: each batch's padded length within this many seconds (or one per "
+        "bucket).",
+        yaml="loader.max_batch_seconds", kind="budgets", maximum=MAX_SECONDS, nullable=True)
     buckets: int | None = _option(None, "Duration buckets batches are cut from (default 10).",
                                   yaml="loader.buckets", kind="int", minimum=1, nullable=True,
                                   takes="or None")
@@ -211,6 +220,12 @@ class LoaderOptions:
                              f"world_size={self.world_size!r}")
         if self.world_size is not None:
             check_int("rank", self.rank, 0, self.world_size - 1)
+        per_bucket = check_budgets("max_batch_seconds", self.max_batch_seconds) \
+            if self.max_batch_seconds is not None else None
+        if per_bucket is not None and self.buckets is not None and self.buckets != per_bucket:
+            raise ValueError(f"max_batch_seconds gives {per_bucket} budgets (one per bucket) but "
+                             f"buckets={self.buckets}: give as many budgets as buckets, or leave "
+                             f"buckets out")
         if self.max_batch_seconds is None:
             # duration_column also bounds the segments of start_column
             shaping = ("buckets", "max_batch_size", "quadratic_duration", "sync_buckets",

@@ -1,5 +1,6 @@
 """The ``audiobuffer`` command line: ``run`` a YAML pipeline, ``config`` (the reference config, or a
-config checked and filled in), the ``demo``, ``bench``, ``stress`` and ``pack``.
+config checked and filled in), the ``demo``, ``bench``, ``stress``, ``pack``, ``index`` and
+``probe-budgets``.
 
 Exit status: 0 on success, 1 when the pipeline fails (a file under ``on_error: raise``), 2 for a bad
 command line or config. Errors go to stderr as one message, without a traceback (``-v`` adds the
@@ -39,6 +40,8 @@ _OWN_ARGUMENTS = {
     "stress": "many producers and consumers through Buffer, against queue.Queue (see 'audiobuffer stress -h')",
     "pack": "pack a source into tar shards and an index for random access (see 'audiobuffer pack -h')",
     "index": "write the index of tar shards that exist, for random access (see 'audiobuffer index -h')",
+    "probe-budgets": "find each duration bucket's batch budget by running the training step (see "
+                     "'audiobuffer probe-budgets -h')",
 }
 
 
@@ -117,8 +120,14 @@ def command_parsers() -> dict[str, argparse.ArgumentParser]:
     reference is made from these): ``run``, ``config`` and ``demo``, and those that parse their own
     arguments with the ``build_parser()`` of their module."""
     commands = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
-    return {name: importlib.import_module(f".{name}", __package__).build_parser() if name in _OWN_ARGUMENTS
+    return {name: _own_module(name).build_parser() if name in _OWN_ARGUMENTS
             else parser for name, parser in commands.choices.items()}
+
+
+def _own_module(name: str) -> Any:
+    """The module of a command that parses its own arguments (``probe-budgets``:
+    ``probe_budgets``)."""
+    return importlib.import_module(f".{name.replace('-', '_')}", __package__)
 
 
 def _setup_logging(args: argparse.Namespace) -> None:
@@ -281,7 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _tolerant_stdout()
     if argv and argv[0] in _OWN_ARGUMENTS:
-        command: Any = importlib.import_module(f".{argv[0]}", __package__)
+        command: Any = _own_module(argv[0])
         return int(command.main(argv[1:]))
     parser = _parser()
     args = parser.parse_args(argv)

@@ -40,7 +40,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from .._checks import choices
+from .._checks import choices, short_repr
 from ..decoders.audio import MAX_CROP_SECONDS, AudioDecoder, CropMode, Quality
 from ..decoders.image import ImageCrop, ImageDecoder, Layout, Resample
 from ..errors import ConfigError
@@ -72,8 +72,23 @@ def option_field(name: str) -> Any:
         bounds = dict(ge=rule.minimum, le=rule.maximum)
     elif rule.kind == "seconds":  # > 0; without a maximum, .inf means never, as float("inf") does
         bounds = dict(gt=0, le=rule.maximum, allow_inf_nan=rule.maximum is None, description="a number of seconds")
+    elif rule.kind == "budgets":  # checked by the rule itself: see check_option
+        bounds = dict(description="seconds, a list of seconds per bucket, or a mapping of edges "
+                                  "to seconds")
     bounds = {key: value for key, value in bounds.items() if value is not None}
     return Field(default=_python_default(LoaderOptions, name), **bounds)
+
+
+def check_option(name: str, value: Any) -> Any:
+    """``value`` if the option ``name``'s rule takes it (a field validator: the rule's message,
+    in the shape of the YAML's, ``key: what is wrong, got VALUE``, as the ``ValueError`` pydantic
+    reports)."""
+    try:
+        OPTIONS[name].check(name, value)
+    except (TypeError, ValueError) as exc:
+        message = str(exc).removeprefix(f"{name} ").replace("must be None or ", "must be ")
+        raise ValueError(message.removesuffix(f", got {short_repr(value)}")) from None
+    return value
 
 
 class _Loader(yaml.SafeLoader):
@@ -316,15 +331,27 @@ class LoaderConfig(_Section):
     #: ``"auto"``: pin when CUDA is available, as ``IsolatedLoader`` and ``BatchSlotLoader`` do by default.
     pin_memory: bool | Literal["auto"] = "auto"
     drop_last: bool = False
-    max_batch_seconds: float | None = option_field("max_batch_seconds")
+    max_batch_seconds: float | list[float] | dict[float, float] | None = option_field(
+        "max_batch_seconds")
     buckets: int | None = option_field("buckets")
     max_batch_size: int | None = option_field("max_batch_size")
     quadratic_duration: float | None = option_field("quadratic_duration")
     sync_buckets: bool | None = option_field("sync_buckets")
     read_block: Annotated[int, Field(ge=1)] | Literal["auto"] | None = _python_default(LoaderOptions, "read_block")
 
+    @field_validator("max_batch_seconds")
+    @classmethod
+    def _budgets(cls, value: Any) -> Any:
+        return check_option("max_batch_seconds", value)
+
     @model_validator(mode="after")
     def _batches_by_duration(self) -> LoaderConfig:
+        per_bucket = None if isinstance(self.max_batch_seconds, (int, float, type(None))) \
+            else len(self.max_batch_seconds)
+        if per_bucket is not None and self.buckets is not None and self.buckets != per_bucket:
+            raise ValueError(f"max_batch_seconds gives {per_bucket} budgets (one per bucket) but "
+                             f"buckets is {self.buckets}: give as many budgets as buckets, or leave "
+                             f"buckets out")
         if self.max_batch_seconds is None:
             given = [k for k in ("buckets", "max_batch_size", "quadratic_duration", "sync_buckets")
                      if getattr(self, k) is not None]

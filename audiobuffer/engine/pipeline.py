@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -99,29 +99,52 @@ class DurationBudget:
     batches by duration, planned from the durations or cut as streamed samples arrive.
 
     Attributes:
-        max_batch_seconds: the most a batch may cost (``plan.batch_cost``: its padded seconds).
+        max_batch_seconds: the most a batch may cost (``plan.batch_cost``: its padded seconds): one
+            budget for every bucket, or a tuple of one per bucket, shortest first.
         buckets: the duration buckets batches are cut from.
         max_batch_size: the most samples in a batch, or ``None``.
         quadratic_duration: seconds ``Q`` of the cost's quadratic term, or ``None``.
         sync_buckets: whether the ranks take each step's batches from the same bucket (NOTE [ Ranks in
             step ] in ``plan.py``); ``None``: with more than one rank.
+        edges: each bucket's upper edge in seconds, fixed (``max_batch_seconds`` given as a
+            mapping);
+            ``None``: the edges come from the durations (``plan.bucket_edges``).
     """
 
-    max_batch_seconds: float
+    max_batch_seconds: float | tuple[float, ...]
     buckets: int = DEFAULT_BUCKETS
     max_batch_size: int | None = None
     quadratic_duration: float | None = None
     sync_buckets: bool | None = None
+    edges: tuple[float, ...] | None = None
 
     @classmethod
     def of(cls, options: LoaderOptions) -> DurationBudget | None:
         """The budget ``options`` set, or ``None``: the epochs hand out one sample at a time."""
-        if options.max_batch_seconds is None:
+        given = options.max_batch_seconds
+        if given is None:
             return None
         quadratic = options.quadratic_duration
-        buckets = DEFAULT_BUCKETS if options.buckets is None else options.buckets
-        return cls(float(options.max_batch_seconds), buckets, options.max_batch_size,
-                   None if quadratic is None else float(quadratic), options.sync_buckets)
+        quadratic = None if quadratic is None else float(quadratic)
+        edges: tuple[float, ...] | None = None
+        if isinstance(given, Mapping):
+            edges = tuple(float(edge) for edge in given)
+            seconds: float | tuple[float, ...] = tuple(float(given[edge]) for edge in given)
+        elif isinstance(given, (list, tuple)):
+            seconds = tuple(float(s) for s in given)
+        else:
+            seconds = float(cast(float, given))
+        if isinstance(seconds, tuple):
+            buckets = len(seconds)
+        else:
+            buckets = DEFAULT_BUCKETS if options.buckets is None else options.buckets
+        return cls(seconds, buckets, options.max_batch_size, quadratic, options.sync_buckets, edges)
+
+    @property
+    def largest(self) -> float:
+        """The largest budget of any bucket."""
+        seconds = self.max_batch_seconds
+        return max(seconds) if isinstance(seconds, tuple) else seconds
 
     def synced(self, world_size: int) -> bool:
         """Whether ``world_size`` ranks take each step's batches from the same bucket."""
@@ -130,7 +153,7 @@ class DurationBudget:
     def stream_buckets(self) -> DynamicBuckets[Any]:
         """Buckets that cut batches within this budget as streamed samples arrive."""
         return DynamicBuckets(self.max_batch_seconds, self.buckets, self.max_batch_size,
-                              self.quadratic_duration)
+                              self.quadratic_duration, edges=self.edges)
 
 
 class DurationBatching:
@@ -168,7 +191,7 @@ class DurationBatching:
         self._plans: dict[tuple[Any, ...], BatchPlan] = {}  # the last few plans: len() and iter() of an epoch
 
     @property
-    def max_batch_seconds(self) -> float:
+    def max_batch_seconds(self) -> float | tuple[float, ...]:
         return self.budget.max_batch_seconds
 
     @property
@@ -256,7 +279,7 @@ class DurationBatching:
                                 seed=seed, epoch=epoch,
                                 rank=rank, world_size=world_size, worker=worker, num_workers=num_workers,
                                 even_shards=even_shards, sync_buckets=budget.synced(world_size),
-                                consumed=consumed)
+                                consumed=consumed, edges=budget.edges)
             if len(self._plans) >= _REMEMBERED_PLANS:
                 self._plans.clear()  # one call: safe while another thread reads
             self._plans[key] = plan
@@ -283,10 +306,15 @@ class DurationBatching:
         ``world_size`` ranks: the setup and a digest of the durations (a changed file changes the
         batches)."""
         digest = hashlib.sha256(np.ascontiguousarray(self.durations, dtype="<f8").tobytes()).hexdigest()[:16]
-        state: dict[str, Any] = {"max_batch_seconds": self.max_batch_seconds, "buckets": self.buckets,
+        seconds = self.max_batch_seconds
+        state: dict[str, Any] = {"max_batch_seconds": list(seconds) if isinstance(seconds, tuple)
+                                 else seconds,
+                                 "buckets": self.buckets,
                                  "max_batch_size": self.max_batch_size, "durations": f"{len(self.durations)}:{digest}"}
         if self.quadratic_duration is not None:  # only where set: a state saved without the option still loads
             state["quadratic_duration"] = self.quadratic_duration
+        if self.budget.edges is not None:
+            state["bucket_edges"] = list(self.budget.edges)
         if self.budget.synced(world_size):  # the batches in another order
             state["sync_buckets"] = True
         factors = None if self.stretch is None else self.stretch(0, 0, np.arange(len(self.content), dtype=np.int64))
@@ -470,7 +498,7 @@ def _check_combination(source: Source | ShardStream, decoder: Any, options: Load
     if budget is not None and pad:
         warnings.warn(f"max_batch_seconds with a decoder that crops and pads every sample to crop_seconds={crop:g}: "
                       f"every item lasts the crop, so batches by duration are batches of "
-                      f"{max(1, int(budget.max_batch_seconds // cast(float, crop)))} items and buy "
+                      f"{max(1, int(budget.largest // cast(float, crop)))} items and buy "
                       f"nothing "
                       f"(batch_size does the same); give the decoder pad=False to batch the items by their own "
                       f"lengths", UserWarning, stacklevel=4)

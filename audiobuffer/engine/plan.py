@@ -39,6 +39,7 @@ __all__ = ["EpochShard",
     "block_starts",
     "batch_cost",
     "EpochPlan",
+    "bucket_budgets",
     "bucket_edges",
     "cut_batches",
     "epoch_order",
@@ -367,17 +368,39 @@ def cut_batches(indices: np.ndarray, durations: np.ndarray, max_batch_seconds: f
     return batches
 
 
-def plan_batches(durations: Sequence[float] | np.ndarray, *, max_batch_seconds: float, buckets: int,
+def bucket_budgets(max_batch_seconds: float | Sequence[float], count: int) -> list[float]:
+    """The budget of each of ``count`` buckets, shortest first: one budget for all, or one per
+    bucket.
+
+    Where the corpus gives fewer buckets than budgets (fewer distinct durations than buckets), the
+    buckets take the last ``count`` budgets: the longest bucket always takes the last one, the
+    budget
+    of the longest items, and each shorter one a budget meant for longer items than its own.
+    """
+    if isinstance(max_batch_seconds, (int, float)):
+        return [float(max_batch_seconds)] * count
+    budgets = [float(seconds) for seconds in max_batch_seconds]
+    if count > len(budgets):
+        raise ValueError(f"max_batch_seconds gives {len(budgets)} budgets for {count} buckets: "
+                         f"give one "
+                         f"per bucket")
+    return budgets[len(budgets) - count:]
+
+
+def plan_batches(durations: Sequence[float] | np.ndarray, *,
+                 max_batch_seconds: float | Sequence[float], buckets: int,
                  max_batch_size: int | None = None, quadratic_duration: float | None = None, shuffle: bool,
                  seed: int, epoch: int, rank: int = 0, world_size: int = 1, worker: int = 0, num_workers: int = 1,
                  even_shards: str | None = "pad", sync_buckets: bool = False,
-                 consumed: bytes | bytearray | None = None) -> BatchPlan:
+                 consumed: bytes | bytearray | None = None,
+                 edges: Sequence[float] | None = None) -> BatchPlan:
     """The duration batches of one shard (``rank``, ``worker``) of ``epoch``.
 
     Args:
         durations: each source item's duration in seconds; ``NaN`` leaves an item out.
         max_batch_seconds: the budget of a batch's cost (:func:`batch_cost`: its padded duration,
-            count x longest item, without ``quadratic_duration``).
+            count x longest item, without ``quadratic_duration``), or one per bucket, shortest
+            first (:func:`bucket_budgets`), as many as ``buckets``.
         buckets: the number of duration buckets (1: batches of any mix of lengths).
         max_batch_size: the most items in a batch, or ``None``.
         quadratic_duration: with a number of seconds ``Q``, a batch costs ``count x (longest +
@@ -392,14 +415,32 @@ def plan_batches(durations: Sequence[float] | np.ndarray, *, max_batch_seconds: 
             bucket (:func:`step_rounds`); the same batches as without, in another order.
         consumed: the saved mask of a resumed epoch (one byte per batch position of this shard), or
             ``None``.
+        edges: fixed upper edges of the buckets, increasing, one per budget (the last bucket also
+            takes the items longer than its edge); ``None``: :func:`bucket_edges` of the durations.
 
     Raises:
         TypeError, ValueError: an option of the wrong type or value (the message names it).
         ResumeError: ``consumed`` does not have one byte per batch position of this shard.
     """
     values = _check_durations(durations)
-    _check_number("max_batch_seconds", max_batch_seconds)
     _check_int("buckets", buckets, 1)
+    if not isinstance(max_batch_seconds, (list, tuple)):
+        _check_number("max_batch_seconds", max_batch_seconds)
+    else:
+        for i, seconds in enumerate(max_batch_seconds):
+            _check_number(f"max_batch_seconds[{i}]", seconds)
+        if len(max_batch_seconds) != buckets:
+            raise ValueError(f"max_batch_seconds gives {len(max_batch_seconds)} budgets for "
+                             f"buckets={buckets}: "
+                             f"give one per bucket")
+    if edges is not None:
+        for edge in edges:
+            _check_number("a bucket edge", edge)
+        if not isinstance(max_batch_seconds, (list, tuple)) or len(edges) != len(max_batch_seconds):
+            raise ValueError(f"edges must give one upper edge per budget of max_batch_seconds, "
+                             f"got {len(edges)}")
+        if any(b <= a for a, b in zip(edges, edges[1:])):
+            raise ValueError(f"bucket edges must increase, got {list(edges)!r}")
     if max_batch_size is not None:
         _check_int("max_batch_size", max_batch_size, 1)
     if quadratic_duration is not None:
@@ -409,15 +450,18 @@ def plan_batches(durations: Sequence[float] | np.ndarray, *, max_batch_seconds: 
     if even_shards not in ("pad", "drop", None):
         raise ValueError(f"even_shards must be 'pad', 'drop' or None, got {even_shards!r}")
     items = np.flatnonzero(~np.isnan(values))
-    edges = bucket_edges(values[items], buckets)
+    cuts = bucket_edges(values[items], buckets) if edges is None \
+        else np.asarray(edges[:-1], dtype=np.float64)
+    budgets = bucket_budgets(max_batch_seconds, len(cuts) + 1)
     rng = np.random.default_rng(seed + epoch) if shuffle else None
-    which = np.searchsorted(edges, values[items], side="left")
+    which = np.searchsorted(cuts, values[items], side="left")
     batches: list[np.ndarray] = []
-    for bucket in range(len(edges) + 1):
+    for bucket in range(len(cuts) + 1):
         members = items[which == bucket]
         if rng is not None:
             members = rng.permutation(members)
-        batches.extend(cut_batches(members, values, max_batch_seconds, max_batch_size, quadratic_duration))
+        batches.extend(cut_batches(members, values, budgets[bucket], max_batch_size,
+                                   quadratic_duration))
     if sync_buckets and world_size > 1:
         longest = np.array([values[b].max() for b in batches], dtype=np.float64)
         order = step_rounds(longest, world_size, rng, pad=even_shards == "pad")

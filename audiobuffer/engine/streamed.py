@@ -11,7 +11,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
@@ -20,7 +20,7 @@ from ..errors import SourceError
 from ..prepare.durations import seconds_of
 from ..sources.item import ReadClock, WorkItem
 from ..sources.tar import MEMBER_STRIDE, SHUFFLE_BUFFER, ShardSample, Truncated, shuffle_buffer
-from .plan import batch_cost, bucket_edges
+from .plan import batch_cost, bucket_budgets, bucket_edges
 from .pool import Chunk, Failure
 
 if TYPE_CHECKING:
@@ -155,7 +155,10 @@ class DynamicBuckets(Generic[T]):
     while its ``plan.batch_cost`` (count x longest, plus the quadratic term with ``quadratic_duration``)
     stays within ``max_batch_seconds`` (and the count within ``max_batch_size``),
     and is handed on as soon as no sample could join it; a sample longer than the budget is a batch of
-    one. :meth:`flush` hands on what is left. Used by one thread.
+    one. :meth:`flush` hands on what is left. With one budget per bucket (``max_batch_seconds`` a
+    sequence, shortest bucket first, as ``plan.bucket_budgets`` assigns them), each bucket's batch
+    grows within its own; with ``edges`` (each bucket's upper edge, the last bucket also taking the
+    longer samples), the buckets are fixed and no sample waits. Used by one thread.
 
     Example:
         >>> cutter = DynamicBuckets(4.0, 1)
@@ -163,17 +166,28 @@ class DynamicBuckets(Generic[T]):
         ([], [[(1.0, 'a'), (2.0, 'b')]], [], [[(0.5, 'c')]])
     """
 
-    def __init__(self, max_batch_seconds: float, buckets: int, max_batch_size: int | None = None,
-                 quadratic_duration: float | None = None) -> None:
-        self._budget = float(max_batch_seconds)
+    def __init__(self, max_batch_seconds: float | Sequence[float], buckets: int,
+                 max_batch_size: int | None = None, quadratic_duration: float | None = None, *,
+                 edges: Sequence[float] | None = None) -> None:
+        self._seconds: float | tuple[float, ...]
+        if isinstance(max_batch_seconds, (int, float)):
+            self._seconds = self._budget = float(max_batch_seconds)
+        else:
+            self._seconds = tuple(float(s) for s in max_batch_seconds)
+            self._budget = max(self._seconds)  # the largest: how much audio the edges wait for
         self._quadratic = quadratic_duration
         self._buckets = buckets
         self._limit = math.inf if max_batch_size is None else max_batch_size
         self._edges: list[float] | None = [] if buckets <= 1 else None  # None: still estimating them
+        if edges is not None:
+            self._edges = [float(edge) for edge in edges[:-1]]
         self._early: list[tuple[float, T]] = []  # the samples the edges are estimated from
         self._early_seconds = 0.0
-        self._open: list[list[tuple[float, T]]] = [[]]  # each bucket's batch being filled
-        self._longest: list[float] = [0.0]
+        count = 1 if self._edges is None else len(self._edges) + 1
+        # each bucket's batch being filled
+        self._open: list[list[tuple[float, T]]] = [[] for _ in range(count)]
+        self._longest: list[float] = [0.0] * count
+        self._budgets = bucket_budgets(self._seconds, count)
 
     @property
     def held(self) -> int:
@@ -203,20 +217,22 @@ class DynamicBuckets(Generic[T]):
         self._edges = bucket_edges(np.array([seconds for seconds, _ in early]), self._buckets).tolist()
         self._open = [[] for _ in range(len(self._edges) + 1)]
         self._longest = [0.0] * len(self._open)
+        self._budgets = bucket_budgets(self._seconds, len(self._open))
         return [batch for seconds, entry in early for batch in self._place(seconds, entry)]
 
     def _place(self, seconds: float, entry: T) -> list[list[tuple[float, T]]]:
         b = bisect.bisect_left(self._edges or [], seconds)  # as plan_batches: the first edge >= seconds
-        batch, done = self._open[b], []
+        batch, done, budget = self._open[b], [], self._budgets[b]
         longest = max(self._longest[b], seconds)
-        if batch and (batch_cost(len(batch) + 1, longest, self._quadratic) > self._budget
+        if batch and (batch_cost(len(batch) + 1, longest, self._quadratic) > budget
                       or len(batch) + 1 > self._limit):
             done.append(batch)
             batch = self._open[b] = []
             longest = seconds
         batch.append((seconds, entry))
         self._longest[b] = longest
-        if batch_cost(len(batch) + 1, longest, self._quadratic) > self._budget or len(batch) >= self._limit:
+        if (batch_cost(len(batch) + 1, longest, self._quadratic) > budget
+                or len(batch) >= self._limit):
             # no sample could join
             done.append(batch)
             self._open[b], self._longest[b] = [], 0.0

@@ -18,7 +18,7 @@ from torch.utils.data import IterableDataset
 from ..engine.epoch import RunningEpochs, run_epoch
 from ..engine.pipeline import DurationBatching, Pipeline
 from ..engine.stats import MAX_LISTED_FAILURES, DatasetStats
-from ..options import DEFAULT_WARN_AFTER, ErrorPolicy, EvenShards, LoaderOptions, ProducerCount, ReadBlock
+from ..options import DEFAULT_WARN_AFTER, BatchSeconds, ErrorPolicy, EvenShards, LoaderOptions, ProducerCount, ReadBlock
 from ..sources.source import LabelSpec, Source, SourceSpec, WorkItem
 from ._state import EpochCursor, PipelineViews, StateKeys, dataloader_worker
 
@@ -170,6 +170,9 @@ class BufferedDataset(PipelineViews, StateKeys, IterableDataset):
             file headers (cached on disk) at construction, capped by the decoder's ``crop_seconds``
             (NOTE [ Batches by duration ] in ``engine/epoch.py``). Streamed tar shards are batched as they
             stream, by ``duration_column``: no ``len()``, and resume stays at shard boundaries.
+            One budget per bucket: a list (shortest bucket first), or a mapping from each bucket's
+            upper edge in seconds to its budget (fixed buckets; ``audiobuffer.probe_budgets`` finds
+            them).
         buckets: duration buckets batches are cut from (default 10; 1: any mix of lengths).
         max_batch_size: also at most this many samples in a batch.
         duration_column: a manifest column holding each item's duration in seconds, read instead of
@@ -227,7 +230,8 @@ class BufferedDataset(PipelineViews, StateKeys, IterableDataset):
                  patterns: Sequence[str] | None = None, path_column: str = "path",
                  rank: int | None = None, world_size: int | None = None,
                  even_shards: EvenShards = "pad", warn_after: float | None = DEFAULT_WARN_AFTER,
-                 timeout: float | None = None, max_batch_seconds: float | None = None, buckets: int | None = None,
+                 timeout: float | None = None, max_batch_seconds: BatchSeconds | None = None,
+                 buckets: int | None = None,
                  max_batch_size: int | None = None, duration_column: str | None = None,
                  start_column: str | None = None, quadratic_duration: float | None = None,
                  sync_buckets: bool | None = None,

@@ -37,6 +37,16 @@ CASES = [
     ("sync_buckets", 1, False), ("read_block", 0, False), ("read_block", "all", False), ("read_block", None, True),
     ("path_column", 3, False), ("duration_column", 1, False), ("start_column", ["a"], False),
     ("blas_threads", 0, False), ("blas_threads", "one", False), ("blas_threads", None, True),
+    # one budget per bucket: a list, or a mapping from each bucket's upper edge to its budget
+    ("max_batch_seconds", [30.0, 20.0], True), ("max_batch_seconds", {2.0: 30.0, 5.0: 20.0}, True),
+    ("max_batch_seconds", [30.0, math.nan], False), ("max_batch_seconds", [30.0, 0.0], False),
+    ("max_batch_seconds", [30.0, -1.0], False), ("max_batch_seconds", [], False),
+    ("max_batch_seconds", {}, False),
+    ("max_batch_seconds", [30.0, "20"], False), ("max_batch_seconds", [30.0, None], False),
+    ("max_batch_seconds", {5.0: 30.0, 2.0: 20.0}, False),
+    ("max_batch_seconds", {2.0: 30.0, 3.0: 0.0}, False),
+    ("max_batch_seconds", {math.nan: 30.0}, False), ("max_batch_seconds", {0.0: 30.0}, False),
+    ("max_batch_seconds", {2.0: math.nan}, False), ("max_batch_seconds", [30.0, math.inf], False),
 ]
 #: Options that shape batches by duration: given with max_batch_seconds.
 BY_DURATION = {"buckets", "max_batch_size", "quadratic_duration", "sync_buckets"}
@@ -46,6 +56,8 @@ def _keywords(name, value):
     keywords = {name: value}
     if name in BY_DURATION:
         keywords.update(max_batch_seconds=30.0, duration_column="seconds")
+    elif name == "max_batch_seconds":
+        keywords.update(duration_column="seconds")
     return keywords
 
 
@@ -89,6 +101,25 @@ def test_every_loader_and_the_yaml_give_the_same_verdict(tmp_path, name, value, 
     if name not in ("buffer_size", "ordered") and "max_batch_seconds" not in keywords:
         verdicts["BatchSlotLoader"] = _verdict(lambda: BatchSlotLoader(items, IndexDecoder(),
                                                                        batch_size=2, **keywords))
+    assert verdicts == dict.fromkeys(verdicts, taken)
+
+
+#: Per-bucket budgets given with ``buckets``: as many budgets as buckets, or refused everywhere.
+PER_BUCKET = [([30.0, 20.0], 2, True), ([30.0, 20.0], 3, False), ({2.0: 30.0, 5.0: 20.0}, 2, True),
+              ({2.0: 30.0, 5.0: 20.0}, 1, False), ([30.0] * 10, None, True)]
+
+
+@pytest.mark.parametrize("seconds, buckets, taken", PER_BUCKET,
+                         ids=[f"{s!r}-{b}" for s, b, _ in PER_BUCKET])
+def test_budgets_per_bucket_agree_with_buckets_everywhere(tmp_path, seconds, buckets, taken):
+    keywords = {"max_batch_seconds": seconds, "buckets": buckets, "duration_column": "seconds"}
+    items = duration_manifest(tmp_path, [1.0] * 4)
+    verdicts = {
+        "LoaderOptions": _verdict(lambda: LoaderOptions(**keywords)),
+        "BufferedDataset": _verdict(lambda: BufferedDataset(items, IndexDecoder(), **keywords)),
+        "IsolatedLoader": _verdict(lambda: IsolatedLoader(items, PlainIndexDecoder(), **keywords)),
+        "YAML": _verdict(lambda: parse_config(_yaml(keywords), base_dir=tmp_path)),
+    }
     assert verdicts == dict.fromkeys(verdicts, taken)
 
 
