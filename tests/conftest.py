@@ -83,7 +83,6 @@ SUBPROCESS_MODULES = {
     "test_isolated", "test_helper_process", "test_channel", "test_distributed", "test_train_audio",
     "test_demo", "test_main", "test_bench_command", "test_benchmark_scripts", "test_packaging",
     "test_init", "test_pack_command", "test_device", "test_docs", "test_torch_free", "test_helper_warm_up",
-    "test_probe_command",
 }
 #: Modules that are slow as a whole (benchmark smoke runs, every example of the docs).
 SLOW_MODULES = {
