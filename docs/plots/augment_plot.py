@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         t = np.arange(int(0.4 * rate)) / rate
         rir = rng.standard_normal(len(t)) * np.exp(-t / 0.1)
         rir[0] = 4.0  # the direct path
-        sf.write(f"{tmp}/rir.wav", (rir / np.max(np.abs(rir))).astype(np.float32), rate, subtype="FLOAT")
+        rir = (rir / np.max(np.abs(rir))).astype(np.float32)
+        sf.write(f"{tmp}/rir.wav", rir, rate, subtype="FLOAT")
         chain = [SpeedPerturb((1.1,)), AddNoise([f"{tmp}/noise.wav"], snr_db=10.0),
                  Reverb([f"{tmp}/rir.wav"])]
         out = audio[None, :]
