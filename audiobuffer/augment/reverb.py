@@ -12,7 +12,7 @@ import numpy as np
 try:  # scipy's FFT keeps float32 in float32 and caches its plans: 2-3x numpy's on these lengths
     from scipy import fft as _fft
 except ImportError:  # numpy's (the same transform, slower)
-    from numpy import fft as _fft  # type: ignore[no-redef]
+    from numpy import fft as _fft
 
 from ._clips import Clips
 from .base import Augmentation
