@@ -103,6 +103,7 @@ class Reverb(Augmentation):
 
     def _init_cache(self) -> None:
         # NOTE [ Impulse-response spectra ]
+        # ==================================
         # The spectrum of response `which` at sample rate `sr` zero-padded to FFT length `size`,
         # by (which, sr, size, dtype): each is computed the same way whether found here or not, so
         # the cache changes no output. Bounded by SPECTRA_BYTES (least recently used out first);
