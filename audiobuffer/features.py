@@ -239,8 +239,10 @@ class SpecAugment(nn.Module):
         torch.Size([4, 64, 100])
 
     Args:
-        freq_masks, freq_width: frequency bands per example and the widest (bins).
-        time_masks, time_width: time bands per example and the widest (frames).
+        freq_masks: frequency bands per example.
+        freq_width: the widest frequency band (bins).
+        time_masks: time bands per example.
+        time_width: the widest time band (frames).
         mask_value: what masked places are set to.
         seed: seeds the module's own generator (``None``: torch's global one).
     """

@@ -17,6 +17,7 @@ array of items at once (``stretch`` of a duration batching plans millions of ite
 
 from __future__ import annotations
 
+import functools
 import numbers
 from typing import Any
 
@@ -63,6 +64,7 @@ def _mix_int(x: int) -> int:
     return x ^ (x >> 31)
 
 
+@functools.lru_cache(maxsize=1024)  # the same few (seed, epoch, position, stream) for every item
 def _prefix(seed: int, epoch: int, position: int, stream: int) -> int:
     h = _TAG
     for part in (seed, epoch, position, stream):

@@ -20,8 +20,9 @@ class Gain(Augmentation):
         >>> decoder = AudioDecoder(sample_rate=16000, augment=[gain])  # doctest: +SKIP
 
     Args:
-        db: a ``(low, high)`` range of decibels, or one number (always that gain); within [-100,
-        100]. p: the probability of changing an item's gain.
+        db: a ``(low, high)`` range of decibels, or one number (always that gain); within
+            [-100, 100].
+        p: the probability of changing an item's gain.
     """
 
     def __init__(self, db: Any = (-6.0, 6.0), *, p: float = 1.0) -> None:

@@ -119,6 +119,48 @@ def test_reverb_correlates_with_scipy_fftconvolve(index):
     assert energy == pytest.approx(1.0, rel=1e-3)  # scaled to the input's energy
 
 
+def test_reverb_spectra_cache_changes_no_output_is_bounded_and_not_pickled(tmp_path, monkeypatch):
+    """Each response's spectrum is kept per FFT length: found or computed, the output is the same
+    bits; the cache holds at most SPECTRA_BYTES and a pickled Reverb carries none of it."""
+    from audiobuffer.augment import reverb as reverb_module
+
+    rng = np.random.default_rng(4)
+    rirs = []
+    for i in range(3):
+        rirs.append(str(tmp_path / f"r{i}.wav"))
+        sf.write(rirs[-1], (rng.standard_normal(400) * np.exp(-np.arange(400) / 80)).astype(np.float32),
+                 8000, subtype="FLOAT")
+    items = [signal(n, seed=n) for n in (3000, 3100, 5000, 9000)]
+    keys = [(0, 0, i, 0) for i in range(40)]
+    cold = [Reverb(rirs)(items[k[2] % 4], 8000, k) for k in keys]  # a fresh cache each item
+    warm_aug = Reverb(rirs)
+    warm = [warm_aug(items[k[2] % 4], 8000, k) for k in keys]
+    assert warm_aug._spectra and all(np.array_equal(a, b) for a, b in zip(cold, warm))
+    assert len(pickle.dumps(warm_aug)) == len(pickle.dumps(Reverb(rirs)))  # no spectra carried
+    copy = pickle.loads(pickle.dumps(warm_aug))
+    assert not copy._spectra and copy._spectra_bytes == 0
+    assert all(np.array_equal(copy(items[k[2] % 4], 8000, k), w) for k, w in zip(keys, warm))
+    one = next(iter(warm_aug._spectra.values())).nbytes
+    monkeypatch.setattr(reverb_module, "SPECTRA_BYTES", 2 * one)
+    small = Reverb(rirs)
+    for k in keys:
+        small(items[k[2] % 4], 8000, k)
+        assert small._spectra_bytes == sum(v.nbytes for v in small._spectra.values()) <= 2 * one
+
+
+@pytest.mark.parametrize("n", [1, 7, 16, 17, 100, 1000, 4097, 46000, 73000, 10**6 + 1])
+def test_reverb_fft_lengths_are_fast_and_at_most_a_quarter_longer(n):
+    from audiobuffer.augment.reverb import _grid_length
+
+    size = _grid_length(n)
+    assert n <= size <= max(16, 1.25 * n)
+    m = size
+    for p in (2, 3, 5):
+        while m % p == 0:
+            m //= p
+    assert m == 1  # 5-smooth
+
+
 def test_convolve_is_the_full_linear_convolution():
     x, h = signal(1001), np.random.default_rng(1).standard_normal(77)
     np.testing.assert_allclose(convolve(x, h)[0], np.convolve(x[0], h), atol=1e-6)  # float32
