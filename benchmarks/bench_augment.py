@@ -325,9 +325,9 @@ def main(argv: list[str] | None = None) -> int:
                                  "batch_size": BATCH_SIZE, "noises": NOISES, "rirs": RIRS,
                                  "lhotse_workers": workers, "load_before": load_before,
                                  "load_after": load_after})
-    if args.write:  # saved only: no section of BENCHMARKS.md shows these results yet
-        path = render.save(measured, args.results or render.RESULTS)
-        print(f"saved {path}")
+    print(render.preview(measured))
+    if args.write:
+        render.publish(measured, folder=args.results or render.RESULTS, page_path=args.page)
     return 0
 
 

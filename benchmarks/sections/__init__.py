@@ -6,6 +6,7 @@ read from the figures where one helps, and its plot, all made from saved results
 
 from __future__ import annotations
 
+from .augment import AUGMENT
 from .base import Section, anchor
 from .contention import CONTENTION
 from .decode import DECODE
@@ -34,5 +35,5 @@ NVIDIA H100 80GB HBM3 (up to 25% from run to run). `--write` saves a benchmark's
 (`benchmarks/results/NAME.json`) and renders its section; `python benchmarks/render.py` renders them all."""
 
 #: The page's sections, in order.
-SECTIONS = [DECODE, EPOCHS, OVERLAP, CONTENTION, TRAIN, DEVICE, STORAGE, SCALE, FORMATS, DURATIONS, RANKS, STRESS,
-            FREE_THREADED]
+SECTIONS = [DECODE, EPOCHS, OVERLAP, CONTENTION, TRAIN, DEVICE, STORAGE, SCALE, FORMATS, DURATIONS, AUGMENT,
+            RANKS, STRESS, FREE_THREADED]
