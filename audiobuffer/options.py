@@ -14,7 +14,15 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal
 
-from ._checks import MAX_SECONDS, MAX_SEED, check_budgets, check_choice, check_int, check_seconds, short_repr
+from ._checks import (
+    MAX_SECONDS,
+    MAX_SEED,
+    check_budgets,
+    check_choice,
+    check_int,
+    check_seconds,
+    short_repr,
+)
 
 if TYPE_CHECKING:
     from .sources.source import LabelSpec

@@ -58,7 +58,17 @@ from pathlib import Path
 from typing import Any
 
 import render
-from harness import FSDD, REPO, command_line, fsdd_files, machine_info, read_lines, results, table, write_lines
+from harness import (
+    FSDD,
+    REPO,
+    command_line,
+    fsdd_files,
+    machine_info,
+    read_lines,
+    results,
+    table,
+    write_lines,
+)
 
 from audiobuffer.cli.bench import BATCH_SIZE, BUFFER_SIZE, make_corpus, run_with_peak_rss
 

@@ -39,7 +39,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import add_write_options, command_line, read_lines, results, table, write_lines, write_results
+from harness import (
+    add_write_options,
+    command_line,
+    read_lines,
+    results,
+    table,
+    write_lines,
+    write_results,
+)
 
 CONTESTANTS = ["loop", "loop-blas1", "dataset", "isolated-bg", "isolated-fg", "dataset-blas",
                "isolated-blas"]

@@ -67,7 +67,13 @@ from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from audiobuffer.cli._model import SpeechCNN, evaluate, make_optimizer, train_step  # noqa: E402
-from audiobuffer.config import build_dataset, build_isolated, build_loader, build_source, load_config  # noqa: E402
+from audiobuffer.config import (  # noqa: E402
+    build_dataset,
+    build_isolated,
+    build_loader,
+    build_source,
+    load_config,
+)
 from audiobuffer.engine.resize import merge_states  # noqa: E402
 from audiobuffer.errors import AudioBufferError, ResumeError  # noqa: E402
 from audiobuffer.loaders.device import DevicePrefetcher, resolve_device  # noqa: E402

@@ -70,7 +70,14 @@ from ._bench_approaches import (  # noqa: F401
     parse_formats,
     plot,
 )
-from ._measure import Window, cpu_percent, machine_load, measure_epoch, run_with_peak_rss, trust_line
+from ._measure import (
+    Window,
+    cpu_percent,
+    machine_load,
+    measure_epoch,
+    run_with_peak_rss,
+    trust_line,
+)
 from .report import write_json
 
 __all__ = ["APPROACHES", "LINEUP", "Lineup", "Peer", "Window", "build_parser", "cpu_percent", "gil_line", "main",

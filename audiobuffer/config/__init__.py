@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from .builders import build_dataset, build_decoder, build_isolated, build_loader, build_source, source_error
+from .builders import (
+    build_dataset,
+    build_decoder,
+    build_isolated,
+    build_loader,
+    build_source,
+    source_error,
+)
 from .schema import PipelineConfig, apply_overrides, load_config, parse_config, reference_config
 
 __all__ = [

@@ -36,7 +36,16 @@ import numpy as np
 
 from ..errors import ResumeError
 from . import state as _format
-from .plan import EpochShard, block_order, epoch_order, even_out, plan_epoch, shard, split, step_rounds
+from .plan import (
+    EpochShard,
+    block_order,
+    epoch_order,
+    even_out,
+    plan_epoch,
+    shard,
+    split,
+    step_rounds,
+)
 
 if TYPE_CHECKING:
     from .pipeline import Pipeline

@@ -18,7 +18,15 @@ from torch.utils.data import IterableDataset
 from ..engine.epoch import RunningEpochs, run_epoch
 from ..engine.pipeline import DurationBatching, Pipeline
 from ..engine.stats import MAX_LISTED_FAILURES, DatasetStats
-from ..options import DEFAULT_WARN_AFTER, BatchSeconds, ErrorPolicy, EvenShards, LoaderOptions, ProducerCount, ReadBlock
+from ..options import (
+    DEFAULT_WARN_AFTER,
+    BatchSeconds,
+    ErrorPolicy,
+    EvenShards,
+    LoaderOptions,
+    ProducerCount,
+    ReadBlock,
+)
 from ..sources.source import LabelSpec, Source, SourceSpec, WorkItem
 from ._state import EpochCursor, PipelineViews, StateKeys, dataloader_worker
 

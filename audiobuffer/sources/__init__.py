@@ -84,7 +84,15 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from ..prepare.pack import index_shards, pack
-    from .index import INDEX_NAME, IndexColumns, Member, ShardIndex, read_index, read_index_columns, shard_name
+    from .index import (
+        INDEX_NAME,
+        IndexColumns,
+        Member,
+        ShardIndex,
+        read_index,
+        read_index_columns,
+        shard_name,
+    )
     from .item import AUDIO_PATTERNS, IMAGE_PATTERNS, ReadClock, WorkItem
     from .mixture import Mixture, mix
     from .source import LabelSpec, Source, SourceSpec

@@ -26,7 +26,16 @@ from ..errors import SourceError
 from . import table as item_table
 from .formats.tarheader import HEADER, check_member
 from .storage import RetrySpec, Storage, inside_folder, sibling
-from .table import ABSENT, Coded, Column, Strings, arrow_numbers, arrow_valid, as_column, release_arrow_memory
+from .table import (
+    ABSENT,
+    Coded,
+    Column,
+    Strings,
+    arrow_numbers,
+    arrow_valid,
+    as_column,
+    release_arrow_memory,
+)
 
 __all__ = ["INDEX_FORMAT", "INDEX_NAME", "INDEX_VERSION", "IndexColumns", "Member", "ShardIndex",
            "index_columns", "read_index", "read_index_columns", "read_member", "shard_name"]

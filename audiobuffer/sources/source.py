@@ -27,9 +27,27 @@ from .blocks import BlockReads
 from .formats.lhotse import is_lhotse, read_lhotse
 from .index import index_columns, read_member
 from .item import AUDIO_PATTERNS, IMAGE_PATTERNS, ReadClock, WorkItem
-from .listing import LABEL_COLUMN, MANIFEST_SUFFIXES, Listing, list_files, names_shards, table_of_paths
+from .listing import (
+    LABEL_COLUMN,
+    MANIFEST_SUFFIXES,
+    Listing,
+    list_files,
+    names_shards,
+    table_of_paths,
+)
 from .storage import Retry, RetrySpec, Storage, is_url
-from .table import ABSENT, Coded, Column, ItemTable, Region, Strings, TableView, as_column, numbers_arrow, seconds_array
+from .table import (
+    ABSENT,
+    Coded,
+    Column,
+    ItemTable,
+    Region,
+    Strings,
+    TableView,
+    as_column,
+    numbers_arrow,
+    seconds_array,
+)
 
 __all__ = [
     "AUDIO_PATTERNS",

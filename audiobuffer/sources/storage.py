@@ -22,7 +22,15 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO, cast
 
 from ..errors import SourceError, StorageError
-from .names import GLOB_CHARS, MAX_EXPANSION, expand_braces, inside_bucket, inside_folder, is_url, sibling
+from .names import (
+    GLOB_CHARS,
+    MAX_EXPANSION,
+    expand_braces,
+    inside_bucket,
+    inside_folder,
+    is_url,
+    sibling,
+)
 from .retry import Retry, RetrySpec, as_retry, is_transient
 from .retry import where as _where
 from .retry import with_retry as _with_retry

@@ -7,7 +7,14 @@ from typing import Literal
 
 import pytest
 
-from audiobuffer._checks import MAX_SECONDS, check_choice, check_int, check_seconds, choices, short_repr
+from audiobuffer._checks import (
+    MAX_SECONDS,
+    check_choice,
+    check_int,
+    check_seconds,
+    choices,
+    short_repr,
+)
 
 Mode = Literal["a", "b"]
 

@@ -8,7 +8,14 @@ import pytest
 import torch
 from helpers import write_tone
 
-from audiobuffer import IMAGE_PATTERNS, AudioDecoder, BufferedDataset, DecodeError, ImageDecoder, WorkItem
+from audiobuffer import (
+    IMAGE_PATTERNS,
+    AudioDecoder,
+    BufferedDataset,
+    DecodeError,
+    ImageDecoder,
+    WorkItem,
+)
 from audiobuffer.decoders.image import Resample
 
 Image = pytest.importorskip("PIL.Image", reason="ImageDecoder needs Pillow (pip install 'audiobuffer[image]')")

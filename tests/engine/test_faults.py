@@ -5,7 +5,14 @@ import os
 import threading
 
 import pytest
-from helpers import JOIN_TIMEOUT, IndexDecoder, fake_paths, wait_no_threads, wait_until_blocked, write_tone
+from helpers import (
+    JOIN_TIMEOUT,
+    IndexDecoder,
+    fake_paths,
+    wait_no_threads,
+    wait_until_blocked,
+    write_tone,
+)
 
 from audiobuffer import AudioDecoder, BufferedDataset, DecodeError, SampleError, StallError
 

@@ -3,11 +3,25 @@ import time
 
 import numpy as np
 import pytest
-from helpers import JOIN_TIMEOUT, IndexDecoder, ScriptedTuner, fake_paths, wait_no_threads, wait_until_blocked
+from helpers import (
+    JOIN_TIMEOUT,
+    IndexDecoder,
+    ScriptedTuner,
+    fake_paths,
+    wait_no_threads,
+    wait_until_blocked,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from audiobuffer import AudioBufferError, BatchSlotLoader, Buffer, BufferedDataset, SampleError, WorkItem
+from audiobuffer import (
+    AudioBufferError,
+    BatchSlotLoader,
+    Buffer,
+    BufferedDataset,
+    SampleError,
+    WorkItem,
+)
 from audiobuffer.engine import pool as _producers
 from audiobuffer.engine.pool import BufferPort, Failure, ProducerPool
 from audiobuffer.engine.tuner import PoolTuning

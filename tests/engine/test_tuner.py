@@ -5,7 +5,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from audiobuffer.engine.tuner import MAX_CHECK_SKIP, PoolTuning, ProducerTuner, TunerMemory, TunerSample
+from audiobuffer.engine.tuner import (
+    MAX_CHECK_SKIP,
+    PoolTuning,
+    ProducerTuner,
+    TunerMemory,
+    TunerSample,
+)
 
 STEP = 0.05  # seconds per simulated step: 1000 items/s make 50 items, above min_items
 

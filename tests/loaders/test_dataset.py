@@ -8,12 +8,26 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from helpers import JOIN_TIMEOUT, IndexDecoder, audiobuffer_threads, fake_paths, make_corpus, wait_no_threads
+from helpers import (
+    JOIN_TIMEOUT,
+    IndexDecoder,
+    audiobuffer_threads,
+    fake_paths,
+    make_corpus,
+    wait_no_threads,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
-from audiobuffer import AudioDecoder, BufferClosed, BufferedDataset, DecodeError, SampleError, pad_collate
+from audiobuffer import (
+    AudioDecoder,
+    BufferClosed,
+    BufferedDataset,
+    DecodeError,
+    SampleError,
+    pad_collate,
+)
 from audiobuffer._checks import MAX_SEED
 from audiobuffer.engine.plan import epoch_order
 

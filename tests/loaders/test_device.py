@@ -9,7 +9,13 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from audiobuffer import BatchSlotLoader, BufferClosed, BufferedDataset, pad_collate
 from audiobuffer.engine.cancel import CancelScope, cancel_scope, on_cancel
-from audiobuffer.loaders.device import DevicePrefetcher, DeviceTensorLoader, map_tensors, resolve_device, to_device
+from audiobuffer.loaders.device import (
+    DevicePrefetcher,
+    DeviceTensorLoader,
+    map_tensors,
+    resolve_device,
+    to_device,
+)
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 Pair = collections.namedtuple("Pair", "x y")

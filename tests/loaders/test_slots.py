@@ -9,7 +9,15 @@ from helpers import JOIN_TIMEOUT, IndexDecoder, fake_paths, make_corpus, wait_no
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from audiobuffer import AudioBufferError, AudioDecoder, DecodeError, ImageDecoder, SampleError, WorkItem, pad_collate
+from audiobuffer import (
+    AudioBufferError,
+    AudioDecoder,
+    DecodeError,
+    ImageDecoder,
+    SampleError,
+    WorkItem,
+    pad_collate,
+)
 from audiobuffer.loaders.device import DevicePrefetcher
 from audiobuffer.loaders.slots import BatchSlotLoader, Slot
 from audiobuffer.loaders.slots import convert as convert_row

@@ -15,7 +15,15 @@ from pathlib import Path
 import pytest
 from helpers import make_corpus
 
-from audiobuffer import AudioDecoder, BufferedDataset, ResumeError, SampleError, Source, SourceError, StorageError
+from audiobuffer import (
+    AudioDecoder,
+    BufferedDataset,
+    ResumeError,
+    SampleError,
+    Source,
+    SourceError,
+    StorageError,
+)
 from audiobuffer.options import DEFAULT_READ_BLOCK
 from audiobuffer.sources import pack
 from audiobuffer.sources.stream import ShardStream

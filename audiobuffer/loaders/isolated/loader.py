@@ -39,7 +39,14 @@ from ...options import LoaderOptions, ProducerCount, check_keywords
 from ...sources.source import Source, SourceSpec, WorkItem
 from .._state import EpochCursor, PipelineViews, StateKeys
 from . import tables
-from .channel import CLOSED, HelperChannel, RemoteTraceback, death_message, not_the_owner, pickle_by_reference
+from .channel import (
+    CLOSED,
+    HelperChannel,
+    RemoteTraceback,
+    death_message,
+    not_the_owner,
+    pickle_by_reference,
+)
 from .protocol import (
     Batch,
     EpochEnd,
