@@ -4,13 +4,13 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from .._checks import short_repr
+from ..sources.item import ReadClock
 
 __all__ = ["Clock", "apply", "check_augmentations", "stretch"]
 
@@ -98,16 +98,8 @@ def stretch(
     return factors
 
 
-class Clock:
+class Clock(ReadClock):
     """Seconds spent augmenting, summed over threads (thread-safe; a pickled copy starts at 0)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.seconds = 0.0
-
-    def add(self, seconds: float) -> None:
-        with self._lock:
-            self.seconds += seconds
 
     def __getstate__(self) -> dict[str, Any]:
         return {}

@@ -35,7 +35,7 @@ from .listing import (
     names_shards,
     table_of_paths,
 )
-from .storage import Retry, RetrySpec, Storage, is_url
+from .storage import RetrySpec, Storage, StorageUser, is_url
 from .table import (
     ABSENT,
     Coded,
@@ -183,7 +183,7 @@ def class_order(names: Iterable[str], labels: Any) -> list[str]:
     return sorted(names) if labels == "parent" else sorted(names, key=_natural_key)
 
 
-class Source:
+class Source(StorageUser):
     """The files of a dataset with their labels and fields, local or remote.
 
     Args:
@@ -263,17 +263,6 @@ class Source:
 
     def __len__(self) -> int:
         return len(self.table)
-
-    @property
-    def storage_options(self) -> dict[str, Any] | None:
-        """fsspec options for the URLs this source reads (``None``: none)."""
-        return self.storage.options
-
-    @property
-    def retry(self) -> Retry:
-        """How this source retries transient storage failures
-        (:class:`~audiobuffer.sources.storage.Retry`)."""
-        return self.storage.retry
 
     @property
     def label_of(self) -> np.ndarray | None:

@@ -36,6 +36,7 @@ from .retry import where as _where
 from .retry import with_retry as _with_retry
 
 __all__ = [
+    "StorageUser",
     "MAX_EXPANSION",
     "Retry",
     "RetrySpec",
@@ -463,3 +464,21 @@ def glob_urls(pattern: str, *, storage_options: Mapping[str, Any] | None = None,
         SourceError: the listing failed (the cause chained).
     """
     return Storage.of(storage_options, retry).glob_urls(pattern)
+
+
+class StorageUser:
+    """A source that reads through a :class:`Storage` (``self.storage``), and the public names of its
+    parts."""
+
+    storage: Storage
+
+    @property
+    def storage_options(self) -> dict[str, Any] | None:
+        """fsspec options for the URLs this source reads (``None``: none)."""
+        return self.storage.options
+
+    @property
+    def retry(self) -> Retry:
+        """How this source retries transient storage failures
+        (:class:`~audiobuffer.sources.storage.Retry`)."""
+        return self.storage.retry

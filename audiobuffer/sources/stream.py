@@ -70,7 +70,7 @@ from .source import (
     class_order,
     names_shards,
 )
-from .storage import Retry, RetrySpec, Storage, is_url, sibling
+from .storage import RetrySpec, Storage, StorageUser, is_url, sibling
 from .tar import MEMBER_STRIDE, SHUFFLE_BUFFER, ShardSample, is_packed_sidecar, shard_samples
 
 __all__ = ["MEMBER_STRIDE", "SHUFFLE_BUFFER", "ParquetStream", "ShardStream", "as_source"]
@@ -89,7 +89,7 @@ class _Listed:
     columns: list[str]
 
 
-class ShardStream:
+class ShardStream(StorageUser):
     """Tar shards read from start to end, as a source (any WebDataset shards; no index needed).
 
     See NOTE [ Streamed shards ] at the top of this module.
@@ -143,17 +143,6 @@ class ShardStream:
         if not found:
             raise SourceError(f"no {what} in {spec!r}")
         return found
-
-    @property
-    def storage_options(self) -> dict[str, Any] | None:
-        """fsspec options for the URLs this source reads (``None``: none)."""
-        return self.storage.options
-
-    @property
-    def retry(self) -> Retry:
-        """How this source retries transient storage failures
-        (:class:`~audiobuffer.sources.storage.Retry`)."""
-        return self.storage.retry
 
     #: What to give a loader that needs random access instead of this source.
     random_access_hint = "give the shards' index.json (audiobuffer index or audiobuffer pack writes one)"
