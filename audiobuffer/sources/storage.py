@@ -467,8 +467,8 @@ def glob_urls(pattern: str, *, storage_options: Mapping[str, Any] | None = None,
 
 
 class StorageUser:
-    """A source that reads through a :class:`Storage` (``self.storage``), and the public names of its
-    parts."""
+    """A source that reads through a :class:`Storage` (``self.storage``), and the public names
+    of its parts."""
 
     storage: Storage
 
