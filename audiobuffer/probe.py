@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import logging
 import math
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -128,6 +129,15 @@ def probe_budgets(
                 f"a batch of one sample of {edge:g} s ({frames} frames) does not fit on "
                 f"{where} ({trial.reason}): shorten the bucket (its edge), or give the step "
                 f"more memory"
+            )
+        if n >= max_batch_size:
+            warnings.warn(
+                f"every batch up to max_batch_size={max_batch_size} fit the bucket of {edge:g} s "
+                f"on {where}: nothing ran out of memory, so its budget is that cap, not a "
+                f"measurement (on a CPU, give memory_limit and let the step return its peak "
+                f"bytes)",
+                UserWarning,
+                stacklevel=2,
             )
         per_item = (
             edge if quadratic_duration is None else edge + edge * edge / float(quadratic_duration)

@@ -63,10 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--memory-limit",
-        type=int,
+        type=_bytes,
         default=None,
         metavar="BYTES",
-        help="the most bytes a step may use at its peak (on CPU the step returns its peak)",
+        help="the most bytes a step may use at its peak, e.g. 80000000000, 8e10 or 75GiB (on CPU "
+        "the step returns its peak)",
     )
     parser.add_argument(
         "--max-steps", type=int, default=30, help="the most steps per bucket (default 30)"
@@ -150,6 +151,27 @@ def _run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+#: Multiples a --memory-limit may be written in.
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6,
+          "mib": 2**20, "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12,
+          "tib": 2**40}
+
+
+def _bytes(text: str) -> int:
+    """A count of bytes: ``80000000000``, ``8e10``, ``75GiB`` or ``80GB`` (a whole number >= 1)."""
+    number = text.strip().rstrip("bBiIkKmMgGtT")
+    unit = text.strip()[len(number):].lower()
+    try:
+        value = float(number) * _UNITS[unit]
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is no count of bytes (write e.g. 80000000000, 8e10 or 75GiB)"
+        ) from None
+    if not (value >= 1 and value.is_integer()):
+        raise argparse.ArgumentTypeError(f"{text!r} is no whole number of bytes >= 1")
+    return int(value)
 
 
 def _import_step(spec: str) -> Callable[[dict[str, Any]], Any]:

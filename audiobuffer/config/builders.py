@@ -50,12 +50,12 @@ def build_decoder(config: PipelineConfig) -> AudioDecoder | ImageDecoder:
     from ..decoders import AudioDecoder, ImageDecoder
 
     d = config.decode
+    augment = [build_augmentation(config, n) for n in range(len(d.augment or ()))]  # named by entry
     try:
         if d.kind == "image":
             return ImageDecoder(size=d.size, crop=cast(Any, d.crop), scale=d.scale, ratio=d.ratio,
                                 crop_fraction=d.crop_fraction, flip=d.flip, layout=d.layout,
                                 draft=d.draft, resample=d.resample)
-        augment = [build_augmentation(config, n) for n in range(len(d.augment or ()))]
         return AudioDecoder(d.sample_rate, mono=d.mono, crop_seconds=d.crop_seconds,
                             crop=cast(Any, d.crop), pad=d.pad, quality=d.quality,
                             fallback=d.fallback, augment=augment or None)
@@ -79,7 +79,7 @@ def build_augmentation(config: PipelineConfig, n: int) -> Any:
     try:
         return make(**entry.keywords())
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{config.origin}: decode.augment[{n}]: {exc}") from None
+        raise ConfigError(f"{config.origin}: decode.augment.{n}: {exc}") from None
 
 
 def build_source(config: PipelineConfig) -> Source | ShardStream:

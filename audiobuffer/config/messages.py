@@ -158,6 +158,8 @@ def _format_error(error: Mapping[str, Any], model: type[BaseModel],
     if kind == "string_too_short":
         return key, f"{key}: must not be empty, {got}"
     message = str(error["msg"]).removeprefix("Value error, ")
+    if ", got " in message:  # a rule's own message names the value it was given
+        return key, f"{key}: {message}"
     return key, f"{key}: {message}, {got}"
 
 

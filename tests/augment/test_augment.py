@@ -500,8 +500,8 @@ def test_yaml_augment_builds_the_python_augmentations(tmp_path):
     ("{kind: gain, p: 1.5}", "decode.augment.0.p"),
     ("{kind: speed_perturb, factors: [9]}", "decode.augment.0.factors"),
     ("{kind: speed, factors: [1.1]}", "decode.augment.0.kind"),
-    ("{kind: gain, db: [6, -6]}", "decode.augment[0]: Gain(db=...)"),
-    ("{kind: add_noise, source: /no/such/noise}", "decode.augment[0]: AddNoise(source=...): source"),
+    ("{kind: gain, db: [6, -6]}", "decode.augment.0: Gain(db=...)"),
+    ("{kind: add_noise, source: /no/such/noise}", "decode.augment.0: AddNoise(source=...): source"),
 ])
 def test_yaml_augment_errors_name_the_entry(entry, words):
     from audiobuffer import ConfigError
@@ -511,7 +511,7 @@ def test_yaml_augment_errors_name_the_entry(entry, words):
     with pytest.raises(ConfigError) as info:
         build_decoder(parse_config({"source": {"files": ["a.wav"]},
                                     "decode": {"augment": [yaml.safe_load(entry)]}}))
-    assert words in str(info.value)
+    assert words in str(info.value) and "decode: " not in str(info.value)  # the entry named once
 
 
 # -- time spent augmenting -------------------------------------------------------------------------------

@@ -126,3 +126,23 @@ def test_no_batch_fits_is_status_1(tmp_path, step_module, capsys):
     config.write_text("source:\n  root: .\ndecode:\n  sample_rate: 1000000\n", encoding="utf-8")
     assert main(["probe-budgets", str(config), "--step", step_module, "--edges", "10"]) == 1
     assert "does not fit" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("written, count", [
+    ("100000000", 10**8), ("1e8", 10**8), ("75GiB", 75 * 2**30), ("80GB", 80 * 10**9),
+    ("64M", 64 * 10**6),
+])
+def test_the_memory_limit_reads_as_people_write_bytes(written, count):
+    from audiobuffer.cli.probe_budgets import build_parser
+
+    args = build_parser().parse_args(["c.yaml", "--step", "m:f", "--memory-limit", written])
+    assert args.memory_limit == count
+
+
+@pytest.mark.parametrize("written", ["abc", "1.5", "0", "-3", "8QB"])
+def test_a_memory_limit_that_is_no_count_of_bytes_is_refused(written, capsys):
+    from audiobuffer.cli.probe_budgets import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["c.yaml", "--step", "m:f", "--memory-limit", written])
+    assert "--memory-limit" in capsys.readouterr().err

@@ -283,3 +283,15 @@ def test_the_yaml_takes_a_mapping_of_edges_and_a_list(tmp_path):
     )
     with pytest.raises(ValueError, match="edges must increase"):
         load_config(config)
+
+
+def test_a_bad_budget_in_the_yaml_names_its_value_once():
+    from audiobuffer import ConfigError
+    from audiobuffer.config import parse_config
+
+    with pytest.raises(ConfigError) as info:
+        parse_config({"source": {"files": ["a.wav"]},
+                      "loader": {"max_batch_seconds": {0.5: 6.0, 1.0: -4}}})
+    message = str(info.value)
+    assert "loader.max_batch_seconds:" in message and "got -4.0" in message
+    assert message.count("got ") == 1, message
