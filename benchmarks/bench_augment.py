@@ -37,7 +37,6 @@ before and after.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -48,7 +47,7 @@ from typing import Any
 
 import numpy as np
 import render
-from harness import add_write_options, command_line, results, table
+from harness import add_write_options, command_line, load_average, results, table, write_results
 from torch.utils.data import DataLoader
 
 from audiobuffer import AudioDecoder, BufferedDataset, pad_collate
@@ -60,13 +59,6 @@ SEED = 0
 SAMPLE_RATE = 16000
 #: The noise and impulse-response corpora: how many files of each.
 NOISES, RIRS = 20, 20
-
-
-def load() -> str:
-    try:
-        return "/".join(f"{x:.2f}" for x in os.getloadavg())
-    except (AttributeError, OSError):  # Windows has no load average
-        return "n/a"
 
 
 def make_noise(root: Path, count: int = NOISES, *, seed: int = SEED) -> list[str]:
@@ -244,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     def log(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
-    started, load_before = time.perf_counter(), load()
+    started, load_before = time.perf_counter(), load_average()
     log(f"load average before: {load_before}")
     with tempfile.TemporaryDirectory(prefix="audiobuffer-augment-") as tmp:
         cache = args.cache_dir or Path(tmp)
@@ -279,8 +271,8 @@ def main(argv: list[str] | None = None) -> int:
                 augment_s.setdefault(name, []).append(seconds)
             done = ", ".join(f"{n} {t[-1]:.2f} s" for n, t in times.items())
             log(f"  round {r + 1}/{args.rounds}: {done}; decode {d:.2f} s, augment "
-                f"{sum(spent.values()):.2f} s; load {load()}")
-    load_after = load()
+                f"{sum(spent.values()):.2f} s; load {load_average()}")
+    load_after = load_average()
     median = {name: statistics.median(t) for name, t in times.items()}
     plain = median["plain"]
     lhotse = {n: s for n, s in median.items() if n.startswith("lhotse")}
@@ -326,8 +318,7 @@ def main(argv: list[str] | None = None) -> int:
                                  "lhotse_workers": workers, "load_before": load_before,
                                  "load_after": load_after})
     print(render.preview(measured))
-    if args.write:
-        render.publish(measured, folder=args.results or render.RESULTS, page_path=args.page)
+    write_results(measured, args)
     return 0
 
 

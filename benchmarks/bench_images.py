@@ -328,7 +328,7 @@ def main() -> None:
                 [[r["crop"], r["draft"], f"{r['ms_per_image']:.1f}"] for r in gain],
             )
         )
-        print(f"load average {os.getloadavg() if hasattr(os, 'getloadavg') else None}")
+        print(f"load average {harness.load_average()}")
         return
     made = time.perf_counter()
     root = make_corpus(folder, args.images)
@@ -336,12 +336,12 @@ def main() -> None:
         f"corpus: {args.images} JPEGs in {root} "
         f"({time.perf_counter() - made:.1f} s to make or find)"
     )
-    load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
+    load_before = harness.load_average()
     runs: dict[str, list[dict[str, float]]] = {a: [] for a in approaches}
     for _ in range(args.runs):  # the approaches take turns, so a busy spell slows them alike
         for approach in approaches:
             runs[approach].append(run_once(approach, root))
-    load_after = os.getloadavg() if hasattr(os, "getloadavg") else None
+    load_after = harness.load_average()
     rows = []
     for approach in approaches:
         median = {

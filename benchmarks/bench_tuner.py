@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -36,7 +35,16 @@ from typing import Any
 
 import numpy as np
 import render
-from harness import FSDD, add_write_options, command_line, fsdd_files, machine_info, revision
+from harness import (
+    FSDD,
+    add_write_options,
+    command_line,
+    fsdd_files,
+    load_average,
+    machine_info,
+    revision,
+    write_results,
+)
 from torch.utils.data import DataLoader
 
 from audiobuffer import AudioDecoder, BufferedDataset, IsolatedLoader, pad_collate
@@ -196,20 +204,13 @@ def run_case(case: Case, epochs: int, rounds: int, log: Callable[[str], None]) -
             if seen:
                 before = order[order.index(name) - 1] if order.index(name) else "(none)"
                 notes.append([f"after {before}", *seen])
-        log(f"  {case.name}: round {r + 1}/{rounds} done, load {load():s}")
+        log(f"  {case.name}: round {r + 1}/{rounds} done, load {load_average():s}")
     median = {c: [statistics.median(t) for t in per_epoch] for c, per_epoch in times.items()}
     best = [min(median[p][e] for p in PINNED) for e in range(epochs)]
     return {"case": case.name, "epochs_s": median, "times_s": times, "best_pinned_s": best,
             "vs_loop": {c: [median["loop"][e] / median[c][e] for e in range(epochs)] for c in CONTESTANTS},
             "vs_best_pinned": {c: [median[c][e] / best[e] for e in range(epochs)] for c in CONTESTANTS},
             "auto_histories": notes}
-
-
-def load() -> str:
-    try:
-        return "/".join(f"{x:.2f}" for x in os.getloadavg())
-    except (AttributeError, OSError):  # Windows has no load average
-        return "n/a"
 
 
 def report(result: dict[str, Any]) -> list[str]:
@@ -272,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     def log(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
-    started, load_before = time.perf_counter(), load()
+    started, load_before = time.perf_counter(), load_average()
     log(f"load average before: {load_before}")
     out: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="audiobuffer-tuner-") as tmp:
@@ -294,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
             result = run_case(case, args.epochs, args.rounds, log)
             out.append(result)
             print("\n".join(report(result)), flush=True)
-    load_after = load()
+    load_after = load_average()
     print(f"load average (1/5/15 min) before: {load_before}, after: {load_after}; "
           f"{time.perf_counter() - started:.0f} s in all")
     import datetime
@@ -307,8 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8", newline="\n")
     measured = to_results(data, epochs=args.epochs, rounds=args.rounds)
     print(render.preview(measured))
-    if args.write:
-        render.publish(measured, folder=args.results or render.RESULTS, page_path=args.page)
+    write_results(measured, args)
     return 0
 
 

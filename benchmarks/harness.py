@@ -187,6 +187,15 @@ def add_write_options(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument("--page", type=Path, default=BENCHMARKS, help="with --write: the page (default BENCHMARKS.md)")
 
 
+def load_average() -> str:
+    """The 1, 5 and 15-minute load averages as ``0.52/0.61/0.70`` (``n/a`` on Windows, which has
+    none)."""
+    try:
+        return "/".join(f"{x:.2f}" for x in os.getloadavg())
+    except (AttributeError, OSError):
+        return "n/a"
+
+
 def write_results(measured: Mapping[str, Any], args: argparse.Namespace) -> None:
     """Save ``measured`` and render the page again (``render.publish``) where ``args`` (from
     :func:`add_write_options`) asks for it; otherwise nothing."""
