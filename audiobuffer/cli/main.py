@@ -294,6 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(command.main(argv[1:]))
     parser = _parser()
     args = parser.parse_args(argv)
+    level = logging.getLogger("audiobuffer").level  # restored after: the process may go on
     _setup_logging(args)
     command = {"run": _cmd_run, "config": _cmd_config, "demo": _cmd_demo}[args.command]
     shown = warnings.formatwarning
@@ -317,6 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     finally:
         warnings.formatwarning = shown
+        logging.getLogger("audiobuffer").setLevel(level)
 
 
 if __name__ == "__main__":

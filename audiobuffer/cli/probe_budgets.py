@@ -93,7 +93,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    logging.getLogger("audiobuffer").setLevel(logging.ERROR if args.quiet else logging.INFO)
+    package_logger = logging.getLogger("audiobuffer")
+    level = package_logger.level  # restored after: the process may go on
+    package_logger.setLevel(logging.ERROR if args.quiet else logging.INFO)
     try:
         return _run(args)
     except (_UsageError, AudioBufferError, TypeError, ValueError) as exc:
@@ -102,6 +104,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RuntimeError as exc:  # a bucket where not even one sample fits
         print(f"{_PROG}: {exc}", file=sys.stderr)
         return 1
+    finally:
+        package_logger.setLevel(level)
 
 
 def _run(args: argparse.Namespace) -> int:
