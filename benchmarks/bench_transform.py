@@ -22,8 +22,9 @@ average (1 minute) before and after each run.
 Contestants: ``loop`` (decode and transform in the training thread; ``loop-blas1`` with BLAS
 limited to one thread by threadpoolctl, as a script that knows to does), ``dataset``
 (``BufferedDataset``, ``num_producers="auto"``), ``isolated-bg`` and ``isolated-fg``
-(``IsolatedLoader``, ``background`` True and False), and with ``blas_threads=None`` (BLAS left as
-it is) ``dataset-blas`` and ``isolated-blas``.
+(``IsolatedLoader``, ``background`` True and False), ``isolated-start`` (``IsolatedLoader`` with
+``start_in_trainer=True``: the first batches decoded in the trainer while the helper warms up), and
+with ``blas_threads=None`` (BLAS left as it is) ``dataset-blas`` and ``isolated-blas``.
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ from harness import (
     write_results,
 )
 
-CONTESTANTS = ["loop", "loop-blas1", "dataset", "isolated-bg", "isolated-fg", "dataset-blas",
-               "isolated-blas"]
+CONTESTANTS = ["loop", "loop-blas1", "dataset", "isolated-bg", "isolated-fg", "isolated-start",
+               "dataset-blas", "isolated-blas"]
 
 
 def measure(name: str, paths: list[str], epochs: int, between: float) -> dict[str, Any]:
@@ -84,7 +85,9 @@ def measure(name: str, paths: list[str], epochs: int, between: float) -> dict[st
         batches: Any = DataLoader(loader, batch_size=BATCH_SIZE, collate_fn=pad_collate)
     else:
         background = {"isolated-bg": True, "isolated-fg": False}.get(name, None)
-        chosen = {} if background is None else {"background": background}
+        chosen: dict[str, Any] = {} if background is None else {"background": background}
+        if name == "isolated-start":
+            chosen["start_in_trainer"] = True
         loader = batches = IsolatedLoader(
             paths, AudioDecoder(), batch_size=BATCH_SIZE, buffer_size=BUFFER_SIZE,
             transform=mel_transform, pin_memory=False, **blas, **chosen)

@@ -222,3 +222,22 @@ class LoggedTransform:
         with open(self.log, "a", encoding="utf-8") as f:
             f.write(f"transform {sample['index']}\n")
         return sample
+
+
+class SlowWarmUp(IndexDecoder):
+    """:class:`IndexDecoder` whose first call in any process but ``home`` (the trainer's pid) takes
+    ``warm_up`` seconds (a cold import), and whose samples say which process made them (``pid``)."""
+
+    def __init__(self, home: int, warm_up: float, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.home = home
+        self.warm_up = warm_up
+        self._warm = False
+
+    def __call__(self, item: Any) -> dict[str, Any]:
+        if os.getpid() != self.home and not self._warm:
+            self._warm = True
+            time.sleep(self.warm_up)
+        sample = super().__call__(item)
+        sample["pid"] = os.getpid()
+        return sample

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..engine.epoch import PaddingMeter
+from ..engine.stats import PaddingMeter
 from ..options import usable_cores
 
 if TYPE_CHECKING:

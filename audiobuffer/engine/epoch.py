@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 import numpy as np
 
 from ..buffer import Buffer
-from ..errors import BufferClosed, DecodeError, SampleError
+from ..errors import BufferClosed, DecodeError, SampleError, StallError
 from ..options import ErrorPolicy, ProducerCount, gil_enabled
 from ..sources.blocks import BlockReads
 from ..sources.item import ReadClock, WorkItem
@@ -68,7 +68,7 @@ from ..sources.mixture import Mixture
 from ..sources.stream import ShardStream
 from .plan import BLOCK_WINDOW
 from .pool import Failure, Port, ProducerPool
-from .stats import MAX_LISTED_FAILURES, DatasetStats
+from .stats import MAX_LISTED_FAILURES, DatasetStats, PaddingMeter
 from .streamed import DynamicBuckets, ShardReader
 
 if TYPE_CHECKING:
@@ -80,68 +80,6 @@ __all__ = ["Assembler", "BatchEpochRun", "BatchSink", "EpochCounts", "EpochRun",
            "set_up_epoch"]
 
 logger = logging.getLogger(__name__)
-
-class PaddingMeter:
-    """The padding of the batches handed out: padded seconds / seconds in batches, each batch padded to
-    its longest item, and each item's own padding (a sample padded to a crop) counted too.
-
-    A batch is measured from its samples where they say what they hold (an ``AudioDecoder`` sample's
-    ``num_frames`` of real audio against the batch's longest ``audio``, whatever the crop and pad), else
-    estimated from the items' durations.
-    """
-
-    def __init__(self) -> None:
-        self.padded = 0.0
-        self.real = 0.0
-
-    def add(self, seconds: np.ndarray, content: np.ndarray | None = None) -> None:
-        """Count one batch, given its items' lengths and the seconds of audio in them (``seconds``
-        when ``None``)."""
-        if len(seconds):
-            self.padded += len(seconds) * float(seconds.max())
-            self.real += float((seconds if content is None else content).sum())
-
-    def add_samples(self, samples: Sequence[Any]) -> bool:
-        """Count one batch from its samples (dicts with ``audio``, ``num_frames`` and ``sample_rate``): each
-        padded to the longest ``audio``. ``False``, counting nothing, where a sample lacks them."""
-        try:
-            frames = np.array([s["audio"].shape[-1] for s in samples], dtype=np.float64)
-            real = np.array([s["num_frames"] for s in samples], dtype=np.float64)
-            rates = np.array([s["sample_rate"] for s in samples], dtype=np.float64)
-        except (TypeError, KeyError, AttributeError, IndexError, ValueError):
-            return False
-        if np.any(real > frames):  # a transform changed the audio (features): not frames of it
-            return False
-        return self._add_frames(real, float(frames.max(initial=0.0)), rates)
-
-    def add_collated(self, batch: Any) -> bool:
-        """Count one collated batch (``pad_collate``'s: ``audio`` ``(B, [C,] T)``, ``lengths`` and
-        ``sample_rate``); ``False``, counting nothing, where it lacks them."""
-        try:
-            width = float(batch["audio"].shape[-1])
-            real, rates = _numbers(batch["lengths"]), _numbers(batch["sample_rate"])
-        except (TypeError, KeyError, AttributeError, IndexError, ValueError):
-            return False
-        return self._add_frames(real, width, rates)
-
-    def _add_frames(self, real: np.ndarray, width: float, rates: np.ndarray) -> bool:
-        if real.ndim != 1 or rates.shape not in (real.shape, ()) or not np.all(rates > 0) or np.any(real > width):
-            return False
-        self.padded += float((width / np.broadcast_to(rates, real.shape)).sum())
-        self.real += float((real / rates).sum())
-        return True
-
-    @property
-    def fraction(self) -> float:
-        return (self.padded - self.real) / self.padded if self.padded > 0 else 0.0
-
-
-def _numbers(value: Any) -> np.ndarray:
-    """A tensor (on any device), an array or a number as a float64 array."""
-    if hasattr(value, "cpu"):
-        value = value.cpu()
-    return np.asarray(value, dtype=np.float64)
-
 
 class Assembler:
     """Collects a pool's ``(seq, out)`` pairs into batches: ``sizes[b]`` consecutive sequence numbers
@@ -606,6 +544,30 @@ def _hand_on(run: EpochRun, sink: BatchSink, samples: list[Any], seqs: list[int]
 #: The epochs' generators still open (weakly): closed when the interpreter exits (see closed_at_exit).
 _OPEN: weakref.WeakSet[Any] = weakref.WeakSet()
 _Epoch = TypeVar("_Epoch", bound=Iterator[Any])
+
+
+def feed_epoch(pipeline: Pipeline, shard: EpochShard, *, resume: bytes | None,
+               layout: EpochLayout | None, sink: Callable[[EpochRun], BatchSink],
+               started: Callable[[ProducerPool], bool], stalled: Callable[[StallError], None],
+               batch_size: int | None, drop_last: bool) -> None:
+    """Run epoch ``shard`` of ``pipeline`` (resumed after ``resume``, or over the trainer's
+    ``layout`` of batches by duration) through :func:`feed` into ``sink(run)``: the isolated
+    loader's helper, and its trainer while the helper warms up. ``started(pool)`` registers the
+    pool before it starts, so that a stop can close it (``False``: another epoch replaced this
+    one); ``stalled`` is told of a stall before the pool is closed (the close waits for the
+    producer stuck in a decode)."""
+    epoch = set_up_epoch(pipeline, shard, resume=resume, layout=layout)
+    run = EpochRun(epoch) if epoch.layout.sizes is None else BatchEpochRun(epoch, None)
+    if not started(epoch.pool):
+        return
+    out = sink(run)
+    epoch.pool.start()
+    try:
+        feed(run, out, pipeline.options.on_error, batch_size=batch_size, drop_last=drop_last)
+    except StallError as exc:
+        stalled(exc)
+    finally:
+        epoch.pool.close()
 
 
 def closed_at_exit(epoch: _Epoch) -> _Epoch:

@@ -30,7 +30,7 @@ from .streamed import DynamicBuckets, TimedDecode, check_streamable
 from .tuner import TunerMemory
 
 if TYPE_CHECKING:
-    from .epoch import PaddingMeter
+    from .stats import PaddingMeter
 
 __all__ = ["Compose", "DurationBatching", "DurationBudget", "EpochLayout", "EpochShard", "Pipeline",
            "decoder_crop"]

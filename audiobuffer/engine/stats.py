@@ -3,12 +3,15 @@ returns."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ..buffer import BufferStats
 
-__all__ = ["MAX_LISTED_FAILURES", "DatasetStats"]
+__all__ = ["MAX_LISTED_FAILURES", "DatasetStats", "PaddingMeter"]
 
 #: How many failed items :class:`DatasetStats` lists by name (all are counted).
 MAX_LISTED_FAILURES = 100
@@ -95,3 +98,65 @@ class DatasetStats:
     def as_dict(self) -> dict[str, Any]:
         """The stats as plain builtins."""
         return asdict(self)
+
+
+class PaddingMeter:
+    """The padding of the batches handed out: padded seconds / seconds in batches, each batch padded to
+    its longest item, and each item's own padding (a sample padded to a crop) counted too.
+
+    A batch is measured from its samples where they say what they hold (an ``AudioDecoder`` sample's
+    ``num_frames`` of real audio against the batch's longest ``audio``, whatever the crop and pad), else
+    estimated from the items' durations.
+    """
+
+    def __init__(self) -> None:
+        self.padded = 0.0
+        self.real = 0.0
+
+    def add(self, seconds: np.ndarray, content: np.ndarray | None = None) -> None:
+        """Count one batch, given its items' lengths and the seconds of audio in them (``seconds``
+        when ``None``)."""
+        if len(seconds):
+            self.padded += len(seconds) * float(seconds.max())
+            self.real += float((seconds if content is None else content).sum())
+
+    def add_samples(self, samples: Sequence[Any]) -> bool:
+        """Count one batch from its samples (dicts with ``audio``, ``num_frames`` and ``sample_rate``): each
+        padded to the longest ``audio``. ``False``, counting nothing, where a sample lacks them."""
+        try:
+            frames = np.array([s["audio"].shape[-1] for s in samples], dtype=np.float64)
+            real = np.array([s["num_frames"] for s in samples], dtype=np.float64)
+            rates = np.array([s["sample_rate"] for s in samples], dtype=np.float64)
+        except (TypeError, KeyError, AttributeError, IndexError, ValueError):
+            return False
+        if np.any(real > frames):  # a transform changed the audio (features): not frames of it
+            return False
+        return self._add_frames(real, float(frames.max(initial=0.0)), rates)
+
+    def add_collated(self, batch: Any) -> bool:
+        """Count one collated batch (``pad_collate``'s: ``audio`` ``(B, [C,] T)``, ``lengths`` and
+        ``sample_rate``); ``False``, counting nothing, where it lacks them."""
+        try:
+            width = float(batch["audio"].shape[-1])
+            real, rates = _numbers(batch["lengths"]), _numbers(batch["sample_rate"])
+        except (TypeError, KeyError, AttributeError, IndexError, ValueError):
+            return False
+        return self._add_frames(real, width, rates)
+
+    def _add_frames(self, real: np.ndarray, width: float, rates: np.ndarray) -> bool:
+        if real.ndim != 1 or rates.shape not in (real.shape, ()) or not np.all(rates > 0) or np.any(real > width):
+            return False
+        self.padded += float((width / np.broadcast_to(rates, real.shape)).sum())
+        self.real += float((real / rates).sum())
+        return True
+
+    @property
+    def fraction(self) -> float:
+        return (self.padded - self.real) / self.padded if self.padded > 0 else 0.0
+
+
+def _numbers(value: Any) -> np.ndarray:
+    """A tensor (on any device), an array or a number as a float64 array."""
+    if hasattr(value, "cpu"):
+        value = value.cpu()
+    return np.asarray(value, dtype=np.float64)

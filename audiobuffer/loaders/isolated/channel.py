@@ -42,6 +42,7 @@ from .protocol import (
     StopEpoch,
     Stopped,
     ToHelper,
+    Warm,
     version_mismatch,
 )
 
@@ -363,6 +364,9 @@ class HelperChannel:
         #: never used again and the loader starts a new helper.
         self.broken = False
         self._setup_sent = False
+        #: Set once the helper said its warm-up is over (:meth:`poll_warm`).
+        self.warm = False
+        self._launched = time.monotonic()
 
     @property
     def running(self) -> bool:
@@ -411,6 +415,7 @@ class HelperChannel:
             if theirs is not None:
                 theirs.close()  # the helper's copy is its own
         self.proc = proc
+        self._launched = time.monotonic()
         reader = threading.Thread(target=read_messages, args=(proc, self.inbox, self._closing, self._wanted),
                                   name="audiobuffer-helper-reader", daemon=True)
         self._finalizer = weakref.finalize(self, shutdown_helper, self.owner, proc, self.inbox, self._closing,
@@ -441,6 +446,11 @@ class HelperChannel:
             self.broken = True
             self.close()
             raise
+        self._take_answer(message)
+
+    def _take_answer(self, message: Any) -> None:
+        """The helper's answer to the setup: its info, and every slot attached; else a
+        ``HelperError`` (the channel closed)."""
         if not isinstance(message, (Ready, SetupFailed)) or message.version != PROTOCOL_VERSION:
             self.close()  # a helper of another audiobuffer (NOTE [ Helper protocol ], Handshake)
             raise HelperError(version_mismatch(message))
@@ -455,6 +465,29 @@ class HelperChannel:
         except HelperError:
             self.close()
             raise
+
+    def poll_warm(self) -> bool:
+        """Whether the helper has said that its warm-up is over (:class:`Warm`), without waiting:
+        reads what already came, its answer to the setup first (NOTE [ Starting in the trainer ] in
+        ``loader.py``). Call from the one consuming thread, between epochs' messages.
+
+        Raises:
+            HelperError: the helper died, could not load the pipeline, or did not answer the setup
+                within ``START_TIMEOUT`` of its launch (the channel is closed then).
+        """
+        while not self.warm:
+            try:
+                message = self.receive(0)
+            except TimeoutError:
+                if not self.info and time.monotonic() - self._launched > START_TIMEOUT:
+                    self.close()
+                    raise HelperError(f"the helper process did not start within "
+                                      f"{START_TIMEOUT:.0f} s") from None
+                return False
+            if not self.info:
+                self._take_answer(message)
+            # anything else is a Warm (seen by receive) or an abandoned epoch's
+        return True
 
     def send_setup(self, spec: bytes, *, descriptors: tuple[int, ...] = ()) -> None:
         """Send the launched helper ``spec`` and ``descriptors`` (as :meth:`finish_start` does)
@@ -504,7 +537,12 @@ class HelperChannel:
         self._check_owner()
         if not len(self.inbox):  # only this thread takes from the inbox, so a message seen stays there
             self._wanted.set()
-        return self.inbox.get(timeout=timeout)  # in slices, so Ctrl-C breaks it (NOTE [ Interruptible waits ])
+        # in slices, so Ctrl-C breaks it (NOTE [ Interruptible waits ])
+        message = self.inbox.get(timeout=timeout)
+        if isinstance(message, Warm):  # whoever reads it (an epoch's consumer drops it: gen 0)
+            self.warm = True
+            self.info["warm_s"] = message.seconds
+        return message
 
     def attach(self, slot: int, name: str) -> Any:
         """The shared memory of ``slot``, now segment ``name`` (attached once, re-attached when it grew).

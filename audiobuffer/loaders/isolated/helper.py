@@ -95,21 +95,18 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any, BinaryIO, cast
+from typing import Any, BinaryIO
 
 from ..._numpy_collate import SlotArena, collate_numpy
 from ...engine import blas
-from ...engine.epoch import BatchEpochRun, EpochRun, feed, set_up_epoch
+from ...engine.epoch import EpochRun, feed_epoch
 from ...engine.pipeline import Pipeline
-from ...engine.pool import Failure, ProducerPool
-from ...errors import BufferClosed, HelperError, SampleError, StallError
-from ...options import gil_enabled
-from ...sources.item import WorkItem
+from ...engine.pool import ProducerPool
+from ...errors import BufferClosed
 from ...sources.source import Source
 from . import shm as _shm
 from .protocol import (
     PROTOCOL_VERSION,
-    Batch,
     Close,
     EpochEnd,
     EpochError,
@@ -118,17 +115,17 @@ from .protocol import (
     HelperSpec,
     Log,
     Ready,
-    SampleFailed,
     Setup,
     SetupFailed,
-    Skipped,
     SlotArray,
     Stalled,
     StartEpoch,
     StopEpoch,
     Stopped,
+    Warm,
     package_description,
 )
+from .sink import MessageSink
 
 #: Seconds the helper gives its producers to stop before it exits anyway.
 EXIT_GRACE = 1.0
@@ -344,23 +341,17 @@ class Helper:
             self.channel.send(EpochError(start.gen, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
 
     def _epoch_body(self, start: StartEpoch) -> None:
-        gen, spec = start.gen, self.spec
-        # Batches by duration come laid out by the trainer; samples are planned here, as in process.
-        epoch = set_up_epoch(self.pipeline, start.shard, resume=start.consumed, layout=start.layout)
-        layout, pool = epoch.layout, epoch.pool
-        run = EpochRun(epoch) if layout.sizes is None else BatchEpochRun(epoch, None)
-        with self._lock:
-            if gen != self._gen:
-                return
-            self._pool = pool
-        pool.start()
-        try:
-            feed(run, _SlotSink(self, gen, run), self.pipeline.options.on_error,
-                 batch_size=spec.batch_size, drop_last=spec.drop_last)
-        except StallError as exc:  # said before the close below waits for the producer stuck in a decode
-            self.channel.send(Stalled(gen, str(exc)))
-        finally:
-            pool.close()
+        def started(pool: ProducerPool) -> bool:
+            with self._lock:
+                if start.gen != self._gen:
+                    return False
+                self._pool = pool
+            return True
+
+        feed_epoch(self.pipeline, start.shard, resume=start.consumed, layout=start.layout,
+                   sink=lambda run: _SlotSink(self, start.gen, run), started=started,
+                   stalled=lambda exc: self.channel.send(Stalled(start.gen, str(exc))),
+                   batch_size=self.spec.batch_size, drop_last=self.spec.drop_last)
 
     def free(self, free: Free) -> None:
         if free.gen == self._gen:
@@ -375,51 +366,29 @@ class Helper:
         self.slots.unlink_all()
 
 
-class _SlotSink:
+class _SlotSink(MessageSink):
     """One epoch's batches into free shared-memory slots, and what the trainer counts by, as
-    messages (``engine/epoch.BatchSink``; NOTE [ Helper process lifecycle ], Epochs)."""
+    messages (NOTE [ Helper process lifecycle ], Epochs)."""
 
     def __init__(self, helper: Helper, gen: int, run: EpochRun) -> None:
-        self.channel, self.slots, self.key = helper.channel, helper.slots, helper.spec.key
-        self.gen = gen
-        self.run = run
-        #: The epoch's source indices, which the rows of a batch by duration name (its padding).
-        self.indices = run.layout.indices if isinstance(run, BatchEpochRun) else None
+        channel = helper.channel
 
-    def put(self, samples: list[Any], seqs: list[int], positions: list[int]) -> dict[int, Failure]:
-        """Collate ``samples`` into a free slot and send it with ``positions``, and, for a batch by
-        duration, each row's source index; or name the samples that cannot join a batch."""
-        slots, run = self.slots, self.run
-        slot = slots.take(self.gen)
-        try:
-            fields = self._collate(slot, samples)
-            rows = None if self.indices is None else [int(self.indices[seq]) for seq in seqs]
-            self.channel.send(Batch(self.gen, slot, slots.name(slot), fields, positions[:],
-                                    len(samples), run.pool.decode_seconds, rows), data=True)
-        except HelperError:  # no room left in /dev/shm
-            slots.release(slot)
-            raise
-        except Exception:  # a sample that cannot be collated, or a field that does not pickle
-            slots.release(slot)
-            misfits = _misfits(samples, self.key)
-            if not misfits:
-                raise  # not the samples': a bug of ours
-            return {i: self._misfit(seqs[i], cause) for i, cause in misfits.items()}
-        return {}
+        def send(message: FromHelper) -> None:  # batches and failures are data frames
+            channel.send(message, data=not isinstance(message, (EpochEnd, Stalled)))
 
-    def _misfit(self, seq: int, cause: Exception) -> Failure:
-        item = self.run.make_item(seq)
-        error = SampleError(f"its sample cannot join a batch: {type(cause).__name__}: {cause} "
-                            f"(a batch's samples are dicts with the keys of its first one, "
-                            f"{self.key!r} an array of numbers that differs from the first one's "
-                            f"only in its last axis, and values that pickle: convert them in the "
-                            f"decoder or a transform)", path=item.path, index=item.index)
-        error.__cause__ = cause
-        return Failure(error, item, "collate")
+        super().__init__(run, gen, helper.spec.key, send)
+        self.slots = helper.slots
 
-    def _collate(self, slot: int, samples: list[Any]) -> dict[str, Any]:
-        """Collate ``samples`` into ``slot``, grown once if the batch does not fit; :attr:`Batch.fields`:
-        where each array went in the slot (a :class:`SlotArray`), or the values themselves."""
+    def take(self) -> int:
+        return self.slots.take(self.gen)
+
+    def give_back(self, slot: int) -> None:
+        self.slots.release(slot)
+
+    def collate(self, slot: int, samples: list[Any]) -> tuple[str, dict[str, Any]]:
+        """Collate ``samples`` into ``slot``, grown once if the batch does not fit: its segment's
+        name, and :attr:`Batch.fields`: where each array went in the slot (a :class:`SlotArray`),
+        or the values themselves."""
         slots, key = self.slots, self.key
         arena = SlotArena(slots.buffer(slot))
         batch = collate_numpy(samples, key=key, allocate=arena)
@@ -433,49 +402,10 @@ class _SlotSink:
         for name, value in batch.items():
             offset = arena.placed.get(id(value)) if hasattr(value, "dtype") else None
             fields[name] = value if offset is None else SlotArray(offset, value.shape, value.dtype.str)
-        return fields  # no view into the slot outlives the hand-over
+        return slots.name(slot), fields  # no view into the slot outlives the hand-over
 
-    def skip(self, position: int) -> None:
-        self.channel.send(Skipped(self.gen, position), data=True)
-
-    def fail(self, failure: Failure, *, fatal: bool) -> None:
-        exc = failure.exc
-        payload: bytes | None
-        try:
-            payload = pickle.dumps(exc)
-            pickle.loads(payload)
-        except Exception:
-            payload = None
-        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        item = cast(WorkItem, failure.item)  # a producer's Failure always has its item
-        self.channel.send(SampleFailed(self.gen, fatal, item.index, item.path, failure.producer,
-                                       type(exc).__name__, str(exc), payload, text), data=True)
-
-    def end(self, positions: list[int]) -> None:
-        """What only the helper knows of the epoch; the trainer counts samples and failures."""
-        pool = self.run.pool
-        stats = {"decode_s": pool.decode_seconds, "buffer": self.run.buffer.stats.as_dict(),
-                 "slot_wait_s": self.slots.wait_s, "num_producers": pool.num_producers,
-                 "producer_history": pool.history, "gil_enabled": gil_enabled(),
-                 "augment_s": self.run.augment_s()}
-        self.channel.send(EpochEnd(self.gen, stats, positions))
-
-
-def _misfits(samples: list[Any], key: str) -> dict[int, Exception]:
-    """Which of ``samples`` cannot go into a batch with the first one that can, and why: each is collated
-    alone or beside that one, as into a slot, and pickled as the batch message would be."""
-    found: dict[int, Exception] = {}
-    first = None
-    for i, sample in enumerate(samples):
-        try:
-            pickle.dumps(collate_numpy([sample] if first is None else [first, sample], key=key,
-                                       allocate=SlotArena(None)), protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as exc:
-            found[i] = exc
-        else:
-            if first is None:
-                first = sample
-    return found
+    def end_stats(self) -> dict[str, Any]:
+        return {"slot_wait_s": self.slots.wait_s}
 
 
 def _lower_priority() -> None:
@@ -493,10 +423,11 @@ def _lower_priority() -> None:
         pass
 
 
-def _warm_up(pipeline: Pipeline) -> None:
+def _warm_up(pipeline: Pipeline, channel: Channel) -> None:
     """Thread: decode and transform the source's first item once, the result and any error dropped,
     so that the imports and first calls are paid before the first epoch asks (NOTE [ Helper process
-    lifecycle ], Start); then limit the BLAS threads of the libraries that loaded."""
+    lifecycle ], Start); then limit the BLAS threads of the libraries that loaded, and say so."""
+    start = time.perf_counter()
     source, decode = pipeline.source, pipeline.decode
     if isinstance(source, Source) and len(source):
         try:
@@ -504,6 +435,7 @@ def _warm_up(pipeline: Pipeline) -> None:
         except Exception:  # the epoch decodes the item again and reports its error in its place
             pass
     blas.refresh()
+    channel.send(Warm(0, time.perf_counter() - start))
 
 
 def _take_channel() -> tuple[BinaryIO, BinaryIO]:
@@ -604,7 +536,7 @@ def main() -> None:
         channel.send(Ready(PROTOCOL_VERSION, {"pid": os.getpid(), "torch": "torch" in sys.modules,
                                               "gil": getattr(sys, "_is_gil_enabled", lambda: True)(),
                                               "segments": segments}))
-        threading.Thread(target=_warm_up, args=(helper.pipeline,),
+        threading.Thread(target=_warm_up, args=(helper.pipeline, channel),
                          name="audiobuffer-helper-warm-up", daemon=True).start()
         while True:
             message = channel.receive()

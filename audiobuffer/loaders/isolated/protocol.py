@@ -31,8 +31,14 @@ Epochs, helper -> trainer. Data frames, which the helper's writer holds back whe
 sample that failed, in its batch's place), :class:`Skipped` (a batch by duration whose samples all
 failed). Control frames: :class:`EpochEnd` (the last of a finished epoch), :class:`Stalled` (a
 producer stuck past ``timeout``), :class:`EpochError` (a bug of the helper's own), :class:`Stopped`
-(the answer to :class:`StopEpoch`). :class:`Log` (a warning of the helper's) may come at any time; the
+(the answer to :class:`StopEpoch`), :class:`Warm` (the warm-up is over: generation 0, no epoch's, so
+an epoch's consumer drops it). :class:`Log` (a warning of the helper's) may come at any time; the
 trainer's reader logs it and reads on.
+
+Until :class:`Warm` comes, the trainer decodes an epoch's first batches itself and gives the helper
+the rest of it (NOTE [ Starting in the trainer ] in ``loader.py``): the trainer makes its own
+batches as the same messages (:class:`Batch` with slot -1 and the tensors in ``fields``), so one
+consumer reads both.
 """
 
 from __future__ import annotations
@@ -46,11 +52,11 @@ if TYPE_CHECKING:
     from ...engine.plan import EpochShard
 
 #: Raised whenever a message other than the handshake's changes (NOTE [ Helper protocol ]).
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 __all__ = ["PROTOCOL_VERSION", "Batch", "Close", "EpochEnd", "EpochError", "Free", "FromHelper",
            "HelperSpec", "Log", "Ready", "SampleFailed", "Setup", "SetupFailed", "Skipped",
-           "SlotArray", "Stalled", "StartEpoch", "StopEpoch", "Stopped", "ToHelper",
+           "SlotArray", "Stalled", "StartEpoch", "StopEpoch", "Stopped", "ToHelper", "Warm",
            "package_description", "version_mismatch"]
 
 
@@ -154,7 +160,8 @@ class SlotArray(NamedTuple):
 
 class Batch(NamedTuple):
     """A batch of epoch ``gen`` collated into ``slot``, now the shared-memory ``segment`` of that name (a
-    slot grows into a new segment when a batch does not fit).
+    slot grows into a new segment when a batch does not fit). A batch the trainer made itself has
+    slot -1, no segment, and its tensors in ``fields`` (NOTE [ Starting in the trainer ]).
 
     Attributes:
         fields: the batch's keys, in order: a :class:`SlotArray` for an array in the slot, else the
@@ -231,6 +238,14 @@ class Stopped(NamedTuple):
     gen: int
 
 
+class Warm(NamedTuple):
+    """The helper's warm-up is over (NOTE [ Helper process lifecycle ], Start): it took ``seconds``.
+    ``gen`` is 0, no epoch's."""
+
+    gen: int
+    seconds: float
+
+
 class Log(NamedTuple):
     """A warning the helper logged, at ``level`` under ``logger``'s name, for the trainer to log."""
 
@@ -242,7 +257,8 @@ class Log(NamedTuple):
 #: What the trainer sends.
 ToHelper = Setup | StartEpoch | Free | StopEpoch | Close
 #: What the helper sends.
-FromHelper = Ready | SetupFailed | Batch | SampleFailed | Skipped | EpochEnd | Stalled | EpochError | Stopped | Log
+FromHelper = (Ready | SetupFailed | Batch | SampleFailed | Skipped | EpochEnd | Stalled | EpochError
+              | Stopped | Warm | Log)
 
 
 def package_description() -> str:

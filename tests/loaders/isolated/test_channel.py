@@ -385,21 +385,21 @@ def stale_copy(where, kind):
 
 @pytest.mark.skipif(bool(os.environ.get("PYTHONSAFEPATH")), reason="python -m puts no directory first on its path")
 @pytest.mark.parametrize("kind, says", [
-    ("refusing", r"speaks protocol version 3 and this trainer version 2: the helper imported "
+    ("refusing", r"speaks protocol version 4 and this trainer version 3: the helper imported "
                  r"another audiobuffer than the trainer's \(audiobuffer \S+ in .*\).*\(it says: "
                  r"the helper runs audiobuffer \S+ in .*stale.audiobuffer\)$"),
-    ("unchecked", r"speaks protocol version 3 and this trainer version 2: the helper imported "
+    ("unchecked", r"speaks protocol version 4 and this trainer version 3: the helper imported "
                   r"another audiobuffer than the trainer's \(audiobuffer \S+ in .*\), one earlier "
                   r"on its path .*other copy$"),
     ("pre-protocol", r"answered tuple \"\('ready'.*, not a protocol version and this trainer "
-                     r"version 2: the helper imported another audiobuffer"),
+                     r"version 3: the helper imported another audiobuffer"),
 ])
 def test_a_helper_of_another_audiobuffer_is_a_helper_error_naming_both_versions(monkeypatch, tmp_path, kind, says):
     # A stale audiobuffer where the trainer runs shadows this one in the helper; whatever it speaks, the
     # start says so, never an unpacking error or a death.
     from audiobuffer.loaders.isolated.protocol import PROTOCOL_VERSION
 
-    assert PROTOCOL_VERSION == 2  # the messages below name it
+    assert PROTOCOL_VERSION == 3  # the messages below name it
     stale = tmp_path / "stale"
     stale.mkdir()
     stale_copy(stale, kind)

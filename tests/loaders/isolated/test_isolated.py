@@ -503,7 +503,8 @@ def test_stats_carry_the_transfer_counters():
         assert loader.stats() is None
         list(loader)
         stats = loader.stats()
-    assert set(stats.transfer) == {"trainer_wait_s", "trainer_copy_s", "helper_slot_wait_s"}
+    assert set(stats.transfer) == {"trainer_wait_s", "trainer_copy_s", "helper_slot_wait_s",
+                                   "trainer_batches"}
     assert stats.buffer is not None and stats.buffer.puts == 16
     assert (stats.num_producers, stats.producer_history) == (2, [(0.0, 2, "pinned")])
     assert "helper=closed" in repr(loader)
