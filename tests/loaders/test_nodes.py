@@ -40,14 +40,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(phase: str, out: Path, url: str, endpoint: str, *, nnodes: int, port: int,
+def launch(phase: str, out: Path, url: str, endpoint: str, *, nnodes: int, port: int, job: str,
            log: Path) -> subprocess.Popen:
-    """One launcher (a node) of two ranks, in a process group of its own, output to ``log``."""
+    """One launcher (a node) of two ranks of ``job`` (docs/resume-distributed.md, "Several
+    nodes"), in a process group of its own, output to ``log``."""
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
     command = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}",
                "--nproc_per_node=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-               "--rdzv-id=nodes", "--local-addr=127.0.0.1", str(SCRIPT), phase, str(out), url,
+               f"--rdzv-id={job}", "--local-addr=127.0.0.1", str(SCRIPT), phase, str(out), url,
                endpoint]
     group: dict[str, Any]
     if sys.platform == "win32":
@@ -133,7 +134,8 @@ def test_two_nodes_read_s3_then_one_resumes_when_the_other_is_lost(s3, tmp_path)
 
     # Two nodes, two ranks each: epoch 0 whole, epoch 1 up to one step past a checkpoint.
     port, logs = free_port(), [tmp_path / "node0.log", tmp_path / "node1.log"]
-    nodes = [launch("train", out, url, s3.endpoint, nnodes=2, port=port, log=log) for log in logs]
+    nodes = [launch("train", out, url, s3.endpoint, nnodes=2, port=port, job="job42", log=log)
+             for log in logs]
     seen_procs: list[psutil.Process] = []
     try:
         wait_for([out / f"ready-r{r}.json" for r in range(4)], nodes, logs)
@@ -158,7 +160,8 @@ def test_two_nodes_read_s3_then_one_resumes_when_the_other_is_lost(s3, tmp_path)
 
     # One node of two ranks resumes from the checkpoints.
     log = tmp_path / "resume.log"
-    node = launch("resume", out, url, s3.endpoint, nnodes=1, port=free_port(), log=log)
+    node = launch("resume", out, url, s3.endpoint, nnodes=1, port=free_port(), job="job43",
+                  log=log)
     try:
         code = node.wait(timeout=LAUNCH_TIMEOUT)
     finally:
