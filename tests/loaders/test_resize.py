@@ -223,9 +223,10 @@ def test_duration_batches_resume_on_another_world_size(tmp_path, n, old, new, ev
     assert not wait_no_threads()
 
 
-def test_a_state_saved_in_a_dealt_epoch_resumes_there_and_merges_again():
+@pytest.mark.parametrize("even, n", [(None, 90), ("drop", 95)])
+def test_a_state_saved_in_a_dealt_epoch_resumes_there_and_merges_again(even, n):
     def make(rank, world):
-        return samples(90, rank, world, even_shards=None)
+        return samples(n, rank, world, even_shards=even)
 
     first, states = stop_all(make, 3, 1, [10, 3, 25])
     merged = merge_states(states)
@@ -246,7 +247,7 @@ def test_a_state_saved_in_a_dealt_epoch_resumes_there_and_merges_again():
         share = [units(u) for u in ds]
     assert sorted(second[7:] + rest_of_one) == sorted(share)
     after, following = resume_all(make, 4, merge_states(dealt))  # merged again, onto 4 ranks
-    check_loaders(first + second, after, set(range(90)), None, 4)
+    check_loaders(first + second, after, set(range(n)), even, 4)
     assert following == fresh_epoch(make, 4, 2)
 
 
