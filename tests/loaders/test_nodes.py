@@ -24,6 +24,7 @@ from audiobuffer.sources import pack
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
+from ddp_nodes import BATCH, EVERY, SEED, STOP_AT  # noqa: E402
 from storage_helpers import BUCKET  # noqa: E402  (needs moto)
 
 pytestmark = [pytest.mark.slow, pytest.mark.subprocess]
@@ -114,7 +115,7 @@ def fresh_shares(url: str, options: dict, epoch: int, world: int) -> list[list[s
     """What each rank of a fresh ``world``-rank run delivers in ``epoch`` (no audio decoded)."""
     shares = []
     for rank in range(world):
-        with BufferedDataset(url, lambda item: {"path": item.path}, shuffle=True, seed=11,
+        with BufferedDataset(url, lambda item: {"path": item.path}, shuffle=True, seed=SEED,
                              num_producers=1, rank=rank, world_size=world,
                              storage_options=options) as ds:
             ds.set_epoch(epoch)
@@ -130,7 +131,6 @@ def test_two_nodes_read_s3_then_one_resumes_when_the_other_is_lost(s3, tmp_path)
     out = tmp_path / "run"
     out.mkdir()
     older = {p.pid for p in psutil.Process().children(recursive=True)}
-    started = time.monotonic()
 
     # Two nodes, two ranks each: epoch 0 whole, epoch 1 up to one step past a checkpoint.
     port, logs = free_port(), [tmp_path / "node0.log", tmp_path / "node1.log"]
@@ -141,7 +141,7 @@ def test_two_nodes_read_s3_then_one_resumes_when_the_other_is_lost(s3, tmp_path)
         wait_for([out / f"ready-r{r}.json" for r in range(4)], nodes, logs)
         trees = [tree(node) for node in nodes]
         seen_procs = [p for t in trees for p in t]
-        assert [len(t) for t in trees] == [3, 3], trees  # a launcher and its two ranks each
+        assert all(len(t) >= 3 for t in trees), trees  # a launcher and its two ranks each
         kill_node(trees[1])  # the second node is lost
         (out / "go").touch()  # the first node's ranks run on into their lost peers
         try:
@@ -156,7 +156,6 @@ def test_two_nodes_read_s3_then_one_resumes_when_the_other_is_lost(s3, tmp_path)
                 kill_node(tree(node))
     _, alive = psutil.wait_procs(seen_procs, timeout=JOIN_TIMEOUT)
     assert not alive, f"ranks left after their launchers: {[p.pid for p in alive]}"
-    lost_at = time.monotonic()
 
     # One node of two ranks resumes from the checkpoints.
     log = tmp_path / "resume.log"
@@ -168,7 +167,6 @@ def test_two_nodes_read_s3_then_one_resumes_when_the_other_is_lost(s3, tmp_path)
         if node.poll() is None:
             kill_node(tree(node))
     assert code == 0, log.read_text(encoding="utf-8")[-3000:]
-    ended = time.monotonic()
     children = [p for p in psutil.Process().children(recursive=True) if p.pid not in older]
     _, alive = psutil.wait_procs(children, timeout=JOIN_TIMEOUT)
     assert not alive, f"child processes left: {[p.pid for p in alive]}"
@@ -179,7 +177,7 @@ def test_two_nodes_read_s3_then_one_resumes_when_the_other_is_lost(s3, tmp_path)
     trained = [read(out / f"train-r{r}.json") for r in range(4)]
     delivered = [p for t in trained for p in t["seen"]]
     assert sorted(delivered) == sorted(everything)
-    assert [t["steps"] for t in trained] == [N // 4 // 5] * 4
+    assert [t["steps"] for t in trained] == [N // 4 // BATCH] * 4
     # Epoch 1: what the last checkpoint every rank wrote says was delivered, then what the two
     # ranks delivered after the resume: each item once. What was delivered after that
     # checkpoint counts as not delivered, and is delivered again.
@@ -187,18 +185,18 @@ def test_two_nodes_read_s3_then_one_resumes_when_the_other_is_lost(s3, tmp_path)
     assert resumed[0]["before"] == resumed[1]["before"] and resumed[0]["epoch"] == 1
     before = [p for seen in resumed[0]["before"] for p in seen]
     after = [p for r in resumed for p in r["rest"]]
-    assert len(before) == 4 * 6 * 5  # the checkpoints of step 6 of epoch 1
+    saved_at = STOP_AT // EVERY * EVERY
+    assert len(before) == 4 * saved_at * BATCH  # the checkpoints of that step of epoch 1
     assert not set(before) & set(after) and sorted(before + after) == sorted(everything)
-    assert resumed[0]["rest_steps"] == resumed[1]["rest_steps"] == (N - len(before)) // 2 // 5
+    assert resumed[0]["rest_steps"] == resumed[1]["rest_steps"] == (N - len(before)) // 2 // BATCH
     past = {p for r in range(4) for p in read(out / f"ready-r{r}.json")["seen"]} - set(before)
-    assert len(past) == 4 * 5 and past <= set(after)  # step 7: delivered, not checkpointed
+    assert len(past) == 4 * (STOP_AT - saved_at) * BATCH > 0  # delivered, not checkpointed
+    assert past <= set(after)
     # Epoch 2: a fresh two-rank epoch.
     assert [sorted(r["following"]) for r in resumed] == fresh_shares(url, s3.options(), 2, 2)
-    assert [r["steps"] for r in resumed] == [N // 2 // 5] * 2
+    assert [r["steps"] for r in resumed] == [N // 2 // BATCH] * 2
     counts = Counter(p for r in resumed for p in r["following"])
     assert set(counts) == everything and set(counts.values()) == {1}
-    print(f"two nodes until one was lost: {lost_at - started:.1f} s; "
-          f"one node resuming: {ended - lost_at:.1f} s")
 
 
 def _members(packed: Path) -> list[str]:
