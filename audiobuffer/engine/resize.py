@@ -13,14 +13,16 @@ one rank would plan them (the batches themselves do not depend on the world, onl
    epoch and setup, none missing or twice) and keeps each rank's mask: a *merged state*, marked by
    the key :data:`STATE_MERGED` (its format number). It needs no dataset.
 2. ``load_state_dict`` of a merged state, on rank ``j`` of ``M``, plans each old rank's shard,
-   marks the units any of them delivered (``done``; units no old shard held, left out by
-   ``even_shards="drop"``, count as done) and deals the rest again (:func:`deal_items`,
+   marks the units any of them delivered (``done``) and deals the rest again (:func:`deal_items`,
    :func:`deal_batches`): in the epoch's own order, evened out over ``M`` ranks as a fresh epoch
    is (``"pad"`` repeats units from the start of the rest, ``"drop"`` cuts the remainder, ``None``
    leaves shares one apart), each rank its interleaved share (with read blocks, consecutive runs);
    with ``sync_buckets`` the rest is ordered in rounds of like length first (NOTE [ Ranks in step ]
    in ``plan.py``, seeded by seed and epoch). Every rank computes the same deal with no
-   communication.
+   communication. Under ``"drop"`` the units the old world left out are not delivered, so they
+   are part of the rest; the deal leaves out the last ``len(rest) % M`` of it, fewer than ``M``
+   units in the whole epoch, as a fresh ``M``-rank epoch does (with nothing delivered, the very
+   units that epoch leaves out).
 3. The dealt epoch's consumed mask counts the rank's share, and a state saved within it carries
    ``done`` (``state.STATE_DEALT``): loaded on the same rank of the same world it resumes there;
    merged again, the shares' consumed units join ``done``. The next epoch is a fresh ``M``-rank one.
@@ -158,15 +160,14 @@ def _rank_entry(state: Mapping[str, Any]) -> dict[str, Any]:
 
 def done_mask(units: int, shards: Sequence[tuple[np.ndarray, bytes | None]],
               done: bytes | None = None) -> bytes:
-    """One byte per unit, 1 where no shard of ``shards`` (each its units and its consumed mask, or
-    ``None``: none consumed) holds it unconsumed, or where ``done`` (a dealt epoch's) has it."""
-    planned = np.zeros(units, dtype=bool)
+    """One byte per unit, 1 where a shard of ``shards`` (each its units and its consumed mask, or
+    ``None``: none consumed) delivered it, or where ``done`` (a dealt epoch's) has it. A unit no
+    shard holds (left out by ``even_shards="drop"``) is not done: it is dealt again."""
     delivered = np.zeros(units, dtype=bool) if done is None else _mask(done).astype(bool)
     for ids, consumed in shards:
-        planned[ids] = True
         if consumed is not None:
             delivered[ids[_mask(consumed).astype(bool)]] = True
-    return (~planned | delivered).astype(np.uint8).tobytes()
+    return delivered.astype(np.uint8).tobytes()
 
 
 def deal_items(order: np.ndarray, done: bytes, *, rank: int, world_size: int, worker: int = 0,

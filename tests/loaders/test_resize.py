@@ -15,7 +15,7 @@ from audiobuffer.engine.plan import epoch_order, plan_batches, plan_epoch
 from audiobuffer.engine.resize import deal_batches, deal_items, done_mask
 from audiobuffer.prepare.durations import CACHE_ENV
 
-EVEN = st.sampled_from(["pad", None])
+EVEN = st.sampled_from(["pad", "drop", None])
 
 
 @pytest.fixture(autouse=True)
@@ -40,9 +40,13 @@ def check_deal(before, shares, everything, even, world):
     """Each unit once over before and after (padding apart), shares equal (pad) or one apart."""
     after = np.concatenate(shares)
     assert not set(before.tolist()) & set(after.tolist())
-    assert set(before.tolist()) | set(after.tolist()) == everything
+    left_out = everything - set(before.tolist()) - set(after.tolist())
     lengths = [len(s) for s in shares]
     repeats = len(after) - len(set(after.tolist()))
+    if even == "drop" and world > 1:  # no more left out than a fresh epoch of `world` ranks leaves
+        assert len(set(lengths)) == 1 and repeats == 0 and len(left_out) < world
+        return
+    assert not left_out
     if even == "pad" and world > 1:
         assert len(set(lengths)) == 1 and repeats < world
     else:
@@ -64,6 +68,23 @@ def test_plan_items_each_once_after_another_world_size(n, old, new, even, seed):
     shares = [deal_items(order, done, rank=j, world_size=new, even_shards=even)
               for j in range(new)]
     check_deal(before, shares, set(range(n)), even, new)
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 5_000), old=st.integers(1, 8), new=st.integers(1, 8), even=EVEN)
+def test_plan_a_merge_with_nothing_delivered_deals_a_fresh_epoch(n, old, new, even):
+    """What a fresh epoch of ``new`` ranks deals, each rank the same items in the same order; under
+    ``even_shards="drop"`` the items the old world left out are dealt again, and those a fresh epoch
+    of ``new`` ranks leaves out are left out."""
+    order = epoch_order(n, shuffle=True, seed=5, epoch=2)
+    shards = [plan_epoch(n, shuffle=True, seed=5, epoch=2, rank=r, world_size=old,
+                         even_shards=even).indices for r in range(old)]
+    done = done_mask(n, [(s, None) for s in shards])
+    for j in range(new):
+        fresh = plan_epoch(n, shuffle=True, seed=5, epoch=2, rank=j, world_size=new,
+                           even_shards=even).indices
+        dealt = deal_items(order, done, rank=j, world_size=new, even_shards=even)
+        assert dealt.tolist() == fresh.tolist()
 
 
 def batch_units(durations, epoch, **setup):
@@ -153,8 +174,12 @@ def check_loaders(before, after, everything, even, new):
     """Each unit once before and after the resume (the padding of the two worlds apart)."""
     flat = [u for share in after for u in share]
     assert not set(before) & set(flat)
-    assert set(before) | set(flat) == everything
+    left_out = everything - set(before) - set(flat)
     lengths = [len(share) for share in after]
+    if even == "drop" and new > 1:  # no more left out than a fresh epoch of `new` ranks leaves
+        assert len(set(lengths)) == 1 and len(flat) == len(set(flat)) and len(left_out) < new
+        return
+    assert not left_out
     if even == "pad" and new > 1:
         assert len(set(lengths)) == 1 and len(flat) - len(set(flat)) < new
     else:
@@ -198,9 +223,10 @@ def test_duration_batches_resume_on_another_world_size(tmp_path, n, old, new, ev
     assert not wait_no_threads()
 
 
-def test_a_state_saved_in_a_dealt_epoch_resumes_there_and_merges_again():
+@pytest.mark.parametrize("even, n", [(None, 90), ("drop", 95)])
+def test_a_state_saved_in_a_dealt_epoch_resumes_there_and_merges_again(even, n):
     def make(rank, world):
-        return samples(90, rank, world, even_shards=None)
+        return samples(n, rank, world, even_shards=even)
 
     first, states = stop_all(make, 3, 1, [10, 3, 25])
     merged = merge_states(states)
@@ -221,7 +247,7 @@ def test_a_state_saved_in_a_dealt_epoch_resumes_there_and_merges_again():
         share = [units(u) for u in ds]
     assert sorted(second[7:] + rest_of_one) == sorted(share)
     after, following = resume_all(make, 4, merge_states(dealt))  # merged again, onto 4 ranks
-    check_loaders(first + second, after, set(range(90)), None, 4)
+    check_loaders(first + second, after, set(range(n)), even, 4)
     assert following == fresh_epoch(make, 4, 2)
 
 
@@ -251,13 +277,16 @@ def test_merge_states_names_what_does_not_fit():
         other.load_state_dict(merge_states(states))
 
 
-def test_a_merged_state_at_the_start_of_an_epoch_is_a_fresh_epoch():
+@pytest.mark.parametrize("even, old, new", [("pad", 2, 3), ("drop", 3, 2), ("drop", 2, 3),
+                                             (None, 3, 2)])
+def test_a_merged_state_at_the_start_of_an_epoch_is_a_fresh_epoch(even, old, new):
+    """Also what ``even_shards="drop"`` leaves out: the old world's cut is dealt again."""
     def make(rank, world):
-        return samples(40, rank, world)
+        return samples(40, rank, world, even_shards=even)
 
-    _, states = stop_all(make, 2, 3, [0, 0])
-    after, _ = resume_all(make, 3, merge_states(states))
-    assert [sorted(a) for a in after] == fresh_epoch(make, 3, 3)
+    _, states = stop_all(make, old, 3, [0] * old)
+    after, _ = resume_all(make, new, merge_states(states))
+    assert [sorted(a) for a in after] == fresh_epoch(make, new, 3)
 
 
 def test_isolated_loader_resumes_a_merged_state():
