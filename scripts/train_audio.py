@@ -61,6 +61,7 @@ from audiobuffer.cli._training import (  # noqa: E402
     CHECKPOINT_NAME,
     Job,
     add_arguments,
+    closing,
     fit,
     load_checkpoint,
     parse_args,
@@ -151,7 +152,7 @@ def train(argv: list[str] | None = None) -> int:
         for loader in (train_loader, test_loader):
             if loader is not None:
                 loader.generator = torch.Generator().manual_seed(config.seed)
-    try:
+    with closing(train_set, test_set):  # stops producers (and a helper process)
         sample_rate = config.decode.sample_rate or 16000
         t = config.train
         model = SpeechCNN(len(source.classes), sample_rate, n_fft=t.n_fft, hop_length=t.hop_length,
@@ -167,10 +168,6 @@ def train(argv: list[str] | None = None) -> int:
         tests = len(test_source) if test_source else 0
         about = f"{len(train_source)} train / {tests} test files, {len(source.classes)} classes"
         return fit(job, model, about=about)
-    finally:
-        for data in (train_set, test_set):
-            if data is not None:
-                data.close()  # stops producers (and an isolated loader's helper process)
 
 
 if __name__ == "__main__":

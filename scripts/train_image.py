@@ -52,6 +52,7 @@ from audiobuffer.cli._training import (  # noqa: E402
     Job,
     Ranks,
     add_arguments,
+    closing,
     fit,
     load_checkpoint,
     parse_args,
@@ -165,7 +166,7 @@ def train(argv: list[str] | None = None) -> int:
             DataLoader(data, batch_size=args.batch_size, collate_fn=image_collate, pin_memory=pin,
                        generator=torch.Generator().manual_seed(args.seed))
             if data is not None else None for data in (train_set, test_set))
-    try:
+    with closing(train_set, test_set):  # stops producers (and a helper process)
         model = ImageCNN(len(train_set.classes), channels=args.channels).to(ranks.device)
         settings = {name: getattr(args, name) for name in (
             "images", "test_images", "size", "batch_size", "lr", "weight_decay", "channels",
@@ -178,10 +179,6 @@ def train(argv: list[str] | None = None) -> int:
         about = (f"{args.images} train / {args.test_images} test images of {args.size} px, "
                  f"{len(train_set.classes)} classes")
         return fit(job, model, about=about)
-    finally:
-        for data in (train_set, test_set):
-            if data is not None:
-                data.close()  # stops producers (and an isolated loader's helper process)
 
 
 if __name__ == "__main__":

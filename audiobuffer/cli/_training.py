@@ -18,6 +18,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -33,10 +34,11 @@ from ..engine.resize import merge_states
 from ..errors import AudioBufferError, ResumeError
 from ..loaders.device import DevicePrefetcher
 from ._model import evaluate, make_optimizer, train_step
-from ._threads import parse_threads, set_torch_threads
+from ._threads import set_torch_threads, threads_argument
 
 __all__ = ["CHECKPOINT_NAME", "INTERRUPTED", "Interrupts", "Job", "Ranks", "add_arguments",
-           "fit", "resume_command", "script_main", "start", "with_state"]
+           "closing", "fit", "load_checkpoint", "parse_args", "resume_command", "script_main",
+           "start", "with_state"]
 
 CHECKPOINT_NAME = "last.pt"
 CHECKPOINT_FORMAT = 2  # 1: the model only, after each epoch (cannot be resumed)
@@ -74,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser, *, save_every: int, checkpoin
     add("--seen-log", type=Path, default=None, metavar="DIR",
         help="append the files each rank trains on to DIR/rank{N}.jsonl, one line per step")
     add("--json", type=Path, default=None, help="write the final metrics to this file")
-    add("--threads", type=_threads_arg, default="auto", metavar="N",
+    add("--threads", type=threads_argument, default="auto", metavar="N",
         help="torch's intra-op threads for a CPU step: a count, or 'auto' (the default: torch's "
              "count on a quiet machine, 1 on a busy one; OMP_NUM_THREADS, where set, is kept)")
 
@@ -91,13 +93,6 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argpa
         if value is not None and value < least:
             parser.error(f"--{name.replace('_', '-')} must be >= {least}, got {value}")
     return args
-
-
-def _threads_arg(value: str) -> Any:
-    try:
-        return parse_threads(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc).removeprefix("--threads ")) from None
 
 
 @dataclass(frozen=True)
@@ -229,6 +224,18 @@ def interrupted_line(epoch: int, step: int, steps: int, checkpoint: Path, argv: 
     """What Ctrl-C prints: where training stopped, the checkpoint, and the command that resumes."""
     return (f"interrupted at epoch {epoch + 1}, step {step} of {steps}: checkpoint "
             f"{checkpoint.resolve()}; resume with: {resume_command(argv, checkpoint)}")
+
+
+@contextmanager
+def closing(*data: Any) -> Iterator[None]:
+    """Close each of ``data`` that is not ``None`` on the way out: their producers stop (and an
+    isolated loader's helper process)."""
+    try:
+        yield
+    finally:
+        for each in data:
+            if each is not None:
+                each.close()
 
 
 def with_state(loader: Any, dataset: Any) -> Iterator[tuple[Any, dict]]:
