@@ -60,7 +60,7 @@ from audiobuffer.cli._training import (  # noqa: E402
     start,
 )
 from audiobuffer.collate import image_collate  # noqa: E402
-from audiobuffer.errors import ConfigError  # noqa: E402
+from audiobuffer.errors import ConfigError, ResumeError  # noqa: E402
 from audiobuffer.loaders.device import resolve_device  # noqa: E402
 from audiobuffer.prepare.durations import cache_root  # noqa: E402
 
@@ -110,6 +110,8 @@ def make_data(args: argparse.Namespace, ranks: Ranks) -> tuple[Path, Path]:
     if ranks.rank == 0:
         for folder, n, seed in ((train_root, args.images, TRAIN_SEED),
                                 (test_root, args.test_images, TEST_SEED)):
+            if not n:
+                continue
             try:
                 make_photo_corpus(folder, n, seed=seed, classes=None, sides=SIDES,
                                   grid=GRID)
@@ -128,12 +130,28 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             parser.error(f"--{name.replace('_', '-')} must be >= {least}, got {value}")
 
 
+def _check_resume(resume: dict[str, Any], settings: dict[str, Any]) -> None:
+    """Refuse a checkpoint of other crops or another model (the rest of the setup is checked by
+    the loop: classes, epochs, steps)."""
+    kept = ("images", "test_images", "size", "channels", "seed")
+    changed = [f"--{name.replace('_', '-')} {resume['config'].get(name)!r} (now {settings[name]!r})"
+               for name in kept if resume["config"].get(name) != settings[name]]
+    if changed:
+        raise ResumeError("--resume: the checkpoint was made with " + "; ".join(changed) +
+                          "; resume with the options it was made with")
+
+
 def train(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parse_args(parser, argv)
     _check(parser, args)
     ranks = start(args, resolve_device(args.device), seed=args.seed, wait=OPENMP_WAIT)
+    settings = {name: getattr(args, name) for name in (
+        "images", "test_images", "size", "batch_size", "lr", "weight_decay", "channels", "loader",
+        "seed")}
     resume = load_checkpoint(args.resume) if args.resume is not None else None
+    if resume is not None:
+        _check_resume(resume, settings)
     train_root, test_root = make_data(args, ranks)
 
     augment = ImageDecoder(args.size, crop="random_resized", flip=True)
@@ -168,9 +186,6 @@ def train(argv: list[str] | None = None) -> int:
             if data is not None else None for data in (train_set, test_set))
     with closing(train_set, test_set):  # stops producers (and a helper process)
         model = ImageCNN(len(train_set.classes), channels=args.channels).to(ranks.device)
-        settings = {name: getattr(args, name) for name in (
-            "images", "test_images", "size", "batch_size", "lr", "weight_decay", "channels",
-            "loader", "seed")}
         job = Job(args=args, ranks=ranks, classes=train_set.classes, epochs=args.epochs,
                   lr=args.lr, weight_decay=args.weight_decay, key="image", train_set=train_set,
                   train_loader=train_loader, test_loader=test_loader,

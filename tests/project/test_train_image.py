@@ -31,11 +31,11 @@ def data(tmp_path_factory):
     return tmp_path_factory.mktemp("photo-crops")
 
 
-def run(args, cwd):
+def run(args, cwd, *, status=0):
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     result = subprocess.run([*map(str, args)], capture_output=True, text=True, timeout=240,
                             env=env, cwd=cwd)
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.returncode == status, result.stdout + result.stderr
     return result
 
 
@@ -49,12 +49,16 @@ def _train_files(data):
 
 def test_stopped_mid_epoch_resumes_and_trains_on_each_crop_once(data, tmp_path):
     """Stopped after 2 of 6 steps, resumed: the epoch's steps run on from 2, every training crop
-    is trained on once, and the finished epoch is evaluated on the 12 classes' test crops."""
+    is trained on once, and the finished epoch is evaluated on the 12 classes' test crops. A
+    checkpoint of another model is refused by name."""
     common = [sys.executable, SCRIPT, *TINY, "--data", data, "--seen-log", tmp_path / "seen"]
     first = run([*common, "--stop-at-step", 2], cwd=tmp_path)
     assert f"{IMAGES} train / {TEST_IMAGES} test images of 32 px, 12 classes" in first.stdout
     assert f"stopped at epoch 1, step 2 of {STEPS}" in first.stdout
     checkpoint = tmp_path / "runs" / "train_image" / "last.pt"  # the default place
+    other = run([*common, "--channels", 8, "--resume", checkpoint], cwd=tmp_path, status=2)
+    assert "train_image: error: --resume: the checkpoint was made with --channels 4 (now 8)" in (
+        other.stderr) and "Traceback" not in other.stderr
     saved = torch.load(checkpoint, weights_only=True)
     assert (saved["epoch"], saved["step"]) == (0, 2) and saved["ranks"][0]["dataset"] is not None
     assert saved["classes"][:2] == ["china-r0c0", "china-r0c1"] and len(saved["classes"]) == 12
