@@ -77,8 +77,8 @@ def test_stopped_mid_epoch_resumes_and_trains_on_each_crop_once(data, tmp_path):
 def test_two_ranks_isolated_stop_and_one_process_resumes(data, tmp_path):
     """Two ranks (torchrun, the isolated loader) stop after their first step; one process resumes
     the checkpoint: the ranks' loader states are merged and the 16 crops left are trained on
-    once."""
-    common = [SCRIPT, *TINY, "--data", data, "--loader", "isolated",
+    once. No test crops: one helper process a rank."""
+    common = [SCRIPT, *TINY, "--test-images", 0, "--data", data, "--loader", "isolated",
               "--seen-log", tmp_path / "seen", "--checkpoint-dir", tmp_path / "ck"]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     first = run([*torchrun, *common, "--stop-at-step", 1], cwd=tmp_path)
