@@ -31,7 +31,6 @@ process tree (the process and its workers, summed). The load average is printed 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -43,6 +42,8 @@ from typing import Any
 
 import harness
 
+from audiobuffer.cli._photos import make_photo_corpus, shipped_photos
+
 BATCH = 64
 SIZE = 224
 CLASSES = 10
@@ -53,60 +54,6 @@ APPROACHES = (
     "pillow-w2-fork",
     "pillow-w2-spawn",
 )
-#: The photographs packages ship: (package, path inside it).
-PHOTOS = (
-    ("sklearn", "datasets/images/china.jpg"),
-    ("sklearn", "datasets/images/flower.jpg"),
-    ("matplotlib", "mpl-data/sample_data/grace_hopper.jpg"),
-)
-
-
-# -- the corpus ------------------------------------------------------------------------------------
-
-
-def shipped_photos() -> list[Path]:
-    """The photographs found in the installed packages (without importing them)."""
-    found = []
-    for package, inside in PHOTOS:
-        spec = importlib.util.find_spec(package)
-        if spec is not None and spec.origin is not None:
-            path = Path(spec.origin).parent / inside
-            if path.is_file():
-                found.append(path)
-    return found
-
-
-def make_corpus(folder: Path, n: int, *, seed: int = 0) -> Path:
-    """``n`` JPEGs of 300 to 600 pixels a side in ``CLASSES`` folders, made once (a marker file says
-    how many): each a random crop of a shipped photograph, scaled, and mirrored half the time."""
-    import numpy as np
-    from PIL import Image
-
-    marker = folder / f"corpus-{n}-{seed}.done"
-    if marker.exists():
-        return folder
-    photos = [Image.open(p).convert("RGB") for p in shipped_photos()]
-    if not photos:
-        raise SystemExit("no shipped photograph found: pip install scikit-learn or matplotlib")
-    rng = np.random.default_rng(seed)
-    for i in range(n):
-        photo = photos[i % len(photos)]
-        width, height = photo.size
-        w = int(rng.integers(width // 3, width + 1))
-        h = int(rng.integers(height // 3, height + 1))
-        left, top = int(rng.integers(0, width - w + 1)), int(rng.integers(0, height - h + 1))
-        long_side = int(rng.integers(300, 601))
-        scale = long_side / max(w, h)
-        size = (max(300, round(w * scale)), max(300, round(h * scale)))  # both sides 300..600
-        size = (min(size[0], 600), min(size[1], 600))
-        image = photo.resize(size, Image.Resampling.BILINEAR, box=(left, top, left + w, top + h))
-        if rng.random() < 0.5:
-            image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-        target = folder / f"class{i % CLASSES:02d}"
-        target.mkdir(parents=True, exist_ok=True)
-        image.save(target / f"{i:05d}.jpg", quality=90)
-    marker.write_text("", encoding="utf-8", newline="\n")
-    return folder
 
 
 # -- the Pillow Dataset, as users write it ---------------------------------------------------------
@@ -331,7 +278,7 @@ def main() -> None:
         print(f"load average {harness.load_average()}")
         return
     made = time.perf_counter()
-    root = make_corpus(folder, args.images)
+    root = make_photo_corpus(folder, args.images, classes=CLASSES)
     print(
         f"corpus: {args.images} JPEGs in {root} "
         f"({time.perf_counter() - made:.1f} s to make or find)"

@@ -266,25 +266,26 @@ def _parser_markdown(title: str, parser: argparse.ArgumentParser, level: str = "
     return "\n".join(parts)
 
 
-def _train_script_parser() -> argparse.ArgumentParser:
-    path = REPO / "scripts" / "train_audio.py"
-    spec = importlib.util.spec_from_file_location("_train_audio_for_docs", path)
+def _train_script_parser(name: str) -> argparse.ArgumentParser:
+    path = REPO / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"_{name}_for_docs", path)
     if spec is None or spec.loader is None:
         raise RuntimeError(f"cannot import {path}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     parser: argparse.ArgumentParser = module._parser()
-    parser.prog = "python scripts/train_audio.py"
+    parser.prog = f"python scripts/{name}.py"
     return parser
 
 
 def cli_reference() -> str:
-    """Every ``audiobuffer`` command and its options, then ``scripts/train_audio.py``'s, from their parsers."""
+    """Every ``audiobuffer`` command and its options, then the training scripts', from their parsers."""
     from audiobuffer.cli.main import command_parsers
 
     parts = ["Every command takes `-h` (`--help`); `audiobuffer --version` prints the version.", ""]
     parts += [_parser_markdown(f"`audiobuffer {name}`", parser) for name, parser in command_parsers().items()]
-    parts.append(_parser_markdown("`scripts/train_audio.py`", _train_script_parser()))
+    for name in ("train_audio", "train_image"):
+        parts.append(_parser_markdown(f"`scripts/{name}.py`", _train_script_parser(name)))
     return "\n".join(parts)
 
 

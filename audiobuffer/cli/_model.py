@@ -1,9 +1,10 @@
-"""The example classifier and its training step, shared by ``audiobuffer demo`` and ``scripts/train_audio.py``.
+"""The example classifiers and their training step, shared by ``audiobuffer demo`` and the scripts.
 
-One model (:class:`SpeechCNN`: batched log-mel features on the training device, four conv blocks, a
-linear head), one optimiser and schedule (:func:`make_optimizer`), one step (:func:`train_step`) and
-one evaluation (:func:`evaluate`). Batches are ``pad_collate`` batches on the model's device: ``audio``
-``(B, T)`` and integer ``label`` ``(B,)``.
+Two models (:class:`SpeechCNN`: batched log-mel features on the training device, four conv blocks, a
+linear head; :class:`ImageCNN`: the same blocks on normalised images), one optimiser and schedule
+(:func:`make_optimizer`), one step (:func:`train_step`) and one evaluation (:func:`evaluate`).
+Batches are on the model's device: the input under ``key`` (``pad_collate``'s ``audio`` ``(B, T)``,
+``image_collate``'s uint8 ``image`` ``(B, 3, H, W)``) and integer ``label`` ``(B,)``.
 """
 
 from __future__ import annotations
@@ -16,8 +17,25 @@ from torch import nn
 
 from ..features import LogMel
 from ..loaders.device import DevicePrefetcher
+from ..normalize import Normalize
 
-__all__ = ["SpeechCNN", "evaluate", "make_optimizer", "train_step"]
+__all__ = ["ImageCNN", "SpeechCNN", "evaluate", "make_optimizer", "train_step"]
+
+
+def conv_blocks(c_in: int, channels: int) -> tuple[nn.Sequential, int]:
+    """Four blocks of 3x3 conv, batch norm, ReLU and 2x2 max pooling, with ``channels``, 2, 4 and 4
+    times as many output channels; and the last block's channel count."""
+    layers: list[nn.Module] = []
+    for c_out in (channels, channels * 2, channels * 4, channels * 4):
+        layers += [nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out),
+                   nn.ReLU(), nn.MaxPool2d(2, ceil_mode=True)]
+        c_in = c_out
+    return nn.Sequential(*layers), c_in
+
+
+def pooled_head(x: torch.Tensor, head: nn.Module) -> torch.Tensor:
+    """``head`` on the average and the maximum of the feature maps ``x`` ``(B, C, H, W)``."""
+    return head(torch.cat([x.mean(dim=(2, 3)), x.amax(dim=(2, 3))], dim=1))
 
 
 class SpeechCNN(nn.Module):
@@ -40,19 +58,37 @@ class SpeechCNN(nn.Module):
         super().__init__()
         self.features = LogMel(sample_rate, n_fft, hop_length=hop_length, n_mels=n_mels, top_db=80.0)
         self.norm = nn.BatchNorm2d(1)
-        layers: list[nn.Module] = []
-        c_in = 1
-        for c_out in (channels, channels * 2, channels * 4, channels * 4):
-            layers += [nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(),
-                       nn.MaxPool2d(2, ceil_mode=True)]
-            c_in = c_out
-        self.body = nn.Sequential(*layers)
-        self.head = nn.Sequential(nn.Dropout(0.2), nn.Linear(2 * c_in, classes))
+        self.body, c_out = conv_blocks(1, channels)
+        self.head = nn.Sequential(nn.Dropout(0.2), nn.Linear(2 * c_out, classes))
 
     def forward(self, audio: torch.Tensor) -> torch.Tensor:
         spec, _ = self.features(audio)
-        x = self.body(self.norm(spec.unsqueeze(1)))
-        return self.head(torch.cat([x.mean(dim=(2, 3)), x.amax(dim=(2, 3))], dim=1))
+        return pooled_head(self.body(self.norm(spec.unsqueeze(1))), self.head)
+
+
+class ImageCNN(nn.Module):
+    """uint8 images in, class scores out: normalised on their device
+    (:class:`~audiobuffer.Normalize`, ImageNet's mean and std), then the four conv blocks of
+    :class:`SpeechCNN` and its head.
+
+    Example:
+        >>> model = ImageCNN(3, channels=8)
+        >>> model(torch.zeros(2, 3, 64, 64, dtype=torch.uint8)).shape
+        torch.Size([2, 3])
+
+    Args:
+        classes: outputs of the linear head.
+        channels: of the first conv block; the others have 2, 4 and 4 times as many.
+    """
+
+    def __init__(self, classes: int, *, channels: int) -> None:
+        super().__init__()
+        self.normalize = Normalize()  # no state of its own: checkpoints hold the layers after it
+        self.body, c_out = conv_blocks(3, channels)
+        self.head = nn.Sequential(nn.Dropout(0.2), nn.Linear(2 * c_out, classes))
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return pooled_head(self.body(self.normalize(images)), self.head)
 
 
 def make_optimizer(model: nn.Module, *, lr: float, weight_decay: float, epochs: int, steps_per_epoch: int
@@ -65,9 +101,10 @@ def make_optimizer(model: nn.Module, *, lr: float, weight_decay: float, epochs: 
 
 
 def train_step(model: nn.Module, batch: dict[str, Any], optimizer: torch.optim.Optimizer,
-               schedule: torch.optim.lr_scheduler.LRScheduler) -> float:
-    """One optimiser step on ``batch`` (cross-entropy of ``audio`` against ``label``); returns the loss."""
-    loss = nn.functional.cross_entropy(model(batch["audio"]), batch["label"])
+               schedule: torch.optim.lr_scheduler.LRScheduler, *, key: str = "audio") -> float:
+    """One optimiser step on ``batch`` (cross-entropy of ``batch[key]`` against ``label``); returns
+    the loss."""
+    loss = nn.functional.cross_entropy(model(batch[key]), batch["label"])
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
@@ -77,17 +114,19 @@ def train_step(model: nn.Module, batch: dict[str, Any], optimizer: torch.optim.O
 
 @torch.no_grad()
 def evaluate(model: nn.Module, loader: Iterable[dict[str, Any]], device: torch.device, *,
-             reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> float:
+             key: str = "audio", reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
+             ) -> float:
     """The accuracy of ``model`` over ``loader``'s batches, copied to ``device``.
 
     Args:
+        key: the batches' input to the model.
         reduce: applied to the ``(correct, total)`` counts (float64) before they are divided: under
             ``torch.distributed``, a sum across ranks.
     """
     model.eval()
     counts = torch.zeros(2, dtype=torch.float64)
     for batch in DevicePrefetcher(loader, device):
-        predicted = model(batch["audio"]).argmax(dim=1)
+        predicted = model(batch[key]).argmax(dim=1)
         counts += torch.tensor([float((predicted == batch["label"]).sum()), len(batch["label"])], dtype=torch.float64)
     if reduce is not None:
         counts = reduce(counts)

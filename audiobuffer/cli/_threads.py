@@ -6,6 +6,7 @@ torch is imported; :func:`set_torch_threads` after.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from typing import Literal
@@ -13,7 +14,8 @@ from typing import Literal
 from .._checks import check_int
 from ..options import usable_cores
 
-__all__ = ["Threads", "parse_threads", "quiet_openmp", "set_torch_threads"]
+__all__ = ["Threads", "parse_threads", "quiet_openmp", "set_torch_threads",
+           "threads_argument"]
 
 #: ``--threads``: a count of torch intra-op threads, or ``"auto"`` (:func:`set_torch_threads`).
 Threads = int | Literal["auto"]
@@ -54,6 +56,14 @@ def parse_threads(value: str) -> Threads:
     except ValueError:
         raise ValueError(f"--threads must be an integer >= 1 or 'auto', got {value!r}") from None
     return check_int("--threads", count, 1)
+
+
+def threads_argument(value: str) -> Threads:
+    """``--threads`` as an argparse ``type``: :func:`parse_threads`, errors worded as argparse's."""
+    try:
+        return parse_threads(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--threads ")) from None
 
 
 def quiet_openmp() -> str | None:

@@ -107,12 +107,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _threads_arg(value: str) -> Any:
-    from ._threads import parse_threads
+    from ._threads import threads_argument  # on use: the command's start imports little
 
-    try:
-        return parse_threads(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc).removeprefix("--threads ")) from None
+    return threads_argument(value)
 
 
 def command_parsers() -> dict[str, argparse.ArgumentParser]:

@@ -1,4 +1,5 @@
-"""The example model and training step (audiobuffer/cli/_model.py), shared by the demo and scripts/train_audio.py."""
+"""The example models and training step (audiobuffer/cli/_model.py), shared by the demo and the
+scripts."""
 
 import importlib.util
 
@@ -6,8 +7,8 @@ import pytest
 import torch
 from helpers import REPO
 
-from audiobuffer.cli import _model, demo
-from audiobuffer.cli._model import SpeechCNN, evaluate, make_optimizer, train_step
+from audiobuffer.cli import _model, _training, demo
+from audiobuffer.cli._model import ImageCNN, SpeechCNN, evaluate, make_optimizer, train_step
 
 
 def _batches(n=4, classes=3):
@@ -20,14 +21,26 @@ def _batches(n=4, classes=3):
     return [{"audio": audio, "label": labels}]
 
 
-def test_demo_and_train_audio_share_one_model_and_step():
-    spec = importlib.util.spec_from_file_location("train_audio", REPO / "scripts" / "train_audio.py")
+def _script(name):
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    for name in ("SpeechCNN", "evaluate", "make_optimizer", "train_step"):
-        assert getattr(script, name) is getattr(_model, name), name
+    return script
+
+
+def test_demo_and_the_training_scripts_share_one_model_step_and_loop():
+    assert _script("train_audio").SpeechCNN is _model.SpeechCNN
+    assert _script("train_image").ImageCNN is _model.ImageCNN
+    for name in ("evaluate", "make_optimizer", "train_step"):  # the scripts' loop, and the demo's
+        assert getattr(_training, name) is getattr(_model, name), name
     for name in ("SpeechCNN", "evaluate", "make_optimizer", "train_step"):
         assert getattr(demo, name) is getattr(_model, name), name
+
+
+def test_image_model_takes_uint8_images_and_keeps_no_normalisation_state():
+    model = ImageCNN(5, channels=4)
+    assert model(torch.zeros(2, 3, 40, 48, dtype=torch.uint8)).shape == (2, 5)
+    assert not any(key.startswith("normalize") for key in model.state_dict())
 
 
 @pytest.mark.slow

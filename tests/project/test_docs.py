@@ -241,6 +241,7 @@ def test_the_yaml_and_cli_reference_shows_every_key_and_command():
                 if option not in ("-h", "--help") and action.help != "==SUPPRESS==":
                     assert f"`{option}" in commands, f"audiobuffer {name} {option}"
     assert "`--max-batch-seconds S`" in commands  # scripts/train_audio.py's
+    assert "`scripts/train_image.py`" in commands and "`--test-images" in commands
 
 
 def test_the_yaml_reference_words_lists_of_entries_and_the_checkpoint_as_the_script_uses_them():
