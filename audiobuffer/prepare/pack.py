@@ -9,7 +9,8 @@ NOTE [ Shard layout ]
 
     OUT/shard-000000.tar   <key>.<ext> (the original file, byte for byte) and <key>.json, per sample
     OUT/shard-000001.tar   ...
-    OUT/index.json         every member: shard, member name, offset and size of its data, duration, label
+    OUT/index.json         every member: shard, member name, offset and size of its data, duration, label;
+                           with labels, "classes": the label names in the order the source numbered them
 
 A sample's ``<key>`` is its path relative to the source's folder, without the extension, with ``/``
 made ``__`` and dots made ``_`` (WebDataset splits a member's name at the first dot of its base name
@@ -130,7 +131,8 @@ def pack(source: SourceSpec, out_dir: str | os.PathLike[str], *, shard_size: int
     except BaseException:
         writer.abandon()  # no half-written shard is left behind; the finished ones stay, without an index
         raise
-    return _write_index(out / INDEX_NAME, writer.shards, writer.members)
+    classes = src.classes if src.label_of is not None else None
+    return _write_index(out / INDEX_NAME, writer.shards, writer.members, classes=classes)
 
 
 def index_shards(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
@@ -409,15 +411,19 @@ def _tar_info(name: str, size: int) -> tarfile.TarInfo:
     return info
 
 
-def _write_index(path: Path, shards: list[dict[str, Any]], members: list[dict[str, Any]]) -> ShardIndex:
+def _write_index(path: Path, shards: list[dict[str, Any]], members: list[dict[str, Any]], *,
+                 classes: list[str] | None = None) -> ShardIndex:
     """Write the index at ``path`` and return it as read back; an index that does not read back (a value
-    the checks of :func:`read_index` refuse) is not left behind, whole or partial."""
+    the checks of :func:`read_index` refuse) is not left behind, whole or partial. ``classes``: the
+    label names in the order the packed source numbered them, recorded so that reading the index
+    numbers them so too."""
     def line(obj: Any) -> str:
         return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(", ", ": "))
 
     text = "".join([
         "{\n",
         f'"format": {line(INDEX_FORMAT)},\n"version": {INDEX_VERSION},\n',
+        "" if classes is None else f'"classes": {line(classes)},\n',
         '"shards": [\n', ",\n".join(line(s) for s in shards), "\n],\n",
         '"members": [\n', ",\n".join(line(m) for m in members), "\n]\n}\n",
     ])

@@ -105,7 +105,7 @@ def _list_index(url: str, storage: Storage, allow_outside: bool) -> Listing:
                            columns=[LABEL_COLUMN, *(k for k in keys if k != LABEL_COLUMN)], fields=index.fields,
                            labels=index.labels, shards=list(shards), shard_of=index.shard_of, offsets=index.offsets,
                            sizes=index.sizes, members=index.members, durations=index.durations)
-    return Listing(table, f"index {url!r} ({len(shards)} shards)")
+    return Listing(table, f"index {url!r} ({len(shards)} shards)", classes=index.classes)
 
 
 def _member_paths(shards: Sequence[str], shard_of: np.ndarray, names: Strings) -> Any:
@@ -173,13 +173,18 @@ def _natural_key(name: str) -> tuple[int, Any]:
         return (1, name)
 
 
-def class_order(names: Iterable[str], labels: Any) -> list[str]:
+def class_order(names: Iterable[str], labels: Any, *, recorded: Sequence[str] | None = None) -> list[str]:
     """The class names in the order their indices follow.
 
     A folder tree's (``labels="parent"``): plain ``sorted``, as torchvision's ``ImageFolder``
-    numbers its class folders ('10' before '2'), so a checkpoint's class indices carry over. Any
-    other label's: numbers numerically and before words, so a column of class numbers keeps them.
+    numbers its class folders ('10' before '2'), so a checkpoint's class indices carry over. The
+    packed labels of an index (``labels="label"``) that records its ``classes``: in that order, the
+    one the packed source numbered them in, less those no item has. Any other label's: numbers
+    numerically and before words, so a column of class numbers keeps them.
     """
+    if recorded is not None and isinstance(labels, str) and labels == LABEL_COLUMN:
+        found = set(names)
+        return [name for name in recorded if name in found]
     return sorted(names) if labels == "parent" else sorted(names, key=_natural_key)
 
 
@@ -254,7 +259,7 @@ class Source(StorageUser):
         if names is not None:
             used = np.unique(names.codes[names.codes >= 0]).tolist()  # a value no item has is no class
             found = {names.values[c] for c in used if names.values[c] is not None}
-            self.classes = class_order(found, labels)
+            self.classes = class_order(found, labels, recorded=listing.classes)
             order = {name: i for i, name in enumerate(self.classes)}
             remap = np.array([order.get(v, -1) if v is not None else -1 for v in names.values] + [-1], dtype=np.int32)
             self.table.label_of = remap[names.codes]

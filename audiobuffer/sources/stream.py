@@ -87,6 +87,7 @@ class _Listed:
     paths: list[str]
     rows: list[dict[str, Any]]
     columns: list[str]
+    classes: Sequence[str] | None = None  # the order an index records (class_order's recorded)
 
 
 class ShardStream(StorageUser):
@@ -125,12 +126,14 @@ class ShardStream(StorageUser):
         self._listed: _Listed | None = None
         self._index_tried = False
         names: set[str] = set()
+        recorded = None
         if labels is not None:
             listed = self.listing()
             found = _resolve_labels(labels, listed.paths, listed.rows if listed.columns else None, listed.columns)
             names = {n for n in found or () if n is not None}
+            recorded = listed.classes
         #: The sorted label names; a sample's ``label`` is an index into this list.
-        self.classes: list[str] = class_order(names, labels)
+        self.classes: list[str] = class_order(names, labels, recorded=recorded)
         self.class_to_idx: dict[str, int] = {name: i for i, name in enumerate(self.classes)}
 
     def _expand(self, spec: Any, what: str) -> list[str]:
@@ -258,7 +261,7 @@ class ShardStream(StorageUser):
             counts.append(len(listed))
             paths.extend(f"{shard}/{m.name}" for m in listed)
             rows.extend({**m.fields, LABEL_COLUMN: m.label} for m in listed)
-        return _Listed(tuple(counts), paths, rows, _columns(rows))
+        return _Listed(tuple(counts), paths, rows, _columns(rows), classes=index.classes)
 
     def _scan(self) -> _Listed:
         logger.info("listing %d shards without an index: reading each once (pack with an index to skip this)",
