@@ -159,6 +159,9 @@ class ImageDecoder:
     #: The glob patterns a directory source matches when this decoder reads it
     #: (:class:`~audiobuffer.BufferedDataset` uses them unless given ``patterns=``).
     patterns = IMAGE_PATTERNS
+    #: The sample key of what it decodes: the one a loader that batches samples itself stacks
+    #: (:class:`~audiobuffer.IsolatedLoader` unless given ``key=``).
+    sample_key = "image"
 
     def __init__(self, size: int | tuple[int, int] | None = None, *, crop: ImageCrop | None = None,
                  scale: tuple[float, float] = (0.08, 1.0),
