@@ -9,8 +9,9 @@ NOTE [ Shard layout ]
 
     OUT/shard-000000.tar   <key>.<ext> (the original file, byte for byte) and <key>.json, per sample
     OUT/shard-000001.tar   ...
-    OUT/index.json         every member: shard, member name, offset and size of its data, duration, label;
-                           with labels, "classes": the label names in the order the source numbered them
+    OUT/index.json         every member: shard, member name, offset and size of its data,
+                           duration, label; with labels, "classes": the label names in the
+                           order the source numbered them
 
 A sample's ``<key>`` is its path relative to the source's folder, without the extension, with ``/``
 made ``__`` and dots made ``_`` (WebDataset splits a member's name at the first dot of its base name

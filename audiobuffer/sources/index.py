@@ -262,19 +262,21 @@ def index_columns(url: str | os.PathLike[str], *, storage: Storage,
 
 
 def _with_classes(columns: IndexColumns, classes: Any) -> IndexColumns:
-    """``columns`` with the index's ``"classes"`` (``None`` where it records none), checked: distinct
-    strings that name every member's label."""
+    """``columns`` with the index's ``"classes"`` (``None`` where it records none), checked:
+    distinct strings that name every member's label."""
     if classes is None:
         return columns
     url = columns.url
-    if not isinstance(classes, list) or not _all_of(classes, str) or len(set(classes)) < len(classes):
-        raise SourceError(f"index {url!r} is malformed: \"classes\" must be a list of distinct label names, "
-                          f"got {short_repr(classes)} (pack the source again)")
+    if not isinstance(classes, list) or not _all_of(classes, str) \
+            or len(set(classes)) < len(classes):
+        raise SourceError(f"index {url!r} is malformed: \"classes\" must be a list of distinct "
+                          f"label names, got {short_repr(classes)} (pack the source again)")
     known = set(classes)
     for label in columns.labels.values:
         if label is not None and str(label) not in known:
-            raise SourceError(f"index {url!r} is malformed: a member's label {str(label)!r} is not one of "
-                              f"its classes {short_repr(classes)} (pack the source again)")
+            raise SourceError(f"index {url!r} is malformed: a member's label {str(label)!r} is "
+                              f"not one of its classes {short_repr(classes)} (pack the source "
+                              f"again)")
     return replace(columns, classes=tuple(classes))
 
 
@@ -367,7 +369,8 @@ def _parse_arrow(raw: bytes) -> tuple[dict[str, Any], Any] | None:
     members = table.column("members").combine_chunks()
     if not pa.types.is_list(members.type) or not pa.types.is_struct(members.type.value_type) or members.null_count:
         return None
-    head = {name: table.column(name)[0].as_py() for name in ("format", "version", "shards", "classes")
+    kept = ("format", "version", "shards", "classes")
+    head = {name: table.column(name)[0].as_py() for name in kept
             if name in table.column_names}
     head["members"] = []
     return head, members.values

@@ -173,7 +173,8 @@ def _natural_key(name: str) -> tuple[int, Any]:
         return (1, name)
 
 
-def class_order(names: Iterable[str], labels: Any, *, recorded: Sequence[str] | None = None) -> list[str]:
+def class_order(names: Iterable[str], labels: Any, *,
+                recorded: Sequence[str] | None = None) -> list[str]:
     """The class names in the order their indices follow.
 
     A folder tree's (``labels="parent"``): plain ``sorted``, as torchvision's ``ImageFolder``

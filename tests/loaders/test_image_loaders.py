@@ -1,6 +1,6 @@
-"""Images through each loader: BufferedDataset, IsolatedLoader, BatchSlotLoader and DevicePrefetcher (on
-the CPU), from packed shards (by index and streamed); each sample the crop that BufferedDataset gives
-the same item. The images are a few pixels, made by Pillow here."""
+"""Images through each loader: BufferedDataset, IsolatedLoader, BatchSlotLoader and
+DevicePrefetcher (on the CPU), from packed shards (by index and streamed); each sample the crop
+that BufferedDataset gives the same item. The images are a few pixels, made by Pillow here."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from audiobuffer.prepare.pack import pack
 from audiobuffer.sources.index import INDEX_NAME
 
 np = pytest.importorskip("numpy")
-Image = pytest.importorskip("PIL.Image", reason="ImageDecoder needs Pillow (pip install 'audiobuffer[image]')")
+Image = pytest.importorskip("PIL.Image", reason="ImageDecoder needs Pillow: pip install Pillow")
 
 N = 8  # images, two classes
 SIZE = 8  # the crops' side

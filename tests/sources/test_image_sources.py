@@ -1,6 +1,6 @@
-"""Images from the sources other than a folder: WebDataset shards (streamed and by index), Hugging Face
-Parquet with an ``Image()`` column, a CSV of paths and labels, packed shards; decoded by ImageDecoder.
-Every image is a few pixels, made by Pillow here."""
+"""Images from the sources other than a folder: WebDataset shards (streamed and by index),
+Hugging Face Parquet with an ``Image()`` column, a CSV of paths and labels, packed shards;
+decoded by ImageDecoder. Every image is a few pixels, made by Pillow here."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from audiobuffer.prepare.pack import index_shards, pack
 from audiobuffer.sources.index import INDEX_NAME
 from audiobuffer.sources.stream import ShardStream
 
-Image = pytest.importorskip("PIL.Image", reason="ImageDecoder needs Pillow (pip install 'audiobuffer[image]')")
+Image = pytest.importorskip("PIL.Image", reason="ImageDecoder needs Pillow: pip install Pillow")
 
-#: (extension, Pillow format) of each sample in turn: every extension a WebDataset image sample uses.
+#: (extension, Pillow format) of each sample in turn: the extensions WebDataset images use.
 FORMATS = [("jpg", "JPEG"), ("png", "PNG"), ("jpeg", "JPEG"), ("webp", "WEBP")]
 NAMES = ["cat", "dog", "eel"]
 
@@ -32,7 +32,8 @@ def pixels(seed: int) -> np.ndarray:
 
 def encode(seed: int, fmt: str) -> bytes:
     out = io.BytesIO()
-    Image.fromarray(pixels(seed)).save(out, format=fmt, **({"lossless": True} if fmt == "WEBP" else {}))
+    lossless = {"lossless": True} if fmt == "WEBP" else {}
+    Image.fromarray(pixels(seed)).save(out, format=fmt, **lossless)
     return out.getvalue()
 
 
@@ -66,9 +67,9 @@ def plain(sample: dict) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
-    """Two WebDataset shards of 4 samples: an image (jpg, png, jpeg, webp), ``.cls`` (its class number)
-    and ``.json`` (``{"label": its class name}``); and an index of them under another name, so that the
-    shards without it are streamed from a scan."""
+    """Two WebDataset shards of 4 samples: an image (jpg, png, jpeg, webp), ``.cls`` (its class
+    number) and ``.json`` (``{"label": its class name}``); and an index of them under another
+    name, so that the shards without it are streamed from a scan."""
     root = tmp_path_factory.mktemp("wds")
     truth = {}
     for s in range(2):
@@ -89,8 +90,8 @@ def shards(tmp_path_factory):
 @pytest.mark.parametrize("read", ["streamed", "index"])
 def test_webdataset_image_shards_with_cls_or_json_labels(shards, labels, classes, read):
     pattern, index, truth = shards
-    ds = BufferedDataset(pattern if read == "streamed" else str(index), ImageDecoder(), labels=labels,
-                         num_producers=2)
+    spec = pattern if read == "streamed" else str(index)
+    ds = BufferedDataset(spec, ImageDecoder(), labels=labels, num_producers=2)
     assert ds.classes == classes
     samples = drain(ds)
     assert sorted(Path(s["path"]).name for s in samples) == sorted(truth)
@@ -240,7 +241,8 @@ def test_packed_index_numbers_classes_as_the_folder_tree(numbered_tree, parser, 
     tree, packed = numbered_tree
     folder = Source(tree, patterns=IMAGE_PATTERNS, labels="parent")
     assert folder.classes == ["10", "2"]  # torchvision's ImageFolder: plain sorted
-    want = {Path(p).relative_to(tree).as_posix(): int(c) for p, c in zip(folder.paths, folder.label_of)}
+    want = {Path(p).relative_to(tree).as_posix(): int(c)
+            for p, c in zip(folder.paths, folder.label_of)}
     for labels in ("label", "parent"):
         index = Source(packed / INDEX_NAME, labels=labels)
         assert index.classes == folder.classes, labels
@@ -289,3 +291,25 @@ def test_same_seed_same_crops(shards, hf_images, csv_listing, source):
     assert first.keys() == second.keys() == other.keys()
     assert all(torch.equal(first[p], second[p]) for p in first)
     assert not all(torch.equal(first[p], other[p]) for p in first)
+
+
+# -- the same sources through YAML -----------------------------------------------------------------
+
+@pytest.mark.parametrize("source", ["streamed", "index", "packed", "parquet", "csv"])
+def test_yaml_image_sources(shards, numbered_tree, hf_images, csv_listing, source):
+    from audiobuffer.config import build_dataset, parse_config
+
+    section = {"streamed": {"root": shards[0], "labels": "cls"},
+               "index": {"root": str(shards[1]), "labels": "cls"},
+               "packed": {"root": str(numbered_tree[1] / INDEX_NAME), "labels": "label"},
+               "parquet": {"root": str(hf_images), "labels": "label"},
+               "csv": {"manifest": str(csv_listing), "labels": "name"}}[source]
+    config = parse_config({"source": section, "decode": {"kind": "image", "size": 8,
+                                                         "crop": "random_resized", "flip": True}})
+    ds = build_dataset(config)
+    assert ds.classes == {"streamed": ["0", "1", "2"], "index": ["0", "1", "2"],
+                          "packed": ["10", "2"], "parquet": ["zebra", "ant"],
+                          "csv": ["B", "b"]}[source]
+    samples = drain(ds)
+    assert len(samples) == {"streamed": 8, "index": 8, "packed": 4, "parquet": 6, "csv": 4}[source]
+    assert all(s["image"].shape == (3, 8, 8) for s in samples)

@@ -43,8 +43,8 @@ from ...errors import DecodeError, SourceError, StorageError
 from ..storage import Storage, inside_bucket, is_url
 from ..tar import ShardSample
 
-__all__ = ["AUDIO_COLUMN", "IMAGE_COLUMN", "RowFile", "RowSample", "audio_column", "class_names", "holds_audio",
-           "is_parquet", "open_parquet", "read_row_group", "row_file", "row_name"]
+__all__ = ["AUDIO_COLUMN", "IMAGE_COLUMN", "RowFile", "RowSample", "audio_column", "class_names",
+           "holds_audio", "is_parquet", "open_parquet", "read_row_group", "row_file", "row_name"]
 
 #: The column :class:`ParquetStream` reads audio from unless told otherwise (``datasets``' default name).
 AUDIO_COLUMN = "audio"
@@ -164,20 +164,22 @@ def audio_column(schema: Any, url: str, wanted: str | None = None) -> str:
     found = _encoded_columns(schema)
     if wanted is not None:
         if wanted not in found:
-            raise SourceError(f"Parquet file {url!r} has no audio or image column {wanted!r} (a struct of "
-                              f"bytes and path, as datasets.Audio and datasets.Image store); its columns "
-                              f"are {names}")
+            raise SourceError(f"Parquet file {url!r} has no audio or image column {wanted!r} "
+                              f"(a struct of bytes and path, as datasets.Audio and datasets.Image "
+                              f"store); its columns are {names}")
         return wanted
     if not found:
-        raise SourceError(f"Parquet file {url!r} has no audio or image column (a struct of bytes and path, "
-                          f"as datasets.Audio and datasets.Image store); its columns are {names}")
+        raise SourceError(f"Parquet file {url!r} has no audio or image column (a struct of bytes "
+                          f"and path, as datasets.Audio and datasets.Image store); its columns are "
+                          f"{names}")
     named = [n for n in (AUDIO_COLUMN, IMAGE_COLUMN) if n in found]
     if named:
         return named[0]
     if len(found) > 1:
-        raise SourceError(f"Parquet file {url!r} has {len(found)} columns of encoded audio or images, "
-                          f"{found}, and none is named {AUDIO_COLUMN!r} or {IMAGE_COLUMN!r}: name the "
-                          f"one to decode (ParquetStream(audio_column=...))")
+        raise SourceError(f"Parquet file {url!r} has {len(found)} columns of encoded audio or "
+                          f"images, {found}, and none is named {AUDIO_COLUMN!r} or "
+                          f"{IMAGE_COLUMN!r}: name the one to decode "
+                          f"(ParquetStream(audio_column=...))")
     return found[0]
 
 
