@@ -59,7 +59,9 @@ class ShardSample:
         shard: the path or URL of the shard.
         key: the sample's key (member names up to the first dot of the base name).
         files: every file of the sample, by extension (``{"wav": b"...", "json": b"..."}``).
-        member: the member name of the main file (the first that is not metadata: json, cls, txt...).
+        member: the member name of the main file: the first that is not metadata (json, cls,
+            txt...) and has a plain extension (``jpg``, not ``depth.png``), else the first that
+            is not metadata.
         name: the original file name from the JSON sidecar's ``"name"`` (which
             :func:`~audiobuffer.prepare.pack.pack` writes), or ``member``.
         data: the main file's bytes.
@@ -214,7 +216,7 @@ def split_key(name: str, *, dotted: bool = False) -> tuple[str, str]:
 
 def _sample(shard: str, key: str, group: list[_Member], *, dotted: bool) -> ShardSample:
     files = {}
-    main = None
+    main = derived = None
     for name, payload, offset in group:
         ext = split_key(name, dotted=dotted)[1]
         if ext in files:  # one sample's file twice: two samples under one key, or a member written twice
@@ -223,10 +225,15 @@ def _sample(shard: str, key: str, group: list[_Member], *, dotted: bool) -> Shar
                               f"again with unique keys (webdataset refuses it too: duplicate file name)",
                               path=f"{shard}/{name}")
         files[ext] = payload
-        if main is None and ext.rpartition(".")[2].lower() not in _META_EXTENSIONS:
+        if ext.rpartition(".")[2].lower() in _META_EXTENSIONS:
+            continue
+        # A plain extension ("jpg") names the sample's own file, a dotted one ("depth.png") one
+        # derived from it, whatever their order (webdataset writes a sample's members sorted).
+        if main is None and "." not in ext:
             main = (name, payload, offset)
-    if main is None:
-        main = group[0]
+        elif derived is None and "." in ext:
+            derived = (name, payload, offset)
+    main = main or derived or group[0]
     meta = None
     if "json" in files:
         try:

@@ -102,6 +102,24 @@ def test_webdataset_image_shards_with_cls_or_json_labels(shards, labels, classes
         np.testing.assert_array_equal(plain(sample), decoded(seed, Path(sample["path"]).suffix))
 
 
+@pytest.mark.parametrize("read", ["streamed", "index"])
+def test_the_image_is_the_plain_extension_before_a_dotted_one(tmp_path, read):
+    """webdataset writes a sample's members in sorted order: ``depth.png`` before ``jpg``."""
+    webdataset = pytest.importorskip("webdataset")
+    with webdataset.TarWriter(str(tmp_path / "shard-000000.tar")) as sink:
+        for i in range(2):
+            sink.write({"__key__": f"k{i}", "jpg": encode(i, "JPEG"), "cls": i,
+                        "depth.png": encode(10 + i, "PNG")})
+    index_shards(str(tmp_path / "shard-000000.tar"), progress=False)
+    spec = str(tmp_path / ("shard-000000.tar" if read == "streamed" else INDEX_NAME))
+    samples = drain(BufferedDataset(spec, ImageDecoder(), labels="cls", num_producers=1))
+    assert sorted(Path(s["path"]).name for s in samples) == ["k0.jpg", "k1.jpg"]
+    for sample in samples:
+        np.testing.assert_array_equal(plain(sample), decoded(sample["label"], ".jpg"))
+        if read == "streamed":  # a field (an index records no bytes)
+            assert isinstance(sample["depth.png"], bytes)
+
+
 @pytest.fixture(scope="module")
 def broken_shard(tmp_path_factory):
     """A shard of a good JPEG, a JPEG cut in half, a member of text named .jpg and a sample with no
