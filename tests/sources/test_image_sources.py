@@ -193,6 +193,22 @@ def test_parquet_image_column_beside_another_is_picked_by_name(tmp_path):
         np.testing.assert_array_equal(plain(sample), pixels(int(Path(sample["path"]).name)))
 
 
+def test_parquet_image_column_of_paths_reads_the_files(tmp_path):
+    """``datasets`` stores an ``Image()`` column cast from paths as paths without bytes."""
+    datasets = pytest.importorskip("datasets")
+    (tmp_path / "img").mkdir()
+    for i in range(2):
+        Image.fromarray(pixels(i)).save(tmp_path / "img" / f"{i}.png")
+    paths = [str(tmp_path / "img" / f"{i}.png") for i in range(2)]
+    table = datasets.Dataset.from_dict({"image": paths},
+                                       features=datasets.Features({"image": datasets.Image()}))
+    table.to_parquet(str(tmp_path / "paths.parquet"))
+    samples = drain(BufferedDataset(str(tmp_path / "paths.parquet"), ImageDecoder()))
+    assert sorted(Path(s["path"]).name for s in samples) == ["0.png", "1.png"]
+    for sample in samples:
+        np.testing.assert_array_equal(plain(sample), pixels(int(Path(sample["path"]).stem)))
+
+
 def test_parquet_with_several_image_columns_none_named_image_is_refused(tmp_path):
     datasets = pytest.importorskip("datasets")
     features = datasets.Features({"left": datasets.Image(), "right": datasets.Image()})
