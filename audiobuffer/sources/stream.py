@@ -284,7 +284,8 @@ class ShardStream(StorageUser):
 
 
 class ParquetStream(ShardStream):
-    """Hugging Face audio datasets in Parquet, streamed a row group at a time, as a source.
+    """Hugging Face audio and image datasets in Parquet, streamed a row group at a time, as a
+    source.
 
     See NOTE [ Parquet audio datasets ] in ``formats/parquet.py``: the unit of work (a "shard" to the epoch plan)
     is a row group; ``len()`` comes from the files' footers.
@@ -294,8 +295,8 @@ class ParquetStream(ShardStream):
         labels: a column (a ``ClassLabel`` column gives its names, in its order), ``"parent"``, a
             regular expression searched in each sample's original file name, or a callable from path
             to label.
-        audio_column: the column of encoded audio (default: ``"audio"``, else the first struct column
-            with a binary ``bytes`` field).
+        audio_column: the column of encoded audio or images (default: ``"audio"``, else
+            ``"image"``, else the only struct column with a binary ``bytes`` field).
         path_column: ``None`` (a row's audio bytes, or the file its path names where it has
             none), or the audio column's path field (``"audio.path"``): every row's audio from the
             file its path names.

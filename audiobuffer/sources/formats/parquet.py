@@ -1,11 +1,13 @@
-"""Hugging Face audio datasets in Parquet: :class:`ParquetStream`, a source that streams row groups.
+"""Hugging Face audio and image datasets in Parquet: :class:`ParquetStream`, a source that streams
+row groups.
 
 NOTE [ Parquet audio datasets ]
 ===============================
 A Hugging Face audio dataset on disk or in a hub repository is a set of Parquet files whose ``audio``
 column is a struct of the encoded file's ``bytes`` and its original ``path`` (what
-``datasets.Audio(decode=False)`` stores); the other columns are the sample's fields. Such a file is read
-the way tar shards are streamed (NOTE [ Streamed shards ] in ``stream.py``), with a **row group** as the
+``datasets.Audio(decode=False)`` stores; an image dataset's ``image`` column, what
+``datasets.Image()`` stores, is read the same way); the other columns are the sample's fields.
+Such a file is read the way tar shards are streamed (NOTE [ Streamed shards ] in ``stream.py``), with a **row group** as the
 unit of work: the epoch plan shuffles the row groups and splits them by rank and DataLoader worker, a
 producer reads one row group (one request per column chunk, never a row at a time) and decodes its
 samples from the bytes in memory, with ``shuffle=True`` through a seeded shuffle buffer, and resume is at
