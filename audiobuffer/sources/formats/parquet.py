@@ -8,9 +8,10 @@ column is a struct of the encoded file's ``bytes`` and its original ``path`` (wh
 ``datasets.Audio(decode=False)`` stores; an image dataset's ``image`` column, what
 ``datasets.Image()`` stores, is read the same way); the other columns are the sample's fields.
 Such a file is read the way tar shards are streamed (NOTE [ Streamed shards ] in ``stream.py``),
-with a **row group** as the unit of work: the epoch plan shuffles the row groups and splits them by rank and DataLoader worker, a
-producer reads one row group (one request per column chunk, never a row at a time) and decodes its
-samples from the bytes in memory, with ``shuffle=True`` through a seeded shuffle buffer, and resume is at
+with a **row group** as the unit of work: the epoch plan shuffles the row groups and splits them by
+rank and DataLoader worker, a producer reads one row group (one request per column chunk, never a
+row at a time) and decodes its samples from the bytes in memory, with ``shuffle=True`` through a
+seeded shuffle buffer, and resume is at
 row-group boundaries. The number of rows comes from each file's footer, so ``len()`` is known before
 anything else is read; with ``labels=`` naming a column, only that column is read to list the classes. A
 column that ``datasets`` declares a ``ClassLabel`` (in the ``huggingface`` schema metadata) gives
