@@ -71,7 +71,14 @@ from .source import (
     names_shards,
 )
 from .storage import RetrySpec, Storage, StorageUser, is_url, sibling
-from .tar import MEMBER_STRIDE, SHUFFLE_BUFFER, ShardSample, is_packed_sidecar, shard_samples
+from .tar import (
+    MEMBER_STRIDE,
+    SHUFFLE_BUFFER,
+    ShardSample,
+    is_packed_sidecar,
+    packed_class_order,
+    shard_samples,
+)
 
 __all__ = ["MEMBER_STRIDE", "SHUFFLE_BUFFER", "ParquetStream", "ShardStream", "as_source"]
 
@@ -269,15 +276,16 @@ class ShardStream(StorageUser):
         threads = max(1, min(SCAN_THREADS, len(self.shards)))
         with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="audiobuffer-scan") as pool:
             scanned = list(pool.map(self._scan_one, self.shards))
-        paths = [path for shard in scanned for path, _ in shard]
-        rows = [row for shard in scanned for _, row in shard]
-        return _Listed(tuple(len(s) for s in scanned), paths, rows, _columns(rows))
+        paths = [path for shard in scanned for path, _, _ in shard]
+        rows = [row for shard in scanned for _, row, _ in shard]
+        classes = packed_class_order(meta for shard in scanned for _, _, meta in shard)
+        return _Listed(tuple(len(s) for s in scanned), paths, rows, _columns(rows), classes=classes)
 
-    def _scan_one(self, url: str) -> list[tuple[str, dict[str, Any]]]:
+    def _scan_one(self, url: str) -> list[tuple[str, dict[str, Any], Mapping[str, Any] | None]]:
         out = []
         try:
             for sample in shard_samples(url, storage=self.storage):
-                out.append((sample.path, self.label_row(sample)))
+                out.append((sample.path, self.label_row(sample), sample.meta))
         except DecodeError as exc:  # truncated: each epoch reports it (on_error); list what it holds
             logger.warning("%s", exc)
         return out

@@ -30,6 +30,7 @@ __all__ = [
     "Truncated",
     "is_packed_sidecar",
     "iter_shard",
+    "packed_class_order",
     "member_value",
     "sample_fields",
     "shard_samples",
@@ -256,6 +257,26 @@ def is_packed_sidecar(meta: Mapping[str, Any] | None) -> bool:
     """Whether ``meta`` is the sidecar :func:`~audiobuffer.prepare.pack.pack` writes (name, label,
     fields)."""
     return meta is not None and isinstance(meta.get("name"), str) and isinstance(meta.get("fields"), Mapping)
+
+
+def packed_class_order(metas: Iterable[Mapping[str, Any] | None]) -> list[str] | None:
+    """The label names in the order packed sidecars number them (each sidecar's ``label`` and
+    ``label_index``: the class order of the source :func:`~audiobuffer.prepare.pack.pack` read), or
+    ``None`` where a labelled sample is not packed or has no number, or names and numbers disagree
+    (shards of several packs)."""
+    by_number: dict[int, str] = {}
+    by_name: dict[str, int] = {}
+    for meta in metas:
+        if meta is None or not is_packed_sidecar(meta):
+            return None
+        if meta.get("label") is None:
+            continue
+        name, number = str(meta["label"]), meta.get("label_index")
+        if not isinstance(number, int) or isinstance(number, bool) or number < 0:
+            return None
+        if by_name.setdefault(name, number) != number or by_number.setdefault(number, name) != name:
+            return None
+    return [by_number[n] for n in sorted(by_number)] if by_number else None
 
 
 def sample_fields(files: Mapping[str, bytes], main: str, meta: Mapping[str, Any] | None

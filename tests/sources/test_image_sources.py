@@ -288,6 +288,21 @@ def test_packed_index_numbers_classes_as_the_folder_tree(numbered_tree, parser, 
     assert got == want
 
 
+@pytest.mark.parametrize("read", ["indexed again", "streamed without the index"])
+def test_packed_shards_keep_the_folder_order_without_their_index(numbered_tree, tmp_path, read):
+    """The sidecars number the labels too, so the order outlives the index."""
+    tree, packed = numbered_tree
+    folder = Source(tree, patterns=IMAGE_PATTERNS, labels="parent")
+    shard = tmp_path / "shard-000000.tar"
+    shard.write_bytes((packed / "shard-000000.tar").read_bytes())
+    if read == "indexed again":
+        index_shards(str(shard), progress=False)
+        source = Source(tmp_path / INDEX_NAME, labels="label")
+    else:
+        source = ShardStream(str(shard), labels="label")
+    assert source.classes == folder.classes == ["10", "2"]
+
+
 @pytest.mark.parametrize("parser", ["json", "arrow"])
 def test_an_index_whose_classes_miss_a_label_is_refused(numbered_tree, tmp_path, parser,
                                                         monkeypatch):
