@@ -12,6 +12,7 @@ streamed instead (:class:`~audiobuffer.sources.stream.ShardStream`).
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import os
 import re
@@ -64,6 +65,8 @@ __all__ = [
     "names_shards",
 ]
 
+
+logger = logging.getLogger(__name__)
 
 #: Characters that make a ``labels`` string a regular expression rather than a manifest column name.
 _REGEX_CHARS = frozenset(".^$*+?{}[]|()\\")
@@ -189,6 +192,21 @@ def class_order(names: Iterable[str], labels: Any, *,
     return sorted(names) if labels == "parent" else sorted(names, key=_natural_key)
 
 
+_CLASS_NUMBER = re.compile(r"0|[1-9][0-9]*")
+
+
+def warn_renumbered(classes: Sequence[str], labels: Any, description: str) -> None:
+    """Log that ``classes``, sorted as numbers (:func:`class_order`), are class numbers other than
+    0 to K-1, so a sample's ``label`` (a place in ``classes``) is not the number it was given."""
+    numbers = [int(name) for name in classes if _CLASS_NUMBER.fullmatch(name)]
+    if len(numbers) < len(classes) or numbers == list(range(len(numbers))):
+        return
+    moved = ", ".join(f"{n} -> {i}" for i, n in enumerate(numbers) if n != i)
+    logger.warning("labels=%r of %s are class numbers other than 0 to %d, renumbered by their "
+                   "order (%.80s): a sample's label is its number's place, and label_name the "
+                   "number as written", labels, description, len(numbers) - 1, moved)
+
+
 class Source(StorageUser):
     """The files of a dataset with their labels and fields, local or remote.
 
@@ -261,6 +279,8 @@ class Source(StorageUser):
             used = np.unique(names.codes[names.codes >= 0]).tolist()  # a value no item has is no class
             found = {names.values[c] for c in used if names.values[c] is not None}
             self.classes = class_order(found, labels, recorded=listing.classes)
+            if listing.classes is None and not self.folder_labels:
+                warn_renumbered(self.classes, labels, self.description)
             order = {name: i for i, name in enumerate(self.classes)}
             remap = np.array([order.get(v, -1) if v is not None else -1 for v in names.values] + [-1], dtype=np.int32)
             self.table.label_of = remap[names.codes]

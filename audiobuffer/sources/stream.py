@@ -69,6 +69,7 @@ from .source import (
     _resolve_labels,
     class_order,
     names_shards,
+    warn_renumbered,
 )
 from .storage import RetrySpec, Storage, StorageUser, is_url, sibling
 from .tar import (
@@ -141,6 +142,8 @@ class ShardStream(StorageUser):
             recorded = listed.classes
         #: The sorted label names; a sample's ``label`` is an index into this list.
         self.classes: list[str] = class_order(names, labels, recorded=recorded)
+        if recorded is None and labels != "parent":
+            warn_renumbered(self.classes, labels, self.description)
         self.class_to_idx: dict[str, int] = {name: i for i, name in enumerate(self.classes)}
 
     def _expand(self, spec: Any, what: str) -> list[str]:
@@ -378,6 +381,8 @@ class ParquetStream(ShardStream):
         #: The label names: a ``ClassLabel`` column's in its order (a sample's ``label`` is its
         #: number), else sorted.
         self.classes = class_order(names, labels) if declared is None else declared
+        if declared is None and labels != "parent":
+            warn_renumbered(self.classes, labels, self.description)
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
 
     def _class_label(self, column: Any, found: set[str]) -> list[str] | None:

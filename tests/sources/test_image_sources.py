@@ -251,6 +251,15 @@ def test_csv_paths_relative_to_it_and_labels(csv_listing, labels, classes):
         np.testing.assert_array_equal(plain(sample), pixels(i))
 
 
+def test_class_numbers_with_gaps_are_renumbered_with_a_warning(csv_listing, shards, caplog):
+    """Labels 2 and 10 become classes 0 and 1: said once, as it is not what a class number means."""
+    caplog.set_level("WARNING", logger="audiobuffer")
+    Source(csv_listing, labels="number")
+    ShardStream(shards[0], labels="cls")  # the numbers 0, 1, 2: no warning
+    warned = [r.getMessage() for r in caplog.records if "renumbered" in r.getMessage()]
+    assert len(warned) == 1 and "'number'" in warned[0] and "10 -> 1" in warned[0], warned
+
+
 # -- packed shards: class ids as the folder tree gives them --------------------------------------
 
 @pytest.fixture(scope="module")
