@@ -209,6 +209,20 @@ def test_parquet_image_column_of_paths_reads_the_files(tmp_path):
         np.testing.assert_array_equal(plain(sample), pixels(int(Path(sample["path"]).stem)))
 
 
+def test_a_parquet_row_that_is_no_image_is_named(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    kind = pa.struct([("bytes", pa.binary()), ("path", pa.string())])  # datasets.Image()'s
+    rows = [{"bytes": encode(0, "PNG"), "path": "a.png"}, {"bytes": b"not an image", "path": "b.png"}]
+    pq.write_table(pa.table({"image": pa.array(rows, kind)}), tmp_path / "rows.parquet")
+    spec = str(tmp_path / "rows.parquet")
+    skipped = drain(BufferedDataset(spec, ImageDecoder(), on_error="skip", num_producers=1))
+    assert [s["path"].rsplit("/", 2)[1:] for s in skipped] == [["0", "a.png"]]
+    with pytest.raises(DecodeError, match=r"rows\.parquet/1/b\.png.*not an image"):
+        drain(BufferedDataset(spec, ImageDecoder(), num_producers=1))
+
+
 def test_parquet_with_several_image_columns_none_named_image_is_refused(tmp_path):
     datasets = pytest.importorskip("datasets")
     features = datasets.Features({"left": datasets.Image(), "right": datasets.Image()})
