@@ -214,7 +214,8 @@ def test_a_parquet_row_that_is_no_image_is_named(tmp_path):
     import pyarrow.parquet as pq
 
     kind = pa.struct([("bytes", pa.binary()), ("path", pa.string())])  # datasets.Image()'s
-    rows = [{"bytes": encode(0, "PNG"), "path": "a.png"}, {"bytes": b"not an image", "path": "b.png"}]
+    rows = [{"bytes": encode(0, "PNG"), "path": "a.png"},
+            {"bytes": b"not an image", "path": "b.png"}]
     pq.write_table(pa.table({"image": pa.array(rows, kind)}), tmp_path / "rows.parquet")
     spec = str(tmp_path / "rows.parquet")
     skipped = drain(BufferedDataset(spec, ImageDecoder(), on_error="skip", num_producers=1))
