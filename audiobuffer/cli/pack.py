@@ -62,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--labels", default=None,
                         help="'parent', a manifest column, or a regular expression on the file name")
     parser.add_argument("--patterns", nargs="+", default=None, metavar="GLOB",
-                        help="glob patterns of a folder source (default: the audio formats)")
+                        help="glob patterns of a folder source (default: the audio formats; for "
+                             "images: '**/*.jpg' '**/*.png')")
     parser.add_argument("--path-column", default="path", help="a manifest's path column (default 'path')")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the shards and index already in OUT")

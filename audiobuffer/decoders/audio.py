@@ -255,6 +255,9 @@ class AudioDecoder:
     #: The glob patterns a directory source matches when this decoder reads it
     #: (:class:`~audiobuffer.BufferedDataset` uses them unless given ``patterns=``).
     patterns = AUDIO_PATTERNS
+    #: The sample key of what it decodes: the one a loader that batches samples itself stacks
+    #: (:class:`~audiobuffer.IsolatedLoader` unless given ``key=``).
+    sample_key = "audio"
 
     def __init__(self, sample_rate: int | None = None, *, mono: bool = True,
                  crop_seconds: float | None = None, crop: CropMode = "random", pad: bool = True,

@@ -159,6 +159,9 @@ class ImageDecoder:
     #: The glob patterns a directory source matches when this decoder reads it
     #: (:class:`~audiobuffer.BufferedDataset` uses them unless given ``patterns=``).
     patterns = IMAGE_PATTERNS
+    #: The sample key of what it decodes: the one a loader that batches samples itself stacks
+    #: (:class:`~audiobuffer.IsolatedLoader` unless given ``key=``).
+    sample_key = "image"
 
     def __init__(self, size: int | tuple[int, int] | None = None, *, crop: ImageCrop | None = None,
                  scale: tuple[float, float] = (0.08, 1.0),
@@ -221,6 +224,9 @@ class ImageDecoder:
                 pixels = self._pixels(im, item.path, rng)
         except DecodeError:
             raise
+        except Image.UnidentifiedImageError as exc:  # its message names a BytesIO, not the file
+            raise DecodeError(f"cannot decode {item.path!r}: it is not an image Pillow reads "
+                              f"({_first_bytes(source)})", path=item.path) from exc
         except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
             raise DecodeError(f"cannot decode {item.path!r}: {describe(exc)}", path=item.path) from exc
         if rng is not None and self.flip and rng.random() < 0.5:
@@ -322,3 +328,16 @@ def _to_rgb(im: Any, path: str) -> Any:
         raise DecodeError(f"cannot decode {path!r}: it is a 32-bit float image (mode F), whose values have "
                           "no fixed range; convert it to 8 or 16 bits first", path=path)
     return im.convert("RGB") if im.mode != "RGB" else im
+
+
+def _first_bytes(source: Any) -> str:
+    """What a file that is no image starts with, for its error message."""
+    try:
+        if isinstance(source, io.BytesIO):
+            head = source.getvalue()[:16]
+        else:
+            with open(source, "rb") as f:
+                head = f.read(16)
+    except OSError:
+        return "it cannot be read again"
+    return f"its first bytes: {head!r}" if head else "it is empty"

@@ -9,13 +9,16 @@ NOTE [ Shard layout ]
 
     OUT/shard-000000.tar   <key>.<ext> (the original file, byte for byte) and <key>.json, per sample
     OUT/shard-000001.tar   ...
-    OUT/index.json         every member: shard, member name, offset and size of its data, duration, label
+    OUT/index.json         every member: shard, member name, offset and size of its data,
+                           duration, label; with labels, "classes": the label names in the
+                           order the source numbered them
 
 A sample's ``<key>`` is its path relative to the source's folder, without the extension, with ``/``
 made ``__`` and dots made ``_`` (WebDataset splits a member's name at the first dot of its base name
 into key and extension); a key already taken gets ``-1``, ``-2``... The ``<key>.json`` sidecar holds
-``{"name": the original relative path, "label": the label name or null, "duration": seconds or null,
-"fields": the manifest's other columns}``. Packing the same source twice gives the same bytes: the
+``{"name": the original relative path, "label": the label name or null, "label_index": its number
+in the source's classes or null, "duration": seconds or null, "fields": the manifest's other
+columns}``. Packing the same source twice gives the same bytes: the
 input order is the source's (sorted for a folder), every tar header has mtime 0, uid and gid 0, no
 user or group name and mode 0644. The index is written last, whole: its presence means the pack
 finished.
@@ -115,22 +118,26 @@ def pack(source: SourceSpec, out_dir: str | os.PathLike[str], *, shard_size: int
     writer = _ShardWriter(out, shard_size)
     from tqdm import tqdm
 
+    label_of = src.label_of  # each item's number in src.classes (-1: no label)
     try:
         with tqdm(total=len(src), unit="file", desc="pack", disable=not progress) as bar:
             for i, path in enumerate(paths):
                 data = storage.read_bytes(path)
                 ext = PurePosixPath(names[i]).suffix.lower().lstrip(".") or "bin"
                 label = src.label_names[i] if src.label_names else None
+                number = int(label_of[i]) if label is not None and label_of is not None else None
                 fields = src.fields[i] if src.fields is not None else {}
                 duration = _duration(ext, data)
-                sidecar = {"name": names[i], "label": label, "duration": duration, "fields": fields}
+                sidecar = {"name": names[i], "label": label, "label_index": number,
+                           "duration": duration, "fields": fields}
                 writer.add(keys[i], ext, data, sidecar)
                 bar.update(1)
         writer.finish()
     except BaseException:
         writer.abandon()  # no half-written shard is left behind; the finished ones stay, without an index
         raise
-    return _write_index(out / INDEX_NAME, writer.shards, writer.members)
+    classes = src.classes if src.label_of is not None else None
+    return _write_index(out / INDEX_NAME, writer.shards, writer.members, classes=classes)
 
 
 def index_shards(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
@@ -161,6 +168,7 @@ def index_shards(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str
     from tqdm import tqdm
 
     from ..sources.source import LABEL_COLUMN, _label_str
+    from ..sources.tar import packed_class_order
 
     storage = Storage.of(storage_options)
     urls = storage.expand_urls(shards)
@@ -180,11 +188,13 @@ def index_shards(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str
     entries: list[dict[str, Any]] = []
     members: list[dict[str, Any]] = []
     left_out: set[str] = set()
+    metas: list[Any] = []  # each sample's sidecar: packed ones give the class order
     with tqdm(total=len(urls), unit="shard", desc="index", disable=not progress) as bar:
         for url, name in zip(urls, names):
             count = 0
             for sample in shard_samples(url, storage=storage):
                 _check_names(url, sample.member, sample.name)
+                metas.append(sample.meta)
                 fields = {}
                 for key, value in sample.fields.items():
                     if isinstance(value, bytes):
@@ -207,7 +217,7 @@ def index_shards(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str
         logger.warning("members that are not text (%s) are fields when streaming but are not recorded in the "
                        "index", ", ".join(sorted(left_out)))
     path.parent.mkdir(parents=True, exist_ok=True)
-    index = _write_index(path, entries, members)
+    index = _write_index(path, entries, members, classes=packed_class_order(metas))
     if remote:
         logger.warning("wrote %s for shards in object storage: upload it beside them, as %s", path,
                        sibling(urls[0], INDEX_NAME))
@@ -409,15 +419,19 @@ def _tar_info(name: str, size: int) -> tarfile.TarInfo:
     return info
 
 
-def _write_index(path: Path, shards: list[dict[str, Any]], members: list[dict[str, Any]]) -> ShardIndex:
+def _write_index(path: Path, shards: list[dict[str, Any]], members: list[dict[str, Any]], *,
+                 classes: list[str] | None = None) -> ShardIndex:
     """Write the index at ``path`` and return it as read back; an index that does not read back (a value
-    the checks of :func:`read_index` refuse) is not left behind, whole or partial."""
+    the checks of :func:`read_index` refuse) is not left behind, whole or partial. ``classes``: the
+    label names in the order the packed source numbered them, recorded so that reading the index
+    numbers them so too."""
     def line(obj: Any) -> str:
         return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(", ", ": "))
 
     text = "".join([
         "{\n",
         f'"format": {line(INDEX_FORMAT)},\n"version": {INDEX_VERSION},\n',
+        "" if classes is None else f'"classes": {line(classes)},\n',
         '"shards": [\n', ",\n".join(line(s) for s in shards), "\n],\n",
         '"members": [\n', ",\n".join(line(m) for m in members), "\n]\n}\n",
     ])

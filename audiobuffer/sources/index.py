@@ -16,7 +16,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeGuard
 
 import numpy as np
@@ -117,11 +117,14 @@ class ShardIndex:
         url: where the index was read from.
         shards: the shards' paths or URLs, in order.
         members: every member, in packing order (shard by shard).
+        classes: the label names in the order the packed source numbered them (``None``: not
+            recorded; :func:`~audiobuffer.sources.source.class_order` then sorts them).
     """
 
     url: str
     shards: tuple[str, ...]
     members: tuple[Member, ...]
+    classes: tuple[str, ...] | None = None
 
     def __len__(self) -> int:
         return len(self.members)
@@ -145,6 +148,7 @@ class IndexColumns:
         labels: each member's label (``None`` for none).
         fields: each of the members' other columns (:data:`~audiobuffer.sources.table.ABSENT` where a
             member lacks it), in order of first appearance.
+        classes: as :attr:`ShardIndex.classes`.
     """
 
     url: str
@@ -157,6 +161,7 @@ class IndexColumns:
     durations: np.ndarray
     labels: Coded
     fields: dict[str, Column]
+    classes: tuple[str, ...] | None = None
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -195,7 +200,8 @@ def read_index(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any
     """
     columns = read_index_columns(url, storage_options=storage_options, retry=retry, allow_outside=allow_outside)
     return ShardIndex(url=columns.url, shards=columns.shards,
-                      members=tuple(columns.member(i) for i in range(len(columns))))
+                      members=tuple(columns.member(i) for i in range(len(columns))),
+                      classes=columns.classes)
 
 
 def read_index_columns(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None,
@@ -237,7 +243,7 @@ def index_columns(url: str | os.PathLike[str], *, storage: Storage,
         del parsed, members
         release_arrow_memory()
         if columns is not None:
-            return columns
+            return _with_classes(columns, head.get("classes"))
     try:
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -252,7 +258,26 @@ def index_columns(url: str | os.PathLike[str], *, storage: Storage,
         for n, row in enumerate(rows):
             _member(url, n, row, shards)
         raise SourceError(f"index {url!r} is malformed: its members do not fit together (pack the source again)")
-    return found
+    return _with_classes(found, data.get("classes"))
+
+
+def _with_classes(columns: IndexColumns, classes: Any) -> IndexColumns:
+    """``columns`` with the index's ``"classes"`` (``None`` where it records none), checked:
+    distinct strings that name every member's label."""
+    if classes is None:
+        return columns
+    url = columns.url
+    if not isinstance(classes, list) or not _all_of(classes, str) \
+            or len(set(classes)) < len(classes):
+        raise SourceError(f"index {url!r} is malformed: \"classes\" must be a list of distinct "
+                          f"label names, got {short_repr(classes)} (pack the source again)")
+    known = set(classes)
+    for label in columns.labels.values:
+        if label is not None and str(label) not in known:
+            raise SourceError(f"index {url!r} is malformed: a member's label {str(label)!r} is "
+                              f"not one of its classes {short_repr(classes)} (pack the source "
+                              f"again)")
+    return replace(columns, classes=tuple(classes))
 
 
 def _shards(url: str, data: Any, resolve: Callable[[str], str]) -> dict[str, tuple[str, int]]:
@@ -344,7 +369,8 @@ def _parse_arrow(raw: bytes) -> tuple[dict[str, Any], Any] | None:
     members = table.column("members").combine_chunks()
     if not pa.types.is_list(members.type) or not pa.types.is_struct(members.type.value_type) or members.null_count:
         return None
-    head = {name: table.column(name)[0].as_py() for name in ("format", "version", "shards")
+    kept = ("format", "version", "shards", "classes")
+    head = {name: table.column(name)[0].as_py() for name in kept
             if name in table.column_names}
     head["members"] = []
     return head, members.values

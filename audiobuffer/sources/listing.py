@@ -47,10 +47,12 @@ _SEPARATORS = "/\\" if os.name == "nt" else "/"
 
 @dataclass
 class Listing:
-    """What a source lists: its item table and a description of it for messages."""
+    """What a source lists: its item table, a description of it for messages, and the order of its
+    classes where the data records one (a packed index's)."""
 
     table: ItemTable
     description: str
+    classes: Sequence[str] | None = None
 
 
 def names_shards(source: Any) -> bool:

@@ -12,6 +12,7 @@ streamed instead (:class:`~audiobuffer.sources.stream.ShardStream`).
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import os
 import re
@@ -65,6 +66,8 @@ __all__ = [
 ]
 
 
+logger = logging.getLogger(__name__)
+
 #: Characters that make a ``labels`` string a regular expression rather than a manifest column name.
 _REGEX_CHARS = frozenset(".^$*+?{}[]|()\\")
 
@@ -105,7 +108,7 @@ def _list_index(url: str, storage: Storage, allow_outside: bool) -> Listing:
                            columns=[LABEL_COLUMN, *(k for k in keys if k != LABEL_COLUMN)], fields=index.fields,
                            labels=index.labels, shards=list(shards), shard_of=index.shard_of, offsets=index.offsets,
                            sizes=index.sizes, members=index.members, durations=index.durations)
-    return Listing(table, f"index {url!r} ({len(shards)} shards)")
+    return Listing(table, f"index {url!r} ({len(shards)} shards)", classes=index.classes)
 
 
 def _member_paths(shards: Sequence[str], shard_of: np.ndarray, names: Strings) -> Any:
@@ -173,14 +176,35 @@ def _natural_key(name: str) -> tuple[int, Any]:
         return (1, name)
 
 
-def class_order(names: Iterable[str], labels: Any) -> list[str]:
+def class_order(names: Iterable[str], labels: Any, *,
+                recorded: Sequence[str] | None = None) -> list[str]:
     """The class names in the order their indices follow.
 
     A folder tree's (``labels="parent"``): plain ``sorted``, as torchvision's ``ImageFolder``
-    numbers its class folders ('10' before '2'), so a checkpoint's class indices carry over. Any
-    other label's: numbers numerically and before words, so a column of class numbers keeps them.
+    numbers its class folders ('10' before '2'), so a checkpoint's class indices carry over. The
+    packed labels of an index (``labels="label"``) that records its ``classes``: in that order, the
+    one the packed source numbered them in, less those no item has. Any other label's: numbers
+    numerically and before words, so a column of class numbers keeps them.
     """
+    if recorded is not None and isinstance(labels, str) and labels == LABEL_COLUMN:
+        found = set(names)
+        return [name for name in recorded if name in found]
     return sorted(names) if labels == "parent" else sorted(names, key=_natural_key)
+
+
+_CLASS_NUMBER = re.compile(r"0|[1-9][0-9]*")
+
+
+def warn_renumbered(classes: Sequence[str], labels: Any, description: str) -> None:
+    """Log that ``classes``, sorted as numbers (:func:`class_order`), are class numbers other than
+    0 to K-1, so a sample's ``label`` (a place in ``classes``) is not the number it was given."""
+    numbers = [int(name) for name in classes if _CLASS_NUMBER.fullmatch(name)]
+    if len(numbers) < len(classes) or numbers == list(range(len(numbers))):
+        return
+    moved = ", ".join(f"{n} -> {i}" for i, n in enumerate(numbers) if n != i)
+    logger.warning("labels=%r of %s are class numbers other than 0 to %d, renumbered by their "
+                   "order (%.80s): a sample's label is its number's place, and label_name the "
+                   "number as written", labels, description, len(numbers) - 1, moved)
 
 
 class Source(StorageUser):
@@ -254,7 +278,9 @@ class Source(StorageUser):
         if names is not None:
             used = np.unique(names.codes[names.codes >= 0]).tolist()  # a value no item has is no class
             found = {names.values[c] for c in used if names.values[c] is not None}
-            self.classes = class_order(found, labels)
+            self.classes = class_order(found, labels, recorded=listing.classes)
+            if listing.classes is None and not self.folder_labels:
+                warn_renumbered(self.classes, labels, self.description)
             order = {name: i for i, name in enumerate(self.classes)}
             remap = np.array([order.get(v, -1) if v is not None else -1 for v in names.values] + [-1], dtype=np.int32)
             self.table.label_of = remap[names.codes]

@@ -69,9 +69,17 @@ from .source import (
     _resolve_labels,
     class_order,
     names_shards,
+    warn_renumbered,
 )
 from .storage import RetrySpec, Storage, StorageUser, is_url, sibling
-from .tar import MEMBER_STRIDE, SHUFFLE_BUFFER, ShardSample, is_packed_sidecar, shard_samples
+from .tar import (
+    MEMBER_STRIDE,
+    SHUFFLE_BUFFER,
+    ShardSample,
+    is_packed_sidecar,
+    packed_class_order,
+    shard_samples,
+)
 
 __all__ = ["MEMBER_STRIDE", "SHUFFLE_BUFFER", "ParquetStream", "ShardStream", "as_source"]
 
@@ -87,6 +95,7 @@ class _Listed:
     paths: list[str]
     rows: list[dict[str, Any]]
     columns: list[str]
+    classes: Sequence[str] | None = None  # the order an index records (class_order's recorded)
 
 
 class ShardStream(StorageUser):
@@ -125,12 +134,16 @@ class ShardStream(StorageUser):
         self._listed: _Listed | None = None
         self._index_tried = False
         names: set[str] = set()
+        recorded = None
         if labels is not None:
             listed = self.listing()
             found = _resolve_labels(labels, listed.paths, listed.rows if listed.columns else None, listed.columns)
             names = {n for n in found or () if n is not None}
+            recorded = listed.classes
         #: The sorted label names; a sample's ``label`` is an index into this list.
-        self.classes: list[str] = class_order(names, labels)
+        self.classes: list[str] = class_order(names, labels, recorded=recorded)
+        if recorded is None and labels != "parent":
+            warn_renumbered(self.classes, labels, self.description)
         self.class_to_idx: dict[str, int] = {name: i for i, name in enumerate(self.classes)}
 
     def _expand(self, spec: Any, what: str) -> list[str]:
@@ -258,7 +271,7 @@ class ShardStream(StorageUser):
             counts.append(len(listed))
             paths.extend(f"{shard}/{m.name}" for m in listed)
             rows.extend({**m.fields, LABEL_COLUMN: m.label} for m in listed)
-        return _Listed(tuple(counts), paths, rows, _columns(rows))
+        return _Listed(tuple(counts), paths, rows, _columns(rows), classes=index.classes)
 
     def _scan(self) -> _Listed:
         logger.info("listing %d shards without an index: reading each once (pack with an index to skip this)",
@@ -266,22 +279,24 @@ class ShardStream(StorageUser):
         threads = max(1, min(SCAN_THREADS, len(self.shards)))
         with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="audiobuffer-scan") as pool:
             scanned = list(pool.map(self._scan_one, self.shards))
-        paths = [path for shard in scanned for path, _ in shard]
-        rows = [row for shard in scanned for _, row in shard]
-        return _Listed(tuple(len(s) for s in scanned), paths, rows, _columns(rows))
+        paths = [path for shard in scanned for path, _, _ in shard]
+        rows = [row for shard in scanned for _, row, _ in shard]
+        classes = packed_class_order(meta for shard in scanned for _, _, meta in shard)
+        return _Listed(tuple(len(s) for s in scanned), paths, rows, _columns(rows), classes=classes)
 
-    def _scan_one(self, url: str) -> list[tuple[str, dict[str, Any]]]:
+    def _scan_one(self, url: str) -> list[tuple[str, dict[str, Any], Mapping[str, Any] | None]]:
         out = []
         try:
             for sample in shard_samples(url, storage=self.storage):
-                out.append((sample.path, self.label_row(sample)))
+                out.append((sample.path, self.label_row(sample), sample.meta))
         except DecodeError as exc:  # truncated: each epoch reports it (on_error); list what it holds
             logger.warning("%s", exc)
         return out
 
 
 class ParquetStream(ShardStream):
-    """Hugging Face audio datasets in Parquet, streamed a row group at a time, as a source.
+    """Hugging Face audio and image datasets in Parquet, streamed a row group at a time, as a
+    source.
 
     See NOTE [ Parquet audio datasets ] in ``formats/parquet.py``: the unit of work (a "shard" to the epoch plan)
     is a row group; ``len()`` comes from the files' footers.
@@ -291,8 +306,8 @@ class ParquetStream(ShardStream):
         labels: a column (a ``ClassLabel`` column gives its names, in its order), ``"parent"``, a
             regular expression searched in each sample's original file name, or a callable from path
             to label.
-        audio_column: the column of encoded audio (default: ``"audio"``, else the first struct column
-            with a binary ``bytes`` field).
+        audio_column: the column of encoded audio or images (default: ``"audio"``, else
+            ``"image"``, else the only struct column with a binary ``bytes`` field).
         path_column: ``None`` (a row's audio bytes, or the file its path names where it has
             none), or the audio column's path field (``"audio.path"``): every row's audio from the
             file its path names.
@@ -366,6 +381,8 @@ class ParquetStream(ShardStream):
         #: The label names: a ``ClassLabel`` column's in its order (a sample's ``label`` is its
         #: number), else sorted.
         self.classes = class_order(names, labels) if declared is None else declared
+        if declared is None and labels != "parent":
+            warn_renumbered(self.classes, labels, self.description)
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
 
     def _class_label(self, column: Any, found: set[str]) -> list[str] | None:

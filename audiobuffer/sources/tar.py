@@ -30,6 +30,7 @@ __all__ = [
     "Truncated",
     "is_packed_sidecar",
     "iter_shard",
+    "packed_class_order",
     "member_value",
     "sample_fields",
     "shard_samples",
@@ -59,7 +60,9 @@ class ShardSample:
         shard: the path or URL of the shard.
         key: the sample's key (member names up to the first dot of the base name).
         files: every file of the sample, by extension (``{"wav": b"...", "json": b"..."}``).
-        member: the member name of the main file (the first that is not metadata: json, cls, txt...).
+        member: the member name of the main file: the first that is not metadata (json, cls,
+            txt...) and has a plain extension (``jpg``, not ``depth.png``), else the first that
+            is not metadata.
         name: the original file name from the JSON sidecar's ``"name"`` (which
             :func:`~audiobuffer.prepare.pack.pack` writes), or ``member``.
         data: the main file's bytes.
@@ -214,7 +217,7 @@ def split_key(name: str, *, dotted: bool = False) -> tuple[str, str]:
 
 def _sample(shard: str, key: str, group: list[_Member], *, dotted: bool) -> ShardSample:
     files = {}
-    main = None
+    main = derived = None
     for name, payload, offset in group:
         ext = split_key(name, dotted=dotted)[1]
         if ext in files:  # one sample's file twice: two samples under one key, or a member written twice
@@ -223,10 +226,15 @@ def _sample(shard: str, key: str, group: list[_Member], *, dotted: bool) -> Shar
                               f"again with unique keys (webdataset refuses it too: duplicate file name)",
                               path=f"{shard}/{name}")
         files[ext] = payload
-        if main is None and ext.rpartition(".")[2].lower() not in _META_EXTENSIONS:
+        if ext.rpartition(".")[2].lower() in _META_EXTENSIONS:
+            continue
+        # A plain extension ("jpg") names the sample's own file, a dotted one ("depth.png") one
+        # derived from it, whatever their order (webdataset writes a sample's members sorted).
+        if main is None and "." not in ext:
             main = (name, payload, offset)
-    if main is None:
-        main = group[0]
+        elif derived is None and "." in ext:
+            derived = (name, payload, offset)
+    main = main or derived or group[0]
     meta = None
     if "json" in files:
         try:
@@ -249,6 +257,26 @@ def is_packed_sidecar(meta: Mapping[str, Any] | None) -> bool:
     """Whether ``meta`` is the sidecar :func:`~audiobuffer.prepare.pack.pack` writes (name, label,
     fields)."""
     return meta is not None and isinstance(meta.get("name"), str) and isinstance(meta.get("fields"), Mapping)
+
+
+def packed_class_order(metas: Iterable[Mapping[str, Any] | None]) -> list[str] | None:
+    """The label names in the order packed sidecars number them (each sidecar's ``label`` and
+    ``label_index``: the class order of the source :func:`~audiobuffer.prepare.pack.pack` read), or
+    ``None`` where a labelled sample is not packed or has no number, or names and numbers disagree
+    (shards of several packs)."""
+    by_number: dict[int, str] = {}
+    by_name: dict[str, int] = {}
+    for meta in metas:
+        if meta is None or not is_packed_sidecar(meta):
+            return None
+        if meta.get("label") is None:
+            continue
+        name, number = str(meta["label"]), meta.get("label_index")
+        if not isinstance(number, int) or isinstance(number, bool) or number < 0:
+            return None
+        if by_name.setdefault(name, number) != number or by_number.setdefault(number, name) != name:
+            return None
+    return [by_number[n] for n in sorted(by_number)] if by_number else None
 
 
 def sample_fields(files: Mapping[str, bytes], main: str, meta: Mapping[str, Any] | None

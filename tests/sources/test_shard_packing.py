@@ -74,7 +74,7 @@ def test_pack_writes_webdataset_members_and_sidecars(corpus, tmp_path):
         assert all("." not in n.rsplit(".", 1)[0] for n in names)  # key = the name up to the first dot
         assert {(i.mtime, i.uid, i.gid, i.uname, i.gname, i.mode) for i in infos} == {(0, 0, 0, "", "", 0o644)}
         meta = json.loads(tar.extractfile("class0__0_0000.json").read())
-    assert meta == {"name": "class0/0_0000.wav", "label": "class0", "fields": {},
+    assert meta == {"name": "class0/0_0000.wav", "label": "class0", "label_index": 0, "fields": {},
                     "duration": pytest.approx(0.1)}
     data = json.loads((tmp_path / "out" / INDEX_NAME).read_text())
     assert data["format"] == "audiobuffer-shards" and data["shards"][0]["name"] == shard_name(0)

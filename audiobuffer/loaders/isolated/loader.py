@@ -291,7 +291,9 @@ class IsolatedLoader(PipelineViews, StateKeys):
         drop_last: drop the last, short batch of an epoch (not with ``max_batch_seconds``).
         num_slots: shared-memory slots (batches decoded ahead of the trainer; at least 2).
         pin_memory: copy batches into pinned memory; ``"auto"``: when CUDA is available.
-        key: the sample key padded into the batch (as ``pad_collate``'s ``key``).
+        key: the sample key padded into the batch (as ``pad_collate``'s ``key``); ``None``: the
+            decoder's ``sample_key`` (``"image"`` for :class:`~audiobuffer.ImageDecoder`), else
+            ``"audio"``.
         slot_bytes: the bytes each slot starts with (a larger batch grows its slot).
         background: run the helper at a lower scheduling priority (``nice 10``; below normal on
             Windows), so that it decodes on the cores the trainer leaves idle. Off by default: the
@@ -317,8 +319,9 @@ class IsolatedLoader(PipelineViews, StateKeys):
 
     def __init__(self, source: SourceSpec | Source, decoder: Callable[[WorkItem], Any], *,
                  batch_size: int | None = None, drop_last: bool = False, num_slots: int = 4,
-                 pin_memory: bool | str = "auto", key: str = "audio", slot_bytes: int = DEFAULT_SLOT_BYTES,
-                 background: bool = False, start_in_trainer: bool = False, **options: Any) -> None:
+                 pin_memory: bool | str = "auto", key: str | None = None,
+                 slot_bytes: int = DEFAULT_SLOT_BYTES, background: bool = False,
+                 start_in_trainer: bool = False, **options: Any) -> None:
         own = [name for name, parameter in inspect.signature(IsolatedLoader.__init__).parameters.items()
                if parameter.kind is parameter.KEYWORD_ONLY]
         check_keywords("IsolatedLoader", options, own)
@@ -338,8 +341,11 @@ class IsolatedLoader(PipelineViews, StateKeys):
                 raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
         if pin_memory not in ("auto", True, False):
             raise ValueError(f"pin_memory must be 'auto', True or False, got {pin_memory!r}")
+        if key is None:
+            key = getattr(decoder, "sample_key", None)
+            key = key if isinstance(key, str) else "audio"
         if not isinstance(key, str):
-            raise TypeError(f"key must be a string, got {key!r}")
+            raise TypeError(f"key must be a string or None, got {key!r}")
         for name, flag in (("background", background), ("start_in_trainer", start_in_trainer)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be True or False, got {flag!r}")

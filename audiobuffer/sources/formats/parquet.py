@@ -1,14 +1,17 @@
-"""Hugging Face audio datasets in Parquet: :class:`ParquetStream`, a source that streams row groups.
+"""Hugging Face audio and image datasets in Parquet: :class:`ParquetStream`, a source that streams
+row groups.
 
 NOTE [ Parquet audio datasets ]
 ===============================
 A Hugging Face audio dataset on disk or in a hub repository is a set of Parquet files whose ``audio``
 column is a struct of the encoded file's ``bytes`` and its original ``path`` (what
-``datasets.Audio(decode=False)`` stores); the other columns are the sample's fields. Such a file is read
-the way tar shards are streamed (NOTE [ Streamed shards ] in ``stream.py``), with a **row group** as the
-unit of work: the epoch plan shuffles the row groups and splits them by rank and DataLoader worker, a
-producer reads one row group (one request per column chunk, never a row at a time) and decodes its
-samples from the bytes in memory, with ``shuffle=True`` through a seeded shuffle buffer, and resume is at
+``datasets.Audio(decode=False)`` stores; an image dataset's ``image`` column, what
+``datasets.Image()`` stores, is read the same way); the other columns are the sample's fields.
+Such a file is read the way tar shards are streamed (NOTE [ Streamed shards ] in ``stream.py``),
+with a **row group** as the unit of work: the epoch plan shuffles the row groups and splits them by
+rank and DataLoader worker, a producer reads one row group (one request per column chunk, never a
+row at a time) and decodes its samples from the bytes in memory, with ``shuffle=True`` through a
+seeded shuffle buffer, and resume is at
 row-group boundaries. The number of rows comes from each file's footer, so ``len()`` is known before
 anything else is read; with ``labels=`` naming a column, only that column is read to list the classes. A
 column that ``datasets`` declares a ``ClassLabel`` (in the ``huggingface`` schema metadata) gives
@@ -43,11 +46,13 @@ from ...errors import DecodeError, SourceError, StorageError
 from ..storage import Storage, inside_bucket, is_url
 from ..tar import ShardSample
 
-__all__ = ["AUDIO_COLUMN", "RowFile", "RowSample", "audio_column", "class_names", "holds_audio",
-           "is_parquet", "open_parquet", "read_row_group", "row_file", "row_name"]
+__all__ = ["AUDIO_COLUMN", "IMAGE_COLUMN", "RowFile", "RowSample", "audio_column", "class_names",
+           "holds_audio", "is_parquet", "open_parquet", "read_row_group", "row_file", "row_name"]
 
 #: The column :class:`ParquetStream` reads audio from unless told otherwise (``datasets``' default name).
 AUDIO_COLUMN = "audio"
+#: The column it reads images from where there is no :data:`AUDIO_COLUMN`.
+IMAGE_COLUMN = "image"
 
 
 def is_parquet(spec: Any) -> bool:
@@ -77,6 +82,8 @@ def holds_audio(spec: Any, *, storage: Storage) -> bool:
             raise SourceError(f"column {AUDIO_COLUMN!r} of Parquet file {urls[0]!r} holds "
                               f"{schema.field(AUDIO_COLUMN).type}, not encoded audio: a struct of bytes and path, "
                               f"as datasets.Audio(decode=False) stores it") from None
+        if _encoded_columns(schema):  # several, none named: which one is the user's to say
+            raise
         return False
     return True
 
@@ -146,31 +153,50 @@ def open_parquet(url: str, *, storage: Storage) -> Any:
 
 
 def audio_column(schema: Any, url: str, wanted: str | None = None) -> str:
-    """The name of the column of encoded audio: a struct with a binary ``bytes`` field (``datasets.Audio``).
+    """The name of the column of encoded audio or images: a struct with a binary ``bytes`` field
+    (what ``datasets.Audio`` and ``datasets.Image`` store).
+
+    Without ``wanted``: the column named ``"audio"``, else the one named ``"image"``, else the only
+    such column; several others are ambiguous (a segmentation mask beside its photo, say).
 
     Raises:
-        SourceError: there is none (or ``wanted`` is not one); the message lists the columns.
+        SourceError: there is none, ``wanted`` is not one, or several are and none is named
+            ``"audio"`` or ``"image"``; the message lists the columns.
     """
+    names = list(schema.names)
+    found = _encoded_columns(schema)
+    if wanted is not None:
+        if wanted not in found:
+            raise SourceError(f"Parquet file {url!r} has no audio or image column {wanted!r} "
+                              f"(a struct of bytes and path, as datasets.Audio and datasets.Image "
+                              f"store); its columns are {names}")
+        return wanted
+    if not found:
+        raise SourceError(f"Parquet file {url!r} has no audio or image column (a struct of bytes "
+                          f"and path, as datasets.Audio and datasets.Image store); its columns are "
+                          f"{names}")
+    named = [n for n in (AUDIO_COLUMN, IMAGE_COLUMN) if n in found]
+    if named:
+        return named[0]
+    if len(found) > 1:
+        raise SourceError(f"Parquet file {url!r} has {len(found)} columns of encoded audio or "
+                          f"images, {found}, and none is named {AUDIO_COLUMN!r} or "
+                          f"{IMAGE_COLUMN!r}: name the one to decode "
+                          f"(ParquetStream(audio_column=...))")
+    return found[0]
+
+
+def _encoded_columns(schema: Any) -> list[str]:
+    """The columns of ``schema`` that hold encoded files: structs with a binary ``bytes`` field."""
     import pyarrow as pa
 
-    def is_audio(name: str) -> bool:
-        kind = schema.field(name).type
+    def is_encoded(kind: Any) -> bool:
         if not pa.types.is_struct(kind) or kind.get_field_index("bytes") < 0:
             return False
         data = kind.field("bytes").type
         return bool(pa.types.is_binary(data) or pa.types.is_large_binary(data))
 
-    names = list(schema.names)
-    if wanted is not None:
-        if wanted not in names or not is_audio(wanted):
-            raise SourceError(f"Parquet file {url!r} has no audio column {wanted!r} (a struct of bytes and path, "
-                              f"as datasets.Audio stores); its columns are {names}")
-        return wanted
-    found = [n for n in names if is_audio(n)]
-    if not found:
-        raise SourceError(f"Parquet file {url!r} has no audio column (a struct of bytes and path, as "
-                          f"datasets.Audio stores); its columns are {names}")
-    return AUDIO_COLUMN if AUDIO_COLUMN in found else found[0]
+    return [field.name for field in schema if is_encoded(field.type)]
 
 
 def class_names(schema: Any) -> dict[str, list[str]]:

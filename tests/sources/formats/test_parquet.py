@@ -107,12 +107,12 @@ def test_a_file_without_audio_and_a_file_that_is_not_parquet(tmp_path, hf):
     import pyarrow.parquet as pq
 
     pq.write_table(pa.table({"path": ["a.wav"], "speaker": ["s1"]}), tmp_path / "manifest.parquet")
-    with pytest.raises(SourceError, match=r"no audio column.*\['path', 'speaker'\]"):
+    with pytest.raises(SourceError, match=r"no audio or image column.*\['path', 'speaker'\]"):
         ParquetStream(tmp_path / "manifest.parquet")
     (tmp_path / "bad.parquet").write_bytes(b"PAR1 not really")
     with pytest.raises(SourceError, match="not a Parquet file"):
         ParquetStream(str(tmp_path / "bad.parquet"))
-    with pytest.raises(SourceError, match="no audio column 'sound'"):
+    with pytest.raises(SourceError, match="no audio or image column 'sound'"):
         ParquetStream(str(next(hf.glob("*.parquet"))), audio_column="sound")
 
 
