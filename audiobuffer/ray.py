@@ -51,8 +51,8 @@ try:
     import ray.data
     from ray.data.collate_fn import NumpyBatchCollateFn
 except ImportError as exc:  # pragma: no cover - where the extra is installed
-    raise ImportError(f"audiobuffer.ray needs Ray Data 2.47 or later: pip install 'audiobuffer[ray]'; "
-                      f"{exc}") from exc
+    raise ImportError(f"audiobuffer.ray needs Ray Data 2.47 or later: pip install "
+                      f"'audiobuffer[ray]'; {exc}") from exc
 
 from ._checks import check_int, short_repr
 from ._numpy_collate import collate_numpy
@@ -68,19 +68,18 @@ if TYPE_CHECKING:
 
 __all__ = ["BatchCollate", "PadCollate", "read"]
 
-logger = logging.getLogger(__name__)
-
 #: Blocks per CPU of the cluster, by default: each CPU decodes a few long tasks (a task costs Ray
 #: milliseconds whatever its size), and none waits long on the last one.
 BLOCKS_PER_CPU = 2
 #: Samples a block holds at most by default (batches by duration: about as many samples, whole
 #: batches), which bounds what a task holds in memory.
 BLOCK_ITEMS = 1024
-#: The specs a worker process keeps unpickled (NOTE [ Ray epochs ], Spec): this epoch's and the last.
+#: The specs a worker process keeps unpickled (NOTE [ Ray epochs ], Spec): this epoch's and the
+#: last.
 _KEPT_SPECS = 2
 #: ``Dataset.map_batches`` keywords that :func:`read` sets itself.
-_OWN_MAP_KEYWORDS = ("fn", "batch_size", "batch_format", "fn_args", "fn_kwargs", "fn_constructor_args",
-                     "fn_constructor_kwargs", "zero_copy_batch", "compute")
+_OWN_MAP_KEYWORDS = ("fn", "batch_size", "batch_format", "fn_args", "fn_kwargs",
+                     "fn_constructor_args", "fn_constructor_kwargs", "zero_copy_batch", "compute")
 _OWN = ("epoch", "key", "rows_per_block", "map_options")
 
 
@@ -89,11 +88,11 @@ def read(source: SourceSpec | Source, decoder: Callable[[WorkItem], Any], *, epo
          map_options: Mapping[str, Any] | None = None, **options: Any) -> ray.data.Dataset:
     """One epoch of ``source`` decoded by ``decoder`` as a Ray dataset, decoded in Ray's workers.
 
-    Each row is a sample (a dict of numpy arrays and values), or, with ``max_batch_seconds``, a whole
-    batch planned by duration (its samples padded on ``key``, with ``lengths``). Every item of the
-    epoch is in it once (NOTE [ Ray epochs ]); the order and every random draw are those of
-    ``BufferedDataset``'s epoch ``epoch`` with the same options. Nothing is decoded until the dataset
-    is iterated; make one dataset per epoch (planning is cheap). Iterate with
+    Each row is a sample (a dict of numpy arrays and values), or, with ``max_batch_seconds``, a
+    whole batch planned by duration (its samples padded on ``key``, with ``lengths``). Every item
+    of the epoch is in it once (NOTE [ Ray epochs ]); the order and every random draw are those of
+    ``BufferedDataset``'s epoch ``epoch`` with the same options. Nothing is decoded until the
+    dataset is iterated; make one dataset per epoch (planning is cheap). Iterate with
     ``ds.iter_torch_batches(batch_size=..., collate_fn=PadCollate())``, or for batches by duration
     ``ds.iter_torch_batches(batch_size=1, collate_fn=BatchCollate())``.
 
@@ -143,12 +142,14 @@ def read(source: SourceSpec | Source, decoder: Callable[[WorkItem], Any], *, epo
     layout = pipeline.lay_out(shard)
     # The workers' copy (as the isolated loader's helper gets it): the source listed, so no listing
     # options (labels may be a lambda); the batches planned here, in the layout.
-    listed = dataclasses.replace(o, labels=None, patterns=None, path_column="path", storage_options=None)
+    listed = dataclasses.replace(o, labels=None, patterns=None, path_column="path",
+                                 storage_options=None)
     worker = dataclasses.replace(pipeline, options=listed, batching=None)
     spec = ray.put(_Spec(worker, shard, layout, key))  # starts Ray here if it is not running
     units = len(layout.sizes) if layout.sizes is not None else len(layout)
     per_block = rows_per_block or _default_rows(layout, units)
-    blocks = [{"first": first, "last": min(first + per_block, units)} for first in range(0, units, per_block)]
+    blocks = [{"first": first, "last": min(first + per_block, units)}
+              for first in range(0, units, per_block)]
     dataset = ray.data.from_items(blocks, override_num_blocks=max(1, len(blocks)))
     context = dataset.context  # this dataset's (and those made from it), not Ray's default
     # a failed item raises its own error (DecodeError, SampleError), as from the other loaders
@@ -166,12 +167,12 @@ def _map_options(given: Mapping[str, Any] | None) -> dict[str, Any]:
     if given is None:
         return {}
     if not isinstance(given, Mapping):
-        raise TypeError(f"map_options must be a mapping of Dataset.map_batches keywords or None, got "
-                        f"{short_repr(given)}")
+        raise TypeError(f"map_options must be a mapping of Dataset.map_batches keywords or None, "
+                        f"got {short_repr(given)}")
     taken = [name for name in given if name in _OWN_MAP_KEYWORDS]
     if taken:
-        raise ValueError(f"map_options sets {taken[0]!r}, which audiobuffer.ray.read sets itself; give "
-                         f"rows_per_block for the rows a task decodes, or leave it out")
+        raise ValueError(f"map_options sets {taken[0]!r}, which audiobuffer.ray.read sets itself; "
+                         f"give rows_per_block for the rows a task decodes, or leave it out")
     return dict(given)
 
 
@@ -220,7 +221,8 @@ class _Spec:
                            in_step=layout.in_step)
 
     def decode(self, first: int, last: int) -> list[dict[str, Any]]:
-        """Units ``first`` to ``last`` decoded: their samples, or their batches by duration collated."""
+        """Units ``first`` to ``last`` decoded: their samples, or their batches by duration
+        collated."""
         pipeline, layout = self.pipeline, self.block(first, last)
         epoch = set_up_epoch(pipeline, self.shard, layout=layout)
         run = EpochRun(epoch) if layout.sizes is None else BatchEpochRun(epoch, None)
@@ -256,10 +258,11 @@ def _load_spec(reference: Any) -> _Spec:
 
 
 def _log_to_stderr() -> None:
-    """Have the package's warnings (``on_error="warn"``) reach the worker's stderr, which Ray forwards
-    to the driver, where nothing else in the worker handles them."""
+    """Have the package's warnings (``on_error="warn"``) reach the worker's stderr, which Ray
+    forwards to the driver, where nothing else in the worker handles them."""
     package = logging.getLogger("audiobuffer")
-    if logging.getLogger().handlers or any(not isinstance(h, logging.NullHandler) for h in package.handlers):
+    handled = any(not isinstance(h, logging.NullHandler) for h in package.handlers)
+    if handled or logging.getLogger().handlers:
         return
     handler = logging.StreamHandler(sys.stderr)
     handler.setLevel(logging.WARNING)
@@ -267,7 +270,8 @@ def _log_to_stderr() -> None:
 
 
 def _decode_blocks(batch: Mapping[str, np.ndarray], *, spec: Any) -> dict[str, Any]:
-    """The ``map_batches`` function: the rows of the blocks ``batch`` names (``first``, ``last``)."""
+    """The ``map_batches`` function: the rows of the blocks ``batch`` names (``first``,
+    ``last``)."""
     found = _load_spec(spec)
     rows: list[dict[str, Any]] = []
     for first, last in zip(batch["first"].tolist(), batch["last"].tolist()):
@@ -284,8 +288,8 @@ def _plain(value: Any) -> Any:
 
 def _plain_sample(sample: Any) -> dict[str, Any]:
     if not isinstance(sample, Mapping):
-        raise TypeError(f"audiobuffer.ray.read makes rows of sample dicts; the decoder (or transform) "
-                        f"returned {type(sample).__name__}")
+        raise TypeError(f"audiobuffer.ray.read makes rows of sample dicts; the decoder (or "
+                        f"transform) returned {type(sample).__name__}")
     return {name: _plain(value) for name, value in sample.items()}
 
 
@@ -302,7 +306,8 @@ def _columns(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:
 
 
 def _tensor(array: np.ndarray, *, copy: bool) -> torch.Tensor:
-    """``array`` as a tensor; ``copy``: of a copy (an array of Ray's is a read-only view of its block)."""
+    """``array`` as a tensor; ``copy``: of a copy (an array of Ray's is a read-only view of its
+    block)."""
     import torch
 
     return torch.from_numpy(np.array(array, copy=True) if copy else array)
@@ -319,13 +324,15 @@ def _numbers(column: Any) -> np.ndarray | None:
 
 
 class PadCollate(NumpyBatchCollateFn):
-    """``iter_torch_batches``' ``collate_fn`` for rows that are samples: ``key`` padded along its last
-    axis into one tensor with ``lengths``, as :func:`~audiobuffer.pad_collate` does; other columns of
-    numbers become tensors, and columns of strings (``path``, ``label_name``) are left out, so that the
-    batch is a mapping of tensors, which Ray moves to the device (``index`` names each item).
+    """``iter_torch_batches``' ``collate_fn`` for rows that are samples: ``key`` padded along its
+    last axis into one tensor with ``lengths``, as :func:`~audiobuffer.pad_collate` does; other
+    columns of numbers become tensors, and columns of strings (``path``, ``label_name``) are left
+    out, so that the batch is a mapping of tensors, which Ray moves to the device (``index`` names
+    each item).
 
     Example:
-        >>> for batch in ds.iter_torch_batches(batch_size=32, collate_fn=PadCollate()):  # doctest: +SKIP
+        >>> collate = PadCollate()
+        >>> for batch in ds.iter_torch_batches(batch_size=32, collate_fn=collate):  # doctest: +SKIP
         ...     audio, lengths = batch["audio"], batch["lengths"]
 
     Raises (when called):
@@ -340,8 +347,10 @@ class PadCollate(NumpyBatchCollateFn):
 
     def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
         if self.key not in batch:
-            raise KeyError(f"PadCollate: the rows have no {self.key!r} (columns: {sorted(batch)}); set key=")
-        columns = {name: found for name, column in batch.items() if (found := _numbers(column)) is not None}
+            raise KeyError(f"PadCollate: the rows have no {self.key!r} (columns: {sorted(batch)}); "
+                           f"set key=")
+        columns = {name: found for name, column in batch.items()
+                   if (found := _numbers(column)) is not None}
         rows = len(columns[self.key])
         samples = [{name: column[i] for name, column in columns.items()} for i in range(rows)]
         collated = collate_numpy(samples, key=self.key, pad_value=self.pad_value)
@@ -357,7 +366,8 @@ class BatchCollate(NumpyBatchCollateFn):
     columns of strings left out, so that Ray moves the batch to the device.
 
     Example:
-        >>> for batch in ds.iter_torch_batches(batch_size=1, collate_fn=BatchCollate()):  # doctest: +SKIP
+        >>> collate = BatchCollate()
+        >>> for batch in ds.iter_torch_batches(batch_size=1, collate_fn=collate):  # doctest: +SKIP
         ...     audio, lengths = batch["audio"], batch["lengths"]
 
     Raises (when called):
@@ -367,8 +377,8 @@ class BatchCollate(NumpyBatchCollateFn):
     def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
         rows = {len(column) for column in batch.values()}
         if rows != {1}:
-            raise ValueError(f"BatchCollate takes one row at a time (each row is a whole batch planned "
-                             f"by duration), got {max(rows, default=0)}: give "
+            raise ValueError(f"BatchCollate takes one row at a time (each row is a whole batch "
+                             f"planned by duration), got {max(rows, default=0)}: give "
                              f"iter_torch_batches(batch_size=1)")
         out: dict[str, torch.Tensor] = {}
         for name, column in batch.items():

@@ -5,11 +5,11 @@
     python benchmarks/bench_ray.py --write     # and save results/ray.json, render BENCHMARKS.md
 
 Both decode the same files with the same decoder into padded batches of 32 (``pad_collate``;
-``audiobuffer.ray.PadCollate``), shuffled, and count every item (each run checks that every item came
-once). The Ray cluster is started once with as many CPUs as the machine has (its start is not in the
-epochs; Ray Data's progress bars are off); each Ray epoch is a new dataset (``epoch=n``), as in
-training. The contestants take turns within a round; the figures are medians over the rounds. Corpora:
-the FSDD recordings (3000 WAV files, 8 kHz) and 1000 generated FLAC files (16 kHz, 1-4 s).
+``audiobuffer.ray.PadCollate``), shuffled, and count every item (each run checks that every item
+came once). The Ray cluster is started once with as many CPUs as the machine has (its start is not
+in the epochs; Ray Data's progress bars are off); each Ray epoch is a new dataset (``epoch=n``), as
+in training. The contestants take turns within a round; the figures are medians over the rounds.
+Corpora: the FSDD recordings (3000 WAV files, 8 kHz) and 1000 generated FLAC files (16 kHz, 1-4 s).
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ from harness import (
 #: The goal: the Ray path's epoch within this many times BufferedDataset's.
 GOAL = 1.5
 BATCH_SIZE = 32
-LOADERS = {"buffered": "`BufferedDataset` + `DataLoader`", "ray": "`audiobuffer.ray.read` + `iter_torch_batches`"}
+LOADERS = {"buffered": "`BufferedDataset` + `DataLoader`",
+           "ray": "`audiobuffer.ray.read` + `iter_torch_batches`"}
 
 
 def buffered_epoch(paths: list[str], sample_rate: int, epoch: int) -> list[int]:
@@ -63,9 +64,11 @@ def ray_epoch(paths: list[str], sample_rate: int, epoch: int) -> list[int]:
     import audiobuffer.ray
     from audiobuffer import AudioDecoder
 
-    dataset = audiobuffer.ray.read(paths, AudioDecoder(sample_rate=sample_rate), shuffle=True, epoch=epoch)
+    dataset = audiobuffer.ray.read(paths, AudioDecoder(sample_rate=sample_rate), shuffle=True,
+                                   epoch=epoch)
     seen: list[int] = []
-    for batch in dataset.iter_torch_batches(batch_size=BATCH_SIZE, collate_fn=audiobuffer.ray.PadCollate()):
+    collate = audiobuffer.ray.PadCollate()
+    for batch in dataset.iter_torch_batches(batch_size=BATCH_SIZE, collate_fn=collate):
         seen.extend(batch["index"].tolist())
     return seen
 
@@ -85,29 +88,37 @@ def corpora(args: argparse.Namespace, work: Path) -> dict[str, tuple[list[str], 
 
 
 def measure(paths: list[str], sample_rate: int, runs: int) -> list[dict[str, Any]]:
-    """A row per loader: each run's epoch seconds (turns taken), the median, whether every item came once."""
-    loaders: dict[str, Callable[[list[str], int, int], list[int]]] = {"buffered": buffered_epoch, "ray": ray_epoch}
+    """A row per loader: each run's epoch seconds (turns taken), the median, whether every item
+    came once."""
+    loaders: dict[str, Callable[[list[str], int, int], list[int]]] = {"buffered": buffered_epoch,
+                                                                      "ray": ray_epoch}
     times: dict[str, list[float]] = {name: [] for name in loaders}
     every = dict.fromkeys(loaders, True)
     ray_epoch(paths[:64], sample_rate, 0)  # the workers start and import: not an epoch's cost
     for run in range(runs):
         for name, epoch in loaders.items():
             seen: list[int] = []
-            times[name].append(timed(lambda: seen.extend(epoch(paths, sample_rate, run))))  # noqa: B023
+            took = timed(lambda: seen.extend(epoch(paths, sample_rate, run)))  # noqa: B023
+            times[name].append(took)
             every[name] &= sorted(seen) == list(range(len(paths)))
     medians = {name: statistics.median(t) for name, t in times.items()}
-    return [{"loader": name, "epoch_s": medians[name], "runs_s": times[name], "every_item": every[name],
-             "vs_buffered": medians[name] / medians["buffered"]} for name in loaders]
+    return [{"loader": name, "epoch_s": medians[name], "runs_s": times[name],
+             "every_item": every[name], "vs_buffered": medians[name] / medians["buffered"]}
+            for name in loaders]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=5, help="rounds, the loaders taking turns (default 5)")
-    parser.add_argument("--flac", type=int, default=1000, help="generated FLAC files (default 1000; 0: none)")
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=5,
+                        help="rounds, the loaders taking turns (default 5)")
+    parser.add_argument("--flac", type=int, default=1000,
+                        help="generated FLAC files (default 1000; 0: none)")
     parser.add_argument("--cpus", type=int, default=os.cpu_count() or 1,
                         help="CPUs of the local Ray cluster (default: the machine's)")
-    parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "audiobuffer-bench-ray",
+    parser.add_argument("--cache", type=Path,
+                        default=Path(tempfile.gettempdir()) / "audiobuffer-bench-ray",
                         help="where the generated corpus is kept between runs")
     add_write_options(parser, "ray")
     args = parser.parse_args(argv)
@@ -127,22 +138,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         for corpus, (paths, sample_rate) in found.items():
             for row in measure(paths, sample_rate, args.runs):
                 rows.append({"corpus": corpus, **row})
-                print(f"{corpus}: {row['loader']}: {row['epoch_s']:.2f} s ({row['vs_buffered']:.2f}x)",
-                      file=sys.stderr)
+                print(f"{corpus}: {row['loader']}: {row['epoch_s']:.2f} s "
+                      f"({row['vs_buffered']:.2f}x)", file=sys.stderr)
     finally:
         ray.shutdown()
-    settings = {"runs": args.runs, "batch_size": BATCH_SIZE, "ray_cpus": args.cpus, "ray_start_s": ray_start,
-                "load_before": load_before, "load_after": load_average(), "goal": GOAL}
+    settings = {"runs": args.runs, "batch_size": BATCH_SIZE, "ray_cpus": args.cpus,
+                "ray_start_s": ray_start, "load_before": load_before, "load_after": load_average(),
+                "goal": GOAL}
     versions = f"{machine_info()['versions']}; ray {ray.__version__}"
     measured = results("ray", rows, command=command_line("bench_ray.py", argv), settings=settings,
                        versions=versions)
-    print(table(["corpus", "loader", "epoch s (median)", "runs s", "vs BufferedDataset", "every item once"],
+    print(table(["corpus", "loader", "epoch s (median)", "runs s", "vs BufferedDataset",
+                 "every item once"],
                 [[r["corpus"], LOADERS[r["loader"]], f"{r['epoch_s']:.2f}",
                   " / ".join(f"{t:.2f}" for t in r["runs_s"]), f"{r['vs_buffered']:.2f}x",
                   "yes" if r["every_item"] else "no"] for r in rows]))
     met = all(r["vs_buffered"] <= GOAL and r["every_item"] for r in rows if r["loader"] == "ray")
     print(f"\nGoal (the Ray path within {GOAL}x of BufferedDataset's epoch, every item once) met: "
-          f"{'yes' if met else 'no'}; load average {load_before} before, {settings['load_after']} after.\n")
+          f"{'yes' if met else 'no'}; load average {load_before} before, "
+          f"{settings['load_after']} after.\n")
     print(render.preview(measured, args.results or render.RESULTS))
     write_results(measured, args)
     return 0

@@ -1,5 +1,5 @@
-"""``audiobuffer.ray.read``: one epoch as a Ray dataset, decoded in Ray's workers, on a local cluster
-of two CPUs started once for the module."""
+"""``audiobuffer.ray.read``: one epoch as a Ray dataset, decoded in Ray's workers, on a local
+cluster of two CPUs started once for the module."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from helpers import FSDD
 
-ray = pytest.importorskip("ray", reason="the Ray Data bridge needs ray[data] (pip install -e '.[ray]')")
-pytest.importorskip("ray.data", reason="the Ray Data bridge needs ray[data] (pip install -e '.[ray]')")
+NO_RAY = "the Ray Data bridge needs ray[data] (pip install -e '.[ray]')"
+ray = pytest.importorskip("ray", reason=NO_RAY)
+pytest.importorskip("ray.data", reason=NO_RAY)
 psutil = pytest.importorskip("psutil")
 
 import audiobuffer.ray as abray  # noqa: E402
@@ -22,7 +23,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.subprocess, pytest.mark.xdist_group(
 
 #: Seconds Ray's processes get to end after ray.shutdown().
 SHUTDOWN_TIMEOUT = 30.0
-#: A few hundred FSDD recordings (the whole 3000 once): every epoch costs Ray's start of an execution.
+#: A few hundred FSDD recordings (the whole 3000 once): every epoch costs Ray the start of an
+#: execution.
 SUBSET = 240
 DIGIT = r"^(\d+)_"
 
@@ -108,8 +110,8 @@ def test_order_and_draws_are_those_of_the_seed_and_epoch(subset):
 
 def test_batches_by_duration_are_rows_within_budget_as_planned(subset):
     budget = 6.0
-    dataset = abray.read(subset, AudioDecoder(sample_rate=8000), max_batch_seconds=budget, shuffle=True,
-                         epoch=1)
+    decoder = AudioDecoder(sample_rate=8000)
+    dataset = abray.read(subset, decoder, max_batch_seconds=budget, shuffle=True, epoch=1)
     batches = []
     for batch in dataset.iter_torch_batches(batch_size=1, collate_fn=abray.BatchCollate()):
         audio, lengths = batch["audio"], batch["lengths"]
@@ -117,9 +119,10 @@ def test_batches_by_duration_are_rows_within_budget_as_planned(subset):
         assert int(lengths.max()) == audio.shape[1]
         batches.append(frozenset(batch["index"].tolist()))
     assert sorted(i for b in batches for i in b) == list(range(SUBSET))  # every item once
-    local = BufferedDataset(subset, AudioDecoder(sample_rate=8000), max_batch_seconds=budget, shuffle=True)
+    local = BufferedDataset(subset, decoder, max_batch_seconds=budget, shuffle=True)
     local.set_epoch(1)
-    assert sorted(batches, key=min) == sorted((frozenset(s["index"] for s in b) for b in local), key=min)
+    planned = [frozenset(s["index"] for s in b) for b in local]
+    assert sorted(batches, key=min) == sorted(planned, key=min)  # the batches BufferedDataset makes
 
 
 def test_batch_collate_takes_one_row_at_a_time(subset):
@@ -152,7 +155,8 @@ def test_a_bad_file_raises_naming_it(with_bad_file):
 
 @pytest.mark.parametrize("policy", ["skip", "warn"])
 def test_a_bad_file_is_left_out_under_skip_and_warn(with_bad_file, policy):
-    dataset = abray.read(with_bad_file, AudioDecoder(sample_rate=8000, fallback=None), on_error=policy)
+    decoder = AudioDecoder(sample_rate=8000, fallback=None)
+    dataset = abray.read(with_bad_file, decoder, on_error=policy)
     rows = dataset.take_all()
     paths = sorted(r["path"].rsplit("/", 1)[1] for r in rows)
     assert len(paths) == 30 and "5_bad_0.wav" not in paths
