@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Results, Section, in_order, listing, num, ratio, rows_of, table
+from .base import Results, Section, in_order, num, ratio, rows_of, table
 from .plots import figure, finish, grouped_barh
 
 #: The loaders, by their names in the rows.
@@ -17,30 +17,26 @@ def _short(corpus: str) -> str:
     return corpus.split(":")[0].strip()
 
 
+def _load(text: str) -> str:
+    """The 1-minute load average of ``load_average()``'s ``1/5/15``."""
+    return text.split("/")[0]
+
+
 def ray_table(results: Results) -> str:
     rows = rows_of(results, "ray")
-    by = {(r["corpus"], r["loader"]): r for r in rows}
-    corpora = in_order(r["corpus"] for r in rows)
-    body = []
-    for loader, label in LOADERS.items():
-        cells = [f"{num(by[(c, loader)]['epoch_s'])} ({ratio(by[(c, loader)]['vs_buffered'])})"
-                 if (c, loader) in by else "-" for c in corpora]
-        body.append([label, *cells])
-    return table(["loader", *(f"{c}: epoch s (vs BufferedDataset)" for c in corpora)], body)
-
-
-def ray_reading(results: Results) -> str:
-    rows = [r for r in rows_of(results, "ray") if r["loader"] == "ray"]
     if not rows:
         return ""
     settings = results["ray"]["settings"]
-    every = all(r["every_item"] for r in rows_of(results, "ray"))
-    ratios = listing([f"{ratio(r['vs_buffered'])} ({_short(r['corpus'])})" for r in rows])
-    return (f"The Ray path's epoch over BufferedDataset's: {ratios} (goal: {settings['goal']}x); "
-            f"every item once in every run: {'yes' if every else 'no'}. A local cluster of "
-            f"{settings['ray_cpus']} CPUs, started in {settings['ray_start_s']:.1f} s (not "
-            f"counted); load average {settings['load_before']} before, "
-            f"{settings['load_after']} after.")
+    load = f"{_load(settings['load_before'])} / {_load(settings['load_after'])}"
+    by = {(r["corpus"], r["loader"]): r for r in rows}
+    body = []
+    for corpus in in_order(r["corpus"] for r in rows):
+        ours, theirs = by.get((corpus, "ray")), by.get((corpus, "buffered"))
+        every = all(r["every_item"] for r in (ours, theirs) if r is not None)
+        body.append([corpus, num(theirs["epoch_s"]) if theirs else "-", num(ours["epoch_s"]) if ours else "-",
+                     ratio(ours["vs_buffered"]) if ours else "-", "yes" if every else "no", load])
+    return table(["corpus", "BufferedDataset s", "audiobuffer.ray s", "ratio (goal "
+                  f"{settings['goal']}x)", "every item once", "load before / after"], body)
 
 
 def ray_plot(results: Results) -> Any:
@@ -58,8 +54,7 @@ def ray_plot(results: Results) -> Any:
 
 RAY = Section(
     name="ray", title="The Ray path on one machine", sources={"ray": None},
-    about="The same shuffled epoch through `audiobuffer.ray.read(...).iter_torch_batches` (a local "
-          "Ray cluster, a new dataset per epoch) and through `BufferedDataset` + `DataLoader`, "
-          "batches of 32 padded; what Ray costs where one machine decodes.",
-    table=ray_table, reading=ray_reading, plot=ray_plot,
+    about="One shuffled epoch, padded batches of 32: `audiobuffer.ray.read` on a local Ray cluster "
+          "vs `BufferedDataset`.",
+    table=ray_table, plot=ray_plot,
     alt="epoch seconds, BufferedDataset and the Ray path")
