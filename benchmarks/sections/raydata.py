@@ -33,7 +33,8 @@ def ray_table(results: Results) -> str:
     for corpus in in_order(r["corpus"] for r in rows):
         ours, theirs = by.get((corpus, "ray")), by.get((corpus, "buffered"))
         every = all(r["every_item"] for r in (ours, theirs) if r is not None)
-        body.append([corpus, num(theirs["epoch_s"]) if theirs else "-", num(ours["epoch_s"]) if ours else "-",
+        body.append([corpus, num(theirs["epoch_s"]) if theirs else "-",
+                     num(ours["epoch_s"]) if ours else "-",
                      ratio(ours["vs_buffered"]) if ours else "-", "yes" if every else "no", load])
     return table(["corpus", "BufferedDataset s", "audiobuffer.ray s", "ratio (goal "
                   f"{settings['goal']}x)", "every item once", "load before / after"], body)
