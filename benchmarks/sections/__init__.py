@@ -17,6 +17,7 @@ from .formats import FORMATS
 from .free_threaded import FREE_THREADED
 from .overlap import OVERLAP
 from .ranks import RANKS
+from .raydata import RAY
 from .scale import SCALE
 from .storage import STORAGE
 from .stress import STRESS
@@ -36,4 +37,4 @@ NVIDIA H100 80GB HBM3 (up to 25% from run to run). `--write` saves a benchmark's
 
 #: The page's sections, in order.
 SECTIONS = [DECODE, EPOCHS, OVERLAP, CONTENTION, TRAIN, DEVICE, STORAGE, SCALE, FORMATS, DURATIONS, AUGMENT,
-            RANKS, STRESS, FREE_THREADED]
+            RANKS, RAY, STRESS, FREE_THREADED]

@@ -24,7 +24,7 @@ LAYERS = {
     "decoders": 3,
     "collate": 4, "features": 4, "normalize": 4, "prepare": 4, "augment": 4, "probe": 4,
     "engine": 5,
-    "loaders": 6,
+    "loaders": 6, "ray": 6,
     "config": 7,
     "cli": 8,
 }
@@ -190,6 +190,24 @@ def test_the_helpers_side_never_imports_torch(module):
                        or isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "torch"
                        for n in top), f"audiobuffer.{name} imports torch (reached from audiobuffer.{module})"
         todo.extend(GRAPH.get(name, ()))
+
+
+def test_only_the_ray_bridge_imports_ray():
+    # ray is an optional extra: the rest of the package runs without it, and never imports it
+    def imports_ray(path: Path) -> bool:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            else:
+                continue
+            if any(name.split(".")[0] == "ray" for name in names):
+                return True
+        return False
+
+    assert sorted(name for name, path in MODULES.items() if imports_ray(path)) == ["ray"]
+    assert not any("ray" in imported for imported in GRAPH.values())  # nor audiobuffer.ray
 
 
 def test_every_note_the_code_points_to_is_written_once():

@@ -1,0 +1,166 @@
+"""The Ray path's cost on one machine: the same epoch through ``audiobuffer.ray.read(...)
+.iter_torch_batches`` on a local Ray cluster and through ``BufferedDataset`` + ``DataLoader``.
+
+    python benchmarks/bench_ray.py             # print the figures and the section
+    python benchmarks/bench_ray.py --write     # and save results/ray.json, render BENCHMARKS.md
+
+Both decode the same files with the same decoder into padded batches of 32 (``pad_collate``;
+``audiobuffer.ray.PadCollate``), shuffled, and count every item (each run checks that every item
+came once). The Ray cluster is started once with as many CPUs as the machine has (its start is not
+in the epochs; Ray Data's progress bars are off); each Ray epoch is a new dataset (``epoch=n``), as
+in training. The contestants take turns within a round; the figures are medians over the rounds.
+Corpora: the FSDD recordings (3000 WAV files, 8 kHz) and 1000 generated FLAC files (16 kHz, 1-4 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import render
+from harness import (
+    add_write_options,
+    command_line,
+    fsdd_files,
+    load_average,
+    machine_info,
+    results,
+    table,
+    timed,
+    write_results,
+)
+
+#: The goal: the Ray path's epoch within this many times BufferedDataset's.
+GOAL = 1.5
+BATCH_SIZE = 32
+LOADERS = {"buffered": "`BufferedDataset` + `DataLoader`",
+           "ray": "`audiobuffer.ray.read` + `iter_torch_batches`"}
+
+
+def buffered_epoch(paths: list[str], sample_rate: int, epoch: int) -> list[int]:
+    """One epoch through BufferedDataset and a DataLoader; the item indices it gave."""
+    from torch.utils.data import DataLoader
+
+    from audiobuffer import AudioDecoder, BufferedDataset, pad_collate
+
+    seen: list[int] = []
+    with BufferedDataset(paths, AudioDecoder(sample_rate=sample_rate), shuffle=True) as dataset:
+        dataset.set_epoch(epoch)
+        for batch in DataLoader(dataset, batch_size=BATCH_SIZE, collate_fn=pad_collate):
+            seen.extend(batch["index"].tolist())
+    return seen
+
+
+def ray_epoch(paths: list[str], sample_rate: int, epoch: int) -> list[int]:
+    """One epoch through audiobuffer.ray.read and iter_torch_batches; the item indices it gave."""
+    import audiobuffer.ray
+    from audiobuffer import AudioDecoder
+
+    dataset = audiobuffer.ray.read(paths, AudioDecoder(sample_rate=sample_rate), shuffle=True,
+                                   epoch=epoch)
+    seen: list[int] = []
+    collate = audiobuffer.ray.PadCollate()
+    for batch in dataset.iter_torch_batches(batch_size=BATCH_SIZE, collate_fn=collate):
+        seen.extend(batch["index"].tolist())
+    return seen
+
+
+def corpora(args: argparse.Namespace, work: Path) -> dict[str, tuple[list[str], int]]:
+    """Each corpus's description: its files and their sample rate."""
+    from audiobuffer.cli.bench import make_corpus
+
+    found: dict[str, tuple[list[str], int]] = {}
+    fsdd = fsdd_files()
+    if fsdd:
+        found[f"FSDD: {len(fsdd)} WAV files, 8 kHz"] = (fsdd, 8000)
+    if args.flac:
+        flac = make_corpus(work / f"flac-{args.flac}", args.flac, "flac")
+        found[f"FLAC: {args.flac} generated files, 16 kHz, 1-4 s"] = (flac, 16000)
+    return found
+
+
+def measure(paths: list[str], sample_rate: int, runs: int) -> list[dict[str, Any]]:
+    """A row per loader: each run's epoch seconds (turns taken), the median, whether every item
+    came once."""
+    loaders: dict[str, Callable[[list[str], int, int], list[int]]] = {"buffered": buffered_epoch,
+                                                                      "ray": ray_epoch}
+    times: dict[str, list[float]] = {name: [] for name in loaders}
+    every = dict.fromkeys(loaders, True)
+    ray_epoch(paths[:64], sample_rate, 0)  # the workers start and import: not an epoch's cost
+    for run in range(runs):
+        for name, epoch in loaders.items():
+            seen: list[int] = []
+            took = timed(lambda: seen.extend(epoch(paths, sample_rate, run)))  # noqa: B023
+            times[name].append(took)
+            every[name] &= sorted(seen) == list(range(len(paths)))
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    return [{"loader": name, "epoch_s": medians[name], "runs_s": times[name],
+             "every_item": every[name], "vs_buffered": medians[name] / medians["buffered"]}
+            for name in loaders]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=5,
+                        help="rounds, the loaders taking turns (default 5)")
+    parser.add_argument("--flac", type=int, default=1000,
+                        help="generated FLAC files (default 1000; 0: none)")
+    parser.add_argument("--cpus", type=int, default=os.cpu_count() or 1,
+                        help="CPUs of the local Ray cluster (default: the machine's)")
+    parser.add_argument("--cache", type=Path,
+                        default=Path(tempfile.gettempdir()) / "audiobuffer-bench-ray",
+                        help="where the generated corpus is kept between runs")
+    add_write_options(parser, "ray")
+    args = parser.parse_args(argv)
+    import ray
+
+    found = corpora(args, args.cache)
+    if not found:
+        print("no corpus: the FSDD recordings are missing and --flac is 0", file=sys.stderr)
+        return 1
+    load_before = load_average()
+    start = time.perf_counter()
+    ray.init(num_cpus=args.cpus, include_dashboard=False, logging_level=logging.WARNING)
+    ray_start = time.perf_counter() - start
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    rows = []
+    try:
+        for corpus, (paths, sample_rate) in found.items():
+            for row in measure(paths, sample_rate, args.runs):
+                rows.append({"corpus": corpus, **row})
+                print(f"{corpus}: {row['loader']}: {row['epoch_s']:.2f} s "
+                      f"({row['vs_buffered']:.2f}x)", file=sys.stderr)
+    finally:
+        ray.shutdown()
+    settings = {"runs": args.runs, "batch_size": BATCH_SIZE, "ray_cpus": args.cpus,
+                "ray_start_s": ray_start, "load_before": load_before, "load_after": load_average(),
+                "goal": GOAL}
+    versions = f"{machine_info()['versions']}; ray {ray.__version__}"
+    measured = results("ray", rows, command=command_line("bench_ray.py", argv), settings=settings,
+                       versions=versions)
+    print(table(["corpus", "loader", "epoch s (median)", "runs s", "vs BufferedDataset",
+                 "every item once"],
+                [[r["corpus"], LOADERS[r["loader"]], f"{r['epoch_s']:.2f}",
+                  " / ".join(f"{t:.2f}" for t in r["runs_s"]), f"{r['vs_buffered']:.2f}x",
+                  "yes" if r["every_item"] else "no"] for r in rows]))
+    met = all(r["vs_buffered"] <= GOAL and r["every_item"] for r in rows if r["loader"] == "ray")
+    print(f"\nGoal (the Ray path within {GOAL}x of BufferedDataset's epoch, every item once) met: "
+          f"{'yes' if met else 'no'}; load average {load_before} before, "
+          f"{settings['load_after']} after.\n")
+    print(render.preview(measured, args.results or render.RESULTS))
+    write_results(measured, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

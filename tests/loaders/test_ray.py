@@ -1,0 +1,175 @@
+"""``audiobuffer.ray.read``: one epoch as a Ray dataset, decoded in Ray's workers, on a local
+cluster of two CPUs started once for the module."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+
+import numpy as np
+import pytest
+
+NO_RAY = "the Ray Data bridge needs ray[data] (pip install -e '.[ray]')"
+ray = pytest.importorskip("ray", reason=NO_RAY)
+pytest.importorskip("ray.data", reason=NO_RAY)
+psutil = pytest.importorskip("psutil")
+
+import audiobuffer.ray as abray  # noqa: E402
+from audiobuffer import AudioDecoder, BufferedDataset, DecodeError  # noqa: E402
+
+# One cluster for the module (it takes seconds to start): its tests stay in one xdist worker.
+pytestmark = [pytest.mark.slow, pytest.mark.subprocess, pytest.mark.xdist_group("ray")]
+
+#: Seconds Ray's processes get to end after ray.shutdown().
+SHUTDOWN_TIMEOUT = 30.0
+#: A few hundred FSDD recordings (the whole 3000 once): every epoch costs Ray the start of an
+#: execution.
+SUBSET = 240
+DIGIT = r"^(\d+)_"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A local Ray cluster of 2 CPUs; at the end, every process it started has ended."""
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    context = ray.data.DataContext.get_current()
+    bars = context.enable_progress_bars
+    context.enable_progress_bars = False
+    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
+    started: list[psutil.Process] = []
+    try:
+        yield
+    finally:
+        started = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+        ray.shutdown()
+        context.enable_progress_bars = bars
+    _, alive = psutil.wait_procs(started, timeout=SHUTDOWN_TIMEOUT)
+    assert not alive, f"Ray processes left after ray.shutdown(): {[p.pid for p in alive]}"
+
+
+@pytest.fixture
+def subset(cluster, fsdd):
+    """The first FSDD recordings (missing: a skip, a failure in CI, as for the fixture fsdd)."""
+    return sorted(str(p) for p in fsdd.glob("*.wav"))[:SUBSET]
+
+
+def _indices(dataset, collate=None, batch_size=32):
+    collate = collate or abray.PadCollate()
+    found: list[int] = []
+    for batch in dataset.iter_torch_batches(batch_size=batch_size, collate_fn=collate):
+        found.extend(batch["index"].tolist())
+    return found
+
+
+def test_every_fsdd_recording_once_through_iter_torch_batches(cluster, fsdd):
+    dataset = abray.read(fsdd, AudioDecoder(sample_rate=8000), shuffle=True, labels=DIGIT)
+    seen: list[int] = []
+    for batch in dataset.iter_torch_batches(batch_size=64, collate_fn=abray.PadCollate()):
+        audio, lengths = batch["audio"], batch["lengths"]
+        assert audio.ndim == 2 and audio.shape[0] == len(lengths) == len(batch["label"])
+        assert int(lengths.max()) == audio.shape[1]
+        assert set(batch) >= {"audio", "lengths", "index", "label", "sample_rate"}
+        seen.extend(batch["index"].tolist())
+    assert sorted(seen) == list(range(3000))
+
+
+def test_rows_are_samples_with_their_fields(subset):
+    rows = abray.read(subset[:8], AudioDecoder(sample_rate=8000), labels=DIGIT).take_all()
+    assert sorted(r["index"] for r in rows) == list(range(8))
+    for row in rows:
+        assert row["path"] == subset[row["index"]]
+        assert row["label_name"] == row["path"].rsplit("/", 1)[1].split("_")[0]
+        assert isinstance(row["audio"], np.ndarray) and row["audio"].ndim == 1
+        assert row["num_frames"] == len(row["audio"])
+
+
+def test_order_and_draws_are_those_of_the_seed_and_epoch(subset):
+    decoder = AudioDecoder(sample_rate=8000, crop_seconds=0.2, crop="random")
+
+    def epoch(number, seed=3):
+        rows = abray.read(subset, decoder, epoch=number, seed=seed, shuffle=True, ordered=True,
+                          rows_per_block=40).take_all()
+        return [r["index"] for r in rows], {r["index"]: r["audio"] for r in rows}
+
+    order, audio = epoch(1)
+    again, audio_again = epoch(1)
+    assert sorted(order) == list(range(SUBSET))
+    assert order == again and all(np.array_equal(audio[i], audio_again[i]) for i in order)
+    other, audio_other = epoch(2)
+    assert other != order and sorted(other) == sorted(order)
+    assert any(not np.array_equal(audio[i], audio_other[i]) for i in order)  # random crops differ
+    # the epoch BufferedDataset runs with the same options: the same order and the same crops
+    local = BufferedDataset(subset, decoder, seed=3, shuffle=True, ordered=True)
+    local.set_epoch(1)
+    samples = list(local)
+    assert [s["index"] for s in samples] == order
+    assert all(np.array_equal(s["audio"].numpy(), audio[s["index"]]) for s in samples)
+
+
+def test_batches_by_duration_are_rows_within_budget_as_planned(subset):
+    budget = 6.0
+    decoder = AudioDecoder(sample_rate=8000)
+    dataset = abray.read(subset, decoder, max_batch_seconds=budget, shuffle=True, epoch=1)
+    batches = []
+    for batch in dataset.iter_torch_batches(batch_size=1, collate_fn=abray.BatchCollate()):
+        audio, lengths = batch["audio"], batch["lengths"]
+        assert audio.shape[0] * audio.shape[1] / 8000 <= budget
+        assert int(lengths.max()) == audio.shape[1]
+        batches.append(frozenset(batch["index"].tolist()))
+    assert sorted(i for b in batches for i in b) == list(range(SUBSET))  # every item once
+    local = BufferedDataset(subset, decoder, max_batch_seconds=budget, shuffle=True)
+    local.set_epoch(1)
+    planned = [frozenset(s["index"] for s in b) for b in local]
+    assert sorted(batches, key=min) == sorted(planned, key=min)  # the batches BufferedDataset makes
+
+
+def test_batch_collate_takes_one_row_at_a_time(subset):
+    dataset = abray.read(subset[:40], AudioDecoder(sample_rate=8000), max_batch_seconds=2.0)
+    with pytest.raises(Exception, match=r"batch_size=1"):
+        next(iter(dataset.iter_torch_batches(batch_size=2, collate_fn=abray.BatchCollate())))
+
+
+def test_ranks_share_the_epoch_each_item_once(subset):
+    shares = [_indices(abray.read(subset, AudioDecoder(sample_rate=8000), shuffle=True, rank=rank,
+                                  world_size=3, even_shards=None)) for rank in range(3)]
+    assert sorted(i for share in shares for i in share) == list(range(SUBSET))
+    assert {len(share) for share in shares} == {SUBSET // 3}
+
+
+@pytest.fixture
+def with_bad_file(subset, tmp_path):
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    for path in subset[:30]:
+        shutil.copy(path, folder)
+    (folder / "5_bad_0.wav").write_bytes(b"RIFF\x24\x00\x00\x00WAVEjunk" + bytes(64))
+    return folder
+
+
+def test_a_bad_file_raises_naming_it(with_bad_file):
+    dataset = abray.read(with_bad_file, AudioDecoder(sample_rate=8000, fallback=None))
+    with pytest.raises(DecodeError, match="5_bad_0.wav"):
+        _indices(dataset)
+
+
+@pytest.mark.parametrize("policy", ["skip", "warn"])
+def test_a_bad_file_is_left_out_under_skip_and_warn(with_bad_file, policy):
+    decoder = AudioDecoder(sample_rate=8000, fallback=None)
+    dataset = abray.read(with_bad_file, decoder, on_error=policy)
+    rows = dataset.take_all()
+    paths = sorted(r["path"].rsplit("/", 1)[1] for r in rows)
+    assert len(paths) == 30 and "5_bad_0.wav" not in paths
+
+
+def test_options_are_checked_before_anything_runs(tmp_path):
+    decoder = AudioDecoder()
+    with pytest.raises(TypeError, match="did you mean 'shuffle'"):
+        abray.read(tmp_path, decoder, shufle=True)
+    with pytest.raises(ValueError, match="rows_per_block must be an integer >= 1"):
+        abray.read(tmp_path, decoder, rows_per_block=0)
+    with pytest.raises(ValueError, match="epoch must be an integer >= 0"):
+        abray.read(tmp_path, decoder, epoch=-1)
+    with pytest.raises(ValueError, match="map_options sets 'batch_size'"):
+        abray.read(tmp_path, decoder, map_options={"batch_size": 4})
+    with pytest.raises(ValueError, match=r"buffer_size must be an integer in \[1, "):
+        abray.read(tmp_path, decoder, buffer_size=0)
