@@ -30,6 +30,7 @@ _EXPORTS = {
     "ConfigError": ".errors",
     "DatasetStats": ".loaders.dataset",
     "DecodeError": ".errors",
+    "DecodeJpeg": ".jpeg",
     "DevicePrefetcher": ".loaders.device",
     "DeviceTensorLoader": ".loaders.device",
     "HelperError": ".errors",
@@ -66,6 +67,7 @@ __all__ = [
     "ConfigError",
     "DatasetStats",
     "DecodeError",
+    "DecodeJpeg",
     "DevicePrefetcher",
     "DeviceTensorLoader",
     "HelperError",
@@ -126,6 +128,7 @@ if TYPE_CHECKING:
     )
     from .loaders.dataset import BufferedDataset, DatasetStats
     from .loaders.device import DevicePrefetcher, DeviceTensorLoader
+    from .jpeg import DecodeJpeg
     from .loaders.isolated.loader import IsolatedLoader
     from .loaders.slots import BatchSlotLoader, SlotStats
     from .normalize import Normalize
