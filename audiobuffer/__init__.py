@@ -126,9 +126,9 @@ if TYPE_CHECKING:
         StallError,
         StorageError,
     )
+    from .jpeg import DecodeJpeg
     from .loaders.dataset import BufferedDataset, DatasetStats
     from .loaders.device import DevicePrefetcher, DeviceTensorLoader
-    from .jpeg import DecodeJpeg
     from .loaders.isolated.loader import IsolatedLoader
     from .loaders.slots import BatchSlotLoader, SlotStats
     from .normalize import Normalize

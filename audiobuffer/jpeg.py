@@ -91,7 +91,10 @@ _FILTERS: dict[str, tuple[Callable[[np.ndarray], np.ndarray], float]] = {
 def _taps(in_size: int, lo: float, hi: float, out_size: int,
           resample: str) -> tuple[np.ndarray, np.ndarray]:
     """Each output pixel's source pixels and integer weights along one axis, ``(out_size, k)``
-    each (unused taps: weight 0), as Pillow computes them (NOTE [ Pillow's resize on the device ])."""
+    each (unused taps: weight 0), as Pillow computes them.
+
+    NOTE [ Pillow's resize on the device ].
+    """
     in0, in1 = np.float32(lo), np.float32(hi)
     scale = float(np.float32(in1 - in0)) / out_size
     if resample == "nearest":  # ImagingScaleAffine: the centre, stepped by adding the scale
@@ -197,7 +200,7 @@ _ORIENT: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {  # EXIF orientati
     4: lambda t: t.flip(-2),
     5: lambda t: t.transpose(-1, -2),
     6: lambda t: torch.rot90(t, -1, (-2, -1)),
-    7: lambda t: torch.rot90(t, 1, (-2, -1)).flip(-2),
+    7: lambda t: t.transpose(-1, -2).flip(-1, -2),
     8: lambda t: torch.rot90(t, 1, (-2, -1)),
 }
 
@@ -243,9 +246,11 @@ class DecodeJpeg:
     call changes.
 
     Example:
-        >>> decoder = ImageDecoder(224, crop="random_resized", flip=True, jpeg="device")  # doctest: +SKIP
-        >>> loader = DataLoader(BufferedDataset(root, decoder), 64, collate_fn=image_collate)  # doctest: +SKIP
-        >>> for batch in DevicePrefetcher(loader, "cuda", transform=DecodeJpeg("cuda")):  # doctest: +SKIP
+        >>> decoder = ImageDecoder(224, crop="random_resized", jpeg="device")  # doctest: +SKIP
+        >>> data = BufferedDataset(root, decoder)  # doctest: +SKIP
+        >>> loader = DataLoader(data, 64, collate_fn=image_collate)  # doctest: +SKIP
+        >>> step = DecodeJpeg("cuda")  # doctest: +SKIP
+        >>> for batch in DevicePrefetcher(loader, "cuda", transform=step):  # doctest: +SKIP
         ...     logits = model(normalize(batch["image"]))
 
     Args:
