@@ -35,12 +35,12 @@ Decode = Callable[[list[torch.Tensor], torch.device], Sequence[torch.Tensor]]
 # `precompute_coeffs` in Pillow's Resample.c does, their weights normalised to sum to 1 and
 # turned into integers of 22 fractional bits; a pass sums pixel * weight, adds half a unit and
 # shifts right, clipping to 0..255, so the first pass's output is rounded to uint8 before the
-# second pass reads it. Here each pass gathers the taps and sums them in float64, where
-# every product and sum of these integers is exact: the result is Pillow's to the bit, on any
+# second pass reads it. Here each pass gathers the taps and sums them in int32, as Pillow does
+# (the sums fit: 255 times the positive weights): the result is Pillow's to the bit, on any
 # device. "nearest" is Pillow's affine scaling: the pixel under each output pixel's centre.
 _BITS = 22  # PRECISION_BITS in Pillow's Resample.c: 32 - 8 (a pixel) - 2 (headroom)
 _ONE = float(1 << _BITS)
-_HALF = float(1 << (_BITS - 1))
+_HALF = 1 << (_BITS - 1)
 _F32_054 = float(np.float32(0.54))  # Pillow's hamming window uses float constants
 _F32_046 = float(np.float32(0.46))
 
@@ -142,10 +142,10 @@ _PILLOW_ORDERS = _pillow_orders()
 
 
 def _pass(image: torch.Tensor, index: np.ndarray, weight: np.ndarray, dim: int) -> torch.Tensor:
-    """One pass along ``dim`` of a float64 image holding integers 0..255; the same, rounded."""
+    """One pass along ``dim`` of a uint8 image: Pillow's sums, rounded and clipped to uint8."""
     device = image.device
     taps = torch.from_numpy(index).to(device)
-    weights = torch.from_numpy(weight).to(device)
+    weights = torch.from_numpy(weight.astype(np.int32)).to(device)
     out_size, k = taps.shape
     gathered = image.index_select(dim, taps.reshape(-1))
     shape = list(image.shape)
@@ -156,8 +156,8 @@ def _pass(image: torch.Tensor, index: np.ndarray, weight: np.ndarray, dim: int) 
         weights_view = weights.reshape(out_size, 1, k)
     else:
         weights_view = weights
-    summed = (gathered * weights_view).sum(-1)
-    return torch.floor((summed + _HALF) / _ONE).clamp_(0.0, 255.0)
+    summed = (gathered.to(torch.int32) * weights_view).sum(-1, dtype=torch.int32)
+    return ((summed + _HALF) >> _BITS).clamp_(0, 255).to(torch.uint8)
 
 
 def resized_crop(image: torch.Tensor, box: CropBox, size: tuple[int, int], *,
@@ -186,12 +186,10 @@ def resized_crop(image: torch.Tensor, box: CropBox, size: tuple[int, int], *,
         return image.contiguous()  # Pillow copies an image resized to its own size
     across, down = image.dim() - 1, image.dim() - 2
     if _vertical_first(image.shape[-2], image.shape[-1], size):
-        short = _pass(image.to(torch.float64), *y_taps, dim=down)
-        return _pass(short, *x_taps, dim=across).to(torch.uint8)
+        return _pass(_pass(image, *y_taps, dim=down), *x_taps, dim=across)
     first, last = int(y_taps[0].min()), int(y_taps[0].max()) + 1  # the rows the taps read
-    rows = image[..., first:last, :].to(torch.float64)
-    narrow = _pass(rows, *x_taps, dim=across)
-    return _pass(narrow, y_taps[0] - first, y_taps[1], dim=down).to(torch.uint8)
+    narrow = _pass(image[..., first:last, :], *x_taps, dim=across)
+    return _pass(narrow, y_taps[0] - first, y_taps[1], dim=down)
 
 
 _ORIENT: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {  # EXIF orientation -> upright
