@@ -12,12 +12,14 @@ import torch
 from torch.utils.data import DataLoader
 
 from audiobuffer import (
+    BatchSlotLoader,
     BufferedDataset,
     DecodeError,
     DecodeJpeg,
     DevicePrefetcher,
     ImageDecoder,
     WorkItem,
+    pad_collate,
 )
 from audiobuffer.collate import image_collate
 from audiobuffer.decoders.image import CropBox, EncodedImage, Resample, random_resized_box
@@ -246,6 +248,30 @@ def test_a_failing_transform_reaches_the_consumer(jpegs, tmp_path):
         with prefetch, pytest.raises(DecodeError, match=r"broken\.jpg"):
             for _ in prefetch:
                 pass
+
+
+def test_batch_slots_carry_encoded_images(jpegs):
+    kwargs = {"size": 24, "crop": "random_resized", "flip": True}
+    slots = BatchSlotLoader(jpegs, ImageDecoder(jpeg="device", **kwargs), batch_size=3,
+                            shuffle=True, seed=2)
+    with slots:
+        step = DecodeJpeg("cpu", decode=pillow_decode)
+        with DevicePrefetcher(slots, "cpu", transform=step) as prefetch:
+            batches = [(b["index"].tolist(), b["image"]) for b in prefetch]
+    host = ImageDecoder(draft=False, **kwargs)
+    assert sorted(i for indices, _ in batches for i in indices) == list(range(9))
+    for indices, images in batches:
+        expected = [host(WorkItem(index=i, path=jpegs[i], seed=2))["image"] for i in indices]
+        assert torch.equal(images, torch.stack(expected))
+
+
+def test_a_batch_of_arrays_only_says_how_to_batch_encoded_images(jpegs):
+    """The isolated loader's helper collates into shared memory, arrays only."""
+    samples = [ImageDecoder(16, jpeg="device")(path) for path in jpegs[:2]]
+    with pytest.raises(TypeError, match=r"got EncodedImage \(ImageDecoder\(jpeg='device'\) hands "
+                                        r"JPEG bytes over .* BatchSlotLoader, or decode here with "
+                                        r"jpeg='host'\)"):
+        pad_collate(samples, key="image")
 
 
 def test_prefetcher_transform_validation():
