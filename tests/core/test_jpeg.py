@@ -144,13 +144,18 @@ def test_resized_crop_is_pillows_resize():
 def test_png_and_cmyk_are_decoded_in_the_producer(jpegs, tmp_path):
     Image.fromarray(picture(50, 40, 1)).save(tmp_path / "a.png")
     Image.fromarray(picture(45, 60, 2)).convert("CMYK").save(tmp_path / "cmyk.jpg", quality=90)
-    paths = [str(tmp_path / "a.png"), jpegs[0], str(tmp_path / "cmyk.jpg"), jpegs[5]]
+    pictures = [Image.fromarray(picture(40, 60, n)) for n in (3, 4)]
+    pictures[0].save(tmp_path / "camera.jpg", format="MPO", save_all=True,
+                     append_images=pictures[1:])  # several pictures: some cameras' JPEGs
+    paths = [str(tmp_path / "a.png"), jpegs[0], str(tmp_path / "cmyk.jpg"), jpegs[5],
+             str(tmp_path / "camera.jpg")]
     expected, got, samples = host_and_device(paths, size=20, crop="random_resized", flip=True)
-    assert [isinstance(s["image"], EncodedImage) for s in samples] == [False, True, False, True]
+    assert [isinstance(s["image"], EncodedImage) for s in samples] == [False, True, False, True,
+                                                                       False]
     assert torch.equal(got, expected)
     # a batch the producers decoded whole is stacked by image_collate and only moved
     _, got, _ = host_and_device(paths[::2], size=20, crop="center")
-    assert got.shape == (2, 3, 20, 20)
+    assert got.shape == (3, 3, 20, 20)
 
 
 def truncated(path, tmp_path):
