@@ -307,6 +307,6 @@ def test_nvjpeg_through_the_prefetcher(jpegs):
     with dataset:
         loader = DataLoader(dataset, batch_size=4, collate_fn=image_collate, pin_memory=True)
         with DevicePrefetcher(loader, "cuda", transform=DecodeJpeg("cuda")) as prefetch:
-            shapes = [tuple(b["image"].shape) for b in prefetch]
-            devices = {b["image"].device.type for b in prefetch}
-    assert shapes == [(4, 3, 32, 32), (4, 3, 32, 32), (1, 3, 32, 32)] and devices == {"cuda"}
+            images = [b["image"] for b in prefetch]
+    assert [tuple(i.shape) for i in images] == [(4, 3, 32, 32), (4, 3, 32, 32), (1, 3, 32, 32)]
+    assert {i.device.type for i in images} == {"cuda"}
