@@ -2,8 +2,8 @@
 JPEG's bytes, its crop box and flip) decoded in one call, cropped, resized and flipped there.
 
 The resize is Pillow's, written with torch: the same filter taps, the same fixed-point rounding,
-horizontal pass first (NOTE [ Pillow's resize on the device ]), so an image decoded to the same
-pixels comes out as :class:`~audiobuffer.ImageDecoder` makes it on the CPU.
+the same order of passes (NOTE [ Pillow's resize on the device ]), so an image decoded to the
+same pixels comes out as :class:`~audiobuffer.ImageDecoder` makes it on the CPU.
 """
 
 from __future__ import annotations
