@@ -141,6 +141,20 @@ def test_resized_crop_is_pillows_resize():
         np.testing.assert_array_equal(got.permute(1, 2, 0).numpy(), np.asarray(expected))
 
 
+def test_before_pillow_13_the_horizontal_pass_is_always_first(monkeypatch):
+    """Older Pillow resizes the width, then the height: as two resizes of one axis each."""
+    from audiobuffer import jpeg
+
+    monkeypatch.setattr(jpeg, "_PILLOW_ORDERS", False)
+    pixels = np.random.default_rng(1).integers(0, 256, (90, 40, 3), dtype=np.uint8)
+    wide = Image.fromarray(pixels).resize((70, 90), Image.Resampling.BILINEAR)
+    expected = np.asarray(wide.resize((70, 12), Image.Resampling.BILINEAR))
+    image = torch.from_numpy(pixels).permute(2, 0, 1)
+    got = resized_crop(image, CropBox(0, 0, 90, 40), (12, 70)).permute(1, 2, 0).numpy()
+    np.testing.assert_array_equal(got, expected)
+    assert jpeg._vertical_first(90, 40, (12, 70)) is False
+
+
 def test_png_and_cmyk_are_decoded_in_the_producer(jpegs, tmp_path):
     Image.fromarray(picture(50, 40, 1)).save(tmp_path / "a.png")
     Image.fromarray(picture(45, 60, 2)).convert("CMYK").save(tmp_path / "cmyk.jpg", quality=90)
