@@ -30,6 +30,7 @@ _EXPORTS = {
     "ConfigError": ".errors",
     "DatasetStats": ".loaders.dataset",
     "DecodeError": ".errors",
+    "DecodeJpeg": ".jpeg",
     "DevicePrefetcher": ".loaders.device",
     "DeviceTensorLoader": ".loaders.device",
     "HelperError": ".errors",
@@ -66,6 +67,7 @@ __all__ = [
     "ConfigError",
     "DatasetStats",
     "DecodeError",
+    "DecodeJpeg",
     "DevicePrefetcher",
     "DeviceTensorLoader",
     "HelperError",
@@ -124,6 +126,7 @@ if TYPE_CHECKING:
         StallError,
         StorageError,
     )
+    from .jpeg import DecodeJpeg
     from .loaders.dataset import BufferedDataset, DatasetStats
     from .loaders.device import DevicePrefetcher, DeviceTensorLoader
     from .loaders.isolated.loader import IsolatedLoader

@@ -22,6 +22,9 @@ Allocate = Callable[[tuple[int, ...], np.dtype], np.ndarray]
 _NUMBER_TYPES = (bool, int, float, np.number, np.bool_)
 _NUMBER_KINDS = "biufc"  # the numpy kinds a tensor can hold
 _ALIGN = 64  # every array in a slot starts on a cache line
+_ENCODED_HINT = (" (ImageDecoder(jpeg='device') hands JPEG bytes over for DecodeJpeg to decode on "
+                 "the device: batch them with image_collate, in BufferedDataset or BatchSlotLoader, "
+                 "or decode here with jpeg='host')")
 
 
 def _as_array(value: Any) -> np.ndarray | None:
@@ -89,7 +92,9 @@ def _pad(values: list[Any], key: str, pad_value: float, allocate: Allocate) -> t
     for value in values:
         a = value if value.__class__ is np.ndarray else _as_array(value)
         if a is None:
-            raise TypeError(f"pad_collate: {key!r} must hold CPU tensors or numpy arrays, got {type(value).__name__}")
+            hint = _ENCODED_HINT if type(value).__name__ == "EncodedImage" else ""
+            raise TypeError(f"pad_collate: {key!r} must hold CPU tensors or numpy arrays, got "
+                            f"{type(value).__name__}{hint}")
         if a.dtype.kind not in _NUMBER_KINDS:
             raise TypeError(f"pad_collate: {key!r} must hold numbers, got an array of dtype {a.dtype}: convert it in "
                             f"the decoder or a transform (np.asarray(audio, dtype=np.float32))")

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from ._numpy_collate import collate_numpy
+from .decoders.image import EncodedImage
 
 __all__ = ["image_collate", "pad_collate"]
 
@@ -53,7 +54,17 @@ def pad_collate(samples: Sequence[Mapping[str, Any]], *, key: str = "audio",
 
 
 def image_collate(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Stack fixed-size images (``ImageDecoder`` samples): ``pad_collate`` on ``"image"``, without ``lengths``."""
-    batch = pad_collate(samples, key="image")
+    """Stack fixed-size images (``ImageDecoder`` samples): ``pad_collate`` on ``"image"``, without ``lengths``.
+
+    A batch that holds JPEGs left to the device (``ImageDecoder(jpeg="device")``) keeps ``image``
+    a list, for :class:`audiobuffer.jpeg.DecodeJpeg`; the other keys are collated as usual.
+    """
+    if any(isinstance(s.get("image"), EncodedImage) for s in samples if isinstance(s, Mapping)):
+        images = [s["image"] for s in samples]
+        stand_in = np.zeros(1, dtype=np.uint8)  # the other keys collate (and are checked) as usual
+        batch = pad_collate([{**s, "image": stand_in} for s in samples], key="image")
+        batch["image"] = images
+    else:
+        batch = pad_collate(samples, key="image")
     batch.pop("lengths")
     return batch

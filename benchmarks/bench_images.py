@@ -26,6 +26,16 @@ process tree (the process and its workers, summed). The load average is printed 
     python benchmarks/bench_images.py
     python benchmarks/bench_images.py --images 500 --runs 1 --approaches audiobuffer,pillow-w2-fork
     python benchmarks/bench_images.py --draft   # the reduced decode alone, on 1600 x 1200 photos
+    python benchmarks/bench_images.py --device cuda   # JPEGs decoded on the GPU against the CPU
+
+``--device cuda`` runs, in turn, an epoch of the training crops copied to the GPU by
+``DevicePrefetcher``: ``host-decode`` (the producers decode, as above), ``host-decode-nodraft``
+(every pixel decoded, the pixels the GPU path matches) and ``device-decode``
+(``ImageDecoder(jpeg="device")``: the producers read bytes and headers, ``DecodeJpeg`` decodes with
+nvjpeg, crops and resizes on the GPU, in the prefetch thread). Besides images/s, the first batch and
+the peak memory (the process tree's, and the GPU's), it prints the decode step alone (ms per batch
+of 64 on the GPU, against Pillow on one core) and how far nvjpeg's pixels are from the host path's.
+It needs CUDA and torchvision, and says so where either is missing.
 """
 
 from __future__ import annotations
@@ -54,6 +64,8 @@ APPROACHES = (
     "pillow-w2-fork",
     "pillow-w2-spawn",
 )
+#: The approaches of ``--device``: the producers decode, or the device does.
+DEVICE_APPROACHES = ("host-decode", "host-decode-nodraft", "device-decode")
 
 
 # -- the Pillow Dataset, as users write it ---------------------------------------------------------
@@ -197,7 +209,164 @@ def child(approach: str, root: str, out: str) -> None:
     )
 
 
-def run_once(approach: str, root: Path) -> dict[str, float]:
+# -- JPEGs decoded on the device ---------------------------------------------------------------
+
+
+def pillow_decode(data: list[Any], device: Any) -> list[Any]:
+    """``DecodeJpeg``'s decode with Pillow (``--decode-with pillow``: the mechanism where
+    torchvision does not load, not nvjpeg's speed)."""
+    import io
+
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    out = []
+    for tensor in data:
+        with Image.open(io.BytesIO(tensor.numpy().tobytes())) as im:
+            pixels = np.asarray(im.convert("RGB"))
+        out.append(torch.from_numpy(pixels.copy()).permute(2, 0, 1).to(device))
+    return out
+
+
+def device_step(device: str, decode_with: str | None) -> Any:
+    """The ``DecodeJpeg`` of ``--device`` (torchvision's nvjpeg, or ``--decode-with pillow``)."""
+    from audiobuffer import DecodeJpeg
+
+    return DecodeJpeg(device, decode=pillow_decode if decode_with == "pillow" else None)
+
+
+def device_child(approach: str, root: str, out: str, device: str, decode_with: str | None) -> None:
+    """One epoch of a ``--device`` approach over ``root``, batches on ``device``."""
+    import numpy  # noqa: F401 - what each approach imports, imported before the clock
+    import PIL.Image  # noqa: F401
+    import torch
+    from torch.utils.data import DataLoader
+
+    from audiobuffer import BufferedDataset, DevicePrefetcher, ImageDecoder
+    from audiobuffer.collate import image_collate
+
+    cuda = torch.device(device).type == "cuda"
+    step = device_step(device, decode_with) if approach == "device-decode" else None
+    start = time.perf_counter()
+    decoder = ImageDecoder(SIZE, crop="random_resized", flip=True,
+                           draft=approach == "host-decode",
+                           jpeg="device" if approach == "device-decode" else "host")
+    dataset = BufferedDataset(root, decoder, labels="parent", shuffle=True, seed=0)
+    loader = DataLoader(dataset, batch_size=BATCH, collate_fn=image_collate, pin_memory=cuda)
+    first = None
+    images = 0
+    with dataset, DevicePrefetcher(loader, device, transform=step) as prefetch:
+        for batch in prefetch:
+            if first is None:
+                if cuda:
+                    torch.cuda.synchronize()
+                first = time.perf_counter() - start
+            images += batch["image"].shape[0]
+    if cuda:
+        torch.cuda.synchronize()
+    total = time.perf_counter() - start
+    gpu_peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else 0.0
+    Path(out).write_text(
+        json.dumps({"images": images, "total_s": total, "first_batch_s": first,
+                    "gpu_peak_mib": gpu_peak}),
+        encoding="utf-8", newline="\n",
+    )
+
+
+def decode_step_and_difference(root: Path, device: str, decode_with: str | None,
+                               runs: int) -> dict[str, float]:
+    """The decode step alone on ``BATCH`` photos (median ms over ``runs``), against Pillow on one
+    core decoding the same crops, and the pixels' distance to the host path's (``draft=False``)."""
+    import torch
+
+    from audiobuffer import ImageDecoder, WorkItem
+    from audiobuffer.collate import image_collate
+
+    paths = sorted(str(p) for p in root.rglob("*.jpg"))[:BATCH]
+    items = [WorkItem(index=i, path=p, seed=0) for i, p in enumerate(paths)]
+    kwargs: dict[str, Any] = {"crop": "random_resized", "flip": True}
+    host = ImageDecoder(SIZE, draft=False, **kwargs)
+    encoded = image_collate([ImageDecoder(SIZE, jpeg="device", **kwargs)(i) for i in items])
+    step = device_step(device, decode_with)
+    cuda = torch.device(device).type == "cuda"
+
+    def on_device() -> Any:
+        images = step(encoded)["image"]
+        if cuda:
+            torch.cuda.synchronize()
+        return images
+
+    on_device()  # warm: nvjpeg's handles, the allocator
+    device_s, _ = harness.median_time(on_device, runs)
+    host_s, _ = harness.median_time(lambda: [host(i) for i in items], runs)
+    expected = torch.stack([host(i)["image"] for i in items]).to(device)
+    diff = (on_device().int() - expected.int()).abs().float()
+    return {"images": len(items), "device_ms": device_s * 1000, "host_ms": host_s * 1000,
+            "mean_abs_diff": float(diff.mean()), "max_abs_diff": float(diff.max()),
+            "differing": float((diff > 0).float().mean())}
+
+
+def device_unavailable(device: str, decode_with: str | None) -> str | None:
+    """Why ``--device`` cannot run here (no CUDA, no torchvision), or ``None``."""
+    import torch
+
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        return (f"--device {device} compares decoding on the GPU with decoding on the CPU, but "
+                f"CUDA is not available here (torch {torch.__version__}): run it on a machine "
+                f"with a GPU and a CUDA build of torch")
+    if decode_with is None:
+        from audiobuffer.jpeg import torchvision_decode
+
+        try:
+            torchvision_decode()
+        except ImportError as exc:
+            return f"--device {device}: {exc}"
+    return None
+
+
+def device_bench(args: argparse.Namespace, folder: Path) -> None:
+    """``--device``: the epochs, the decode step alone, the table, the saved results."""
+    why = device_unavailable(args.device, args.decode_with)
+    if why is not None:
+        raise SystemExit(why)
+    root = make_corpus(folder, args.images)
+    load_before = harness.load_average()
+    runs: dict[str, list[dict[str, float]]] = {a: [] for a in DEVICE_APPROACHES}
+    for _ in range(args.runs):  # the approaches take turns, so a busy spell slows them alike
+        for approach in DEVICE_APPROACHES:
+            runs[approach].append(run_once(approach, root, args.device, args.decode_with))
+    alone = decode_step_and_difference(root, args.device, args.decode_with, max(args.runs, 3))
+    load_after = harness.load_average()
+    keys = ("images_per_s", "first_batch_s", "peak_mib", "gpu_peak_mib")
+    rows = [{"approach": a, **{k: statistics.median(r[k] for r in runs[a]) for k in keys},
+             "runs": len(runs[a])} for a in DEVICE_APPROACHES]
+    base = rows[0]["images_per_s"]
+    print(harness.table(
+        ["approach", "images/s", "vs host-decode", "first batch s", "peak MiB (tree)",
+         "GPU peak MiB"],
+        [[r["approach"], f"{r['images_per_s']:.0f}", f"{r['images_per_s'] / base:.2f}x",
+          f"{r['first_batch_s']:.2f}", f"{r['peak_mib']:.0f}", f"{r['gpu_peak_mib']:.0f}"]
+         for r in rows]))
+    decoder = "Pillow (--decode-with pillow)" if args.decode_with else "nvjpeg"
+    print(f"decode step alone, {alone['images']} photos to {SIZE}: {alone['device_ms']:.1f} ms on "
+          f"{args.device} ({decoder}), {alone['host_ms']:.1f} ms with Pillow on one core; pixels "
+          f"against the host path's (draft=False): mean |diff| {alone['mean_abs_diff']:.3f}, max "
+          f"{alone['max_abs_diff']:.0f}, {alone['differing']:.1%} of values differ")
+    print(f"load average before {load_before}, after {load_after}; "
+          f"{harness.machine_info()['machine']}")
+    if args.save:
+        measured = harness.results(
+            "images-device", rows, command=harness.command_line("bench_images.py", sys.argv[1:]),
+            settings={"images": args.images, "runs": args.runs, "batch_size": BATCH, "size": SIZE,
+                      "device": args.device, "decoder": decoder, "decode_step": alone,
+                      "load_before": load_before, "load_after": load_after})
+        args.save.write_text(json.dumps(measured, indent=1), encoding="utf-8", newline="\n")
+        print(f"saved {args.save}")
+
+
+def run_once(approach: str, root: Path, device: str | None = None,
+             decode_with: str | None = None) -> dict[str, float]:
     """One epoch of ``approach`` in a fresh process, with the peak RSS of its process tree."""
     from audiobuffer.cli._measure import run_with_peak_rss
 
@@ -217,6 +386,8 @@ def run_once(approach: str, root: Path) -> dict[str, float]:
                 str(root),
                 "--out",
                 str(out),
+                *(["--device", device] if device else []),
+                *(["--decode-with", decode_with] if decode_with else []),
             ],
             timeout=1800,
             env=env,
@@ -256,9 +427,18 @@ def main() -> None:
         action="store_true",
         help="instead: the decode of 1600 x 1200 JPEGs to 224 with and without draft mode",
     )
+    parser.add_argument(
+        "--device",
+        default=None,
+        help="instead: JPEGs decoded on this device (cuda) against the CPU (needs torchvision)",
+    )
+    parser.add_argument("--decode-with", choices=["pillow"], help=argparse.SUPPRESS)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child in DEVICE_APPROACHES:
+        device_child(args.child, str(args.corpus), args.out, args.device, args.decode_with)
+        return
     if args.child:
         child(args.child, str(args.corpus), args.out)
         return
@@ -267,6 +447,9 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown approaches {unknown}; choose from {', '.join(APPROACHES)}")
     folder = args.corpus or Path(tempfile.gettempdir()) / f"audiobuffer-bench-images-{args.images}"
+    if args.device:
+        device_bench(args, folder)
+        return
     if args.draft:
         gain = draft_gain(folder / "large", args.runs)
         print(

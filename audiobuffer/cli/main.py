@@ -154,7 +154,7 @@ def _load_config(args: argparse.Namespace) -> PipelineConfig:
 def _cmd_run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from ..config.builders import build_dataset, build_isolated, build_loader
+    from ..config.builders import build_dataset, build_device_step, build_isolated, build_loader
     from ..loaders.device import DevicePrefetcher, resolve_device
     from .report import RunSummary, Timer
 
@@ -163,6 +163,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         device = resolve_device(config.device)
     except ValueError as exc:
         raise ConfigError(f"{config.origin}: device: {exc}") from None
+    step = build_device_step(config, device)  # decode.jpeg: device decodes JPEGs on the device
     dataset: Any  # what has epochs and stats: the dataset, or the IsolatedLoader itself
     loader: Any
     if config.buffer.isolate:  # one object epochs, stats and batches: the IsolatedLoader
@@ -183,7 +184,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             dataset.set_epoch(epoch)
             whole = config.buffer.isolate or loader.batch_size is None  # len() counts batches
             total = len(loader) if whole else math.ceil(len(dataset) / config.loader.batch_size)
-            bar = tqdm(DevicePrefetcher(loader, device), total=total, desc=f"epoch {epoch + 1}/{config.epochs}",
+            prefetch = DevicePrefetcher(loader, device, transform=step)
+            bar = tqdm(prefetch, total=total, desc=f"epoch {epoch + 1}/{config.epochs}",
                        unit="batch",
                        disable=True if args.no_progress or args.quiet else None, leave=False)
             for batch in bar:  # already on the device: DevicePrefetcher copied it ahead

@@ -5,6 +5,7 @@ from __future__ import annotations
 from .builders import (
     build_dataset,
     build_decoder,
+    build_device_step,
     build_isolated,
     build_loader,
     build_source,
@@ -17,6 +18,7 @@ __all__ = [
     "apply_overrides",
     "build_dataset",
     "build_decoder",
+    "build_device_step",
     "build_isolated",
     "build_loader",
     "build_source",

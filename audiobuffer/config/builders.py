@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from ..sources.stream import ShardStream
     from .schema import PipelineConfig
 
-__all__ = ["build_augmentation", "build_dataset", "build_decoder", "build_isolated", "build_loader",
-           "build_source", "source_error"]
+__all__ = ["build_augmentation", "build_dataset", "build_decoder", "build_device_step",
+           "build_isolated", "build_loader", "build_source", "source_error"]
 
 
 def _source_key(config: PipelineConfig) -> str:
@@ -55,7 +55,7 @@ def build_decoder(config: PipelineConfig) -> AudioDecoder | ImageDecoder:
         if d.kind == "image":
             return ImageDecoder(size=d.size, crop=cast(Any, d.crop), scale=d.scale, ratio=d.ratio,
                                 crop_fraction=d.crop_fraction, flip=d.flip, layout=d.layout,
-                                draft=d.draft, resample=d.resample)
+                                draft=d.draft, resample=d.resample, jpeg=d.jpeg)
         return AudioDecoder(d.sample_rate, mono=d.mono, crop_seconds=d.crop_seconds,
                             crop=cast(Any, d.crop), pad=d.pad, quality=d.quality,
                             fallback=d.fallback, augment=augment or None)
@@ -63,6 +63,24 @@ def build_decoder(config: PipelineConfig) -> AudioDecoder | ImageDecoder:
         raise ConfigError(f"{config.origin}: decode.kind: 'image' needs Pillow ({exc})") from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{config.origin}: decode: {exc}") from None
+
+
+def build_device_step(config: PipelineConfig, device: Any) -> Any:
+    """What runs on each batch once it is on ``device`` (``DevicePrefetcher(transform=)``):
+    :class:`~audiobuffer.DecodeJpeg` with ``decode.jpeg: device``, else ``None``.
+
+    Raises:
+        ConfigError: ``decode.jpeg: device`` where torchvision does not load, or on a device
+            without CUDA.
+    """
+    if config.decode.kind != "image" or config.decode.jpeg != "device":
+        return None
+    from ..jpeg import DecodeJpeg
+
+    try:
+        return DecodeJpeg(device)
+    except (ImportError, ValueError) as exc:
+        raise ConfigError(f"{config.origin}: decode.jpeg: device: {exc}") from None
 
 
 def build_augmentation(config: PipelineConfig, n: int) -> Any:

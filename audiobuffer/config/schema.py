@@ -50,7 +50,7 @@ from pydantic import (
 
 from .._checks import choices, short_repr
 from ..decoders.audio import MAX_CROP_SECONDS, AudioDecoder, CropMode, Quality
-from ..decoders.image import ImageCrop, ImageDecoder, Layout, Resample
+from ..decoders.image import ImageCrop, ImageDecoder, JpegDecode, Layout, Resample
 from ..errors import ConfigError
 from ..options import MAX_BATCH_SIZE, MAX_PRODUCERS, OPTIONS, LoaderOptions
 from ..sources.storage import is_url as _is_url
@@ -175,7 +175,7 @@ class SourceConfig(_Section):
 
 
 #: The keys only ``kind: image`` takes (``size`` aside: its message is its own).
-_IMAGE_ONLY = ("scale", "ratio", "crop_fraction", "flip", "layout", "draft")
+_IMAGE_ONLY = ("scale", "ratio", "crop_fraction", "flip", "layout", "draft", "jpeg")
 
 #: ``decode.augment[].kind``: each augmentation of :mod:`audiobuffer.augment`, its class's name in
 #: snake case.
@@ -248,6 +248,7 @@ class DecodeConfig(_Section):
     layout: Layout = _python_default(ImageDecoder, "layout")
     draft: bool = _python_default(ImageDecoder, "draft")
     resample: Resample = _python_default(ImageDecoder, "resample")
+    jpeg: JpegDecode = _python_default(ImageDecoder, "jpeg")
     #: ``null`` (Python's default, no augmentation) is read as an empty list
     augment: list[AugmentConfig] = Field(default=_python_default(AudioDecoder, "augment"))
 
@@ -403,6 +404,14 @@ class PipelineConfig(_Section):
     def origin(self) -> str:
         """Where the config came from (its file name), the prefix of every error about it."""
         return self._origin
+
+    @model_validator(mode="after")
+    def _jpeg_in_process(self) -> PipelineConfig:
+        if self.decode.jpeg == "device" and self.buffer.isolate:
+            raise ValueError("decode.jpeg: device hands JPEG bytes over for the trainer's device "
+                             "to decode, which the helper process's batches cannot carry: give "
+                             "buffer.isolate: false, or decode.jpeg: host")
+        return self
 
     @field_validator("device")
     @classmethod

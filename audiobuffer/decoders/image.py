@@ -19,8 +19,8 @@ from ..errors import DecodeError
 from ..sources.item import IMAGE_PATTERNS
 from ._common import ItemLike, as_item, as_tensor, check_flag, describe, sample_fields
 
-__all__ = ["CropBox", "ImageCrop", "ImageDecoder", "Layout", "Resample", "center_box",
-           "random_resized_box"]
+__all__ = ["CropBox", "EncodedImage", "ImageCrop", "ImageDecoder", "JpegDecode", "Layout",
+           "Resample", "center_box", "random_resized_box"]
 
 #: The resize filter (``ImageDecoder(resample=...)``), a Pillow ``Image.Resampling`` in lower case.
 Resample = Literal["nearest", "bilinear", "bicubic", "lanczos", "box", "hamming"]
@@ -28,12 +28,15 @@ Resample = Literal["nearest", "bilinear", "bicubic", "lanczos", "box", "hamming"
 ImageCrop = Literal["random_resized", "center"]
 #: The order of the image's dimensions: ``(3, H, W)`` or channels last, ``(H, W, 3)``.
 Layout = Literal["chw", "hwc"]
+#: Where a JPEG is decoded (``ImageDecoder(jpeg=...)``): in the producer, or on the device.
+JpegDecode = Literal["host", "device"]
 _TRIES = 10  # random boxes tried before the central fallback, as torchvision's RandomResizedCrop
 _DRAFT_SCALES = (8, 4, 2)  # the reductions a JPEG decodes at directly (DCT scaling)
 _EXIF_ORIENTATION = 0x0112  # the EXIF tag; 1 is upright, 2 to 8 are mirrored and/or rotated
 # Integer greyscale modes with 16 bits per pixel. Pillow opens 16-bit PNGs and TIFFs as "I;16"
 # (older versions as "I", 32-bit signed, holding the same 0..65535 values).
 _SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+_DEVICE_MODES = ("RGB", "L")  # the JPEGs decoded on the device (CMYK ones are decoded here)
 
 
 class CropBox(NamedTuple):
@@ -43,6 +46,31 @@ class CropBox(NamedTuple):
     left: float
     height: float
     width: float
+
+
+class EncodedImage(NamedTuple):
+    """A JPEG's bytes and what the device does with them (``ImageDecoder(jpeg="device")``): decode,
+    turn upright, resize ``box`` to ``size``, flip (:class:`audiobuffer.jpeg.DecodeJpeg`)."""
+
+    #: The file's bytes, 1-D uint8.
+    data: np.ndarray
+    #: The stored image's height and width, from the JPEG header (before the EXIF orientation).
+    height: int
+    width: int
+    #: The EXIF orientation to apply, 1 to 8 (1: upright as stored).
+    orientation: int
+    #: The box of the upright image resized to ``size`` (the whole image without a crop).
+    box: CropBox
+    #: Only the box's pixels take part (a random crop: crop, then resize), else the filter reads
+    #: past a fractional box's edges (``resize(size, box=box)``).
+    crop_first: bool
+    #: The output's (height, width).
+    size: tuple[int, int]
+    resample: str
+    flip: bool
+    layout: str
+    #: The file, for errors.
+    path: str
 
 
 def random_resized_box(height: int, width: int, rng: np.random.Generator, *,
@@ -130,6 +158,14 @@ class ImageDecoder:
       keeps the stored pixels. Crops, ``size`` and flips apply after the rotation.
     - **Several frames** (animated GIF, APNG or WebP, multi-page TIFF): the first frame only.
 
+    With ``jpeg="device"`` a producer reads a JPEG's bytes and header only (its size and EXIF
+    orientation), draws the crop box and the flip as above, and hands over an
+    :class:`EncodedImage`; :class:`audiobuffer.jpeg.DecodeJpeg` decodes a batch of them on the
+    device (nvjpeg through torchvision) and crops, resizes and flips there, with Pillow's filter
+    and rounding, to the image ``draft=False`` gives (within what the two JPEG decoders differ
+    by). Other files (PNG, CMYK JPEGs) are decoded in the producer as usual. Batch with
+    ``image_collate``, which keeps such a batch's ``image`` a list.
+
     Thread safety: an instance holds no mutable state; one decoder serves all producer threads.
 
     Example:
@@ -154,6 +190,8 @@ class ImageDecoder:
         apply_exif_orientation: turn photos upright as their EXIF orientation tag says.
         tensors: hand ``image`` over as a torch tensor; ``False`` keeps the numpy array (no torch
             needed: the isolated loader's helper process sets it on its copy).
+        jpeg: ``"host"`` decodes JPEGs here; ``"device"`` leaves their decoding, crop, resize and
+            flip to :class:`audiobuffer.jpeg.DecodeJpeg` on the device (needs ``size``).
     """
 
     #: The glob patterns a directory source matches when this decoder reads it
@@ -168,7 +206,8 @@ class ImageDecoder:
                  ratio: tuple[float, float] = (3 / 4, 4 / 3),
                  crop_fraction: float = 0.875, flip: bool = False, layout: Layout = "chw",
                  draft: bool = True, resample: Resample = "bilinear",
-                 apply_exif_orientation: bool = True, tensors: bool = True) -> None:
+                 apply_exif_orientation: bool = True, tensors: bool = True,
+                 jpeg: JpegDecode = "host") -> None:
         try:
             from PIL import Image
         except ImportError as exc:
@@ -185,6 +224,10 @@ class ImageDecoder:
                                  "(height, width)), got size=None")
         check_choice("resample", resample, Resample)
         check_choice("layout", layout, Layout)
+        check_choice("jpeg", jpeg, JpegDecode)
+        if jpeg == "device" and size is None:
+            raise ValueError("jpeg='device' stacks the batch's images on the device: give size= "
+                             "(an int or (height, width)), got size=None")
         for name, flag in (("flip", flip), ("draft", draft),
                            ("apply_exif_orientation", apply_exif_orientation)):
             if not isinstance(flag, bool):
@@ -201,6 +244,7 @@ class ImageDecoder:
         self.resample = resample
         self.apply_exif_orientation = apply_exif_orientation
         self.tensors = check_flag("tensors", tensors)
+        self.jpeg = jpeg
 
     def __repr__(self) -> str:
         crop = ""
@@ -208,20 +252,32 @@ class ImageDecoder:
             crop = f"crop='random_resized', scale={self.scale}, ratio={self.ratio}, "
         elif self.crop == "center":
             crop = f"crop='center', crop_fraction={self.crop_fraction}, "
+        jpeg = ", jpeg='device'" if self.jpeg == "device" else ""
         return (f"ImageDecoder(size={self.size}, {crop}flip={self.flip}, layout={self.layout!r}, "
                 f"resample={self.resample!r}, "
-                f"apply_exif_orientation={self.apply_exif_orientation})")
+                f"apply_exif_orientation={self.apply_exif_orientation}{jpeg})")
 
     def __call__(self, item: ItemLike) -> dict[str, Any]:
         from PIL import Image  # imported in __init__ already; not held, so the instance pickles
 
         item = as_item(item)
         rng = item.rng() if self.flip or self.crop == "random_resized" else None
-        # a shard member's or a remote object's bytes (a StorageError is raised as it is, not as a DecodeError)
-        source = item.path if item.read is None else io.BytesIO(item.read())
+        sample = sample_fields(item)
+        # a shard member's or a remote object's bytes (a StorageError is raised as it is, not as a
+        # DecodeError)
+        raw = item.read() if item.read is not None else None
         try:
-            with Image.open(source) as im:  # the first frame of a multi-frame file
-                pixels = self._pixels(im, item.path, rng)
+            if self.jpeg == "device":  # the file's bytes: the device decodes JPEGs
+                raw = _read_file(item.path) if raw is None else raw
+                with Image.open(io.BytesIO(raw)) as im:
+                    if im.format == "JPEG" and im.mode in _DEVICE_MODES:
+                        sample["image"] = self._encoded(im, raw, item.path, rng)
+                        return sample
+                    pixels = self._pixels(im, item.path, rng)
+            else:
+                source = item.path if raw is None else io.BytesIO(raw)
+                with Image.open(source) as im:  # the first frame of a multi-frame file
+                    pixels = self._pixels(im, item.path, rng)
         except DecodeError:
             raise
         except Image.UnidentifiedImageError as exc:  # its message names a BytesIO, not the file
@@ -236,9 +292,35 @@ class ImageDecoder:
         pixels = np.ascontiguousarray(pixels)  # a copy, unless channels last and not flipped
         if not pixels.flags.writeable:  # Pillow's own buffer: a tensor needs an array it may write
             pixels = pixels.copy()
-        sample = sample_fields(item)
         sample["image"] = as_tensor(pixels) if self.tensors else pixels
         return sample
+
+    def _encoded(self, im: Any, raw: bytes, path: str,
+                 rng: np.random.Generator | None) -> EncodedImage:
+        """What the device needs to make this JPEG's image: its bytes, box and flip, drawn as
+        :meth:`_pixels` and ``__call__`` draw them (the same generator, in the same order)."""
+        assert self.size is not None  # jpeg="device" needs size (checked in __init__)
+        orientation = _orientation(im) if self.apply_exif_orientation else 1
+        width, height = im.size
+        up_height, up_width = (width, height) if orientation in (5, 6, 7, 8) else (height, width)
+        box = self._box(up_height, up_width, rng)
+        flip = rng is not None and self.flip and rng.random() < 0.5
+        return EncodedImage(
+            data=np.frombuffer(raw, dtype=np.uint8).copy(), height=height, width=width,
+            orientation=orientation,
+            box=CropBox(0, 0, up_height, up_width) if box is None else box,
+            crop_first=self.crop == "random_resized", size=self.size, resample=self.resample,
+            flip=flip, layout=self.layout, path=path)
+
+    def _box(self, height: int, width: int, rng: np.random.Generator | None) -> CropBox | None:
+        """The box of the upright ``height`` x ``width`` image that is scaled to ``size``."""
+        if self.crop == "random_resized":
+            assert rng is not None  # made whenever crop == "random_resized"
+            return random_resized_box(height, width, rng, scale=self.scale, ratio=self.ratio)
+        if self.crop == "center":
+            assert self.size is not None  # checked in __init__
+            return center_box(height, width, self.size, self.crop_fraction)
+        return None
 
     def _pixels(self, im: Any, path: str, rng: np.random.Generator | None) -> np.ndarray:
         """The open image's pixels, upright, cropped and resized: an ``(H, W, 3)`` uint8 array."""
@@ -252,11 +334,8 @@ class ImageDecoder:
             width, height = im.size
             if orientation in (5, 6, 7, 8):  # turned a quarter: the upright image's sides swap
                 width, height = height, width
-            if self.crop == "random_resized":
-                assert rng is not None  # made whenever crop == "random_resized"
-                box = random_resized_box(height, width, rng, scale=self.scale, ratio=self.ratio)
-            else:
-                box = center_box(height, width, self.size, self.crop_fraction)
+            box = self._box(height, width, rng)
+            assert box is not None
             reduction = _draft(im, box, self.size) if self.draft else 1
             if reduction > 1:  # the box on the image decoded at 1/reduction of its sides (the last
                 # row and column of blocks cover what is left: under a mirroring orientation the box
@@ -276,6 +355,17 @@ class ImageDecoder:
         elif self.size is not None and im.size != (self.size[1], self.size[0]):
             im = im.resize((self.size[1], self.size[0]), self._filter)
         return np.asarray(im)
+
+
+def _orientation(im: Any) -> int:
+    """The EXIF orientation of ``im`` that turns it (2 to 8), else 1."""
+    orientation = im.getexif().get(_EXIF_ORIENTATION, 1)
+    return int(orientation) if orientation in (2, 3, 4, 5, 6, 7, 8) else 1
+
+
+def _read_file(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
 
 
 def _draft(im: Any, box: CropBox, size: tuple[int, int]) -> int:

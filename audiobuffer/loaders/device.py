@@ -13,6 +13,8 @@ consumer's stream waits for that batch's copy (an event recorded right after it)
 handed out is marked with ``record_stream`` on the consumer's stream, so the caching allocator never
 reuses its memory under a kernel that still reads it (apex's ``data_prefetcher``). On the CPU the same
 code path runs with no stream: the thread still reads ahead, so collation overlaps the training step.
+A ``transform`` (``DecodeJpeg``, say) runs on the copied batch in the same thread, on the side stream,
+before the event is recorded, so its kernels are covered by the same wait.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -135,11 +137,18 @@ class DevicePrefetcher:
         loader: any iterable of batches (a ``DataLoader`` most often).
         device: where batches go (``"cuda"``, ``"cuda:1"``, ``"cpu"``, a ``torch.device``).
         queue_size: batches copied ahead (>= 1).
+        transform: called on each batch once it is on the device, in the prefetch thread and on its
+            side stream; what it returns is handed out (``DecodeJpeg`` decodes JPEGs there, during
+            the previous step). Its errors reach the consumer in the batch's place.
     """
 
-    def __init__(self, loader: Iterable[Any], device: str | torch.device, *, queue_size: int = 2) -> None:
+    def __init__(self, loader: Iterable[Any], device: str | torch.device, *, queue_size: int = 2,
+                 transform: Callable[[Any], Any] | None = None) -> None:
         if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 1:
             raise ValueError(f"queue_size must be an integer >= 1, got {queue_size!r}")
+        if transform is not None and not callable(transform):
+            raise TypeError(f"transform must be a callable on a batch, got {transform!r}")
+        self.transform = transform
         self.loader = loader
         self.device = resolve_device(device)
         self.queue_size = queue_size
@@ -214,6 +223,8 @@ class DevicePrefetcher:
                         break  # the consumer has gone: ask the loader for nothing more
                     with _on_stream(side):  # the CPU runs the same path with no stream
                         moved = map_tensors(host, copy)
+                        if self.transform is not None:
+                            moved = self.transform(moved)
                         event = _copy_done(side)
                     if event is not None:
                         # Keep the host batch until its copy is done: its memory may be a recycled slot

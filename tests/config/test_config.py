@@ -1,5 +1,6 @@
 import inspect
 import re
+import sys
 import warnings
 from pathlib import Path
 
@@ -568,7 +569,7 @@ def test_every_image_key_reaches_the_keyword_of_its_name(corpus):
     pytest.importorskip("PIL.Image", reason="kind: image needs Pillow")
     decode = {"size": (96, 128), "crop": "random_resized", "scale": (0.25, 0.9),
               "ratio": (0.5, 2.0), "crop_fraction": 0.8, "flip": True, "layout": "hwc",
-              "draft": False, "resample": "bicubic"}
+              "draft": False, "resample": "bicubic", "jpeg": "device"}
     yaml_decode = {**decode, "kind": "image", "size": [96, 128], "scale": [0.25, 0.9],
                    "ratio": [0.5, 2]}
     config = load_config(write(corpus, {"source": {"root": "audio"}, "decode": yaml_decode}))
@@ -593,12 +594,32 @@ def test_every_image_key_reaches_the_keyword_of_its_name(corpus):
     ({"kind": "image", "size": 8, "crop_fraction": 1.5}, r"decode\.crop_fraction: .*1\.5"),
     ({"kind": "image", "crop": "center"}, r"decode: crop='center' scales its box to size: give "),
     ({"kind": "image", "size": 8, "scale": [0.9, 0.1]}, r"decode: scale must be .* \(0\.9, 0\.1\)"),
+    ({"kind": "image", "size": 8, "jpeg": "gpu"}, r"decode\.jpeg: .*'host' or 'device'"),
+    ({"kind": "image", "jpeg": "device"}, r"decode: jpeg='device' .* give size="),
+    ({"jpeg": "device"}, r"decode: jpeg apply to kind: image, not kind: audio"),
 ])
 def test_bad_image_decode_names_key_value_and_what_is_allowed(corpus, decode, match):
     pytest.importorskip("PIL.Image", reason="kind: image needs Pillow")
     with pytest.raises(ConfigError, match=match):
         config = load_config(write(corpus, {"source": {"root": "audio"}, "decode": decode}))
         build_decoder(config)
+
+
+def test_jpeg_on_the_device_is_a_step_after_the_copy(corpus, monkeypatch):
+    pytest.importorskip("PIL.Image", reason="kind: image needs Pillow")
+    from audiobuffer.config import build_device_step
+
+    image = {"kind": "image", "size": 8, "jpeg": "device"}
+    with pytest.raises(ConfigError, match=r"decode\.jpeg: device .* give buffer\.isolate: false"):
+        load_config(write(corpus, {"source": {"root": "audio"}, "decode": image,
+                                   "buffer": {"isolate": True}}))
+    host = load_config(write(corpus, {"source": {"root": "audio"},
+                                      "decode": {**image, "jpeg": "host"}}))
+    assert build_device_step(host, "cpu") is None
+    config = load_config(write(corpus, {"source": {"root": "audio"}, "decode": image}))
+    monkeypatch.setitem(sys.modules, "torchvision", None)  # as where it is not installed
+    with pytest.raises(ConfigError, match=r"decode\.jpeg: device: .*install torchvision"):
+        build_device_step(config, "cpu")
 
 
 @pytest.mark.parametrize("value, pinned", [("auto", None), (True, None), (False, False)])

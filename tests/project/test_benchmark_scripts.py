@@ -725,3 +725,30 @@ def test_images_bench_draft_table(tmp_path, load_benchmark):
     result = run_script("bench_images.py", "--draft", "--runs", "1", "--corpus", str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("| random_resized |") == 2 and result.stdout.count("| center |") == 2
+
+
+def test_images_bench_on_a_device_says_what_is_missing(tmp_path):
+    pytest.importorskip("PIL.Image")
+    if torch.cuda.is_available():
+        pytest.skip("checks the message where CUDA is absent")
+    result = run_script("bench_images.py", "--device", "cuda", "--corpus", str(tmp_path))
+    assert result.returncode == 1
+    assert "CUDA is not available here" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_images_bench_on_a_device_runs_with_pillow_in_nvjpegs_place(tmp_path, load_benchmark):
+    """The ``--device`` mode's whole path on the CPU (Pillow decodes in nvjpeg's place): the rows,
+    the decode step alone, and pixels identical to the host path's."""
+    pytest.importorskip("PIL.Image")
+    if not load_benchmark("bench_images").shipped_photos():
+        pytest.skip("neither scikit-learn nor matplotlib (whose photographs it uses) is installed")
+    saved = tmp_path / "device.json"
+    result = run_script("bench_images.py", "--device", "cpu", "--decode-with", "pillow",
+                        "--images", "6", "--runs", "1", "--corpus", str(tmp_path / "c"),
+                        "--save", str(saved))
+    assert result.returncode == 0, result.stderr
+    assert "mean |diff| 0.000, max 0" in result.stdout
+    data = json.loads(saved.read_text(encoding="utf-8"))
+    assert [row["approach"] for row in data["rows"]] == ["host-decode", "host-decode-nodraft",
+                                                         "device-decode"]
+    assert all(row["images_per_s"] > 0 for row in data["rows"])

@@ -22,7 +22,7 @@ LAYERS = {
     "buffer": 1, "options": 1, "_numpy_collate": 1,
     "sources": 2,
     "decoders": 3,
-    "collate": 4, "features": 4, "normalize": 4, "prepare": 4, "augment": 4, "probe": 4,
+    "collate": 4, "features": 4, "normalize": 4, "jpeg": 4, "prepare": 4, "augment": 4, "probe": 4,
     "engine": 5,
     "loaders": 6, "ray": 6,
     "config": 7,
