@@ -330,7 +330,7 @@ def device_bench(args: argparse.Namespace, folder: Path) -> None:
     why = device_unavailable(args.device, args.decode_with)
     if why is not None:
         raise SystemExit(why)
-    root = make_corpus(folder, args.images)
+    root = make_photo_corpus(folder, args.images, classes=CLASSES)
     load_before = harness.load_average()
     runs: dict[str, list[dict[str, float]]] = {a: [] for a in DEVICE_APPROACHES}
     for _ in range(args.runs):  # the approaches take turns, so a busy spell slows them alike
