@@ -22,6 +22,7 @@ from .scale import SCALE
 from .storage import STORAGE
 from .stress import STRESS
 from .train import TRAIN
+from .transform import TRANSFORM
 
 __all__ = ["INTRO", "SECTIONS", "Section", "anchor"]
 
@@ -37,4 +38,4 @@ NVIDIA H100 80GB HBM3 (up to 25% from run to run). `--write` saves a benchmark's
 
 #: The page's sections, in order.
 SECTIONS = [DECODE, EPOCHS, OVERLAP, CONTENTION, TRAIN, DEVICE, STORAGE, SCALE, FORMATS, DURATIONS, AUGMENT,
-            RANKS, RAY, STRESS, FREE_THREADED]
+            TRANSFORM, RANKS, RAY, STRESS, FREE_THREADED]
