@@ -266,16 +266,17 @@ class ImageDecoder:
         # a shard member's or a remote object's bytes (a StorageError is raised as it is, not as a
         # DecodeError)
         raw = item.read() if item.read is not None else None
+        source: Any = item.path if raw is None else io.BytesIO(raw)
         try:
             if self.jpeg == "device":  # the file's bytes: the device decodes JPEGs
                 raw = _read_file(item.path) if raw is None else raw
-                with Image.open(io.BytesIO(raw)) as im:
+                source = io.BytesIO(raw)
+                with Image.open(source) as im:
                     if im.format == "JPEG" and im.mode in _DEVICE_MODES:
                         sample["image"] = self._encoded(im, raw, item.path, rng)
                         return sample
                     pixels = self._pixels(im, item.path, rng)
             else:
-                source = item.path if raw is None else io.BytesIO(raw)
                 with Image.open(source) as im:  # the first frame of a multi-frame file
                     pixels = self._pixels(im, item.path, rng)
         except DecodeError:

@@ -493,7 +493,8 @@ PYTHON_ONLY = {
     AudioDecoder: {"native_wav": "benchmarks compare the readers", "tensors": "the loader's choice"},
     ImageDecoder: {"apply_exif_orientation": "left at its default", "tensors": "the loader's choice"},
     IsolatedLoader: {"source": "", "decoder": "", "num_slots": "tuning", "slot_bytes": "tuning",
-                     "key": "the decode kind's", "background": "tests", "options": "BufferedDataset's"},
+                     "key": "the decode kind's", "background": "tests", "options": "BufferedDataset's",
+                     "start_in_trainer": "a script that iterates at once"},
     BatchSlotLoader: {"source": "", "decoder": "", "num_slots": "tuning", "transform": "a callable",
                       "options": "BufferedDataset's"},
 }

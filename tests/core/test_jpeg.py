@@ -2,6 +2,7 @@
 on the batch. On the CPU the decode is injected (Pillow's, in the stored orientation, as nvjpeg
 gives it), so everything but nvjpeg itself is checked against the host path to the bit."""
 
+import importlib.util
 import io
 import sys
 from typing import get_args
@@ -298,11 +299,12 @@ def test_prefetcher_transform_validation():
         DevicePrefetcher([], "cpu", transform="decode")
 
 
-# -- on a GPU: nvjpeg through torchvision ----------------------------------------------------------
+# -- on a GPU: nvjpeg through torchvision (optional, never required) --------------------
 
-@pytest.mark.skipif(not CUDA, reason="needs CUDA (nvjpeg)")
+TORCHVISION = importlib.util.find_spec("torchvision") is not None
+
+@pytest.mark.skipif(not CUDA or not TORCHVISION, reason="needs CUDA (nvjpeg) and torchvision")
 def test_nvjpeg_gives_the_host_paths_images_within_the_decoders_difference(jpegs):
-    pytest.importorskip("torchvision", reason="decode_jpeg on CUDA needs torchvision")
     host = ImageDecoder(64, crop="random_resized", flip=True, draft=False)
     device = ImageDecoder(64, crop="random_resized", flip=True, jpeg="device")
     items = [WorkItem(index=i, path=p, seed=1) for i, p in enumerate(jpegs)]
@@ -314,9 +316,8 @@ def test_nvjpeg_gives_the_host_paths_images_within_the_decoders_difference(jpegs
     assert diff.mean() < 2.0
 
 
-@pytest.mark.skipif(not CUDA, reason="needs CUDA (nvjpeg)")
+@pytest.mark.skipif(not CUDA or not TORCHVISION, reason="needs CUDA (nvjpeg) and torchvision")
 def test_nvjpeg_through_the_prefetcher(jpegs):
-    pytest.importorskip("torchvision", reason="decode_jpeg on CUDA needs torchvision")
     dataset = BufferedDataset(jpegs, ImageDecoder(32, crop="center", jpeg="device"), ordered=True)
     with dataset:
         loader = DataLoader(dataset, batch_size=4, collate_fn=image_collate, pin_memory=True)
