@@ -3,7 +3,7 @@
     python benchmarks/bench_contention.py --write    # the full run: saves results/contention.json, renders its section
     python benchmarks/bench_contention.py --quick    # a smoke run (32 files, 1 run, light step): prints the section
     python benchmarks/bench_contention.py --device cuda --write   # the step on a GPU: results/contention-cuda.json
-    python benchmarks/bench_contention.py --images 640 --write   # the image case: results/contention-images.json
+    python benchmarks/bench_contention.py --images 640 --write   # the image case
 
 The step stands for a GPU training step, which is Python launching many small kernels: ``rounds``
 times ``relu(h @ W) + 0.1`` on an (8, 64) tensor, then ``.item()``, with one intra-op thread. The
@@ -107,7 +107,8 @@ LABELS = {
     "dataloader-2-spawn": "DataLoader(num_workers=2), spawn",
 }
 #: The approaches of the image case (``--images``), and its corpus's name and batch size.
-IMAGE_APPROACHES = ["step-alone", "buffered-2", "buffered-auto", "isolated-2", "isolated-auto", "dataloader-2"]
+IMAGE_APPROACHES = ["step-alone", "buffered-2", "buffered-auto", "isolated-2", "isolated-auto",
+                    "dataloader-2"]
 IMAGE_CORPUS, IMAGE_BATCH = "jpeg", 64
 #: Rounds of ``relu(h @ W) + 0.1`` per step.
 STEPS = {"light": 50, "heavy": 500}
@@ -164,7 +165,7 @@ def _transform(name: str | None) -> Callable[[dict[str, Any]], dict[str, Any]] |
 
 
 def _media(images: bool) -> tuple[Any, Callable[[Any], dict[str, Any]], int]:
-    """The decoder, the collate function and the batch size of the audio corpora or of the images."""
+    """The decoder, the collate function and the batch size of the audio corpora or the images."""
     from audiobuffer import AudioDecoder, ImageDecoder, pad_collate
     from audiobuffer.collate import image_collate
 
@@ -173,7 +174,8 @@ def _media(images: bool) -> tuple[Any, Callable[[Any], dict[str, Any]], int]:
     return AudioDecoder(), pad_collate, BATCH_SIZE
 
 
-def _batches(paths: Sequence[str], transform: Any, images: bool = False) -> Iterator[dict[str, Any]]:
+def _batches(paths: Sequence[str], transform: Any, images: bool = False
+             ) -> Iterator[dict[str, Any]]:
     """The sequential loop: decode and collate in this thread."""
     decoder, collate, size = _media(images)
     for i in range(0, len(paths), size):
@@ -219,13 +221,15 @@ def _loader(approach: str, paths: list[str], transform: Any, images: bool = Fals
         ds = BufferedDataset(paths, decoder, num_producers=producers, buffer_size=BUFFER_SIZE, transform=transform)
         return iter(DataLoader(ds, batch_size=size, collate_fn=collate)), ds.close
     if approach.startswith("isolated-"):
-        loader = IsolatedLoader(paths, decoder, batch_size=size, num_producers=producers, buffer_size=BUFFER_SIZE,
-                                transform=transform, pin_memory=False, key="image" if images else "audio")
+        loader = IsolatedLoader(paths, decoder, batch_size=size, num_producers=producers,
+                                buffer_size=BUFFER_SIZE, transform=transform, pin_memory=False,
+                                key="image" if images else "audio")
         return iter(loader), loader.close
     if approach.startswith("dataloader-2"):
         if transform is not None:
             raise ValueError(f"{approach} takes no transform; transform approaches: {TRANSFORM_APPROACHES}")
-        extra: dict[str, Any] = {"multiprocessing_context": "spawn"} if approach.endswith("-spawn") else {}
+        spawn = approach.endswith("-spawn")
+        extra: dict[str, Any] = {"multiprocessing_context": "spawn"} if spawn else {}
         if images:  # the Pillow Dataset as users write it, and the default collate
             from bench_images import PillowFolder
 
@@ -326,7 +330,8 @@ def _epoch(approach: str, step_name: str, paths: list[str], transform: Any, devi
         close()
         if busy is not None:
             _stop_neighbour(busy)
-    return {"step_s": statistics.median(step_s), "epoch_s": total, "steps_per_s": len(step_s) / total,
+    return {"step_s": statistics.median(step_s), "epoch_s": total,
+            "steps_per_s": len(step_s) / total,
             "first_batch_s": None if ready is not None or decoded is not None else first, "batches": len(step_s),
             "files": files}
 
@@ -342,15 +347,16 @@ def child(approach: str, steps: Sequence[str], paths: list[str], transform_name:
 
     torch.set_num_threads(1)
     transform = _transform(transform_name)
-    return {name: _epoch(approach, name, paths, transform, device, file_list, transform_name, images)
-            for name in steps}
+    return {name: _epoch(approach, name, paths, transform, device, file_list, transform_name,
+                         images) for name in steps}
 
 
 # -- the parent --------------------------------------------------------------------------------
 
 
 def measure(approach: str, steps: Sequence[str], file_list: Path, transform: str | None, out: Path,
-            device: str = "cpu", timeout: float = CHILD_TIMEOUT, images: bool = False) -> dict[str, Any]:
+            device: str = "cpu", timeout: float = CHILD_TIMEOUT, images: bool = False
+            ) -> dict[str, Any]:
     """Run one fresh subprocess; its per-step results plus ``peak_rss_mb`` of its whole tree."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", approach, "--steps", ",".join(steps),
            "--file-list", str(file_list), "--child-out", str(out), "--device", device]
@@ -383,14 +389,16 @@ def run_corpus(name: str, paths: list[str], approaches: Sequence[str], steps: Se
     for run in range(runs):  # interleaved, so a slow spell of the machine touches every approach alike
         for approach in approaches:
             out = workdir / f"{file_list.stem}.{approach}.{run}.json"
-            measured[approach].append(measure(approach, steps, file_list, transform, out, device, images=images))
+            measured[approach].append(measure(approach, steps, file_list, transform, out, device,
+                                              images=images))
     rows: dict[str, dict[str, Any]] = {}
     for approach, runs_of in measured.items():
         row: dict[str, Any] = {"approach": approach, "runs": len(runs_of),
                                "peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in runs_of)}
         for step in steps:
             row[step] = {key: _median([r[step][key] for r in runs_of])
-                         for key in ("step_s", "epoch_s", "steps_per_s", "first_batch_s", "batches", "files")}
+                         for key in ("step_s", "epoch_s", "steps_per_s", "first_batch_s", "batches",
+                                     "files")}
         rows[approach] = row
     alone = rows.get("step-alone")
     for row in rows.values():
@@ -399,7 +407,8 @@ def run_corpus(name: str, paths: list[str], approaches: Sequence[str], steps: Se
     if progress:
         for row in rows.values():
             parts = [f"{step} {1000 * row[step]['step_s']:.2f} ms ({_x(row[step]['vs_alone'])}), "
-                     f"epoch {row[step]['epoch_s']:.2f} s, {row[step]['steps_per_s']:.2f} steps/s" for step in steps]
+                     f"epoch {row[step]['epoch_s']:.2f} s, {row[step]['steps_per_s']:.2f} steps/s"
+                     for step in steps]
             print(f"  {name}: {row['approach']}: {'; '.join(parts)}; peak RSS {row['peak_rss_mb']:.0f} MiB",
                   file=sys.stderr)
     return {"name": name, "files": len(paths), "transform": transform, "steps": list(steps),
@@ -456,8 +465,8 @@ def goals(results: Sequence[dict[str, Any]]) -> list[list[object]]:
         if fork is not None and name == IMAGE_CORPUS:
             for step in corpus["steps"]:
                 ratio = iso[step]["steps_per_s"] / fork[step]["steps_per_s"]
-                add(f"steps/s ({count}) / DataLoader(2) fork", f"{name}, {step} step", _x(ratio), ">= 1.20x",
-                    ratio >= 1.2)
+                add(f"steps/s ({count}) / DataLoader(2) fork", f"{name}, {step} step", _x(ratio),
+                    ">= 1.20x", ratio >= 1.2)
         if fork is not None:
             ratio = iso["peak_rss_mb"] / fork["peak_rss_mb"]
             add(f"peak tree RSS ({count}) / DataLoader(2) fork", name, f"{ratio:.2f}", "<= 0.60", ratio <= 0.6)
@@ -501,8 +510,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--corpora", default=",".join(CORPORA), help=f"subset of {','.join(CORPORA)}")
     parser.add_argument("--steps", default=None, help="light,heavy (default both; --quick: light)")
     parser.add_argument("--approaches", default=None,
-                        help=f"subset of {','.join(APPROACHES + OPTIONAL)} (default: all but {','.join(OPTIONAL)}; "
-                        f"--images: {','.join(IMAGE_APPROACHES)})")
+                        help=f"subset of {','.join(APPROACHES + OPTIONAL)} (default: all but "
+                        f"{','.join(OPTIONAL)}; --images: {','.join(IMAGE_APPROACHES)})")
     parser.add_argument("--images", type=int, default=None, metavar="N",
                         help=f"the image case instead: N JPEGs, batches of {IMAGE_BATCH}; saves "
                         f"results/{SECTION}-images.json")
@@ -510,7 +519,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "(its numbers mean little)")
     parser.add_argument("--device", default="cpu", help="where the step's tensors live: cpu (default) or cuda; "
                         f"cuda saves the results {SECTION + '-cuda'!r}")
-    add_write_options(parser, SECTION)  # the results are named by the case and device: contention-images-cuda
+    add_write_options(parser, SECTION)  # named by the case and device: contention-images-cuda
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--cache-dir", type=Path, default=None, help="where corpora are made (default: a temp folder)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -526,8 +535,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.child:
         paths = read_lines(args.file_list)
-        measured_here = child(args.child, steps, paths, args.transform, args.device, args.file_list,
-                              args.image_corpus)
+        measured_here = child(args.child, steps, paths, args.transform, args.device,
+                              args.file_list, args.image_corpus)
         args.child_out.write_text(json.dumps(measured_here), encoding="utf-8", newline="\n")
         return 0
     files = args.files if args.files is not None else 32 if args.quick else 300
@@ -539,7 +548,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     images = args.images is not None
     corpora = [IMAGE_CORPUS] if images else _csv(args.corpora, CORPORA, "--corpora", parser)
     default = IMAGE_APPROACHES if images else APPROACHES
-    approaches = _csv(args.approaches or ",".join(default), APPROACHES + OPTIONAL, "--approaches", parser)
+    approaches = _csv(args.approaches or ",".join(default), APPROACHES + OPTIONAL, "--approaches",
+                      parser)
     if images and (args.images < IMAGE_BATCH or "step-beside" in approaches):
         parser.error(f"--images must be >= {IMAGE_BATCH}, and step-beside decodes audio only")
     if args.device not in ("cpu", "cuda"):
@@ -572,21 +582,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             chosen = [a for a in approaches if not transform or a in TRANSFORM_APPROACHES]
             print(f"{name}: {len(paths)} files, {', '.join(chosen)}; steps {', '.join(corpus_steps)}", file=sys.stderr)
             corpora_measured.append(run_corpus(name, paths, chosen, corpus_steps, runs, transform=transform,
-                                               workdir=Path(tmp), device=args.device, images=images))
+                                               workdir=Path(tmp), device=args.device,
+                                               images=images))
     load_after = load_average()
-    print(f"took {time.perf_counter() - started:.0f} s; load average before {load_before}, after {load_after}",
-          file=sys.stderr)
+    print(f"took {time.perf_counter() - started:.0f} s; load average before {load_before}, "
+          f"after {load_after}", file=sys.stderr)
     if args.json:
         Path(args.json).write_text(json.dumps(corpora_measured, indent=2), encoding="utf-8", newline="\n")
     if not corpora_measured:
         print("Contention: no corpus was measured.")
         return 0
-    name = SECTION + ("-images" if images else "") + ("" if args.device == "cpu" else f"-{args.device}")
+    device = "" if args.device == "cpu" else f"-{args.device}"
+    name = SECTION + ("-images" if images else "") + device
     measured = results(name, rows_of(corpora_measured), command=command_line("bench_contention.py", argv),
                        machine=machine_of_children(),
                        settings={"runs": runs, "device": args.device, "steps": {s: STEPS[s] for s in steps},
-                                 "batch_size": IMAGE_BATCH if images else BATCH_SIZE, "buffer_size": BUFFER_SIZE,
-                                 "load_before": load_before, "load_after": load_after})
+                                 "batch_size": IMAGE_BATCH if images else BATCH_SIZE,
+                                 "buffer_size": BUFFER_SIZE, "load_before": load_before,
+                                 "load_after": load_after})
     print(render.preview(measured))
     checked = goals(corpora_measured)
     if checked:

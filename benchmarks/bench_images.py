@@ -317,7 +317,8 @@ def spdl_batches(root: str) -> Iterator[dict[str, Any]]:
             width, height = im.size
         top, left, h, w = PillowFolder.box(height, width)
         flip = ",hflip" if torch.rand(1).item() < 0.5 else ""
-        desc = f"crop=w={w}:h={h}:x={left}:y={top},scale=w={SIZE}:h={SIZE}{flip},format=pix_fmts=rgb24"
+        desc = (f"crop=w={w}:h={h}:x={left}:y={top},scale=w={SIZE}:h={SIZE}{flip},"
+                "format=pix_fmts=rgb24")
         pixels = np.asarray(spdl.io.to_numpy(spdl.io.load_image(path, filter_desc=desc)))
         return pixels.reshape(SIZE, SIZE, 3).transpose(2, 0, 1)
 
@@ -348,7 +349,8 @@ def loader_of(approach: str, root: str) -> tuple[Any, Any]:
                                       shuffle=True, seed=0)
             return isolated, isolated
         dataset = BufferedDataset(root, decoder, labels="parent", shuffle=True, seed=0)
-        return DataLoader(dataset, batch_size=BATCH, collate_fn=image_collate, pin_memory=a.pin), dataset
+        loader = DataLoader(dataset, batch_size=BATCH, collate_fn=image_collate, pin_memory=a.pin)
+        return loader, dataset
     if a.family == "spdl":
         return spdl_batches(root), None
     if a.family == "torchvision":
@@ -432,10 +434,12 @@ def rows_of(runs: dict[str, list[dict[str, float]]], skipped: dict[str, str],
     rows: list[dict[str, Any]] = []
     for approach in approaches:
         if approach in skipped:
-            rows.append({"approach": approach, "label": label(approach), "skipped": skipped[approach]})
+            rows.append({"approach": approach, "label": label(approach),
+                         "skipped": skipped[approach]})
             continue
         measured = runs[approach]
-        row: dict[str, Any] = {"approach": approach, "label": label(approach), "runs": len(measured)}
+        row: dict[str, Any] = {"approach": approach, "label": label(approach),
+                               "runs": len(measured)}
         for key in ("images_per_s", "first_batch_s", "peak_mib"):
             row[key] = statistics.median(r[key] for r in measured)
             row[f"{key}_runs"] = [r[key] for r in measured]
@@ -462,7 +466,8 @@ def goals(rows: Sequence[dict[str, Any]]) -> list[list[object]]:
         ("first_vs_spawn", f"first batch / {SPAWN}'s", "<= 0.05x", lambda v: v <= 0.05),
     ):
         if key in ours:
-            checked.append([goal, f"{ours[key]:.3f}x", target, "yes" if met(ours[key]) else "**no**"])
+            verdict = "yes" if met(ours[key]) else "**no**"
+            checked.append([goal, f"{ours[key]:.3f}x", target, verdict])
     return checked
 
 
@@ -530,7 +535,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             runs[approach].append(run_once(approach, root))
             last = runs[approach][-1]
             print(f"  {approach}: {last['images_per_s']:.0f} images/s, first batch "
-                  f"{last['first_batch_s']:.2f} s, peak {last['peak_mib']:.0f} MiB", file=sys.stderr)
+                  f"{last['first_batch_s']:.2f} s, peak {last['peak_mib']:.0f} MiB",
+                  file=sys.stderr)
     load_after = harness.load_average()
     rows = rows_of(runs, skipped, approaches)
     measured = harness.results(

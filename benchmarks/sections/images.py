@@ -1,5 +1,5 @@
-"""Images: training crops through audiobuffer against a Pillow ``Dataset`` fed by ``DataLoader``, and
-a Python-bound step fed with images (results ``images``: ``benchmarks/bench_images.py``;
+"""Images: training crops through audiobuffer against a Pillow ``Dataset`` fed by ``DataLoader``,
+and a Python-bound step fed with images (results ``images``: ``benchmarks/bench_images.py``;
 ``contention-images``: ``benchmarks/bench_contention.py --images``)."""
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ def _ran(results: Results) -> list[dict[str, Any]]:
 
 
 def images_table(results: Results) -> str:
-    body = [[r["label"], num(r["images_per_s"], 0), ratio(r.get("vs_fork")), num(r["first_batch_s"], 2),
-             num(r["peak_mib"], 0), ratio(r.get("memory_vs_fork"))] for r in _ran(results)]
+    body = [[r["label"], num(r["images_per_s"], 0), ratio(r.get("vs_fork")),
+             num(r["first_batch_s"], 2), num(r["peak_mib"], 0), ratio(r.get("memory_vs_fork"))]
+            for r in _ran(results)]
     return table(["approach", "images/s", "x Pillow 2 fork", "first batch s", "peak MiB (tree)",
                   "memory x fork"], body)
 
@@ -51,9 +52,9 @@ def _steps(results: Results) -> str:
     versus = (f" (IsolatedLoader {ratio(iso[name]['steps_per_s'] / fork[name]['steps_per_s'])} "
               "DataLoader's)" if iso and fork else "")
     settings = results["contention-images"]["settings"]
-    return (f"Steps/s of the contention section's {name} step ({step[name]} rounds) fed {shown[0]['files']} "
-            f"of these JPEGs: {rates}{versus}; load {settings['load_before']} before, "
-            f"{settings['load_after']} after.")
+    return (f"Steps/s of the contention section's {name} step ({step[name]} rounds) fed "
+            f"{shown[0]['files']} of these JPEGs: {rates}{versus}; load {settings['load_before']} "
+            f"before, {settings['load_after']} after.")
 
 
 def images_reading(results: Results) -> str:
@@ -61,8 +62,8 @@ def images_reading(results: Results) -> str:
     ours = rows.get("audiobuffer")
     text = ""
     if ours is not None and "vs_fork" in ours:
-        text = (f"`BufferedDataset`: {ratio(ours['vs_fork'])} the images/s of Pillow with 2 fork workers, "
-                f"{ratio(ours['memory_vs_fork'])} its peak memory")
+        text = (f"`BufferedDataset`: {ratio(ours['vs_fork'])} the images/s of Pillow with 2 fork "
+                f"workers, {ratio(ours['memory_vs_fork'])} its peak memory")
         if "first_vs_spawn" in ours:
             text += f", its first batch in {ratio(ours['first_vs_spawn'])} the time spawn's took"
         settings = results["images"]["settings"]
@@ -75,8 +76,8 @@ def images_plot(results: Results) -> Any:
     steps = rows_of(results, "contention-images")
     fig, axes = figure(1, 3 if steps else 2, width=12 if steps else 10, height=3.4)
     labels = [r["label"].replace("`", "") for r in rows]
-    barh(axes[0][0], labels, [r["images_per_s"] for r in rows], title="images/s (median)", xlabel="images/s",
-         reference=None)
+    barh(axes[0][0], labels, [r["images_per_s"] for r in rows], title="images/s (median)",
+         xlabel="images/s", reference=None)
     barh(axes[0][1], labels, [r["peak_mib"] for r in rows], title="peak memory of the process tree",
          xlabel="MiB", reference=None)
     axes[0][1].set_yticklabels([])
@@ -91,9 +92,10 @@ def images_plot(results: Results) -> Any:
 IMAGES = Section(
     name="images", title="Images: training crops against a Pillow Dataset and DataLoader",
     sources={"images": None, "contention-images": None},
-    about="2000 JPEGs of 300-600 px cut from the photographs scikit-learn and matplotlib ship, 10 class folders; "
-          "an epoch of `RandomResizedCrop(224)` crops and flips, batches of 64, a fresh process per run. Pillow "
-          "`Dataset`: the pipeline as users write it without torchvision (Pillow, torchvision's crop rule).",
+    about="2000 JPEGs of 300-600 px cut from the photographs scikit-learn and matplotlib "
+          "ship, 10 class folders; an epoch of `RandomResizedCrop(224)` crops and flips, "
+          "batches of 64, a fresh process per run. Pillow `Dataset`: the pipeline as users "
+          "write it without torchvision (Pillow, torchvision's crop rule).",
     table=images_table, reading=images_reading, plot=images_plot,
     alt="images/s and peak memory per approach, and steps/s of a Python-bound step fed with images")
 

@@ -267,12 +267,13 @@ def test_contention_goals_are_checked_against_their_targets(contention):
     assert len(checked) == 10
 
 
-def test_contention_image_case_feeds_the_step_and_checks_steps_per_second(contention, load_benchmark, tmp_path):
-    """The image case: a loader's epoch of 64-image batches in this process, and the goal on steps/s."""
+def test_contention_image_case_feeds_the_step_and_checks_steps_per_s(contention, load_benchmark,
+                                                                     tmp_path):
+    """The image case: a loader's epoch of 64-image batches in this process, the goal on steps/s."""
     pytest.importorskip("PIL.Image")
     images = load_benchmark("bench_images")
     if not images.shipped_photos():
-        pytest.skip("neither scikit-learn nor matplotlib (whose photographs it uses) is installed")
+        pytest.skip("no shipped photographs: scikit-learn and matplotlib are not installed")
     paths = sorted(str(p) for p in images.make_corpus(tmp_path, 70).rglob("*.jpg"))
     epoch = contention._epoch("buffered-2", "light", paths, None, "cpu", images=True)
     assert epoch["batches"] == 2 and epoch["files"] == 70 and epoch["steps_per_s"] > 0
@@ -716,13 +717,13 @@ def test_train_threads_bench_runs_each_setting_beside_busy_processes_and_stops_t
 # -- benchmarks/bench_images.py ---------------------------------------------------------------
 
 def test_images_bench_runs_and_saves(tmp_path, load_benchmark):
-    """A tiny corpus from the shipped photographs, an epoch of two approaches, the saved rows and the
-    section rendered into a page of its own (the real page left alone)."""
+    """A tiny corpus from the shipped photographs, an epoch of two approaches, the saved rows and
+    the section rendered into a page of its own (the real page left alone)."""
     pytest.importorskip("PIL.Image")
     pytest.importorskip("matplotlib")
     images = load_benchmark("bench_images")
     if not images.shipped_photos():
-        pytest.skip("neither scikit-learn nor matplotlib (whose photographs it uses) is installed")
+        pytest.skip("no shipped photographs: scikit-learn and matplotlib are not installed")
     page = (REPO / "BENCHMARKS.md").read_bytes()
     result = run_script("bench_images.py", "--images", "10", "--runs", "1",
                         "--corpus", str(tmp_path / "c"), "--approaches", "audiobuffer,pillow-w0",
@@ -748,14 +749,16 @@ def test_images_bench_runs_and_saves(tmp_path, load_benchmark):
 def test_images_rows_ratios_and_the_approaches_that_did_not_run(load_benchmark, render):
     images = load_benchmark("bench_images")
     assert images.parse("pillow-w2-fork-pin") == images.Approach("pillow", 2, "fork", True, True)
-    assert images.parse("audiobuffer-nodraft") == images.Approach("audiobuffer", 0, None, False, False)
+    assert images.parse("audiobuffer-nodraft") == images.Approach("audiobuffer", 0, None, False,
+                                                                  False)
 
     def run(rate, first, peak):
         return {"images_per_s": rate, "first_batch_s": first, "peak_mib": peak}
 
-    runs = {"audiobuffer": [run(300, 0.2, 250), run(200, 0.3, 260)], "pillow-w2-fork": [run(100, 1, 500)],
-            "pillow-w2-spawn": [run(80, 5, 700)]}
-    skipped = {"torchvision-w0": "torchvision did not load", "torchvision-w2-fork": "torchvision did not load",
+    runs = {"audiobuffer": [run(300, 0.2, 250), run(200, 0.3, 260)],
+            "pillow-w2-fork": [run(100, 1, 500)], "pillow-w2-spawn": [run(80, 5, 700)]}
+    skipped = {"torchvision-w0": "torchvision did not load",
+               "torchvision-w2-fork": "torchvision did not load",
                "spdl": "its image decoder did not load", "audiobuffer-pin": "no GPU"}
     rows = images.rows_of(runs, skipped, [*runs, *skipped])
     ours = rows[0]
@@ -767,11 +770,13 @@ def test_images_rows_ratios_and_the_approaches_that_did_not_run(load_benchmark, 
     results = {"images": small_results("images", rows, runs=2, load_before="1", load_after="2")}
     section = render.sections.IMAGES
     table = markdown_tables(section.table(results))[0]
-    assert [row[0] for row in table[1:]] == ["`BufferedDataset`", "Pillow `Dataset`, 2 workers, fork",
-                                              "Pillow `Dataset`, 2 workers, spawn"]
+    assert [row[0] for row in table[1:]] == [
+        "`BufferedDataset`", "Pillow `Dataset`, 2 workers, fork",
+        "Pillow `Dataset`, 2 workers, spawn"]
     assert table[1][1:] == ["250", "2.50x", "0.25", "255", "0.51x"]
-    assert ("Not run here: torchvision's `ImageFolder` + `transforms.v2` (torchvision did not load); SPDL's "
-            "image pipeline (its image decoder did not load); `pin_memory=True` (no GPU).") in section.reading(results)
+    assert ("Not run here: torchvision's `ImageFolder` + `transforms.v2` (torchvision did not "
+            "load); SPDL's image pipeline (its image decoder did not load); `pin_memory=True` "
+            "(no GPU).") in section.reading(results)
 
 
 def test_images_bench_draft_table(tmp_path, load_benchmark):
