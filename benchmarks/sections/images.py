@@ -12,8 +12,15 @@ from .plots import barh, figure, finish
 #: How the sentence names the approaches that did not run, by group (a family, or ``pin``).
 SKIPPED = {"torchvision": "torchvision's `ImageFolder` + `transforms.v2`",
            "spdl": "SPDL's image pipeline", "pin": "`pin_memory=True`"}
-#: The contention approaches the steps/s sentence names, in its order.
-STEPPERS = ("isolated-2", "buffered-2", "dataloader-2")
+#: The contention approaches the steps/s sentence and plot name, in their order, and their names.
+STEPPERS = {"isolated-2": "`IsolatedLoader` (2 producers)",
+            "isolated-auto": "`IsolatedLoader` (auto)",
+            "buffered-2": "`BufferedDataset` (2 producers)",
+            "buffered-auto": "`BufferedDataset` (auto)",
+            "dataloader-2": "`DataLoader(num_workers=2)`, fork",
+            "dataloader-2-spawn": "`DataLoader(num_workers=2)`, spawn"}
+#: The approaches the sentence names.
+IN_SENTENCE = ("isolated-2", "buffered-2", "dataloader-2")
 
 
 def _ran(results: Results) -> list[dict[str, Any]]:
@@ -44,17 +51,18 @@ def _steps(results: Results) -> str:
     rows = {r["approach"]: r for r in rows_of(results, "contention-images")}
     step = results["contention-images"]["settings"]["steps"]
     name = "heavy" if "heavy" in step else next(iter(step))
-    shown = [rows[a] for a in STEPPERS if a in rows]
+    shown = [a for a in IN_SENTENCE if a in rows]
     if not shown:
         return ""
-    rates = listing([f"{r['label']} {num(r[name]['steps_per_s'], 2)}" for r in shown])
+    rates = listing([f"{STEPPERS[a]} {num(rows[a][name]['steps_per_s'], 2)}" for a in shown])
     iso, fork = rows.get("isolated-2"), rows.get("dataloader-2")
     versus = (f" (IsolatedLoader {ratio(iso[name]['steps_per_s'] / fork[name]['steps_per_s'])} "
               "DataLoader's)" if iso and fork else "")
     settings = results["contention-images"]["settings"]
-    return (f"Steps/s of the contention section's {name} step ({step[name]} rounds) fed "
-            f"{shown[0]['files']} of these JPEGs: {rates}{versus}; load {settings['load_before']} "
-            f"before, {settings['load_after']} after.")
+    files = rows[shown[0]]["files"]
+    return (f"Steps/s of the contention section's {name} step ({step[name]} rounds) fed {files} of "
+            f"these JPEGs: {rates}{versus}; load {settings['load_before']} before, "
+            f"{settings['load_after']} after.")
 
 
 def images_reading(results: Results) -> str:
@@ -74,7 +82,7 @@ def images_reading(results: Results) -> str:
 def images_plot(results: Results) -> Any:
     rows = _ran(results)
     steps = rows_of(results, "contention-images")
-    fig, axes = figure(1, 3 if steps else 2, width=12 if steps else 10, height=3.4)
+    fig, axes = figure(1, 3 if steps else 2, width=13 if steps else 10, height=3.4)
     labels = [r["label"].replace("`", "") for r in rows]
     barh(axes[0][0], labels, [r["images_per_s"] for r in rows], title="images/s (median)",
          xlabel="images/s", reference=None)
@@ -83,8 +91,10 @@ def images_plot(results: Results) -> Any:
     axes[0][1].set_yticklabels([])
     if steps:
         name = "heavy" if "heavy" in steps[0] else "light"
-        shown = [r for r in steps if r["approach"] != "step-alone"]
-        barh(axes[0][2], [r["label"] for r in shown], [r[name]["steps_per_s"] for r in shown],
+        shown = [r for r in steps if r["approach"] in STEPPERS]
+        labels = [STEPPERS[r["approach"]].replace("`", "").replace("(num_workers=2)", "(2)")
+                  for r in shown]
+        barh(axes[0][2], labels, [r[name]["steps_per_s"] for r in shown],
              title=f"steps/s, {name} Python-bound step", xlabel="steps/s", reference=None)
     return finish(fig)
 
