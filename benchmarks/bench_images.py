@@ -30,9 +30,10 @@ An approach that cannot run here is not measured, and its row says why: torchvis
 not load (PyPI's wheels link torch's CUDA build, so they fail beside the CPU build), SPDL where its
 image decoder does not load (it needs FFmpeg's shared libraries), ``pin_memory`` without a GPU.
 
-Each figure is the median of ``--runs`` (3) runs, the approaches taking turns: images/s over the
-epoch, the first batch (from the loader's construction), and the peak resident memory of the
-process tree (the process and its workers, summed). The load average is recorded before and after.
+Each figure is the median of ``--runs`` (3) runs, the approaches taking turns (each round starting
+one approach further on): images/s over the epoch, the first batch (from the loader's
+construction), and the peak resident memory of the process tree (the process and its workers,
+summed). The load average is recorded before and after.
 
     python benchmarks/bench_images.py --write   # save results/images.json, render BENCHMARKS.md
     python benchmarks/bench_images.py --images 500 --runs 1 --approaches audiobuffer,pillow-w2-fork
@@ -530,8 +531,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     running = [a for a in approaches if a not in skipped]
     load_before = harness.load_average()
     runs: dict[str, list[dict[str, float]]] = {a: [] for a in running}
-    for _ in range(args.runs):  # the approaches take turns, so a busy spell slows them alike
-        for approach in running:
+    for run in range(args.runs):  # the approaches take turns, so a busy spell slows them alike,
+        # each round starting one further on, so that no approach always follows the same one
+        # (the processes of a spawn start can still be ending as the next approach begins)
+        for approach in running[run % len(running):] + running[:run % len(running)]:
             runs[approach].append(run_once(approach, root))
             last = runs[approach][-1]
             print(f"  {approach}: {last['images_per_s']:.0f} images/s, first batch "
