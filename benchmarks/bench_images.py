@@ -376,7 +376,9 @@ def child(approach: str, root: str, out: str) -> None:
     import PIL.Image  # noqa: F401
     import torch.utils.data  # noqa: F401
 
-    import audiobuffer.collate  # noqa: F401
+    # the package's facade imports a name's modules on its first use: used here, before the clock
+    from audiobuffer import BufferedDataset, ImageDecoder, IsolatedLoader  # noqa: F401
+    from audiobuffer.collate import image_collate  # noqa: F401
 
     if parse(approach).family == "torchvision":
         import torchvision.transforms.v2  # noqa: F401
