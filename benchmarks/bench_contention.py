@@ -3,6 +3,7 @@
     python benchmarks/bench_contention.py --write    # the full run: saves results/contention.json, renders its section
     python benchmarks/bench_contention.py --quick    # a smoke run (32 files, 1 run, light step): prints the section
     python benchmarks/bench_contention.py --device cuda --write   # the step on a GPU: results/contention-cuda.json
+    python benchmarks/bench_contention.py --images 640 --write   # the image case
 
 The step stands for a GPU training step, which is Python launching many small kernels: ``rounds``
 times ``relu(h @ W) + 0.1`` on an (8, 64) tensor, then ``.item()``, with one intra-op thread. The
@@ -26,6 +27,12 @@ Each corpus is fed, in batches of 16, by:
 - ``isolated-2``, ``isolated-auto``: ``IsolatedLoader(num_producers=2)`` and with its default count:
   the producers in one helper process;
 - ``dataloader-2``, ``dataloader-2-spawn``: ``DataLoader(num_workers=2)``, fork and spawn.
+
+With ``--images N``, the corpus is instead ``N`` JPEGs of 300-600 px (``bench_images.py``'s,
+made from photographs packages ship) decoded to random resized crops of 224 with flips, in batches
+of 64: ``ImageDecoder`` and ``image_collate`` for audiobuffer, ``bench_images.PillowFolder`` (the
+Pillow ``Dataset`` as users write it) for ``DataLoader``; the results are ``contention-images``,
+and the steps per second of each loader (batches over the epoch's seconds) are compared.
 
 Corpora: FSDD (all its recordings, where ``../shared/data/fsdd/recordings`` exists), generated WAV
 and FLAC files of 1-4 s at 16 kHz, and the FLAC files with a per-sample librosa log-mel transform
@@ -61,13 +68,16 @@ import render
 from harness import (
     FSDD,
     REPO,
+    add_write_options,
     command_line,
     fsdd_files,
+    load_average,
     machine_info,
     read_lines,
     results,
     table,
     write_lines,
+    write_results,
 )
 
 from audiobuffer.cli.bench import BATCH_SIZE, BUFFER_SIZE, make_corpus, run_with_peak_rss
@@ -96,6 +106,10 @@ LABELS = {
     "dataloader-2": "DataLoader(num_workers=2), fork",
     "dataloader-2-spawn": "DataLoader(num_workers=2), spawn",
 }
+#: The approaches of the image case (``--images``), and its corpus's name and batch size.
+IMAGE_APPROACHES = ["step-alone", "buffered-2", "buffered-auto", "isolated-2", "isolated-auto",
+                    "dataloader-2"]
+IMAGE_CORPUS, IMAGE_BATCH = "jpeg", 64
 #: Rounds of ``relu(h @ W) + 0.1`` per step.
 STEPS = {"light": 50, "heavy": 500}
 CORPORA = ["fsdd", "wav", "flac", "flac+mel"]
@@ -150,15 +164,25 @@ def _transform(name: str | None) -> Callable[[dict[str, Any]], dict[str, Any]] |
     return mel_transform
 
 
-def _batches(paths: Sequence[str], decoder: Any, transform: Any) -> Iterator[dict[str, Any]]:
-    """The sequential loop: decode and collate in this thread."""
-    from audiobuffer import pad_collate
+def _media(images: bool) -> tuple[Any, Callable[[Any], dict[str, Any]], int]:
+    """The decoder, the collate function and the batch size of the audio corpora or the images."""
+    from audiobuffer import AudioDecoder, ImageDecoder, pad_collate
+    from audiobuffer.collate import image_collate
 
-    for i in range(0, len(paths), BATCH_SIZE):
-        samples = [decoder(p) for p in paths[i:i + BATCH_SIZE]]
+    if images:
+        return ImageDecoder(224, crop="random_resized", flip=True), image_collate, IMAGE_BATCH
+    return AudioDecoder(), pad_collate, BATCH_SIZE
+
+
+def _batches(paths: Sequence[str], transform: Any, images: bool = False
+             ) -> Iterator[dict[str, Any]]:
+    """The sequential loop: decode and collate in this thread."""
+    decoder, collate, size = _media(images)
+    for i in range(0, len(paths), size):
+        samples = [decoder(p) for p in paths[i:i + size]]
         if transform is not None:
             samples = [transform(s) for s in samples]
-        yield pad_collate(samples)
+        yield collate(samples)
 
 
 def _fresh_copy(batch: dict[str, Any]) -> dict[str, Any]:
@@ -180,32 +204,40 @@ def _nothing_to_close() -> None:
     """The close of the step-alone and step-copy approaches: they hold no threads."""
 
 
-def _loader(approach: str, paths: list[str], transform: Any) -> tuple[Iterator[dict[str, Any]], Callable[[], None]]:
+def _loader(approach: str, paths: list[str], transform: Any, images: bool = False
+            ) -> tuple[Iterator[dict[str, Any]], Callable[[], None]]:
     """The batches of one epoch, and what to call after it."""
     from torch.utils.data import DataLoader
 
-    from audiobuffer import AudioDecoder, BufferedDataset, IsolatedLoader, pad_collate
+    from audiobuffer import BufferedDataset, IsolatedLoader
     from audiobuffer.cli.bench import PathDataset
 
-    decoder = AudioDecoder()
+    decoder, collate, size = _media(images)
     if approach == "loop":
-        return _batches(paths, decoder, transform), lambda: None
+        return _batches(paths, transform, images), lambda: None
     count = approach.rsplit("-", 1)[1]
     producers: Any = count if count == "auto" else int(count) if count.isdigit() else None
     if approach.startswith("buffered-"):
         ds = BufferedDataset(paths, decoder, num_producers=producers, buffer_size=BUFFER_SIZE, transform=transform)
-        return iter(DataLoader(ds, batch_size=BATCH_SIZE, collate_fn=pad_collate)), ds.close
+        return iter(DataLoader(ds, batch_size=size, collate_fn=collate)), ds.close
     if approach.startswith("isolated-"):
-        loader = IsolatedLoader(paths, decoder, batch_size=BATCH_SIZE, num_producers=producers,
-                                buffer_size=BUFFER_SIZE, transform=transform, pin_memory=False)
+        loader = IsolatedLoader(paths, decoder, batch_size=size, num_producers=producers,
+                                buffer_size=BUFFER_SIZE, transform=transform, pin_memory=False,
+                                key="image" if images else "audio")
         return iter(loader), loader.close
     if approach.startswith("dataloader-2"):
         if transform is not None:
             raise ValueError(f"{approach} takes no transform; transform approaches: {TRANSFORM_APPROACHES}")
-        extra = {"multiprocessing_context": "spawn"} if approach.endswith("-spawn") else {}
+        spawn = approach.endswith("-spawn")
+        extra: dict[str, Any] = {"multiprocessing_context": "spawn"} if spawn else {}
+        if images:  # the Pillow Dataset as users write it, and the default collate
+            from bench_images import PillowFolder
+
+            dataset: Any = PillowFolder(paths)
+        else:
+            dataset, extra["collate_fn"] = PathDataset(paths), collate
         # Exhausting the iterator joins the workers, so nothing is left to close.
-        return iter(DataLoader(PathDataset(paths), batch_size=BATCH_SIZE, num_workers=2, collate_fn=pad_collate,
-                               **extra)), lambda: None
+        return iter(DataLoader(dataset, batch_size=size, num_workers=2, **extra)), lambda: None
     raise ValueError(f"unknown approach {approach!r}; known: {APPROACHES}")
 
 
@@ -252,20 +284,21 @@ def _stop_neighbour(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _epoch(approach: str, step_name: str, paths: list[str], transform: Any, device: str,
-           file_list: Path | None = None, transform_name: str | None = None) -> dict[str, Any]:
+           file_list: Path | None = None, transform_name: str | None = None, images: bool = False
+           ) -> dict[str, Any]:
     """One epoch of ``step_name`` steps on ``device`` fed by ``approach``, measured in this process
-    (``file_list`` and ``transform_name``: what the ``step-beside`` neighbour decodes)."""
-    from audiobuffer import AudioDecoder
-
+    (``file_list`` and ``transform_name``: what the ``step-beside`` neighbour decodes; ``images``:
+    the corpus is images)."""
     step = make_step(STEPS[step_name], device)
     for _ in range(WARMUP_STEPS):
         step(None)
-    n_batches = -(-len(paths) // BATCH_SIZE)
+    size = _media(images)[2]
+    n_batches = -(-len(paths) // size)
     ready = decoded = None
     if approach in ("step-alone", "step-beside"):  # decoded before the clock: the data is already there
-        ready = next(_batches(paths[:BATCH_SIZE], AudioDecoder(), transform))
+        ready = next(_batches(paths[:size], transform, images))
     elif approach == "step-copy":
-        decoded = list(_batches(paths, AudioDecoder(), transform))
+        decoded = list(_batches(paths, transform, images))
     busy = None
     if approach == "step-beside":
         if file_list is None:
@@ -280,7 +313,7 @@ def _epoch(approach: str, step_name: str, paths: list[str], transform: Any, devi
     elif decoded is not None:
         batches = (_fresh_copy(batch) for batch in decoded)
     else:
-        batches, close = _loader(approach, paths, transform)
+        batches, close = _loader(approach, paths, transform, images)
     first = None
     step_s: list[float] = []
     files = 0
@@ -291,19 +324,20 @@ def _epoch(approach: str, step_name: str, paths: list[str], transform: Any, devi
             t0 = time.perf_counter()
             step(batch)
             step_s.append(time.perf_counter() - t0)
-            files += len(batch["lengths"])
+            files += len(batch["image"] if "image" in batch else batch["lengths"])
         total = time.perf_counter() - start
     finally:
         close()
         if busy is not None:
             _stop_neighbour(busy)
     return {"step_s": statistics.median(step_s), "epoch_s": total,
+            "steps_per_s": len(step_s) / total,
             "first_batch_s": None if ready is not None or decoded is not None else first, "batches": len(step_s),
             "files": files}
 
 
 def child(approach: str, steps: Sequence[str], paths: list[str], transform_name: str | None,
-          device: str, file_list: Path | None = None) -> dict[str, Any]:
+          device: str, file_list: Path | None = None, images: bool = False) -> dict[str, Any]:
     """The body of the subprocess: one epoch per step, each with a fresh loader."""
     import torch  # everything is imported before any clock starts, as in a training script
     import torch.utils.data
@@ -313,19 +347,23 @@ def child(approach: str, steps: Sequence[str], paths: list[str], transform_name:
 
     torch.set_num_threads(1)
     transform = _transform(transform_name)
-    return {name: _epoch(approach, name, paths, transform, device, file_list, transform_name) for name in steps}
+    return {name: _epoch(approach, name, paths, transform, device, file_list, transform_name,
+                         images) for name in steps}
 
 
 # -- the parent --------------------------------------------------------------------------------
 
 
 def measure(approach: str, steps: Sequence[str], file_list: Path, transform: str | None, out: Path,
-            device: str = "cpu", timeout: float = CHILD_TIMEOUT) -> dict[str, Any]:
+            device: str = "cpu", timeout: float = CHILD_TIMEOUT, images: bool = False
+            ) -> dict[str, Any]:
     """Run one fresh subprocess; its per-step results plus ``peak_rss_mb`` of its whole tree."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", approach, "--steps", ",".join(steps),
            "--file-list", str(file_list), "--child-out", str(out), "--device", device]
     if transform:
         cmd += ["--transform", transform]
+    if images:
+        cmd += ["--image-corpus"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     status, err, peak = run_with_peak_rss(cmd, timeout=timeout, env=env)
@@ -342,7 +380,8 @@ def _median(values: Sequence[float | None]) -> float | None:
 
 
 def run_corpus(name: str, paths: list[str], approaches: Sequence[str], steps: Sequence[str], runs: int, *,
-               transform: str | None, workdir: Path, device: str = "cpu", progress: bool = True) -> dict[str, Any]:
+               transform: str | None, workdir: Path, device: str = "cpu", progress: bool = True,
+               images: bool = False) -> dict[str, Any]:
     """Measure every approach ``runs`` times on one corpus (runs interleaved); the medians per step."""
     file_list = workdir / f"{name.replace('+', '-')}.txt"
     write_lines(file_list, paths)
@@ -350,14 +389,16 @@ def run_corpus(name: str, paths: list[str], approaches: Sequence[str], steps: Se
     for run in range(runs):  # interleaved, so a slow spell of the machine touches every approach alike
         for approach in approaches:
             out = workdir / f"{file_list.stem}.{approach}.{run}.json"
-            measured[approach].append(measure(approach, steps, file_list, transform, out, device))
+            measured[approach].append(measure(approach, steps, file_list, transform, out, device,
+                                              images=images))
     rows: dict[str, dict[str, Any]] = {}
     for approach, runs_of in measured.items():
         row: dict[str, Any] = {"approach": approach, "runs": len(runs_of),
                                "peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in runs_of)}
         for step in steps:
             row[step] = {key: _median([r[step][key] for r in runs_of])
-                         for key in ("step_s", "epoch_s", "first_batch_s", "batches", "files")}
+                         for key in ("step_s", "epoch_s", "steps_per_s", "first_batch_s", "batches",
+                                     "files")}
         rows[approach] = row
     alone = rows.get("step-alone")
     for row in rows.values():
@@ -366,7 +407,8 @@ def run_corpus(name: str, paths: list[str], approaches: Sequence[str], steps: Se
     if progress:
         for row in rows.values():
             parts = [f"{step} {1000 * row[step]['step_s']:.2f} ms ({_x(row[step]['vs_alone'])}), "
-                     f"epoch {row[step]['epoch_s']:.2f} s" for step in steps]
+                     f"epoch {row[step]['epoch_s']:.2f} s, {row[step]['steps_per_s']:.2f} steps/s"
+                     for step in steps]
             print(f"  {name}: {row['approach']}: {'; '.join(parts)}; peak RSS {row['peak_rss_mb']:.0f} MiB",
                   file=sys.stderr)
     return {"name": name, "files": len(paths), "transform": transform, "steps": list(steps),
@@ -420,6 +462,11 @@ def goals(results: Sequence[dict[str, Any]]) -> list[list[object]]:
             add(f"first batch ({count}) / DataLoader(2) spawn", f"{name}, {first_step} step", f"{ratio:.2f}", "<= 0.20",
                 ratio <= 0.2)
         fork = rows.get("dataloader-2")
+        if fork is not None and name == IMAGE_CORPUS:
+            for step in corpus["steps"]:
+                ratio = iso[step]["steps_per_s"] / fork[step]["steps_per_s"]
+                add(f"steps/s ({count}) / DataLoader(2) fork", f"{name}, {step} step", _x(ratio),
+                    ">= 1.20x", ratio >= 1.2)
         if fork is not None:
             ratio = iso["peak_rss_mb"] / fork["peak_rss_mb"]
             add(f"peak tree RSS ({count}) / DataLoader(2) fork", name, f"{ratio:.2f}", "<= 0.60", ratio <= 0.6)
@@ -462,14 +509,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fsdd", type=Path, default=FSDD, help=f"the FSDD recordings (default {FSDD})")
     parser.add_argument("--corpora", default=",".join(CORPORA), help=f"subset of {','.join(CORPORA)}")
     parser.add_argument("--steps", default=None, help="light,heavy (default both; --quick: light)")
-    parser.add_argument("--approaches", default=",".join(APPROACHES),
-                        help=f"subset of {','.join(APPROACHES + OPTIONAL)} (default: all but {','.join(OPTIONAL)})")
+    parser.add_argument("--approaches", default=None,
+                        help=f"subset of {','.join(APPROACHES + OPTIONAL)} (default: all but "
+                        f"{','.join(OPTIONAL)}; --images: {','.join(IMAGE_APPROACHES)})")
+    parser.add_argument("--images", type=int, default=None, metavar="N",
+                        help=f"the image case instead: N JPEGs, batches of {IMAGE_BATCH}; saves "
+                        f"results/{SECTION}-images.json")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 32 files, 1 run, the light step "
                         "(its numbers mean little)")
     parser.add_argument("--device", default="cpu", help="where the step's tensors live: cpu (default) or cuda; "
                         f"cuda saves the results {SECTION + '-cuda'!r}")
-    parser.add_argument("--write", action="store_true",
-                        help=f"save results/{SECTION}.json (or {SECTION}-cuda.json) and render BENCHMARKS.md")
+    add_write_options(parser, SECTION)  # named by the case and device: contention-images-cuda
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--cache-dir", type=Path, default=None, help="where corpora are made (default: a temp folder)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -477,6 +527,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--file-list", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--transform", help=argparse.SUPPRESS)
+    parser.add_argument("--image-corpus", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     steps = _csv(args.steps or ("light" if args.quick else "light,heavy"), list(STEPS), "--steps", parser)
     if args.neighbour:
@@ -484,8 +535,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.child:
         paths = read_lines(args.file_list)
-        args.child_out.write_text(json.dumps(child(args.child, steps, paths, args.transform, args.device,
-                                                   args.file_list)), encoding="utf-8", newline="\n")
+        measured_here = child(args.child, steps, paths, args.transform, args.device,
+                              args.file_list, args.image_corpus)
+        args.child_out.write_text(json.dumps(measured_here), encoding="utf-8", newline="\n")
         return 0
     files = args.files if args.files is not None else 32 if args.quick else 300
     runs = args.runs if args.runs is not None else 1 if args.quick else 3
@@ -493,8 +545,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--runs must be >= 1 and --files >= {BATCH_SIZE}, got {runs} and {files}")
     if args.write and args.quick:
         parser.error("--write takes a full run; --quick is a smoke test whose numbers mean little")
-    corpora = _csv(args.corpora, CORPORA, "--corpora", parser)
-    approaches = _csv(args.approaches, APPROACHES + OPTIONAL, "--approaches", parser)
+    images = args.images is not None
+    corpora = [IMAGE_CORPUS] if images else _csv(args.corpora, CORPORA, "--corpora", parser)
+    default = IMAGE_APPROACHES if images else APPROACHES
+    approaches = _csv(args.approaches or ",".join(default), APPROACHES + OPTIONAL, "--approaches",
+                      parser)
+    if images and (args.images < IMAGE_BATCH or "step-beside" in approaches):
+        parser.error(f"--images must be >= {IMAGE_BATCH}, and step-beside decodes audio only")
     if args.device not in ("cpu", "cuda"):
         parser.error(f"--device must be cpu or cuda, got {args.device!r}")
     if args.device == "cuda":
@@ -503,11 +560,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not torch.cuda.is_available():
             parser.error("--device cuda: torch sees no CUDA device here")
     corpora_measured = []
-    started = time.perf_counter()
+    started, load_before = time.perf_counter(), load_average()
     with tempfile.TemporaryDirectory(prefix="audiobuffer-contention-") as tmp:
         cache = args.cache_dir or Path(tmp)
         for name in corpora:
-            if name == "fsdd":
+            if name == IMAGE_CORPUS:
+                from bench_images import make_corpus as make_images
+
+                root = make_images(cache / f"jpeg-{args.images}", args.images)
+                paths = sorted(str(p) for p in root.rglob("*.jpg"))
+            elif name == "fsdd":
                 fsdd = fsdd_files(args.fsdd)
                 if not fsdd:
                     continue
@@ -520,25 +582,30 @@ def main(argv: Sequence[str] | None = None) -> int:
             chosen = [a for a in approaches if not transform or a in TRANSFORM_APPROACHES]
             print(f"{name}: {len(paths)} files, {', '.join(chosen)}; steps {', '.join(corpus_steps)}", file=sys.stderr)
             corpora_measured.append(run_corpus(name, paths, chosen, corpus_steps, runs, transform=transform,
-                                               workdir=Path(tmp), device=args.device))
-    print(f"took {time.perf_counter() - started:.0f} s", file=sys.stderr)
+                                               workdir=Path(tmp), device=args.device,
+                                               images=images))
+    load_after = load_average()
+    print(f"took {time.perf_counter() - started:.0f} s; load average before {load_before}, "
+          f"after {load_after}", file=sys.stderr)
     if args.json:
         Path(args.json).write_text(json.dumps(corpora_measured, indent=2), encoding="utf-8", newline="\n")
     if not corpora_measured:
         print("Contention: no corpus was measured.")
         return 0
-    name = SECTION if args.device == "cpu" else f"{SECTION}-{args.device}"
+    device = "" if args.device == "cpu" else f"-{args.device}"
+    name = SECTION + ("-images" if images else "") + device
     measured = results(name, rows_of(corpora_measured), command=command_line("bench_contention.py", argv),
                        machine=machine_of_children(),
                        settings={"runs": runs, "device": args.device, "steps": {s: STEPS[s] for s in steps},
-                                 "batch_size": BATCH_SIZE, "buffer_size": BUFFER_SIZE})
+                                 "batch_size": IMAGE_BATCH if images else BATCH_SIZE,
+                                 "buffer_size": BUFFER_SIZE, "load_before": load_before,
+                                 "load_after": load_after})
     print(render.preview(measured))
     checked = goals(corpora_measured)
     if checked:
         print("\nThe IsolatedLoader's goals, checked against this run:\n")
         print(table(["goal", "where", "measured", "target", "met"], checked))
-    if args.write:
-        render.publish(measured)
+    write_results(measured, args)
     return 0
 
 

@@ -1,5 +1,5 @@
-"""Images: an epoch of training crops through audiobuffer against a Pillow ``Dataset`` and a
-``DataLoader``.
+"""Images: an epoch of training crops through audiobuffer against a Pillow ``Dataset``, torchvision
+and SPDL, each fed as its users feed it.
 
 The corpus: ``--images`` (2000) JPEGs of 300 to 600 pixels a side in 10 class folders, made from
 the photographs that scikit-learn (``china.jpg``, ``flower.jpg``) and matplotlib
@@ -12,18 +12,30 @@ clock):
 
 - ``audiobuffer``: ``BufferedDataset(root, ImageDecoder(224, crop="random_resized", flip=True),
   labels="parent")`` and ``DataLoader(batch_size=64, collate_fn=image_collate)``, threads;
-- ``audiobuffer-nodraft``: the same with ``draft=False`` (every JPEG decoded at full size);
-- ``pillow-wN-fork`` / ``-spawn``: the pipeline as users write it without torchvision (which does
-  not load where torch is the CPU build): a ``Dataset`` that opens each file with Pillow,
-  ``convert("RGB")``, draws the box by ``RandomResizedCrop``'s rule with torch's generator, crops,
-  resizes and flips with Pillow, fed by ``DataLoader(num_workers=N)``.
+  ``audiobuffer-nodraft``: the same with ``draft=False`` (every JPEG decoded at full size);
+  ``audiobuffer-pin``: with ``pin_memory=True``;
+- ``isolated``: ``IsolatedLoader`` with the same decoder, ``batch_size=64, key="image"``;
+- ``pillow-wN-fork`` / ``-spawn`` (``-pin``: ``pin_memory=True``): the pipeline as users write it
+  without torchvision: a ``Dataset`` that opens each file with Pillow, ``convert("RGB")``, draws
+  the box by ``RandomResizedCrop``'s rule with torch's generator, crops, resizes and flips with
+  Pillow, fed by ``DataLoader(num_workers=N)``;
+- ``torchvision-wN-fork`` / ``-spawn``: ``torchvision.datasets.ImageFolder`` with
+  ``transforms.v2.Compose([ToImage(), RandomResizedCrop(224), RandomHorizontalFlip()])`` fed by
+  ``DataLoader(num_workers=N)``;
+- ``spdl``: SPDL's pipeline: a source of batches of paths, a thread stage (concurrency 2) that
+  decodes each file with ``spdl.io.load_image`` and an FFmpeg filter that crops (the same rule),
+  scales and flips, then stacks the batch.
 
-Each figure is the median of ``--runs`` (3) runs, the approaches taking turns: images/s over the
-epoch, the first batch (from the loader's construction), and the peak resident memory of the
-process tree (the process and its workers, summed). The load average is printed before and after;
-``--save FILE`` writes the results as JSON.
+An approach that cannot run here is not measured, and its row says why: torchvision where it does
+not load (PyPI's wheels link torch's CUDA build, so they fail beside the CPU build), SPDL where its
+image decoder does not load (it needs FFmpeg's shared libraries), ``pin_memory`` without a GPU.
 
-    python benchmarks/bench_images.py
+Each figure is the median of ``--runs`` (3) runs, the approaches taking turns (each round starting
+one approach further on): images/s over the epoch, the first batch (from the loader's
+construction), and the peak resident memory of the process tree (the process and its workers,
+summed). The load average is recorded before and after.
+
+    python benchmarks/bench_images.py --write   # save results/images.json, render BENCHMARKS.md
     python benchmarks/bench_images.py --images 500 --runs 1 --approaches audiobuffer,pillow-w2-fork
     python benchmarks/bench_images.py --draft   # the reduced decode alone, on 1600 x 1200 photos
     python benchmarks/bench_images.py --device cuda   # JPEGs decoded on the GPU against the CPU
@@ -44,11 +56,13 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import harness
 
@@ -60,12 +74,24 @@ CLASSES = 10
 APPROACHES = (
     "audiobuffer",
     "audiobuffer-nodraft",
+    "isolated",
     "pillow-w0",
     "pillow-w2-fork",
     "pillow-w2-spawn",
+    "pillow-w4-fork",
+    "pillow-w4-spawn",
+    "torchvision-w0",
+    "torchvision-w2-fork",
+    "torchvision-w2-spawn",
+    "torchvision-w4-fork",
+    "spdl",
+    "audiobuffer-pin",
+    "pillow-w2-fork-pin",
 )
 #: The approaches of ``--device``: the producers decode, or the device does.
 DEVICE_APPROACHES = ("host-decode", "host-decode-nodraft", "device-decode")
+#: The approach the ratios are taken against, and the one whose first batch is the spawn start.
+BASE, SPAWN = "pillow-w2-fork", "pillow-w2-spawn"
 
 
 # -- the Pillow Dataset, as users write it ---------------------------------------------------------
@@ -74,13 +100,16 @@ DEVICE_APPROACHES = ("host-decode", "host-decode-nodraft", "device-decode")
 class PillowFolder:
     """A map-style ``Dataset`` over class folders: Pillow, ``RandomResizedCrop``'s rule, a flip."""
 
-    def __init__(self, root: str) -> None:
-        classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
-        self.samples = [
-            (os.path.join(root, c, f), i)
-            for i, c in enumerate(classes)
-            for f in sorted(os.listdir(os.path.join(root, c)))
-        ]
+    def __init__(self, root: str | Sequence[str]) -> None:
+        if isinstance(root, str):
+            classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
+            paths = [os.path.join(root, c, f) for c in classes
+                     for f in sorted(os.listdir(os.path.join(root, c)))]
+        else:
+            paths = list(root)
+        classes = sorted({os.path.basename(os.path.dirname(p)) for p in paths})
+        label = {name: i for i, name in enumerate(classes)}
+        self.samples = [(p, label[os.path.basename(os.path.dirname(p))]) for p in paths]
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -163,6 +192,140 @@ def draft_gain(folder: Path, runs: int) -> list[dict[str, Any]]:
     return rows
 
 
+# -- the approaches --------------------------------------------------------------------------------
+
+
+class Approach(NamedTuple):
+    """An approach's name taken apart: ``pillow-w2-fork-pin`` is Pillow, 2 workers, fork, pinned."""
+
+    family: str
+    workers: int
+    method: str | None
+    pin: bool
+    draft: bool
+
+
+def parse(approach: str) -> Approach:
+    parts = approach.split("-")
+    workers = next((int(p[1:]) for p in parts if p[:1] == "w" and p[1:].isdigit()), 0)
+    method = next((p for p in parts if p in ("fork", "spawn")), None)
+    return Approach(parts[0], workers, method, "pin" in parts, "nodraft" not in parts)
+
+
+def label(approach: str) -> str:
+    """How the page names ``approach``."""
+    a = parse(approach)
+    pin = ", `pin_memory=True`" if a.pin else ""
+    if a.family == "audiobuffer":
+        return "`BufferedDataset`" + (", `draft=False`" if not a.draft else "") + pin
+    if a.family == "isolated":
+        return "`IsolatedLoader`"
+    if a.family == "spdl":
+        return "SPDL pipeline, 2 threads"
+    name = "Pillow `Dataset`" if a.family == "pillow" else "torchvision `ImageFolder`"
+    return f"{name}, {a.workers} workers" + (f", {a.method}" if a.method else "") + pin
+
+
+def _loads(code: str) -> str | None:
+    """The last line of the error ``python -c code`` ends with; ``None`` when it runs."""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          check=False)
+    if done.returncode == 0:
+        return None
+    return (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+
+
+def why_not(approaches: Sequence[str], root: Path) -> dict[str, str]:
+    """Why each of ``approaches`` that cannot run here cannot (each family checked once)."""
+    import torch
+
+    families = {parse(a).family for a in approaches}
+    reasons: dict[str, str] = {}
+    if "torchvision" in families and _loads("import torchvision.transforms.v2") is not None:
+        reasons["torchvision"] = "torchvision did not load"
+    if "spdl" in families:
+        jpeg = next(root.rglob("*.jpg"))
+        error = _loads(f"import spdl.io; spdl.io.load_image({str(jpeg)!r})")
+        if error is not None:
+            missing = ": FFmpeg's libraries are missing" if "libav" in error else ""
+            reasons["spdl"] = f"its image decoder did not load{missing}"
+    out = {a: reasons[parse(a).family] for a in approaches if parse(a).family in reasons}
+    if not torch.cuda.is_available():
+        out.update({a: "no GPU" for a in approaches if parse(a).pin})
+    return out
+
+
+def spdl_batches(root: str) -> Iterator[dict[str, Any]]:
+    """SPDL's pipeline: a source of batches of paths, a thread stage that decodes and stacks each.
+
+    Each file is decoded by FFmpeg through ``spdl.io.load_image`` with a filter that crops the box
+    :meth:`PillowFolder.box` draws (the size read from the JPEG's header), scales it to 224 and
+    flips it half the time.
+    """
+    import numpy as np
+    import spdl.io
+    import torch
+    from PIL import Image
+    from spdl.pipeline import PipelineBuilder
+
+    samples = PillowFolder(root).samples
+    order = torch.randperm(len(samples)).tolist()
+    chunks = [[samples[i] for i in order[k:k + BATCH]] for k in range(0, len(order), BATCH)]
+
+    def decode(path: str) -> np.ndarray:
+        with Image.open(path) as im:  # the header only
+            width, height = im.size
+        top, left, h, w = PillowFolder.box(height, width)
+        flip = ",hflip" if torch.rand(1).item() < 0.5 else ""
+        desc = (f"crop=w={w}:h={h}:x={left}:y={top},scale=w={SIZE}:h={SIZE}{flip},"
+                "format=pix_fmts=rgb24")
+        pixels = np.asarray(spdl.io.to_numpy(spdl.io.load_image(path, filter_desc=desc)))
+        return pixels.reshape(SIZE, SIZE, 3).transpose(2, 0, 1)
+
+    def decode_batch(chunk: list[tuple[str, int]]) -> dict[str, Any]:
+        images = np.stack([decode(path) for path, _ in chunk])
+        return {"image": torch.from_numpy(images), "label": torch.tensor([lab for _, lab in chunk])}
+
+    builder: Any = PipelineBuilder().add_source(chunks).pipe(decode_batch, concurrency=2)
+    pipeline = builder.add_sink(2).build(num_threads=2)
+    with pipeline.auto_stop():
+        yield from pipeline.get_iterator(timeout=600)
+
+
+def loader_of(approach: str, root: str) -> tuple[Any, Any]:
+    """The batches of one epoch of ``approach`` over ``root``, and what holds threads to close."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from audiobuffer import BufferedDataset, ImageDecoder, IsolatedLoader
+    from audiobuffer.collate import image_collate
+
+    a = parse(approach)
+    torch.manual_seed(0)
+    if a.family in ("audiobuffer", "isolated"):
+        decoder = ImageDecoder(SIZE, crop="random_resized", flip=True, draft=a.draft)
+        if a.family == "isolated":
+            isolated = IsolatedLoader(root, decoder, batch_size=BATCH, key="image", labels="parent",
+                                      shuffle=True, seed=0)
+            return isolated, isolated
+        dataset = BufferedDataset(root, decoder, labels="parent", shuffle=True, seed=0)
+        loader = DataLoader(dataset, batch_size=BATCH, collate_fn=image_collate, pin_memory=a.pin)
+        return loader, dataset
+    if a.family == "spdl":
+        return spdl_batches(root), None
+    if a.family == "torchvision":
+        from torchvision.datasets import ImageFolder
+        from torchvision.transforms import v2
+
+        transform = v2.Compose([v2.ToImage(), v2.RandomResizedCrop(SIZE, antialias=True),
+                                v2.RandomHorizontalFlip()])
+        folder: Any = ImageFolder(root, transform=transform)
+    else:
+        folder = PillowFolder(root)
+    return DataLoader(folder, batch_size=BATCH, shuffle=True, num_workers=a.workers,
+                      multiprocessing_context=a.method, pin_memory=a.pin), None
+
+
 # -- one epoch, in a child process -----------------------------------------------------------------
 
 
@@ -170,39 +333,30 @@ def child(approach: str, root: str, out: str) -> None:
     """One epoch of ``approach`` over ``root``; its figures written to ``out`` as JSON."""
     import numpy  # noqa: F401 - what each approach imports, imported before the clock
     import PIL.Image  # noqa: F401
-    import torch
-    from torch.utils.data import DataLoader
+    import torch.utils.data  # noqa: F401
 
-    from audiobuffer import BufferedDataset, ImageDecoder
-    from audiobuffer.collate import image_collate
+    # the package's facade imports a name's modules on its first use: used here, before the clock
+    from audiobuffer import BufferedDataset, ImageDecoder, IsolatedLoader  # noqa: F401
+    from audiobuffer.collate import image_collate  # noqa: F401
 
+    if parse(approach).family == "torchvision":
+        import torchvision.transforms.v2  # noqa: F401
+    elif parse(approach).family == "spdl":
+        import spdl.io  # noqa: F401
+        import spdl.pipeline  # noqa: F401
     start = time.perf_counter()
-    if approach.startswith("audiobuffer"):
-        decoder = ImageDecoder(
-            SIZE, crop="random_resized", flip=True, draft=approach == "audiobuffer"
-        )
-        dataset: Any = BufferedDataset(root, decoder, labels="parent", shuffle=True, seed=0)
-        loader = DataLoader(dataset, batch_size=BATCH, collate_fn=image_collate)
-    else:
-        workers, method = approach.removeprefix("pillow-w").partition("-")[::2]
-        torch.manual_seed(0)
-        dataset = PillowFolder(root)
-        loader = DataLoader(
-            dataset,
-            batch_size=BATCH,
-            shuffle=True,
-            num_workers=int(workers),
-            multiprocessing_context=method or None,
-        )
+    batches, holder = loader_of(approach, root)
     first = None
     images = 0
-    for batch in loader:
-        if first is None:
-            first = time.perf_counter() - start
-        images += len(batch["label"])
-    total = time.perf_counter() - start
-    if hasattr(dataset, "close"):
-        dataset.close()
+    try:
+        for batch in batches:
+            if first is None:
+                first = time.perf_counter() - start
+            images += len(batch["label"] if isinstance(batch, dict) else batch[1])
+        total = time.perf_counter() - start
+    finally:
+        if holder is not None:
+            holder.close()
     Path(out).write_text(
         json.dumps({"images": images, "total_s": total, "first_batch_s": first}), encoding="utf-8",
         newline="\n",
@@ -402,8 +556,56 @@ def run_once(approach: str, root: Path, device: str | None = None,
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+# -- the results -----------------------------------------------------------------------------------
+
+
+def rows_of(runs: dict[str, list[dict[str, float]]], skipped: dict[str, str],
+            approaches: Sequence[str]) -> list[dict[str, Any]]:
+    """A row per approach: the medians and each run's figures, the ratios against ``BASE`` and
+    ``SPAWN`` (where they ran), or why it did not run."""
+    rows: list[dict[str, Any]] = []
+    for approach in approaches:
+        if approach in skipped:
+            rows.append({"approach": approach, "label": label(approach),
+                         "skipped": skipped[approach]})
+            continue
+        measured = runs[approach]
+        row: dict[str, Any] = {"approach": approach, "label": label(approach),
+                               "runs": len(measured)}
+        for key in ("images_per_s", "first_batch_s", "peak_mib"):
+            row[key] = statistics.median(r[key] for r in measured)
+            row[f"{key}_runs"] = [r[key] for r in measured]
+        rows.append(row)
+    by = {r["approach"]: r for r in rows if "skipped" not in r}
+    for row in by.values():
+        if BASE in by:
+            row["vs_fork"] = row["images_per_s"] / by[BASE]["images_per_s"]
+            row["memory_vs_fork"] = row["peak_mib"] / by[BASE]["peak_mib"]
+        if SPAWN in by:
+            row["first_vs_spawn"] = row["first_batch_s"] / by[SPAWN]["first_batch_s"]
+    return rows
+
+
+def goals(rows: Sequence[dict[str, Any]]) -> list[list[object]]:
+    """The image pipeline's goals, checked against this run's medians (where both sides ran)."""
+    ours = next((r for r in rows if r["approach"] == "audiobuffer" and "skipped" not in r), None)
+    if ours is None:
+        return []
+    checked: list[list[object]] = []
+    for key, goal, target, met in (
+        ("vs_fork", f"images/s / {BASE}", ">= 1.30x", lambda v: v >= 1.3),
+        ("memory_vs_fork", f"peak memory / {BASE}", "<= 0.60x", lambda v: v <= 0.6),
+        ("first_vs_spawn", f"first batch / {SPAWN}'s", "<= 0.05x", lambda v: v <= 0.05),
+    ):
+        if key in ours:
+            verdict = "yes" if met(ours[key]) else "**no**"
+            checked.append([goal, f"{ours[key]:.3f}x", target, verdict])
+    return checked
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument(
         "--images", type=int, default=2000, help="JPEGs in the corpus (default 2000)"
     )
@@ -411,16 +613,13 @@ def main() -> None:
     parser.add_argument(
         "--approaches",
         default=",".join(APPROACHES),
-        help=f"comma-separated, of {', '.join(APPROACHES)}",
+        help=f"comma-separated, of {', '.join(APPROACHES)} (default: all)",
     )
     parser.add_argument(
         "--corpus",
         type=Path,
         default=None,
         help="the corpus folder (default: one in the temporary folder, made once)",
-    )
-    parser.add_argument(
-        "--save", type=Path, default=None, help="write the results as JSON to this file"
     )
     parser.add_argument(
         "--draft",
@@ -433,23 +632,26 @@ def main() -> None:
         help="instead: JPEGs decoded on this device (cuda) against the CPU (needs torchvision)",
     )
     parser.add_argument("--decode-with", choices=["pillow"], help=argparse.SUPPRESS)
+    harness.add_write_options(parser, "images")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.child in DEVICE_APPROACHES:
         device_child(args.child, str(args.corpus), args.out, args.device, args.decode_with)
-        return
+        return 0
     if args.child:
         child(args.child, str(args.corpus), args.out)
-        return
+        return 0
     approaches = [a for a in args.approaches.split(",") if a]
     unknown = sorted(set(approaches) - set(APPROACHES))
     if unknown:
         parser.error(f"unknown approaches {unknown}; choose from {', '.join(APPROACHES)}")
+    if args.runs < 1 or args.images < CLASSES:
+        parser.error(f"--runs must be >= 1 and --images >= {CLASSES}")
     folder = args.corpus or Path(tempfile.gettempdir()) / f"audiobuffer-bench-images-{args.images}"
     if args.device:
         device_bench(args, folder)
-        return
+        return 0
     if args.draft:
         gain = draft_gain(folder / "large", args.runs)
         print(
@@ -459,76 +661,56 @@ def main() -> None:
             )
         )
         print(f"load average {harness.load_average()}")
-        return
+        return 0
     made = time.perf_counter()
     root = make_photo_corpus(folder, args.images, classes=CLASSES)
     print(
         f"corpus: {args.images} JPEGs in {root} "
-        f"({time.perf_counter() - made:.1f} s to make or find)"
+        f"({time.perf_counter() - made:.1f} s to make or find)", file=sys.stderr
     )
+    skipped = why_not(approaches, root)
+    for approach, reason in skipped.items():
+        print(f"{approach}: not run here ({reason})", file=sys.stderr)
+    running = [a for a in approaches if a not in skipped]
     load_before = harness.load_average()
-    runs: dict[str, list[dict[str, float]]] = {a: [] for a in approaches}
-    for _ in range(args.runs):  # the approaches take turns, so a busy spell slows them alike
-        for approach in approaches:
+    runs: dict[str, list[dict[str, float]]] = {a: [] for a in running}
+    for run in range(args.runs):  # the approaches take turns, so a busy spell slows them alike,
+        # each round starting one further on, so that no approach always follows the same one
+        # (the processes of a spawn start can still be ending as the next approach begins)
+        for approach in running[run % len(running):] + running[:run % len(running)]:
             runs[approach].append(run_once(approach, root))
+            last = runs[approach][-1]
+            print(f"  {approach}: {last['images_per_s']:.0f} images/s, first batch "
+                  f"{last['first_batch_s']:.2f} s, peak {last['peak_mib']:.0f} MiB",
+                  file=sys.stderr)
     load_after = harness.load_average()
-    rows = []
-    for approach in approaches:
-        median = {
-            key: statistics.median(r[key] for r in runs[approach])
-            for key in ("images_per_s", "first_batch_s", "peak_mib")
-        }
-        rows.append({"approach": approach, **median, "runs": len(runs[approach])})
-    base = {r["approach"]: r for r in rows}.get("pillow-w2-fork")
-    table = []
-    for r in rows:
-        ratio = f"{r['images_per_s'] / base['images_per_s']:.2f}x" if base else "-"
-        memory = f"{r['peak_mib'] / base['peak_mib']:.2f}x" if base else "-"
-        table.append(
-            [
-                r["approach"],
-                f"{r['images_per_s']:.0f}",
-                ratio,
-                f"{r['first_batch_s']:.2f}",
-                f"{r['peak_mib']:.0f}",
-                memory,
-            ]
-        )
-    print(
-        harness.table(
-            [
-                "approach",
-                "images/s",
-                "vs pillow-w2-fork",
-                "first batch s",
-                "peak MiB (tree)",
-                "memory vs fork",
-            ],
-            table,
-        )
+    rows = rows_of(runs, skipped, approaches)
+    measured = harness.results(
+        "images",
+        rows,
+        command=harness.command_line("bench_images.py", argv),
+        settings={
+            "images": args.images,
+            "runs": args.runs,
+            "batch_size": BATCH,
+            "size": SIZE,
+            "load_before": load_before,
+            "load_after": load_after,
+        },
     )
-    print(
-        f"load average before {load_before}, after {load_after}; "
-        f"{harness.machine_info()['machine']}"
-    )
-    if args.save:
-        command = harness.command_line("bench_images.py", sys.argv[1:])
-        measured = harness.results(
-            "images",
-            rows,
-            command=command,
-            settings={
-                "images": args.images,
-                "runs": args.runs,
-                "batch_size": BATCH,
-                "size": SIZE,
-                "load_before": load_before,
-                "load_after": load_after,
-            },
-        )
-        args.save.write_text(json.dumps(measured, indent=1), encoding="utf-8", newline="\n")
-        print(f"saved {args.save}")
+    table = [[r["approach"], f"{r['images_per_s']:.0f}", f"{r.get('vs_fork', 0):.2f}x",
+              f"{r['first_batch_s']:.2f}", f"{r['peak_mib']:.0f}"]
+             for r in rows if "skipped" not in r]
+    print(harness.table(["approach", "images/s", f"vs {BASE}", "first batch s", "peak MiB (tree)"],
+                        table))
+    print(f"load average before {load_before}, after {load_after}; "
+          f"{harness.machine_info()['machine']}")
+    checked = goals(rows)
+    if checked:
+        print(harness.table(["goal", "measured", "target", "met"], checked))
+    harness.write_results(measured, args)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -15,6 +15,7 @@ from .durations import DURATIONS
 from .epochs import EPOCHS
 from .formats import FORMATS
 from .free_threaded import FREE_THREADED
+from .images import IMAGES
 from .overlap import OVERLAP
 from .ranks import RANKS
 from .raydata import RAY
@@ -38,4 +39,4 @@ NVIDIA H100 80GB HBM3 (up to 25% from run to run). `--write` saves a benchmark's
 
 #: The page's sections, in order.
 SECTIONS = [DECODE, EPOCHS, OVERLAP, CONTENTION, TRAIN, DEVICE, STORAGE, SCALE, FORMATS, DURATIONS, AUGMENT,
-            TRANSFORM, RANKS, RAY, STRESS, FREE_THREADED]
+            TRANSFORM, IMAGES, RANKS, RAY, STRESS, FREE_THREADED]

@@ -267,6 +267,28 @@ def test_contention_goals_are_checked_against_their_targets(contention):
     assert len(checked) == 10
 
 
+def test_contention_image_case_feeds_the_step_and_checks_steps_per_s(contention, load_benchmark,
+                                                                     tmp_path):
+    """The image case: a loader's epoch of 64-image batches in this process, the goal on steps/s."""
+    pytest.importorskip("PIL.Image")
+    images = load_benchmark("bench_images")
+    if not images.shipped_photos():
+        pytest.skip("no shipped photographs: scikit-learn and matplotlib are not installed")
+    paths = sorted(str(p) for p in images.make_corpus(tmp_path, 70).rglob("*.jpg"))
+    epoch = contention._epoch("buffered-2", "light", paths, None, "cpu", images=True)
+    assert epoch["batches"] == 2 and epoch["files"] == 70 and epoch["steps_per_s"] > 0
+
+    def row(approach, steps_per_s):
+        return {"approach": approach, "peak_rss_mb": 300,
+                "heavy": {"step_s": 5e-3, "epoch_s": 2 / steps_per_s, "steps_per_s": steps_per_s,
+                          "first_batch_s": 0.5, "vs_alone": 1.0}}
+
+    jpeg = {"name": "jpeg", "transform": None, "steps": ["heavy"], "files": 640,
+            "rows": [row("isolated-2", 3.0), row("dataloader-2", 2.0)]}
+    checked = {goal: (measured, met) for goal, _, measured, _, met in contention.goals([jpeg])}
+    assert checked["steps/s (2) / DataLoader(2) fork"] == ("1.50x", "yes")
+
+
 def test_contention_flags(contention, tmp_path, capsys):
     for argv, message in ((["--quick", "--write"], "--write takes a full run"),
                           (["--approaches", "magic"], "--approaches takes"),
@@ -570,7 +592,7 @@ def test_benchmarks_md_is_short_current_and_its_images_exist():
     import re
 
     text = (REPO / "BENCHMARKS.md").read_text(encoding="utf-8")
-    assert len(text.splitlines()) <= 400
+    assert len(text.splitlines()) <= 420  # 15 sections of about 25 lines, their tables and plots
     assert not re.search(r"\bissues?\b", text, re.IGNORECASE) and not re.search(r"\bRun \d", text)
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
     assert images and all((REPO / image).is_file() for image in images), images
@@ -695,27 +717,66 @@ def test_train_threads_bench_runs_each_setting_beside_busy_processes_and_stops_t
 # -- benchmarks/bench_images.py ---------------------------------------------------------------
 
 def test_images_bench_runs_and_saves(tmp_path, load_benchmark):
-    """A tiny corpus from the shipped photographs, an epoch of two approaches, the saved rows."""
+    """A tiny corpus from the shipped photographs, an epoch of two approaches, the saved rows and
+    the section rendered into a page of its own (the real page left alone)."""
     pytest.importorskip("PIL.Image")
+    pytest.importorskip("matplotlib")
     images = load_benchmark("bench_images")
     if not images.shipped_photos():
-        pytest.skip("neither scikit-learn nor matplotlib (whose photographs it uses) is installed")
-    saved = tmp_path / "images.json"
-    result = run_script("bench_images.py", "--images", "20", "--runs", "1",
+        pytest.skip("no shipped photographs: scikit-learn and matplotlib are not installed")
+    page = (REPO / "BENCHMARKS.md").read_bytes()
+    result = run_script("bench_images.py", "--images", "10", "--runs", "1",
                         "--corpus", str(tmp_path / "c"), "--approaches", "audiobuffer,pillow-w0",
-                        "--save", str(saved))
+                        *smoke_write(tmp_path))
     assert result.returncode == 0, result.stderr
     assert "| audiobuffer |" in result.stdout and "load average before" in result.stdout
-    data = json.loads(saved.read_text(encoding="utf-8"))
+    data = json.loads((tmp_path / "results" / "images.json").read_text(encoding="utf-8"))
     assert [row["approach"] for row in data["rows"]] == ["audiobuffer", "pillow-w0"]
     assert all(row["images_per_s"] > 0 and row["peak_mib"] > 0 for row in data["rows"])
+    assert data["settings"]["load_before"] and data["settings"]["load_after"]
+    (table,) = markdown_tables((tmp_path / "BENCHMARKS.md").read_text(encoding="utf-8"))
+    assert [row[0] for row in table[1:]] == ["`BufferedDataset`", "Pillow `Dataset`, 0 workers"]
+    assert (REPO / "BENCHMARKS.md").read_bytes() == page
     from PIL import Image
 
     jpegs = sorted((tmp_path / "c").rglob("*.jpg"))
-    assert len(jpegs) == 20 and len({p.parent.name for p in jpegs}) == 10
+    assert len(jpegs) == 10 and len({p.parent.name for p in jpegs}) == 10
     for path in jpegs:
         with Image.open(path) as im:
             assert 300 <= min(im.size) and max(im.size) <= 600, im.size
+
+
+def test_images_rows_ratios_and_the_approaches_that_did_not_run(load_benchmark, render):
+    images = load_benchmark("bench_images")
+    assert images.parse("pillow-w2-fork-pin") == images.Approach("pillow", 2, "fork", True, True)
+    assert images.parse("audiobuffer-nodraft") == images.Approach("audiobuffer", 0, None, False,
+                                                                  False)
+
+    def run(rate, first, peak):
+        return {"images_per_s": rate, "first_batch_s": first, "peak_mib": peak}
+
+    runs = {"audiobuffer": [run(300, 0.2, 250), run(200, 0.3, 260)],
+            "pillow-w2-fork": [run(100, 1, 500)], "pillow-w2-spawn": [run(80, 5, 700)]}
+    skipped = {"torchvision-w0": "torchvision did not load",
+               "torchvision-w2-fork": "torchvision did not load",
+               "spdl": "its image decoder did not load", "audiobuffer-pin": "no GPU"}
+    rows = images.rows_of(runs, skipped, [*runs, *skipped])
+    ours = rows[0]
+    assert ours["images_per_s"] == 250 and ours["images_per_s_runs"] == [300, 200]
+    assert ours["vs_fork"] == 2.5 and ours["memory_vs_fork"] == pytest.approx(0.51)
+    assert ours["first_vs_spawn"] == pytest.approx(0.05)
+    assert [r.get("skipped") for r in rows[3:]] == list(skipped.values())
+    assert [goal[-1] for goal in images.goals(rows)] == ["yes", "yes", "yes"]
+    results = {"images": small_results("images", rows, runs=2, load_before="1", load_after="2")}
+    section = render.sections.IMAGES
+    table = markdown_tables(section.table(results))[0]
+    assert [row[0] for row in table[1:]] == [
+        "`BufferedDataset`", "Pillow `Dataset`, 2 workers, fork",
+        "Pillow `Dataset`, 2 workers, spawn"]
+    assert table[1][1:] == ["250", "2.50x", "0.25", "255", "0.51x"]
+    assert ("Not run here: torchvision's `ImageFolder` + `transforms.v2` (torchvision did not "
+            "load); SPDL's image pipeline (its image decoder did not load); `pin_memory=True` "
+            "(no GPU).") in section.reading(results)
 
 
 def test_images_bench_draft_table(tmp_path, load_benchmark):

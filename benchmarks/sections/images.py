@@ -1,0 +1,111 @@
+"""Images: training crops through audiobuffer against a Pillow ``Dataset`` fed by ``DataLoader``,
+and a Python-bound step fed with images (results ``images``: ``benchmarks/bench_images.py``;
+``contention-images``: ``benchmarks/bench_contention.py --images``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import Results, Section, listing, num, ratio, rows_of, table
+from .plots import barh, figure, finish
+
+#: How the sentence names the approaches that did not run, by group (a family, or ``pin``).
+SKIPPED = {"torchvision": "torchvision's `ImageFolder` + `transforms.v2`",
+           "spdl": "SPDL's image pipeline", "pin": "`pin_memory=True`"}
+#: The contention approaches the steps/s sentence and plot name, in their order, and their names.
+STEPPERS = {"isolated-2": "`IsolatedLoader` (2 producers)",
+            "isolated-auto": "`IsolatedLoader` (auto)",
+            "buffered-2": "`BufferedDataset` (2 producers)",
+            "buffered-auto": "`BufferedDataset` (auto)",
+            "dataloader-2": "`DataLoader(num_workers=2)`, fork",
+            "dataloader-2-spawn": "`DataLoader(num_workers=2)`, spawn"}
+#: The approaches the sentence names.
+IN_SENTENCE = ("isolated-2", "buffered-2", "dataloader-2")
+
+
+def _ran(results: Results) -> list[dict[str, Any]]:
+    return [r for r in rows_of(results, "images") if "skipped" not in r]
+
+
+def images_table(results: Results) -> str:
+    body = [[r["label"], num(r["images_per_s"], 0), ratio(r.get("vs_fork")),
+             num(r["first_batch_s"], 2), num(r["peak_mib"], 0), ratio(r.get("memory_vs_fork"))]
+            for r in _ran(results)]
+    return table(["approach", "images/s", "x Pillow 2 fork", "first batch s", "peak MiB (tree)",
+                  "memory x fork"], body)
+
+
+def _skipped(results: Results) -> str:
+    groups: dict[str, str] = {}
+    for r in rows_of(results, "images"):
+        if "skipped" in r:
+            group = "pin" if r["approach"].endswith("-pin") else r["approach"].split("-")[0]
+            groups.setdefault(SKIPPED.get(group, r["label"]), r["skipped"])
+    parts = [f"{name} ({reason})" for name, reason in groups.items()]
+    return f"Not run here: {'; '.join(parts)}. " if parts else ""
+
+
+def _steps(results: Results) -> str:
+    if "contention-images" not in results:
+        return ""
+    rows = {r["approach"]: r for r in rows_of(results, "contention-images")}
+    step = results["contention-images"]["settings"]["steps"]
+    name = "heavy" if "heavy" in step else next(iter(step))
+    shown = [a for a in IN_SENTENCE if a in rows]
+    if not shown:
+        return ""
+    rates = listing([f"{STEPPERS[a]} {num(rows[a][name]['steps_per_s'], 2)}" for a in shown])
+    iso, fork = rows.get("isolated-2"), rows.get("dataloader-2")
+    versus = (f" (IsolatedLoader {ratio(iso[name]['steps_per_s'] / fork[name]['steps_per_s'])} "
+              "DataLoader's)" if iso and fork else "")
+    settings = results["contention-images"]["settings"]
+    files = rows[shown[0]]["files"]
+    return (f"Steps/s of the contention section's {name} step ({step[name]} rounds) fed {files} of "
+            f"these JPEGs: {rates}{versus}; load {settings['load_before']} before, "
+            f"{settings['load_after']} after.")
+
+
+def images_reading(results: Results) -> str:
+    rows = {r["approach"]: r for r in _ran(results)}
+    ours = rows.get("audiobuffer")
+    text = ""
+    if ours is not None and "vs_fork" in ours:
+        text = (f"`BufferedDataset`: {ratio(ours['vs_fork'])} the images/s of Pillow with 2 fork "
+                f"workers, {ratio(ours['memory_vs_fork'])} its peak memory")
+        if "first_vs_spawn" in ours:
+            text += f", its first batch in {ratio(ours['first_vs_spawn'])} the time spawn's took"
+        settings = results["images"]["settings"]
+        text += f" (load {settings['load_before']} before, {settings['load_after']} after). "
+    return (text + _skipped(results) + _steps(results)).strip()
+
+
+def images_plot(results: Results) -> Any:
+    rows = _ran(results)
+    steps = rows_of(results, "contention-images")
+    fig, axes = figure(1, 3 if steps else 2, width=13 if steps else 10, height=3.4)
+    labels = [r["label"].replace("`", "") for r in rows]
+    barh(axes[0][0], labels, [r["images_per_s"] for r in rows], title="images/s (median)",
+         xlabel="images/s", reference=None)
+    barh(axes[0][1], labels, [r["peak_mib"] for r in rows], title="peak memory of the process tree",
+         xlabel="MiB", reference=None)
+    axes[0][1].set_yticklabels([])
+    if steps:
+        name = "heavy" if "heavy" in steps[0] else "light"
+        shown = [r for r in steps if r["approach"] in STEPPERS]
+        labels = [STEPPERS[r["approach"]].replace("`", "").replace("(num_workers=2)", "(2)")
+                  for r in shown]
+        barh(axes[0][2], labels, [r[name]["steps_per_s"] for r in shown],
+             title=f"steps/s, {name} Python-bound step", xlabel="steps/s", reference=None)
+    return finish(fig)
+
+
+IMAGES = Section(
+    name="images", title="Images: training crops against a Pillow Dataset and DataLoader",
+    sources={"images": None, "contention-images": None},
+    about="2000 JPEGs of 300-600 px cut from the photographs scikit-learn and matplotlib "
+          "ship, 10 class folders; an epoch of `RandomResizedCrop(224)` crops and flips, "
+          "batches of 64, a fresh process per run. Pillow `Dataset`: the pipeline as users "
+          "write it without torchvision (Pillow, torchvision's crop rule).",
+    table=images_table, reading=images_reading, plot=images_plot,
+    alt="images/s and peak memory per approach, and steps/s of a Python-bound step fed with images")
+
