@@ -565,9 +565,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         cache = args.cache_dir or Path(tmp)
         for name in corpora:
             if name == IMAGE_CORPUS:
-                from bench_images import make_corpus as make_images
+                from audiobuffer.cli._photos import make_photo_corpus
 
-                root = make_images(cache / f"jpeg-{args.images}", args.images)
+                root = make_photo_corpus(cache / f"jpeg-{args.images}", args.images)
                 paths = sorted(str(p) for p in root.rglob("*.jpg"))
             elif name == "fsdd":
                 fsdd = fsdd_files(args.fsdd)

@@ -632,6 +632,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="instead: JPEGs decoded on this device (cuda) against the CPU (needs torchvision)",
     )
     parser.add_argument("--decode-with", choices=["pillow"], help=argparse.SUPPRESS)
+    parser.add_argument("--save", type=Path, default=None,
+                        help="with --device: save its results as JSON in this file")
     harness.add_write_options(parser, "images")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -646,12 +648,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = sorted(set(approaches) - set(APPROACHES))
     if unknown:
         parser.error(f"unknown approaches {unknown}; choose from {', '.join(APPROACHES)}")
-    if args.runs < 1 or args.images < CLASSES:
-        parser.error(f"--runs must be >= 1 and --images >= {CLASSES}")
     folder = args.corpus or Path(tempfile.gettempdir()) / f"audiobuffer-bench-images-{args.images}"
     if args.device:
         device_bench(args, folder)
         return 0
+    if args.runs < 1 or args.images < CLASSES:
+        parser.error(f"--runs must be >= 1 and --images >= {CLASSES}")
     if args.draft:
         gain = draft_gain(folder / "large", args.runs)
         print(
