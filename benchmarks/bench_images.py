@@ -24,7 +24,13 @@ clock):
   ``DataLoader(num_workers=N)``;
 - ``spdl``: SPDL's pipeline: a source of batches of paths, a thread stage (concurrency 2) that
   decodes each file with ``spdl.io.load_image`` and an FFmpeg filter that crops (the same rule),
-  scales and flips, then stacks the batch.
+  scales and flips, then stacks the batch;
+- ``one-thread``: no epoch: each pipeline's work on one image, alone, in one thread (torch's
+  intra-op threads set to 1): ``ImageDecoder``'s decode (as ``audiobuffer``'s) and the Pillow
+  ``Dataset``'s ``__getitem__``, over every image of the corpus, in chunks of 100 that take turns
+  (the order swapped each chunk). Its two rows give the ceiling that the machine's cores
+  (``os.cpu_count()``) allow each pipeline: images/s = cores / time an image, and a first batch of
+  64 no sooner than 64 x time an image / cores; the goals are read against them (``goals``).
 
 An approach that cannot run here is not measured, and its row says why: torchvision where it does
 not load (PyPI's wheels link torch's CUDA build, so they fail beside the CPU build), SPDL where its
@@ -60,7 +66,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -87,11 +93,17 @@ APPROACHES = (
     "spdl",
     "audiobuffer-pin",
     "pillow-w2-fork-pin",
+    "one-thread",
 )
 #: The approaches of ``--device``: the producers decode, or the device does.
 DEVICE_APPROACHES = ("host-decode", "host-decode-nodraft", "device-decode")
 #: The approach the ratios are taken against, and the one whose first batch is the spawn start.
 BASE, SPAWN = "pillow-w2-fork", "pillow-w2-spawn"
+#: The one-thread approach, and its rows: each pipeline's work an image, and how the page names it.
+ONE_THREAD = "one-thread"
+ALONE = {"one-thread-imagedecoder": "`ImageDecoder`", "one-thread-pillow": "Pillow `Dataset`"}
+#: Images the one-thread measurement times each pipeline on before taking turns.
+CHUNK = 100
 
 
 # -- the Pillow Dataset, as users write it ---------------------------------------------------------
@@ -363,6 +375,37 @@ def child(approach: str, root: str, out: str) -> None:
     )
 
 
+def one_thread_child(root: str, out: str) -> None:
+    """Each pipeline's work an image alone, in one thread, over every image of ``root``: seconds
+    (wall clock and CPU) of ``ImageDecoder``'s decode and of the Pillow ``Dataset``'s
+    ``__getitem__``, in chunks of :data:`CHUNK` that take turns; written to ``out`` as JSON."""
+    import torch
+
+    from audiobuffer import ImageDecoder, WorkItem
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    folder = PillowFolder(root)
+    decoder = ImageDecoder(SIZE, crop="random_resized", flip=True)
+    items = [WorkItem(index=i, path=p, seed=0) for i, (p, _) in enumerate(folder.samples)]
+    work: dict[str, Callable[[int], object]] = {"imagedecoder": lambda i: decoder(items[i]),
+                                                "pillow": folder.__getitem__}
+    for each in work.values():  # warm: the first call's imports and tables
+        each(0)
+    wall = dict.fromkeys(work, 0.0)
+    cpu = dict.fromkeys(work, 0.0)
+    for n, first in enumerate(range(0, len(items), CHUNK)):
+        chunk = range(first, min(first + CHUNK, len(items)))
+        for name in sorted(work, reverse=n % 2 == 1):
+            wall_start, cpu_start = time.perf_counter(), time.process_time()
+            for i in chunk:
+                work[name](i)
+            wall[name] += time.perf_counter() - wall_start
+            cpu[name] += time.process_time() - cpu_start
+    Path(out).write_text(json.dumps({"images": len(items), "wall_s": wall, "cpu_s": cpu}),
+                         encoding="utf-8", newline="\n")
+
+
 # -- JPEGs decoded on the device ---------------------------------------------------------------
 
 
@@ -549,6 +592,9 @@ def run_once(approach: str, root: Path, device: str | None = None,
         if code != 0 or not out.exists():
             raise RuntimeError(f"{approach} failed (exit {code}): {err}")
         figures = json.loads(out.read_text(encoding="utf-8"))
+    if approach == ONE_THREAD:
+        return {f"{kind}_ms_{name}": 1000 * seconds / figures["images"]
+                for kind in ("wall", "cpu") for name, seconds in figures[f"{kind}_s"].items()}
     return {
         **figures,
         "images_per_s": figures["images"] / figures["total_s"],
@@ -560,11 +606,14 @@ def run_once(approach: str, root: Path, device: str | None = None,
 
 
 def rows_of(runs: dict[str, list[dict[str, float]]], skipped: dict[str, str],
-            approaches: Sequence[str]) -> list[dict[str, Any]]:
+            approaches: Sequence[str], cores: int | None = None) -> list[dict[str, Any]]:
     """A row per approach: the medians and each run's figures, the ratios against ``BASE`` and
-    ``SPAWN`` (where they ran), or why it did not run."""
+    ``SPAWN`` (where they ran), or why it did not run; ``one-thread``'s two rows last, with the
+    ceilings that ``cores`` (default ``os.cpu_count()``) allow."""
     rows: list[dict[str, Any]] = []
     for approach in approaches:
+        if approach == ONE_THREAD:
+            continue
         if approach in skipped:
             rows.append({"approach": approach, "label": label(approach),
                          "skipped": skipped[approach]})
@@ -583,23 +632,54 @@ def rows_of(runs: dict[str, list[dict[str, float]]], skipped: dict[str, str],
             row["memory_vs_fork"] = row["peak_mib"] / by[BASE]["peak_mib"]
         if SPAWN in by:
             row["first_vs_spawn"] = row["first_batch_s"] / by[SPAWN]["first_batch_s"]
+    if ONE_THREAD in approaches and runs.get(ONE_THREAD):
+        rows += ceiling_rows(runs[ONE_THREAD], by, cores or os.cpu_count() or 1)
+    return rows
+
+
+def ceiling_rows(measured: Sequence[dict[str, float]], by: dict[str, dict[str, Any]],
+                 cores: int) -> list[dict[str, Any]]:
+    """A row per pipeline timed alone: its median milliseconds an image (wall clock; CPU beside),
+    the images/s ``cores`` allow at that time (``cores`` / time) and the soonest first batch
+    (``BATCH`` x time / ``cores``), against ``BASE``'s images/s and ``SPAWN``'s first batch."""
+    rows = []
+    for approach, name in ALONE.items():
+        key = approach.removeprefix("one-thread-")
+        ms = statistics.median(r[f"wall_ms_{key}"] for r in measured)
+        row: dict[str, Any] = {
+            "approach": approach, "label": name, "runs": len(measured),
+            "ms_per_image": ms, "ms_per_image_runs": [r[f"wall_ms_{key}"] for r in measured],
+            "cpu_ms_per_image": statistics.median(r[f"cpu_ms_{key}"] for r in measured),
+            "cores": cores, "ceiling_images_per_s": cores * 1000 / ms,
+            "first_batch_floor_s": BATCH * ms / 1000 / cores,
+        }
+        if BASE in by:
+            row["ceiling_vs_fork"] = row["ceiling_images_per_s"] / by[BASE]["images_per_s"]
+        if SPAWN in by:
+            row["floor_vs_spawn"] = row["first_batch_floor_s"] / by[SPAWN]["first_batch_s"]
+        rows.append(row)
     return rows
 
 
 def goals(rows: Sequence[dict[str, Any]]) -> list[list[object]]:
-    """The image pipeline's goals, checked against this run's medians (where both sides ran)."""
+    """The image pipeline's goals, checked against this run's medians (where both sides ran), each
+    beside what the machine allows ``ImageDecoder`` (its one-thread row's ceiling, where measured)."""
     ours = next((r for r in rows if r["approach"] == "audiobuffer" and "skipped" not in r), None)
     if ours is None:
         return []
+    alone = next((r for r in rows if r["approach"] == "one-thread-imagedecoder"), {})
     checked: list[list[object]] = []
-    for key, goal, target, met in (
-        ("vs_fork", f"images/s / {BASE}", ">= 1.30x", lambda v: v >= 1.3),
-        ("memory_vs_fork", f"peak memory / {BASE}", "<= 0.60x", lambda v: v <= 0.6),
-        ("first_vs_spawn", f"first batch / {SPAWN}'s", "<= 0.05x", lambda v: v <= 0.05),
+    for key, goal, target, met, bound in (
+        ("vs_fork", f"images/s / {BASE}", ">= 1.30x", lambda v: v >= 1.3, "ceiling_vs_fork"),
+        ("memory_vs_fork", f"peak memory / {BASE}", "<= 0.60x", lambda v: v <= 0.6, ""),
+        ("first_vs_spawn", f"first batch / {SPAWN}'s", "<= 0.05x", lambda v: v <= 0.05,
+         "floor_vs_spawn"),
     ):
         if key in ours:
             verdict = "yes" if met(ours[key]) else "**no**"
-            checked.append([goal, f"{ours[key]:.3f}x", target, verdict])
+            allows = f"{'<=' if key == 'vs_fork' else '>='} {alone[bound]:.3f}x" if (
+                bound in alone) else "-"
+            checked.append([goal, f"{ours[key]:.3f}x", target, allows, verdict])
     return checked
 
 
@@ -640,6 +720,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.child in DEVICE_APPROACHES:
         device_child(args.child, str(args.corpus), args.out, args.device, args.decode_with)
+        return 0
+    if args.child == ONE_THREAD:
+        one_thread_child(str(args.corpus), args.out)
         return 0
     if args.child:
         child(args.child, str(args.corpus), args.out)
@@ -682,11 +765,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         for approach in running[run % len(running):] + running[:run % len(running)]:
             runs[approach].append(run_once(approach, root))
             last = runs[approach][-1]
+            if approach == ONE_THREAD:
+                print(f"  {approach}: {last['wall_ms_imagedecoder']:.2f} ms an image "
+                      f"(ImageDecoder), {last['wall_ms_pillow']:.2f} ms (Pillow Dataset)",
+                      file=sys.stderr)
+                continue
             print(f"  {approach}: {last['images_per_s']:.0f} images/s, first batch "
                   f"{last['first_batch_s']:.2f} s, peak {last['peak_mib']:.0f} MiB",
                   file=sys.stderr)
     load_after = harness.load_average()
-    rows = rows_of(runs, skipped, approaches)
+    cores = os.cpu_count() or 1
+    rows = rows_of(runs, skipped, approaches, cores)
     measured = harness.results(
         "images",
         rows,
@@ -696,20 +785,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             "runs": args.runs,
             "batch_size": BATCH,
             "size": SIZE,
+            "cores": cores,
             "load_before": load_before,
             "load_after": load_after,
         },
     )
     table = [[r["approach"], f"{r['images_per_s']:.0f}", f"{r.get('vs_fork', 0):.2f}x",
               f"{r['first_batch_s']:.2f}", f"{r['peak_mib']:.0f}"]
-             for r in rows if "skipped" not in r]
+             for r in rows if "images_per_s" in r]
+    table += [[f"{r['approach']}: {r['ms_per_image']:.2f} ms an image; {cores} cores allow",
+               f"{r['ceiling_images_per_s']:.0f}", f"{r.get('ceiling_vs_fork', 0):.2f}x",
+               f"{r['first_batch_floor_s']:.3f}", "-"] for r in rows if "ms_per_image" in r]
     print(harness.table(["approach", "images/s", f"vs {BASE}", "first batch s", "peak MiB (tree)"],
                         table))
     print(f"load average before {load_before}, after {load_after}; "
           f"{harness.machine_info()['machine']}")
     checked = goals(rows)
     if checked:
-        print(harness.table(["goal", "measured", "target", "met"], checked))
+        print(harness.table(["goal", "measured", "target", "machine allows", "met"], checked))
     harness.write_results(measured, args)
     return 0
 

@@ -24,13 +24,21 @@ IN_SENTENCE = ("isolated-2", "buffered-2", "dataloader-2")
 
 
 def _ran(results: Results) -> list[dict[str, Any]]:
-    return [r for r in rows_of(results, "images") if "skipped" not in r]
+    return [r for r in rows_of(results, "images") if "images_per_s" in r]
+
+
+def _ceilings(results: Results) -> list[dict[str, Any]]:
+    """The rows of the pipelines timed alone in one thread, with the ceilings the cores allow."""
+    return [r for r in rows_of(results, "images") if "ceiling_images_per_s" in r]
 
 
 def images_table(results: Results) -> str:
     body = [[r["label"], num(r["images_per_s"], 0), ratio(r.get("vs_fork")),
              num(r["first_batch_s"], 2), num(r["peak_mib"], 0), ratio(r.get("memory_vs_fork"))]
             for r in _ran(results)]
+    body += [[f"ceiling: {r['cores']} cores at {r['label']}'s {num(r['ms_per_image'], 2)} ms an "
+              "image (one thread)", num(r["ceiling_images_per_s"], 0), ratio(r.get("ceiling_vs_fork")),
+              num(r["first_batch_floor_s"], 3), "-", "-"] for r in _ceilings(results)]
     return table(["approach", "images/s", "x Pillow 2 fork", "first batch s", "peak MiB (tree)",
                   "memory x fork"], body)
 
@@ -43,6 +51,19 @@ def _skipped(results: Results) -> str:
             groups.setdefault(SKIPPED.get(group, r["label"]), r["skipped"])
     parts = [f"{name} ({reason})" for name, reason in groups.items()]
     return f"Not run here: {'; '.join(parts)}. " if parts else ""
+
+
+def _ceiling(results: Results) -> str:
+    """What the cores allow ``ImageDecoder``, against the goals on images/s and the first batch."""
+    alone = next((r for r in _ceilings(results) if r["approach"] == "one-thread-imagedecoder"), None)
+    if alone is None or "ceiling_vs_fork" not in alone or "floor_vs_spawn" not in alone:
+        return ""
+    most, soonest = alone["ceiling_vs_fork"], alone["floor_vs_spawn"]
+    above = [goal for goal, out in (("1.3x", most < 1.3), ("0.05x", soonest > 0.05)) if out]
+    verdict = f"the goals {listing(above)} are above" if len(above) == 2 else (
+        f"the goal {above[0]} is above" if above else "both goals are within")
+    return (f"The `ImageDecoder` ceiling is {ratio(most)} the Pillow fork rate and a first batch in "
+            f"{soonest:.3f}x spawn's: {verdict} what {alone['cores']} cores allow. ")
 
 
 def _steps(results: Results) -> str:
@@ -73,10 +94,10 @@ def images_reading(results: Results) -> str:
         text = (f"`BufferedDataset`: {ratio(ours['vs_fork'])} the images/s of Pillow with 2 fork "
                 f"workers, {ratio(ours['memory_vs_fork'])} its peak memory")
         if "first_vs_spawn" in ours:
-            text += f", its first batch in {ratio(ours['first_vs_spawn'])} the time spawn's took"
+            text += f", its first batch in {ratio(ours['first_vs_spawn'])} spawn's time"
         settings = results["images"]["settings"]
         text += f" (load {settings['load_before']} before, {settings['load_after']} after). "
-    return (text + _skipped(results) + _steps(results)).strip()
+    return (text + _ceiling(results) + _skipped(results) + _steps(results)).strip()
 
 
 def images_plot(results: Results) -> Any:

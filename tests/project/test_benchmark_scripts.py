@@ -718,8 +718,9 @@ def test_train_threads_bench_runs_each_setting_beside_busy_processes_and_stops_t
 # -- benchmarks/bench_images.py ---------------------------------------------------------------
 
 def test_images_bench_runs_and_saves(tmp_path, load_benchmark):
-    """A tiny corpus from the shipped photographs, an epoch of two approaches, the saved rows and
-    the section rendered into a page of its own (the real page left alone)."""
+    """A tiny corpus from the shipped photographs, an epoch of ``BufferedDataset`` and each
+    pipeline's one-thread time an image, the saved rows and the section rendered into a page of its
+    own (the real page left alone)."""
     pytest.importorskip("PIL.Image")
     pytest.importorskip("matplotlib")
     images = load_benchmark("bench_images")
@@ -727,16 +728,25 @@ def test_images_bench_runs_and_saves(tmp_path, load_benchmark):
         pytest.skip("no shipped photographs: scikit-learn and matplotlib are not installed")
     page = (REPO / "BENCHMARKS.md").read_bytes()
     result = run_script("bench_images.py", "--images", "10", "--runs", "1",
-                        "--corpus", str(tmp_path / "c"), "--approaches", "audiobuffer,pillow-w0",
-                        *smoke_write(tmp_path))
+                        "--corpus", str(tmp_path / "c"),
+                        "--approaches", "audiobuffer,one-thread", *smoke_write(tmp_path))
     assert result.returncode == 0, result.stderr
     assert "| audiobuffer |" in result.stdout and "load average before" in result.stdout
+    assert "| one-thread-imagedecoder: " in result.stdout
     data = json.loads((tmp_path / "results" / "images.json").read_text(encoding="utf-8"))
-    assert [row["approach"] for row in data["rows"]] == ["audiobuffer", "pillow-w0"]
-    assert all(row["images_per_s"] > 0 and row["peak_mib"] > 0 for row in data["rows"])
+    assert [row["approach"] for row in data["rows"]] == [
+        "audiobuffer", "one-thread-imagedecoder", "one-thread-pillow"]
+    assert data["rows"][0]["images_per_s"] > 0 and data["rows"][0]["peak_mib"] > 0
+    cores = data["settings"]["cores"]
+    for row in data["rows"][1:]:  # the ceilings the cores allow at each one-thread time an image
+        ms = row["ms_per_image"]
+        assert ms > 0 and row["cpu_ms_per_image"] > 0 and len(row["ms_per_image_runs"]) == 1
+        assert row["ceiling_images_per_s"] == pytest.approx(cores * 1000 / ms)
+        assert row["first_batch_floor_s"] == pytest.approx(64 * ms / 1000 / cores)
     assert data["settings"]["load_before"] and data["settings"]["load_after"]
     (table,) = markdown_tables((tmp_path / "BENCHMARKS.md").read_text(encoding="utf-8"))
-    assert [row[0] for row in table[1:]] == ["`BufferedDataset`", "Pillow `Dataset`, 0 workers"]
+    assert [row[0].split(" at ")[0] for row in table[1:]] == [
+        "`BufferedDataset`", f"ceiling: {cores} cores", f"ceiling: {cores} cores"]
     assert (REPO / "BENCHMARKS.md").read_bytes() == page
     from PIL import Image
 
@@ -756,28 +766,58 @@ def test_images_rows_ratios_and_the_approaches_that_did_not_run(load_benchmark, 
     def run(rate, first, peak):
         return {"images_per_s": rate, "first_batch_s": first, "peak_mib": peak}
 
+    def alone(ours, pillow):
+        return {"wall_ms_imagedecoder": ours, "wall_ms_pillow": pillow,
+                "cpu_ms_imagedecoder": ours * 0.9, "cpu_ms_pillow": pillow * 0.9}
+
     runs = {"audiobuffer": [run(300, 0.2, 250), run(200, 0.3, 260)],
-            "pillow-w2-fork": [run(100, 1, 500)], "pillow-w2-spawn": [run(80, 5, 700)]}
+            "pillow-w2-fork": [run(100, 1, 500)], "pillow-w2-spawn": [run(80, 5, 700)],
+            "one-thread": [alone(4.0, 5.0), alone(6.0, 4.0), alone(5.0, 6.0)]}
     skipped = {"torchvision-w0": "torchvision did not load",
                "torchvision-w2-fork": "torchvision did not load",
                "spdl": "its image decoder did not load", "audiobuffer-pin": "no GPU"}
-    rows = images.rows_of(runs, skipped, [*runs, *skipped])
+    rows = images.rows_of(runs, skipped, [*runs, *skipped], cores=2)
     ours = rows[0]
     assert ours["images_per_s"] == 250 and ours["images_per_s_runs"] == [300, 200]
     assert ours["vs_fork"] == 2.5 and ours["memory_vs_fork"] == pytest.approx(0.51)
     assert ours["first_vs_spawn"] == pytest.approx(0.05)
-    assert [r.get("skipped") for r in rows[3:]] == list(skipped.values())
-    assert [goal[-1] for goal in images.goals(rows)] == ["yes", "yes", "yes"]
+    assert [r.get("skipped") for r in rows[3:-2]] == list(skipped.values())
+    # one thread: 5 ms an image (the median), so 2 cores allow 400 images/s (4x the fork's 100)
+    # and a first batch of 64 in no less than 0.16 s (0.032x the spawn start's 5 s)
+    decoder, pillow = rows[-2:]
+    assert decoder["approach"] == "one-thread-imagedecoder" and decoder["ms_per_image"] == 5.0
+    assert decoder["ms_per_image_runs"] == [4.0, 6.0, 5.0]
+    assert decoder["cpu_ms_per_image"] == pytest.approx(4.5)
+    assert decoder["ceiling_images_per_s"] == pytest.approx(400)
+    assert decoder["ceiling_vs_fork"] == pytest.approx(4.0)
+    assert decoder["first_batch_floor_s"] == pytest.approx(0.16)
+    assert decoder["floor_vs_spawn"] == pytest.approx(0.032)
+    assert pillow["approach"] == "one-thread-pillow" and pillow["ms_per_image"] == 5.0
+    checked = images.goals(rows)
+    assert [goal[-1] for goal in checked] == ["yes", "yes", "yes"]
+    assert [goal[-2] for goal in checked] == ["<= 4.000x", "-", ">= 0.032x"]
     results = {"images": small_results("images", rows, runs=2, load_before="1", load_after="2")}
     section = render.sections.IMAGES
     table = markdown_tables(section.table(results))[0]
     assert [row[0] for row in table[1:]] == [
         "`BufferedDataset`", "Pillow `Dataset`, 2 workers, fork",
-        "Pillow `Dataset`, 2 workers, spawn"]
+        "Pillow `Dataset`, 2 workers, spawn",
+        "ceiling: 2 cores at `ImageDecoder`'s 5.00 ms an image (one thread)",
+        "ceiling: 2 cores at Pillow `Dataset`'s 5.00 ms an image (one thread)"]
     assert table[1][1:] == ["250", "2.50x", "0.25", "255", "0.51x"]
+    assert table[4][1:] == ["400", "4.00x", "0.160", "-", "-"]
+    reading = section.reading(results)
+    assert ("The `ImageDecoder` ceiling is 4.00x the Pillow fork rate and a first batch in 0.032x "
+            "spawn's: both goals are within what 2 cores allow.") in reading
     assert ("Not run here: torchvision's `ImageFolder` + `transforms.v2` (torchvision did not "
             "load); SPDL's image pipeline (its image decoder did not load); `pin_memory=True` "
-            "(no GPU).") in section.reading(results)
+            "(no GPU).") in reading
+    # at 20 ms an image: 100 images/s (1.00x the fork) and 0.64 s (0.128x spawn's): both above
+    slow = images.rows_of({**runs, "one-thread": [alone(20.0, 20.0)]}, {}, [*runs], cores=2)
+    results = {"images": small_results("images", slow, runs=1, load_before="1", load_after="2")}
+    assert ("The `ImageDecoder` ceiling is 1.00x the Pillow fork rate and a first batch in 0.128x "
+            "spawn's: the goals 1.3x and 0.05x are above what 2 cores allow.") in (
+                section.reading(results))
 
 
 def test_images_bench_draft_table(tmp_path, load_benchmark):
