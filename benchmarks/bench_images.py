@@ -663,7 +663,7 @@ def ceiling_rows(measured: Sequence[dict[str, float]], by: dict[str, dict[str, A
 
 def goals(rows: Sequence[dict[str, Any]]) -> list[list[object]]:
     """The image pipeline's goals, checked against this run's medians (where both sides ran), each
-    beside what the machine allows ``ImageDecoder`` (its one-thread row's ceiling, where measured)."""
+    beside what the machine allows ``ImageDecoder`` (its one-thread ceiling, where measured)."""
     ours = next((r for r in rows if r["approach"] == "audiobuffer" and "skipped" not in r), None)
     if ours is None:
         return []

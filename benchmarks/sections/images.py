@@ -37,8 +37,9 @@ def images_table(results: Results) -> str:
              num(r["first_batch_s"], 2), num(r["peak_mib"], 0), ratio(r.get("memory_vs_fork"))]
             for r in _ran(results)]
     body += [[f"ceiling: {r['cores']} cores at {r['label']}'s {num(r['ms_per_image'], 2)} ms an "
-              "image (one thread)", num(r["ceiling_images_per_s"], 0), ratio(r.get("ceiling_vs_fork")),
-              num(r["first_batch_floor_s"], 3), "-", "-"] for r in _ceilings(results)]
+              "image (one thread)", num(r["ceiling_images_per_s"], 0),
+              ratio(r.get("ceiling_vs_fork")), num(r["first_batch_floor_s"], 3), "-", "-"]
+             for r in _ceilings(results)]
     return table(["approach", "images/s", "x Pillow 2 fork", "first batch s", "peak MiB (tree)",
                   "memory x fork"], body)
 
@@ -55,15 +56,16 @@ def _skipped(results: Results) -> str:
 
 def _ceiling(results: Results) -> str:
     """What the cores allow ``ImageDecoder``, against the goals on images/s and the first batch."""
-    alone = next((r for r in _ceilings(results) if r["approach"] == "one-thread-imagedecoder"), None)
+    alone = next((r for r in _ceilings(results) if r["approach"] == "one-thread-imagedecoder"),
+                 None)
     if alone is None or "ceiling_vs_fork" not in alone or "floor_vs_spawn" not in alone:
         return ""
     most, soonest = alone["ceiling_vs_fork"], alone["floor_vs_spawn"]
     above = [goal for goal, out in (("1.3x", most < 1.3), ("0.05x", soonest > 0.05)) if out]
     verdict = f"the goals {listing(above)} are above" if len(above) == 2 else (
         f"the goal {above[0]} is above" if above else "both goals are within")
-    return (f"The `ImageDecoder` ceiling is {ratio(most)} the Pillow fork rate and a first batch in "
-            f"{soonest:.3f}x spawn's: {verdict} what {alone['cores']} cores allow. ")
+    return (f"The `ImageDecoder` ceiling is {ratio(most)} the Pillow fork rate and a first batch "
+            f"in {soonest:.3f}x spawn's: {verdict} what {alone['cores']} cores allow. ")
 
 
 def _steps(results: Results) -> str:
