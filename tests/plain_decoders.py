@@ -226,16 +226,21 @@ class LoggedTransform:
 
 class SlowWarmUp(IndexDecoder):
     """:class:`IndexDecoder` whose first call in any process but ``home`` (the trainer's pid) takes
-    ``warm_up`` seconds (a cold import), and whose samples say which process made them (``pid``)."""
+    ``warm_up`` seconds (a cold import), whose every call in ``home`` takes ``home_delay`` seconds
+    (so the trainer is still in its epoch when a helper on a busy machine is warm), and whose
+    samples say which process made them (``pid``)."""
 
-    def __init__(self, home: int, warm_up: float, **kwargs: Any) -> None:
+    def __init__(self, home: int, warm_up: float, home_delay: float = 0.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.home = home
         self.warm_up = warm_up
+        self.home_delay = home_delay
         self._warm = False
 
     def __call__(self, item: Any) -> dict[str, Any]:
-        if os.getpid() != self.home and not self._warm:
+        if os.getpid() == self.home:
+            time.sleep(self.home_delay)
+        elif not self._warm:
             self._warm = True
             time.sleep(self.warm_up)
         sample = super().__call__(item)

@@ -35,7 +35,8 @@ def shipped_photos() -> list[Path]:
 def make_photo_corpus(folder: Path, n: int, *, seed: int = 0, classes: int | None = 10,
                       sides: tuple[int, int] = (300, 600), grid: tuple[int, int] = (1, 1)) -> Path:
     """``n`` JPEGs (quality 90) of ``sides`` pixels a side in class folders under ``folder``, made
-    once (a marker file names the settings; a corpus left half made is made again).
+    once (a marker file names the settings and the photographs; a corpus left half made is made
+    again, and one made with other settings or photographs is replaced).
 
     Image ``i`` is a random crop of photograph ``i % len(photos)`` (of its cell ``i //
     len(photos)``, in turn, of a ``grid`` laid over it), from a third of the cell's width and height
@@ -58,13 +59,21 @@ def make_photo_corpus(folder: Path, n: int, *, seed: int = 0, classes: int | Non
 
     low, high = sides
     rows, columns = grid
-    marker = folder / f"corpus-{n}-{seed}-{classes or 'photo'}-{low}-{high}-{rows}x{columns}.done"
-    if marker.exists():
-        return folder
     found = shipped_photos()
     if not found:
         raise FileNotFoundError("no shipped photograph found: pip install scikit-learn or "
                                 "matplotlib")
+    made_of = "+".join(p.stem for p in found)  # a package installed later makes another corpus
+    marker = folder / (f"corpus-{n}-{seed}-{classes or 'photo'}-{low}-{high}-{rows}x{columns}-"
+                       f"{made_of}.done")
+    if marker.exists():
+        return folder
+    stale = [m for m in folder.glob("corpus-*.done") if m != marker]
+    if stale:  # made here before with other settings: its crops go, so that none is mixed in
+        for old in folder.glob("*/[0-9][0-9][0-9][0-9][0-9].jpg"):
+            old.unlink()
+        for old in stale:
+            old.unlink()
     photos = [Image.open(p).convert("RGB") for p in found]
     rng = np.random.default_rng(seed)
     for i in range(n):

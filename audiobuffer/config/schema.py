@@ -287,7 +287,8 @@ class DecodeConfig(_Section):
                 raise ValueError("size applies to kind: image, not kind: audio")
             wrong = [k for k in _IMAGE_ONLY if k in self.model_fields_set]
             if wrong:
-                raise ValueError(f"{', '.join(wrong)} apply to kind: image, not kind: audio")
+                verb = "applies" if len(wrong) == 1 else "apply"
+                raise ValueError(f"{', '.join(wrong)} {verb} to kind: image, not kind: audio")
             if self.crop not in choices(CropMode):
                 raise ValueError(f"crop with kind: audio must be 'random', 'start' or 'center', "
                                  f"got {self.crop!r} (an image crop: give kind: image)")

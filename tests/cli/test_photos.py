@@ -32,3 +32,21 @@ def test_made_once_and_the_same_from_the_same_seed(tmp_path):
     (again / "class00" / "00000.jpg").unlink()
     make_photo_corpus(again, 6, seed=1, classes=2, sides=(40, 60))  # the marker says it is made
     assert len(_sizes(again)) == 5
+
+
+def test_a_corpus_of_other_settings_or_photographs_replaces_the_one_there(tmp_path, monkeypatch):
+    make_photo_corpus(tmp_path, 12, seed=1, classes=None, sides=(40, 60))
+    # fewer: none of the 12 is left
+    make_photo_corpus(tmp_path, 6, seed=1, classes=None, sides=(40, 60))
+    assert len(_sizes(tmp_path)) == 6
+    photos = shipped_photos()
+    if len(photos) < 2:
+        pytest.skip("one shipped photograph: no package to install later")
+    monkeypatch.setattr("audiobuffer.cli._photos.shipped_photos", lambda: photos[:1])
+    make_photo_corpus(tmp_path, 6, seed=1, classes=None, sides=(40, 60))
+    assert {name.split("/")[0] for name in _sizes(tmp_path)} == {photos[0].stem}
+    monkeypatch.setattr("audiobuffer.cli._photos.shipped_photos", lambda: photos)
+    # a package came: made again
+    make_photo_corpus(tmp_path, 6, seed=1, classes=None, sides=(40, 60))
+    assert {name.split("/")[0] for name in _sizes(tmp_path)} == {p.stem for p in photos}
+    assert len(_sizes(tmp_path)) == 6 and len(list(tmp_path.glob("corpus-*.done"))) == 1

@@ -597,7 +597,7 @@ def test_every_image_key_reaches_the_keyword_of_its_name(corpus):
     ({"kind": "image", "size": 8, "scale": [0.9, 0.1]}, r"decode: scale must be .* \(0\.9, 0\.1\)"),
     ({"kind": "image", "size": 8, "jpeg": "gpu"}, r"decode\.jpeg: .*'host' or 'device'"),
     ({"kind": "image", "jpeg": "device"}, r"decode: jpeg='device' .* give size="),
-    ({"jpeg": "device"}, r"decode: jpeg apply to kind: image, not kind: audio"),
+    ({"jpeg": "device"}, r"decode: jpeg applies to kind: image, not kind: audio"),
 ])
 def test_bad_image_decode_names_key_value_and_what_is_allowed(corpus, decode, match):
     pytest.importorskip("PIL.Image", reason="kind: image needs Pillow")

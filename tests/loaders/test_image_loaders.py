@@ -108,3 +108,11 @@ def test_device_prefetcher_on_the_cpu(packed):
     assert all(b["image"].device.type == "cpu" for b in batches)
     check_batches(batches, reference(spec))
     assert wait_no_threads() == []
+
+
+def test_the_isolated_loader_refuses_jpegs_left_for_the_device(tmp_path):
+    from audiobuffer import IsolatedLoader
+
+    with pytest.raises(ValueError, match=r"cannot take ImageDecoder\(jpeg='device'\).*jpeg='host'"):
+        IsolatedLoader([str(tmp_path / "a.jpg")], ImageDecoder(32, jpeg="device"), batch_size=2)
+    assert wait_no_threads() == []

@@ -341,6 +341,11 @@ class IsolatedLoader(PipelineViews, StateKeys):
                 raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
         if pin_memory not in ("auto", True, False):
             raise ValueError(f"pin_memory must be 'auto', True or False, got {pin_memory!r}")
+        if getattr(decoder, "jpeg", None) == "device":
+            raise ValueError("IsolatedLoader cannot take ImageDecoder(jpeg='device'): its "
+                             "batches cross from the helper process in shared memory, arrays "
+                             "only, not encoded JPEGs; give jpeg='host', or use BufferedDataset "
+                             "with image_collate and DevicePrefetcher(transform=DecodeJpeg(...))")
         if key is None:
             key = getattr(decoder, "sample_key", None)
             key = key if isinstance(key, str) else "audio"

@@ -13,7 +13,7 @@ from plain_decoders import IndexDecoder, SlowWarmUp
 
 from audiobuffer import IsolatedLoader, SampleError
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_helper_left_behind")]
 
 
 def epoch(loader, epoch=0):
@@ -30,12 +30,12 @@ def same_batches(a, b):
 def test_the_trainer_starts_the_epoch_and_the_helper_takes_the_rest_exactly():
     me = os.getpid()
     options = dict(batch_size=5, shuffle=True, seed=3, num_producers=1)
-    decoder = SlowWarmUp(me, 1.0, delay=0.02)  # 80 items of 20 ms: the warm-up ends mid-epoch
-    with IsolatedLoader(fake_paths(80), decoder, start_in_trainer=True, **options) as loader:
+    decoder = SlowWarmUp(me, 0.5, home_delay=0.05)  # 6 s in the trainer: the warm-up ends mid-epoch
+    with IsolatedLoader(fake_paths(120), decoder, start_in_trainer=True, **options) as loader:
         first = epoch(loader)
         stats = loader.stats()
         second = epoch(loader, 1)
-    with IsolatedLoader(fake_paths(80), decoder, **options) as plain:
+    with IsolatedLoader(fake_paths(120), decoder, **options) as plain:
         want_first, want_second = epoch(plain), epoch(plain, 1)
     assert same_batches(first, want_first) and same_batches(second, want_second)
     here = [me in pids for _, _, pids in first]
@@ -44,7 +44,7 @@ def test_the_trainer_starts_the_epoch_and_the_helper_takes_the_rest_exactly():
     one_place = all(set(pids) == {me} or me not in pids for _, _, pids in first)
     assert one_place, "a batch is made in one place"
     assert stats.transfer["trainer_batches"] == sum(here)
-    assert stats.done and stats.yielded == 80 and stats.failed == 0
+    assert stats.done and stats.yielded == 120 and stats.failed == 0
     assert all(me not in pids for _, _, pids in second), "a warm helper makes the whole next epoch"
 
 
@@ -60,21 +60,21 @@ def test_an_epoch_that_ends_before_the_helper_is_warm_runs_in_the_trainer():
 
 def test_failures_are_counted_once_across_the_hand_over():
     me = os.getpid()
-    fail = tuple(range(3, 80, 7))
+    fail = tuple(range(3, 120, 7))
     options = dict(batch_size=4, on_error="skip", num_producers=1)
-    decoder = SlowWarmUp(me, 0.6, delay=0.02, fail=fail)
-    with IsolatedLoader(fake_paths(80), decoder, start_in_trainer=True, **options) as loader:
+    decoder = SlowWarmUp(me, 0.5, home_delay=0.05, fail=fail)
+    with IsolatedLoader(fake_paths(120), decoder, start_in_trainer=True, **options) as loader:
         got = epoch(loader)
         stats = loader.stats()
         state = loader.state_dict()
-    with IsolatedLoader(fake_paths(80), IndexDecoder(fail=fail), **options) as plain:
+    with IsolatedLoader(fake_paths(120), IndexDecoder(fail=fail), **options) as plain:
         plain.set_epoch(0)
         want = [tuple(int(i) for i in b["index"]) for b in plain]
         want_state = plain.state_dict()
     assert [k for k, _, _ in got] == want
     assert state == want_state  # every item consumed once, as in the helper alone
     assert 0 < stats.transfer["trainer_batches"] < len(got)
-    assert (stats.failed, stats.yielded) == (len(fail), 80 - len(fail))
+    assert (stats.failed, stats.yielded) == (len(fail), 120 - len(fail))
     assert sorted(index for index, _, _ in stats.failures) == list(fail)
 
 
@@ -87,11 +87,11 @@ def test_a_failure_under_raise_in_the_trainer_raises_as_in_the_helper():
 
 def test_batches_by_duration_hand_over_the_rest_of_the_plan(tmp_path):
     me = os.getpid()
-    durations = np.random.default_rng(7).uniform(0.2, 5.0, 90).round(2)
+    durations = np.random.default_rng(7).uniform(0.2, 5.0, 120).round(2)
     options = dict(max_batch_seconds=6.0, buckets=3, shuffle=True, seed=4, num_producers=1,
                    duration_column="seconds")
     manifest = duration_manifest(tmp_path, durations)
-    decoder = SlowWarmUp(me, 0.8, delay=0.02)
+    decoder = SlowWarmUp(me, 0.5, home_delay=0.05)
     with IsolatedLoader(manifest, decoder, start_in_trainer=True, **options) as loader:
         got = epoch(loader, 2)
         stats = loader.stats()
@@ -100,7 +100,7 @@ def test_batches_by_duration_hand_over_the_rest_of_the_plan(tmp_path):
         want = [tuple(int(i) for i in b["index"]) for b in plain]
     assert [k for k, _, _ in got] == want
     assert 0 < stats.transfer["trainer_batches"] < len(got)
-    assert stats.yielded == 90 and stats.batches == len(want) and stats.done
+    assert stats.yielded == 120 and stats.batches == len(want) and stats.done
 
 
 def test_leaving_the_epoch_early_in_the_trainer_stops_it_and_the_next_epoch_runs():
