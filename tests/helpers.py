@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import io
 import os
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -299,3 +301,21 @@ def isolated_leftovers(monkeypatch: Any) -> Iterator[None]:
     left = {name for name in seen if segment_exists(name)}
     left.update(name for pid in helpers for name in _shm.leftovers(pid))
     assert not left, f"shared-memory segments left: {sorted(left)}"
+
+
+def write_tar(path: Path, members: list[tuple[str, bytes]]) -> Path:
+    """A tar shard at ``path`` of ``members`` (name, bytes), in that order."""
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def drain(dataset: Any) -> list[dict]:
+    """Every sample of a ``BufferedDataset``'s epoch, then close it: no producer thread is left."""
+    samples = list(dataset)
+    dataset.close()
+    assert wait_no_threads() == []
+    return samples

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import io
 import json
-import tarfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from helpers import wait_no_threads
+from helpers import drain, write_tar
 
 from audiobuffer import IMAGE_PATTERNS, BufferedDataset, DecodeError, ImageDecoder, Source
 from audiobuffer.prepare.pack import index_shards, pack
@@ -44,20 +43,6 @@ def decoded(seed: int, suffix: str) -> np.ndarray:
         return np.asarray(im.convert("RGB"))
 
 
-def write_tar(path: Path, members: list[tuple[str, bytes]]) -> Path:
-    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return path
-
-
-def drain(ds: BufferedDataset) -> list[dict]:
-    samples = list(ds)
-    ds.close()
-    assert wait_no_threads() == []
-    return samples
 
 
 def plain(sample: dict) -> np.ndarray:

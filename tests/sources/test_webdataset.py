@@ -8,13 +8,12 @@ from __future__ import annotations
 import io
 import json
 import sys
-import tarfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
-from helpers import wait_no_threads
+from helpers import drain, write_tar
 
 from audiobuffer import AudioDecoder, BufferedDataset, SourceError
 from audiobuffer.sources import iter_shard, read_index
@@ -32,20 +31,6 @@ def _audio(i: int, fmt: str) -> bytes:
     return out.getvalue()
 
 
-def _write_tar(path: Path, members: list[tuple[str, bytes]]) -> Path:
-    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return path
-
-
-def _drain(ds: BufferedDataset) -> list[dict]:
-    samples = list(ds)
-    ds.close()
-    assert wait_no_threads() == []
-    return samples
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +52,7 @@ def test_shardwriter_cls_labels_and_dotted_keys(wds_shards):
     ds = BufferedDataset(str(wds_shards / "cls-{000000..000002}.tar"), AudioDecoder(), labels="cls",
                          num_producers=2, shuffle=True, seed=1)
     assert ds.classes == ["0", "1", "2"]
-    samples = _drain(ds)
+    samples = drain(ds)
     frames = sorted(s["audio"].shape[-1] - 800 for s in samples)
     assert frames == list(range(N))  # every sample once: the dotted keys did not merge samples
     for s in samples:
@@ -79,7 +64,7 @@ def test_shardwriter_cls_labels_and_dotted_keys(wds_shards):
 def test_shardwriter_json_keys_are_fields(wds_shards):
     ds = BufferedDataset(str(wds_shards / "json-*.tar"), AudioDecoder(), labels="label", num_producers=2)
     assert ds.classes == ["no", "yes"] and len(ds) == N
-    samples = _drain(ds)
+    samples = drain(ds)
     assert len(samples) == N
     for s in samples:
         i = s["audio"].shape[-1] - 800
@@ -93,7 +78,7 @@ def test_a_custom_decoder_sees_every_field(wds_shards):
         seen.append(dict(item.fields))
         return {"n": len(item.read())}
 
-    _drain(BufferedDataset(str(wds_shards / "json-*.tar"), decoder, labels="speaker", num_producers=1))
+    drain(BufferedDataset(str(wds_shards / "json-*.tar"), decoder, labels="speaker", num_producers=1))
     assert len(seen) == N and all(set(f) == {"label", "speaker", "text"} for f in seen)
 
 
@@ -102,7 +87,7 @@ def test_the_fields_are_what_webdataset_itself_reads(wds_shards):
     theirs = {s["__key__"]: s["json"] for s in webdataset.WebDataset(
         str(wds_shards / "json-{000000..000002}.tar"), shardshuffle=False).decode()}
     ours = {s["path"].rpartition("/")[2].partition(".")[0]: {k: s[k] for k in ("label", "speaker", "text")}
-            for s in _drain(BufferedDataset(str(wds_shards / "json-*.tar"), AudioDecoder(), num_producers=1))}
+            for s in drain(BufferedDataset(str(wds_shards / "json-*.tar"), AudioDecoder(), num_producers=1))}
     assert len(theirs) == N and ours == theirs
 
 
@@ -114,8 +99,8 @@ def test_members_in_any_order_several_extensions_and_numbers(tmp_path):
                 (f"k{i}.seconds.txt", b"0.1")]
         audio = (f"k{i}.wav", _audio(i, "wav"))
         members += [*meta, audio] if i % 2 else [audio, *reversed(meta)]
-    shard = _write_tar(tmp_path / "mixed.tar", members)
-    samples = _drain(BufferedDataset(str(shard), AudioDecoder(), labels="speaker", num_producers=2))
+    shard = write_tar(tmp_path / "mixed.tar", members)
+    samples = drain(BufferedDataset(str(shard), AudioDecoder(), labels="speaker", num_producers=2))
     assert len(samples) == 6
     for s in samples:
         i = s["audio"].shape[-1] - 800
@@ -125,7 +110,7 @@ def test_members_in_any_order_several_extensions_and_numbers(tmp_path):
 
 
 def test_a_label_field_missing_from_the_shards_names_the_fields(tmp_path):
-    shard = _write_tar(tmp_path / "a.tar", [("a.wav", _audio(0, "wav")), ("a.cls", b"1")])
+    shard = write_tar(tmp_path / "a.tar", [("a.wav", _audio(0, "wav")), ("a.cls", b"1")])
     with pytest.raises(SourceError, match="cls"):
         BufferedDataset(str(shard), AudioDecoder(), labels="speaker")
 
@@ -141,10 +126,10 @@ def test_split_key_and_member_values():
 def test_dotted_keys_are_told_from_extensions_with_dots(tmp_path):
     # WebDataset's own multi-part extensions (one key, "left.png" and "right.png") stay one sample, while
     # keys with dots (two members with the same last extension, every name with two dots) split.
-    views = _write_tar(tmp_path / "views.tar", [("a.json", b"{}"), ("a.left.wav", b"L"), ("a.right.wav", b"R"),
+    views = write_tar(tmp_path / "views.tar", [("a.json", b"{}"), ("a.left.wav", b"L"), ("a.right.wav", b"R"),
                                                  ("b.json", b"{}"), ("b.left.wav", b"L"), ("b.right.wav", b"R")])
     assert [sorted(s.files) for s in iter_shard(views)] == [["json", "left.wav", "right.wav"]] * 2
-    dotted = _write_tar(tmp_path / "dotted.tar", [(f"x.{i}.{ext}", b"1") for i in range(3) for ext in ("cls", "wav")])
+    dotted = write_tar(tmp_path / "dotted.tar", [(f"x.{i}.{ext}", b"1") for i in range(3) for ext in ("cls", "wav")])
     assert [(s.key, sorted(s.files)) for s in iter_shard(dotted)] == [(f"x.{i}", ["cls", "wav"]) for i in range(3)]
 
 
@@ -172,7 +157,7 @@ def test_by_index_the_same_samples_fields_and_labels_as_streamed(wds_shards, tmp
     streamed = BufferedDataset(sorted(str(p) for p in tmp_path.glob(pattern)), AudioDecoder(), labels=labels,
                                num_producers=2)
     assert len(by_index) == N and by_index.classes == streamed.classes
-    indexed, read = _drain(by_index), _drain(streamed)
+    indexed, read = drain(by_index), drain(streamed)
     assert len(indexed) == N and _by_name(indexed) == _by_name(read)
     durations = sorted(m.duration for m in read_index(index).members)
     assert durations == pytest.approx(sorted((800 + i) / 8000 for i in range(N)))
@@ -188,7 +173,7 @@ def test_by_index_resume_is_exact(wds_shards, tmp_path):
     it.close()
     resumed = BufferedDataset(index, AudioDecoder(), labels="cls", shuffle=True, seed=3, num_producers=2)
     resumed.load_state_dict(state)
-    rest = _drain(resumed)
+    rest = drain(resumed)
     ds.close()
     names = [s["path"] for s in first + rest]
     assert len(names) == N and len(set(names)) == N
@@ -203,7 +188,7 @@ def test_by_index_the_isolated_loader_and_duration_batches(wds_shards, tmp_path,
     assert sum(len(b["label"]) for b in batches) == N
     assert sorted(n for b in batches for n in b["speaker"]) == sorted(f"spk{i % 4}" for i in range(N))
     ds = BufferedDataset(index, AudioDecoder(), labels="label", max_batch_seconds=0.5, num_producers=2)
-    batches = _drain(ds)
+    batches = drain(ds)
     assert sum(len(b) for b in batches) == N
     assert all(len(b) * max(s["audio"].shape[-1] for s in b) / 8000 <= 0.5 for b in batches)
 
@@ -226,16 +211,16 @@ def test_streamed_foreign_shards_batch_by_a_json_duration(tmp_path):
     for i in range(N):
         seconds = json.dumps({"seconds": (800 + i) / 8000}).encode()
         members += [(f"u{i:02d}.wav", _audio(i, "wav")), (f"u{i:02d}.json", seconds)]
-    shard = _write_tar(tmp_path / "timed.tar", members)
+    shard = write_tar(tmp_path / "timed.tar", members)
     ds = BufferedDataset(str(shard), AudioDecoder(), max_batch_seconds=0.5, duration_column="seconds", num_producers=2)
-    batches = _drain(ds)
+    batches = drain(ds)
     assert sorted(s["audio"].shape[-1] - 800 for b in batches for s in b) == list(range(N))
     assert all(len(b) * max(s["seconds"] for s in b) <= 0.5 + 1e-9 for b in batches)
 
 
 def _repeated_key_shard(tmp_path: Path) -> Path:
     """A shard whose key ``k`` comes twice in a row (``k.wav k.cls k.wav k.cls``) between two good samples."""
-    return _write_tar(tmp_path / "repeated.tar", [
+    return write_tar(tmp_path / "repeated.tar", [
         ("a.wav", _audio(0, "wav")), ("a.cls", b"0"),
         ("k.wav", _audio(1, "wav")), ("k.cls", b"1"), ("k.wav", _audio(2, "wav")), ("k.cls", b"2"),
         ("z.wav", _audio(3, "wav")), ("z.cls", b"3")])
@@ -276,7 +261,7 @@ def test_index_refuses_a_member_named_outside_its_shard_and_writes_nothing(tmp_p
         sidecar = {"name": "../../etc/up.wav", "label": None, "duration": None, "fields": {}}
         outer = [("up.wav", _audio(1, "wav")), ("up.json", json.dumps(sidecar).encode())]
         named = "../../etc/up.wav"
-    shard = _write_tar(tmp_path / "outer.tar", [("a.wav", _audio(0, "wav")), ("a.cls", b"0"), *outer])
+    shard = write_tar(tmp_path / "outer.tar", [("a.wav", _audio(0, "wav")), ("a.cls", b"0"), *outer])
     assert main(["index", str(shard), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and str(shard) in err and repr(named) in err, err
@@ -286,7 +271,7 @@ def test_index_refuses_a_member_named_outside_its_shard_and_writes_nothing(tmp_p
 def test_an_index_that_would_not_read_back_is_not_left_behind(tmp_path, monkeypatch):
     from audiobuffer.sources import index_shards
 
-    shard = _write_tar(tmp_path / "outer.tar", [("a.wav", _audio(0, "wav")), ("../up.wav", _audio(1, "wav"))])
+    shard = write_tar(tmp_path / "outer.tar", [("a.wav", _audio(0, "wav")), ("../up.wav", _audio(1, "wav"))])
     module = sys.modules["audiobuffer.prepare.pack"]  # (audiobuffer.sources.pack is the function)
     monkeypatch.setattr(module, "_check_names", lambda *args: None, raising=False)  # past the first check
     with pytest.raises(SourceError, match=r"name '\.\./up\.wav' is not a relative path inside the shard"):
