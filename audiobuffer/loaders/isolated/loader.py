@@ -230,8 +230,8 @@ class LocalEpoch:
         with self._lock:
             self._stopped = True
             pool = self._pool
-        self.inbox.close()  # the sink's next put raises BufferClosed: the consumer ends
-        while True:  # drop what waits, so a sink blocked on a full inbox wakes up
+        self.inbox.close()  # a put, waiting or next, raises BufferClosed: the consumer ends
+        while True:  # drop the batches decoded ahead: their (pinned) tensors go now
             try:
                 self.inbox.get(timeout=0)
             except (TimeoutError, BufferClosed):
