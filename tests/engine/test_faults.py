@@ -18,21 +18,23 @@ from audiobuffer import AudioDecoder, BufferedDataset, DecodeError, SampleError,
 
 
 class Stalling:
-    """A decoder that blocks on ``gate`` for the chosen items (a file on a dead network share, say)."""
+    """A decoder that blocks on ``gate`` for the chosen items (a file on a dead network share, say),
+    ``hold`` seconds at most."""
 
-    def __init__(self, stall):
-        self.stall = set(stall)
+    def __init__(self, stall, hold=JOIN_TIMEOUT):
+        self.stall, self.hold = set(stall), hold
         self.gate = threading.Event()
 
     def __call__(self, item):
         if item.index in self.stall:
-            self.gate.wait(JOIN_TIMEOUT)
+            self.gate.wait(self.hold)
         return {"index": item.index}
 
 
 @pytest.mark.slow
 def test_a_stalled_producer_becomes_a_clear_error():
-    decoder = Stalling({3})
+    # held 10 times the timeout: the error comes first, and close() waits no longer than the hold
+    decoder = Stalling({3}, hold=3.0)
     ds = BufferedDataset(fake_paths(10), decoder, num_producers=1, ordered=True, timeout=0.3)
     got = []
     try:

@@ -176,7 +176,7 @@ def test_timeout_reaches_the_slot_loader():
 
     def stalling(item):
         if item.index == 2:
-            gate.wait(10)
+            gate.wait(3.0)  # 10 times the timeout: the error comes first; close() joins after it
         return {"audio": torch.zeros(4), "index": item.index}
 
     loader = BatchSlotLoader(fake_paths(8), stalling, batch_size=4, num_producers=1, timeout=0.3)
