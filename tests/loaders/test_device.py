@@ -300,7 +300,7 @@ def test_closing_an_isolated_loader_from_another_thread_ends_the_prefetchers_loo
 
     from audiobuffer import IsolatedLoader
 
-    decoder = PlainIndexDecoder(slow_from=8, slow=5.0)  # the helper gets stuck after two batches
+    decoder = PlainIndexDecoder(slow_from=8, slow=2.0)  # the helper gets stuck after two batches
     with IsolatedLoader(fake_paths(40), decoder, batch_size=4, num_producers=1) as loader:
         got = []
         closer = threading.Timer(when, loader.close)
