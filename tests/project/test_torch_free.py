@@ -10,15 +10,18 @@ from helpers import REPO
 #: Test modules (and, through them, tests/conftest.py and tests/helpers.py) that import no torch.
 TORCH_FREE = [
     "cli/test_pack_command.py",
+    "cli/test_photos.py",
     "core/test_buffer.py",
     "core/test_checks.py",
     "core/test_init.py",
     "engine/test_batch_plan.py",
+    "engine/test_epoch.py",
     "engine/test_epoch_plan.py",
     "engine/test_tuner.py",
     "loaders/isolated/test_shm.py",
     "loaders/test_distributed.py",
     "project/test_layering.py",
+    "project/test_line_length.py",
     "project/test_packaging.py",
     "project/test_torch_free.py",
     "sources/test_shard_packing.py",
