@@ -130,6 +130,7 @@ def test_stress_shape_errors():
             parse_shapes(bad)
 
 
+@pytest.mark.timeout(120)
 def test_cli_dispatches_bench_and_stress(cli):
     result = cli("stress", "--quick", "--shapes", "1x1x2")
     assert result.returncode == 0 and "0 lost, 0 duplicated" in result.stdout
