@@ -118,7 +118,7 @@ def run_in_process(*args: object, cwd: str | os.PathLike[str] | None = None) -> 
     outputs = []
     for stream in (stdout, stderr):
         stream.flush()
-        outputs.append(stream.buffer.getvalue().decode("utf-8"))  # type: ignore[attr-defined]
+        outputs.append(stream.buffer.getvalue().decode("utf-8"))
     return subprocess.CompletedProcess(["audiobuffer", *argv], status, *outputs)
 
 
