@@ -139,6 +139,17 @@ def test_run_batches_by_duration_reports_each_epochs_padding(pipeline, isolate, 
     assert "padding       0.0% of the batches' audio" in result.stderr and "0_9999.wav" in result.stderr
 
 
+def test_run_warn_policy_logs_each_skipped_file_on_stderr(pipeline, cli):
+    root, config = pipeline
+    (root / "audio" / "class0" / "0_9999.wav").write_bytes(b"RIFF not really a wav file")
+    result = cli("run", config, "--set", "buffer.on_error=warn", "--set", "epochs=1", "--json", "-",
+                 "--no-progress")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["failed"] == 1
+    (logged,) = [line for line in result.stderr.splitlines() if line.startswith("WARNING audiobuffer.")]
+    assert "skipping item" in logged and "0_9999.wav" in logged
+
+
 @pytest.mark.parametrize("isolate", ["false", "true"])
 def test_run_raise_policy_exits_1_naming_the_file(pipeline, isolate, cli, no_helper_left_behind):
     root, config = pipeline
