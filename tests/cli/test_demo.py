@@ -1,7 +1,6 @@
 import json
 import os
 import re
-import subprocess
 import sys
 
 import numpy as np
@@ -38,32 +37,38 @@ def test_classes_differ(tmp_path):
 _THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
 
 
-def _demo(tmp_path, *args, env=None):
-    env = {k: v for k, v in os.environ.items() if k not in _THREAD_ENV} | (env or {})
-    return subprocess.run([sys.executable, "-m", "audiobuffer", "demo", "--epochs", "1", "--per-class", "2",
-                           "--device", "cpu", "--no-progress", "--cache-dir", str(tmp_path), "--json", "-", *args],
-                          capture_output=True, text=True, timeout=300, env={**env, "PYTHONUNBUFFERED": "1"})
+#: A small demo: one epoch of two files a class.
+_SMALL = ("demo", "--epochs", "1", "--per-class", "2", "--device", "cpu", "--no-progress", "--json", "-")
+
+
+@pytest.fixture
+def demo(tmp_path, cli, monkeypatch):
+    """The demo run here (``cli``), without the thread settings of the environment."""
+    for name in _THREAD_ENV:
+        monkeypatch.delenv(name, raising=False)
+    return lambda *args: cli(*_SMALL, "--cache-dir", tmp_path, *args)
 
 
 @pytest.mark.timeout(400)
-def test_demo_num_producers_is_the_yaml_name_and_producers_still_works(tmp_path):
+def test_demo_num_producers_is_the_yaml_name_and_producers_still_works(demo):
     from audiobuffer.cli.main import command_parsers
 
     assert command_parsers()["demo"].parse_args(["--num-producers", "3"]).num_producers == 3
-    done = _demo(tmp_path, "--producers", "1")
+    done = demo("--producers", "1")
     assert done.returncode == 0, done.stderr
     assert "demo --producers is deprecated: write --num-producers" in done.stderr
     assert json.loads(done.stdout)["num_producers"] == 1 and "1 producers)" in done.stderr
 
 
 @pytest.mark.timeout(400)
-def test_demo_says_how_many_threads_it_chose(tmp_path):
+def test_demo_says_how_many_threads_it_chose(tmp_path, cli_process):
     """'auto' threads: one a core, but one left to the producers where the machine is busy (never
     fewer than one), idle OpenMP threads asleep (OMP_WAIT_POLICY set before torch is imported), said
-    in one line with the load it was chosen by."""
+    in one line with the load it was chosen by. In a new process: torch is not imported there yet."""
     from audiobuffer.options import usable_cores
 
-    done = _demo(tmp_path, "--num-producers", "1")
+    env = {k: v for k, v in os.environ.items() if k not in _THREAD_ENV}
+    done = cli_process(*_SMALL, "--cache-dir", tmp_path, "--num-producers", "1", env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     cores = usable_cores()
@@ -97,13 +102,14 @@ def test_auto_threads_leave_the_producers_a_core_only_on_a_busy_machine(monkeypa
 
 
 @pytest.mark.timeout(400)
-def test_demo_takes_a_thread_count_and_keeps_the_users_openmp_wait(tmp_path):
-    done = _demo(tmp_path, "--threads", "1", env={"OMP_WAIT_POLICY": "ACTIVE"})
+def test_demo_takes_a_thread_count_and_keeps_the_users_openmp_wait(demo, monkeypatch):
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    done = demo("--threads", "1")
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["intra_op_threads"] == 1
     assert result["threads"] == "torch intra-op threads 1 (--threads); idle OpenMP threads: OMP_WAIT_POLICY=ACTIVE"
-    bad = _demo(tmp_path, "--threads", "0")
+    bad = demo("--threads", "0")
     assert bad.returncode == 2 and "argument --threads: must be an integer >= 1, got 0" in bad.stderr
 
 

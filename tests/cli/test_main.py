@@ -2,7 +2,6 @@ import dataclasses
 import io
 import json
 import logging
-import os
 import re
 import subprocess
 import sys
@@ -18,12 +17,6 @@ from audiobuffer.loaders.dataset import DatasetStats
 pytestmark = pytest.mark.timeout(300)
 
 
-def audiobuffer(*args, cwd=None, timeout=240):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([sys.executable, "-m", "audiobuffer", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd, env=env)
-
-
 @pytest.fixture
 def pipeline(tmp_path):
     make_corpus(tmp_path / "audio", 12, seconds=0.2)
@@ -35,10 +28,11 @@ def pipeline(tmp_path):
     return tmp_path, path
 
 
-def test_run_end_to_end_with_json_summary(pipeline):
+def test_run_end_to_end_with_json_summary(pipeline, cli_process):
+    """``python -m audiobuffer run`` in a process of its own: the entry point the other tests skip."""
     root, config = pipeline
     out = root / "summary.json"
-    result = audiobuffer("run", config, "--json", out, "--no-progress")
+    result = cli_process("run", config, "--json", out, "--no-progress")
     assert result.returncode == 0, result.stderr
     summary = json.loads(out.read_text())
     assert (summary["samples"], summary["epochs"], summary["batches"], summary["failed"]) == (24, 2, 6, 0)
@@ -47,10 +41,10 @@ def test_run_end_to_end_with_json_summary(pipeline):
     assert "samples       24 in 2 epoch(s)" in result.stdout and "verdict" in result.stdout
 
 
-def test_run_counts_skipped_files_and_overrides(pipeline):
+def test_run_counts_skipped_files_and_overrides(pipeline, cli):
     root, config = pipeline
     (root / "audio" / "class0" / "0_9999.wav").write_bytes(b"RIFF not really a wav file")
-    result = audiobuffer("run", config, "--set", "epochs=1", "--set", "buffer.num_producers=3", "--json", "-",
+    result = cli("run", config, "--set", "epochs=1", "--set", "buffer.num_producers=3", "--json", "-",
                          "--no-progress")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
@@ -61,9 +55,9 @@ def test_run_counts_skipped_files_and_overrides(pipeline):
     assert summary["auto"] is False and isinstance(summary["gil_enabled"], bool)
 
 
-def test_run_with_producers_auto_says_what_it_settled_on(pipeline):
+def test_run_with_producers_auto_says_what_it_settled_on(pipeline, cli):
     root, config = pipeline
-    result = audiobuffer("run", config, "--set", "epochs=1", "--set", "buffer.num_producers=auto", "--json", "-",
+    result = cli("run", config, "--set", "epochs=1", "--set", "buffer.num_producers=auto", "--json", "-",
                          "--no-progress")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
@@ -118,10 +112,10 @@ def test_summary_of_an_isolated_loader_counts_the_trainers_wait():
     assert summary.consumer_wait_s == pytest.approx(0.8)
 
 
-def test_run_isolated_gives_the_same_counts_and_names_failures(pipeline):
+def test_run_isolated_gives_the_same_counts_and_names_failures(pipeline, cli, no_helper_left_behind):
     root, config = pipeline
     (root / "audio" / "class0" / "0_9999.wav").write_bytes(b"RIFF not really a wav file")
-    result = audiobuffer("run", config, "--set", "buffer.isolate=true", "--json", "-", "--no-progress")
+    result = cli("run", config, "--set", "buffer.isolate=true", "--json", "-", "--no-progress")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     assert (summary["samples"], summary["epochs"], summary["failed"]) == (24, 2, 2)
@@ -130,12 +124,13 @@ def test_run_isolated_gives_the_same_counts_and_names_failures(pipeline):
 
 
 @pytest.mark.parametrize("isolate", ["false", "true"])
-def test_run_batches_by_duration_reports_each_epochs_padding(pipeline, isolate, monkeypatch):
+def test_run_batches_by_duration_reports_each_epochs_padding(pipeline, isolate, monkeypatch, cli,
+                                                             no_helper_left_behind):
     root, config = pipeline
     monkeypatch.setenv("AUDIOBUFFER_CACHE_DIR", str(root / "cache"))  # the header cache, for the child process
     (root / "audio" / "class0" / "0_9999.wav").write_bytes(b"RIFF not really a wav file")
     # Files of 0.2 s and a 0.5 s budget: two a batch, 6 batches an epoch; the bad header is in none.
-    result = audiobuffer("run", config, "--set", "loader.max_batch_seconds=0.5", "--set", f"buffer.isolate={isolate}",
+    result = cli("run", config, "--set", "loader.max_batch_seconds=0.5", "--set", f"buffer.isolate={isolate}",
                          "--json", "-", "--no-progress")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
@@ -144,11 +139,22 @@ def test_run_batches_by_duration_reports_each_epochs_padding(pipeline, isolate, 
     assert "padding       0.0% of the batches' audio" in result.stderr and "0_9999.wav" in result.stderr
 
 
+def test_run_warn_policy_logs_each_skipped_file_on_stderr(pipeline, cli):
+    root, config = pipeline
+    (root / "audio" / "class0" / "0_9999.wav").write_bytes(b"RIFF not really a wav file")
+    result = cli("run", config, "--set", "buffer.on_error=warn", "--set", "epochs=1", "--json", "-",
+                 "--no-progress")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["failed"] == 1
+    (logged,) = [line for line in result.stderr.splitlines() if line.startswith("WARNING audiobuffer.")]
+    assert "skipping item" in logged and "0_9999.wav" in logged
+
+
 @pytest.mark.parametrize("isolate", ["false", "true"])
-def test_run_raise_policy_exits_1_naming_the_file(pipeline, isolate):
+def test_run_raise_policy_exits_1_naming_the_file(pipeline, isolate, cli, no_helper_left_behind):
     root, config = pipeline
     (root / "audio" / "class0" / "0_9999.wav").write_bytes(b"garbage")
-    result = audiobuffer("run", config, "--set", "buffer.on_error=raise", "--set", f"buffer.isolate={isolate}",
+    result = cli("run", config, "--set", "buffer.on_error=raise", "--set", f"buffer.isolate={isolate}",
                          "--no-progress")
     assert result.returncode == 1
     assert "0_9999.wav" in result.stderr and "Traceback" not in result.stderr
@@ -182,50 +188,50 @@ def assert_config_error(result, *parts):
     (["--set", "source.labels=(x"], "source.labels: "),
     (["--set", "epochs.x=1"], "--set 'epochs.x=1': epochs is not a section"),
 ])
-def test_bad_config_exits_2_with_message_and_no_traceback(pipeline, args, message):
+def test_bad_config_exits_2_with_message_and_no_traceback(pipeline, args, message, cli):
     _, config = pipeline
-    result = audiobuffer("run", config, *args)
+    result = cli("run", config, *args)
     if "cuda" in args[-1] and result.returncode == 0:
         pytest.skip("this machine has CUDA")
     assert_config_error(result, f"{config}: ", message)
 
 
-def test_old_key_names_run_with_a_note_naming_the_new_keys(pipeline):
+def test_old_key_names_run_with_a_note_naming_the_new_keys(pipeline, cli):
     root, config = pipeline
     old = root / "old.yaml"
     old.write_text(config.read_text().replace("num_producers:", "producers:") + "\n", encoding="utf-8")
-    result = audiobuffer("run", old, "--set", "epochs=1", "--set", "buffer.capacity=16", "--json", "-",
+    result = cli("run", old, "--set", "epochs=1", "--set", "buffer.capacity=16", "--json", "-",
                          "--no-progress")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["producers"] == 2 and "producers 2," in result.stderr
     notes = [line for line in result.stderr.splitlines() if line.startswith("audiobuffer: note: ")]
     assert notes == [f"audiobuffer: note: {old}: buffer.producers is deprecated: write buffer.num_producers",
                      f"audiobuffer: note: {old}: buffer.capacity is deprecated: write buffer.buffer_size"]
-    filled = audiobuffer("config", old, cwd=root)  # printed under the new names
+    filled = cli("config", old, cwd=root)  # printed under the new names
     assert filled.returncode == 0 and yaml.safe_load(filled.stdout)["buffer"]["num_producers"] == 2
     assert "buffer.producers is deprecated" in filled.stderr
-    result = audiobuffer("run", old, "--set", "buffer.producers=eight")  # the error names the key as written
+    result = cli("run", old, "--set", "buffer.producers=eight")  # the error names the key as written
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.splitlines() == [
         f"audiobuffer: note: {old}: buffer.producers is deprecated: write buffer.num_producers",
         f"audiobuffer: error: {old}: buffer.producers: must be an integer in [1, 1024] or 'auto', got 'eight'"]
-    both = audiobuffer("run", old, "--set", "buffer={producers: 2, num_producers: 3}")
+    both = cli("run", old, "--set", "buffer={producers: 2, num_producers: 3}")
     assert_config_error(both, f"{old}: buffer.producers: the old name of buffer.num_producers, which is given too")
 
 
-def test_missing_config_file_exits_2(tmp_path):
-    result = audiobuffer("run", tmp_path / "nope.yaml")
+def test_missing_config_file_exits_2(tmp_path, cli):
+    result = cli("run", tmp_path / "nope.yaml")
     assert_config_error(result, tmp_path / "nope.yaml", ": cannot read config file")
 
 
-@pytest.mark.timeout(120)
-def test_alias_bomb_ends_quickly_with_one_short_line(tmp_path):
+@pytest.mark.timeout(60)
+def test_alias_bomb_ends_quickly_with_one_short_line(tmp_path, cli):
     """A 9-level "billion laughs" list as source.root: the error quotes only its prefix."""
     lines = ['l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
     lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 9)]
     path = tmp_path / "bomb.yaml"
     path.write_text("\n".join(lines + ["source:", "  root: *l8"]) + "\n")
-    result = audiobuffer("run", path, timeout=60)
+    result = cli("run", path)
     assert_config_error(result, path, ": source.root: Input should be a valid string, got [[[[[[[[['lol'")
     assert len(result.stderr) < 600
 
@@ -234,47 +240,47 @@ def test_alias_bomb_ends_quickly_with_one_short_line(tmp_path):
     ("source: {root: audio}\n# caf\u00e9\n".encode("latin-1"), "not UTF-8 text: byte 0xe9 at line 2, column 6"),
     (b"source: [unclosed\nbuffer: {", "not valid YAML at line 2, column 7: "),
 ], ids=["latin-1", "malformed"])
-def test_unreadable_config_exits_2_with_one_line(tmp_path, content, message):
+def test_unreadable_config_exits_2_with_one_line(tmp_path, content, message, cli):
     path = tmp_path / "pipeline.yaml"
     path.write_bytes(content)
-    assert_config_error(audiobuffer("run", path), path, ": ", message)
+    assert_config_error(cli("run", path), path, ": ", message)
 
 
-def test_set_paths_resolve_against_the_current_directory(pipeline, tmp_path_factory):
+def test_set_paths_resolve_against_the_current_directory(pipeline, tmp_path_factory, cli):
     root, config = pipeline
     (root / "conf").mkdir()
     moved = root / "conf" / "pipeline.yaml"
     moved.write_text(config.read_text().replace("root: audio", "root: ../audio"))
     elsewhere = tmp_path_factory.mktemp("elsewhere")
     make_corpus(elsewhere / "mine", 4, seconds=0.2)
-    result = audiobuffer("run", moved, "--set", "source.root=mine", "--set", "epochs=1", "--json", "-",
+    result = cli("run", moved, "--set", "source.root=mine", "--set", "epochs=1", "--json", "-",
                          "--no-progress", cwd=elsewhere)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["samples"] == 4  # mine/, not conf/mine or the file's ../audio
-    result = audiobuffer("run", moved, "--set", "epochs=1", "--json", "-", "--no-progress", cwd=elsewhere)
+    result = cli("run", moved, "--set", "epochs=1", "--json", "-", "--no-progress", cwd=elsewhere)
     assert result.returncode == 0 and json.loads(result.stdout)["samples"] == 12  # the file's own path: its folder
 
 
-def test_config_reference_prints_the_shipped_reference(tmp_path):
-    result = audiobuffer("config", "--reference", cwd=tmp_path)
+def test_config_reference_prints_the_shipped_reference(tmp_path, cli):
+    result = cli("config", "--reference", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout == (REPO / "configs" / "reference.yaml").read_text(encoding="utf-8")
-    help_text = audiobuffer("run", "--help").stdout
+    help_text = cli("run", "--help").stdout
     assert "audiobuffer config --reference" in " ".join(help_text.split())
 
 
-def test_config_checks_a_config_and_prints_it_filled_in(pipeline):
+def test_config_checks_a_config_and_prints_it_filled_in(pipeline, cli):
     root, config = pipeline
-    result = audiobuffer("config", config, "--set", "buffer.num_producers=3", cwd=root)
+    result = cli("config", config, "--set", "buffer.num_producers=3", cwd=root)
     assert result.returncode == 0, result.stderr
     filled = yaml.safe_load(result.stdout)
     assert filled["buffer"]["num_producers"] == 3 and filled["source"]["root"] == str(root / "audio")
     assert filled["buffer"]["buffer_size"] == 64  # a default, filled in
-    assert_config_error(audiobuffer("config", config, "--set", "seed=-1"), config, ": seed: must be >= 0")
-    assert_config_error(audiobuffer("config"), "give either --reference or CONFIG.yaml")
+    assert_config_error(cli("config", config, "--set", "seed=-1"), config, ": seed: must be >= 0")
+    assert_config_error(cli("config"), "give either --reference or CONFIG.yaml")
 
 
-def test_run_on_images_reports_images_per_second(tmp_path):
+def test_run_on_images_reports_images_per_second(tmp_path, cli):
     image = pytest.importorskip("PIL.Image")
     for i in range(6):
         image.new("RGB", (12, 10), (40 * i, 0, 0)).save(tmp_path / f"{i}_img.png")
@@ -282,7 +288,7 @@ def test_run_on_images_reports_images_per_second(tmp_path):
     path.write_text(yaml.safe_dump({"source": {"root": "."}, "decode": {"kind": "image", "size": 8},
                                     "loader": {"batch_size": 4}, "device": "cpu"}))
     out = tmp_path / "summary.json"
-    result = audiobuffer("run", path, "--no-progress", "--json", out)
+    result = cli("run", path, "--no-progress", "--json", out)
     assert result.returncode == 0, result.stderr
     assert "images/s" in result.stdout and "audio" not in result.stdout and "sample rate" not in result.stdout
     summary = json.loads(out.read_text())
@@ -300,9 +306,9 @@ def test_input_bound_advice_fits_the_kind_of_sample():
     assert "sample rate" in audio.advice and "5.0 s of audio/s" in audio.lines()[1]
 
 
-def test_demo_end_to_end(tmp_path):
+def test_demo_end_to_end(tmp_path, cli):
     out = tmp_path / "demo.json"
-    result = audiobuffer("demo", "--epochs", 2, "--per-class", 5, "--cache-dir", tmp_path / "cache",
+    result = cli("demo", "--epochs", 2, "--per-class", 5, "--cache-dir", tmp_path / "cache",
                          "--device", "cpu", "--json", out, "--no-progress")
     assert result.returncode == 0, result.stderr
     demo = json.loads(out.read_text())
@@ -310,13 +316,13 @@ def test_demo_end_to_end(tmp_path):
     assert demo["summary"]["samples"] == 2 * 40 and demo["summary"]["epochs"] == 2
     assert 0.0 <= demo["test_accuracy"] <= 1.0 and len(demo["history"]) == 2
     assert "accuracy" in result.stdout and "time split" in result.stdout
-    again = audiobuffer("demo", "--epochs", 1, "--per-class", 5, "--cache-dir", tmp_path / "cache", "--device", "cpu",
+    again = cli("demo", "--epochs", 1, "--per-class", 5, "--cache-dir", tmp_path / "cache", "--device", "cpu",
                         "--json", "-", "--no-progress")
     assert again.returncode == 0 and json.loads(again.stdout)["corpus"] == demo["corpus"]  # the corpus is reused
 
 
-def test_demo_rejects_bad_arguments():
-    result = audiobuffer("demo", "--epochs", 0)
+def test_demo_rejects_bad_arguments(cli):
+    result = cli("demo", "--epochs", 0)
     assert result.returncode == 2 and "--epochs must be >= 1" in result.stderr
 
 
@@ -383,15 +389,15 @@ def test_pack_names_an_output_folder_stdout_cannot_encode(tmp_path, monkeypatch)
     assert "packed 3 files" in printed(stdout) and "\\u65e5\\u672c" in printed(stdout)
 
 
-def test_the_saved_reference_config_says_what_to_fill_in_and_runs_once_filled(tmp_path):
-    reference = audiobuffer("config", "--reference", cwd=tmp_path)
+def test_the_saved_reference_config_says_what_to_fill_in_and_runs_once_filled(tmp_path, cli):
+    reference = cli("config", "--reference", cwd=tmp_path)
     assert reference.returncode == 0, reference.stderr
     saved = tmp_path / "my.yaml"
     saved.write_text(reference.stdout, encoding="utf-8")
-    assert_config_error(audiobuffer("run", "my.yaml", cwd=tmp_path), "my.yaml: source.root: fill in the folder",
+    assert_config_error(cli("run", "my.yaml", cwd=tmp_path), "my.yaml: source.root: fill in the folder",
                         "--set source.root=PATH")
     make_corpus(tmp_path / "audio", 4, seconds=0.1)
-    filled = audiobuffer("run", "my.yaml", "--set", "source.root=audio", "--set", "device=cpu", "--json", "-",
+    filled = cli("run", "my.yaml", "--set", "source.root=audio", "--set", "device=cpu", "--json", "-",
                          "--no-progress", cwd=tmp_path)
     assert filled.returncode == 0, filled.stderr
     assert json.loads(filled.stdout)["samples"] == 4
@@ -405,10 +411,10 @@ def test_json_report_is_utf8_with_unix_newlines_where_text_files_write_crlf(tmp_
     assert b"\r" not in data and json.loads(data.decode("utf-8")) == report
 
 
-def test_run_reports_the_zeros_of_a_padded_crop_without_batches_by_duration(pipeline):
+def test_run_reports_the_zeros_of_a_padded_crop_without_batches_by_duration(pipeline, cli):
     # 0.2 s files padded to a 0.5 s crop: three fifths of every batch are zeros, and the summary says so.
     root, config = pipeline
-    result = audiobuffer("run", config, "--set", "decode.crop_seconds=0.5", "--set", "decode.pad=true",
+    result = cli("run", config, "--set", "decode.crop_seconds=0.5", "--set", "decode.pad=true",
                          "--set", "epochs=1", "--json", "-", "--no-progress")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
@@ -416,9 +422,9 @@ def test_run_reports_the_zeros_of_a_padded_crop_without_batches_by_duration(pipe
     assert "padding       60.0% of the batches' audio" in result.stderr
 
 
-def test_a_warning_of_ours_is_one_line_without_a_source_location(pipeline):
+def test_a_warning_of_ours_is_one_line_without_a_source_location(pipeline, cli):
     root, config = pipeline
-    result = audiobuffer("run", config, "--no-progress", "--set", "decode.crop_seconds=0.1",
+    result = cli("run", config, "--no-progress", "--set", "decode.crop_seconds=0.1",
                          "--set", "loader.max_batch_seconds=1")
     assert result.returncode == 0, result.stderr
     warned = [line for line in result.stderr.splitlines() if "every item lasts the crop" in line]
