@@ -81,15 +81,17 @@ def no_helper_left_behind(monkeypatch):
 #: Modules whose tests start processes (the helper, torchrun, the command line, scripts).
 SUBPROCESS_MODULES = {
     "test_isolated", "test_helper_process", "test_channel", "test_distributed", "test_train_audio",
-    "test_demo", "test_main", "test_bench_command", "test_benchmark_scripts", "test_packaging",
-    "test_init", "test_pack_command", "test_device", "test_docs", "test_torch_free", "test_helper_warm_up",
+    "test_train_image", "test_nodes", "test_start_in_trainer", "test_bench_command",
+    "test_benchmark_scripts", "test_packaging", "test_init", "test_device", "test_docs",
+    "test_torch_free", "test_helper_warm_up",
 }
 #: Modules that are slow as a whole (benchmark smoke runs, every example of the docs).
 SLOW_MODULES = {
     "test_bench_command", "test_benchmark_scripts", "test_docs", "test_train_audio", "test_demo",
 }
-#: Fixtures of tests that start a helper process, wherever their module is.
-SUBPROCESS_FIXTURES = {"no_helper_left_behind"}
+#: Fixtures of tests that start a helper process or the command in a process of its own, wherever
+#: their module is.
+SUBPROCESS_FIXTURES = {"no_helper_left_behind", "cli_process"}
 #: Fixtures that start a server on the loopback address.
 NETWORK_FIXTURES = {"s3", "proxies"}
 

@@ -1,5 +1,6 @@
 """The command line run in the test's own process: ``cli("run", config, ...)`` as ``python -m
-audiobuffer run config ...`` would run, without the two seconds a new process takes to import torch."""
+audiobuffer run config ...`` would run, without the two seconds a new process takes to import
+torch."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 #: The warning filters of a plain ``python`` process (no -W, no PYTHONWARNINGS), last to first as
-#: ``warnings.filterwarnings`` inserts them: what ``python -m audiobuffer`` shows, not pytest's filters.
+#: ``warnings.filterwarnings`` inserts them: what ``python -m audiobuffer`` shows, not pytest's
+#: filters.
 _PROCESS_FILTERS = (
     ("ignore", ResourceWarning, ""),
     ("ignore", ImportWarning, ""),
@@ -38,9 +40,9 @@ def _cwd(path: str | os.PathLike[str] | None) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _process_warnings(stderr: io.TextIOBase) -> Iterator[None]:
-    """Warnings as a fresh process shows them: its filters, none hidden because an earlier test showed it
-    (entering ``catch_warnings`` starts each module's registry afresh), printed to ``stderr`` through
-    ``warnings.formatwarning`` (which ``main`` sets), not recorded by pytest."""
+    """Warnings as a fresh process shows them: its filters, none hidden because an earlier test
+    showed it (entering ``catch_warnings`` starts each module's registry afresh), printed to
+    ``stderr`` through ``warnings.formatwarning`` (which ``main`` sets), not recorded by pytest."""
 
     def show(message, category, filename, lineno, file=None, line=None):
         stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
@@ -61,8 +63,8 @@ def _process_warnings(stderr: io.TextIOBase) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _logging_to(stderr: io.TextIOBase) -> Iterator[None]:
-    """The package's log records on ``stderr`` as ``main``'s ``logging.basicConfig`` would print them: under
-    pytest the root logger has handlers already, so that call configures nothing."""
+    """The package's log records on ``stderr`` as ``main``'s ``logging.basicConfig`` would print
+    them: under pytest the root logger has handlers already, so that call configures nothing."""
     handler = logging.StreamHandler(stderr)
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     logger = logging.getLogger("audiobuffer")
@@ -88,12 +90,15 @@ def _torch_state() -> Iterator[None]:
         torch.random.set_rng_state(rng)
 
 
-def run_in_process(*args: object, cwd: str | os.PathLike[str] | None = None) -> subprocess.CompletedProcess:
-    """``audiobuffer *args`` run by ``audiobuffer.cli.main.main`` here, in directory ``cwd``: its exit
-    status and what it wrote to stdout and stderr, as ``subprocess.run(..., text=True)`` returns them.
+def run_in_process(*args: object, cwd: str | os.PathLike[str] | None = None
+                   ) -> subprocess.CompletedProcess:
+    """``audiobuffer *args`` run by ``audiobuffer.cli.main.main`` here, in directory ``cwd``: its
+    exit status and what it wrote to stdout and stderr, as ``subprocess.run(..., text=True)``
+    returns them.
 
-    stdout and stderr are text streams over bytes (UTF-8, strict), as a redirected process's are. An
-    exception ``main`` lets through is raised here, traceback and all, where a process would print it.
+    stdout and stderr are text streams over bytes (UTF-8, strict), as a redirected process's are.
+    An exception ``main`` lets through is raised here, traceback and all, where a process would
+    print it.
     """
     from audiobuffer.cli.main import main
 
@@ -128,12 +133,14 @@ def cli() -> Callable[..., subprocess.CompletedProcess]:
     return run_in_process
 
 
-def run_process(*args: object, cwd: str | os.PathLike[str] | None = None, env: dict[str, str] | None = None,
-                timeout: float = 240) -> subprocess.CompletedProcess:
-    """``python -m audiobuffer *args`` in a new process (for tests whose subject is the process itself)."""
+def run_process(*args: object, cwd: str | os.PathLike[str] | None = None,
+                env: dict[str, str] | None = None, timeout: float = 240
+                ) -> subprocess.CompletedProcess:
+    """``python -m audiobuffer *args`` in a new process (for tests whose subject is the process
+    itself)."""
     env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([sys.executable, "-m", "audiobuffer", *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout, cwd=cwd, env=env)
+    return subprocess.run([sys.executable, "-m", "audiobuffer", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
 
 
 @pytest.fixture

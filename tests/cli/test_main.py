@@ -41,11 +41,12 @@ def test_run_end_to_end_with_json_summary(pipeline, cli_process):
     assert "samples       24 in 2 epoch(s)" in result.stdout and "verdict" in result.stdout
 
 
+@pytest.mark.subprocess
 def test_run_counts_skipped_files_and_overrides(pipeline, cli):
     root, config = pipeline
     (root / "audio" / "class0" / "0_9999.wav").write_bytes(b"RIFF not really a wav file")
     result = cli("run", config, "--set", "epochs=1", "--set", "buffer.num_producers=3", "--json", "-",
-                         "--no-progress")
+                 "--no-progress")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     assert (summary["samples"], summary["failed"], summary["producers"]) == (12, 1, 3)
@@ -58,7 +59,7 @@ def test_run_counts_skipped_files_and_overrides(pipeline, cli):
 def test_run_with_producers_auto_says_what_it_settled_on(pipeline, cli):
     root, config = pipeline
     result = cli("run", config, "--set", "epochs=1", "--set", "buffer.num_producers=auto", "--json", "-",
-                         "--no-progress")
+                 "--no-progress")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     assert summary["auto"] is True and summary["samples"] == 12 and summary["producers"] in (0, 1, 2, 3, 4)
@@ -131,7 +132,7 @@ def test_run_batches_by_duration_reports_each_epochs_padding(pipeline, isolate, 
     (root / "audio" / "class0" / "0_9999.wav").write_bytes(b"RIFF not really a wav file")
     # Files of 0.2 s and a 0.5 s budget: two a batch, 6 batches an epoch; the bad header is in none.
     result = cli("run", config, "--set", "loader.max_batch_seconds=0.5", "--set", f"buffer.isolate={isolate}",
-                         "--json", "-", "--no-progress")
+                 "--json", "-", "--no-progress")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     assert (summary["samples"], summary["batches"], summary["failed"]) == (24, 12, 2)
@@ -155,7 +156,7 @@ def test_run_raise_policy_exits_1_naming_the_file(pipeline, isolate, cli, no_hel
     root, config = pipeline
     (root / "audio" / "class0" / "0_9999.wav").write_bytes(b"garbage")
     result = cli("run", config, "--set", "buffer.on_error=raise", "--set", f"buffer.isolate={isolate}",
-                         "--no-progress")
+                 "--no-progress")
     assert result.returncode == 1
     assert "0_9999.wav" in result.stderr and "Traceback" not in result.stderr
     assert "caused by" not in result.stderr  # the decoder's message is in the error once, not again as its cause
@@ -201,7 +202,7 @@ def test_old_key_names_run_with_a_note_naming_the_new_keys(pipeline, cli):
     old = root / "old.yaml"
     old.write_text(config.read_text().replace("num_producers:", "producers:") + "\n", encoding="utf-8")
     result = cli("run", old, "--set", "epochs=1", "--set", "buffer.capacity=16", "--json", "-",
-                         "--no-progress")
+                 "--no-progress")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["producers"] == 2 and "producers 2," in result.stderr
     notes = [line for line in result.stderr.splitlines() if line.startswith("audiobuffer: note: ")]
@@ -254,7 +255,7 @@ def test_set_paths_resolve_against_the_current_directory(pipeline, tmp_path_fact
     elsewhere = tmp_path_factory.mktemp("elsewhere")
     make_corpus(elsewhere / "mine", 4, seconds=0.2)
     result = cli("run", moved, "--set", "source.root=mine", "--set", "epochs=1", "--json", "-",
-                         "--no-progress", cwd=elsewhere)
+                 "--no-progress", cwd=elsewhere)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["samples"] == 4  # mine/, not conf/mine or the file's ../audio
     result = cli("run", moved, "--set", "epochs=1", "--json", "-", "--no-progress", cwd=elsewhere)
@@ -306,10 +307,11 @@ def test_input_bound_advice_fits_the_kind_of_sample():
     assert "sample rate" in audio.advice and "5.0 s of audio/s" in audio.lines()[1]
 
 
+@pytest.mark.slow
 def test_demo_end_to_end(tmp_path, cli):
     out = tmp_path / "demo.json"
     result = cli("demo", "--epochs", 2, "--per-class", 5, "--cache-dir", tmp_path / "cache",
-                         "--device", "cpu", "--json", out, "--no-progress")
+                 "--device", "cpu", "--json", out, "--no-progress")
     assert result.returncode == 0, result.stderr
     demo = json.loads(out.read_text())
     assert (demo["train_files"], demo["test_files"], demo["classes"]) == (40, 10, 10)
@@ -317,7 +319,7 @@ def test_demo_end_to_end(tmp_path, cli):
     assert 0.0 <= demo["test_accuracy"] <= 1.0 and len(demo["history"]) == 2
     assert "accuracy" in result.stdout and "time split" in result.stdout
     again = cli("demo", "--epochs", 1, "--per-class", 5, "--cache-dir", tmp_path / "cache", "--device", "cpu",
-                        "--json", "-", "--no-progress")
+                "--json", "-", "--no-progress")
     assert again.returncode == 0 and json.loads(again.stdout)["corpus"] == demo["corpus"]  # the corpus is reused
 
 
@@ -326,6 +328,7 @@ def test_demo_rejects_bad_arguments(cli):
     assert result.returncode == 2 and "--epochs must be >= 1" in result.stderr
 
 
+@pytest.mark.subprocess
 def test_console_script_is_installed():
     result = subprocess.run(["audiobuffer", "--version"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.startswith("audiobuffer ")
@@ -398,7 +401,7 @@ def test_the_saved_reference_config_says_what_to_fill_in_and_runs_once_filled(tm
                         "--set source.root=PATH")
     make_corpus(tmp_path / "audio", 4, seconds=0.1)
     filled = cli("run", "my.yaml", "--set", "source.root=audio", "--set", "device=cpu", "--json", "-",
-                         "--no-progress", cwd=tmp_path)
+                 "--no-progress", cwd=tmp_path)
     assert filled.returncode == 0, filled.stderr
     assert json.loads(filled.stdout)["samples"] == 4
 
@@ -415,7 +418,7 @@ def test_run_reports_the_zeros_of_a_padded_crop_without_batches_by_duration(pipe
     # 0.2 s files padded to a 0.5 s crop: three fifths of every batch are zeros, and the summary says so.
     root, config = pipeline
     result = cli("run", config, "--set", "decode.crop_seconds=0.5", "--set", "decode.pad=true",
-                         "--set", "epochs=1", "--json", "-", "--no-progress")
+                 "--set", "epochs=1", "--json", "-", "--no-progress")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     assert summary["padding"] == [pytest.approx(0.6)]
@@ -425,7 +428,7 @@ def test_run_reports_the_zeros_of_a_padded_crop_without_batches_by_duration(pipe
 def test_a_warning_of_ours_is_one_line_without_a_source_location(pipeline, cli):
     root, config = pipeline
     result = cli("run", config, "--no-progress", "--set", "decode.crop_seconds=0.1",
-                         "--set", "loader.max_batch_seconds=1")
+                 "--set", "loader.max_batch_seconds=1")
     assert result.returncode == 0, result.stderr
     warned = [line for line in result.stderr.splitlines() if "every item lasts the crop" in line]
     assert warned and all(line.startswith("audiobuffer: warning: ") for line in warned), result.stderr

@@ -74,12 +74,15 @@ def test_pack_command_errors_are_one_line(tmp_path, capsys):
     _one_line_error(capsys, "cannot read 'nosuchscheme://bucket/files", "pip install")
 
 
+@pytest.mark.subprocess
 def test_audiobuffer_pack_runs_from_the_command_line(tmp_path, cli):
     make_corpus(tmp_path / "src", 4, seconds=0.05)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    args = ["pack", str(tmp_path / "src"), str(tmp_path / "out"), "--shard-size", "1MB", "--no-progress"]
-    ok = subprocess.run([sys.executable, "-m", "audiobuffer", *args], env=env, capture_output=True, text=True,
-                        timeout=120)  # the entry point, in a process of its own
+    args = ["pack", str(tmp_path / "src"), str(tmp_path / "out"), "--shard-size", "1MB",
+            "--no-progress"]
+    # the entry point, in a process of its own
+    ok = subprocess.run([sys.executable, "-m", "audiobuffer", *args], env=env, capture_output=True,
+                        text=True, timeout=120)
     assert ok.returncode == 0, ok.stderr
     assert (tmp_path / "out" / INDEX_NAME).is_file()
     again = cli(*args)

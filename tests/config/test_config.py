@@ -351,6 +351,7 @@ def durations_cached_here(tmp_path, monkeypatch):
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
 
 
+@pytest.mark.subprocess
 @pytest.mark.usefixtures("durations_cached_here")
 def test_loader_max_batch_seconds_builds_batches_by_duration(corpus):
     path = write(corpus, {"source": {"root": "audio"}, "loader": {"max_batch_seconds": 0.25, "buckets": 2,

@@ -84,6 +84,7 @@ def _verdict(build) -> bool:
     return True
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("name, value, taken", CASES, ids=[f"{n}={v!r}" for n, v, _ in CASES])
 def test_every_loader_and_the_yaml_give_the_same_verdict(tmp_path, name, value, taken):
     keywords = _keywords(name, value)
@@ -111,6 +112,7 @@ PER_BUCKET = [([30.0, 20.0], 2, True), ([30.0, 20.0], 3, False), ({2.0: 30.0, 5.
 
 @pytest.mark.parametrize("seconds, buckets, taken", PER_BUCKET,
                          ids=[f"{s!r}-{b}" for s, b, _ in PER_BUCKET])
+@pytest.mark.subprocess
 def test_budgets_per_bucket_agree_with_buckets_everywhere(tmp_path, seconds, buckets, taken):
     keywords = {"max_batch_seconds": seconds, "buckets": buckets, "duration_column": "seconds"}
     items = duration_manifest(tmp_path, [1.0] * 4)

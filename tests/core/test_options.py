@@ -48,6 +48,7 @@ def test_no_producer_count_is_stored_as_auto():
     assert LoaderOptions(num_producers=None).num_producers == "auto" == LoaderOptions().num_producers
 
 
+@pytest.mark.subprocess
 def test_every_loader_holds_its_own_pipeline_and_builds_no_other_loader(monkeypatch):
     made = [BufferedDataset(fake_paths(6), IndexDecoder(), seed=4, shuffle=True)]
 

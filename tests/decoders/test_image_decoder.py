@@ -490,6 +490,7 @@ def test_each_rank_crops_its_items_as_one_process_would(photos):
     assert sum(torch.equal(other_seed[i], whole[i]) for i in whole) <= 2
 
 
+@pytest.mark.subprocess
 def test_isolated_loader_and_batch_slots_give_the_same_crops(photos, monkeypatch):
     from helpers import isolated_leftovers
 

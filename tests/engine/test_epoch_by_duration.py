@@ -103,6 +103,7 @@ def test_through_a_dataloader_each_element_is_one_padded_batch(tmp_path):
     assert len(loader) == len(ds)
 
 
+@pytest.mark.subprocess
 def test_dataloader_workers_split_the_batches(tmp_path):
     durations = np.random.default_rng(1).uniform(0.5, 5.0, 90)
     ds = dataset(duration_manifest(tmp_path, durations), durations, max_batch_seconds=12.0, shuffle=True, seed=2,
@@ -183,6 +184,7 @@ def test_a_crop_caps_the_durations(tmp_path, pad):
         assert batch["audio"].shape[0] * batch["audio"].shape[1] <= 2.0 * 8000
 
 
+@pytest.mark.subprocess
 @pytest.mark.filterwarnings(CROP_AND_PAD)
 @pytest.mark.parametrize("isolate", [False, True])
 def test_padding_counts_the_zeros_a_decoder_pads_a_crop_with(tmp_path, isolate):
@@ -208,6 +210,7 @@ def test_padding_counts_the_zeros_a_decoder_pads_a_crop_with(tmp_path, isolate):
     assert stats.padding == pytest.approx(1 - real / padded) and stats.padding == pytest.approx(1 - 3.5 / 6)
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("isolate", [False, True])
 def test_padding_counts_each_samples_real_frames_not_the_durations(tmp_path, isolate):
     # The manifest says every item lasts 2 s (no padding by durations); the samples hold 0.5-2 s of audio
@@ -445,6 +448,7 @@ def test_a_bad_file_is_left_out_of_the_batches_and_counted(tmp_path, policy, cap
     assert other_rank.stats().failed == 0  # counted once, on rank 0
 
 
+@pytest.mark.subprocess
 def test_a_bad_file_is_a_failed_item_of_the_isolated_loader_too(tmp_path):
     """The isolated loader counts a file whose header failed as the dataset does: yielded + failed == items."""
     tones(tmp_path / "audio", [0.5, 1.0, 0.7, 0.2])

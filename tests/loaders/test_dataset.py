@@ -90,6 +90,7 @@ def test_rank_shards_are_disjoint_and_cover(world_size, ordered):
     assert sorted(seen) == list(range(n))
 
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_dataloader_workers_shard_exactly_once(world_size):
@@ -118,6 +119,7 @@ def test_even_shards(mode, per_rank):
         assert len(set(seen)) == len(seen) == 30  # one left out
 
 
+@pytest.mark.subprocess
 def test_workers_do_not_unbalance_ranks():
     # 6 items, 2 ranks, 2 DataLoader workers each: every rank must still get 3 items.
     for rank in range(2):
@@ -300,6 +302,7 @@ def test_audio_corpus_through_dataloader_with_pin_memory(tmp_path):
         assert name == path.rsplit("/", 1)[1].split("_")[0] and ds.classes[label] == name
 
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(120)
 def test_audio_corpus_through_dataloader_workers(tmp_path):
     paths = make_corpus(tmp_path, 20, seconds=0.05)
@@ -460,6 +463,7 @@ def test_ordered_max_bytes_bounds_the_samples_waiting_for_their_turn():
 
 # -- stats() and state_dict() with DataLoader workers ----------------------------------------------
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(120)
 def test_stats_and_state_dict_warn_once_after_epochs_in_dataloader_workers():
     ds = BufferedDataset(fake_paths(20), IndexDecoder(), num_producers=2)
@@ -492,6 +496,7 @@ def test_no_warning_for_epochs_run_in_the_main_process():
         assert copy.stats().yielded == 20
 
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(120)
 def test_an_epoch_in_the_main_process_after_worker_epochs_does_not_warn():
     ds = BufferedDataset(fake_paths(8), IndexDecoder(), num_producers=2)

@@ -289,6 +289,7 @@ def test_a_merged_state_at_the_start_of_an_epoch_is_a_fresh_epoch(even, old, new
     assert [sorted(a) for a in after] == fresh_epoch(make, new, 3)
 
 
+@pytest.mark.subprocess
 def test_isolated_loader_resumes_a_merged_state():
     from plain_decoders import IndexDecoder as PlainIndexDecoder
 

@@ -38,9 +38,10 @@ def load_benchmark(monkeypatch):
 
 @pytest.fixture
 def run_bench(load_benchmark, capsys):
-    """``run_bench(NAME, *args)``: benchmarks/NAME's ``main(args)`` in this process (torch's thread
-    count put back after), as ``subprocess.run`` gives it: ``returncode``, ``stdout``, ``stderr``. For
-    the scripts whose process is not what a test looks at: it saves each a start of Python and torch."""
+    """``run_bench(NAME, *args)``: benchmarks/NAME's ``main(args)`` in this process (torch's
+    thread count put back after), as ``subprocess.run`` gives it: ``returncode``, ``stdout``,
+    ``stderr``. For the scripts whose process is not what a test looks at: it saves each a start
+    of Python and torch."""
 
     def run(name, *args):
         module = load_benchmark(name.removesuffix(".py"))
@@ -70,16 +71,19 @@ def run_script(name, *args):
 NEW_APPROACHES = ["loop", "loop-libsndfile", "audiobuffer-auto", "isolated-2", "spdl-pipeline-2", "spdl-load_wav"]
 
 
-#: The approaches the log-mel corpus runs in the smoke test: the transform reaches every other one
-#: the same way (``decoding(transform)``), and the helper's import of it by reference is isolated-2's.
+#: The approaches the log-mel corpus runs in the smoke test: the transform reaches every other
+#: one the same way (``decoding(transform)``), and the helper's import of it by reference is
+#: isolated-2's.
 MEL_APPROACHES = ["loop", "audiobuffer-auto", "isolated-2"]
 
 
-@pytest.mark.parametrize("formats, approaches", [("wav", NEW_APPROACHES), ("flac+mel", MEL_APPROACHES)],
+@pytest.mark.parametrize("formats, approaches",
+                         [("wav", NEW_APPROACHES), ("flac+mel", MEL_APPROACHES)],
                          ids=["wav", "flac+mel"])
-def test_decode_bench_quick_fills_every_row_of_the_new_approaches_and_corpora(tmp_path, load_benchmark,
-                                                                              formats, approaches):
-    """WAV, and FLAC + mel, tiny: each approach that is installed and applies has numbers in its row."""
+def test_decode_bench_quick_fills_every_row_of_the_new_approaches_and_corpora(
+        tmp_path, load_benchmark, formats, approaches):
+    """WAV, and FLAC + mel, tiny: each approach that is installed and applies has numbers in its
+    row."""
     if formats.endswith("+mel"):
         pytest.importorskip("librosa")
     from audiobuffer.cli.bench import gil_enabled
@@ -197,15 +201,16 @@ def test_contention_transform_is_the_bench_mel_transform(contention):
     assert contention._transform(None) is None
 
 
-# What the goals compare, in a measuring subprocess each: the rest of the approaches run in-process below.
+# What the goals compare, in a measuring subprocess each: the other approaches run in-process
+# below.
 CONTENTION_MEASURED = ["step-alone", "buffered-1", "isolated-2", "dataloader-2-spawn"]
 
 
 # Both look for --neighbour processes on the whole system: in one worker, they cannot see each other's.
 @pytest.mark.xdist_group("contention-neighbours")
 def test_contention_bench_quick_fills_every_column(tmp_path, contention):
-    """Tiny corpora, one run: every approach the goals compare gives numbers, each table has one full
-    row per approach, and every goal is checked."""
+    """Tiny corpora, one run: every approach the goals compare gives numbers, each table has one
+    full row per approach, and every goal is checked."""
     out = tmp_path / "contention.json"
     result = run_script("bench_contention.py", "--quick", "--files", "16", "--corpora", "flac,flac+mel",
                         "--approaches", ",".join(CONTENTION_MEASURED), "--cache-dir", str(tmp_path),
@@ -246,15 +251,16 @@ def test_contention_bench_quick_fills_every_column(tmp_path, contention):
 @pytest.mark.xdist_group("contention-neighbours")
 @pytest.mark.parametrize("approach", sorted(set(CONTENTION_APPROACHES) - set(CONTENTION_MEASURED)))
 def test_contention_epoch_of_each_other_approach(tmp_path, contention, approach):
-    """The epoch a measuring subprocess runs, here in-process: every file once, and a first batch only
-    where a loader made it (step-beside's neighbour is ended with the epoch)."""
+    """The epoch a measuring subprocess runs, here in-process: every file once, and a first batch
+    only where a loader made it (step-beside's neighbour is ended with the epoch)."""
     paths = [str(p) for p in make_corpus(tmp_path, 2 * contention.BATCH_SIZE)]
     file_list = tmp_path / "files.txt"
     file_list.write_text("\n".join(paths))
     m = contention._epoch(approach, "light", paths, None, "cpu", file_list)
     assert m["batches"] == 2 and m["files"] == len(paths) and m["step_s"] > 0, m
     assert (m["first_batch_s"] is None) == approach.startswith("step-"), m
-    assert not [p for p in psutil.process_iter(["cmdline"]) if "--neighbour" in (p.info["cmdline"] or [])]
+    assert not [p for p in psutil.process_iter(["cmdline"])
+                if "--neighbour" in (p.info["cmdline"] or [])]
 
 
 @pytest.mark.xdist_group("contention-neighbours")
@@ -370,9 +376,10 @@ def test_contention_flags(contention, tmp_path, capsys):
 def test_tuner_bench_runs_every_contestant_for_every_epoch(tmp_path, run_bench):
     out = tmp_path / "tuner.json"
     folder, page = tmp_path / "results", tmp_path / "BENCHMARKS.md"
-    result = run_bench("bench_tuner.py", "--utterances", "6", "--files", "16", "--epochs", "2", "--rounds", "1",
-                        "--fsdd", str(tmp_path / "absent"), "--cache-dir", str(tmp_path), "--json", str(out),
-                        "--write", "--results", str(folder), "--page", str(page))
+    result = run_bench("bench_tuner.py", "--utterances", "6", "--files", "16", "--epochs", "2",
+                       "--rounds", "1", "--fsdd", str(tmp_path / "absent"), "--cache-dir",
+                       str(tmp_path), "--json", str(out), "--write", "--results", str(folder),
+                       "--page", str(page))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "FSDD not found" in result.stderr and "load average (1/5/15 min) before" in result.stdout
     data = json.loads(out.read_text(encoding="utf-8"))
@@ -396,8 +403,8 @@ def test_tuner_bench_runs_every_contestant_for_every_epoch(tmp_path, run_bench):
 def test_augment_bench_times_every_contestant_and_renders_its_section(tmp_path, run_bench):
     folder, page = tmp_path / "results", tmp_path / "BENCHMARKS.md"
     result = run_bench("bench_augment.py", "--files", "16", "--epochs", "1", "--rounds", "1",
-                        "--lhotse-workers", "0", "--cache-dir", str(tmp_path), "--write",
-                        "--results", str(folder), "--page", str(page))
+                       "--lhotse-workers", "0", "--cache-dir", str(tmp_path), "--write",
+                       "--results", str(folder), "--page", str(page))
     assert result.returncode == 0, result.stderr[-3000:]
     saved = json.loads((folder / "augment.json").read_text(encoding="utf-8"))
     rows = {r["contestant"]: r for r in saved["rows"]}
@@ -675,8 +682,8 @@ def test_train_bench_rows_leave_the_first_epoch_out(load_benchmark):
 
 @pytest.mark.timeout(600)
 def test_train_bench_smoke_run_prints_the_section(few_fsdd, run_bench):
-    result = run_bench("bench_train.py", "--epochs", "2", "--max-steps", "2", "--rounds", "1", "--pipelines",
-                       "threads-2", "--fsdd", str(few_fsdd))
+    result = run_bench("bench_train.py", "--epochs", "2", "--max-steps", "2", "--rounds", "1",
+                       "--pipelines", "threads-2", "--fsdd", str(few_fsdd))
     assert result.returncode == 0, result.stderr[-3000:]
     (rows,) = markdown_tables(result.stdout)
     assert rows[0][:2] == ["pipeline", "epoch 2 s, each run"] and rows[1][0] == "`BufferedDataset`, 2 producers"
@@ -695,8 +702,8 @@ def smoke_write(tmp_path):
 def test_ranks_bench_saves_each_loaders_figures_and_renders_its_section(tmp_path, run_bench):
     pytest.importorskip("matplotlib")
     page = (REPO / "BENCHMARKS.md").read_bytes()
-    done = run_bench("bench_ranks.py", "--items", "300", "--ranks", "2", "--budgets", "60", "--epochs", "1",
-                      *smoke_write(tmp_path))
+    done = run_bench("bench_ranks.py", "--items", "300", "--ranks", "2", "--budgets", "60",
+                     "--epochs", "1", *smoke_write(tmp_path))
     assert done.returncode == 0, done.stdout + done.stderr
     saved = json.loads((tmp_path / "results" / "ranks.json").read_text(encoding="utf-8"))
     assert saved["name"] == "ranks" and saved["settings"]["epochs"] == 1 and saved["settings"]["corpus"]["items"] == 300
@@ -772,8 +779,8 @@ def few_fsdd(fsdd, tmp_path):
     return few
 
 
-def test_train_threads_bench_runs_each_setting_beside_busy_processes_and_stops_them(few_fsdd, load_benchmark,
-                                                                                   capsys):
+def test_train_threads_bench_runs_each_setting_beside_busy_processes_and_stops_them(
+        few_fsdd, load_benchmark, capsys):
     """bench_train_threads.py, one step an epoch: a row per (busy processes, setting) with the load
     recorded, and the busy processes gone afterwards."""
     bench = load_benchmark("bench_train_threads")
@@ -907,7 +914,8 @@ def test_images_bench_on_a_device_says_what_is_missing(tmp_path, run_bench):
     assert "CUDA is not available here" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_images_bench_on_a_device_runs_with_pillow_in_nvjpegs_place(tmp_path, load_benchmark, run_bench):
+def test_images_bench_on_a_device_runs_with_pillow_in_nvjpegs_place(tmp_path, load_benchmark,
+                                                                    run_bench):
     """The ``--device`` mode's whole path on the CPU (Pillow decodes in nvjpeg's place): the rows,
     the decode step alone, and pixels identical to the host path's."""
     pytest.importorskip("PIL.Image")

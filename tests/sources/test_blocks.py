@@ -176,6 +176,7 @@ def test_read_block_auto_follows_the_mode_in_the_helpers_copy(packed):
     assert helpers.read_block() is None
 
 
+@pytest.mark.subprocess
 def test_blocks_in_the_isolated_helper(packed):
     decoder = AudioDecoder(8000, crop_seconds=0.05, crop="start")
     with IsolatedLoader(packed, decoder, batch_size=4, shuffle=True, read_block=4) as loader:

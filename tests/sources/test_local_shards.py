@@ -266,6 +266,7 @@ def test_streamed_shards_refuse_what_needs_random_access(packed):
         BufferedDataset(str(out / "nothing-*.tar"), _decode())
 
 
+@pytest.mark.subprocess
 def test_index_source_subset_and_isolated_loader(packed):
     """A Source of an index splits like any other, and its members are read in the helper process too."""
     out, index, originals = packed

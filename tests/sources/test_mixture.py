@@ -124,6 +124,7 @@ def test_batches_by_duration_over_a_mixture_use_the_drawn_items_durations(tmp_pa
     assert sum(ds.stats().sources.values()) == 100
 
 
+@pytest.mark.subprocess
 def test_the_isolated_loader_draws_the_same_epoch(tmp_path):
     (a, _), (b, _) = corpora(tmp_path, [30, 30])
     mixture = mix(a, b, weights=[0.2, 0.8], size=40)
