@@ -39,7 +39,8 @@ def test_the_room_is_what_dev_shm_has_free():
 @pytest.mark.skipif(os.name == "nt", reason="POSIX: segments cross as descriptors")
 def test_a_posix_segment_has_no_name_and_crosses_as_a_descriptor():
     ours, theirs = socket.socketpair()
-    inbox, outbox = _shm.TrainerSocket(ours, 5.0), _shm.HelperSocket(os.dup(theirs.fileno()))
+    # 1 s to wait for a descriptor: the last take below waits it out
+    inbox, outbox = _shm.TrainerSocket(ours, 1.0), _shm.HelperSocket(os.dup(theirs.fileno()))
     theirs.close()
     made = [_shm.create(4096) for _ in range(3)]
     try:
