@@ -11,9 +11,11 @@ per folder, not once per row.
 from __future__ import annotations
 
 import csv
+import fnmatch
 import io
 import json
 import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,9 +179,24 @@ def _split_arrow(paths: Any) -> tuple[list[str], np.ndarray, Strings]:
 
 
 def _list_dir(root: Path, patterns: Sequence[str]) -> list[str]:
+    """The files under ``root`` that match any of ``patterns``, sorted.
+
+    The patterns ``**/NAME`` (the default suffixes, say) are matched in one walk of the tree, by
+    file name, as ``Path.glob`` matches a name (``fnmatch``, case-insensitive where the OS is);
+    each other pattern walks what it names.
+    """
     found: set[str] = set()
+    names: list[str] = []
     for pattern in _patterns(patterns):
-        found.update(str(p) for p in root.glob(pattern) if p.is_file())
+        head, _, name = pattern.rpartition("/")
+        if head == "**" and name and "**" not in name:
+            names.append(name)
+        else:
+            found.update(str(p) for p in root.glob(pattern) if p.is_file())
+    if names:  # fnmatch.fnmatch's rule, the patterns joined into one expression
+        named = re.compile("|".join(fnmatch.translate(os.path.normcase(name)) for name in names))
+        found.update(str(p) for p in root.glob("**/*")
+                     if named.match(os.path.normcase(p.name)) and p.is_file())
     return sorted(found)
 
 
