@@ -3,12 +3,10 @@ checkpoints, mid-epoch resume and the deterministic mode on a tiny generated cor
 
 A run of one process is started as a command where the command itself is under test (the smoke
 run, Ctrl-C, the thread settings made before torch loads); elsewhere it runs in this process
-(``_main``: the script's ``train`` under its ``script_main``), which spares a start of torch a run.
+(``helpers.run_script_here``: the script's ``train`` under its ``script_main``), which spares a
+start of torch a run.
 """
 
-import contextlib
-import importlib.util
-import io
 import json
 import os
 import shutil
@@ -18,7 +16,7 @@ import sys
 import pytest
 import torch
 import yaml
-from helpers import REPO, make_corpus
+from helpers import REPO, import_script, make_corpus, run_script_here
 
 SCRIPT = REPO / "scripts" / "train_audio.py"
 pytestmark = pytest.mark.timeout(400)
@@ -45,42 +43,7 @@ def run(args, *, env=None, **kwargs):
 
 @pytest.fixture(scope="module")
 def script():
-    """scripts/train_audio.py as a module. torch is loaded already, so importing it sets no
-    OMP_WAIT_POLICY in this process."""
-    spec = importlib.util.spec_from_file_location("train_audio", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _main(script, *args, cwd, env=None):
-    """Run the script in this process as its command line does (``script_main``: the exit status,
-    a library error in one line), in ``cwd`` with ``env`` set and one torch thread (as
-    OMP_NUM_THREADS=1 does for a command); its exit status and output. torch's thread count,
-    random state and deterministic mode, the environment and the SIGINT handler are put back."""
-    import signal
-
-    out, err = io.StringIO(), io.StringIO()
-    threads, handler = torch.get_num_threads(), signal.getsignal(signal.SIGINT)
-    deterministic = (torch.are_deterministic_algorithms_enabled(),
-                     torch.is_deterministic_algorithms_warn_only_enabled())
-    argv = ["--threads", "1", *map(str, args)]
-    try:
-        with pytest.MonkeyPatch.context() as patch, torch.random.fork_rng(devices=[]):
-            patch.chdir(cwd)
-            patch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)  # --deterministic sets it
-            for name, value in (env or {}).items():
-                patch.setenv(name, value)
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
-                    pytest.raises(SystemExit) as ended:
-                script.script_main("train_audio", lambda: script.train(argv))
-    finally:
-        torch.set_num_threads(threads)
-        torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
-        signal.signal(signal.SIGINT, handler)
-    code = ended.value.code
-    return subprocess.CompletedProcess(argv, 0 if code is None else code, out.getvalue(),
-                                       err.getvalue())
+    return import_script(SCRIPT)
 
 
 def test_smoke_run_trains_evaluates_and_checkpoints(small_fsdd, tmp_path):
@@ -102,7 +65,8 @@ def test_smoke_run_trains_evaluates_and_checkpoints(small_fsdd, tmp_path):
 
 def test_bad_config_is_reported(small_fsdd, script, tmp_path):
     config, _ = small_fsdd
-    result = _main(script, "--config", config, "--set", "buffer.producers=0", cwd=tmp_path)
+    result = run_script_here(script, "--config", config, "--set", "buffer.producers=0",
+                             cwd=tmp_path)
     assert result.returncode == 2
     assert "buffer.producers" in result.stderr and "Traceback" not in result.stderr
 
@@ -151,7 +115,7 @@ def _seen(path):
 
 
 def _train(script, config, *args, cwd, env=None):
-    result = _main(script, "--config", config, *args, cwd=cwd, env=env)
+    result = run_script_here(script, "--config", config, *args, cwd=cwd, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     return result
 
@@ -236,15 +200,17 @@ def test_deterministic_resumed_run_repeats_an_unbroken_one(tiny, script, tmp_pat
 def test_resume_refuses_a_checkpoint_from_another_setup(tiny, script, tmp_path):
     config, _ = tiny
     _train(script, config, "--stop-at-step", "2", "--checkpoint-dir", tmp_path / "ck", cwd=tmp_path)
-    result = _main(script, "--config", config, "--resume", tmp_path / "ck", "--set", "loader.batch_size=2",
-                   cwd=tmp_path)
+    result = run_script_here(script, "--config", config, "--resume", tmp_path / "ck", "--set",
+                             "loader.batch_size=2", cwd=tmp_path)
     assert result.returncode == 2
     assert "train_audio: error: --resume" in result.stderr and "steps" in result.stderr
     assert "Traceback" not in result.stderr
-    missing = _main(script, "--config", config, "--resume", tmp_path / "nowhere", cwd=tmp_path)
+    missing = run_script_here(script, "--config", config, "--resume", tmp_path / "nowhere",
+                              cwd=tmp_path)
     assert missing.returncode == 2 and "no checkpoint" in missing.stderr and "Traceback" not in missing.stderr
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
-    junk = _main(script, "--config", config, "--resume", tmp_path / "junk.pt", cwd=tmp_path)
+    junk = run_script_here(script, "--config", config, "--resume", tmp_path / "junk.pt",
+                           cwd=tmp_path)
     assert junk.returncode == 2 and "cannot read" in junk.stderr and "Traceback" not in junk.stderr
 
 
@@ -410,7 +376,8 @@ def test_ctrl_c_saves_mid_epoch_says_how_to_resume_and_the_resumed_epoch_is_exac
     assert resume[:2] == [sys.executable, str(SCRIPT)] and resume[-2:] == ["--resume", str(checkpoint)], resume
     # Run on to the end of the interrupted epoch only (in this process: the command's first two
     # words, the interpreter and the script, are checked above).
-    done = _main(script, *resume[2:], "--stop-at-step", str((epoch + 1) * steps), cwd=tmp_path)
+    done = run_script_here(script, *resume[2:], "--stop-at-step", str((epoch + 1) * steps),
+                           cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"resuming {checkpoint} at epoch {epoch + 1}, step {step}" in done.stdout, done.stdout
     lines = [line for line in _seen(seen / "rank0.jsonl") if line["epoch"] == epoch]
@@ -471,7 +438,7 @@ def test_threads_auto_says_its_choice_and_sets_the_wait_before_torch(tiny, scrip
     cores = usable_cores()
     assert (f"torch intra-op threads {cores} (auto: {cores} cores); idle OpenMP threads: OMP_WAIT_POLICY=PASSIVE"
             in auto.stdout.splitlines())
-    pinned = _main(script, *args[2:], "--threads", "1", cwd=tmp_path)
+    pinned = run_script_here(script, *args[2:], "--threads", "1", cwd=tmp_path)
     assert pinned.returncode == 0 and "torch intra-op threads 1 (--threads); " in pinned.stdout
-    bad = _main(script, *args[2:], "--threads", "none", cwd=tmp_path)
+    bad = run_script_here(script, *args[2:], "--threads", "none", cwd=tmp_path)
     assert bad.returncode == 2 and "argument --threads: must be an integer >= 1 or 'auto', got 'none'" in bad.stderr
