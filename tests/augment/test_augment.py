@@ -601,7 +601,8 @@ def test_a_state_saved_under_other_speed_factors_is_refused():
 @needs_fsdd
 @pytest.mark.timeout(400)
 def test_train_script_trains_with_augment(tmp_path):
-    """scripts/train_audio.py --augment trains and evaluates (in this process: helpers.run_script_here)."""
+    """scripts/train_audio.py --augment trains and evaluates (in this process:
+    helpers.run_script_here)."""
     import json
 
     from helpers import REPO, import_script, run_script_here
@@ -613,8 +614,9 @@ def test_train_script_trains_with_augment(tmp_path):
     config["train"].update(checkpoint=str(tmp_path / "model.pt"), test_files=r"_4\.wav$")
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
     script = import_script(REPO / "scripts" / "train_audio.py")
-    result = run_script_here(script, "--config", tmp_path / "cfg.yaml", "--augment", FSDD.parent / "recordings",
-                             "--max-steps", "2", "--json", tmp_path / "m.json", cwd=tmp_path)
+    result = run_script_here(script, "--config", tmp_path / "cfg.yaml", "--augment",
+                             FSDD.parent / "recordings", "--max-steps", "2", "--json",
+                             tmp_path / "m.json", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert json.loads((tmp_path / "m.json").read_text())["epochs"][0]["test_accuracy"] is not None
 
