@@ -221,21 +221,6 @@ def test_checkpoints_stay_out_of_the_source_tree():
     assert "/runs/" in ignored
 
 
-TWO_RANKS_STOPPED = pytest.mark.xdist_group("train_audio_two_ranks_stopped")
-
-
-@pytest.fixture(scope="module")
-def two_ranks_stopped(tiny, tmp_path_factory):
-    """Two ranks (torchrun) stopped after 2 of their 4 steps, run once for the tests that resume
-    it (each on a copy: ``_copy_run``): the folder holding ck/ (the checkpoint) and seen/."""
-    config, _ = tiny
-    folder = tmp_path_factory.mktemp("two-ranks-stopped")
-    first = run([*_torchrun(2), *_stopped_options(config, folder), "--stop-at-step", "2"],
-                cwd=folder)
-    assert first.returncode == 0, first.stdout + first.stderr
-    return folder
-
-
 def _torchrun(ranks):
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
             SCRIPT]
@@ -246,41 +231,23 @@ def _stopped_options(config, folder):
             "--seen-log", folder / "seen"]
 
 
-def _copy_run(source, folder):
-    for name in ("ck", "seen"):
-        shutil.copytree(source / name, folder / name)
-
-
-@TWO_RANKS_STOPPED
-def test_torchrun_resume_mid_epoch_restores_each_ranks_shard(tiny, two_ranks_stopped, tmp_path):
-    """Two ranks stop after 2 of their 4 steps and resume: each rank's dataset state was gathered into
-    the one checkpoint, and epoch 0 covers every file exactly once across the ranks."""
-    config, train_files = tiny
-    _copy_run(two_ranks_stopped, tmp_path)
-    saved = torch.load(tmp_path / "ck" / "last.pt", weights_only=True)
-    assert (saved["step"], saved["world_size"], len(saved["ranks"])) == (2, 2, 2)
-    second = run([*_torchrun(2), *_stopped_options(config, tmp_path), "--resume", tmp_path / "ck"],
-                 cwd=tmp_path)
-    assert second.returncode == 0, second.stdout + second.stderr
-    trained = []
-    for rank in (0, 1):
-        lines = _seen(tmp_path / "seen" / f"rank{rank}.jsonl")
-        assert [line["step"] for line in lines] == [0, 1, 2, 3]
-        trained += [p for line in lines for p in line["paths"]]
-    assert sorted(trained) == train_files
-
-
-@TWO_RANKS_STOPPED
-def test_torchrun_resumes_a_checkpoint_of_another_rank_count(tiny, script, two_ranks_stopped, tmp_path):
-    """Two ranks stop after 2 of their 4 steps; the checkpoint resumes on three ranks (torchrun) and on
-    one (no torchrun): the ranks' dataset states are merged and the 14 files not yet trained on are
-    dealt again, so epoch 0 covers every file once (one repeated: padding 14 to 3 equal shares)."""
+def test_torchrun_resumes_a_checkpoint_of_another_rank_count(tiny, script, tmp_path):
+    """Two ranks stop after 2 of their 4 steps: each rank's dataset state was gathered into the one
+    checkpoint. It resumes on three ranks (torchrun) and on one (no torchrun): the ranks' dataset
+    states are merged and the 14 files not yet trained on are dealt again, so epoch 0 covers every
+    file once (one repeated: padding 14 to 3 equal shares). (A resume on two ranks, each rank's
+    own state restored: test_ctrl_c_under_torchrun_saves_one_checkpoint_for_both_ranks.)"""
     from collections import Counter
 
     config, train_files = tiny
     three_ranks, one_rank = tmp_path / "three", tmp_path / "one"
-    _copy_run(two_ranks_stopped, three_ranks)
-    _copy_run(two_ranks_stopped, one_rank)
+    first = run([*_torchrun(2), *_stopped_options(config, three_ranks), "--stop-at-step", "2"],
+                cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    saved = torch.load(three_ranks / "ck" / "last.pt", weights_only=True)
+    assert (saved["step"], saved["world_size"], len(saved["ranks"])) == (2, 2, 2)
+    for name in ("ck", "seen"):
+        shutil.copytree(three_ranks / name, one_rank / name)
     three = run([*_torchrun(3), *_stopped_options(config, three_ranks), "--resume", three_ranks / "ck"],
                 cwd=tmp_path)
     assert three.returncode == 0, three.stdout + three.stderr
@@ -389,7 +356,8 @@ def test_ctrl_c_saves_mid_epoch_says_how_to_resume_and_the_resumed_epoch_is_exac
 def test_ctrl_c_under_torchrun_saves_one_checkpoint_for_both_ranks(tiny, tmp_path):
     """Ctrl-C to torchrun's process group (the ranks get SIGINT from the terminal and from torchrun):
     the ranks agree on one step, rank 0 writes one checkpoint holding both ranks' states, and resuming
-    it with two ranks trains on every file of that epoch once."""
+    it with two ranks restores each rank's shard: the steps run on from the one saved on each rank,
+    and the epoch trains on every file once across the ranks."""
     config, train_files = tiny
     seen = tmp_path / "seen"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(SCRIPT),
@@ -404,6 +372,8 @@ def test_ctrl_c_under_torchrun_saves_one_checkpoint_for_both_ranks(tiny, tmp_pat
     steps = TINY_TRAIN_FILES // 2
     assert (saved["world_size"], len(saved["ranks"])) == (2, 2)
     assert f"interrupted at epoch {epoch + 1}, step {step} of {steps}" in line
+    if step:  # mid-epoch: each rank's loader state came with it
+        assert all(rank["dataset"] is not None for rank in saved["ranks"])
     done = run([*torchrun, "--set", "epochs=40", "--resume", str(tmp_path / "ck"),
                 "--stop-at-step", str((epoch + 1) * steps)], cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
