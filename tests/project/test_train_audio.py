@@ -63,6 +63,7 @@ def test_smoke_run_trains_evaluates_and_checkpoints(small_fsdd, tmp_path):
     assert (checkpoint["epoch"], checkpoint["step"]) == (1, 0)  # the next run would start epoch 2
 
 
+@pytest.mark.filterwarnings("ignore:.*buffer.producers is deprecated:DeprecationWarning")
 def test_bad_config_is_reported(small_fsdd, script, tmp_path):
     config, _ = small_fsdd
     result = run_script_here(script, "--config", config, "--set", "buffer.producers=0",
