@@ -159,8 +159,9 @@ def run_script_here(script: Any, *args: object, cwd: Path,
     """Run a training script (:func:`import_script`) in this process as its command line does:
     its ``train`` under its ``script_main`` (the exit status, a library error said in one line),
     in ``cwd``, with ``env`` set and one torch thread, as OMP_NUM_THREADS=1 gives a command. Its
-    exit status and output; torch's thread count, random state and deterministic mode, the
-    environment and the SIGINT handler are put back. A run spares a start of torch (seconds)."""
+    exit status and output; torch's thread count, random state, deterministic mode and cudnn
+    benchmark flag, the environment and the SIGINT handler are put back. A run spares a start
+    of torch (seconds)."""
     import signal
 
     import pytest
@@ -169,7 +170,8 @@ def run_script_here(script: Any, *args: object, cwd: Path,
     out, err = io.StringIO(), io.StringIO()
     threads, handler = torch.get_num_threads(), signal.getsignal(signal.SIGINT)
     deterministic = (torch.are_deterministic_algorithms_enabled(),
-                     torch.is_deterministic_algorithms_warn_only_enabled())
+                     torch.is_deterministic_algorithms_warn_only_enabled(),
+                     torch.backends.cudnn.benchmark)
     argv = ["--threads", "1", *map(str, args)]
     name = Path(script.__file__).stem
     try:
@@ -184,6 +186,7 @@ def run_script_here(script: Any, *args: object, cwd: Path,
     finally:
         torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
+        torch.backends.cudnn.benchmark = deterministic[2]
         signal.signal(signal.SIGINT, handler)
     code = ended.value.code
     return subprocess.CompletedProcess(argv, 0 if code is None else code, out.getvalue(),
