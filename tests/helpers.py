@@ -142,6 +142,57 @@ def duration_manifest(folder: Path, durations: Iterable[float], name: str = "man
     return path
 
 
+def import_script(path: Path) -> Any:
+    """A script of scripts/ imported as a module (torch is loaded already in a test process, so a
+    training script's import sets no OMP_WAIT_POLICY here)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_script_here(script: Any, *args: object, cwd: Path,
+                    env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run a training script (:func:`import_script`) in this process as its command line does:
+    its ``train`` under its ``script_main`` (the exit status, a library error said in one line),
+    in ``cwd``, with ``env`` set and one torch thread, as OMP_NUM_THREADS=1 gives a command. Its
+    exit status and output; torch's thread count, random state, deterministic mode and cudnn
+    benchmark flag, the environment and the SIGINT handler are put back. A run spares a start
+    of torch (seconds)."""
+    import signal
+
+    import pytest
+    import torch
+
+    out, err = io.StringIO(), io.StringIO()
+    threads, handler = torch.get_num_threads(), signal.getsignal(signal.SIGINT)
+    deterministic = (torch.are_deterministic_algorithms_enabled(),
+                     torch.is_deterministic_algorithms_warn_only_enabled(),
+                     torch.backends.cudnn.benchmark)
+    argv = ["--threads", "1", *map(str, args)]
+    name = Path(script.__file__).stem
+    try:
+        with pytest.MonkeyPatch.context() as patch, torch.random.fork_rng(devices=[]):
+            patch.chdir(cwd)
+            patch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)  # --deterministic sets it
+            for key, value in (env or {}).items():
+                patch.setenv(key, value)
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+                    pytest.raises(SystemExit) as ended:
+                script.script_main(name, lambda: script.train(argv))
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
+        torch.backends.cudnn.benchmark = deterministic[2]
+        signal.signal(signal.SIGINT, handler)
+    code = ended.value.code
+    return subprocess.CompletedProcess(argv, 0 if code is None else code, out.getvalue(),
+                                       err.getvalue())
+
+
 def run_torchrun(script: Path, *args: object, nproc: int = 2, timeout: float = 240) -> subprocess.CompletedProcess:
     """Run ``script`` (a file in tests/) under ``torchrun --standalone --nproc_per_node=nproc``, with the
     tests folder importable and one intra-op thread per rank; the result, output captured."""

@@ -601,12 +601,11 @@ def test_a_state_saved_under_other_speed_factors_is_refused():
 @needs_fsdd
 @pytest.mark.timeout(400)
 def test_train_script_trains_with_augment(tmp_path):
+    """scripts/train_audio.py --augment trains and evaluates (in this process:
+    helpers.run_script_here)."""
     import json
-    import os
-    import subprocess
-    import sys
 
-    from helpers import REPO
+    from helpers import REPO, import_script, run_script_here
 
     files = [str(FSDD / f"{digit}_jackson_{i}.wav") for digit in range(10) for i in (4, 5, 6)]
     config = yaml.safe_load((REPO / "configs" / "fsdd.yaml").read_text(encoding="utf-8"))
@@ -614,11 +613,10 @@ def test_train_script_trains_with_augment(tmp_path):
     config["loader"]["batch_size"] = 4
     config["train"].update(checkpoint=str(tmp_path / "model.pt"), test_files=r"_4\.wav$")
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, REPO / "scripts" / "train_audio.py", "--config", tmp_path / "cfg.yaml",
-                             "--augment", FSDD.parent / "recordings", "--max-steps", "2",
-                             "--json", tmp_path / "m.json"],
-                            capture_output=True, text=True, timeout=360, env=env, cwd=tmp_path)
+    script = import_script(REPO / "scripts" / "train_audio.py")
+    result = run_script_here(script, "--config", tmp_path / "cfg.yaml", "--augment",
+                             FSDD.parent / "recordings", "--max-steps", "2", "--json",
+                             tmp_path / "m.json", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert json.loads((tmp_path / "m.json").read_text())["epochs"][0]["test_accuracy"] is not None
 

@@ -9,14 +9,29 @@ import pytest
 from helpers import REPO, duration_manifest, run_torchrun
 
 N = 11
+DURATIONS = np.random.default_rng(0).uniform(0.2, 6.0, 97).round(2)
 
 
-@pytest.mark.timeout(300)
-def test_torchrun_ranks_get_equal_disjoint_shards(tmp_path):
-    out = tmp_path / "report.json"
-    result = run_torchrun(REPO / "tests" / "ddp_equal_shards.py", out)
+@pytest.fixture(scope="module")
+def shard_reports(tmp_path_factory):
+    """One torchrun of two ranks (tests/ddp_shards.py) for both tests of equal shards: the reports
+    of shards of N items and of batches by duration of DURATIONS."""
+    folder = tmp_path_factory.mktemp("shards")
+    manifest = duration_manifest(folder, DURATIONS)
+    equal, duration = folder / "equal.json", folder / "duration.json"
+    result = run_torchrun(REPO / "tests" / "ddp_shards.py", manifest, equal, duration)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    report = json.loads(out.read_text())
+    return json.loads(equal.read_text()), json.loads(duration.read_text())
+
+
+#: The tests that read ``shard_reports``: in one pytest-xdist worker, so that it runs once.
+SHARD_REPORTS = pytest.mark.xdist_group("distributed_shard_reports")
+
+
+@SHARD_REPORTS
+@pytest.mark.timeout(300)
+def test_torchrun_ranks_get_equal_disjoint_shards(shard_reports):
+    report = shard_reports[0]
     for key, ranks in report.items():
         mode = key.split("-")[0]
         counts = [len(r["seen"]) for r in ranks]
@@ -28,14 +43,10 @@ def test_torchrun_ranks_get_equal_disjoint_shards(tmp_path):
             assert counts[0] == 5 and len(set(together)) == 10 and len(together) == 10  # one item left out
 
 
+@SHARD_REPORTS
 @pytest.mark.timeout(300)
-def test_torchrun_ranks_get_equal_batches_by_duration(tmp_path):
-    durations = np.random.default_rng(0).uniform(0.2, 6.0, 97).round(2)
-    manifest = duration_manifest(tmp_path, durations)
-    out = tmp_path / "report.json"
-    result = run_torchrun(REPO / "tests" / "ddp_duration_batches.py", manifest, out)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    report = json.loads(out.read_text())
+def test_torchrun_ranks_get_equal_batches_by_duration(shard_reports):
+    durations, report = DURATIONS, shard_reports[1]
     for key, ranks in report.items():
         mode = key.split("-")[0]
         counts = [len(r["batches"]) for r in ranks]
