@@ -73,6 +73,21 @@ def test_every_fsdd_recording_once_through_iter_torch_batches(cluster, fsdd):
     assert sorted(seen) == list(range(3000))
 
 
+def test_the_benchmarks_floor_is_an_epoch_with_nothing_decoded(cluster, monkeypatch):
+    """benchmarks/bench_ray.py's floor: every index once through Ray Data, and no file opened
+    (its paths name none)."""
+    import importlib.util
+
+    from helpers import REPO
+
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("bench_ray", REPO / "benchmarks" / "bench_ray.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    paths = [f"/nowhere/{i}.wav" for i in range(1000)]
+    assert sorted(bench.floor_epoch(paths, 8000, 0)) == list(range(1000))
+
+
 def test_rows_are_samples_with_their_fields(subset):
     rows = abray.read(subset[:8], AudioDecoder(sample_rate=8000), labels=DIGIT).take_all()
     assert sorted(r["index"] for r in rows) == list(range(8))
