@@ -107,7 +107,8 @@ def floor_epoch(paths: list[str], sample_rate: int, epoch: int) -> list[int]:
               for first in range(0, len(paths), per_block)]
     dataset = ray.data.from_items(blocks, override_num_blocks=max(1, len(blocks)))
     dataset.context.op_resource_reservation_enabled = False  # as read() sets it
-    rows = dataset.map_batches(_index_rows, batch_size=1, batch_format="numpy", zero_copy_batch=True)
+    rows = dataset.map_batches(_index_rows, batch_size=1, batch_format="numpy",
+                               zero_copy_batch=True)
     seen: list[int] = []
     for batch in rows.iter_torch_batches(batch_size=BATCH_SIZE):
         seen.extend(batch["index"].tolist())
