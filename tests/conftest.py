@@ -28,6 +28,17 @@ def audio_formats():
     return _need(AUDIO_FORMATS, "the audio_formats collection")
 
 
+def pytest_sessionstart(session):
+    """audioread looks for its backends once per process by starting programs (``ldconfig``,
+    ``ffmpeg -version``): done before any test (in each worker), so that a test whose decoder falls
+    back to librosa on a bad file does not start them, whatever ran before it in its worker."""
+    try:
+        import audioread
+    except ImportError:
+        return
+    audioread.available_backends()
+
+
 @pytest.fixture(autouse=True)
 def no_thread_left_alive():
     """Every test ends with no audiobuffer thread alive (within JOIN_TIMEOUT)."""

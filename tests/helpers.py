@@ -174,16 +174,19 @@ def run_script_here(script: Any, *args: object, cwd: Path,
                      torch.backends.cudnn.benchmark)
     argv = ["--threads", "1", *map(str, args)]
     name = Path(script.__file__).stem
+    environ = dict(os.environ)  # the script may set variables (--deterministic sets cuBLAS's)
     try:
         with pytest.MonkeyPatch.context() as patch, torch.random.fork_rng(devices=[]):
             patch.chdir(cwd)
-            patch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)  # --deterministic sets it
+            os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)  # unset, as in a fresh process
             for key, value in (env or {}).items():
                 patch.setenv(key, value)
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
                     pytest.raises(SystemExit) as ended:
                 script.script_main(name, lambda: script.train(argv))
     finally:
+        os.environ.clear()
+        os.environ.update(environ)
         torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
         torch.backends.cudnn.benchmark = deterministic[2]

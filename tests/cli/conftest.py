@@ -62,17 +62,20 @@ def _process_warnings(stderr: io.TextIOBase) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _logging_to(stderr: io.TextIOBase) -> Iterator[None]:
-    """The package's log records on ``stderr`` as ``main``'s ``logging.basicConfig`` would print
-    them: under pytest the root logger has handlers already, so that call configures nothing."""
-    handler = logging.StreamHandler(stderr)
-    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-    logger = logging.getLogger("audiobuffer")
-    logger.addHandler(handler)
+def _bare_root_logger() -> Iterator[None]:
+    """The root logger without handlers, as in a fresh process, so that ``main``'s own
+    ``logging.basicConfig`` configures it (its handler writes to the redirected stderr); pytest's
+    handlers and the level are put back after, and the handler ``main`` added is closed."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    root.handlers.clear()
     try:
         yield
     finally:
-        logger.removeHandler(handler)
+        for handler in root.handlers:
+            handler.close()
+        root.handlers[:] = handlers
+        root.setLevel(level)
 
 
 @contextlib.contextmanager
@@ -111,7 +114,7 @@ def run_in_process(*args: object, cwd: str | os.PathLike[str] | None = None
         stack.enter_context(contextlib.redirect_stdout(stdout))
         stack.enter_context(contextlib.redirect_stderr(stderr))
         stack.enter_context(_process_warnings(stderr))
-        stack.enter_context(_logging_to(stderr))
+        stack.enter_context(_bare_root_logger())
         try:
             status = main(argv)
         except SystemExit as exit_:  # argparse: a bad argument (2), --help and --version (0)

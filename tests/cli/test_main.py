@@ -5,6 +5,7 @@ import logging
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -41,7 +42,6 @@ def test_run_end_to_end_with_json_summary(pipeline, cli_process):
     assert "samples       24 in 2 epoch(s)" in result.stdout and "verdict" in result.stdout
 
 
-@pytest.mark.subprocess
 def test_run_counts_skipped_files_and_overrides(pipeline, cli):
     root, config = pipeline
     (root / "audio" / "class0" / "0_9999.wav").write_bytes(b"RIFF not really a wav file")
@@ -318,9 +318,13 @@ def test_demo_end_to_end(tmp_path, cli):
     assert demo["summary"]["samples"] == 2 * 40 and demo["summary"]["epochs"] == 2
     assert 0.0 <= demo["test_accuracy"] <= 1.0 and len(demo["history"]) == 2
     assert "accuracy" in result.stdout and "time split" in result.stdout
-    again = cli("demo", "--epochs", 1, "--per-class", 5, "--cache-dir", tmp_path / "cache", "--device", "cpu",
-                "--json", "-", "--no-progress")
-    assert again.returncode == 0 and json.loads(again.stdout)["corpus"] == demo["corpus"]  # the corpus is reused
+    made = {p: p.stat().st_mtime_ns for p in Path(demo["corpus"]).rglob("*") if p.is_file()}
+    again = cli("demo", "--epochs", 1, "--per-class", 5, "--cache-dir", tmp_path / "cache",
+                "--device", "cpu", "--json", "-", "--no-progress")
+    assert again.returncode == 0 and json.loads(again.stdout)["corpus"] == demo["corpus"]
+    # the corpus is reused, not made again
+    assert made and {p: p.stat().st_mtime_ns for p in made} == made
+    assert {p for p in Path(demo["corpus"]).rglob("*") if p.is_file()} == set(made)
 
 
 def test_demo_rejects_bad_arguments(cli):

@@ -402,7 +402,6 @@ def test_resampled_crop_has_round_n_times_r_real_frames(tmp_path, native, out):
     assert checked == 6 * 3 * 3
 
 
-@pytest.mark.subprocess
 def test_resampled_crops_of_a_real_file(audio_formats):
     """A real 24 kHz FLAC cropped to 1.37 s at 22.05 kHz."""
     path = audio_formats / "flac_testbench/faulty/01 - wrong max blocksize.flac"
