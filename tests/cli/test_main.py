@@ -42,13 +42,19 @@ def test_run_end_to_end_with_json_summary(pipeline, cli_process):
     assert "samples       24 in 2 epoch(s)" in result.stdout and "verdict" in result.stdout
 
 
-def test_run_counts_skipped_files_and_overrides(pipeline, cli):
+def run_with_a_bad_file(pipeline, cli, *sets):
+    """``audiobuffer run`` of one epoch of ``pipeline`` with a broken WAV file added, ``--set``
+    each of ``sets``; the result, its exit status checked, and its JSON summary."""
     root, config = pipeline
     (root / "audio" / "class0" / "0_9999.wav").write_bytes(b"RIFF not really a wav file")
-    result = cli("run", config, "--set", "epochs=1", "--set", "buffer.num_producers=3", "--json", "-",
-                 "--no-progress")
+    options = [arg for value in ("epochs=1", *sets) for arg in ("--set", value)]
+    result = cli("run", config, *options, "--json", "-", "--no-progress")
     assert result.returncode == 0, result.stderr
-    summary = json.loads(result.stdout)
+    return result, json.loads(result.stdout)
+
+
+def test_run_counts_skipped_files_and_overrides(pipeline, cli):
+    result, summary = run_with_a_bad_file(pipeline, cli, "buffer.num_producers=3")
     assert (summary["samples"], summary["failed"], summary["producers"]) == (12, 1, 3)
     assert summary["failures"][0]["path"].endswith("0_9999.wav")
     assert "skipped files 1" in result.stderr and "0_9999.wav" in result.stderr
@@ -141,12 +147,8 @@ def test_run_batches_by_duration_reports_each_epochs_padding(pipeline, isolate, 
 
 
 def test_run_warn_policy_logs_each_skipped_file_on_stderr(pipeline, cli):
-    root, config = pipeline
-    (root / "audio" / "class0" / "0_9999.wav").write_bytes(b"RIFF not really a wav file")
-    result = cli("run", config, "--set", "buffer.on_error=warn", "--set", "epochs=1", "--json", "-",
-                 "--no-progress")
-    assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["failed"] == 1
+    result, summary = run_with_a_bad_file(pipeline, cli, "buffer.on_error=warn")
+    assert summary["failed"] == 1
     (logged,) = [line for line in result.stderr.splitlines() if line.startswith("WARNING audiobuffer.")]
     assert "skipping item" in logged and "0_9999.wav" in logged
 
