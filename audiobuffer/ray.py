@@ -147,7 +147,8 @@ def read(source: SourceSpec | Source, decoder: Callable[[WorkItem], Any], *, epo
     worker = dataclasses.replace(pipeline, options=listed, batching=None)
     spec = ray.put(_Spec(worker, shard, layout, key))  # starts Ray here if it is not running
     units = len(layout.sizes) if layout.sizes is not None else len(layout)
-    per_block = rows_per_block or _default_rows(layout, units)
+    per_block = rows_per_block or default_rows_per_block(
+        units, len(layout) / units if layout.sizes is not None and units else 1.0)
     blocks = [{"first": first, "last": min(first + per_block, units)}
               for first in range(0, units, per_block)]
     dataset = ray.data.from_items(blocks, override_num_blocks=max(1, len(blocks)))
@@ -176,12 +177,13 @@ def _map_options(given: Mapping[str, Any] | None) -> dict[str, Any]:
     return dict(given)
 
 
-def _default_rows(layout: EpochLayout, units: int) -> int:
-    """Rows per block: ``BLOCKS_PER_CPU`` blocks per CPU of the cluster, of at most about
+def default_rows_per_block(units: int, samples_per_unit: float = 1.0) -> int:
+    """The rows a block of :func:`read` holds when ``rows_per_block`` is not given, for ``units``
+    rows of ``samples_per_unit`` samples each on average (batches by duration: more than one):
+    ``BLOCKS_PER_CPU`` blocks per CPU of the running Ray cluster, of at most about
     ``BLOCK_ITEMS`` samples."""
     if units == 0:
         return 1
-    samples_per_unit = len(layout) / units if layout.sizes is not None else 1.0
     most = max(1, int(BLOCK_ITEMS / max(1.0, samples_per_unit)))
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
     return max(1, min(most, math.ceil(units / (BLOCKS_PER_CPU * cpus))))

@@ -93,16 +93,11 @@ def floor_epoch(paths: list[str], sample_rate: int, epoch: int) -> list[int]:
     makes of ``paths`` on this cluster, each a task that makes its rows, one per item, holding
     its index only, iterated in batches of 32 by ``iter_torch_batches``; the indices it gave.
     Nothing is listed, planned or decoded: what is left when the work is none."""
-    import math
-
-    import ray
     import ray.data
 
     import audiobuffer.ray
 
-    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    per_block = max(1, min(audiobuffer.ray.BLOCK_ITEMS,
-                           math.ceil(len(paths) / (audiobuffer.ray.BLOCKS_PER_CPU * cpus))))
+    per_block = audiobuffer.ray.default_rows_per_block(len(paths))
     blocks = [{"first": first, "last": min(first + per_block, len(paths))}
               for first in range(0, len(paths), per_block)]
     dataset = ray.data.from_items(blocks, override_num_blocks=max(1, len(blocks)))

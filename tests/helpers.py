@@ -154,6 +154,27 @@ def import_script(path: Path) -> Any:
     return module
 
 
+@contextlib.contextmanager
+def command_state_kept() -> Iterator[None]:
+    """What a command run in this process changes for the rest of it, as it was after: torch's
+    intra-op thread count and CPU random state (where torch is loaded already) and the SIGCHLD
+    handler, which DataLoader's workers set (where the OS has one)."""
+    import signal
+
+    torch = sys.modules.get("torch")
+    sigchld = getattr(signal, "SIGCHLD", None)
+    handler = signal.getsignal(sigchld) if sigchld is not None else None
+    threads = torch.get_num_threads() if torch is not None else None
+    try:
+        with torch.random.fork_rng(devices=[]) if torch is not None else contextlib.nullcontext():
+            yield
+    finally:
+        if torch is not None:
+            torch.set_num_threads(threads)
+        if sigchld is not None:
+            signal.signal(sigchld, handler)
+
+
 def run_script_here(script: Any, *args: object, cwd: Path,
                     env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run a training script (:func:`import_script`) in this process as its command line does:
@@ -168,7 +189,7 @@ def run_script_here(script: Any, *args: object, cwd: Path,
     import torch
 
     out, err = io.StringIO(), io.StringIO()
-    threads, handler = torch.get_num_threads(), signal.getsignal(signal.SIGINT)
+    handler = signal.getsignal(signal.SIGINT)
     deterministic = (torch.are_deterministic_algorithms_enabled(),
                      torch.is_deterministic_algorithms_warn_only_enabled(),
                      torch.backends.cudnn.benchmark)
@@ -176,7 +197,7 @@ def run_script_here(script: Any, *args: object, cwd: Path,
     name = Path(script.__file__).stem
     environ = dict(os.environ)  # the script may set variables (--deterministic sets cuBLAS's)
     try:
-        with pytest.MonkeyPatch.context() as patch, torch.random.fork_rng(devices=[]):
+        with pytest.MonkeyPatch.context() as patch, command_state_kept():
             patch.chdir(cwd)
             os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)  # unset, as in a fresh process
             for key, value in (env or {}).items():
@@ -187,7 +208,6 @@ def run_script_here(script: Any, *args: object, cwd: Path,
     finally:
         os.environ.clear()
         os.environ.update(environ)
-        torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
         torch.backends.cudnn.benchmark = deterministic[2]
         signal.signal(signal.SIGINT, handler)

@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Callable, Iterator
 
 import pytest
+from helpers import command_state_kept
 
 #: The warning filters of a plain ``python`` process (no -W, no PYTHONWARNINGS), last to first as
 #: ``warnings.filterwarnings`` inserts them: what ``python -m audiobuffer`` shows, not pytest's
@@ -78,21 +79,6 @@ def _bare_root_logger() -> Iterator[None]:
         root.setLevel(level)
 
 
-@contextlib.contextmanager
-def _torch_state() -> Iterator[None]:
-    """torch's thread count and random state as they were: ``demo`` sets both, for its process."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        yield
-        return
-    threads, rng = torch.get_num_threads(), torch.random.get_rng_state()
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-        torch.random.set_rng_state(rng)
-
-
 def run_in_process(*args: object, cwd: str | os.PathLike[str] | None = None
                    ) -> subprocess.CompletedProcess:
     """``audiobuffer *args`` run by ``audiobuffer.cli.main.main`` here, in directory ``cwd``: its
@@ -109,7 +95,7 @@ def run_in_process(*args: object, cwd: str | os.PathLike[str] | None = None
     stdout = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict")
     stderr = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict")
     with contextlib.ExitStack() as stack:
-        stack.enter_context(_torch_state())
+        stack.enter_context(command_state_kept())
         stack.enter_context(_cwd(cwd))
         stack.enter_context(contextlib.redirect_stdout(stdout))
         stack.enter_context(contextlib.redirect_stderr(stderr))

@@ -1,12 +1,10 @@
 """The benchmarks in benchmarks/ and their shared harness (smoke runs: speed is measured by the benchmarks,
 never asserted here)."""
 
-import contextlib
 import importlib.util
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -16,7 +14,14 @@ import numpy as np
 import psutil
 import pytest
 import torch
-from helpers import JOIN_TIMEOUT, REPO, make_corpus, windows_text_files, write_tone
+from helpers import (
+    JOIN_TIMEOUT,
+    REPO,
+    command_state_kept,
+    make_corpus,
+    windows_text_files,
+    write_tone,
+)
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -38,26 +43,10 @@ def load_benchmark(monkeypatch):
     return load
 
 
-@contextlib.contextmanager
-def process_state_kept():
-    """torch's thread count and random state and the SIGCHLD handler (which DataLoader's workers
-    set, where the OS has one) as they were, after a benchmark's code ran here."""
-    sigchld = getattr(signal, "SIGCHLD", None)
-    threads = torch.get_num_threads()
-    handler = signal.getsignal(sigchld) if sigchld is not None else None
-    try:
-        with torch.random.fork_rng(devices=[]):
-            yield
-    finally:
-        torch.set_num_threads(threads)
-        if sigchld is not None:
-            signal.signal(sigchld, handler)
-
-
 @pytest.fixture
 def run_bench(load_benchmark, capsys):
     """``run_bench(NAME, *args)``: benchmarks/NAME's ``main(args)`` in this process (what
-    :func:`process_state_kept` keeps put back after), as ``subprocess.run`` gives it:
+    :func:`helpers.command_state_kept` keeps put back after), as ``subprocess.run`` gives it:
     ``returncode``, ``stdout``, ``stderr``. For the scripts whose process is not what a test
     looks at: it saves each a start of Python and torch."""
 
@@ -65,7 +54,7 @@ def run_bench(load_benchmark, capsys):
         module = load_benchmark(name.removesuffix(".py"))
         capsys.readouterr()
         try:
-            with process_state_kept():
+            with command_state_kept():
                 status = module.main([str(arg) for arg in args])
         except SystemExit as exc:  # argparse's errors
             status = exc.code
@@ -272,7 +261,7 @@ def test_contention_epoch_of_each_other_approach(tmp_path, contention, approach)
     paths = [str(p) for p in make_corpus(tmp_path, 2 * contention.BATCH_SIZE)]
     file_list = tmp_path / "files.txt"
     file_list.write_text("\n".join(paths))
-    with process_state_kept():
+    with command_state_kept():
         m = contention._epoch(approach, "light", paths, None, "cpu", file_list)
     assert m["batches"] == 2 and m["files"] == len(paths) and m["step_s"] > 0, m
     assert (m["first_batch_s"] is None) == approach.startswith("step-"), m
