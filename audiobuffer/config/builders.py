@@ -55,7 +55,8 @@ def build_decoder(config: PipelineConfig) -> AudioDecoder | ImageDecoder:
         if d.kind == "image":
             return ImageDecoder(size=d.size, crop=cast(Any, d.crop), scale=d.scale, ratio=d.ratio,
                                 crop_fraction=d.crop_fraction, flip=d.flip, layout=d.layout,
-                                draft=d.draft, resample=d.resample, jpeg=d.jpeg)
+                                draft=d.draft, resample=d.resample, jpeg=d.jpeg,
+                                backend=d.backend)
         return AudioDecoder(d.sample_rate, mono=d.mono, crop_seconds=d.crop_seconds,
                             crop=cast(Any, d.crop), pad=d.pad, quality=d.quality,
                             fallback=d.fallback, augment=augment or None)

@@ -50,7 +50,7 @@ from pydantic import (
 
 from .._checks import choices, short_repr
 from ..decoders.audio import MAX_CROP_SECONDS, AudioDecoder, CropMode, Quality
-from ..decoders.image import ImageCrop, ImageDecoder, JpegDecode, Layout, Resample
+from ..decoders.image import Backend, ImageCrop, ImageDecoder, JpegDecode, Layout, Resample
 from ..errors import ConfigError
 from ..options import MAX_BATCH_SIZE, MAX_PRODUCERS, OPTIONS, LoaderOptions
 from ..sources.storage import is_url as _is_url
@@ -175,7 +175,7 @@ class SourceConfig(_Section):
 
 
 #: The keys only ``kind: image`` takes (``size`` aside: its message is its own).
-_IMAGE_ONLY = ("scale", "ratio", "crop_fraction", "flip", "layout", "draft", "jpeg")
+_IMAGE_ONLY = ("scale", "ratio", "crop_fraction", "flip", "layout", "draft", "jpeg", "backend")
 
 #: ``decode.augment[].kind``: each augmentation of :mod:`audiobuffer.augment`, its class's name in
 #: snake case.
@@ -249,6 +249,7 @@ class DecodeConfig(_Section):
     draft: bool = _python_default(ImageDecoder, "draft")
     resample: Resample = _python_default(ImageDecoder, "resample")
     jpeg: JpegDecode = _python_default(ImageDecoder, "jpeg")
+    backend: Backend = _python_default(ImageDecoder, "backend")
     #: ``null`` (Python's default, no augmentation) is read as an empty list
     augment: list[AugmentConfig] = Field(default=_python_default(AudioDecoder, "augment"))
 

@@ -1,0 +1,224 @@
+"""``ImageDecoder(backend="torch")``: simplejpeg decodes JPEGs, torch crops and resizes
+(NOTE [ The torch backend ] in audiobuffer/decoders/_tensor_image.py)."""
+
+import io
+
+import numpy as np
+import pytest
+import torch
+
+from audiobuffer import BufferedDataset, DecodeError, ImageDecoder, WorkItem
+from audiobuffer.decoders import _tensor_image
+
+Image = pytest.importorskip("PIL.Image",
+                            reason="ImageDecoder needs Pillow (pip install 'audiobuffer[image]')")
+pytest.importorskip("simplejpeg", reason="backend='torch' decodes JPEGs with simplejpeg "
+                                         "(pip install 'audiobuffer[image]')")
+
+
+def photo(height, width, seed=0):
+    """A smooth picture with structure everywhere (gradients, waves), as JPEG compresses photos."""
+    y, x = np.mgrid[0:height, 0:width].astype(np.float64)
+    phase = np.random.default_rng(seed).uniform(0, 6)
+    pixels = np.stack([x * 255 / width, y * 255 / height,
+                       128 + 100 * np.sin(x / 17 + y / 29 + phase)], axis=-1)
+    return pixels.round().clip(0, 255).astype(np.uint8)
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """The reductions simplejpeg was asked to decode at, one per call that returned pixels."""
+    made = []
+    decode = _tensor_image.decode_jpeg
+
+    def counted(raw, height, width, reduction):
+        pixels = decode(raw, height, width, reduction)
+        if pixels is not None:
+            made.append(reduction)
+        return pixels
+
+    monkeypatch.setattr("audiobuffer.decoders.image.decode_jpeg", counted)
+    return made
+
+
+def item(path, index=0, seed=1):
+    return WorkItem(index=index, path=str(path), seed=seed)
+
+
+def test_jpegs_decode_to_pillows_pixels(tmp_path, calls):
+    Image.fromarray(photo(61, 83)).save(tmp_path / "rgb.jpg", quality=90)
+    Image.fromarray(photo(40, 30)[..., 0]).save(tmp_path / "grey.jpg", quality=90)
+    Image.fromarray(photo(48, 64)).save(tmp_path / "progressive.jpg", quality=80, progressive=True)
+    for name in ("rgb.jpg", "grey.jpg", "progressive.jpg"):
+        fast = ImageDecoder(backend="torch")(tmp_path / name)["image"]
+        assert fast.dtype == torch.uint8 and fast.is_contiguous()
+        assert torch.equal(fast, ImageDecoder()(tmp_path / name)["image"]), name
+    assert calls == [1, 1, 1]  # each decoded by simplejpeg, at full size
+
+
+def test_without_simplejpeg_pillow_decodes_the_same_pixels(tmp_path, calls, monkeypatch):
+    Image.fromarray(photo(61, 83)).save(tmp_path / "rgb.jpg", quality=90)
+    decoders = [ImageDecoder(size, crop=crop, flip=True, backend="torch")
+                for size, crop in ((None, None), (32, "random_resized"), (32, "center"))]
+    with_simplejpeg = [decode(item(tmp_path / "rgb.jpg"))["image"] for decode in decoders]
+    assert calls == [1, 1, 1]
+    monkeypatch.setattr(_tensor_image, "_simplejpeg", lambda: None)
+    for decode, expected in zip(decoders, with_simplejpeg):
+        assert torch.equal(decode(item(tmp_path / "rgb.jpg"))["image"], expected)
+    assert calls == [1, 1, 1]
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_exif_orientation_as_pillow_turns_it(tmp_path, orientation):
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    Image.fromarray(photo(30, 44)).save(tmp_path / "turned.jpg", quality=95, exif=exif)
+    fast = ImageDecoder(backend="torch")(tmp_path / "turned.jpg")["image"]
+    assert torch.equal(fast, ImageDecoder()(tmp_path / "turned.jpg")["image"])
+    stored = ImageDecoder(backend="torch", apply_exif_orientation=False)(tmp_path / "turned.jpg")
+    assert stored["image"].shape == (3, 30, 44)
+    where = item(tmp_path / "turned.jpg")
+    cropped = ImageDecoder((12, 9), crop="random_resized", backend="torch",
+                           draft=False)(where)
+    slow = ImageDecoder((12, 9), crop="random_resized", draft=False)(where)
+    assert (cropped["image"].int() - slow["image"].int()).abs().float().mean() < 0.5
+
+
+@pytest.mark.parametrize("crop", ["random_resized", "center", None])
+@pytest.mark.parametrize("resample", ["bilinear", "bicubic", "nearest"])
+def test_crops_are_pillows_boxes_resized_by_torch(tmp_path, crop, resample):
+    """The same boxes and flips as the Pillow backend (the same draws), resized alike: under half a
+    level apart on average (a central box, fractional for Pillow, rounded to pixels here: under 3),
+    where a different box or flip would be tens apart."""
+    for n in range(4):
+        Image.fromarray(photo(70 + 13 * n, 110 - 9 * n, n)).save(tmp_path / f"{n}.jpg", quality=92)
+    for n in range(4):
+        for index in range(6):
+            where = item(tmp_path / f"{n}.jpg", index=index)
+            kwargs = {"crop": crop, "flip": True, "resample": resample}
+            fast = ImageDecoder((24, 32), backend="torch", draft=False, **kwargs)(where)["image"]
+            slow = ImageDecoder((24, 32), draft=False, **kwargs)(where)["image"]
+            assert fast.shape == slow.shape == (3, 24, 32)
+            apart = (fast.int() - slow.int()).abs().float().mean()
+            assert apart < (3 if crop == "center" else 0.5), (n, index, float(apart))
+
+
+def test_a_reduced_decode_where_the_box_allows(tmp_path, calls):
+    """A 1050-pixel central box scaled to 64 decodes at 1/8: the box on the reduced image, rounded
+    to its pixels, resized as Pillow resizes it; near the full decode (a rounding moves the box by
+    under half a reduced pixel, which this wavy picture shows more than photos do)."""
+    from audiobuffer.decoders.image import center_box
+
+    Image.fromarray(photo(1200, 1600)).save(tmp_path / "big.jpg", quality=92)
+    box = center_box(1200, 1600, (64, 64), 0.875)
+    top, left, height, width = (round(v / 8) for v in box)
+    with Image.open(tmp_path / "big.jpg") as im:
+        im.draft("RGB", (200, 150))
+        reduced = im.convert("RGB")
+    expected = np.asarray(reduced.crop((left, top, left + width, top + height)).resize(
+        (64, 64), Image.Resampling.BILINEAR)).transpose(2, 0, 1).astype(int)
+    fast = ImageDecoder(64, crop="center", backend="torch")(tmp_path / "big.jpg")["image"]
+    assert calls == [8]
+    assert np.abs(fast.numpy().astype(int) - expected).mean() < 0.1
+    for crop in ("center", "random_resized"):
+        calls.clear()
+        for index in range(5):
+            fast = ImageDecoder(64, crop=crop, backend="torch")(item(tmp_path / "big.jpg", index))
+            full = ImageDecoder(64, crop=crop, draft=False)(item(tmp_path / "big.jpg", index))
+            apart = (fast["image"].int() - full["image"].int()).abs().float().mean()
+            assert apart < 10, (crop, index)
+        assert max(calls) > 1, crop
+    calls.clear()
+    ImageDecoder(64, crop="center", draft=False, backend="torch")(tmp_path / "big.jpg")
+    assert calls == [1]
+
+
+def test_other_files_go_through_pillow(tmp_path, calls):
+    pixels = photo(20, 26)
+    Image.fromarray(pixels).save(tmp_path / "rgb.png")
+    Image.fromarray(pixels).convert("CMYK").save(tmp_path / "cmyk.jpg", quality=95)
+    Image.fromarray(pixels[..., 0].astype(np.uint16) * 257).save(tmp_path / "deep.png")
+    for name in ("rgb.png", "cmyk.jpg", "deep.png"):
+        fast = ImageDecoder(backend="torch")(tmp_path / name)["image"]
+        assert torch.equal(fast, ImageDecoder()(tmp_path / name)["image"]), name
+        resized = ImageDecoder(10, crop="center", backend="torch")(tmp_path / name)["image"]
+        assert resized.shape == (3, 10, 10)
+    assert calls == []
+
+
+def test_a_jpeg_libjpeg_warns_about_decodes_as_pillow_decodes_it(tmp_path, calls):
+    """Bytes before the end marker: libjpeg warns, Pillow decodes it, strict simplejpeg refuses it;
+    Pillow then reads it, to the same pixels."""
+    buffer = io.BytesIO()
+    Image.fromarray(photo(32, 40)).save(buffer, "JPEG", quality=90)
+    data = buffer.getvalue()
+    (tmp_path / "extra.jpg").write_bytes(data[:-2] + b"\x00\x00\x00" + data[-2:])
+    fast = ImageDecoder(backend="torch")(tmp_path / "extra.jpg")["image"]
+    assert torch.equal(fast, ImageDecoder()(tmp_path / "extra.jpg")["image"])
+    assert calls == []
+
+
+def test_broken_files_fail_alike(tmp_path):
+    buffer = io.BytesIO()
+    Image.fromarray(photo(64, 64)).save(buffer, "JPEG", quality=90)
+    (tmp_path / "cut.jpg").write_bytes(buffer.getvalue()[:600])
+    (tmp_path / "none.jpg").write_bytes(b"\xff\xd8\xff\xe0 not a jpeg")
+    for name in ("cut.jpg", "none.jpg"):
+        for decoder in (ImageDecoder(16, crop="random_resized"),
+                        ImageDecoder(16, crop="random_resized", backend="torch")):
+            with pytest.raises(DecodeError, match=name.replace(".", r"\.")):
+                decoder(item(tmp_path / name))
+
+
+def test_layouts_and_numpy_output(tmp_path):
+    Image.fromarray(photo(50, 70)).save(tmp_path / "p.jpg", quality=90)
+    where = item(tmp_path / "p.jpg", index=3)
+    chw = ImageDecoder(16, crop="random_resized", flip=True, backend="torch")(where)["image"]
+    hwc = ImageDecoder(16, crop="random_resized", flip=True, backend="torch", layout="hwc")(where)
+    assert hwc["image"].shape == (16, 16, 3) and hwc["image"].is_contiguous()
+    assert torch.equal(hwc["image"].permute(2, 0, 1), chw)
+    array = ImageDecoder(16, crop="random_resized", flip=True, backend="torch",
+                         tensors=False)(where)
+    assert isinstance(array["image"], np.ndarray) and array["image"].flags.writeable
+    np.testing.assert_array_equal(array["image"], chw.numpy())
+    whole = ImageDecoder(backend="torch", layout="hwc", tensors=False)(where)["image"]
+    assert whole.shape == (50, 70, 3) and whole.flags.writeable
+
+
+def test_draws_are_of_seed_epoch_and_index_only(tmp_path):
+    Image.fromarray(photo(60, 80)).save(tmp_path / "p.jpg", quality=90)
+    decode = ImageDecoder(16, crop="random_resized", flip=True, backend="torch")
+
+    def image(**where):
+        return decode(WorkItem(path=str(tmp_path / "p.jpg"),
+                               **{"index": 0, "seed": 0, "epoch": 0, **where}))["image"]
+
+    assert torch.equal(image(seed=3), image(seed=3))
+    for other in ({"seed": 4}, {"epoch": 1}, {"index": 1}):
+        assert not torch.equal(image(), image(**other)), other
+
+
+def test_option_validation():
+    with pytest.raises(ValueError, match=r"backend must be one of 'pillow', 'torch', got 'cv2'"):
+        ImageDecoder(backend="cv2")
+    with pytest.raises(ValueError, match=r"backend='torch' resizes with .*got resample='lanczos'"):
+        ImageDecoder(8, backend="torch", resample="lanczos")
+
+
+def test_through_a_loader_and_yaml(tmp_path):
+    from audiobuffer.config import build_decoder, load_config
+
+    for n in range(6):
+        folder = tmp_path / "photos" / ("a" if n % 2 else "b")
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(photo(40 + n, 50, n)).save(folder / f"{n}.jpg", quality=90)
+    (tmp_path / "run.yaml").write_text(
+        "source: {root: photos, labels: parent}\n"
+        "decode: {kind: image, size: 16, crop: random_resized, flip: true, backend: torch}\n",
+        encoding="utf-8", newline="\n")
+    decoder = build_decoder(load_config(tmp_path / "run.yaml"))
+    assert decoder.backend == "torch"
+    with BufferedDataset(tmp_path / "photos", decoder, labels="parent", num_producers=2,
+                         seed=0) as dataset:
+        images = {int(s["index"]): s["image"] for s in dataset}
+    assert len(images) == 6 and all(i.shape == (3, 16, 16) for i in images.values())
