@@ -26,7 +26,8 @@ Each corpus is fed, in batches of 16, by:
   epoch, so it pays the tuner's trials, which later epochs skip);
 - ``isolated-2``, ``isolated-auto``: ``IsolatedLoader(num_producers=2)`` and with its default count:
   the producers in one helper process;
-- ``dataloader-2``, ``dataloader-2-spawn``: ``DataLoader(num_workers=2)``, fork and spawn.
+- ``dataloader-2``, ``dataloader-2-spawn``: ``DataLoader(num_workers=2)``, fork and spawn;
+- images only: ``buffered-2-torch``, ``isolated-2-torch``: with ``ImageDecoder(backend="torch")``.
 
 With ``--images N``, the corpus is instead ``N`` JPEGs of 300-600 px (``bench_images.py``'s,
 made from photographs packages ship) decoded to random resized crops of 224 with flips, in batches
@@ -105,10 +106,14 @@ LABELS = {
     "isolated-auto": "IsolatedLoader, auto (the default)",
     "dataloader-2": "DataLoader(num_workers=2), fork",
     "dataloader-2-spawn": "DataLoader(num_workers=2), spawn",
+    "buffered-2-torch": 'BufferedDataset, 2 producers, ImageDecoder(backend="torch")',
+    "isolated-2-torch": 'IsolatedLoader, 2 producers, ImageDecoder(backend="torch")',
 }
 #: The approaches of the image case (``--images``), and its corpus's name and batch size.
+#: Approaches of the image case alone: the loader with ImageDecoder(backend="torch").
+IMAGE_ONLY = ["buffered-2-torch", "isolated-2-torch"]
 IMAGE_APPROACHES = ["step-alone", "buffered-2", "buffered-auto", "isolated-2", "isolated-auto",
-                    "dataloader-2"]
+                    "dataloader-2", *IMAGE_ONLY]
 IMAGE_CORPUS, IMAGE_BATCH = "jpeg", 64
 #: Rounds of ``relu(h @ W) + 0.1`` per step.
 STEPS = {"light": 50, "heavy": 500}
@@ -164,13 +169,15 @@ def _transform(name: str | None) -> Callable[[dict[str, Any]], dict[str, Any]] |
     return mel_transform
 
 
-def _media(images: bool) -> tuple[Any, Callable[[Any], dict[str, Any]], int]:
-    """The decoder, the collate function and the batch size of the audio corpora or the images."""
+def _media(images: bool, backend: Any = "pillow") -> tuple[Any, Callable[[Any], dict[str, Any]], int]:
+    """The decoder, the collate function and the batch size of the audio corpora or the images
+    (``backend``: the ``ImageDecoder``'s)."""
     from audiobuffer import AudioDecoder, ImageDecoder, pad_collate
     from audiobuffer.collate import image_collate
 
     if images:
-        return ImageDecoder(224, crop="random_resized", flip=True), image_collate, IMAGE_BATCH
+        decoder = ImageDecoder(224, crop="random_resized", flip=True, backend=backend)
+        return decoder, image_collate, IMAGE_BATCH
     return AudioDecoder(), pad_collate, BATCH_SIZE
 
 
@@ -212,7 +219,10 @@ def _loader(approach: str, paths: list[str], transform: Any, images: bool = Fals
     from audiobuffer import BufferedDataset, IsolatedLoader
     from audiobuffer.cli.bench import PathDataset
 
-    decoder, collate, size = _media(images)
+    # "-torch": the images decoded by ImageDecoder(backend="torch")
+    backend = "torch" if approach.endswith("-torch") else "pillow"
+    approach = approach.removesuffix("-torch")
+    decoder, collate, size = _media(images, backend)
     if approach == "loop":
         return _batches(paths, transform, images), lambda: None
     count = approach.rsplit("-", 1)[1]
@@ -548,8 +558,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     images = args.images is not None
     corpora = [IMAGE_CORPUS] if images else _csv(args.corpora, CORPORA, "--corpora", parser)
     default = IMAGE_APPROACHES if images else APPROACHES
-    approaches = _csv(args.approaches or ",".join(default), APPROACHES + OPTIONAL, "--approaches",
-                      parser)
+    approaches = _csv(args.approaches or ",".join(default),
+                      APPROACHES + OPTIONAL + (IMAGE_ONLY if images else []), "--approaches", parser)
     if images and (args.images < IMAGE_BATCH or "step-beside" in approaches):
         parser.error(f"--images must be >= {IMAGE_BATCH}, and step-beside decodes audio only")
     if args.device not in ("cpu", "cuda"):

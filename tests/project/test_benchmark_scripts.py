@@ -817,7 +817,8 @@ def test_images_bench_runs_and_saves(tmp_path, load_benchmark, run_bench):
     assert "| one-thread-imagedecoder: " in result.stdout
     data = json.loads((tmp_path / "results" / "images.json").read_text(encoding="utf-8"))
     assert [row["approach"] for row in data["rows"]] == [
-        "audiobuffer", "one-thread-imagedecoder", "one-thread-pillow"]
+        "audiobuffer", "one-thread-imagedecoder", "one-thread-imagedecoder-torch",
+        "one-thread-pillow"]
     assert data["rows"][0]["images_per_s"] > 0 and data["rows"][0]["peak_mib"] > 0
     cores = data["settings"]["cores"]
     for row in data["rows"][1:]:  # the ceilings the cores allow at each one-thread time an image
@@ -828,7 +829,7 @@ def test_images_bench_runs_and_saves(tmp_path, load_benchmark, run_bench):
     assert data["settings"]["load_before"] and data["settings"]["load_after"]
     (table,) = markdown_tables((tmp_path / "BENCHMARKS.md").read_text(encoding="utf-8"))
     assert [row[0].split(" at ")[0] for row in table[1:]] == [
-        "`BufferedDataset`", f"ceiling: {cores} cores", f"ceiling: {cores} cores"]
+        "`BufferedDataset`", *[f"ceiling: {cores} cores"] * 3]
     assert (REPO / "BENCHMARKS.md").read_bytes() == page
     from PIL import Image
 
@@ -841,9 +842,11 @@ def test_images_bench_runs_and_saves(tmp_path, load_benchmark, run_bench):
 
 def test_images_rows_ratios_and_the_approaches_that_did_not_run(load_benchmark, render):
     images = load_benchmark("bench_images")
-    assert images.parse("pillow-w2-fork-pin") == images.Approach("pillow", 2, "fork", True, True)
+    assert images.parse("pillow-w2-fork-pin") == images.Approach("pillow", 2, "fork", True, True,
+                                                                 "pillow")
     assert images.parse("audiobuffer-nodraft") == images.Approach("audiobuffer", 0, None, False,
-                                                                  False)
+                                                                  False, "pillow")
+    assert images.parse("isolated-torch").backend == "torch"
 
     def run(rate, first, peak):
         return {"images_per_s": rate, "first_batch_s": first, "peak_mib": peak}
@@ -900,6 +903,21 @@ def test_images_rows_ratios_and_the_approaches_that_did_not_run(load_benchmark, 
     assert ("The `ImageDecoder` ceiling is 1.00x the Pillow fork rate and a first batch in 0.128x "
             "spawn's: the goals 1.3x and 0.05x are above what 2 cores allow.") in (
                 section.reading(results))
+    # with backend="torch" measured, the goals are read on it and on its one-thread time
+    fast = {**runs, "audiobuffer-torch": [run(150, 0.1, 240)],
+            "one-thread": [{**alone(5.0, 5.0), "wall_ms_imagedecoder-torch": 10.0,
+                            "cpu_ms_imagedecoder-torch": 9.0}]}
+    rows = images.rows_of(fast, {}, [*fast], cores=2)
+    assert [r["approach"] for r in rows[-3:]] == [
+        "one-thread-imagedecoder", "one-thread-imagedecoder-torch", "one-thread-pillow"]
+    checked = images.goals(rows)
+    assert [goal[:2] for goal in checked][0] == [
+        "audiobuffer-torch: images/s / pillow-w2-fork", "1.500x"]
+    assert checked[0][3] == "<= 2.000x" and checked[-1][1] == "0.020x"
+    results = {"images": small_results("images", rows, runs=1, load_before="1", load_after="2")}
+    reading = section.reading(results)
+    assert reading.startswith('`BufferedDataset`, `backend="torch"`: 1.50x the images/s')
+    assert ('The `ImageDecoder(backend="torch")` ceiling is 2.00x the Pillow fork rate') in reading
 
 
 def test_images_bench_draft_table(tmp_path, load_benchmark, run_bench):
