@@ -27,7 +27,8 @@ Each corpus is fed, in batches of 16, by:
 - ``isolated-2``, ``isolated-auto``: ``IsolatedLoader(num_producers=2)`` and with its default count:
   the producers in one helper process;
 - ``dataloader-2``, ``dataloader-2-spawn``: ``DataLoader(num_workers=2)``, fork and spawn;
-- images only: ``buffered-2-torch``, ``isolated-2-torch``: with ``ImageDecoder(backend="torch")``.
+- images only: ``buffered-2-torch``, ``isolated-2-torch``: with ``ImageDecoder(backend="torch")``;
+  ``isolated-2-torch-start``: and ``start_in_trainer=True``.
 
 With ``--images N``, the corpus is instead ``N`` JPEGs of 300-600 px (``bench_images.py``'s,
 made from photographs packages ship) decoded to random resized crops of 224 with flips, in batches
@@ -108,10 +109,13 @@ LABELS = {
     "dataloader-2-spawn": "DataLoader(num_workers=2), spawn",
     "buffered-2-torch": 'BufferedDataset, 2 producers, ImageDecoder(backend="torch")',
     "isolated-2-torch": 'IsolatedLoader, 2 producers, ImageDecoder(backend="torch")',
+    "isolated-2-torch-start": 'IsolatedLoader, 2 producers, backend="torch", start_in_trainer=True',
 }
 #: The approaches of the image case (``--images``), and its corpus's name and batch size.
 #: Approaches of the image case alone: the loader with ImageDecoder(backend="torch").
-IMAGE_ONLY = ["buffered-2-torch", "isolated-2-torch"]
+#: "-start": IsolatedLoader(start_in_trainer=True), which decodes in the trainer until its helper
+#: (which imports torch for this backend) is warm.
+IMAGE_ONLY = ["buffered-2-torch", "isolated-2-torch", "isolated-2-torch-start"]
 IMAGE_APPROACHES = ["step-alone", "buffered-2", "buffered-auto", "isolated-2", "isolated-auto",
                     "dataloader-2", *IMAGE_ONLY]
 IMAGE_CORPUS, IMAGE_BATCH = "jpeg", 64
@@ -219,9 +223,11 @@ def _loader(approach: str, paths: list[str], transform: Any, images: bool = Fals
     from audiobuffer import BufferedDataset, IsolatedLoader
     from audiobuffer.cli.bench import PathDataset
 
-    # "-torch": the images decoded by ImageDecoder(backend="torch")
-    backend = "torch" if approach.endswith("-torch") else "pillow"
-    approach = approach.removesuffix("-torch")
+    # "-torch": the images decoded by ImageDecoder(backend="torch"); "-start": start_in_trainer
+    parts = approach.split("-")
+    backend = "torch" if "torch" in parts else "pillow"
+    in_trainer = "start" in parts
+    approach = "-".join(p for p in parts if p not in ("torch", "start"))
     decoder, collate, size = _media(images, backend)
     if approach == "loop":
         return _batches(paths, transform, images), lambda: None
@@ -233,7 +239,7 @@ def _loader(approach: str, paths: list[str], transform: Any, images: bool = Fals
     if approach.startswith("isolated-"):
         loader = IsolatedLoader(paths, decoder, batch_size=size, num_producers=producers,
                                 buffer_size=BUFFER_SIZE, transform=transform, pin_memory=False,
-                                key="image" if images else "audio")
+                                key="image" if images else "audio", start_in_trainer=in_trainer)
         return iter(loader), loader.close
     if approach.startswith("dataloader-2"):
         if transform is not None:

@@ -14,6 +14,14 @@ a file, a CMYK JPEG, a JPEG without simplejpeg and every other format are read b
 Pillow backend reads them (draft, EXIF orientation, modes), so a file gives the same error, or the
 same pixels, under either backend.
 
+Header. A JPEG's size, colour space and EXIF orientation are read without Pillow (whose header
+parse is Python, holding the GIL the other producers wait on): simplejpeg reads the frame header,
+:func:`jpeg_header` the first APP1 Exif segment's IFD0 orientation. Anything it does not read
+plainly (no simplejpeg, CMYK, an XMP packet, which Pillow also reads an orientation from, two Exif
+segments, an orientation not a SHORT, marker bytes out of place, an image past Pillow's
+decompression-bomb limit) goes to Pillow's ``Image.open``, which reads it as the Pillow backend
+does.
+
 Resize. ``torch.nn.functional.interpolate`` with ``antialias=True`` ("nearest-exact" without) on a
 ``(1, 3, h, w)`` view of the ``(h, w, 3)`` array: channels-last memory, torch's vectorised uint8
 path, no conversion to float. The box is rounded to whole pixels of the decoded image (as
@@ -24,7 +32,7 @@ by a few levels where the filters' rounding differs; the boxes and flips are the
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -33,11 +41,29 @@ if TYPE_CHECKING:
 
     from .image import CropBox
 
-__all__ = ["TORCH_RESAMPLE", "decode_jpeg", "resized_crop", "upright"]
+__all__ = ["TORCH_RESAMPLE", "JpegHeader", "decode_jpeg", "jpeg_header", "resized_crop", "upright"]
 
 #: The resize filters of the torch backend: interpolate's mode, and whether it antialiases.
 TORCH_RESAMPLE = {"nearest": ("nearest-exact", False), "bilinear": ("bilinear", True),
                   "bicubic": ("bicubic", True)}
+
+
+#: The colour spaces of a JPEG's frame that simplejpeg turns into RGB as Pillow does (its modes
+#: RGB and L); CMYK and YCCK go to Pillow.
+_TURBO_SPACES = ("YCbCr", "Gray", "RGB")
+_EXIF = b"Exif\x00\x00"
+_XMP = b"http://ns.adobe.com/xap/1.0/\x00"
+_ORIENTATION_TAG = 0x0112
+_SHORT = 3  # the TIFF field type of the orientation
+
+
+class JpegHeader(NamedTuple):
+    """What :func:`jpeg_header` reads: the stored size and the EXIF orientation (1 to 8; 1 when
+    there is none)."""
+
+    height: int
+    width: int
+    orientation: int
 
 
 @functools.lru_cache(maxsize=1)
@@ -67,6 +93,78 @@ def decode_jpeg(raw: bytes, height: int, width: int, reduction: int) -> np.ndarr
     except ValueError:  # a libjpeg warning (corrupt data) or a colour space it cannot convert
         return None
     return pixels
+
+
+def jpeg_header(raw: bytes) -> JpegHeader | None:
+    """The header of a JPEG that simplejpeg decodes to RGB, read without Pillow; ``None`` for
+    anything else, which Pillow then reads (NOTE [ The torch backend ], Header)."""
+    turbo = _simplejpeg()
+    if turbo is None or raw[:3] != b"\xff\xd8\xff":
+        return None
+    orientation = _exif_orientation(raw)
+    if orientation is None:
+        return None
+    try:
+        height, width, space, _ = turbo.decode_jpeg_header(raw)
+    except ValueError:
+        return None
+    if space not in _TURBO_SPACES or _bomb(int(height) * int(width)):
+        return None
+    return JpegHeader(int(height), int(width), orientation)
+
+
+def _bomb(pixels: int) -> bool:
+    """Whether Pillow would warn about or refuse an image of ``pixels`` (a decompression bomb)."""
+    from PIL import Image
+
+    return Image.MAX_IMAGE_PIXELS is not None and pixels > Image.MAX_IMAGE_PIXELS
+
+
+def _exif_orientation(raw: bytes) -> int | None:
+    """The orientation of the one Exif segment before the first scan, 1 without one; ``None`` where
+    the segments are not plain (an XMP packet, two Exif segments, bytes out of place)."""
+    at, found = 2, None
+    while at + 4 <= len(raw):
+        if raw[at] != 0xFF:
+            return None
+        marker = raw[at + 1]
+        if marker == 0xFF:  # fill byte
+            at += 1
+            continue
+        if marker == 0xDA:  # the first scan: the segments Pillow reads are behind
+            return 1 if found is None else _tiff_orientation(found)
+        length = int.from_bytes(raw[at + 2:at + 4], "big")
+        if length < 2:
+            return None
+        payload = raw[at + 4:at + 2 + length]
+        if marker == 0xE1 and payload.startswith(_EXIF):
+            if found is not None:
+                return None
+            found = payload[len(_EXIF):]
+        elif marker == 0xE1 and payload.startswith(_XMP):
+            return None
+        at += 2 + length
+    return None
+
+
+def _tiff_orientation(tiff: bytes) -> int | None:
+    """The orientation tag of the first IFD of ``tiff`` (1 without one), or ``None``."""
+    order: Any = {b"II": "little", b"MM": "big"}.get(tiff[:2])
+    if order is None or len(tiff) < 8:
+        return None
+    ifd = int.from_bytes(tiff[4:8], order)
+    if ifd + 2 > len(tiff):
+        return None
+    for n in range(int.from_bytes(tiff[ifd:ifd + 2], order)):
+        entry = tiff[ifd + 2 + 12 * n:ifd + 14 + 12 * n]
+        if len(entry) < 12:
+            return None
+        if int.from_bytes(entry[:2], order) == _ORIENTATION_TAG:
+            kind, count = int.from_bytes(entry[2:4], order), int.from_bytes(entry[4:8], order)
+            if kind != _SHORT or count != 1:
+                return None
+            return int.from_bytes(entry[8:10], order)
+    return 1
 
 
 def upright(pixels: np.ndarray, orientation: int) -> np.ndarray:

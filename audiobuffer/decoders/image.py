@@ -18,7 +18,7 @@ from .._checks import check_choice, short_repr
 from ..errors import DecodeError
 from ..sources.item import IMAGE_PATTERNS
 from ._common import ItemLike, as_item, as_tensor, check_flag, describe, sample_fields
-from ._tensor_image import TORCH_RESAMPLE, decode_jpeg, resized_crop, upright
+from ._tensor_image import TORCH_RESAMPLE, decode_jpeg, jpeg_header, resized_crop, upright
 
 if TYPE_CHECKING:
     import torch
@@ -300,15 +300,18 @@ class ImageDecoder:
             if self.jpeg == "device" or self.backend == "torch":  # the device or simplejpeg
                 raw = _read_file(item.path) if raw is None else raw  # decodes the bytes
                 source = io.BytesIO(raw)
-            with Image.open(source) as im:  # the first frame of a multi-frame file
-                if raw is not None and self.jpeg == "device" and (
-                        im.format == "JPEG" and im.mode in _DEVICE_MODES):
-                    sample["image"] = self._encoded(im, raw, item.path, rng)
-                    return sample
-                if raw is not None and self.backend == "torch":
-                    image = self._tensor(im, raw, item.path, rng)
-                else:
-                    pixels = self._pixels(im, item.path, rng)
+            if raw is not None and self.backend == "torch" and self.jpeg == "host":
+                image = self._torch_image(raw, item.path, rng)
+            else:
+                with Image.open(source) as im:  # the first frame of a multi-frame file
+                    if raw is not None and self.jpeg == "device" and (
+                            im.format == "JPEG" and im.mode in _DEVICE_MODES):
+                        sample["image"] = self._encoded(im, raw, item.path, rng)
+                        return sample
+                    if self.backend == "pillow":
+                        pixels = self._pixels(im, item.path, rng)
+                if raw is not None and self.backend == "torch":  # not for the device
+                    image = self._torch_image(raw, item.path, rng)
         except DecodeError:
             raise
         except Image.UnidentifiedImageError as exc:  # its message names a BytesIO, not the file
@@ -360,12 +363,17 @@ class ImageDecoder:
         """The open image's EXIF orientation to apply, and the box of the upright image that is
         scaled to ``size`` (``None``: the whole image)."""
         orientation = im.getexif().get(_EXIF_ORIENTATION, 1) if self.apply_exif_orientation else 1
+        return orientation, self._stored_box(im.height, im.width, orientation, rng)
+
+    def _stored_box(self, height: int, width: int, orientation: int,
+                    rng: np.random.Generator | None) -> CropBox | None:
+        """The box of the upright image scaled to ``size`` (``None``: the whole image), for an
+        image stored ``height`` x ``width`` to be turned by EXIF ``orientation``."""
         if self.crop is None:
-            return orientation, None
-        width, height = im.size
+            return None
         if orientation in (5, 6, 7, 8):  # turned a quarter: the upright image's sides swap
             width, height = height, width
-        return orientation, self._box(height, width, rng)
+        return self._box(height, width, rng)
 
     def _pixels(self, im: Any, path: str, rng: np.random.Generator | None) -> np.ndarray:
         """The open image's pixels, upright, cropped and resized: an ``(H, W, 3)`` uint8 array."""
@@ -401,22 +409,44 @@ class ImageDecoder:
             im = ImageOps.exif_transpose(im)
         return _to_rgb(im, path), reduction
 
-    def _tensor(self, im: Any, raw: bytes, path: str,
-                rng: np.random.Generator | None) -> torch.Tensor:
+    def _torch_image(self, raw: bytes, path: str,
+                     rng: np.random.Generator | None) -> torch.Tensor:
         """The torch backend's image (NOTE [ The torch backend ] in ``_tensor_image.py``): upright,
-        cropped and resized, a ``(1, 3, H, W)`` uint8 tensor."""
-        orientation, box = self._upright_box(im, rng)
-        pixels = None
-        if im.format == "JPEG" and im.mode in _DEVICE_MODES:
-            wanted = _reduction(box, self.size) if self.draft and box is not None else 1
-            pixels = decode_jpeg(raw, im.height, im.width, wanted)
-        if pixels is not None:
-            reduction = int(round(im.width / pixels.shape[1]))
-            if orientation != 1:
-                pixels = upright(pixels, orientation)
-        else:
+        cropped and resized, a ``(1, 3, H, W)`` uint8 tensor. A JPEG whose header reads plainly
+        is not opened with Pillow unless simplejpeg refuses its data; the box is drawn once."""
+        from PIL import Image
+
+        header = jpeg_header(raw)
+        if header is not None:
+            orientation = header.orientation if self.apply_exif_orientation else 1
+            box = self._stored_box(header.height, header.width, orientation, rng)
+            image = self._turbo(raw, header.height, header.width, orientation, box)
+            if image is not None:
+                return image
+        with Image.open(io.BytesIO(raw)) as im:  # the first frame of a multi-frame file
+            if header is None:
+                orientation, box = self._upright_box(im, rng)
+                if im.format == "JPEG" and im.mode in _DEVICE_MODES:
+                    image = self._turbo(raw, im.height, im.width, orientation, box)
+                    if image is not None:
+                        return image
             pillow, reduction = self._pillow_upright(im, path, orientation, box)
             pixels = np.asarray(pillow)
+        if box is not None and reduction > 1:  # as in _pixels
+            box = CropBox(*(v / reduction for v in box))
+        return resized_crop(pixels, box, self.size, self.resample)
+
+    def _turbo(self, raw: bytes, height: int, width: int, orientation: int,
+               box: CropBox | None) -> torch.Tensor | None:
+        """A JPEG stored ``height`` x ``width`` decoded by simplejpeg (at a reduced scale where
+        ``box`` allows), turned upright, ``box`` resized; ``None`` where simplejpeg refuses it."""
+        wanted = _reduction(box, self.size) if self.draft and box is not None else 1
+        pixels = decode_jpeg(raw, height, width, wanted)
+        if pixels is None:
+            return None
+        reduction = int(round(width / pixels.shape[1]))
+        if orientation != 1:
+            pixels = upright(pixels, orientation)
         if box is not None and reduction > 1:  # as in _pixels
             box = CropBox(*(v / reduction for v in box))
         return resized_crop(pixels, box, self.size, self.resample)

@@ -18,11 +18,14 @@ STEPPERS = {"isolated-2": "`IsolatedLoader` (2 producers)",
             "buffered-2": "`BufferedDataset` (2 producers)",
             "buffered-auto": "`BufferedDataset` (auto)",
             "isolated-2-torch": '`IsolatedLoader` (2 producers, `backend="torch"`)',
+            "isolated-2-torch-start": '`IsolatedLoader` (2 producers, `backend="torch"`, '
+                                      '`start_in_trainer=True`)',
             "buffered-2-torch": '`BufferedDataset` (2 producers, `backend="torch"`)',
             "dataloader-2": "`DataLoader(num_workers=2)`, fork",
             "dataloader-2-spawn": "`DataLoader(num_workers=2)`, spawn"}
 #: The approaches the sentence names.
-IN_SENTENCE = ("isolated-2", "isolated-2-torch", "buffered-2", "buffered-2-torch", "dataloader-2")
+IN_SENTENCE = ("isolated-2", "isolated-2-torch", "isolated-2-torch-start", "buffered-2",
+               "buffered-2-torch", "dataloader-2")
 
 
 def _ran(results: Results) -> list[dict[str, Any]]:
@@ -93,12 +96,13 @@ def _steps(results: Results) -> str:
     if not shown:
         return ""
     rates = listing([f"{STEPPERS[a]} {num(rows[a][name]['steps_per_s'], 2)}" for a in shown])
-    isolated = [a for a in ("isolated-2", "isolated-2-torch") if a in rows]
+    isolated = [a for a in ("isolated-2", "isolated-2-torch", "isolated-2-torch-start")
+                if a in rows]
     best = max(isolated, key=lambda a: rows[a][name]["steps_per_s"], default=None)
     fork = rows.get("dataloader-2")
     versus = ""
     if best is not None and fork:
-        backend = ', `backend="torch"`' if best.endswith("-torch") else ""
+        backend = STEPPERS[best].removeprefix("`IsolatedLoader` (2 producers").rstrip(")")
         versus = (f" (`IsolatedLoader`{backend} "
                   f"{ratio(rows[best][name]['steps_per_s'] / fork[name]['steps_per_s'])} "
                   "DataLoader's)")

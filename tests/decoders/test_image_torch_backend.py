@@ -222,3 +222,78 @@ def test_through_a_loader_and_yaml(tmp_path):
                          seed=0) as dataset:
         images = {int(s["index"]): s["image"] for s in dataset}
     assert len(images) == 6 and all(i.shape == (3, 16, 16) for i in images.values())
+
+
+# -- the header, read without Pillow -------------------------------------------------------------
+
+def jpeg_with(pixels, segments=(), **save):
+    """A JPEG's bytes with ``segments`` (marker, payload) inserted after its start marker."""
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "JPEG", quality=90, **save)
+    data = buffer.getvalue()
+    extra = b"".join(b"\xff" + bytes([marker]) + (len(payload) + 2).to_bytes(2, "big") + payload
+                     for marker, payload in segments)
+    return data[:2] + extra + data[2:]
+
+
+@pytest.fixture
+def opened(monkeypatch):
+    """The files Pillow opened (``Image.open`` calls)."""
+    calls = []
+    real = Image.open
+
+    def counted(*args, **kwargs):
+        calls.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(Image, "open", counted)
+    return calls
+
+
+@pytest.mark.parametrize("endian", ["<", ">"])
+@pytest.mark.parametrize("orientation", [1, 3, 6, 8, 2, 5, 7, 4])
+def test_the_orientation_is_read_as_pillow_reads_it(tmp_path, opened, endian, orientation):
+    exif = Image.Exif()
+    exif.endian = endian
+    exif[0x0112] = orientation
+    exif[0x010F] = "camera"  # another tag before it
+    data = jpeg_with(photo(30, 44), [(0xE1, exif.tobytes())])
+    assert data[12:14] == (b"II" if endian == "<" else b"MM")
+    header = _tensor_image.jpeg_header(data)
+    assert header == (30, 44, orientation)
+    (tmp_path / "p.jpg").write_bytes(data)
+    with Image.open(tmp_path / "p.jpg") as im:
+        assert im.getexif().get(0x0112) == orientation
+    opened.clear()
+    fast = ImageDecoder(backend="torch")(tmp_path / "p.jpg")["image"]
+    assert opened == []  # read without Pillow
+    assert torch.equal(fast, ImageDecoder()(tmp_path / "p.jpg")["image"])
+
+
+def test_headers_it_leaves_to_pillow(tmp_path, opened, monkeypatch):
+    """An XMP packet (Pillow reads an orientation there too), two Exif segments, CMYK, a size past
+    Pillow's bomb limit, broken segment bytes: Pillow reads the header, as under "pillow"."""
+    pixels = photo(30, 44)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    xmp = b"http://ns.adobe.com/xap/1.0/\x00<x:xmpmeta><tiff:Orientation>8</tiff:Orientation>"
+    assert _tensor_image.jpeg_header(jpeg_with(pixels)) == (30, 44, 1)
+    files = {"xmp.jpg": jpeg_with(pixels, [(0xE1, xmp)]),
+             "two.jpg": jpeg_with(pixels, [(0xE1, exif.tobytes()), (0xE1, exif.tobytes())]),
+             "cmyk.jpg": None}
+    Image.fromarray(pixels).convert("CMYK").save(tmp_path / "cmyk.jpg", quality=90)
+    for name, data in files.items():
+        if data is not None:
+            (tmp_path / name).write_bytes(data)
+        raw = (tmp_path / name).read_bytes()
+        assert _tensor_image.jpeg_header(raw) is None, name
+        opened.clear()
+        fast = ImageDecoder(backend="torch")(tmp_path / name)["image"]
+        assert len(opened) == 1, name
+        assert torch.equal(fast, ImageDecoder()(tmp_path / name)["image"]), name
+    with Image.open(tmp_path / "xmp.jpg") as im:
+        assert im.getexif().get(0x0112) == 8  # what the fast reader would have missed
+    plain = jpeg_with(pixels)
+    assert _tensor_image.jpeg_header(plain[:2] + b"\x00" + plain[2:]) is None  # not a marker
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 30 * 44 - 1)
+    assert _tensor_image.jpeg_header(plain) is None
