@@ -173,7 +173,8 @@ def _transform(name: str | None) -> Callable[[dict[str, Any]], dict[str, Any]] |
     return mel_transform
 
 
-def _media(images: bool, backend: Any = "pillow") -> tuple[Any, Callable[[Any], dict[str, Any]], int]:
+def _media(images: bool, backend: Any = "pillow"
+           ) -> tuple[Any, Callable[[Any], dict[str, Any]], int]:
     """The decoder, the collate function and the batch size of the audio corpora or the images
     (``backend``: the ``ImageDecoder``'s)."""
     from audiobuffer import AudioDecoder, ImageDecoder, pad_collate
@@ -564,8 +565,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     images = args.images is not None
     corpora = [IMAGE_CORPUS] if images else _csv(args.corpora, CORPORA, "--corpora", parser)
     default = IMAGE_APPROACHES if images else APPROACHES
-    approaches = _csv(args.approaches or ",".join(default),
-                      APPROACHES + OPTIONAL + (IMAGE_ONLY if images else []), "--approaches", parser)
+    known = APPROACHES + OPTIONAL + (IMAGE_ONLY if images else [])
+    approaches = _csv(args.approaches or ",".join(default), known, "--approaches", parser)
     if images and (args.images < IMAGE_BATCH or "step-beside" in approaches):
         parser.error(f"--images must be >= {IMAGE_BATCH}, and step-beside decodes audio only")
     if args.device not in ("cpu", "cuda"):
