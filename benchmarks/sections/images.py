@@ -24,8 +24,7 @@ STEPPERS = {"isolated-2": "`IsolatedLoader` (2 producers)",
             "dataloader-2": "`DataLoader(num_workers=2)`, fork",
             "dataloader-2-spawn": "`DataLoader(num_workers=2)`, spawn"}
 #: The approaches the sentence names.
-IN_SENTENCE = ("isolated-2", "isolated-2-torch", "isolated-2-torch-start", "buffered-2",
-               "buffered-2-torch", "dataloader-2")
+IN_SENTENCE = ("isolated-2", "isolated-2-torch-start", "buffered-2-torch", "dataloader-2")
 
 
 def _ran(results: Results) -> list[dict[str, Any]]:
@@ -102,13 +101,12 @@ def _steps(results: Results) -> str:
     fork = rows.get("dataloader-2")
     versus = ""
     if best is not None and fork:
-        backend = STEPPERS[best].removeprefix("`IsolatedLoader` (2 producers").rstrip(")")
-        versus = (f" (`IsolatedLoader`{backend} "
-                  f"{ratio(rows[best][name]['steps_per_s'] / fork[name]['steps_per_s'])} "
-                  "DataLoader's)")
+        which = "the faster `IsolatedLoader`" if len(isolated) > 1 else "`IsolatedLoader`"
+        versus = (f" ({which} {ratio(rows[best][name]['steps_per_s'] / fork[name]['steps_per_s'])}"
+                  " DataLoader's)")
     settings = results["contention-images"]["settings"]
     files = rows[shown[0]]["files"]
-    return (f"Steps/s of the contention section's {name} step ({step[name]} rounds) fed {files} of "
+    return (f"Steps/s of the contention section's {name} step ({step[name]} rounds), {files} of "
             f"these JPEGs: {rates}{versus}; load {settings['load_before']} before, "
             f"{settings['load_after']} after.")
 
@@ -150,10 +148,9 @@ def images_plot(results: Results) -> Any:
 IMAGES = Section(
     name="images", title="Images: training crops against a Pillow Dataset and DataLoader",
     sources={"images": None, "contention-images": None},
-    about="2000 JPEGs of 300-600 px cut from the photographs scikit-learn and matplotlib "
-          "ship, 10 class folders; an epoch of `RandomResizedCrop(224)` crops and flips, "
-          "batches of 64, a fresh process per run. Pillow `Dataset`: the pipeline as users "
-          "write it without torchvision (Pillow, torchvision's crop rule).",
+    about="2000 JPEGs (300-600 px) from photographs scikit-learn and matplotlib ship, 10 "
+          "folders; `RandomResizedCrop(224)` + flip, batches of 64, one process a run; Pillow "
+          "`Dataset`: as users write it.",
     table=images_table, reading=images_reading, plot=images_plot,
     alt="images/s and peak memory per approach, and steps/s of a Python-bound step fed with images")
 
