@@ -53,6 +53,7 @@ checked against them (:func:`goals`).
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import itertools
 import json
@@ -217,8 +218,9 @@ def _nothing_to_close() -> None:
 
 
 def _loader(approach: str, paths: list[str], transform: Any, images: bool = False
-            ) -> tuple[Iterator[dict[str, Any]], Callable[[], None]]:
-    """The batches of one epoch, and what to call after it."""
+            ) -> tuple[Callable[[], Iterator[dict[str, Any]]], Callable[[], None]]:
+    """What makes the batches of an epoch (called again: the next epoch of the same loader, as
+    training iterates it), and what to call after the last."""
     from torch.utils.data import DataLoader
 
     from audiobuffer import BufferedDataset, IsolatedLoader
@@ -231,17 +233,18 @@ def _loader(approach: str, paths: list[str], transform: Any, images: bool = Fals
     approach = "-".join(p for p in parts if p not in ("torch", "start"))
     decoder, collate, size = _media(images, backend)
     if approach == "loop":
-        return _batches(paths, transform, images), lambda: None
+        return lambda: _batches(paths, transform, images), lambda: None
     count = approach.rsplit("-", 1)[1]
     producers: Any = count if count == "auto" else int(count) if count.isdigit() else None
     if approach.startswith("buffered-"):
         ds = BufferedDataset(paths, decoder, num_producers=producers, buffer_size=BUFFER_SIZE, transform=transform)
-        return iter(DataLoader(ds, batch_size=size, collate_fn=collate)), ds.close
+        batches = DataLoader(ds, batch_size=size, collate_fn=collate)
+        return lambda: iter(batches), ds.close
     if approach.startswith("isolated-"):
         loader = IsolatedLoader(paths, decoder, batch_size=size, num_producers=producers,
                                 buffer_size=BUFFER_SIZE, transform=transform, pin_memory=False,
                                 key="image" if images else "audio", start_in_trainer=in_trainer)
-        return iter(loader), loader.close
+        return lambda: iter(loader), loader.close
     if approach.startswith("dataloader-2"):
         if transform is not None:
             raise ValueError(f"{approach} takes no transform; transform approaches: {TRANSFORM_APPROACHES}")
@@ -253,8 +256,10 @@ def _loader(approach: str, paths: list[str], transform: Any, images: bool = Fals
             dataset: Any = PillowFolder(paths)
         else:
             dataset, extra["collate_fn"] = PathDataset(paths), collate
-        # Exhausting the iterator joins the workers, so nothing is left to close.
-        return iter(DataLoader(dataset, batch_size=size, num_workers=2, **extra)), lambda: None
+        # Exhausting the iterator joins the workers, so nothing is left to close; the next epoch
+        # starts them again (persistent_workers=False, the default)
+        workers = DataLoader(dataset, batch_size=size, num_workers=2, **extra)
+        return lambda: iter(workers), lambda: None
     raise ValueError(f"unknown approach {approach!r}; known: {APPROACHES}")
 
 
@@ -305,7 +310,7 @@ def _epoch(approach: str, step_name: str, paths: list[str], transform: Any, devi
            ) -> dict[str, Any]:
     """One epoch of ``step_name`` steps on ``device`` fed by ``approach``, measured in this process
     (``file_list`` and ``transform_name``: what the ``step-beside`` neighbour decodes; ``images``:
-    the corpus is images)."""
+    the corpus is images, and the loader's next epoch is measured too: ``warm_*``)."""
     step = make_step(STEPS[step_name], device)
     for _ in range(WARMUP_STEPS):
         step(None)
@@ -323,19 +328,20 @@ def _epoch(approach: str, step_name: str, paths: list[str], transform: Any, devi
         busy = _start_neighbour(file_list, transform_name)
     gc.collect()
     start = time.perf_counter()
-    batches: Iterator[dict[str, Any]]
+    epochs: Callable[[], Iterator[dict[str, Any]]]
     close: Callable[[], None] = _nothing_to_close
     if ready is not None:
-        batches = itertools.repeat(ready, n_batches)
+        epochs = functools.partial(itertools.repeat, ready, n_batches)
     elif decoded is not None:
-        batches = (_fresh_copy(batch) for batch in decoded)
+        epochs = functools.partial(map, _fresh_copy, decoded)
     else:
-        batches, close = _loader(approach, paths, transform, images)
+        epochs, close = _loader(approach, paths, transform, images)
     first = None
     step_s: list[float] = []
     files = 0
+    warm: dict[str, float] = {}
     try:
-        for batch in batches:
+        for batch in epochs():
             if first is None:
                 first = time.perf_counter() - start
             t0 = time.perf_counter()
@@ -343,6 +349,13 @@ def _epoch(approach: str, step_name: str, paths: list[str], transform: Any, devi
             step_s.append(time.perf_counter() - t0)
             files += len(batch["image"] if "image" in batch else batch["lengths"])
         total = time.perf_counter() - start
+        if images:  # the next epoch of the same loader: what the rest of a training run pays
+            began, steps = time.perf_counter(), 0
+            for batch in epochs():
+                step(batch)
+                steps += 1
+            warm["warm_epoch_s"] = time.perf_counter() - began
+            warm["warm_steps_per_s"] = steps / warm["warm_epoch_s"]
     finally:
         close()
         if busy is not None:
@@ -350,7 +363,7 @@ def _epoch(approach: str, step_name: str, paths: list[str], transform: Any, devi
     return {"step_s": statistics.median(step_s), "epoch_s": total,
             "steps_per_s": len(step_s) / total,
             "first_batch_s": None if ready is not None or decoded is not None else first, "batches": len(step_s),
-            "files": files}
+            "files": files, **warm}
 
 
 def child(approach: str, steps: Sequence[str], paths: list[str], transform_name: str | None,
@@ -413,9 +426,10 @@ def run_corpus(name: str, paths: list[str], approaches: Sequence[str], steps: Se
         row: dict[str, Any] = {"approach": approach, "runs": len(runs_of),
                                "peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in runs_of)}
         for step in steps:
-            row[step] = {key: _median([r[step][key] for r in runs_of])
+            row[step] = {key: _median([r[step].get(key) for r in runs_of])
                          for key in ("step_s", "epoch_s", "steps_per_s", "first_batch_s", "batches",
-                                     "files")}
+                                     "files", "warm_epoch_s", "warm_steps_per_s")
+                         if key in runs_of[0][step]}
         rows[approach] = row
     alone = rows.get("step-alone")
     for row in rows.values():
@@ -443,12 +457,12 @@ def goals(results: Sequence[dict[str, Any]]) -> list[list[object]]:
     def add(goal: str, where: str, value: str, target: str, met: bool) -> None:
         out.append([goal, where, value, target, "yes" if met else "**no**"])
 
-    for corpus, isolated in itertools.product(results, ISOLATED):
+    for corpus, isolated in itertools.product(results, ISOLATED + IMAGE_ONLY[1:]):
         rows = {r["approach"]: r for r in corpus["rows"]}
         iso = rows.get(isolated)
         if iso is None:
             continue
-        name, count = corpus["name"], isolated.split("-")[1]
+        name, count = corpus["name"], isolated.removeprefix("isolated-")
         for step in corpus["steps"]:
             m = iso[step]
             where = f"{name}, {step} step"
@@ -484,6 +498,10 @@ def goals(results: Sequence[dict[str, Any]]) -> list[list[object]]:
                 ratio = iso[step]["steps_per_s"] / fork[step]["steps_per_s"]
                 add(f"steps/s ({count}) / DataLoader(2) fork", f"{name}, {step} step", _x(ratio),
                     ">= 1.20x", ratio >= 1.2)
+                if "warm_steps_per_s" in iso[step] and "warm_steps_per_s" in fork[step]:
+                    ratio = iso[step]["warm_steps_per_s"] / fork[step]["warm_steps_per_s"]
+                    add(f"next epoch's steps/s ({count}) / DataLoader(2) fork's", f"{name}, {step} step",
+                        _x(ratio), ">= 1.20x", ratio >= 1.2)
         if fork is not None:
             ratio = iso["peak_rss_mb"] / fork["peak_rss_mb"]
             add(f"peak tree RSS ({count}) / DataLoader(2) fork", name, f"{ratio:.2f}", "<= 0.60", ratio <= 0.6)

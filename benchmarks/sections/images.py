@@ -13,14 +13,13 @@ from .plots import barh, figure, finish
 SKIPPED = {"torchvision": "torchvision's `ImageFolder` + `transforms.v2`",
            "spdl": "SPDL's image pipeline", "pin": "`pin_memory=True`"}
 #: The contention approaches the steps/s sentence and plot name, in their order, and their names.
-STEPPERS = {"isolated-2": "`IsolatedLoader` (2 producers)",
+STEPPERS = {"isolated-2": "`IsolatedLoader`",
             "isolated-auto": "`IsolatedLoader` (auto)",
-            "buffered-2": "`BufferedDataset` (2 producers)",
+            "buffered-2": "`BufferedDataset`",
             "buffered-auto": "`BufferedDataset` (auto)",
-            "isolated-2-torch": '`IsolatedLoader` (2 producers, `backend="torch"`)',
-            "isolated-2-torch-start": '`IsolatedLoader` (2 producers, `backend="torch"`, '
-                                      '`start_in_trainer=True`)',
-            "buffered-2-torch": '`BufferedDataset` (2 producers, `backend="torch"`)',
+            "isolated-2-torch": "`IsolatedLoader` (torch)",
+            "isolated-2-torch-start": "`IsolatedLoader` (torch, `start_in_trainer=True`)",
+            "buffered-2-torch": "`BufferedDataset` (torch)",
             "dataloader-2": "`DataLoader(num_workers=2)`, fork",
             "dataloader-2-spawn": "`DataLoader(num_workers=2)`, spawn"}
 #: The approaches the sentence names.
@@ -85,7 +84,13 @@ def _ceiling(results: Results) -> str:
             f"in {soonest:.3f}x spawn's: {verdict} what {alone['cores']} cores allow. ")
 
 
+def _rate(row: dict[str, Any], name: str, key: str = "steps_per_s") -> str:
+    return num(row[name][key], 2) if row[name].get(key) is not None else "-"
+
+
 def _steps(results: Results) -> str:
+    """The steps/s of a Python-bound step fed with these images: the first epoch (the loader
+    made in it) and the loader's next epoch, where measured."""
     if "contention-images" not in results:
         return ""
     rows = {r["approach"]: r for r in rows_of(results, "contention-images")}
@@ -94,21 +99,25 @@ def _steps(results: Results) -> str:
     shown = [a for a in IN_SENTENCE if a in rows]
     if not shown:
         return ""
-    rates = listing([f"{STEPPERS[a]} {num(rows[a][name]['steps_per_s'], 2)}" for a in shown])
-    isolated = [a for a in ("isolated-2", "isolated-2-torch", "isolated-2-torch-start")
-                if a in rows]
-    best = max(isolated, key=lambda a: rows[a][name]["steps_per_s"], default=None)
+    warm = all(rows[a][name].get("warm_steps_per_s") is not None for a in shown)
+    rates = listing([f"{STEPPERS[a]} {_rate(rows[a], name)}"
+                     + (f" / {_rate(rows[a], name, 'warm_steps_per_s')}" if warm else "")
+                     for a in shown])
+    isolated = [a for a in STEPPERS if a.startswith("isolated-2") and a in rows]
     fork = rows.get("dataloader-2")
     versus = ""
-    if best is not None and fork:
-        which = "the faster `IsolatedLoader`" if len(isolated) > 1 else "`IsolatedLoader`"
-        versus = (f" ({which} {ratio(rows[best][name]['steps_per_s'] / fork[name]['steps_per_s'])}"
-                  " DataLoader's)")
+    if isolated and fork:
+        keys = ("steps_per_s", "warm_steps_per_s") if warm else ("steps_per_s",)
+        best = [max(rows[a][name].get(key) or 0.0 for a in isolated) / fork[name][key]
+                for key in keys]
+        which = "the fastest `IsolatedLoader`" if len(isolated) > 1 else "`IsolatedLoader`"
+        versus = f" ({which} {' / '.join(ratio(b) for b in best)} DataLoader's)"
     settings = results["contention-images"]["settings"]
     files = rows[shown[0]]["files"]
+    epochs = ", first epoch / next epoch" if warm else ""
     return (f"Steps/s of the contention section's {name} step ({step[name]} rounds), {files} of "
-            f"these JPEGs: {rates}{versus}; load {settings['load_before']} before, "
-            f"{settings['load_after']} after.")
+            f"these JPEGs, 2 producers (torch: `backend=\"torch\"`){epochs}: {rates}{versus}; "
+            f"load {settings['load_before']} before, {settings['load_after']} after.")
 
 
 def images_reading(results: Results) -> str:

@@ -18,6 +18,7 @@ from helpers import (
     JOIN_TIMEOUT,
     REPO,
     command_state_kept,
+    isolated_leftovers,
     make_corpus,
     windows_text_files,
     write_tone,
@@ -347,16 +348,41 @@ def test_contention_image_case_feeds_the_step_and_checks_steps_per_s(contention,
                    .rglob("*.jpg"))
     epoch = contention._epoch("buffered-2", "light", paths, None, "cpu", images=True)
     assert epoch["batches"] == 2 and epoch["files"] == 70 and epoch["steps_per_s"] > 0
+    # and the loader's next epoch, as training iterates it again
+    assert epoch["warm_epoch_s"] > 0 and epoch["warm_steps_per_s"] == pytest.approx(
+        2 / epoch["warm_epoch_s"])
 
-    def row(approach, steps_per_s):
+    def row(approach, steps_per_s, warm=None):
         return {"approach": approach, "peak_rss_mb": 300,
                 "heavy": {"step_s": 5e-3, "epoch_s": 2 / steps_per_s, "steps_per_s": steps_per_s,
-                          "first_batch_s": 0.5, "vs_alone": 1.0}}
+                          "first_batch_s": 0.5, "vs_alone": 1.0, "warm_steps_per_s": warm}}
 
     jpeg = {"name": "jpeg", "transform": None, "steps": ["heavy"], "files": 640,
-            "rows": [row("isolated-2", 3.0), row("dataloader-2", 2.0)]}
+            "rows": [row("isolated-2", 3.0, 4.0), row("dataloader-2", 2.0, 2.5),
+                     row("isolated-2-torch", 1.0, 5.0)]}
     checked = {goal: (measured, met) for goal, _, measured, _, met in contention.goals([jpeg])}
     assert checked["steps/s (2) / DataLoader(2) fork"] == ("1.50x", "yes")
+    assert checked["next epoch's steps/s (2) / DataLoader(2) fork's"] == ("1.60x", "yes")
+    assert checked["steps/s (2-torch) / DataLoader(2) fork"] == ("0.50x", "**no**")
+    assert checked["next epoch's steps/s (2-torch) / DataLoader(2) fork's"] == ("2.00x", "yes")
+
+
+@pytest.mark.subprocess
+def test_contention_image_case_isolated_loader_starting_in_the_trainer(
+        contention, load_benchmark, tmp_path, monkeypatch):
+    """``isolated-2-torch-start``: both epochs of an IsolatedLoader that decodes in the trainer
+    until its helper is warm, every image once each, nothing left behind."""
+    pytest.importorskip("PIL.Image")
+    images = load_benchmark("bench_images")
+    if not images.shipped_photos():
+        pytest.skip("no shipped photographs: scikit-learn and matplotlib are not installed")
+    paths = sorted(str(p) for p in images.make_photo_corpus(tmp_path, 70, classes=images.CLASSES)
+                   .rglob("*.jpg"))
+    with isolated_leftovers(monkeypatch), command_state_kept():
+        started = contention._epoch("isolated-2-torch-start", "light", paths, None, "cpu",
+                                    images=True)
+    assert started["batches"] == 2 and started["files"] == 70
+    assert started["warm_steps_per_s"] == pytest.approx(2 / started["warm_epoch_s"])
 
 
 def test_contention_flags(contention, tmp_path, capsys):
