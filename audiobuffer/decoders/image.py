@@ -221,6 +221,9 @@ class ImageDecoder:
     #: The sample key of what it decodes: the one a loader that batches samples itself stacks
     #: (:class:`~audiobuffer.IsolatedLoader` unless given ``key=``).
     sample_key = "image"
+    #: Its work runs outside the GIL (C decoding and resizing, Pillow's or simplejpeg's and
+    #: torch's): ``num_producers="auto"`` starts at the most producers (NOTE [ Producer tuning ]).
+    releases_gil = True
 
     def __init__(self, size: int | tuple[int, int] | None = None, *, crop: ImageCrop | None = None,
                  scale: tuple[float, float] = (0.08, 1.0),

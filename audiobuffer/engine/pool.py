@@ -370,6 +370,8 @@ class ProducerPool:
             ``CHUNK_ITEMS``, no more than its share of the buffer. Ordered pools use 1.
         name: the threads' name prefix (``{name}-{i}``).
         tuner, memory: with ``"auto"``, a tuner instead of the default (tests script one); a TunerMemory.
+        start_at_cores: with ``"auto"`` and no count in ``memory``, start at the most producers
+            instead of inline (a decode that runs outside the GIL: NOTE [ Producer tuning ]).
         weights: with ``"auto"``, each sequence number's cost (batches by duration: its seconds), so
             that the tuner judges work per second, not items (NOTE [ Producer tuning ]); ``None``: items
             cost alike.
@@ -383,7 +385,7 @@ class ProducerPool:
                  decode: Callable[[WorkItem], Any], buffer: Buffer, *, num_producers: int | Literal["auto"],
                  ordered: bool = False, warn_after: float | None = None, timeout: float | None = None,
                  chunk_items: int | None = None, name: str = "audiobuffer-producer", tuner: Any = None,
-                 memory: TunerMemory | None = None,
+                 memory: TunerMemory | None = None, start_at_cores: bool = False,
                  weights: Sequence[float] | np.ndarray | None = None,
                  port: Port | None = None, blas_threads: int | None = None) -> None:
         check_int("count", count, 0)
@@ -412,7 +414,9 @@ class ProducerPool:
         self._weights = weights if auto else None
         if weights is not None and len(weights) != count:
             raise ValueError(f"weights must have one value per item ({count}), got {len(weights)}")
-        self._tuning = PoolTuning(tuner or default_tuner(most, allow_inline=self._allow_inline, memory=memory),
+        start = most if start_at_cores else None
+        self._tuning = PoolTuning(tuner or default_tuner(most, allow_inline=self._allow_inline, memory=memory,
+                                                         start=start),
                                   name, self._counters, memory=memory,
                                   work=self._work if self._weights is not None else None) if auto else None
         self._pinned = None if auto else most

@@ -297,3 +297,17 @@ def test_headers_it_leaves_to_pillow(tmp_path, opened, monkeypatch):
     assert _tensor_image.jpeg_header(plain[:2] + b"\x00" + plain[2:]) is None  # not a marker
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 30 * 44 - 1)
     assert _tensor_image.jpeg_header(plain) is None
+
+
+@pytest.mark.parametrize("backend", ["pillow", "torch"])
+def test_auto_starts_at_the_most_producers(tmp_path, monkeypatch, backend):
+    """Images decode outside the GIL: the tuner starts at the cores, with no climb from inline."""
+    from audiobuffer.engine import pool
+
+    monkeypatch.setattr(pool, "usable_cores", lambda: 2)
+    for n in range(8):
+        Image.fromarray(photo(30, 40, n)).save(tmp_path / f"{n}.jpg", quality=90)
+    with BufferedDataset(tmp_path, ImageDecoder(16, crop="random_resized", backend=backend),
+                         seed=0) as dataset:
+        assert len(list(dataset)) == 8
+        assert dataset.stats().producer_history[0][1:] == (2, "start")

@@ -610,7 +610,7 @@ def test_the_real_tuner_keeps_every_item_once():
 @pytest.mark.parametrize("ordered", [False, True])
 def test_buffered_dataset_defaults_to_auto_and_yields_each_item_once(monkeypatch, ordered):
     script = [0, 2, 0, 1, 3, 0, 2, 1, 0]
-    monkeypatch.setattr(_producers, "default_tuner", lambda most, allow_inline, memory: ScriptedTuner(script))
+    monkeypatch.setattr(_producers, "default_tuner", lambda most, allow_inline, memory, start: ScriptedTuner(script))
     ds = BufferedDataset(fake_paths(300), IndexDecoder(), ordered=ordered, buffer_size=8)
     assert ds.num_producers == "auto" and "num_producers='auto'" in repr(ds)
     got = [s["index"] for s in ds]
@@ -645,7 +645,7 @@ def test_each_epoch_of_a_dataset_starts_where_the_last_one_settled():
 
 
 def test_batch_slot_loader_with_auto_never_decodes_inline(monkeypatch):
-    monkeypatch.setattr(_producers, "default_tuner", lambda most, allow_inline, memory: ScriptedTuner([0, 2, 0]))
+    monkeypatch.setattr(_producers, "default_tuner", lambda most, allow_inline, memory, start: ScriptedTuner([0, 2, 0]))
     where = set()
     index = IndexDecoder()
 
@@ -658,6 +658,26 @@ def test_batch_slot_loader_with_auto_never_decodes_inline(monkeypatch):
     assert sorted(rows) == list(range(64))
     assert threading.current_thread().name not in where  # the slot writer runs in producers only
     assert loader.stats().num_producers == 1  # the tuner's 0 means 1 here
+
+
+class GilFreeDecoder(IndexDecoder):
+    """A decoder that says its work runs outside the GIL, as ImageDecoder does."""
+
+    releases_gil = True
+
+
+@pytest.mark.parametrize("decoder, transform, start", [
+    (GilFreeDecoder(), None, 2),  # the most producers of a 2-core machine, no climb from inline
+    (GilFreeDecoder(), lambda sample: sample, 0),  # a transform may hold the GIL: inline first
+    (IndexDecoder(), None, 0),
+])
+def test_a_decoder_outside_the_gil_starts_at_the_most_producers(monkeypatch, decoder, transform,
+                                                                 start):
+    monkeypatch.setattr(_producers, "usable_cores", lambda: 2)
+    ds = BufferedDataset(fake_paths(40), decoder, transform=transform)
+    assert sorted(s["index"] for s in ds) == list(range(40))
+    assert ds.stats().producer_history[0][1:] == (start, "start")
+    assert not wait_no_threads()
 
 
 def test_a_pinned_count_through_the_dataset():
