@@ -500,8 +500,8 @@ def goals(results: Sequence[dict[str, Any]]) -> list[list[object]]:
                     ">= 1.20x", ratio >= 1.2)
                 if "warm_steps_per_s" in iso[step] and "warm_steps_per_s" in fork[step]:
                     ratio = iso[step]["warm_steps_per_s"] / fork[step]["warm_steps_per_s"]
-                    add(f"next epoch's steps/s ({count}) / DataLoader(2) fork's", f"{name}, {step} step",
-                        _x(ratio), ">= 1.20x", ratio >= 1.2)
+                    add(f"next epoch's steps/s ({count}) / DataLoader(2) fork's",
+                        f"{name}, {step} step", _x(ratio), ">= 1.20x", ratio >= 1.2)
         if fork is not None:
             ratio = iso["peak_rss_mb"] / fork["peak_rss_mb"]
             add(f"peak tree RSS ({count}) / DataLoader(2) fork", name, f"{ratio:.2f}", "<= 0.60", ratio <= 0.6)

@@ -268,7 +268,8 @@ def set_up_epoch(pipeline: Pipeline, shard: EpochShard, *, resume: bytes | None 
     tuned = producers == "auto" and len(layout) > 0
     weights = pipeline.item_seconds(number, indices) if tuned else None
     # a decode outside the GIL, with nothing after it that may hold it: no climb from inline
-    parallel = options.transform is None and getattr(pipeline.decoder, "releases_gil", False) is True
+    gil_free = getattr(pipeline.decoder, "releases_gil", False) is True
+    parallel = gil_free and options.transform is None
     pool = ProducerPool(make_item, len(layout), decode, buffer, num_producers=producers, memory=pipeline.memory,
                         ordered=options.ordered, warn_after=options.warn_after, timeout=options.timeout,
                         weights=weights, port=port, blas_threads=options.blas_threads,
