@@ -18,9 +18,9 @@ Header. A JPEG's size, colour space and EXIF orientation are read without Pillow
 parse is Python, holding the GIL the other producers wait on): simplejpeg reads the frame header,
 :func:`jpeg_header` the first APP1 Exif segment's IFD0 orientation. Anything it does not read
 plainly (no simplejpeg, CMYK, an XMP packet, which Pillow also reads an orientation from, two Exif
-segments, an orientation not a SHORT, marker bytes out of place, an image past Pillow's
-decompression-bomb limit) goes to Pillow's ``Image.open``, which reads it as the Pillow backend
-does.
+segments, a TIFF header not classic TIFF's, an orientation not a SHORT, marker bytes out of place,
+a marker without a length before the first scan, an image past Pillow's decompression-bomb limit)
+goes to Pillow's ``Image.open``, which reads it as the Pillow backend does.
 
 Resize. ``torch.nn.functional.interpolate`` with ``antialias=True`` ("nearest-exact" without) on a
 ``(1, 3, h, w)`` view of the ``(h, w, 3)`` array: channels-last memory, torch's vectorised uint8
@@ -54,6 +54,12 @@ _TURBO_SPACES = ("YCbCr", "Gray", "RGB")
 _EXIF = b"Exif\x00\x00"
 _XMP = b"http://ns.adobe.com/xap/1.0/\x00"
 _ORIENTATION_TAG = 0x0112
+#: The TIFF headers of an Exif segment read here (classic TIFF, its magic 42 in its byte order);
+#: Pillow reads no orientation from others, or reads them otherwise (BigTIFF).
+_TIFF_ORDERS = {b"II*\x00": "little", b"MM\x00*": "big"}
+#: Markers without a length (TEM, RSTn, SOI, EOI; 0x00 is a stuffed byte): Pillow and libjpeg
+#: step over them, so a length read after one would be the next segment's bytes.
+_NO_LENGTH = frozenset((0x00, 0x01, *range(0xD0, 0xDA)))
 _SHORT = 3  # the TIFF field type of the orientation
 
 
@@ -122,7 +128,8 @@ def _bomb(pixels: int) -> bool:
 
 def _exif_orientation(raw: bytes) -> int | None:
     """The orientation of the one Exif segment before the first scan, 1 without one; ``None`` where
-    the segments are not plain (an XMP packet, two Exif segments, bytes out of place)."""
+    the segments are not plain (an XMP packet, two Exif segments, bytes out of place, a marker
+    without a length)."""
     at, found = 2, None
     while at + 4 <= len(raw):
         if raw[at] != 0xFF:
@@ -133,6 +140,8 @@ def _exif_orientation(raw: bytes) -> int | None:
             continue
         if marker == 0xDA:  # the first scan: the segments Pillow reads are behind
             return 1 if found is None else _tiff_orientation(found)
+        if marker in _NO_LENGTH:
+            return None
         length = int.from_bytes(raw[at + 2:at + 4], "big")
         if length < 2:
             return None
@@ -148,8 +157,9 @@ def _exif_orientation(raw: bytes) -> int | None:
 
 
 def _tiff_orientation(tiff: bytes) -> int | None:
-    """The orientation tag of the first IFD of ``tiff`` (1 without one), or ``None``."""
-    order: Any = {b"II": "little", b"MM": "big"}.get(tiff[:2])
+    """The orientation tag of the first IFD of ``tiff`` (1 without one), or ``None`` (also for a
+    header other than classic TIFF's)."""
+    order: Any = _TIFF_ORDERS.get(tiff[:4])
     if order is None or len(tiff) < 8:
         return None
     ifd = int.from_bytes(tiff[4:8], order)

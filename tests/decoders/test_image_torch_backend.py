@@ -2,6 +2,7 @@
 (NOTE [ The torch backend ] in audiobuffer/decoders/_tensor_image.py)."""
 
 import io
+import struct
 
 import numpy as np
 import pytest
@@ -297,3 +298,52 @@ def test_headers_it_leaves_to_pillow(tmp_path, opened, monkeypatch):
     assert _tensor_image.jpeg_header(plain[:2] + b"\x00" + plain[2:]) is None  # not a marker
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 30 * 44 - 1)
     assert _tensor_image.jpeg_header(plain) is None
+
+
+def tiff_ifd(order, entries):
+    """An Exif segment's payload: a TIFF header of byte ``order`` (b"II" or b"MM", its magic
+    number 42 in that order) and one IFD of ``entries`` (tag, type, count, value: SHORT values)."""
+    end = "<" if order == b"II" else ">"
+    ifd = struct.pack(f"{end}H", len(entries)) + b"".join(
+        struct.pack(f"{end}HHIHH", tag, kind, count, value, 0) for tag, kind, count, value in entries)
+    return b"Exif\x00\x00" + order + struct.pack(f"{end}HI", 42, 8) + ifd + b"\x00" * 4
+
+
+@pytest.mark.parametrize("magic", [b"\x00\x00", b"\x2b\x00"])
+def test_a_tiff_header_pillow_refuses_leaves_the_orientation_to_it(tmp_path, magic):
+    """Pillow reads the Exif of a classic TIFF header only ("II*\\0", "MM\\0*"): with another magic
+    number (none, BigTIFF's 43, 42 in the other order) it reads no orientation from it, or reads
+    it otherwise; the image must not be turned where Pillow leaves it as stored."""
+    payload = tiff_ifd(b"II", [(0x0112, 3, 1, 6)])
+    payload = payload[:8] + magic + payload[10:]
+    (tmp_path / "p.jpg").write_bytes(jpeg_with(photo(30, 44), [(0xE1, payload)]))
+    fast = ImageDecoder(backend="torch")(tmp_path / "p.jpg")["image"]
+    slow = ImageDecoder()(tmp_path / "p.jpg")["image"]
+    assert fast.shape == slow.shape and torch.equal(fast, slow)
+
+
+@pytest.mark.parametrize("marker", [0xD0, 0xD7, 0x01])
+def test_a_marker_without_a_length_leaves_the_header_to_pillow(tmp_path, marker):
+    """RSTn and TEM carry no length (libjpeg passes over them): the reader must not take the next
+    marker's bytes for one and jump past the Exif segment that Pillow reads an orientation from
+    (nor decode a file with a TEM, which Pillow refuses)."""
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    payload = exif.tobytes()
+    plain = jpeg_with(photo(30, 44))
+    head = plain[:2] + b"\xff" + bytes([marker]) + b"\xff\xe1" + (len(payload) + 2).to_bytes(
+        2, "big") + payload
+    # a filler segment that ends where a reader taking b"\xff\xe1" for a length lands
+    fill = 2 + 0xFFE1 + 2 - len(head) - 4
+    data = head + b"\xff\xef" + (fill + 2).to_bytes(2, "big") + bytes(fill) + plain[2:]
+    (tmp_path / "p.jpg").write_bytes(data)
+    if marker == 0x01:  # TEM: Pillow knows no such marker, so neither backend reads the file
+        for decoder in (ImageDecoder(), ImageDecoder(backend="torch")):
+            with pytest.raises(DecodeError, match=r"p\.jpg"):
+                decoder(tmp_path / "p.jpg")
+        return
+    slow = ImageDecoder()(tmp_path / "p.jpg")["image"]
+    assert slow.shape == (3, 44, 30)  # Pillow turns it
+    fast = ImageDecoder(backend="torch")(tmp_path / "p.jpg")["image"]
+    assert fast.shape == slow.shape and torch.equal(fast, slow)
+
