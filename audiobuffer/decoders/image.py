@@ -444,7 +444,9 @@ class ImageDecoder:
         pixels = decode_jpeg(raw, height, width, wanted)
         if pixels is None:
             return None
-        reduction = int(round(width / pixels.shape[1]))
+        # exactly 1/wanted (decode_jpeg); not width / decoded width, which is off for small sides
+        # (ceil(50 / 8) = 7 pixels: 50 / 7 rounds to 7)
+        reduction = wanted
         if orientation != 1:
             pixels = upright(pixels, orientation)
         if box is not None and reduction > 1:  # as in _pixels

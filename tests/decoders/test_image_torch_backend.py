@@ -347,3 +347,26 @@ def test_a_marker_without_a_length_leaves_the_header_to_pillow(tmp_path, marker)
     fast = ImageDecoder(backend="torch")(tmp_path / "p.jpg")["image"]
     assert fast.shape == slow.shape and torch.equal(fast, slow)
 
+
+@pytest.mark.parametrize("height, width", [(50, 50), (33, 41), (17, 17)])
+def test_a_small_jpeg_decoded_at_an_eighth_keeps_its_box(tmp_path, calls, monkeypatch, height,
+                                                          width):
+    """At 1/8 a side of 50 pixels decodes to ceil(50 / 8) = 7: the box is divided by 8 (Pillow's
+    draft scale), not by 50 / 7 rounded (7), which moves and grows it."""
+    from audiobuffer.decoders import image as image_module
+    from audiobuffer.decoders.image import CropBox, center_box
+
+    Image.fromarray(photo(height, width)).save(tmp_path / "small.jpg", quality=95)
+    size = max(1, min(height, width) // 12)
+    seen = []
+    real = image_module.resized_crop
+
+    def spy(pixels, box, size, resample):
+        seen.append((pixels.shape[:2], box))
+        return real(pixels, box, size, resample)
+
+    monkeypatch.setattr(image_module, "resized_crop", spy)
+    fast = ImageDecoder(size, crop="center", backend="torch")(tmp_path / "small.jpg")["image"]
+    assert calls == [8] and fast.shape == (3, size, size)
+    box = center_box(height, width, (size, size), 0.875)
+    assert seen == [((-(-height // 8), -(-width // 8)), CropBox(*(v / 8 for v in box)))]
