@@ -19,8 +19,9 @@ parse is Python, holding the GIL the other producers wait on): simplejpeg reads 
 :func:`jpeg_header` the first APP1 Exif segment's IFD0 orientation. Anything it does not read
 plainly (no simplejpeg, CMYK, an XMP packet, which Pillow also reads an orientation from, two Exif
 segments, a TIFF header not classic TIFF's, an orientation not a SHORT, marker bytes out of place,
-a marker without a length before the first scan, an image past Pillow's decompression-bomb limit)
-goes to Pillow's ``Image.open``, which reads it as the Pillow backend does.
+a marker without a length before the first scan, a JFIF, Adobe, ICC or Photoshop segment cut
+shorter than Pillow's parser reads, an image past Pillow's decompression-bomb limit) goes to
+Pillow's ``Image.open``, which reads it as the Pillow backend does (or refuses it).
 
 Resize. ``torch.nn.functional.interpolate`` with ``antialias=True`` ("nearest-exact" without) on a
 ``(1, 3, h, w)`` view of the ``(h, w, 3)`` array: channels-last memory, torch's vectorised uint8
@@ -150,10 +151,34 @@ def _exif_orientation(raw: bytes) -> int | None:
             if found is not None:
                 return None
             found = payload[len(_EXIF):]
-        elif marker == 0xE1 and payload.startswith(_XMP):
+        elif (marker == 0xE1 and payload.startswith(_XMP)) or _pillow_may_refuse(marker, payload):
             return None
         at += 2 + length
     return None
+
+
+def _pillow_may_refuse(marker: int, payload: bytes) -> bool:
+    """Whether Pillow's header parser may raise on this segment, one cut short that libjpeg passes
+    over (Pillow then reads the file, and refuses it as under the Pillow backend)."""
+    if (marker, payload[:4]) == (0xE0, b"JFIF") or (marker, payload[:5]) == (0xEE, b"Adobe"):
+        return len(payload) < 7  # the version, bytes 5-6
+    if marker == 0xE2 and payload.startswith(b"ICC_PROFILE\x00"):
+        return len(payload) < 14  # the number of chunks, byte 13
+    if marker == 0xED and payload.startswith(b"Photoshop 3.0\x00"):
+        at = 14  # resources: "8BIM", a code, the name's length, the name, a size, the data
+        while payload[at:at + 4] == b"8BIM":
+            if at + 6 > len(payload):  # the code cut short: Pillow stops there
+                return False
+            at += 6
+            if at >= len(payload):  # the name's length missing: Pillow raises
+                return True
+            at += 1 + payload[at]
+            at += (at & 1) + 4
+            if at > len(payload):  # the size cut short: Pillow stops there
+                return False
+            at += int.from_bytes(payload[at - 4:at], "big")
+            at += at & 1
+    return False
 
 
 def _tiff_orientation(tiff: bytes) -> int | None:

@@ -305,7 +305,8 @@ def tiff_ifd(order, entries):
     number 42 in that order) and one IFD of ``entries`` (tag, type, count, value: SHORT values)."""
     end = "<" if order == b"II" else ">"
     ifd = struct.pack(f"{end}H", len(entries)) + b"".join(
-        struct.pack(f"{end}HHIHH", tag, kind, count, value, 0) for tag, kind, count, value in entries)
+        struct.pack(f"{end}HHIHH", tag, kind, count, value, 0)
+        for tag, kind, count, value in entries)
     return b"Exif\x00\x00" + order + struct.pack(f"{end}HI", 42, 8) + ifd + b"\x00" * 4
 
 
@@ -370,3 +371,31 @@ def test_a_small_jpeg_decoded_at_an_eighth_keeps_its_box(tmp_path, calls, monkey
     assert calls == [8] and fast.shape == (3, size, size)
     box = center_box(height, width, (size, size), 0.875)
     assert seen == [((-(-height // 8), -(-width // 8)), CropBox(*(v / 8 for v in box)))]
+
+
+@pytest.mark.parametrize("segment", [
+    (0xE0, b"JFIF\x00"),  # Pillow reads the version at bytes 5-6
+    (0xEE, b"Adobe"),  # the same
+    (0xE2, b"ICC_PROFILE\x00\x01"),  # the chunk count, byte 13, is read when the frame begins
+    (0xED, b"Photoshop 3.0\x008BIM\x04\x04"),  # a resource cut before its name's length
+], ids=["jfif", "adobe", "icc", "photoshop"])
+def test_a_segment_pillow_cannot_parse_fails_alike(tmp_path, segment):
+    """Pillow parses some segments in Python and refuses a file whose segment is cut short, which
+    libjpeg passes over: the torch backend must refuse it too, with the same DecodeError."""
+    (tmp_path / "cut.jpg").write_bytes(jpeg_with(photo(30, 44), [segment]))
+    for decoder in (ImageDecoder(), ImageDecoder(backend="torch")):
+        with pytest.raises(DecodeError, match=r"cut\.jpg': it is not an image Pillow reads"):
+            decoder(tmp_path / "cut.jpg")
+
+
+@pytest.mark.parametrize("segment", [
+    (0xE0, b"JFIF\x00\x01\x02"), (0xEE, b"Adobe\x00\x64"),
+    (0xE2, b"ICC_PROFILE\x00\x01\x01" + bytes(128)),
+    (0xED, b"Photoshop 3.0\x008BIM\x04\x04\x00\x00\x00\x00\x00\x00"),
+    (0xED, b"Photoshop 3.0\x008BIM\x04\x04\x00\x00\x00"),  # cut in its size: Pillow stops there
+], ids=["jfif", "adobe", "icc", "photoshop", "photoshop-size"])
+def test_segments_pillow_parses_are_read_without_it(tmp_path, opened, segment):
+    (tmp_path / "p.jpg").write_bytes(jpeg_with(photo(30, 44), [segment]))
+    fast = ImageDecoder(backend="torch")(tmp_path / "p.jpg")["image"]
+    assert opened == []
+    assert torch.equal(fast, ImageDecoder()(tmp_path / "p.jpg")["image"])
