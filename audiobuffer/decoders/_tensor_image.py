@@ -18,7 +18,8 @@ Header. A JPEG's size, colour space and EXIF orientation are read without Pillow
 parse is Python, holding the GIL the other producers wait on): simplejpeg reads the frame header,
 :func:`jpeg_header` the first APP1 Exif segment's IFD0 orientation. Anything it does not read
 plainly (no simplejpeg, CMYK, an XMP packet, which Pillow also reads an orientation from, two Exif
-segments, a TIFF header not classic TIFF's, an orientation not a SHORT, marker bytes out of place,
+segments, a TIFF header not classic TIFF's, an orientation not a SHORT or behind an entry whose
+data lies past the segment (Pillow stops reading there), marker bytes out of place,
 a marker without a length before the first scan, a JFIF, Adobe, ICC or Photoshop segment cut
 shorter than Pillow's parser reads, an image past Pillow's decompression-bomb limit) goes to
 Pillow's ``Image.open``, which reads it as the Pillow backend does (or refuses it).
@@ -62,6 +63,9 @@ _TIFF_ORDERS = {b"II*\x00": "little", b"MM\x00*": "big"}
 #: step over them, so a length read after one would be the next segment's bytes.
 _NO_LENGTH = frozenset((0x00, 0x01, *range(0xD0, 0xDA)))
 _SHORT = 3  # the TIFF field type of the orientation
+#: The bytes of one value of each TIFF field type Pillow reads (other types it skips).
+_TIFF_UNITS = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 1, 7: 1, 8: 2, 9: 4, 10: 8, 11: 4, 12: 8, 13: 4,
+               16: 8}
 
 
 class JpegHeader(NamedTuple):
@@ -194,11 +198,14 @@ def _tiff_orientation(tiff: bytes) -> int | None:
         entry = tiff[ifd + 2 + 12 * n:ifd + 14 + 12 * n]
         if len(entry) < 12:
             return None
+        kind, count = int.from_bytes(entry[2:4], order), int.from_bytes(entry[4:8], order)
         if int.from_bytes(entry[:2], order) == _ORIENTATION_TAG:
-            kind, count = int.from_bytes(entry[2:4], order), int.from_bytes(entry[4:8], order)
             if kind != _SHORT or count != 1:
                 return None
             return int.from_bytes(entry[8:10], order)
+        size = count * _TIFF_UNITS.get(kind, 0)
+        if size > 4 and int.from_bytes(entry[8:12], order) + size > len(tiff):
+            return None  # data out of the segment: Pillow stops reading the IFD there
     return 1
 
 

@@ -3,6 +3,7 @@
 
 import io
 import struct
+import warnings
 
 import numpy as np
 import pytest
@@ -399,3 +400,20 @@ def test_segments_pillow_parses_are_read_without_it(tmp_path, opened, segment):
     fast = ImageDecoder(backend="torch")(tmp_path / "p.jpg")["image"]
     assert opened == []
     assert torch.equal(fast, ImageDecoder()(tmp_path / "p.jpg")["image"])
+
+
+@pytest.mark.parametrize("order", [b"II", b"MM"])
+def test_an_ifd_entry_whose_data_is_out_of_reach_stops_the_orientation(tmp_path, order):
+    """Pillow stops reading IFD0 at an entry whose data (past the entry, at its offset) the segment
+    does not hold, so it reads no orientation behind it: a camera's Make string at a wrong offset
+    leaves the photo as stored, under either backend."""
+    make = (0x010F, 2, 10, 0xFFF0)  # ASCII, 10 bytes at offset 0xFFF0: out of the segment
+    payload = tiff_ifd(order, [make, (0x0112, 3, 1, 6)])
+    (tmp_path / "p.jpg").write_bytes(jpeg_with(photo(30, 44), [(0xE1, payload)]))
+    with pytest.warns(UserWarning, match="Truncated File Read"):
+        slow = ImageDecoder()(tmp_path / "p.jpg")["image"]
+    assert slow.shape == (3, 30, 44)  # not turned
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Pillow's, where it reads the header
+        fast = ImageDecoder(backend="torch")(tmp_path / "p.jpg")["image"]
+    assert fast.shape == slow.shape and torch.equal(fast, slow)
