@@ -211,12 +211,14 @@ def _tiff_orientation(tiff: bytes) -> int | None:
 
 def upright(pixels: np.ndarray, orientation: int) -> np.ndarray:
     """``pixels`` (``(h, w, 3)``) turned as Pillow's ``ImageOps.exif_transpose`` turns an image of
-    that EXIF ``orientation`` (1 to 8), contiguous."""
+    that EXIF ``orientation`` (1 to 8), a contiguous copy."""
     if orientation in (5, 6, 7, 8):
         pixels = pixels.transpose(1, 0, 2)
     step = {2: (1, -1), 3: (-1, -1), 4: (-1, 1), 5: (1, 1), 6: (1, -1), 7: (-1, -1),
             8: (-1, 1)}.get(orientation, (1, 1))
-    return np.ascontiguousarray(pixels[::step[0], ::step[1]])
+    # a copy: ascontiguousarray keeps the negative stride of a mirrored side of one pixel (numpy
+    # calls it contiguous), which torch.from_numpy refuses
+    return np.array(pixels[::step[0], ::step[1]], order="C")
 
 
 def _pixel_box(box: CropBox, height: int, width: int) -> tuple[int, int, int, int]:

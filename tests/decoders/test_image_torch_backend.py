@@ -417,3 +417,20 @@ def test_an_ifd_entry_whose_data_is_out_of_reach_stops_the_orientation(tmp_path,
         warnings.simplefilter("ignore")  # Pillow's, where it reads the header
         fast = ImageDecoder(backend="torch")(tmp_path / "p.jpg")["image"]
     assert fast.shape == slow.shape and torch.equal(fast, slow)
+
+
+@pytest.mark.parametrize("height, width, orientation", [
+    (1, 40, 4), (40, 1, 2), (40, 1, 8), (1, 1, 3), (1, 1, 7)])
+def test_a_one_pixel_side_turned_upright(tmp_path, height, width, orientation):
+    """Mirroring a side of one pixel leaves numpy an array it calls contiguous, with a negative
+    stride, which torch refuses: such a photo decodes as under Pillow, in both layouts."""
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    Image.fromarray(photo(height, width)).save(tmp_path / "thin.jpg", quality=95, exif=exif)
+    for kwargs in ({}, {"size": (4, 6), "layout": "hwc"}, {"tensors": False}):
+        fast = ImageDecoder(backend="torch", **kwargs)(tmp_path / "thin.jpg")["image"]
+        slow = ImageDecoder(**kwargs)(tmp_path / "thin.jpg")["image"]
+        if isinstance(fast, np.ndarray):
+            np.testing.assert_array_equal(fast, slow)
+        else:
+            assert fast.shape == slow.shape and torch.equal(fast, slow), kwargs
