@@ -434,3 +434,18 @@ def test_a_one_pixel_side_turned_upright(tmp_path, height, width, orientation):
             np.testing.assert_array_equal(fast, slow)
         else:
             assert fast.shape == slow.shape and torch.equal(fast, slow), kwargs
+
+
+@pytest.mark.parametrize("entry", [(0x0100, 2, 2, 0x0061), (0x0115, 2, 4, 0x6261)],
+                         ids=["width-as-text", "samples-as-text"])
+def test_exif_pillow_cannot_write_back_turns_alike(tmp_path, entry):
+    """A tag Pillow knows as a number stored as text: Pillow reads it, and the orientation behind
+    it, but ``ImageOps.exif_transpose``, which also writes the EXIF back, raised struct.error;
+    both backends turn the photo upright."""
+    payload = tiff_ifd(b"II", [entry, (0x0112, 3, 1, 6)])
+    (tmp_path / "p.jpg").write_bytes(jpeg_with(photo(30, 44), [(0xE1, payload)]))
+    slow = ImageDecoder()(tmp_path / "p.jpg")["image"]
+    fast = ImageDecoder(backend="torch")(tmp_path / "p.jpg")["image"]
+    assert slow.shape == (3, 44, 30) and torch.equal(fast, slow)
+    cut = ImageDecoder(8, crop="random_resized", flip=True)(item(tmp_path / "p.jpg"))["image"]
+    assert cut.shape == (3, 8, 8)
