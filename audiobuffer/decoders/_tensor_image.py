@@ -18,9 +18,11 @@ Header. A JPEG's size, colour space and EXIF orientation are read without Pillow
 parse is Python, holding the GIL the other producers wait on): simplejpeg reads the frame header,
 :func:`jpeg_header` the first APP1 Exif segment's IFD0 orientation. Anything it does not read
 plainly (no simplejpeg, CMYK, an XMP packet, which Pillow also reads an orientation from, two Exif
-segments, an orientation not a SHORT, marker bytes out of place, an image past Pillow's
-decompression-bomb limit) goes to Pillow's ``Image.open``, which reads it as the Pillow backend
-does.
+segments, a TIFF header not classic TIFF's, an orientation not a SHORT or behind an entry whose
+data lies past the segment (Pillow stops reading there), marker bytes out of place,
+a marker without a length before the first scan, a JFIF, Adobe, ICC or Photoshop segment cut
+shorter than Pillow's parser reads, an image past Pillow's decompression-bomb limit) goes to
+Pillow's ``Image.open``, which reads it as the Pillow backend does (or refuses it).
 
 Resize. ``torch.nn.functional.interpolate`` with ``antialias=True`` ("nearest-exact" without) on a
 ``(1, 3, h, w)`` view of the ``(h, w, 3)`` array: channels-last memory, torch's vectorised uint8
@@ -54,7 +56,16 @@ _TURBO_SPACES = ("YCbCr", "Gray", "RGB")
 _EXIF = b"Exif\x00\x00"
 _XMP = b"http://ns.adobe.com/xap/1.0/\x00"
 _ORIENTATION_TAG = 0x0112
+#: The TIFF headers of an Exif segment read here (classic TIFF, its magic 42 in its byte order);
+#: Pillow reads no orientation from others, or reads them otherwise (BigTIFF).
+_TIFF_ORDERS = {b"II*\x00": "little", b"MM\x00*": "big"}
+#: Markers without a length (TEM, RSTn, SOI, EOI; 0x00 is a stuffed byte): Pillow and libjpeg
+#: step over them, so a length read after one would be the next segment's bytes.
+_NO_LENGTH = frozenset((0x00, 0x01, *range(0xD0, 0xDA)))
 _SHORT = 3  # the TIFF field type of the orientation
+#: The bytes of one value of each TIFF field type Pillow reads (other types it skips).
+_TIFF_UNITS = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 1, 7: 1, 8: 2, 9: 4, 10: 8, 11: 4, 12: 8, 13: 4,
+               16: 8}
 
 
 class JpegHeader(NamedTuple):
@@ -122,7 +133,8 @@ def _bomb(pixels: int) -> bool:
 
 def _exif_orientation(raw: bytes) -> int | None:
     """The orientation of the one Exif segment before the first scan, 1 without one; ``None`` where
-    the segments are not plain (an XMP packet, two Exif segments, bytes out of place)."""
+    the segments are not plain (an XMP packet, two Exif segments, bytes out of place, a marker
+    without a length)."""
     at, found = 2, None
     while at + 4 <= len(raw):
         if raw[at] != 0xFF:
@@ -133,6 +145,8 @@ def _exif_orientation(raw: bytes) -> int | None:
             continue
         if marker == 0xDA:  # the first scan: the segments Pillow reads are behind
             return 1 if found is None else _tiff_orientation(found)
+        if marker in _NO_LENGTH:
+            return None
         length = int.from_bytes(raw[at + 2:at + 4], "big")
         if length < 2:
             return None
@@ -141,15 +155,40 @@ def _exif_orientation(raw: bytes) -> int | None:
             if found is not None:
                 return None
             found = payload[len(_EXIF):]
-        elif marker == 0xE1 and payload.startswith(_XMP):
+        elif (marker == 0xE1 and payload.startswith(_XMP)) or _pillow_may_refuse(marker, payload):
             return None
         at += 2 + length
     return None
 
 
+def _pillow_may_refuse(marker: int, payload: bytes) -> bool:
+    """Whether Pillow's header parser may raise on this segment, one cut short that libjpeg passes
+    over (Pillow then reads the file, and refuses it as under the Pillow backend)."""
+    if (marker, payload[:4]) == (0xE0, b"JFIF") or (marker, payload[:5]) == (0xEE, b"Adobe"):
+        return len(payload) < 7  # the version, bytes 5-6
+    if marker == 0xE2 and payload.startswith(b"ICC_PROFILE\x00"):
+        return len(payload) < 14  # the number of chunks, byte 13
+    if marker == 0xED and payload.startswith(b"Photoshop 3.0\x00"):
+        at = 14  # resources: "8BIM", a code, the name's length, the name, a size, the data
+        while payload[at:at + 4] == b"8BIM":
+            if at + 6 > len(payload):  # the code cut short: Pillow stops there
+                return False
+            at += 6
+            if at >= len(payload):  # the name's length missing: Pillow raises
+                return True
+            at += 1 + payload[at]
+            at += (at & 1) + 4
+            if at > len(payload):  # the size cut short: Pillow stops there
+                return False
+            at += int.from_bytes(payload[at - 4:at], "big")
+            at += at & 1
+    return False
+
+
 def _tiff_orientation(tiff: bytes) -> int | None:
-    """The orientation tag of the first IFD of ``tiff`` (1 without one), or ``None``."""
-    order: Any = {b"II": "little", b"MM": "big"}.get(tiff[:2])
+    """The orientation tag of the first IFD of ``tiff`` (1 without one), or ``None`` (also for a
+    header other than classic TIFF's)."""
+    order: Any = _TIFF_ORDERS.get(tiff[:4])
     if order is None or len(tiff) < 8:
         return None
     ifd = int.from_bytes(tiff[4:8], order)
@@ -159,22 +198,27 @@ def _tiff_orientation(tiff: bytes) -> int | None:
         entry = tiff[ifd + 2 + 12 * n:ifd + 14 + 12 * n]
         if len(entry) < 12:
             return None
+        kind, count = int.from_bytes(entry[2:4], order), int.from_bytes(entry[4:8], order)
         if int.from_bytes(entry[:2], order) == _ORIENTATION_TAG:
-            kind, count = int.from_bytes(entry[2:4], order), int.from_bytes(entry[4:8], order)
             if kind != _SHORT or count != 1:
                 return None
             return int.from_bytes(entry[8:10], order)
+        size = count * _TIFF_UNITS.get(kind, 0)
+        if size > 4 and int.from_bytes(entry[8:12], order) + size > len(tiff):
+            return None  # data out of the segment: Pillow stops reading the IFD there
     return 1
 
 
 def upright(pixels: np.ndarray, orientation: int) -> np.ndarray:
     """``pixels`` (``(h, w, 3)``) turned as Pillow's ``ImageOps.exif_transpose`` turns an image of
-    that EXIF ``orientation`` (1 to 8), contiguous."""
+    that EXIF ``orientation`` (1 to 8), a contiguous copy."""
     if orientation in (5, 6, 7, 8):
         pixels = pixels.transpose(1, 0, 2)
     step = {2: (1, -1), 3: (-1, -1), 4: (-1, 1), 5: (1, 1), 6: (1, -1), 7: (-1, -1),
             8: (-1, 1)}.get(orientation, (1, 1))
-    return np.ascontiguousarray(pixels[::step[0], ::step[1]])
+    # a copy: ascontiguousarray keeps the negative stride of a mirrored side of one pixel (numpy
+    # calls it contiguous), which torch.from_numpy refuses
+    return np.array(pixels[::step[0], ::step[1]], order="C")
 
 
 def _pixel_box(box: CropBox, height: int, width: int) -> tuple[int, int, int, int]:

@@ -43,6 +43,11 @@ _EXIF_ORIENTATION = 0x0112  # the EXIF tag; 1 is upright, 2 to 8 are mirrored an
 # (older versions as "I", 32-bit signed, holding the same 0..65535 values).
 _SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
 _DEVICE_MODES = ("RGB", "L")  # the JPEGs decoded on the device (CMYK ones are decoded here)
+#: Pillow's ``Image.Transpose`` that turns an image of each EXIF orientation upright, as
+#: ``ImageOps.exif_transpose`` turns it (which also writes the EXIF back, and raises struct.error
+#: where it cannot: a tag Pillow knows as a number stored as text).
+_TRANSPOSES = {2: "FLIP_LEFT_RIGHT", 3: "ROTATE_180", 4: "FLIP_TOP_BOTTOM", 5: "TRANSPOSE",
+               6: "ROTATE_270", 7: "TRANSVERSE", 8: "ROTATE_90"}
 
 
 class CropBox(NamedTuple):
@@ -402,14 +407,14 @@ class ImageDecoder:
                         box: CropBox | None) -> tuple[Any, int]:
         """The open image decoded by Pillow, upright, 8-bit RGB, and the reduction it was decoded
         at (a draft: 1/2, 1/4 or 1/8 of its sides where ``box`` allows; else 1)."""
-        from PIL import ImageOps
+        from PIL import Image
 
         reduction = 1
         if box is not None and self.draft:
             assert self.size is not None  # a crop needs size (checked in __init__)
             reduction = _draft(im, box, self.size)
-        if orientation != 1:
-            im = ImageOps.exif_transpose(im)
+        if orientation in _TRANSPOSES:
+            im = im.transpose(getattr(Image.Transpose, _TRANSPOSES[orientation]))
         return _to_rgb(im, path), reduction
 
     def _torch_image(self, raw: bytes, path: str,
@@ -447,7 +452,9 @@ class ImageDecoder:
         pixels = decode_jpeg(raw, height, width, wanted)
         if pixels is None:
             return None
-        reduction = int(round(width / pixels.shape[1]))
+        # exactly 1/wanted (decode_jpeg); not width / decoded width, which is off for small sides
+        # (ceil(50 / 8) = 7 pixels: 50 / 7 rounds to 7)
+        reduction = wanted
         if orientation != 1:
             pixels = upright(pixels, orientation)
         if box is not None and reduction > 1:  # as in _pixels

@@ -2,6 +2,8 @@
 (NOTE [ The torch backend ] in audiobuffer/decoders/_tensor_image.py)."""
 
 import io
+import struct
+import warnings
 
 import numpy as np
 import pytest
@@ -311,3 +313,153 @@ def test_auto_starts_at_the_most_producers(tmp_path, monkeypatch, backend):
                          seed=0) as dataset:
         assert len(list(dataset)) == 8
         assert dataset.stats().producer_history[0][1:] == (2, "start")
+
+
+def tiff_ifd(order, entries):
+    """An Exif segment's payload: a TIFF header of byte ``order`` (b"II" or b"MM", its magic
+    number 42 in that order) and one IFD of ``entries`` (tag, type, count, value: SHORT values)."""
+    end = "<" if order == b"II" else ">"
+    ifd = struct.pack(f"{end}H", len(entries)) + b"".join(
+        struct.pack(f"{end}HHIHH", tag, kind, count, value, 0)
+        for tag, kind, count, value in entries)
+    return b"Exif\x00\x00" + order + struct.pack(f"{end}HI", 42, 8) + ifd + b"\x00" * 4
+
+
+@pytest.mark.parametrize("magic", [b"\x00\x00", b"\x2b\x00"])
+def test_a_tiff_header_pillow_refuses_leaves_the_orientation_to_it(tmp_path, magic):
+    """Pillow reads the Exif of a classic TIFF header only ("II*\\0", "MM\\0*"): with another magic
+    number (none, BigTIFF's 43, 42 in the other order) it reads no orientation from it, or reads
+    it otherwise; the image must not be turned where Pillow leaves it as stored."""
+    payload = tiff_ifd(b"II", [(0x0112, 3, 1, 6)])
+    payload = payload[:8] + magic + payload[10:]
+    (tmp_path / "p.jpg").write_bytes(jpeg_with(photo(30, 44), [(0xE1, payload)]))
+    fast = ImageDecoder(backend="torch")(tmp_path / "p.jpg")["image"]
+    slow = ImageDecoder()(tmp_path / "p.jpg")["image"]
+    assert fast.shape == slow.shape and torch.equal(fast, slow)
+
+
+@pytest.mark.parametrize("marker", [0xD0, 0xD7, 0x01])
+def test_a_marker_without_a_length_leaves_the_header_to_pillow(tmp_path, marker):
+    """RSTn and TEM carry no length (libjpeg passes over them): the reader must not take the next
+    marker's bytes for one and jump past the Exif segment that Pillow reads an orientation from
+    (nor decode a file with a TEM, which Pillow refuses)."""
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    payload = exif.tobytes()
+    plain = jpeg_with(photo(30, 44))
+    head = plain[:2] + b"\xff" + bytes([marker]) + b"\xff\xe1" + (len(payload) + 2).to_bytes(
+        2, "big") + payload
+    # a filler segment that ends where a reader taking b"\xff\xe1" for a length lands
+    fill = 2 + 0xFFE1 + 2 - len(head) - 4
+    data = head + b"\xff\xef" + (fill + 2).to_bytes(2, "big") + bytes(fill) + plain[2:]
+    (tmp_path / "p.jpg").write_bytes(data)
+    if marker == 0x01:  # TEM: Pillow knows no such marker, so neither backend reads the file
+        for decoder in (ImageDecoder(), ImageDecoder(backend="torch")):
+            with pytest.raises(DecodeError, match=r"p\.jpg"):
+                decoder(tmp_path / "p.jpg")
+        return
+    slow = ImageDecoder()(tmp_path / "p.jpg")["image"]
+    assert slow.shape == (3, 44, 30)  # Pillow turns it
+    fast = ImageDecoder(backend="torch")(tmp_path / "p.jpg")["image"]
+    assert fast.shape == slow.shape and torch.equal(fast, slow)
+
+
+@pytest.mark.parametrize("height, width", [(50, 50), (33, 41), (17, 17)])
+def test_a_small_jpeg_decoded_at_an_eighth_keeps_its_box(tmp_path, calls, monkeypatch, height,
+                                                          width):
+    """At 1/8 a side of 50 pixels decodes to ceil(50 / 8) = 7: the box is divided by 8 (Pillow's
+    draft scale), not by 50 / 7 rounded (7), which moves and grows it."""
+    from audiobuffer.decoders import image as image_module
+    from audiobuffer.decoders.image import CropBox, center_box
+
+    Image.fromarray(photo(height, width)).save(tmp_path / "small.jpg", quality=95)
+    size = max(1, min(height, width) // 12)
+    seen = []
+    real = image_module.resized_crop
+
+    def spy(pixels, box, size, resample):
+        seen.append((pixels.shape[:2], box))
+        return real(pixels, box, size, resample)
+
+    monkeypatch.setattr(image_module, "resized_crop", spy)
+    fast = ImageDecoder(size, crop="center", backend="torch")(tmp_path / "small.jpg")["image"]
+    assert calls == [8] and fast.shape == (3, size, size)
+    box = center_box(height, width, (size, size), 0.875)
+    assert seen == [((-(-height // 8), -(-width // 8)), CropBox(*(v / 8 for v in box)))]
+
+
+@pytest.mark.parametrize("segment", [
+    (0xE0, b"JFIF\x00"),  # Pillow reads the version at bytes 5-6
+    (0xEE, b"Adobe"),  # the same
+    (0xE2, b"ICC_PROFILE\x00\x01"),  # the chunk count, byte 13, is read when the frame begins
+    (0xED, b"Photoshop 3.0\x008BIM\x04\x04"),  # a resource cut before its name's length
+], ids=["jfif", "adobe", "icc", "photoshop"])
+def test_a_segment_pillow_cannot_parse_fails_alike(tmp_path, segment):
+    """Pillow parses some segments in Python and refuses a file whose segment is cut short, which
+    libjpeg passes over: the torch backend must refuse it too, with the same DecodeError."""
+    (tmp_path / "cut.jpg").write_bytes(jpeg_with(photo(30, 44), [segment]))
+    for decoder in (ImageDecoder(), ImageDecoder(backend="torch")):
+        with pytest.raises(DecodeError, match=r"cut\.jpg': it is not an image Pillow reads"):
+            decoder(tmp_path / "cut.jpg")
+
+
+@pytest.mark.parametrize("segment", [
+    (0xE0, b"JFIF\x00\x01\x02"), (0xEE, b"Adobe\x00\x64"),
+    (0xE2, b"ICC_PROFILE\x00\x01\x01" + bytes(128)),
+    (0xED, b"Photoshop 3.0\x008BIM\x04\x04\x00\x00\x00\x00\x00\x00"),
+    (0xED, b"Photoshop 3.0\x008BIM\x04\x04\x00\x00\x00"),  # cut in its size: Pillow stops there
+], ids=["jfif", "adobe", "icc", "photoshop", "photoshop-size"])
+def test_segments_pillow_parses_are_read_without_it(tmp_path, opened, segment):
+    (tmp_path / "p.jpg").write_bytes(jpeg_with(photo(30, 44), [segment]))
+    fast = ImageDecoder(backend="torch")(tmp_path / "p.jpg")["image"]
+    assert opened == []
+    assert torch.equal(fast, ImageDecoder()(tmp_path / "p.jpg")["image"])
+
+
+@pytest.mark.parametrize("order", [b"II", b"MM"])
+def test_an_ifd_entry_whose_data_is_out_of_reach_stops_the_orientation(tmp_path, order):
+    """Pillow stops reading IFD0 at an entry whose data (past the entry, at its offset) the segment
+    does not hold, so it reads no orientation behind it: a camera's Make string at a wrong offset
+    leaves the photo as stored, under either backend."""
+    make = (0x010F, 2, 10, 0xFFF0)  # ASCII, 10 bytes at offset 0xFFF0: out of the segment
+    payload = tiff_ifd(order, [make, (0x0112, 3, 1, 6)])
+    (tmp_path / "p.jpg").write_bytes(jpeg_with(photo(30, 44), [(0xE1, payload)]))
+    with pytest.warns(UserWarning, match="Truncated File Read"):
+        slow = ImageDecoder()(tmp_path / "p.jpg")["image"]
+    assert slow.shape == (3, 30, 44)  # not turned
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Pillow's, where it reads the header
+        fast = ImageDecoder(backend="torch")(tmp_path / "p.jpg")["image"]
+    assert fast.shape == slow.shape and torch.equal(fast, slow)
+
+
+@pytest.mark.parametrize("height, width, orientation", [
+    (1, 40, 4), (40, 1, 2), (40, 1, 8), (1, 1, 3), (1, 1, 7)])
+def test_a_one_pixel_side_turned_upright(tmp_path, height, width, orientation):
+    """Mirroring a side of one pixel leaves numpy an array it calls contiguous, with a negative
+    stride, which torch refuses: such a photo decodes as under Pillow, in both layouts."""
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    Image.fromarray(photo(height, width)).save(tmp_path / "thin.jpg", quality=95, exif=exif)
+    for kwargs in ({}, {"size": (4, 6), "layout": "hwc"}, {"tensors": False}):
+        fast = ImageDecoder(backend="torch", **kwargs)(tmp_path / "thin.jpg")["image"]
+        slow = ImageDecoder(**kwargs)(tmp_path / "thin.jpg")["image"]
+        if isinstance(fast, np.ndarray):
+            np.testing.assert_array_equal(fast, slow)
+        else:
+            assert fast.shape == slow.shape and torch.equal(fast, slow), kwargs
+
+
+@pytest.mark.parametrize("entry", [(0x0100, 2, 2, 0x0061), (0x0115, 2, 4, 0x6261)],
+                         ids=["width-as-text", "samples-as-text"])
+def test_exif_pillow_cannot_write_back_turns_alike(tmp_path, entry):
+    """A tag Pillow knows as a number stored as text: Pillow reads it, and the orientation behind
+    it, but ``ImageOps.exif_transpose``, which also writes the EXIF back, raised struct.error;
+    both backends turn the photo upright."""
+    payload = tiff_ifd(b"II", [entry, (0x0112, 3, 1, 6)])
+    (tmp_path / "p.jpg").write_bytes(jpeg_with(photo(30, 44), [(0xE1, payload)]))
+    slow = ImageDecoder()(tmp_path / "p.jpg")["image"]
+    fast = ImageDecoder(backend="torch")(tmp_path / "p.jpg")["image"]
+    assert slow.shape == (3, 44, 30) and torch.equal(fast, slow)
+    cut = ImageDecoder(8, crop="random_resized", flip=True)(item(tmp_path / "p.jpg"))["image"]
+    assert cut.shape == (3, 8, 8)
