@@ -93,3 +93,33 @@ def test_works_with_pin_memory():
     assert batches[1]["path"] == ["3.wav", "4.wav", "5.wav"]
     if torch.cuda.is_available():
         assert batches[0]["audio"].is_pinned()
+
+
+@pytest.mark.parametrize("dtypes", [("float32", "float32"), ("float32", "float64", "int16"),
+                                    ("uint8", "int64"), ("int16", "float32")])
+def test_samples_of_one_length_stack_as_padded_ones_would(dtypes):
+    """Nothing to pad (fixed-size crops): one copy, cast to the first sample's dtype as a padded
+    batch's rows are, each sample's values, a fresh array (the samples' memory untouched)."""
+    from audiobuffer._numpy_collate import collate_numpy
+
+    rng = np.random.default_rng(len(dtypes))
+    arrays = [(rng.standard_normal((2, 7)) * 300).astype(dtype) for dtype in dtypes]
+    views = [a[:, ::2] for a in arrays]  # strided views too
+    for samples in (arrays, views):
+        batch = collate_numpy([{"audio": a, "index": i} for i, a in enumerate(samples)])
+        expected = np.empty((len(samples), *samples[0].shape), samples[0].dtype)
+        for row, a in zip(expected, samples):
+            row[...] = a
+        assert batch["audio"].dtype == samples[0].dtype
+        np.testing.assert_array_equal(batch["audio"], expected)
+        assert batch["lengths"].tolist() == [samples[0].shape[-1]] * len(samples)
+        assert not any(np.shares_memory(batch["audio"], a) for a in samples)
+    written = []
+
+    def allocate(shape, dtype):  # the helper's slot allocator: written where it says
+        written.append(np.full(shape, 7, dtype))
+        return written[-1]
+
+    batch = collate_numpy([{"audio": a} for a in arrays], allocate=allocate)
+    assert batch["audio"] is written[0]
+    np.testing.assert_array_equal(written[0][1], arrays[1].astype(arrays[0].dtype))
