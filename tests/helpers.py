@@ -90,6 +90,16 @@ def drop_flac_length(path: Path) -> Path:
     return path
 
 
+def photo(height: int, width: int, seed: int = 0) -> np.ndarray:
+    """A smooth ``(height, width, 3)`` uint8 picture with structure everywhere (gradients, waves),
+    as JPEG compresses photos."""
+    y, x = np.mgrid[0:height, 0:width].astype(np.float64)
+    phase = np.random.default_rng(seed).uniform(0, 6)
+    pixels = np.stack([x * 255 / width, y * 255 / height,
+                       128 + 100 * np.sin(x / 17 + y / 29 + phase)], axis=-1)
+    return pixels.round().clip(0, 255).astype(np.uint8)
+
+
 def make_corpus(root: Path, n: int, *, fmt: str = "wav", classes: int = 3, seconds: float = 0.1,
                 sample_rate: int = 8000) -> list[Path]:
     """``n`` short tones named ``{label}_{i}.{fmt}`` in class folders ``class{label}/``."""

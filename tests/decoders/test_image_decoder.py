@@ -6,7 +6,7 @@ from typing import get_args
 import numpy as np
 import pytest
 import torch
-from helpers import write_tone
+from helpers import photo, write_tone
 
 from audiobuffer import (
     IMAGE_PATTERNS,
@@ -216,15 +216,6 @@ def test_tensors_false_hands_the_numpy_array_over(images):
 
 
 # -- training crops: random_resized, center, flip, draft ------------------------------------------
-
-def photo(height, width, seed=0):
-    """A smooth picture with structure everywhere (gradients, waves), as JPEG compresses photos."""
-    y, x = np.mgrid[0:height, 0:width].astype(np.float64)
-    phase = np.random.default_rng(seed).uniform(0, 6)
-    pixels = np.stack([x * 255 / width, y * 255 / height,
-                       128 + 100 * np.sin(x / 17 + y / 29 + phase)], axis=-1)
-    return pixels.round().clip(0, 255).astype(np.uint8)
-
 
 @pytest.fixture
 def photos(tmp_path):

@@ -8,6 +8,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from helpers import photo
 
 from audiobuffer import BufferedDataset, DecodeError, ImageDecoder, WorkItem
 from audiobuffer.decoders import _tensor_image
@@ -16,15 +17,6 @@ Image = pytest.importorskip("PIL.Image",
                             reason="ImageDecoder needs Pillow (pip install 'audiobuffer[image]')")
 pytest.importorskip("simplejpeg", reason="backend='torch' decodes JPEGs with simplejpeg "
                                          "(pip install 'audiobuffer[image]')")
-
-
-def photo(height, width, seed=0):
-    """A smooth picture with structure everywhere (gradients, waves), as JPEG compresses photos."""
-    y, x = np.mgrid[0:height, 0:width].astype(np.float64)
-    phase = np.random.default_rng(seed).uniform(0, 6)
-    pixels = np.stack([x * 255 / width, y * 255 / height,
-                       128 + 100 * np.sin(x / 17 + y / 29 + phase)], axis=-1)
-    return pixels.round().clip(0, 255).astype(np.uint8)
 
 
 @pytest.fixture

@@ -337,15 +337,20 @@ def test_contention_goals_are_checked_against_their_targets(contention):
     assert len(checked) == 10
 
 
-def test_contention_image_case_feeds_the_step_and_checks_steps_per_s(contention, load_benchmark,
-                                                                     tmp_path):
-    """The image case: a loader's epoch of 64-image batches in this process, the goal on steps/s."""
+@pytest.fixture
+def photo_paths(load_benchmark, tmp_path):
+    """70 JPEGs of the image benchmark's corpus (made from the photographs packages ship)."""
     pytest.importorskip("PIL.Image")
     images = load_benchmark("bench_images")
     if not images.shipped_photos():
         pytest.skip("no shipped photographs: scikit-learn and matplotlib are not installed")
-    paths = sorted(str(p) for p in images.make_photo_corpus(tmp_path, 70, classes=images.CLASSES)
-                   .rglob("*.jpg"))
+    return sorted(str(p) for p in images.make_photo_corpus(tmp_path, 70, classes=images.CLASSES)
+                  .rglob("*.jpg"))
+
+
+def test_contention_image_case_feeds_the_step_and_checks_steps_per_s(contention, photo_paths):
+    """The image case: a loader's epoch of 64-image batches in this process, the goal on steps/s."""
+    paths = photo_paths
     epoch = contention._epoch("buffered-2", "light", paths, None, "cpu", images=True)
     assert epoch["batches"] == 2 and epoch["files"] == 70 and epoch["steps_per_s"] > 0
     # and the loader's next epoch, as training iterates it again
@@ -369,15 +374,10 @@ def test_contention_image_case_feeds_the_step_and_checks_steps_per_s(contention,
 
 @pytest.mark.subprocess
 def test_contention_image_case_isolated_loader_starting_in_the_trainer(
-        contention, load_benchmark, tmp_path, monkeypatch):
+        contention, photo_paths, monkeypatch):
     """``isolated-2-torch-start``: both epochs of an IsolatedLoader that decodes in the trainer
     until its helper is warm, every image once each, nothing left behind."""
-    pytest.importorskip("PIL.Image")
-    images = load_benchmark("bench_images")
-    if not images.shipped_photos():
-        pytest.skip("no shipped photographs: scikit-learn and matplotlib are not installed")
-    paths = sorted(str(p) for p in images.make_photo_corpus(tmp_path, 70, classes=images.CLASSES)
-                   .rglob("*.jpg"))
+    paths = photo_paths
     with isolated_leftovers(monkeypatch), command_state_kept():
         started = contention._epoch("isolated-2-torch-start", "light", paths, None, "cpu",
                                     images=True)
