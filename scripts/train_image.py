@@ -8,8 +8,9 @@ photograph: ``--images`` for training, ``--test-images`` other crops for testing
 come from the same three photographs, so the accuracy says how well the model tells these
 photographs apart from a part of one, not how it does on photographs it never saw.
 
-Training reads ``ImageDecoder(size, crop="random_resized", flip=True)`` crops (torchvision's
-``RandomResizedCrop`` and a flip), testing ``crop="center"``; both through ``BufferedDataset(root,
+Training reads ``ImageDecoder(size, crop="random_resized", flip=True, backend="torch")`` crops
+(torchvision's ``RandomResizedCrop`` and a flip; ``--backend pillow`` for Pillow's decode and
+resize), testing ``crop="center"``; both through ``BufferedDataset(root,
 decoder, labels="parent")`` and a ``DataLoader`` with ``image_collate``, or with ``--loader
 isolated`` through an ``IsolatedLoader`` (the producers in a helper process). The model
 (``ImageCNN`` in ``audiobuffer/cli/_model.py``: copy it and change it) takes the uint8 batch and
@@ -89,6 +90,9 @@ def _parser() -> argparse.ArgumentParser:
     add("--weight-decay", type=float, default=1e-4, help="AdamW's weight decay (default 1e-4)")
     add("--channels", type=int, default=16, help="the first conv block's channels (default 16)")
     add("--producers", type=int, default=2, help="decoding threads (default 2)")
+    add("--backend", choices=("torch", "pillow"), default="torch",
+        help="ImageDecoder's backend: simplejpeg decodes and torch resizes (the default), or "
+             "Pillow does both")
     add("--loader", choices=("dataset", "isolated"), default="dataset",
         help="BufferedDataset and a DataLoader in this process, or an IsolatedLoader (the "
              "producers in a helper process)")
@@ -148,14 +152,14 @@ def train(argv: list[str] | None = None) -> int:
     ranks = start(args, resolve_device(args.device), seed=args.seed, wait=OPENMP_WAIT)
     settings = {name: getattr(args, name) for name in (
         "images", "test_images", "size", "batch_size", "lr", "weight_decay", "channels", "loader",
-        "seed")}
+        "backend", "seed")}
     resume = load_checkpoint(args.resume) if args.resume is not None else None
     if resume is not None:
         _check_resume(resume, settings)
     train_root, test_root = make_data(args, ranks)
 
-    augment = ImageDecoder(args.size, crop="random_resized", flip=True)
-    center = ImageDecoder(args.size, crop="center")
+    augment = ImageDecoder(args.size, crop="random_resized", flip=True, backend=args.backend)
+    center = ImageDecoder(args.size, crop="center", backend=args.backend)
     # Each rank its shard (torch.distributed). Unordered by default: batches as producers finish.
     common: dict[str, Any] = {"labels": "parent", "num_producers": args.producers,
                               "seed": args.seed}

@@ -76,6 +76,7 @@ def test_stopped_mid_epoch_resumes_and_trains_on_each_crop_once(data, script, tm
     saved = torch.load(checkpoint, weights_only=True)
     assert (saved["epoch"], saved["step"]) == (0, 2) and saved["ranks"][0]["dataset"] is not None
     assert saved["classes"][:2] == ["china-r0c0", "china-r0c1"] and len(saved["classes"]) == 12
+    assert saved["config"]["backend"] == "torch"  # the default: simplejpeg decodes, torch resizes
 
     second = run_here(script, [*common, "--resume", checkpoint.parent, "--json",
                                tmp_path / "m.json"], cwd=tmp_path)
@@ -93,6 +94,7 @@ def test_two_ranks_isolated_stop_and_one_process_resumes(data, script, tmp_path)
     the checkpoint: the ranks' loader states are merged and the 16 crops left are trained on
     once. No test crops: one helper process a rank."""
     common = [SCRIPT, *TINY, "--test-images", 0, "--data", data, "--loader", "isolated",
+              "--backend", "pillow",
               "--seen-log", tmp_path / "seen", "--checkpoint-dir", tmp_path / "ck"]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     first = run([*torchrun, *common, "--stop-at-step", 1], cwd=tmp_path)
