@@ -16,7 +16,7 @@ import io
 import json
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -183,7 +183,8 @@ def _list_dir(root: Path, patterns: Sequence[str]) -> list[str]:
 
     The patterns ``**/NAME`` (the default suffixes, say) are matched in one walk of the tree, by
     file name, as ``Path.glob`` matches a name (``fnmatch``, case-insensitive where the OS is);
-    each other pattern walks what it names.
+    each other pattern walks what it names. The walk is ``Path.glob("**/*")``'s, read from the
+    directory entries (:func:`_files_under`).
     """
     found: set[str] = set()
     names: list[str] = []
@@ -195,9 +196,30 @@ def _list_dir(root: Path, patterns: Sequence[str]) -> list[str]:
             found.update(str(p) for p in root.glob(pattern) if p.is_file())
     if names:  # fnmatch.fnmatch's rule, the patterns joined into one expression
         named = re.compile("|".join(fnmatch.translate(os.path.normcase(name)) for name in names))
-        found.update(str(p) for p in root.glob("**/*")
-                     if named.match(os.path.normcase(p.name)) and p.is_file())
+        found.update(path for name, path in _files_under(str(root))
+                     if named.match(os.path.normcase(name)))
     return sorted(found)
+
+
+def _files_under(folder: str) -> Iterator[tuple[str, str]]:
+    """Each file under ``folder`` (a link to a file too), as ``(name, path)``: the files
+    ``Path(folder).glob("**/*")`` finds that ``is_file()``, read from ``os.scandir``'s entries (no
+    ``stat`` a file, no ``Path`` a file: a tenth of the time on large folders). Like the glob, it
+    does not descend into linked folders and skips the folders it may not read."""
+    try:
+        with os.scandir(folder) as entries:
+            found = list(entries)
+    except PermissionError:
+        return
+    for entry in found:
+        try:
+            if entry.is_dir():
+                if not entry.is_symlink():
+                    yield from _files_under(entry.path)
+            elif entry.is_file():
+                yield entry.name, entry.path
+        except OSError:  # gone meanwhile, or a link that cannot be followed
+            continue
 
 
 def _list_remote_dir(url: str, patterns: Sequence[str], storage: Storage) -> Listing:

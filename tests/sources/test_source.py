@@ -44,6 +44,19 @@ def test_a_folder_is_listed_as_each_pattern_globs_it(tmp_path):
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"{i}_{names[rng.integers(len(names))]}").write_bytes(b"x")
     (tmp_path / "d0" / "folder.jpg").mkdir(parents=True, exist_ok=True)  # a folder, not a file
+    (tmp_path / ".hid").mkdir()
+    (tmp_path / ".hid" / "in_hidden.jpg").write_bytes(b"x")
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    outside.mkdir()
+    (outside / "beyond.jpg").write_bytes(b"x")
+    try:
+        (tmp_path / "linked.jpg").symlink_to(tmp_path / "d0" / "folder.jpg")  # a link to a folder
+        (tmp_path / "d1").mkdir(exist_ok=True)
+        (tmp_path / "d1" / "file_link.png").symlink_to(outside / "beyond.jpg")  # to a file
+        (tmp_path / "d1" / "broken.jpg").symlink_to(tmp_path / "gone.jpg")
+        (tmp_path / "folder_link").symlink_to(outside, target_is_directory=True)  # not walked
+    except OSError:  # links need a privilege on Windows
+        pass
     for patterns in (IMAGE_PATTERNS, AUDIO_PATTERNS, ("**/*.jpg", "d1/*.png", "*.txt"),
                      ("**/[0-9]_*.jpg",)):
         globbed = sorted({str(p) for pattern in patterns for p in tmp_path.glob(pattern)
