@@ -196,7 +196,9 @@ def _list_dir(root: Path, patterns: Sequence[str]) -> list[str]:
             found.update(str(p) for p in root.glob(pattern) if p.is_file())
     if names:  # fnmatch.fnmatch's rule, the patterns joined into one expression
         named = re.compile("|".join(fnmatch.translate(os.path.normcase(name)) for name in names))
-        found.update(path for name, path in _files_under(str(root))
+        # scandir(".") names its entries "./a.wav"; the glob, as every other pattern, "a.wav"
+        cut = len(os.curdir + os.sep) if str(root) == os.curdir else 0
+        found.update(path[cut:] for name, path in _files_under(str(root))
                      if named.match(os.path.normcase(name)))
     return sorted(found)
 

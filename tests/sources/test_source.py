@@ -1,5 +1,6 @@
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -65,6 +66,20 @@ def test_a_folder_is_listed_as_each_pattern_globs_it(tmp_path):
     listed = _list_dir(tmp_path, IMAGE_PATTERNS)
     assert not [p for p in listed if p.endswith((".Jpg", "folder.jpg"))]
 
+
+
+def test_the_current_folder_is_listed_as_a_glob_names_it(tmp_path, monkeypatch):
+    """``Source(".")``: the paths a glob gives (``a/1.wav``, no ``./``), so a walked pattern and a
+    globbed one name a file alike and it is listed once."""
+    from audiobuffer.sources.listing import _list_dir
+
+    (tmp_path / "a").mkdir()
+    for name in ("a/1.wav", "2.wav"):
+        (tmp_path / name).write_bytes(b"x")
+    monkeypatch.chdir(tmp_path)
+    expected = [str(Path("2.wav")), str(Path("a/1.wav"))]
+    assert _list_dir(Path("."), ["**/*.wav"]) == expected
+    assert _list_dir(Path("."), ["**/*.wav", "*.wav"]) == expected
 
 @pytest.mark.parametrize("labels, expected", [
     ("parent", ["class0", "class1", "class2"]),
