@@ -1,9 +1,9 @@
-"""Image decoding with Pillow: 8-bit RGB, a resize or a crop (random or central) scaled to a size,
-an optional flip, a uint8 tensor.
+"""Image decoding with Pillow, or with simplejpeg and torch (``backend="torch"``): 8-bit RGB, a
+resize or a crop (random or central) scaled to a size, an optional flip, a uint8 tensor.
 
 Pillow is an optional dependency (``pip install 'audiobuffer[image]'``): it is imported when an
-:class:`ImageDecoder` is made, never by ``import audiobuffer``. Pillow releases the GIL while it
-decodes and resizes, so producer threads decode images in parallel.
+:class:`ImageDecoder` is made, never by ``import audiobuffer``. Pillow, simplejpeg and torch release
+the GIL while they decode and resize, so producer threads decode images in parallel.
 """
 
 from __future__ import annotations
@@ -177,11 +177,11 @@ class ImageDecoder:
     by). Other files (PNG, CMYK JPEGs) are decoded in the producer as usual. Batch with
     ``image_collate``, which keeps such a batch's ``image`` a list.
 
-    ``backend="torch"`` is the faster path for training (about 1.5x the images a second of one
-    thread on photos of 300-600 pixels): a JPEG is decoded by libjpeg-turbo through simplejpeg
-    (``pip install 'audiobuffer[image]'``; the same pixels Pillow decodes, checked by the tests),
-    and cropped, resized and flipped as a torch tensor, resized by torch's antialiased
-    ``interpolate`` as ``torchvision.transforms.v2`` resizes tensors. The boxes and flips are the
+    ``backend="torch"`` is the faster path for training (BENCHMARKS.md, "Images"): a JPEG is
+    decoded by libjpeg-turbo through simplejpeg (``pip install 'audiobuffer[image]'``; the same
+    pixels Pillow decodes, checked by the tests), and cropped, resized and flipped as a torch
+    tensor, resized by torch's antialiased ``interpolate`` as ``torchvision.transforms.v2`` resizes
+    tensors. The boxes and flips are the
     same draws as ``"pillow"``'s; the resize differs from Pillow's by a few levels where the two
     round differently (under 0.1 of 255 on average on photos), and boxes are rounded to whole
     pixels. Other files, CMYK JPEGs and JPEGs libjpeg warns about are read by Pillow as under

@@ -276,7 +276,7 @@ class Source(StorageUser):
         #: The sorted label names; a sample's ``label`` is an index into this list.
         self.classes: list[str] = []
         if names is not None:
-            # a value no item has is no class (bincount, not unique: that imports numpy.ma, 6 ms)
+            # a value no item has is no class (bincount, not unique, which imports numpy.ma)
             used = np.flatnonzero(np.bincount(names.codes[names.codes >= 0])).tolist()
             found = {names.values[c] for c in used if names.values[c] is not None}
             self.classes = class_order(found, labels, recorded=listing.classes)
