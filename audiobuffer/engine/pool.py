@@ -415,8 +415,8 @@ class ProducerPool:
         if weights is not None and len(weights) != count:
             raise ValueError(f"weights must have one value per item ({count}), got {len(weights)}")
         start = most if start_at_cores else None
-        self._tuning = PoolTuning(tuner or default_tuner(most, allow_inline=self._allow_inline, memory=memory,
-                                                         start=start),
+        self._tuning = PoolTuning(tuner or default_tuner(most, allow_inline=self._allow_inline,
+                                                         memory=memory, start=start),
                                   name, self._counters, memory=memory,
                                   work=self._work if self._weights is not None else None) if auto else None
         self._pinned = None if auto else most

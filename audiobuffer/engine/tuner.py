@@ -17,13 +17,13 @@ the pool knows what each item costs (batches by duration: each item's seconds of
 second: batches of one duration bucket follow one another, so one interval may hold 2 s utterances
 and the next 20 s ones, and in items per second a trial would be judged by the bucket it landed on.
 
-Start small: inline when it is allowed, else one producer; except for a decoder that says its work
-runs outside the GIL (``releases_gil = True``, as ``ImageDecoder``'s C decoding and resizing) with no
-transform, which starts at the most producers: climbing there from inline would only cost the
-epoch's first intervals (a few percent of a short first epoch), and the rules below still retire a
-producer the consumer leaves idle. The first interval only warms up: the
-start of an epoch (first calls, cold caches, a DataLoader's first batch) is slower than what follows,
-and judged against it a trial would look better than it is. On each later interval, in this order:
+Start small: inline when it is allowed, else one producer; except for a decoder that says its
+work runs outside the GIL (``releases_gil = True``, as ``ImageDecoder``'s C decoding and
+resizing) with no transform, which starts at the most producers: climbing there from inline would
+only cost the epoch's first intervals, and the rules below still retire a producer the consumer
+leaves idle. The first interval only warms up: the start of an epoch (first calls, cold caches, a
+DataLoader's first batch) is slower than what follows, and judged against it a trial would look
+better than it is. On each later interval, in this order:
 
 - A trial is pending (the count changed when the last interval closed): keep the new count if its
   rate is at least ``gain`` times the rate before the change, and go on with the rules below on the

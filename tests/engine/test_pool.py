@@ -610,7 +610,8 @@ def test_the_real_tuner_keeps_every_item_once():
 @pytest.mark.parametrize("ordered", [False, True])
 def test_buffered_dataset_defaults_to_auto_and_yields_each_item_once(monkeypatch, ordered):
     script = [0, 2, 0, 1, 3, 0, 2, 1, 0]
-    monkeypatch.setattr(_producers, "default_tuner", lambda most, allow_inline, memory, start: ScriptedTuner(script))
+    monkeypatch.setattr(_producers, "default_tuner",
+                        lambda most, allow_inline, memory, start: ScriptedTuner(script))
     ds = BufferedDataset(fake_paths(300), IndexDecoder(), ordered=ordered, buffer_size=8)
     assert ds.num_producers == "auto" and "num_producers='auto'" in repr(ds)
     got = [s["index"] for s in ds]
@@ -645,7 +646,8 @@ def test_each_epoch_of_a_dataset_starts_where_the_last_one_settled():
 
 
 def test_batch_slot_loader_with_auto_never_decodes_inline(monkeypatch):
-    monkeypatch.setattr(_producers, "default_tuner", lambda most, allow_inline, memory, start: ScriptedTuner([0, 2, 0]))
+    monkeypatch.setattr(_producers, "default_tuner",
+                        lambda most, allow_inline, memory, start: ScriptedTuner([0, 2, 0]))
     where = set()
     index = IndexDecoder()
 
