@@ -228,6 +228,7 @@ class ImageDecoder:
     sample_key = "image"
     #: Its work runs outside the GIL (C decoding and resizing, Pillow's or simplejpeg's and
     #: torch's): ``num_producers="auto"`` starts at the most producers (NOTE [ Producer tuning ]).
+    #: ``False`` with ``jpeg="device"``, whose producers read a JPEG's header in Python.
     releases_gil = True
 
     def __init__(self, size: int | tuple[int, int] | None = None, *, crop: ImageCrop | None = None,
@@ -280,6 +281,7 @@ class ImageDecoder:
         self.tensors = check_flag("tensors", tensors)
         self.jpeg = jpeg
         self.backend = backend
+        self.releases_gil = jpeg == "host"
 
     def __repr__(self) -> str:
         crop = ""

@@ -505,3 +505,19 @@ def test_isolated_loader_and_batch_slots_give_the_same_crops(photos, monkeypatch
                 assert torch.equal(batch["image"][row], expected[index])
                 seen.append(index)
         assert sorted(seen) == list(range(20))
+
+
+def test_device_decoding_leaves_the_tuner_its_small_start(tmp_path, monkeypatch):
+    """``jpeg="device"``: a producer reads a JPEG's bytes and header, Python that holds the GIL,
+    so the tuner starts inline as for any such decoder; decoding here starts at the cores."""
+    from audiobuffer.engine import pool
+
+    monkeypatch.setattr(pool, "usable_cores", lambda: 2)
+    for n in range(8):
+        Image.fromarray(photo(30, 40, n)).save(tmp_path / f"{n}.jpg", quality=90)
+    for jpeg, start in (("device", 0), ("host", 2)):
+        decoder = ImageDecoder(16, crop="random_resized", jpeg=jpeg)
+        assert decoder.releases_gil is (jpeg == "host")
+        with BufferedDataset(tmp_path, decoder, seed=0) as dataset:
+            assert len(list(dataset)) == 8
+            assert dataset.stats().producer_history[0][1:] == (start, "start"), jpeg
