@@ -26,9 +26,11 @@ Pillow's ``Image.open``, which reads it as the Pillow backend does (or refuses i
 
 Resize. ``torch.nn.functional.interpolate`` with ``antialias=True`` ("nearest-exact" without) on a
 ``(1, 3, h, w)`` view of the ``(h, w, 3)`` array: channels-last memory, torch's vectorised uint8
-path, no conversion to float. The box is rounded to whole pixels of the decoded image (as
-torchvision's crops are) and only its pixels take part. The results differ from Pillow's resize
-by a few levels where the filters' rounding differs; the boxes and flips are the same draws.
+path, no conversion to float. The crop, the flip and the layout are numpy views, as for the Pillow
+backend, and the one copy is the sample's: torch runs only the resize. The box is rounded to whole
+pixels of the decoded image (as torchvision's crops are) and only its pixels take part. The
+results differ from Pillow's resize by a few levels where the filters' rounding differs; the boxes
+and flips are the same draws.
 """
 
 from __future__ import annotations
@@ -39,8 +41,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 if TYPE_CHECKING:
-    import torch
-
     from .image import CropBox
 
 __all__ = ["TORCH_RESAMPLE", "JpegHeader", "decode_jpeg", "jpeg_header", "resized_crop", "upright"]
@@ -231,18 +231,22 @@ def _pixel_box(box: CropBox, height: int, width: int) -> tuple[int, int, int, in
 
 
 def resized_crop(pixels: np.ndarray, box: CropBox | None, size: tuple[int, int] | None,
-                 resample: str) -> torch.Tensor:
+                 resample: str) -> np.ndarray:
     """``box`` of the upright ``(h, w, 3)`` ``pixels`` (the whole image: ``None``) resized to
-    ``size`` (``None``: not resized): a ``(1, 3, H, W)`` uint8 tensor in channels-last memory."""
+    ``size`` (``None``: not resized): an ``(H, W, 3)`` uint8 array of its own.
+
+    The views are numpy's and torch runs one operation, the resize (each torch call lets the GIL go
+    and takes it back, which the other producers wait on)."""
+    if box is not None:
+        top, left, h, w = _pixel_box(box, pixels.shape[0], pixels.shape[1])
+        pixels = pixels[top:top + h, left:left + w]
+    if size is None or pixels.shape[:2] == size:
+        return pixels if box is None and pixels.flags.writeable else pixels.copy()
     import torch
 
+    mode, antialias = TORCH_RESAMPLE[resample]
     if not pixels.flags.writeable:  # Pillow's buffer: a tensor needs an array it may write
         pixels = pixels.copy()
-    image = torch.from_numpy(pixels).permute(2, 0, 1).unsqueeze(0)
-    if box is not None:
-        top, left, h, w = _pixel_box(box, image.shape[2], image.shape[3])
-        image = image[:, :, top:top + h, left:left + w]
-    if size is None or tuple(image.shape[2:]) == size:
-        return image
-    mode, antialias = TORCH_RESAMPLE[resample]
-    return torch.nn.functional.interpolate(image, size=size, mode=mode, antialias=antialias)
+    image = torch.from_numpy(pixels.transpose(2, 0, 1)[np.newaxis])  # channels-last memory
+    resized = torch.nn.functional.interpolate(image, size=size, mode=mode, antialias=antialias)
+    return resized.numpy()[0].transpose(1, 2, 0)  # channels last in, channels last out: C order

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import io
 import math
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
@@ -19,9 +19,6 @@ from ..errors import DecodeError
 from ..sources.item import IMAGE_PATTERNS
 from ._common import ItemLike, as_item, as_tensor, check_flag, describe, sample_fields
 from ._tensor_image import TORCH_RESAMPLE, decode_jpeg, jpeg_header, resized_crop, upright
-
-if TYPE_CHECKING:
-    import torch
 
 __all__ = ["Backend", "CropBox", "EncodedImage", "ImageCrop", "ImageDecoder", "JpegDecode",
            "Layout", "Resample", "center_box", "random_resized_box"]
@@ -329,9 +326,8 @@ class ImageDecoder:
                               f"({_first_bytes(source)})", path=item.path) from exc
         except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
             raise DecodeError(f"cannot decode {item.path!r}: {describe(exc)}", path=item.path) from exc
-        if image is not None:
-            sample["image"] = self._finish_tensor(image, rng)
-            return sample
+        if image is not None:  # the torch backend's (H, W, 3) array
+            pixels = image
         if rng is not None and self.flip and rng.random() < 0.5:
             pixels = pixels[:, ::-1]
         if self.layout == "chw":
@@ -420,9 +416,9 @@ class ImageDecoder:
         return _to_rgb(im, path), reduction
 
     def _torch_image(self, raw: bytes, path: str,
-                     rng: np.random.Generator | None) -> torch.Tensor:
+                     rng: np.random.Generator | None) -> np.ndarray:
         """The torch backend's image (NOTE [ The torch backend ] in ``_tensor_image.py``): upright,
-        cropped and resized, a ``(1, 3, H, W)`` uint8 tensor. A JPEG whose header reads plainly
+        cropped and resized, an ``(H, W, 3)`` uint8 array. A JPEG whose header reads plainly
         is not opened with Pillow unless simplejpeg refuses its data; the box is drawn once."""
         from PIL import Image
 
@@ -447,7 +443,7 @@ class ImageDecoder:
         return resized_crop(pixels, box, self.size, self.resample)
 
     def _turbo(self, raw: bytes, height: int, width: int, orientation: int,
-               box: CropBox | None) -> torch.Tensor | None:
+               box: CropBox | None) -> np.ndarray | None:
         """A JPEG stored ``height`` x ``width`` decoded by simplejpeg (at a reduced scale where
         ``box`` allows), turned upright, ``box`` resized; ``None`` where simplejpeg refuses it."""
         wanted = _reduction(box, self.size) if self.draft and box is not None else 1
@@ -462,16 +458,6 @@ class ImageDecoder:
         if box is not None and reduction > 1:  # as in _pixels
             box = CropBox(*(v / reduction for v in box))
         return resized_crop(pixels, box, self.size, self.resample)
-
-    def _finish_tensor(self, image: torch.Tensor, rng: np.random.Generator | None) -> Any:
-        """The torch backend's ``(1, 3, H, W)`` image flipped (a draw after the box's, as in
-        ``__call__``) and laid out: the sample's ``image``."""
-        if rng is not None and self.flip and rng.random() < 0.5:
-            image = image.flip(-1)
-        image = image[0] if self.layout == "chw" else image[0].permute(1, 2, 0)
-        image = image.contiguous()
-        return image if self.tensors else image.numpy()
-
 
 def _orientation(im: Any) -> int:
     """The EXIF orientation of ``im`` that turns it (2 to 8), else 1."""

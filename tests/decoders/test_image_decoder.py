@@ -482,13 +482,18 @@ def test_each_rank_crops_its_items_as_one_process_would(photos):
 
 
 @pytest.mark.subprocess
-def test_isolated_loader_and_batch_slots_give_the_same_crops(photos, monkeypatch):
+@pytest.mark.parametrize("backend", ["pillow", "torch"])
+def test_isolated_loader_and_batch_slots_give_the_same_crops(photos, monkeypatch, backend):
+    """The helper process (numpy output; with backend="torch" it imports torch) and the slots
+    give the crops BufferedDataset gives, each image once."""
     from helpers import isolated_leftovers
 
     from audiobuffer import IsolatedLoader
     from audiobuffer.loaders.slots import BatchSlotLoader
 
-    decoder = ImageDecoder(16, crop="random_resized", flip=True, layout="hwc")
+    if backend == "torch":
+        pytest.importorskip("simplejpeg", reason="backend='torch' decodes JPEGs with simplejpeg")
+    decoder = ImageDecoder(16, crop="random_resized", flip=True, layout="hwc", backend=backend)
     expected = {int(s["index"]): s["image"] for s in
                 BufferedDataset(photos, decoder, seed=3, num_producers=1)}
     with isolated_leftovers(monkeypatch):
