@@ -233,7 +233,8 @@ def _pixel_box(box: CropBox, height: int, width: int) -> tuple[int, int, int, in
 def resized_crop(pixels: np.ndarray, box: CropBox | None, size: tuple[int, int] | None,
                  resample: str) -> np.ndarray:
     """``box`` of the upright ``(h, w, 3)`` ``pixels`` (the whole image: ``None``) resized to
-    ``size`` (``None``: not resized): an ``(H, W, 3)`` uint8 array of its own.
+    ``size`` (``None``: not resized): an ``(H, W, 3)`` uint8 array, ``pixels`` itself where
+    nothing is cropped or resized (the caller copies an array it may not write).
 
     The views are numpy's and torch runs one operation, the resize (each torch call lets the GIL go
     and takes it back, which the other producers wait on)."""
@@ -241,7 +242,7 @@ def resized_crop(pixels: np.ndarray, box: CropBox | None, size: tuple[int, int] 
         top, left, h, w = _pixel_box(box, pixels.shape[0], pixels.shape[1])
         pixels = pixels[top:top + h, left:left + w]
     if size is None or pixels.shape[:2] == size:
-        return pixels if box is None and pixels.flags.writeable else pixels.copy()
+        return pixels if box is None else pixels.copy()  # a crop: not a view of the whole
     import torch
 
     mode, antialias = TORCH_RESAMPLE[resample]

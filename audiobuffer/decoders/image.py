@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import io
 import math
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, overload
 
 import numpy as np
 
@@ -302,13 +302,12 @@ class ImageDecoder:
         # DecodeError)
         raw = item.read() if item.read is not None else None
         source: Any = item.path if raw is None else io.BytesIO(raw)
-        image: Any = None
         try:
             if self.jpeg == "device" or self.backend == "torch":  # the device or simplejpeg
                 raw = _read_file(item.path) if raw is None else raw  # decodes the bytes
                 source = io.BytesIO(raw)
             if raw is not None and self.backend == "torch" and self.jpeg == "host":
-                image = self._torch_image(raw, item.path, rng)
+                pixels = self._torch_image(raw, item.path, rng)
             else:
                 with Image.open(source) as im:  # the first frame of a multi-frame file
                     if raw is not None and self.jpeg == "device" and (
@@ -318,7 +317,7 @@ class ImageDecoder:
                     if self.backend == "pillow":
                         pixels = self._pixels(im, item.path, rng)
                 if raw is not None and self.backend == "torch":  # not for the device
-                    image = self._torch_image(raw, item.path, rng)
+                    pixels = self._torch_image(raw, item.path, rng)
         except DecodeError:
             raise
         except Image.UnidentifiedImageError as exc:  # its message names a BytesIO, not the file
@@ -326,8 +325,6 @@ class ImageDecoder:
                               f"({_first_bytes(source)})", path=item.path) from exc
         except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
             raise DecodeError(f"cannot decode {item.path!r}: {describe(exc)}", path=item.path) from exc
-        if image is not None:  # the torch backend's (H, W, 3) array
-            pixels = image
         if rng is not None and self.flip and rng.random() < 0.5:
             pixels = pixels[:, ::-1]
         if self.layout == "chw":
@@ -343,10 +340,9 @@ class ImageDecoder:
         """What the device needs to make this JPEG's image: its bytes, box and flip, drawn as
         :meth:`_pixels` and ``__call__`` draw them (the same generator, in the same order)."""
         assert self.size is not None  # jpeg="device" needs size (checked in __init__)
-        orientation = _orientation(im) if self.apply_exif_orientation else 1
+        orientation, box = self._upright_box(im, rng)
         width, height = im.size
         up_height, up_width = (width, height) if orientation in (5, 6, 7, 8) else (height, width)
-        box = self._box(up_height, up_width, rng)
         flip = rng is not None and self.flip and rng.random() < 0.5
         return EncodedImage(
             data=np.frombuffer(raw, dtype=np.uint8).copy(), height=height, width=width,
@@ -368,7 +364,7 @@ class ImageDecoder:
     def _upright_box(self, im: Any, rng: np.random.Generator | None) -> tuple[int, CropBox | None]:
         """The open image's EXIF orientation to apply, and the box of the upright image that is
         scaled to ``size`` (``None``: the whole image)."""
-        orientation = im.getexif().get(_EXIF_ORIENTATION, 1) if self.apply_exif_orientation else 1
+        orientation = _orientation(im) if self.apply_exif_orientation else 1
         return orientation, self._stored_box(im.height, im.width, orientation, rng)
 
     def _stored_box(self, height: int, width: int, orientation: int,
@@ -387,10 +383,7 @@ class ImageDecoder:
         im, reduction = self._pillow_upright(im, path, orientation, box)
         if box is not None:
             assert self.size is not None  # a crop needs size (checked in __init__)
-            if reduction > 1:  # the box on the image decoded at 1/reduction of its sides (the last
-                # row and column of blocks cover what is left: under a mirroring orientation the box
-                # moves by less than one reduced pixel)
-                box = CropBox(*(v / reduction for v in box))
+            box = _on_reduced(box, reduction)
             corners: tuple[float, float, float, float] | None = (
                 box.left, box.top, box.left + box.width, box.top + box.height)
             if self.crop == "random_resized" and reduction == 1:
@@ -438,9 +431,7 @@ class ImageDecoder:
                         return image
             pillow, reduction = self._pillow_upright(im, path, orientation, box)
             pixels = np.asarray(pillow)
-        if box is not None and reduction > 1:  # as in _pixels
-            box = CropBox(*(v / reduction for v in box))
-        return resized_crop(pixels, box, self.size, self.resample)
+        return resized_crop(pixels, _on_reduced(box, reduction), self.size, self.resample)
 
     def _turbo(self, raw: bytes, height: int, width: int, orientation: int,
                box: CropBox | None) -> np.ndarray | None:
@@ -450,14 +441,12 @@ class ImageDecoder:
         pixels = decode_jpeg(raw, height, width, wanted)
         if pixels is None:
             return None
-        # exactly 1/wanted (decode_jpeg); not width / decoded width, which is off for small sides
-        # (ceil(50 / 8) = 7 pixels: 50 / 7 rounds to 7)
-        reduction = wanted
+        # decoded at exactly 1/wanted (decode_jpeg): not width / decoded width, which is off for
+        # small sides (ceil(50 / 8) = 7 pixels: 50 / 7 rounds to 7)
         if orientation != 1:
             pixels = upright(pixels, orientation)
-        if box is not None and reduction > 1:  # as in _pixels
-            box = CropBox(*(v / reduction for v in box))
-        return resized_crop(pixels, box, self.size, self.resample)
+        return resized_crop(pixels, _on_reduced(box, wanted), self.size, self.resample)
+
 
 def _orientation(im: Any) -> int:
     """The EXIF orientation of ``im`` that turns it (2 to 8), else 1."""
@@ -468,6 +457,23 @@ def _orientation(im: Any) -> int:
 def _read_file(path: str) -> bytes:
     with open(path, "rb") as f:
         return f.read()
+
+
+@overload
+def _on_reduced(box: CropBox, reduction: int) -> CropBox: ...
+
+
+@overload
+def _on_reduced(box: CropBox | None, reduction: int) -> CropBox | None: ...
+
+
+def _on_reduced(box: CropBox | None, reduction: int) -> CropBox | None:
+    """``box`` on the image decoded at ``1/reduction`` of its sides (the last row and column of
+    blocks cover what is left: under a mirroring orientation the box moves by less than one reduced
+    pixel)."""
+    if box is None or reduction == 1:
+        return box
+    return CropBox(*(v / reduction for v in box))
 
 
 def _reduction(box: CropBox, size: tuple[int, int] | None) -> int:
