@@ -74,6 +74,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import harness
+from sections.images import OURS  # the approach the goals are read on, as the page reads them
 
 from audiobuffer.cli._photos import make_photo_corpus, shipped_photos
 
@@ -674,12 +675,6 @@ def ceiling_rows(measured: Sequence[dict[str, float]], by: dict[str, dict[str, A
             row["floor_vs_spawn"] = row["first_batch_floor_s"] / by[SPAWN]["first_batch_s"]
         rows.append(row)
     return rows
-
-
-#: The ``BufferedDataset`` approach the goals are read on, first found first, with its decoder's
-#: one-thread row: the faster backend, where it ran.
-OURS = (("audiobuffer-torch", "one-thread-imagedecoder-torch"),
-        ("audiobuffer", "one-thread-imagedecoder"))
 
 
 def goals(rows: Sequence[dict[str, Any]]) -> list[list[object]]:

@@ -57,8 +57,8 @@ def _skipped(results: Results) -> str:
     return f"Not run here: {'; '.join(parts)}. " if parts else ""
 
 
-#: The ``BufferedDataset`` row the sentence reads the goals on, first found first, with its
-#: decoder's one-thread row (``bench_images.OURS``).
+#: The ``BufferedDataset`` row the goals are read on (here and by ``bench_images.goals``), first
+#: found first, with its decoder's one-thread row: the faster backend, where it ran.
 OURS = (("audiobuffer-torch", "one-thread-imagedecoder-torch"),
         ("audiobuffer", "one-thread-imagedecoder"))
 
