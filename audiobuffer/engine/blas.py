@@ -25,6 +25,11 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 
+try:  # with the module: its import (1.5 ms) is not a part of a pool's start
+    from threadpoolctl import ThreadpoolController
+except ImportError:  # pragma: no cover - a dependency; without it, limits are not applied
+    ThreadpoolController = None
+
 __all__ = ["hold", "refresh"]
 
 logger = logging.getLogger(__name__)
@@ -76,8 +81,8 @@ def _apply() -> None:
     if not limits and not _original:
         return
     try:
-        from threadpoolctl import ThreadpoolController
-
+        if ThreadpoolController is None:
+            raise ImportError("threadpoolctl is not installed")
         for library in ThreadpoolController().lib_controllers:
             key = (library.filepath, library.user_api)
             if library.user_api in limits:
