@@ -69,19 +69,17 @@ def ray_plot(results: Results) -> Any:
     fig, axes = figure(1, 1, width=8, height=2.6)
     grouped_barh(axes[0][0], [_short(c) for c in corpora], series,
                  title="one shuffled epoch, batches of 32", xlabel="seconds (lower is better)",
-                 reference=None, colors=["tab:blue", "tab:green", "tab:gray", "tab:orange"][:len(series)])
+                 reference=None,
+                 colors=["tab:blue", "tab:green", "tab:gray", "tab:orange"][:len(series)])
     return finish(fig)
 
 
 RAY = Section(
     name="ray", title="The Ray path on one machine", sources={"ray": None},
     about="One shuffled epoch, padded batches of 32: `audiobuffer.ray.read` on a local Ray cluster "
-          "vs `BufferedDataset`; the same epoch in Ray Data without audiobuffer, as its users write "
-          "it (the shuffled paths as rows, the same blocks, each read with soundfile in one "
-          "`map_batches` task): what Ray Data allows here; and Ray Data's own cost of such an "
-          "epoch (the same blocks and rows, nothing decoded): the floor under the Ray path. The "
-          "CPU bound: the CPU seconds "
-          "of Ray alone and of `BufferedDataset`'s decoding (each over its whole process tree), "
-          "over the cores; the Ray path does both, so it takes at least that long.",
+          "vs `BufferedDataset`; the same epoch in Ray Data alone, its blocks read with soundfile "
+          "in `map_batches` (what Ray Data allows here), and with nothing decoded (the floor). "
+          "CPU bound: the CPU seconds of the floor and of `BufferedDataset` (each over its process "
+          "tree) over the cores.",
     table=ray_table, plot=ray_plot,
     alt="epoch seconds, BufferedDataset and the Ray path")
