@@ -75,8 +75,14 @@ def ray_epoch(paths: list[str], sample_rate: int, epoch: int) -> list[int]:
     import audiobuffer.ray
     from audiobuffer import AudioDecoder
 
-    dataset = audiobuffer.ray.read(paths, AudioDecoder(sample_rate=sample_rate), shuffle=True,
-                                   epoch=epoch)
+    return _padded_indices(audiobuffer.ray.read(
+        paths, AudioDecoder(sample_rate=sample_rate), shuffle=True, epoch=epoch))
+
+
+def _padded_indices(dataset: Any) -> list[int]:
+    """The item indices of ``dataset``'s rows, iterated in padded batches of 32 as in training."""
+    import audiobuffer.ray
+
     seen: list[int] = []
     collate = audiobuffer.ray.PadCollate()
     for batch in dataset.iter_torch_batches(batch_size=BATCH_SIZE, collate_fn=collate):
@@ -138,13 +144,8 @@ def plain_epoch(paths: list[str], sample_rate: int, epoch: int) -> list[int]:
     dataset = ray.data.from_items([{"index": i, "path": paths[i]} for i in order],
                                   override_num_blocks=-(-len(paths) // per_block))
     dataset.context.op_resource_reservation_enabled = False  # as read() sets it
-    decoded = dataset.map_batches(_soundfile_rows, batch_size=None, batch_format="numpy",
-                                  zero_copy_batch=True)
-    seen: list[int] = []
-    collate = audiobuffer.ray.PadCollate()
-    for batch in decoded.iter_torch_batches(batch_size=BATCH_SIZE, collate_fn=collate):
-        seen.extend(batch["index"].tolist())
-    return seen
+    return _padded_indices(dataset.map_batches(_soundfile_rows, batch_size=None,
+                                               batch_format="numpy", zero_copy_batch=True))
 
 
 def corpora(args: argparse.Namespace, work: Path) -> dict[str, tuple[list[str], int]]:
