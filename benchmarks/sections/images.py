@@ -23,7 +23,8 @@ STEPPERS = {"isolated-2": "`IsolatedLoader`",
             "dataloader-2": "`DataLoader(num_workers=2)`, fork",
             "dataloader-2-spawn": "`DataLoader(num_workers=2)`, spawn"}
 #: The approaches the sentence names.
-IN_SENTENCE = ("isolated-2", "isolated-2-torch-start", "buffered-2-torch", "dataloader-2")
+IN_SENTENCE = ("isolated-2", "isolated-2-torch", "isolated-2-torch-start", "buffered-2-torch",
+               "dataloader-2")
 
 
 def _ran(results: Results) -> list[dict[str, Any]]:
@@ -103,7 +104,7 @@ def _steps(results: Results) -> str:
     rates = listing([f"{STEPPERS[a]} {_rate(rows[a], name)}"
                      + (f" / {_rate(rows[a], name, 'warm_steps_per_s')}" if warm else "")
                      for a in shown])
-    isolated = [a for a in STEPPERS if a.startswith("isolated-2") and a in rows]
+    isolated = [a for a in shown if a.startswith("isolated-2")]  # each ratio of a rate shown
     fork = rows.get("dataloader-2")
     versus = ""
     if isolated and fork:
