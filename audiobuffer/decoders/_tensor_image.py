@@ -78,13 +78,22 @@ class JpegHeader(NamedTuple):
 
 
 @functools.lru_cache(maxsize=1)
-def _simplejpeg() -> Any:
-    """simplejpeg, or ``None`` where it is not installed."""
+def _import_simplejpeg() -> Any:
     try:
         import simplejpeg
     except ImportError:
         return None
     return simplejpeg
+
+
+#: simplejpeg, or ``None`` where it is not installed: imported with this module, not by the first
+#: producer to decode (the others would wait on its import)
+_TURBO = _import_simplejpeg()
+
+
+def _simplejpeg() -> Any:
+    """simplejpeg, or ``None`` where it is not installed."""
+    return _TURBO
 
 
 def decode_jpeg(raw: bytes, height: int, width: int, reduction: int) -> np.ndarray | None:
