@@ -65,6 +65,8 @@ MERGED_FORMAT = 1
 _COMMON = (_format.STATE_EPOCH, _format.STATE_SEED, _format.STATE_SHUFFLE,
            _format.STATE_WORLD_SIZE, _format.STATE_EVEN_SHARDS, _format.STATE_SOURCE,
            _format.STATE_BATCHING, _format.STATE_READ_BLOCK, _format.STATE_DEALT)
+#: The missing ranks an error names at most.
+_NAMED = 8
 
 
 @dataclass(frozen=True)
@@ -123,10 +125,18 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     stray = [r for r in ranks if r not in range(world)]
     if stray:
         raise ResumeError(f"rank(s) {stray} outside 0..{world - 1} of world_size {world}")
-    absent = sorted(set(range(world)) - set(ranks))
-    if absent:
-        raise ResumeError(f"the states of rank(s) {absent} of {world} are missing; gather the "
-                          f"state_dict() of every rank")
+    if len(ranks) < world:  # the ranks are distinct and in range: name the first few missing
+        present, absent = set(ranks), []
+        for r in range(world):  # stops after a few: a forged world_size costs nothing
+            if r not in present:
+                absent.append(r)
+                if len(absent) == _NAMED:
+                    break
+        count = world - len(ranks)
+        named = ", ".join(map(str, absent)) + (", ..." if count > len(absent) else "")
+        more = f" ({count} ranks)" if count > len(absent) else ""
+        raise ResumeError(f"the states of rank(s) [{named}] of {world} are missing{more}; "
+                          f"gather the state_dict() of every rank")
     merged: dict[str, Any] = {STATE_MERGED: MERGED_FORMAT}
     for key in _COMMON:
         merged[key] = _agree(states, key)

@@ -176,8 +176,9 @@ class EpochCursor:
                                   f"this dataset has {key}={setup.get(key)!r}; resume with the "
                                   f"setup it was saved under")
         entries = merged.get(STATE_RANKS)
-        if not isinstance(entries, list) or [e.get(_format.STATE_RANK) for e in entries
-                                             if isinstance(e, dict)] != list(range(world)):
+        if not isinstance(entries, list) or len(entries) != world or \
+                [e.get(_format.STATE_RANK) for e in entries if isinstance(e, dict)] != \
+                list(range(world)):  # the length first: a forged world_size allocates nothing
             raise ResumeError(f"the merged state's ranks must be 0..{world - 1}, each once; "
                               f"make it with audiobuffer.merge_states")
         begun = any(e.get(_format.STATE_ITEMS) is not None for e in entries)

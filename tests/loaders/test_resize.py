@@ -362,3 +362,26 @@ def test_streamed_shards_resume_on_another_world_size_at_shard_boundaries(tmp_pa
     assert len(rest) == len(files) - sum(sizes[s] for s in done)
     names = {s["path"].split(".tar/", 1)[1] for s in first + rest}
     assert len(names) == len(files)
+
+
+@pytest.mark.timeout(60)
+def test_a_forged_world_size_is_refused_without_allocating_for_it():
+    """A state names its world size: a forged one (a million ranks, one state) is refused with
+    the missing ranks named in a short message, with no memory spent on ranks that are not there."""
+    import tracemalloc
+
+    with samples(30, 0, 1) as ds:
+        state = ds.state_dict()
+    merged = merge_states([state])
+    tracemalloc.start()
+    try:
+        with pytest.raises(ResumeError, match=r"rank\(s\) \[1, 2, .*, \.\.\.\] of 1000000 are "
+                                              r"missing \(999999 ranks\)") as forged:
+            merge_states([{**state, "world_size": 10**6}])
+        with samples(30, 0, 2) as other, pytest.raises(ResumeError, match="ranks must be"):
+            other.load_state_dict({**merged, "world_size": 10**6})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(str(forged.value)) < 300
+    assert peak < 4 * 2**20
