@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from .pipeline import Pipeline
 
 __all__ = ["MERGED_FORMAT", "STATE_MERGED", "STATE_RANKS", "Dealt", "EpochUnits", "deal_batches",
-           "deal_items", "done_mask", "is_merged", "merge_states"]
+           "check_ranks", "deal_items", "done_mask", "is_merged", "merge_states"]
 
 #: The key that marks a merged state; its value is the merged format's number.
 STATE_MERGED = "merged"
@@ -115,6 +115,16 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                                _format.STATE_ITEMS, _format.STATE_CONSUMED) if k not in state]
         if missing:
             raise ResumeError(f"states[{i}] lacks {missing}: not a state_dict()")
+        version = state[_format.STATE_VERSION]
+        if version not in (1, 2, _format.STATE_FORMAT, _format.DEALT_FORMAT):
+            raise ResumeError(f"states[{i}]'s format {version!r:.40} is not 1, 2, "
+                              f"{_format.STATE_FORMAT} or {_format.DEALT_FORMAT}: not a "
+                              f"state_dict() of this version")
+        for key, least in ((_format.STATE_RANK, None), (_format.STATE_EPOCH, 0)):
+            if not _is_int(state[key], least):
+                raise ResumeError(f"states[{i}]'s {key} must be an integer"
+                                  f"{'' if least is None else f' >= {least}'}, got "
+                                  f"{state[key]!r:.40}")
     world = _agree(states, _format.STATE_WORLD_SIZE)
     if isinstance(world, bool) or not isinstance(world, int) or world < 1:
         raise ResumeError(f"the states' world_size must be an integer >= 1, got {world!r}")
@@ -143,6 +153,36 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     merged[STATE_RANKS] = [_rank_entry(state) for state in
                            sorted(states, key=lambda s: s[_format.STATE_RANK])]
     return merged
+
+
+def check_ranks(entries: Any, world: int) -> None:
+    """Check a merged state's :data:`STATE_RANKS` (untrusted: read from a file) for ``world``
+    old ranks: ranks ``0 .. world-1`` in order, each with its items and consumed mask.
+
+    Raises:
+        ResumeError: an entry is missing, given twice, out of order or malformed.
+    """
+    if not isinstance(entries, list) or len(entries) != world or any(
+            not isinstance(e, Mapping) or not _is_int(e.get(_format.STATE_RANK), None)
+            or e[_format.STATE_RANK] != r for r, e in enumerate(entries)):
+        raise ResumeError(f"the merged state's ranks must be 0..{world - 1}, each once; make it "
+                          f"with audiobuffer.merge_states")
+    for entry in entries:
+        rank = entry[_format.STATE_RANK]
+        missing = [k for k in (_format.STATE_ITEMS, _format.STATE_CONSUMED) if k not in entry]
+        if missing:
+            raise ResumeError(f"the merged state's rank {rank} lacks {missing}; make it with "
+                              f"audiobuffer.merge_states")
+        items = entry[_format.STATE_ITEMS]
+        if items is not None and not _is_int(items, 0):
+            raise ResumeError(f"the merged state's rank {rank}'s items must be an integer >= 0 "
+                              f"or None, got {items!r:.40}")
+
+
+def _is_int(value: Any, least: int | None) -> bool:
+    """Whether ``value`` is an ``int`` (not a bool) of at least ``least`` (``None``: any)."""
+    return isinstance(value, int) and not isinstance(value, bool) and \
+        (least is None or value >= least)
 
 
 def _agree(states: Sequence[Mapping[str, Any]], key: str) -> Any:

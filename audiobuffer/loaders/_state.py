@@ -13,7 +13,15 @@ from torch.utils.data import get_worker_info
 from .._checks import check_int
 from ..engine import state as _format
 from ..engine.plan import EpochShard
-from ..engine.resize import MERGED_FORMAT, STATE_MERGED, STATE_RANKS, Dealt, EpochUnits, is_merged
+from ..engine.resize import (
+    MERGED_FORMAT,
+    STATE_MERGED,
+    STATE_RANKS,
+    Dealt,
+    EpochUnits,
+    check_ranks,
+    is_merged,
+)
 from ..errors import ResumeError
 
 if TYPE_CHECKING:
@@ -176,11 +184,7 @@ class EpochCursor:
                                   f"this dataset has {key}={setup.get(key)!r}; resume with the "
                                   f"setup it was saved under")
         entries = merged.get(STATE_RANKS)
-        if not isinstance(entries, list) or len(entries) != world or \
-                [e.get(_format.STATE_RANK) for e in entries if isinstance(e, dict)] != \
-                list(range(world)):  # the length first: a forged world_size allocates nothing
-            raise ResumeError(f"the merged state's ranks must be 0..{world - 1}, each once; "
-                              f"make it with audiobuffer.merge_states")
+        check_ranks(entries, world)
         begun = any(e.get(_format.STATE_ITEMS) is not None for e in entries)
         if not begun and merged.get(_format.STATE_DEALT) is None:
             return epoch, None  # every rank at the start of the epoch: a fresh one here

@@ -385,3 +385,42 @@ def test_a_forged_world_size_is_refused_without_allocating_for_it():
         tracemalloc.stop()
     assert len(str(forged.value)) < 300
     assert peak < 4 * 2**20
+
+
+def test_a_malformed_merged_state_or_rank_state_is_a_resume_error_naming_it():
+    """Values of the wrong type in the states or in a merged state (untrusted, read from a file)
+    are refused by name, before the loader changes; never a TypeError or KeyError of the code."""
+    states = []
+    for rank in range(3):
+        with samples(30, rank, 3) as ds:
+            it = iter(ds)
+            next(it)
+            states.append(ds.state_dict())
+            it.close()
+    merged = merge_states(states)
+    forged_states = [({"rank": 1.0}, r"states\[1\]'s rank must be an integer"),
+                     ({"rank": True}, r"states\[1\]'s rank must be an integer"),
+                     ({"epoch": b"1"}, r"states\[1\]'s epoch must be an integer"),
+                     ({"version": 9}, r"states\[1\]'s format 9 is not")]
+    for change, message in forged_states:
+        with pytest.raises(ResumeError, match=message):
+            merge_states([states[0], {**states[1], **change}, states[2]])
+
+    def entry(change):
+        ranks = [dict(e) for e in merged["ranks"]]
+        ranks[1] = {k: v for k, v in {**ranks[1], **change}.items() if v is not None}
+        return {**merged, "ranks": ranks}
+
+    forged = [({"rank": 1.0}, "ranks must be 0..2"),
+              ({"items": 10.0}, r"rank 1's items must be an integer >= 0 or None, got 10\.0"),
+              ({"items": "10"}, r"rank 1's items must be an integer >= 0 or None, got '10'"),
+              ({"consumed": None}, r"rank 1 lacks \['consumed'\]"),
+              ({"items": None, "consumed": None}, r"rank 1 lacks \['items', 'consumed'\]")]
+    for change, message in forged:
+        with samples(30, 0, 2) as ds, pytest.raises(ResumeError, match=message):
+            ds.load_state_dict(entry(change))
+    with samples(30, 0, 2) as ds, pytest.raises(ResumeError, match="ranks must be 0..2"):
+        ds.load_state_dict({**merged, "ranks": [*merged["ranks"][:2], "rank 2"]})
+    with samples(30, 0, 2) as ds:
+        ds.load_state_dict(merged)  # the refusals left nothing behind
+        assert len(list(ds)) == 14
