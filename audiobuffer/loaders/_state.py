@@ -5,7 +5,7 @@ once for every loader; :class:`PipelineViews`, what every loader shows of its pi
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch.utils.data import get_worker_info
@@ -120,13 +120,19 @@ class EpochCursor:
 
     def length(self) -> int:
         """Items (batches, by duration) this rank yields in the next epoch: ``Pipeline.length``, or
-        of a loaded merged state, this rank's share of the dealt epoch (of samples: not streamed)."""
+        of a loaded merged state, this rank's share of the dealt epoch (of streamed tar shards,
+        their samples)."""
         with self._lock:
             epoch, resume = self._epoch, self._resume
-        if resume is not None and isinstance(resume[1], Dealt) and not self.pipeline.streamed:
-            rank, world_size = self.shard_info()
-            return len(EpochUnits(self.pipeline, epoch).share(resume[1].done, rank, world_size))
-        return self.pipeline.length(epoch, *self.shard_info())
+        if resume is None or not isinstance(resume[1], Dealt):
+            return self.pipeline.length(epoch, *self.shard_info())
+        rank, world_size = self.shard_info()
+        if self.pipeline.streamed and self.pipeline.budget is not None:  # batches cut as they
+            return self.pipeline.length(epoch, rank, world_size)  # stream: raises, as any epoch
+        share = EpochUnits(self.pipeline, epoch).share(resume[1].done, rank, world_size)
+        if self.pipeline.streamed:  # the units are tar shards: their samples
+            return cast("ShardStream", self.pipeline.source).samples_in(share.tolist())
+        return len(share)
 
     def state_dict(self, progress: tuple[int, bytes] | None) -> dict[str, Any]:
         """The state of plain builtins: a loaded state not yet resumed, else ``progress`` (the epoch run last

@@ -424,3 +424,38 @@ def test_a_malformed_merged_state_or_rank_state_is_a_resume_error_naming_it():
     with samples(30, 0, 2) as ds:
         ds.load_state_dict(merged)  # the refusals left nothing behind
         assert len(list(ds)) == 14
+
+
+def test_len_of_streamed_shards_after_a_merged_state_is_the_dealt_share(tmp_path):
+    """``len()`` of a loader that loaded a merged state counts its share of the rest, in samples,
+    for streamed tar shards too (not the samples of a fresh epoch's shard)."""
+    from helpers import make_corpus
+
+    from audiobuffer import AudioDecoder
+    from audiobuffer.sources import pack
+
+    make_corpus(tmp_path / "src", 30, seconds=0.05)
+    index = pack(tmp_path / "src", tmp_path / "out", shard_size=20_000, labels="parent",
+                 progress=False)
+    pattern = str(tmp_path / "out" / f"shard-{{000000..{len(index.shards) - 1:06d}}}.tar")
+
+    def make(rank, world):
+        return BufferedDataset(pattern, AudioDecoder(sample_rate=8000), shuffle=True, seed=2,
+                               num_producers=1, buffer_size=1, rank=rank, world_size=world,
+                               even_shards=None)
+
+    states = []
+    for rank in range(2):
+        with make(rank, 2) as ds:
+            it = iter(ds)
+            for _ in range(7):
+                next(it)
+            states.append(ds.state_dict())
+            it.close()
+    merged = merge_states(states)
+    for rank in range(3):
+        with make(rank, 3) as ds:
+            ds.load_state_dict(merged)
+            length = len(ds)
+            assert length == len(list(ds))
+    assert not wait_no_threads()
