@@ -66,6 +66,7 @@ class EpochCursor:
         self._epoch = 0
         self._resume: tuple[int, Resume] | None = None  # (epoch, consumed) from load_state_dict
         self._dealt: tuple[int, bytes] | None = None  # (epoch, done) of the dealt epoch run last
+        self._start: int | None = None  # the epoch whose start a loaded state marks, until begun
 
     def __getstate__(self) -> dict[str, Any]:
         with self._lock:
@@ -87,6 +88,8 @@ class EpochCursor:
             self._epoch = epoch
             if self._resume is not None and self._resume[0] != epoch:
                 self._resume = None
+            if self._start != epoch:
+                self._start = None
 
     def shard_info(self) -> tuple[int, int]:
         """This process's ``(rank, world_size)``: as given, else from ``torch.distributed``, else (0, 1)."""
@@ -104,7 +107,7 @@ class EpochCursor:
         rank, world_size = self.shard_info()
         with self._lock:
             number, resume = self._epoch, self._resume
-            self._resume = None
+            self._resume, self._start = None, None
             consumed = resume[1] if resume is not None and resume[0] == number else None
             self._dealt = (number, consumed.done) if isinstance(consumed, Dealt) else None
         return EpochShard(number, rank, world_size, *(worker or (0, 1))), consumed
@@ -138,13 +141,13 @@ class EpochCursor:
         """The state of plain builtins: a loaded state not yet resumed, else ``progress`` (the epoch run last
         here and its consumed mask) if it is of the next epoch, else the start of the next epoch."""
         with self._lock:
-            epoch, resume, dealt = self._epoch, self._resume, self._dealt
+            epoch, resume, dealt, start = self._epoch, self._resume, self._dealt, self._start
         consumed: bytes | None = None
         done: bytes | None = None
         if resume is not None:
             epoch, saved = resume
             consumed, done = (saved.consumed, saved.done) if isinstance(saved, Dealt) else (saved, None)
-        elif progress is not None and progress[0] == epoch:
+        elif progress is not None and progress[0] == epoch and start != epoch:  # not a loaded start
             consumed = progress[1]
             done = dealt[1] if dealt is not None and dealt[0] == epoch else None
         return _format.encode_state(self._setup(), epoch, consumed, done)
@@ -169,6 +172,7 @@ class EpochCursor:
         with self._lock:
             self._epoch = epoch
             self._resume = None if resume is None else (epoch, resume)
+            self._start = epoch if resume is None else None  # not an epoch run here before
 
     def _resolve(self, merged: dict[str, Any]) -> tuple[int, Dealt | None]:
         """A merged state's epoch and what it deals (``None``: no rank had begun it)."""

@@ -459,3 +459,37 @@ def test_len_of_streamed_shards_after_a_merged_state_is_the_dealt_share(tmp_path
             length = len(ds)
             assert length == len(list(ds))
     assert not wait_no_threads()
+
+
+@pytest.mark.parametrize("merged", [True, False])
+def test_a_state_loaded_at_an_epochs_start_is_what_state_dict_says(merged):
+    """A loader that ran part of epoch 4, then loaded a state of epoch 4's start (every old rank
+    at the start: merged, or one rank's), says that start, not its own run's progress: saved
+    again, its state resumes the whole epoch."""
+    def make(rank=0, world=1):
+        return samples(30, rank, world)
+
+    if merged:
+        starts = []
+        for rank in range(2):
+            with make(rank, 2) as ds:
+                ds.set_epoch(4)
+                starts.append(ds.state_dict())
+        start = merge_states(starts)
+    else:
+        with make() as ds:
+            ds.set_epoch(4)
+            start = ds.state_dict()
+    with make() as ds:
+        ds.set_epoch(4)
+        it = iter(ds)
+        for _ in range(5):
+            next(it)
+        it.close()
+        ds.load_state_dict(start)
+        saved = ds.state_dict()
+    assert saved["epoch"] == 4 and saved["items"] is None
+    with make() as again:
+        again.load_state_dict(saved)
+        assert sorted(units(s) for s in again) == list(range(30))
+    assert not wait_no_threads()
