@@ -169,6 +169,8 @@ class EpochCursor:
             epoch, consumed = _format.decode_state(self._setup(), state)
             done = _format.decode_dealt(state)
             resume = consumed if done is None else Dealt(done, consumed)
+        if resume is not None:  # the mask fits this rank's epoch (as saved: no DataLoader workers)
+            self.pipeline.lay_out(EpochShard(epoch, *self.shard_info(), 0, 1), resume)
         with self._lock:
             self._epoch = epoch
             self._resume = None if resume is None else (epoch, resume)

@@ -493,3 +493,37 @@ def test_a_state_loaded_at_an_epochs_start_is_what_state_dict_says(merged):
         again.load_state_dict(saved)
         assert sorted(units(s) for s in again) == list(range(30))
     assert not wait_no_threads()
+
+
+@pytest.mark.parametrize("dealt", [True, False])
+def test_a_mask_that_does_not_fit_the_shard_is_refused_at_load(dealt):
+    """A state whose consumed mask (or dealt epoch) has another length than this rank's share is
+    refused by load_state_dict, which leaves the loader as it was: not at the next iter(), after
+    which a fresh epoch would deliver again what the saved epoch had delivered."""
+    _, states = stop_all(lambda r, w: samples(30, r, w), 3, 1, [3, 0, 10])
+    merged = merge_states(states)
+    with samples(30, 0, 2) as ds:
+        ds.load_state_dict(merged)
+        it = iter(ds)
+        for _ in range(3):
+            next(it)
+        saved = ds.state_dict()
+        it.close()
+    with samples(30, 0, 2) as ds:
+        ds.load_state_dict(merged)
+        share = sorted(units(s) for s in ds)
+    if dealt:
+        forged = [{**saved, "items": 3, "consumed": "4A=="},
+                  {**saved, "dealt": {"units": 8, "done": "AA=="}}]
+        world = 2
+    else:
+        forged = [{**states[0], "items": 3, "consumed": "4A=="}]
+        world = 3
+    for state in forged:
+        with samples(30, 0, world) as ds:
+            ds.load_state_dict(merged)
+            with pytest.raises(ResumeError, match="covers"):
+                ds.load_state_dict(state)
+            if world == 2:  # the merged state loaded before is still the one to resume
+                assert sorted(units(s) for s in ds) == share
+    assert not wait_no_threads()
