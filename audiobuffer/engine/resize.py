@@ -155,8 +155,8 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return merged
 
 
-def check_ranks(entries: Any, world: int) -> None:
-    """Check a merged state's :data:`STATE_RANKS` (untrusted: read from a file) for ``world``
+def check_ranks(entries: Any, world: int) -> list[Mapping[str, Any]]:
+    """A merged state's :data:`STATE_RANKS` (untrusted: read from a file), checked for ``world``
     old ranks: ranks ``0 .. world-1`` in order, each with its items and consumed mask.
 
     Raises:
@@ -177,6 +177,7 @@ def check_ranks(entries: Any, world: int) -> None:
         if items is not None and not _is_int(items, 0):
             raise ResumeError(f"the merged state's rank {rank}'s items must be an integer >= 0 "
                               f"or None, got {items!r:.40}")
+    return entries
 
 
 def _is_int(value: Any, least: int | None) -> bool:

@@ -195,8 +195,7 @@ class EpochCursor:
                 raise ResumeError(f"the merged state was saved with {key}={merged.get(key)!r}, "
                                   f"this dataset has {key}={setup.get(key)!r}; resume with the "
                                   f"setup it was saved under")
-        entries = merged.get(STATE_RANKS)
-        check_ranks(entries, world)
+        entries = check_ranks(merged.get(STATE_RANKS), world)
         begun = any(e.get(_format.STATE_ITEMS) is not None for e in entries)
         if not begun and merged.get(_format.STATE_DEALT) is None:
             return epoch, None  # every rank at the start of the epoch: a fresh one here
