@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from numbers import Integral
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -150,6 +151,7 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     merged: dict[str, Any] = {STATE_MERGED: MERGED_FORMAT}
     for key in _COMMON:
         merged[key] = _agree(states, key)
+    merged[_format.STATE_EPOCH] = int(merged[_format.STATE_EPOCH])  # checked: plain, for JSON
     merged[STATE_RANKS] = [_rank_entry(state) for state in
                            sorted(states, key=lambda s: s[_format.STATE_RANK])]
     return merged
@@ -181,9 +183,11 @@ def check_ranks(entries: Any, world: int) -> list[Mapping[str, Any]]:
 
 
 def _is_int(value: Any, least: int | None) -> bool:
-    """Whether ``value`` is an ``int`` (not a bool) of at least ``least`` (``None``: any)."""
-    return isinstance(value, int) and not isinstance(value, bool) and \
-        (least is None or value >= least)
+    """Whether ``value`` is an integer (a NumPy one too; not a bool) of at least ``least``
+    (``None``: any)."""
+    if not isinstance(value, Integral) or isinstance(value, (bool, np.bool_)):
+        return False
+    return least is None or int(value) >= least
 
 
 def _agree(states: Sequence[Mapping[str, Any]], key: str) -> Any:
@@ -206,7 +210,8 @@ def _rank_entry(state: Mapping[str, Any]) -> dict[str, Any]:
     if items is not None:
         mask = _format.unpack_consumed(state[_format.STATE_CONSUMED], items)
         packed = _format.pack_consumed(mask)
-    return {_format.STATE_RANK: rank, _format.STATE_ITEMS: items, _format.STATE_CONSUMED: packed}
+    return {_format.STATE_RANK: int(rank), _format.STATE_ITEMS: items,
+            _format.STATE_CONSUMED: packed}
 
 
 def done_mask(units: int, shards: Sequence[tuple[np.ndarray, bytes | None]],

@@ -405,6 +405,9 @@ def test_a_malformed_merged_state_or_rank_state_is_a_resume_error_naming_it():
     for change, message in forged_states:
         with pytest.raises(ResumeError, match=message):
             merge_states([states[0], {**states[1], **change}, states[2]])
+    numpy_ints = merge_states([states[0], {**states[1], "rank": np.int64(1), "epoch": np.int64(0)},
+                               states[2]])
+    assert json.loads(json.dumps(numpy_ints)) == merged
 
     def entry(change):
         ranks = [dict(e) for e in merged["ranks"]]
