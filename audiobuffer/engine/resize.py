@@ -133,7 +133,7 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     twice = sorted({r for r in ranks if ranks.count(r) > 1}, key=repr)
     if twice:
         raise ResumeError(f"rank(s) {twice} given more than once; pass each rank's state once")
-    stray = [r for r in ranks if r not in range(world)]
+    stray = [r for r in ranks if not 0 <= r < world]  # not `in range`: a scan for NumPy ints
     if stray:
         raise ResumeError(f"rank(s) {stray} outside 0..{world - 1} of world_size {world}")
     if len(ranks) < world:  # the ranks are distinct and in range: name the first few missing

@@ -386,6 +386,22 @@ def test_a_forged_world_size_is_refused_without_allocating_for_it():
     assert len(str(forged.value)) < 300
     assert peak < 4 * 2**20
 
+    class Scanned(int):
+        """An integer that is not an ``int`` exactly (as NumPy's): counts its comparisons."""
+
+        compared = 0
+
+        def __eq__(self, other):
+            Scanned.compared += 1
+            if Scanned.compared > 1000:
+                raise AssertionError("the ranks of world_size are compared one by one")
+            return int(self) == other
+
+        __hash__ = int.__hash__
+
+    with pytest.raises(ResumeError, match=r"rank\(s\) \[-1\] outside 0\.\.999999999999"):
+        merge_states([{**state, "rank": Scanned(-1), "world_size": 10**12}])
+
 
 def test_a_malformed_merged_state_or_rank_state_is_a_resume_error_naming_it():
     """Values of the wrong type in the states or in a merged state (untrusted, read from a file)
