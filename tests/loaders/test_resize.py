@@ -443,6 +443,7 @@ def test_a_malformed_merged_state_or_rank_state_is_a_resume_error_naming_it():
     with samples(30, 0, 2) as ds:
         ds.load_state_dict(merged)  # the refusals left nothing behind
         assert len(list(ds)) == 14
+    assert not wait_no_threads()
 
 
 def test_len_of_streamed_shards_after_a_merged_state_is_the_dealt_share(tmp_path):
