@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from numbers import Integral
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
     from .pipeline import Pipeline
 
 __all__ = ["MERGED_FORMAT", "STATE_MERGED", "STATE_RANKS", "Dealt", "EpochUnits", "deal_batches",
-           "deal_items", "done_mask", "is_merged", "merge_states"]
+           "check_ranks", "deal_items", "done_mask", "is_merged", "merge_states"]
 
 #: The key that marks a merged state; its value is the merged format's number.
 STATE_MERGED = "merged"
@@ -65,6 +66,8 @@ MERGED_FORMAT = 1
 _COMMON = (_format.STATE_EPOCH, _format.STATE_SEED, _format.STATE_SHUFFLE,
            _format.STATE_WORLD_SIZE, _format.STATE_EVEN_SHARDS, _format.STATE_SOURCE,
            _format.STATE_BATCHING, _format.STATE_READ_BLOCK, _format.STATE_DEALT)
+#: The missing ranks an error names at most.
+_NAMED = 8
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,16 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                                _format.STATE_ITEMS, _format.STATE_CONSUMED) if k not in state]
         if missing:
             raise ResumeError(f"states[{i}] lacks {missing}: not a state_dict()")
+        version = state[_format.STATE_VERSION]
+        if version not in (1, 2, _format.STATE_FORMAT, _format.DEALT_FORMAT):
+            raise ResumeError(f"states[{i}]'s format {version!r:.40} is not 1, 2, "
+                              f"{_format.STATE_FORMAT} or {_format.DEALT_FORMAT}: not a "
+                              f"state_dict() of this version")
+        for key, least in ((_format.STATE_RANK, None), (_format.STATE_EPOCH, 0)):
+            if not _is_int(state[key], least):
+                raise ResumeError(f"states[{i}]'s {key} must be an integer"
+                                  f"{'' if least is None else f' >= {least}'}, got "
+                                  f"{state[key]!r:.40}")
     world = _agree(states, _format.STATE_WORLD_SIZE)
     if isinstance(world, bool) or not isinstance(world, int) or world < 1:
         raise ResumeError(f"the states' world_size must be an integer >= 1, got {world!r}")
@@ -120,19 +133,61 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     twice = sorted({r for r in ranks if ranks.count(r) > 1}, key=repr)
     if twice:
         raise ResumeError(f"rank(s) {twice} given more than once; pass each rank's state once")
-    stray = [r for r in ranks if r not in range(world)]
+    stray = [r for r in ranks if not 0 <= r < world]  # not `in range`: a scan for NumPy ints
     if stray:
         raise ResumeError(f"rank(s) {stray} outside 0..{world - 1} of world_size {world}")
-    absent = sorted(set(range(world)) - set(ranks))
-    if absent:
-        raise ResumeError(f"the states of rank(s) {absent} of {world} are missing; gather the "
-                          f"state_dict() of every rank")
+    if len(ranks) < world:  # the ranks are distinct and in range: name the first few missing
+        present, absent = set(ranks), []
+        for r in range(world):  # stops after a few: a forged world_size costs nothing
+            if r not in present:
+                absent.append(r)
+                if len(absent) == _NAMED:
+                    break
+        count = world - len(ranks)
+        named = ", ".join(map(str, absent)) + (", ..." if count > len(absent) else "")
+        more = f" ({count} ranks)" if count > len(absent) else ""
+        raise ResumeError(f"the states of rank(s) [{named}] of {world} are missing{more}; "
+                          f"gather the state_dict() of every rank")
     merged: dict[str, Any] = {STATE_MERGED: MERGED_FORMAT}
     for key in _COMMON:
         merged[key] = _agree(states, key)
+    merged[_format.STATE_EPOCH] = int(merged[_format.STATE_EPOCH])  # checked: plain, for JSON
     merged[STATE_RANKS] = [_rank_entry(state) for state in
                            sorted(states, key=lambda s: s[_format.STATE_RANK])]
     return merged
+
+
+def check_ranks(entries: Any, world: int) -> list[Mapping[str, Any]]:
+    """A merged state's :data:`STATE_RANKS` (untrusted: read from a file), checked for ``world``
+    old ranks: ranks ``0 .. world-1`` in order, each with its items and consumed mask.
+
+    Raises:
+        ResumeError: an entry is missing, given twice, out of order or malformed.
+    """
+    if not isinstance(entries, list) or len(entries) != world or any(
+            not isinstance(e, Mapping) or not _is_int(e.get(_format.STATE_RANK), None)
+            or e[_format.STATE_RANK] != r for r, e in enumerate(entries)):
+        raise ResumeError(f"the merged state's ranks must be 0..{world - 1}, each once; make it "
+                          f"with audiobuffer.merge_states")
+    for entry in entries:
+        rank = entry[_format.STATE_RANK]
+        missing = [k for k in (_format.STATE_ITEMS, _format.STATE_CONSUMED) if k not in entry]
+        if missing:
+            raise ResumeError(f"the merged state's rank {rank} lacks {missing}; make it with "
+                              f"audiobuffer.merge_states")
+        items = entry[_format.STATE_ITEMS]
+        if items is not None and not _is_int(items, 0):
+            raise ResumeError(f"the merged state's rank {rank}'s items must be an integer >= 0 "
+                              f"or None, got {items!r:.40}")
+    return entries
+
+
+def _is_int(value: Any, least: int | None) -> bool:
+    """Whether ``value`` is an integer (a NumPy one too; not a bool) of at least ``least``
+    (``None``: any)."""
+    if not isinstance(value, Integral) or isinstance(value, (bool, np.bool_)):
+        return False
+    return least is None or int(value) >= least
 
 
 def _agree(states: Sequence[Mapping[str, Any]], key: str) -> Any:
@@ -155,7 +210,8 @@ def _rank_entry(state: Mapping[str, Any]) -> dict[str, Any]:
     if items is not None:
         mask = _format.unpack_consumed(state[_format.STATE_CONSUMED], items)
         packed = _format.pack_consumed(mask)
-    return {_format.STATE_RANK: rank, _format.STATE_ITEMS: items, _format.STATE_CONSUMED: packed}
+    return {_format.STATE_RANK: int(rank), _format.STATE_ITEMS: items,
+            _format.STATE_CONSUMED: packed}
 
 
 def done_mask(units: int, shards: Sequence[tuple[np.ndarray, bytes | None]],

@@ -5,7 +5,7 @@ once for every loader; :class:`PipelineViews`, what every loader shows of its pi
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch.utils.data import get_worker_info
@@ -13,7 +13,15 @@ from torch.utils.data import get_worker_info
 from .._checks import check_int
 from ..engine import state as _format
 from ..engine.plan import EpochShard
-from ..engine.resize import MERGED_FORMAT, STATE_MERGED, STATE_RANKS, Dealt, EpochUnits, is_merged
+from ..engine.resize import (
+    MERGED_FORMAT,
+    STATE_MERGED,
+    STATE_RANKS,
+    Dealt,
+    EpochUnits,
+    check_ranks,
+    is_merged,
+)
 from ..errors import ResumeError
 
 if TYPE_CHECKING:
@@ -58,6 +66,7 @@ class EpochCursor:
         self._epoch = 0
         self._resume: tuple[int, Resume] | None = None  # (epoch, consumed) from load_state_dict
         self._dealt: tuple[int, bytes] | None = None  # (epoch, done) of the dealt epoch run last
+        self._start: int | None = None  # the epoch whose start a loaded state marks, until begun
 
     def __getstate__(self) -> dict[str, Any]:
         with self._lock:
@@ -79,6 +88,8 @@ class EpochCursor:
             self._epoch = epoch
             if self._resume is not None and self._resume[0] != epoch:
                 self._resume = None
+            if self._start != epoch:
+                self._start = None
 
     def shard_info(self) -> tuple[int, int]:
         """This process's ``(rank, world_size)``: as given, else from ``torch.distributed``, else (0, 1)."""
@@ -96,7 +107,7 @@ class EpochCursor:
         rank, world_size = self.shard_info()
         with self._lock:
             number, resume = self._epoch, self._resume
-            self._resume = None
+            self._resume, self._start = None, None
             consumed = resume[1] if resume is not None and resume[0] == number else None
             self._dealt = (number, consumed.done) if isinstance(consumed, Dealt) else None
         return EpochShard(number, rank, world_size, *(worker or (0, 1))), consumed
@@ -112,25 +123,31 @@ class EpochCursor:
 
     def length(self) -> int:
         """Items (batches, by duration) this rank yields in the next epoch: ``Pipeline.length``, or
-        of a loaded merged state, this rank's share of the dealt epoch (of samples: not streamed)."""
+        of a loaded merged state, this rank's share of the dealt epoch (of streamed tar shards,
+        their samples)."""
         with self._lock:
             epoch, resume = self._epoch, self._resume
-        if resume is not None and isinstance(resume[1], Dealt) and not self.pipeline.streamed:
-            rank, world_size = self.shard_info()
-            return len(EpochUnits(self.pipeline, epoch).share(resume[1].done, rank, world_size))
-        return self.pipeline.length(epoch, *self.shard_info())
+        if resume is None or not isinstance(resume[1], Dealt):
+            return self.pipeline.length(epoch, *self.shard_info())
+        rank, world_size = self.shard_info()
+        if self.pipeline.streamed and self.pipeline.budget is not None:  # batches cut as they
+            return self.pipeline.length(epoch, rank, world_size)  # stream: raises, as any epoch
+        share = EpochUnits(self.pipeline, epoch).share(resume[1].done, rank, world_size)
+        if self.pipeline.streamed:  # the units are tar shards: their samples
+            return cast("ShardStream", self.pipeline.source).samples_in(share.tolist())
+        return len(share)
 
     def state_dict(self, progress: tuple[int, bytes] | None) -> dict[str, Any]:
         """The state of plain builtins: a loaded state not yet resumed, else ``progress`` (the epoch run last
         here and its consumed mask) if it is of the next epoch, else the start of the next epoch."""
         with self._lock:
-            epoch, resume, dealt = self._epoch, self._resume, self._dealt
+            epoch, resume, dealt, start = self._epoch, self._resume, self._dealt, self._start
         consumed: bytes | None = None
         done: bytes | None = None
         if resume is not None:
             epoch, saved = resume
             consumed, done = (saved.consumed, saved.done) if isinstance(saved, Dealt) else (saved, None)
-        elif progress is not None and progress[0] == epoch:
+        elif progress is not None and progress[0] == epoch and start != epoch:  # not a loaded start
             consumed = progress[1]
             done = dealt[1] if dealt is not None and dealt[0] == epoch else None
         return _format.encode_state(self._setup(), epoch, consumed, done)
@@ -152,9 +169,12 @@ class EpochCursor:
             epoch, consumed = _format.decode_state(self._setup(), state)
             done = _format.decode_dealt(state)
             resume = consumed if done is None else Dealt(done, consumed)
+        if resume is not None:  # the mask fits this rank's epoch (as saved: no DataLoader workers)
+            self.pipeline.lay_out(EpochShard(epoch, *self.shard_info(), 0, 1), resume)
         with self._lock:
             self._epoch = epoch
             self._resume = None if resume is None else (epoch, resume)
+            self._start = epoch if resume is None else None  # not an epoch run here before
 
     def _resolve(self, merged: dict[str, Any]) -> tuple[int, Dealt | None]:
         """A merged state's epoch and what it deals (``None``: no rank had begun it)."""
@@ -175,11 +195,7 @@ class EpochCursor:
                 raise ResumeError(f"the merged state was saved with {key}={merged.get(key)!r}, "
                                   f"this dataset has {key}={setup.get(key)!r}; resume with the "
                                   f"setup it was saved under")
-        entries = merged.get(STATE_RANKS)
-        if not isinstance(entries, list) or [e.get(_format.STATE_RANK) for e in entries
-                                             if isinstance(e, dict)] != list(range(world)):
-            raise ResumeError(f"the merged state's ranks must be 0..{world - 1}, each once; "
-                              f"make it with audiobuffer.merge_states")
+        entries = check_ranks(merged.get(STATE_RANKS), world)
         begun = any(e.get(_format.STATE_ITEMS) is not None for e in entries)
         if not begun and merged.get(_format.STATE_DEALT) is None:
             return epoch, None  # every rank at the start of the epoch: a fresh one here

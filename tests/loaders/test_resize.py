@@ -362,3 +362,188 @@ def test_streamed_shards_resume_on_another_world_size_at_shard_boundaries(tmp_pa
     assert len(rest) == len(files) - sum(sizes[s] for s in done)
     names = {s["path"].split(".tar/", 1)[1] for s in first + rest}
     assert len(names) == len(files)
+
+
+@pytest.mark.timeout(60)
+def test_a_forged_world_size_is_refused_without_allocating_for_it():
+    """A state names its world size: a forged one (a million ranks, one state) is refused with
+    the missing ranks named in a short message, with no memory spent on ranks that are not there."""
+    import tracemalloc
+
+    with samples(30, 0, 1) as ds:
+        state = ds.state_dict()
+    merged = merge_states([state])
+    tracemalloc.start()
+    try:
+        with pytest.raises(ResumeError, match=r"rank\(s\) \[1, 2, .*, \.\.\.\] of 1000000 are "
+                                              r"missing \(999999 ranks\)") as forged:
+            merge_states([{**state, "world_size": 10**6}])
+        with samples(30, 0, 2) as other, pytest.raises(ResumeError, match="ranks must be"):
+            other.load_state_dict({**merged, "world_size": 10**6})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(str(forged.value)) < 300
+    assert peak < 4 * 2**20
+
+    class Scanned(int):
+        """An integer that is not an ``int`` exactly (as NumPy's): counts its comparisons."""
+
+        compared = 0
+
+        def __eq__(self, other):
+            Scanned.compared += 1
+            if Scanned.compared > 1000:
+                raise AssertionError("the ranks of world_size are compared one by one")
+            return int(self) == other
+
+        __hash__ = int.__hash__
+
+    with pytest.raises(ResumeError, match=r"rank\(s\) \[-1\] outside 0\.\.999999999999"):
+        merge_states([{**state, "rank": Scanned(-1), "world_size": 10**12}])
+
+
+def test_a_malformed_merged_state_or_rank_state_is_a_resume_error_naming_it():
+    """Values of the wrong type in the states or in a merged state (untrusted, read from a file)
+    are refused by name, before the loader changes; never a TypeError or KeyError of the code."""
+    states = []
+    for rank in range(3):
+        with samples(30, rank, 3) as ds:
+            it = iter(ds)
+            next(it)
+            states.append(ds.state_dict())
+            it.close()
+    merged = merge_states(states)
+    forged_states = [({"rank": 1.0}, r"states\[1\]'s rank must be an integer"),
+                     ({"rank": True}, r"states\[1\]'s rank must be an integer"),
+                     ({"epoch": b"1"}, r"states\[1\]'s epoch must be an integer"),
+                     ({"version": 9}, r"states\[1\]'s format 9 is not")]
+    for change, message in forged_states:
+        with pytest.raises(ResumeError, match=message):
+            merge_states([states[0], {**states[1], **change}, states[2]])
+    numpy_ints = merge_states([states[0], {**states[1], "rank": np.int64(1), "epoch": np.int64(0)},
+                               states[2]])
+    assert json.loads(json.dumps(numpy_ints)) == merged
+
+    def entry(change):
+        ranks = [dict(e) for e in merged["ranks"]]
+        ranks[1] = {k: v for k, v in {**ranks[1], **change}.items() if v is not None}
+        return {**merged, "ranks": ranks}
+
+    forged = [({"rank": 1.0}, "ranks must be 0..2"),
+              ({"items": 10.0}, r"rank 1's items must be an integer >= 0 or None, got 10\.0"),
+              ({"items": "10"}, r"rank 1's items must be an integer >= 0 or None, got '10'"),
+              ({"consumed": None}, r"rank 1 lacks \['consumed'\]"),
+              ({"items": None, "consumed": None}, r"rank 1 lacks \['items', 'consumed'\]")]
+    for change, message in forged:
+        with samples(30, 0, 2) as ds, pytest.raises(ResumeError, match=message):
+            ds.load_state_dict(entry(change))
+    with samples(30, 0, 2) as ds, pytest.raises(ResumeError, match="ranks must be 0..2"):
+        ds.load_state_dict({**merged, "ranks": [*merged["ranks"][:2], "rank 2"]})
+    with samples(30, 0, 2) as ds:
+        ds.load_state_dict(merged)  # the refusals left nothing behind
+        assert len(list(ds)) == 14
+    assert not wait_no_threads()
+
+
+def test_len_of_streamed_shards_after_a_merged_state_is_the_dealt_share(tmp_path):
+    """``len()`` of a loader that loaded a merged state counts its share of the rest, in samples,
+    for streamed tar shards too (not the samples of a fresh epoch's shard)."""
+    from helpers import make_corpus
+
+    from audiobuffer import AudioDecoder
+    from audiobuffer.sources import pack
+
+    make_corpus(tmp_path / "src", 30, seconds=0.05)
+    index = pack(tmp_path / "src", tmp_path / "out", shard_size=20_000, labels="parent",
+                 progress=False)
+    pattern = str(tmp_path / "out" / f"shard-{{000000..{len(index.shards) - 1:06d}}}.tar")
+
+    def make(rank, world):
+        return BufferedDataset(pattern, AudioDecoder(sample_rate=8000), shuffle=True, seed=2,
+                               num_producers=1, buffer_size=1, rank=rank, world_size=world,
+                               even_shards=None)
+
+    states = []
+    for rank in range(2):
+        with make(rank, 2) as ds:
+            it = iter(ds)
+            for _ in range(7):
+                next(it)
+            states.append(ds.state_dict())
+            it.close()
+    merged = merge_states(states)
+    for rank in range(3):
+        with make(rank, 3) as ds:
+            ds.load_state_dict(merged)
+            length = len(ds)
+            assert length == len(list(ds))
+    assert not wait_no_threads()
+
+
+@pytest.mark.parametrize("merged", [True, False])
+def test_a_state_loaded_at_an_epochs_start_is_what_state_dict_says(merged):
+    """A loader that ran part of epoch 4, then loaded a state of epoch 4's start (every old rank
+    at the start: merged, or one rank's), says that start, not its own run's progress: saved
+    again, its state resumes the whole epoch."""
+    def make(rank=0, world=1):
+        return samples(30, rank, world)
+
+    if merged:
+        starts = []
+        for rank in range(2):
+            with make(rank, 2) as ds:
+                ds.set_epoch(4)
+                starts.append(ds.state_dict())
+        start = merge_states(starts)
+    else:
+        with make() as ds:
+            ds.set_epoch(4)
+            start = ds.state_dict()
+    with make() as ds:
+        ds.set_epoch(4)
+        it = iter(ds)
+        for _ in range(5):
+            next(it)
+        it.close()
+        ds.load_state_dict(start)
+        saved = ds.state_dict()
+    assert saved["epoch"] == 4 and saved["items"] is None
+    with make() as again:
+        again.load_state_dict(saved)
+        assert sorted(units(s) for s in again) == list(range(30))
+    assert not wait_no_threads()
+
+
+@pytest.mark.parametrize("dealt", [True, False])
+def test_a_mask_that_does_not_fit_the_shard_is_refused_at_load(dealt):
+    """A state whose consumed mask (or dealt epoch) has another length than this rank's share is
+    refused by load_state_dict, which leaves the loader as it was: not at the next iter(), after
+    which a fresh epoch would deliver again what the saved epoch had delivered."""
+    _, states = stop_all(lambda r, w: samples(30, r, w), 3, 1, [3, 0, 10])
+    merged = merge_states(states)
+    with samples(30, 0, 2) as ds:
+        ds.load_state_dict(merged)
+        it = iter(ds)
+        for _ in range(3):
+            next(it)
+        saved = ds.state_dict()
+        it.close()
+    with samples(30, 0, 2) as ds:
+        ds.load_state_dict(merged)
+        share = sorted(units(s) for s in ds)
+    if dealt:
+        forged = [{**saved, "items": 3, "consumed": "4A=="},
+                  {**saved, "dealt": {"units": 8, "done": "AA=="}}]
+        world = 2
+    else:
+        forged = [{**states[0], "items": 3, "consumed": "4A=="}]
+        world = 3
+    for state in forged:
+        with samples(30, 0, world) as ds:
+            ds.load_state_dict(merged)
+            with pytest.raises(ResumeError, match="covers"):
+                ds.load_state_dict(state)
+            if world == 2:  # the merged state loaded before is still the one to resume
+                assert sorted(units(s) for s in ds) == share
+    assert not wait_no_threads()
