@@ -36,6 +36,7 @@ samples within them, come as they are decoded.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import math
 import sys
@@ -79,7 +80,13 @@ BLOCK_ITEMS = 1024
 _KEPT_SPECS = 2
 #: ``Dataset.map_batches`` keywords that :func:`read` sets itself.
 _OWN_MAP_KEYWORDS = ("fn", "batch_size", "batch_format", "fn_args", "fn_kwargs",
-                     "fn_constructor_args", "fn_constructor_kwargs", "zero_copy_batch", "compute")
+                     "fn_constructor_args", "fn_constructor_kwargs", "zero_copy_batch", "compute",
+                     "udf_modifying_row_count")
+#: A task turns one row (its block's bounds) into the block's rows: where ``map_batches`` can be
+#: told whether it keeps the count (``udf_modifying_row_count``; a few releases assumed it kept
+#: it), it is told not, or ``count()`` counted blocks and ``limit()`` ran before the decoding.
+_ROW_COUNT = ({"udf_modifying_row_count": True} if "udf_modifying_row_count"
+              in inspect.signature(ray.data.Dataset.map_batches).parameters else {})
 _OWN = ("epoch", "key", "rows_per_block", "map_options")
 
 
@@ -161,7 +168,8 @@ def read(source: SourceSpec | Source, decoder: Callable[[WorkItem], Any], *, epo
     if o.ordered:
         context.execution_options.preserve_order = True
     return dataset.map_batches(_decode_blocks, batch_size=1, batch_format="numpy",
-                               fn_kwargs={"spec": spec}, zero_copy_batch=True, **remote)
+                               fn_kwargs={"spec": spec}, zero_copy_batch=True, **_ROW_COUNT,
+                               **remote)
 
 
 def _map_options(given: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -188,3 +188,15 @@ def test_options_are_checked_before_anything_runs(tmp_path):
         abray.read(tmp_path, decoder, map_options={"batch_size": 4})
     with pytest.raises(ValueError, match=r"buffer_size must be an integer in \[1, "):
         abray.read(tmp_path, decoder, buffer_size=0)
+
+
+@pytest.mark.timeout(120)
+def test_map_options_cannot_claim_the_decoding_keeps_the_row_count(subset):
+    """A task turns one row (a block's bounds) into many: with Ray told otherwise, count() and
+    limit() were those of the blocks (5 and 50 here, not 50 and 13)."""
+    decoder = AudioDecoder(sample_rate=8000)
+    with pytest.raises(ValueError, match="map_options sets 'udf_modifying_row_count'"):
+        abray.read(subset[:50], decoder, rows_per_block=10,
+                   map_options={"udf_modifying_row_count": False})
+    dataset = abray.read(subset[:50], decoder, rows_per_block=10)
+    assert dataset.count() == 50 and len(dataset.limit(13).take_all()) == 13
