@@ -48,9 +48,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 try:
+    import pyarrow
+    import pyarrow.compute
     import ray
     import ray.data
-    from ray.data.collate_fn import NumpyBatchCollateFn
+    from ray.data.block import BlockAccessor
+    from ray.data.collate_fn import ArrowBatchCollateFn
 except ImportError as exc:  # pragma: no cover - where the extra is installed
     raise ImportError(f"audiobuffer.ray needs Ray Data 2.47 or later: pip install "
                       f"'audiobuffer[ray]'; {exc}") from exc
@@ -333,7 +336,39 @@ def _numbers(column: Any) -> np.ndarray | None:
     return None
 
 
-class PadCollate(NumpyBatchCollateFn):
+def _from_arrow(batch: Any) -> tuple[dict[str, Any], dict[str, tuple[int, int]]]:
+    """A Ray batch (an Arrow table) as Ray's numpy batch, but for its columns of no value at all
+    (``None`` in every row: Ray made them NaN), and the values each column lacks, as ``(missing,
+    of)``: ``None`` in a sample, or a key it lacked (Ray makes those NaN too), in lists too."""
+    missing: dict[str, tuple[int, int]] = {}
+    for name, column in zip(batch.column_names, batch.columns):
+        nulls, values = column.null_count, column
+        while nulls == 0 and (pyarrow.types.is_list(values.type)
+                              or pyarrow.types.is_large_list(values.type)
+                              or pyarrow.types.is_fixed_size_list(values.type)):
+            values = pyarrow.compute.list_flatten(values)  # a batch's list of labels, say
+            nulls = values.null_count
+        if nulls:
+            missing[name] = (nulls, len(values))
+    empty = [name for name, column in zip(batch.column_names, batch.columns)
+             if pyarrow.types.is_null(column.type)]
+    if empty:
+        batch = batch.drop_columns(empty)
+    return BlockAccessor.for_block(batch).to_batch_format("numpy"), missing
+
+
+def _refuse_missing(owner: str, names: Sequence[str], missing: Mapping[str, tuple[int, int]],
+                    what: str) -> None:
+    """Raise ValueError for the first of ``names`` (columns of numbers) with missing values."""
+    for name in names:
+        if name in missing:
+            nulls, of = missing[name]
+            raise ValueError(f"{owner}: {name!r} has no value in {nulls} of {of} {what} (a sample "
+                             f"held None or lacked the key), which Ray makes NaN: give every "
+                             f"sample a number there (in the decoder or a transform), or none")
+
+
+class PadCollate(ArrowBatchCollateFn):
     """``iter_torch_batches``' ``collate_fn`` for rows that are samples: ``key`` padded along its
     last axis into one tensor with ``lengths``, as :func:`~audiobuffer.pad_collate` does; other
     columns of numbers become tensors, and columns of strings (``path``, ``label_name``) are left
@@ -347,6 +382,8 @@ class PadCollate(NumpyBatchCollateFn):
 
     Raises (when called):
         KeyError: the rows have no ``key``.
+        ValueError: a column of numbers has no value in a row (a sample held ``None`` there, or
+            lacked the key others have), which Ray's numpy batch would make NaN.
     """
 
     def __init__(self, key: str = "audio", pad_value: float = 0.0) -> None:
@@ -355,12 +392,17 @@ class PadCollate(NumpyBatchCollateFn):
         self.key = key
         self.pad_value = float(pad_value)
 
-    def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    def __call__(self, batch: Any) -> dict[str, torch.Tensor]:
+        """``batch``: Ray's (an Arrow table), or a mapping of numpy columns."""
+        missing: dict[str, tuple[int, int]] = {}
+        if not isinstance(batch, Mapping):
+            batch, missing = _from_arrow(batch)
         if self.key not in batch:
             raise KeyError(f"PadCollate: the rows have no {self.key!r} (columns: {sorted(batch)}); "
                            f"set key=")
         columns = {name: found for name, column in batch.items()
                    if (found := _numbers(column)) is not None}
+        _refuse_missing("PadCollate", list(columns), missing, "rows")
         rows = len(columns[self.key])
         samples = [{name: column[i] for name, column in columns.items()} for i in range(rows)]
         collated = collate_numpy(samples, key=self.key, pad_value=self.pad_value)
@@ -369,7 +411,7 @@ class PadCollate(NumpyBatchCollateFn):
                 if isinstance(value, np.ndarray)}
 
 
-class BatchCollate(NumpyBatchCollateFn):
+class BatchCollate(ArrowBatchCollateFn):
     """``iter_torch_batches``' ``collate_fn`` for rows that are whole batches by duration
     (``max_batch_seconds``): with ``batch_size=1``, each batch as audiobuffer planned it, its
     columns of numbers as tensors (``key`` padded, ``lengths``, ``index``, ``label``, ...) and its
@@ -381,10 +423,16 @@ class BatchCollate(NumpyBatchCollateFn):
         ...     audio, lengths = batch["audio"], batch["lengths"]
 
     Raises (when called):
-        ValueError: a Ray batch of more than one row (give ``iter_torch_batches(batch_size=1)``).
+        ValueError: a Ray batch of more than one row (give ``iter_torch_batches(batch_size=1)``),
+            or a column of numbers with no value for a sample (``None``), which Ray's numpy batch
+            would make NaN.
     """
 
-    def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    def __call__(self, batch: Any) -> dict[str, torch.Tensor]:
+        """``batch``: Ray's (an Arrow table), or a mapping of numpy columns."""
+        missing: dict[str, tuple[int, int]] = {}
+        if not isinstance(batch, Mapping):
+            batch, missing = _from_arrow(batch)
         rows = {len(column) for column in batch.values()}
         if rows != {1}:
             raise ValueError(f"BatchCollate takes one row at a time (each row is a whole batch "
@@ -394,5 +442,6 @@ class BatchCollate(NumpyBatchCollateFn):
         for name, column in batch.items():
             value = np.asarray(column[0])
             if value.dtype.kind in "biufc":
+                _refuse_missing("BatchCollate", [name], missing, "samples")
                 out[name] = _tensor(value, copy=True)
         return out

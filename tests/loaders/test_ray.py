@@ -200,3 +200,43 @@ def test_map_options_cannot_claim_the_decoding_keeps_the_row_count(subset):
                    map_options={"udf_modifying_row_count": False})
     dataset = abray.read(subset[:50], decoder, rows_per_block=10)
     assert dataset.count() == 50 and len(dataset.limit(13).take_all()) == 13
+
+
+def _some_labelled(missing: str):
+    """A decoder of samples of ``10 + index`` frames; every third has no ``label``
+    (``missing="key"``) or a ``label`` of ``None`` (``missing="none"``) (``missing=""``: every
+    sample has its label), and ``extra`` is ``None`` in every sample. A function made here:
+    Ray's workers get it by value, not by import."""
+
+    def decode(item):
+        sample = {"index": item.index, "audio": np.full(10 + item.index, item.index, np.float32),
+                  "extra": None}
+        if item.index % 3 or not missing:
+            sample["label"] = item.index
+        elif missing == "none":
+            sample["label"] = None
+        return sample
+
+    return decode
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("missing", ["key", "none"])
+def test_pad_collate_refuses_a_column_of_numbers_with_missing_values(subset, missing):
+    """Ray makes a column of numbers with a missing value floats, the gap NaN: a label of NaN."""
+    dataset = abray.read(subset[:12], _some_labelled(missing), rows_per_block=12)
+    with pytest.raises(ValueError, match=r"PadCollate: 'label' has no value in 4 of 12 rows"):
+        _indices(dataset, batch_size=12)
+    # every sample labelled: the labels as integers, and the column of None left out
+    labelled = abray.read(subset[:12], _some_labelled(""), rows_per_block=12)
+    batch = next(iter(labelled.iter_torch_batches(batch_size=12, collate_fn=abray.PadCollate())))
+    assert not batch["label"].is_floating_point() and "extra" not in batch
+    assert batch["label"].tolist() == batch["index"].tolist()
+
+
+@pytest.mark.timeout(120)
+def test_batch_collate_refuses_a_batch_with_missing_values(subset):
+    """A batch's labels [None, 1, 2, None, ...] came as floats, NaN for None."""
+    dataset = abray.read(subset[:12], _some_labelled("none"), max_batch_seconds=100.0, buckets=1)
+    with pytest.raises(ValueError, match=r"BatchCollate: 'label' has no value in 4 of 12 samples"):
+        next(iter(dataset.iter_torch_batches(batch_size=1, collate_fn=abray.BatchCollate())))
