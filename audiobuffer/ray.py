@@ -129,7 +129,9 @@ def read(source: SourceSpec | Source, decoder: Callable[[WorkItem], Any], *, epo
         map_options: keywords of ``Dataset.map_batches`` for the decoding tasks (``num_cpus``,
             ``concurrency``, ``memory``, ``resources``, ...).
         **options: ``BufferedDataset``'s options (``audiobuffer.options.LoaderOptions``): they act
-            in each task as in a loader's epoch; ``rank`` and ``world_size`` plan that rank's share.
+            in each task as in a loader's epoch; ``rank`` and ``world_size`` plan that rank's share
+            (without them, as ``BufferedDataset``: this process's in ``torch.distributed``'s group,
+            where it is in one, as a Ray Train worker is).
 
     Raises:
         TypeError, ValueError: an option of the wrong type or value, or tar shards without an index.
@@ -148,7 +150,8 @@ def read(source: SourceSpec | Source, decoder: Callable[[WorkItem], Any], *, epo
         raise ValueError(f"audiobuffer.ray.read reads files or an index, not "
                          f"{pipeline.source.description}: {pipeline.source.random_access_hint}")
     o = pipeline.options
-    shard = EpochShard(epoch, o.rank or 0, o.world_size or 1)
+    rank, world_size = (o.rank, o.world_size) if o.world_size is not None else _process_group()
+    shard = EpochShard(epoch, rank or 0, world_size)
     layout = pipeline.lay_out(shard)
     # The workers' copy (as the isolated loader's helper gets it): the source listed, so no listing
     # options (labels may be a lambda); the batches planned here, in the layout.
@@ -173,6 +176,16 @@ def read(source: SourceSpec | Source, decoder: Callable[[WorkItem], Any], *, epo
     return dataset.map_batches(_decode_blocks, batch_size=1, batch_format="numpy",
                                fn_kwargs={"spec": spec}, zero_copy_batch=True, **_ROW_COUNT,
                                **remote)
+
+
+def _process_group() -> tuple[int, int]:
+    """This process's rank and world size in ``torch.distributed``'s group (a Ray Train worker's),
+    where there is one, else ``(0, 1)``: what ``BufferedDataset`` shards by without ``rank``."""
+    torch = sys.modules.get("torch")  # a group needs torch imported: no import here
+    dist = getattr(torch, "distributed", None)
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank()), int(dist.get_world_size())
+    return 0, 1
 
 
 def _map_options(given: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -240,3 +240,29 @@ def test_batch_collate_refuses_a_batch_with_missing_values(subset):
     dataset = abray.read(subset[:12], _some_labelled("none"), max_batch_seconds=100.0, buckets=1)
     with pytest.raises(ValueError, match=r"BatchCollate: 'label' has no value in 4 of 12 samples"):
         next(iter(dataset.iter_torch_batches(batch_size=1, collate_fn=abray.BatchCollate())))
+
+
+@pytest.mark.timeout(120)
+def test_without_rank_a_torch_distributed_process_reads_its_share(subset, monkeypatch):
+    """As BufferedDataset: in a process group (a Ray Train worker's), each rank took the whole
+    epoch, every item once per rank."""
+    import torch.distributed as dist
+
+    decoder = AudioDecoder(sample_rate=8000)
+    monkeypatch.setattr(dist, "is_available", lambda: True)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 3)
+    shares = []
+    for rank in range(3):
+        monkeypatch.setattr(dist, "get_rank", lambda group=None, rank=rank: rank)
+        local = BufferedDataset(subset, decoder, shuffle=True, ordered=True)
+        local.set_epoch(2)
+        expected = [s["index"] for s in local]
+        share = [r["index"] for r in abray.read(subset, decoder, shuffle=True, ordered=True,
+                                                epoch=2).take_all()]
+        assert share == expected and len(share) == SUBSET // 3
+        shares.append(share)
+    assert sorted(i for share in shares for i in share) == list(range(SUBSET))
+    # rank and world_size given: they win, as in BufferedDataset
+    whole = abray.read(subset, decoder, rank=0, world_size=1).take_all()
+    assert sorted(r["index"] for r in whole) == list(range(SUBSET))
