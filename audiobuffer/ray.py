@@ -39,6 +39,7 @@ import dataclasses
 import inspect
 import logging
 import math
+import numbers
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -393,8 +394,12 @@ class PadCollate(ArrowBatchCollateFn):
         >>> for batch in ds.iter_torch_batches(batch_size=32, collate_fn=collate):  # doctest: +SKIP
         ...     audio, lengths = batch["audio"], batch["lengths"]
 
+    Raises:
+        TypeError: ``key`` is not a string, or ``pad_value`` not a number.
+
     Raises (when called):
         KeyError: the rows have no ``key``.
+        TypeError: ``key`` holds no numbers (strings, objects).
         ValueError: a column of numbers has no value in a row (a sample held ``None`` there, or
             lacked the key others have), which Ray's numpy batch would make NaN.
     """
@@ -402,6 +407,8 @@ class PadCollate(ArrowBatchCollateFn):
     def __init__(self, key: str = "audio", pad_value: float = 0.0) -> None:
         if not isinstance(key, str):
             raise TypeError(f"key must be a string, got {short_repr(key)}")
+        if isinstance(pad_value, (bool, np.bool_)) or not isinstance(pad_value, numbers.Real):
+            raise TypeError(f"pad_value must be a number, got {short_repr(pad_value)}")
         self.key = key
         self.pad_value = float(pad_value)
 
@@ -415,6 +422,9 @@ class PadCollate(ArrowBatchCollateFn):
                            f"set key=")
         columns = {name: found for name, column in batch.items()
                    if (found := _numbers(column)) is not None}
+        if self.key not in columns:
+            raise TypeError(f"PadCollate: {self.key!r} must hold arrays of numbers, got a column of "
+                            f"{np.asarray(batch[self.key]).dtype}; set key= to the audio's")
         _refuse_missing("PadCollate", list(columns), missing, "rows")
         rows = len(columns[self.key])
         samples = [{name: column[i] for name, column in columns.items()} for i in range(rows)]

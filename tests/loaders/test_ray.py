@@ -266,3 +266,13 @@ def test_without_rank_a_torch_distributed_process_reads_its_share(subset, monkey
     # rank and world_size given: they win, as in BufferedDataset
     whole = abray.read(subset, decoder, rank=0, world_size=1).take_all()
     assert sorted(r["index"] for r in whole) == list(range(SUBSET))
+
+
+def test_pad_collate_errors_name_the_option_and_the_column():
+    for value in ("x", None, True):
+        with pytest.raises(TypeError, match=rf"pad_value must be a number, got {value!r}"):
+            abray.PadCollate(pad_value=value)
+    assert abray.PadCollate(pad_value=np.float32(-1.5)).pad_value == -1.5
+    with pytest.raises(TypeError, match=r"PadCollate: 'audio' must hold arrays of numbers, got a "
+                                        r"column of <U5"):
+        abray.PadCollate()({"audio": np.array(["a.wav", "b.wav"]), "index": np.arange(2)})
