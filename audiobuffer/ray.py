@@ -275,7 +275,10 @@ def _load_spec(reference: Any) -> _Spec:
     if found is not None:
         return found
     spec: _Spec = ray.get(reference)
-    numpy_output(spec.pipeline.decoder)  # rows hold numpy arrays; the workers make no tensors
+    if spec.pipeline.options.transform is None:
+        # rows hold numpy arrays: no tensors made (nor torch imported) in the workers; a transform
+        # gets what it gets in BufferedDataset (the decoder's tensors), its output made numpy
+        numpy_output(spec.pipeline.decoder)
     _log_to_stderr()
     with _specs_lock:
         while len(_specs) >= _KEPT_SPECS:

@@ -276,3 +276,24 @@ def test_pad_collate_errors_name_the_option_and_the_column():
     with pytest.raises(TypeError, match=r"PadCollate: 'audio' must hold arrays of numbers, got a "
                                         r"column of <U5"):
         abray.PadCollate()({"audio": np.array(["a.wav", "b.wav"]), "index": np.arange(2)})
+
+
+def _scaled():
+    """A transform written for BufferedDataset's tensors (torch's ``std`` is the sample's, numpy's
+    the population's), made here: Ray's workers get it by value, not by import."""
+
+    def scale(sample):
+        return {**sample, "audio": sample["audio"] / sample["audio"].std()}
+
+    return scale
+
+
+@pytest.mark.timeout(120)
+def test_a_transform_gets_the_decoder_output_of_buffered_dataset(subset):
+    """The decoder's tensors, as in BufferedDataset; the workers gave it numpy arrays instead."""
+    decoder = AudioDecoder(sample_rate=8000)
+    rows = abray.read(subset[:6], decoder, transform=_scaled()).take_all()
+    local = {s["index"]: s["audio"].numpy() for s in BufferedDataset(subset[:6], decoder,
+                                                                     transform=_scaled())}
+    assert len(rows) == 6
+    assert all(np.array_equal(row["audio"], local[row["index"]]) for row in rows)
