@@ -29,8 +29,9 @@ it; a batch whose samples all failed has no row.
 
 Exactly once. Each unit is in one block and each block is decoded by one task, so each item is in
 the dataset once per epoch (per shard, with ``rank`` and ``world_size``). ``ordered=True`` keeps the
-plan's order (an ordered pool in each task and Ray's ``preserve_order``); otherwise blocks, and the
-samples within them, come as they are decoded.
+plan's order (an ordered pool in each task and Ray's ``preserve_order``), and so do ranks in step
+(their batches by duration: each task's assembler, and ``preserve_order``, NOTE [ Ranks in step ]
+in ``engine/plan.py``); otherwise blocks, and the samples within them, come as they are decoded.
 """
 
 from __future__ import annotations
@@ -172,7 +173,7 @@ def read(source: SourceSpec | Source, decoder: Callable[[WorkItem], Any], *, epo
     # with the per-operator reservation, Ray Data ran a fraction of the decoding tasks at once
     # (one on 2 CPUs, about 3 on 8): the one operator here takes the whole cluster
     context.op_resource_reservation_enabled = False
-    if o.ordered:
+    if o.ordered or layout.in_step:  # ranks in step: each step's batches from one bucket
         context.execution_options.preserve_order = True
     return dataset.map_batches(_decode_blocks, batch_size=1, batch_format="numpy",
                                fn_kwargs={"spec": spec}, zero_copy_batch=True, **_ROW_COUNT,

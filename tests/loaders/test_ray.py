@@ -297,3 +297,34 @@ def test_a_transform_gets_the_decoder_output_of_buffered_dataset(subset):
                                                                      transform=_scaled())}
     assert len(rows) == 6
     assert all(np.array_equal(row["audio"], local[row["index"]]) for row in rows)
+
+
+def _slow_for(indices, seconds):
+    """A transform that sleeps ``seconds`` on the items ``indices``, made here: Ray's workers get
+    it by value."""
+    import time
+
+    slow = frozenset(indices)
+
+    def transform(sample):
+        if sample["index"] in slow:
+            time.sleep(seconds)
+        return sample
+
+    return transform
+
+
+@pytest.mark.timeout(120)
+def test_ranks_in_step_keep_the_plan_order_of_their_batches(subset):
+    """sync_buckets (the default with ranks): each step's batches from one bucket on every rank,
+    as BufferedDataset hands them on; the blocks came as decoded, the first batch last."""
+    decoder = AudioDecoder(sample_rate=8000)
+    options = dict(max_batch_seconds=3.0, rank=1, world_size=2, shuffle=True)
+    local = BufferedDataset(subset[:120], decoder, **options)
+    local.set_epoch(1)
+    planned = [[s["index"] for s in batch] for batch in local]
+    dataset = abray.read(subset[:120], decoder, epoch=1, rows_per_block=1,
+                         transform=_slow_for(planned[0], 1.0), **options)
+    batches = [b["index"].tolist()
+               for b in dataset.iter_torch_batches(batch_size=1, collate_fn=abray.BatchCollate())]
+    assert batches == planned
