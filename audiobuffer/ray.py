@@ -408,6 +408,9 @@ class PadCollate(ArrowBatchCollateFn):
             lacked the key others have), which Ray's numpy batch would make NaN.
     """
 
+    key: str
+    pad_value: float
+
     def __init__(self, key: str = "audio", pad_value: float = 0.0) -> None:
         if not isinstance(key, str):
             raise TypeError(f"key must be a string, got {short_repr(key)}")
