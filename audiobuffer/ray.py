@@ -207,7 +207,18 @@ def default_rows_per_block(units: int, samples_per_unit: float = 1.0) -> int:
     """The rows a block of :func:`read` holds when ``rows_per_block`` is not given, for ``units``
     rows of ``samples_per_unit`` samples each on average (batches by duration: more than one):
     ``BLOCKS_PER_CPU`` blocks per CPU of the running Ray cluster, of at most about
-    ``BLOCK_ITEMS`` samples."""
+    ``BLOCK_ITEMS`` samples.
+
+    Raises:
+        TypeError, ValueError: ``units`` is not an integer >= 0, or ``samples_per_unit`` not a
+            finite number > 0.
+    """
+    check_int("units", units, 0)
+    wanted = f"samples_per_unit must be a finite number > 0, got {short_repr(samples_per_unit)}"
+    if isinstance(samples_per_unit, bool) or not isinstance(samples_per_unit, numbers.Real):
+        raise TypeError(wanted)
+    if not 0 < samples_per_unit < math.inf:  # NaN too
+        raise ValueError(wanted)
     if units == 0:
         return 1
     most = max(1, int(BLOCK_ITEMS / max(1.0, samples_per_unit)))

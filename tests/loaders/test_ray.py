@@ -328,3 +328,16 @@ def test_ranks_in_step_keep_the_plan_order_of_their_batches(subset):
     batches = [b["index"].tolist()
                for b in dataset.iter_torch_batches(batch_size=1, collate_fn=abray.BatchCollate())]
     assert batches == planned
+
+
+def test_default_rows_per_block_checks_its_arguments():
+    with pytest.raises(ValueError, match=r"units must be an integer >= 0, got -5"):
+        abray.default_rows_per_block(-5)
+    with pytest.raises(TypeError, match=r"units must be an integer >= 0, got 2.5"):
+        abray.default_rows_per_block(2.5)
+    for bad in (0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=r"samples_per_unit must be a finite number > 0"):
+            abray.default_rows_per_block(10, bad)
+    with pytest.raises(TypeError, match=r"samples_per_unit must be a finite number > 0"):
+        abray.default_rows_per_block(10, "3")
+    assert abray.default_rows_per_block(0) == 1
