@@ -196,6 +196,10 @@ def _map_options(given: Mapping[str, Any] | None) -> dict[str, Any]:
     if not isinstance(given, Mapping):
         raise TypeError(f"map_options must be a mapping of Dataset.map_batches keywords or None, "
                         f"got {short_repr(given)}")
+    for name in given:
+        if not isinstance(name, str):
+            raise TypeError(f"map_options' keys must be map_batches keyword names, got "
+                            f"{short_repr(name)}")
     taken = [name for name in given if name in _OWN_MAP_KEYWORDS]
     if taken:
         raise ValueError(f"map_options sets {taken[0]!r}, which audiobuffer.ray.read sets itself; "

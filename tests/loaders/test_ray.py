@@ -341,3 +341,9 @@ def test_default_rows_per_block_checks_its_arguments():
     with pytest.raises(TypeError, match=r"samples_per_unit must be a finite number > 0"):
         abray.default_rows_per_block(10, "3")
     assert abray.default_rows_per_block(0) == 1
+
+
+def test_map_options_keys_are_keyword_names(tmp_path):
+    with pytest.raises(TypeError, match=r"map_options' keys must be map_batches keyword names, "
+                                        r"got 1"):
+        abray.read(tmp_path, AudioDecoder(), map_options={1: 2})
