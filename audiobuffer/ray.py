@@ -29,15 +29,18 @@ it; a batch whose samples all failed has no row.
 
 Exactly once. Each unit is in one block and each block is decoded by one task, so each item is in
 the dataset once per epoch (per shard, with ``rank`` and ``world_size``). ``ordered=True`` keeps the
-plan's order (an ordered pool in each task and Ray's ``preserve_order``); otherwise blocks, and the
-samples within them, come as they are decoded.
+plan's order (an ordered pool in each task and Ray's ``preserve_order``), and so do ranks in step
+(their batches by duration: each task's assembler, and ``preserve_order``, NOTE [ Ranks in step ]
+in ``engine/plan.py``); otherwise blocks, and the samples within them, come as they are decoded.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import math
+import numbers
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -47,9 +50,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 try:
+    import pyarrow
+    import pyarrow.compute
     import ray
     import ray.data
-    from ray.data.collate_fn import NumpyBatchCollateFn
+    from ray.data.block import BlockAccessor
+    from ray.data.collate_fn import ArrowBatchCollateFn
 except ImportError as exc:  # pragma: no cover - where the extra is installed
     raise ImportError(f"audiobuffer.ray needs Ray Data 2.47 or later: pip install "
                       f"'audiobuffer[ray]'; {exc}") from exc
@@ -79,7 +85,13 @@ BLOCK_ITEMS = 1024
 _KEPT_SPECS = 2
 #: ``Dataset.map_batches`` keywords that :func:`read` sets itself.
 _OWN_MAP_KEYWORDS = ("fn", "batch_size", "batch_format", "fn_args", "fn_kwargs",
-                     "fn_constructor_args", "fn_constructor_kwargs", "zero_copy_batch", "compute")
+                     "fn_constructor_args", "fn_constructor_kwargs", "zero_copy_batch", "compute",
+                     "udf_modifying_row_count")
+#: A task turns one row (its block's bounds) into the block's rows: where ``map_batches`` can be
+#: told whether it keeps the count (``udf_modifying_row_count``; a few releases assumed it kept
+#: it), it is told not, or ``count()`` counted blocks and ``limit()`` ran before the decoding.
+_ROW_COUNT = ({"udf_modifying_row_count": True} if "udf_modifying_row_count"
+              in inspect.signature(ray.data.Dataset.map_batches).parameters else {})
 _OWN = ("epoch", "key", "rows_per_block", "map_options")
 
 
@@ -119,7 +131,9 @@ def read(source: SourceSpec | Source, decoder: Callable[[WorkItem], Any], *, epo
         map_options: keywords of ``Dataset.map_batches`` for the decoding tasks (``num_cpus``,
             ``concurrency``, ``memory``, ``resources``, ...).
         **options: ``BufferedDataset``'s options (``audiobuffer.options.LoaderOptions``): they act
-            in each task as in a loader's epoch; ``rank`` and ``world_size`` plan that rank's share.
+            in each task as in a loader's epoch; ``rank`` and ``world_size`` plan that rank's share
+            (without them, as ``BufferedDataset``: this process's in ``torch.distributed``'s group,
+            where it is in one, as a Ray Train worker is).
 
     Raises:
         TypeError, ValueError: an option of the wrong type or value, or tar shards without an index.
@@ -138,7 +152,8 @@ def read(source: SourceSpec | Source, decoder: Callable[[WorkItem], Any], *, epo
         raise ValueError(f"audiobuffer.ray.read reads files or an index, not "
                          f"{pipeline.source.description}: {pipeline.source.random_access_hint}")
     o = pipeline.options
-    shard = EpochShard(epoch, o.rank or 0, o.world_size or 1)
+    rank, world_size = (o.rank, o.world_size) if o.world_size is not None else _process_group()
+    shard = EpochShard(epoch, rank or 0, world_size)
     layout = pipeline.lay_out(shard)
     # The workers' copy (as the isolated loader's helper gets it): the source listed, so no listing
     # options (labels may be a lambda); the batches planned here, in the layout.
@@ -158,10 +173,21 @@ def read(source: SourceSpec | Source, decoder: Callable[[WorkItem], Any], *, epo
     # with the per-operator reservation, Ray Data ran a fraction of the decoding tasks at once
     # (one on 2 CPUs, about 3 on 8): the one operator here takes the whole cluster
     context.op_resource_reservation_enabled = False
-    if o.ordered:
+    if o.ordered or layout.in_step:  # ranks in step: each step's batches from one bucket
         context.execution_options.preserve_order = True
     return dataset.map_batches(_decode_blocks, batch_size=1, batch_format="numpy",
-                               fn_kwargs={"spec": spec}, zero_copy_batch=True, **remote)
+                               fn_kwargs={"spec": spec}, zero_copy_batch=True, **_ROW_COUNT,
+                               **remote)
+
+
+def _process_group() -> tuple[int, int]:
+    """This process's rank and world size in ``torch.distributed``'s group (a Ray Train worker's),
+    where there is one, else ``(0, 1)``: what ``BufferedDataset`` shards by without ``rank``."""
+    torch = sys.modules.get("torch")  # a group needs torch imported: no import here
+    dist = getattr(torch, "distributed", None)
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank()), int(dist.get_world_size())
+    return 0, 1
 
 
 def _map_options(given: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -170,6 +196,10 @@ def _map_options(given: Mapping[str, Any] | None) -> dict[str, Any]:
     if not isinstance(given, Mapping):
         raise TypeError(f"map_options must be a mapping of Dataset.map_batches keywords or None, "
                         f"got {short_repr(given)}")
+    for name in given:
+        if not isinstance(name, str):
+            raise TypeError(f"map_options' keys must be map_batches keyword names, got "
+                            f"{short_repr(name)}")
     taken = [name for name in given if name in _OWN_MAP_KEYWORDS]
     if taken:
         raise ValueError(f"map_options sets {taken[0]!r}, which audiobuffer.ray.read sets itself; "
@@ -181,7 +211,18 @@ def default_rows_per_block(units: int, samples_per_unit: float = 1.0) -> int:
     """The rows a block of :func:`read` holds when ``rows_per_block`` is not given, for ``units``
     rows of ``samples_per_unit`` samples each on average (batches by duration: more than one):
     ``BLOCKS_PER_CPU`` blocks per CPU of the running Ray cluster, of at most about
-    ``BLOCK_ITEMS`` samples."""
+    ``BLOCK_ITEMS`` samples.
+
+    Raises:
+        TypeError, ValueError: ``units`` is not an integer >= 0, or ``samples_per_unit`` not a
+            finite number > 0.
+    """
+    check_int("units", units, 0)
+    wanted = f"samples_per_unit must be a finite number > 0, got {short_repr(samples_per_unit)}"
+    if isinstance(samples_per_unit, bool) or not isinstance(samples_per_unit, numbers.Real):
+        raise TypeError(wanted)
+    if not 0 < samples_per_unit < math.inf:  # NaN too
+        raise ValueError(wanted)
     if units == 0:
         return 1
     most = max(1, int(BLOCK_ITEMS / max(1.0, samples_per_unit)))
@@ -250,7 +291,10 @@ def _load_spec(reference: Any) -> _Spec:
     if found is not None:
         return found
     spec: _Spec = ray.get(reference)
-    numpy_output(spec.pipeline.decoder)  # rows hold numpy arrays; the workers make no tensors
+    if spec.pipeline.options.transform is None:
+        # rows hold numpy arrays: no tensors made (nor torch imported) in the workers; a transform
+        # gets what it gets in BufferedDataset (the decoder's tensors), its output made numpy
+        numpy_output(spec.pipeline.decoder)
     _log_to_stderr()
     with _specs_lock:
         while len(_specs) >= _KEPT_SPECS:
@@ -325,7 +369,39 @@ def _numbers(column: Any) -> np.ndarray | None:
     return None
 
 
-class PadCollate(NumpyBatchCollateFn):
+def _from_arrow(batch: Any) -> tuple[dict[str, Any], dict[str, tuple[int, int]]]:
+    """A Ray batch (an Arrow table) as Ray's numpy batch, but for its columns of no value at all
+    (``None`` in every row: Ray made them NaN), and the values each column lacks, as ``(missing,
+    of)``: ``None`` in a sample, or a key it lacked (Ray makes those NaN too), in lists too."""
+    missing: dict[str, tuple[int, int]] = {}
+    for name, column in zip(batch.column_names, batch.columns):
+        nulls, values = column.null_count, column
+        while nulls == 0 and (pyarrow.types.is_list(values.type)
+                              or pyarrow.types.is_large_list(values.type)
+                              or pyarrow.types.is_fixed_size_list(values.type)):
+            values = pyarrow.compute.list_flatten(values)  # a batch's list of labels, say
+            nulls = values.null_count
+        if nulls:
+            missing[name] = (nulls, len(values))
+    empty = [name for name, column in zip(batch.column_names, batch.columns)
+             if pyarrow.types.is_null(column.type)]
+    if empty:
+        batch = batch.drop_columns(empty)
+    return BlockAccessor.for_block(batch).to_batch_format("numpy"), missing
+
+
+def _refuse_missing(owner: str, names: Sequence[str], missing: Mapping[str, tuple[int, int]],
+                    what: str) -> None:
+    """Raise ValueError for the first of ``names`` (columns of numbers) with missing values."""
+    for name in names:
+        if name in missing:
+            nulls, of = missing[name]
+            raise ValueError(f"{owner}: {name!r} has no value in {nulls} of {of} {what} (a sample "
+                             f"held None or lacked the key), which Ray makes NaN: give every "
+                             f"sample a number there (in the decoder or a transform), or none")
+
+
+class PadCollate(ArrowBatchCollateFn):
     """``iter_torch_batches``' ``collate_fn`` for rows that are samples: ``key`` padded along its
     last axis into one tensor with ``lengths``, as :func:`~audiobuffer.pad_collate` does; other
     columns of numbers become tensors, and columns of strings (``path``, ``label_name``) are left
@@ -337,22 +413,41 @@ class PadCollate(NumpyBatchCollateFn):
         >>> for batch in ds.iter_torch_batches(batch_size=32, collate_fn=collate):  # doctest: +SKIP
         ...     audio, lengths = batch["audio"], batch["lengths"]
 
+    Raises:
+        TypeError: ``key`` is not a string, or ``pad_value`` not a number.
+
     Raises (when called):
         KeyError: the rows have no ``key``.
+        TypeError: ``key`` holds no numbers (strings, objects).
+        ValueError: a column of numbers has no value in a row (a sample held ``None`` there, or
+            lacked the key others have), which Ray's numpy batch would make NaN.
     """
+
+    key: str
+    pad_value: float
 
     def __init__(self, key: str = "audio", pad_value: float = 0.0) -> None:
         if not isinstance(key, str):
             raise TypeError(f"key must be a string, got {short_repr(key)}")
+        if isinstance(pad_value, (bool, np.bool_)) or not isinstance(pad_value, numbers.Real):
+            raise TypeError(f"pad_value must be a number, got {short_repr(pad_value)}")
         self.key = key
         self.pad_value = float(pad_value)
 
-    def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    def __call__(self, batch: Any) -> dict[str, torch.Tensor]:
+        """``batch``: Ray's (an Arrow table), or a mapping of numpy columns."""
+        missing: dict[str, tuple[int, int]] = {}
+        if not isinstance(batch, Mapping):
+            batch, missing = _from_arrow(batch)
         if self.key not in batch:
             raise KeyError(f"PadCollate: the rows have no {self.key!r} (columns: {sorted(batch)}); "
                            f"set key=")
         columns = {name: found for name, column in batch.items()
                    if (found := _numbers(column)) is not None}
+        if self.key not in columns:
+            raise TypeError(f"PadCollate: {self.key!r} must hold arrays of numbers, got a column of "
+                            f"{np.asarray(batch[self.key]).dtype}; set key= to the audio's")
+        _refuse_missing("PadCollate", list(columns), missing, "rows")
         rows = len(columns[self.key])
         samples = [{name: column[i] for name, column in columns.items()} for i in range(rows)]
         collated = collate_numpy(samples, key=self.key, pad_value=self.pad_value)
@@ -361,7 +456,7 @@ class PadCollate(NumpyBatchCollateFn):
                 if isinstance(value, np.ndarray)}
 
 
-class BatchCollate(NumpyBatchCollateFn):
+class BatchCollate(ArrowBatchCollateFn):
     """``iter_torch_batches``' ``collate_fn`` for rows that are whole batches by duration
     (``max_batch_seconds``): with ``batch_size=1``, each batch as audiobuffer planned it, its
     columns of numbers as tensors (``key`` padded, ``lengths``, ``index``, ``label``, ...) and its
@@ -373,10 +468,16 @@ class BatchCollate(NumpyBatchCollateFn):
         ...     audio, lengths = batch["audio"], batch["lengths"]
 
     Raises (when called):
-        ValueError: a Ray batch of more than one row (give ``iter_torch_batches(batch_size=1)``).
+        ValueError: a Ray batch of more than one row (give ``iter_torch_batches(batch_size=1)``),
+            or a column of numbers with no value for a sample (``None``), which Ray's numpy batch
+            would make NaN.
     """
 
-    def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    def __call__(self, batch: Any) -> dict[str, torch.Tensor]:
+        """``batch``: Ray's (an Arrow table), or a mapping of numpy columns."""
+        missing: dict[str, tuple[int, int]] = {}
+        if not isinstance(batch, Mapping):
+            batch, missing = _from_arrow(batch)
         rows = {len(column) for column in batch.values()}
         if rows != {1}:
             raise ValueError(f"BatchCollate takes one row at a time (each row is a whole batch "
@@ -386,5 +487,6 @@ class BatchCollate(NumpyBatchCollateFn):
         for name, column in batch.items():
             value = np.asarray(column[0])
             if value.dtype.kind in "biufc":
+                _refuse_missing("BatchCollate", [name], missing, "samples")
                 out[name] = _tensor(value, copy=True)
         return out

@@ -188,3 +188,162 @@ def test_options_are_checked_before_anything_runs(tmp_path):
         abray.read(tmp_path, decoder, map_options={"batch_size": 4})
     with pytest.raises(ValueError, match=r"buffer_size must be an integer in \[1, "):
         abray.read(tmp_path, decoder, buffer_size=0)
+
+
+@pytest.mark.timeout(120)
+def test_map_options_cannot_claim_the_decoding_keeps_the_row_count(subset):
+    """A task turns one row (a block's bounds) into many: with Ray told otherwise, count() and
+    limit() were those of the blocks (5 and 50 here, not 50 and 13)."""
+    decoder = AudioDecoder(sample_rate=8000)
+    with pytest.raises(ValueError, match="map_options sets 'udf_modifying_row_count'"):
+        abray.read(subset[:50], decoder, rows_per_block=10,
+                   map_options={"udf_modifying_row_count": False})
+    dataset = abray.read(subset[:50], decoder, rows_per_block=10)
+    assert dataset.count() == 50 and len(dataset.limit(13).take_all()) == 13
+
+
+def _some_labelled(missing: str):
+    """A decoder of samples of ``10 + index`` frames; every third has no ``label``
+    (``missing="key"``) or a ``label`` of ``None`` (``missing="none"``) (``missing=""``: every
+    sample has its label), and ``extra`` is ``None`` in every sample. A function made here:
+    Ray's workers get it by value, not by import."""
+
+    def decode(item):
+        sample = {"index": item.index, "audio": np.full(10 + item.index, item.index, np.float32),
+                  "extra": None}
+        if item.index % 3 or not missing:
+            sample["label"] = item.index
+        elif missing == "none":
+            sample["label"] = None
+        return sample
+
+    return decode
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("missing", ["key", "none"])
+def test_pad_collate_refuses_a_column_of_numbers_with_missing_values(subset, missing):
+    """Ray makes a column of numbers with a missing value floats, the gap NaN: a label of NaN."""
+    dataset = abray.read(subset[:12], _some_labelled(missing), rows_per_block=12)
+    with pytest.raises(ValueError, match=r"PadCollate: 'label' has no value in 4 of 12 rows"):
+        _indices(dataset, batch_size=12)
+    # every sample labelled: the labels as integers, and the column of None left out
+    labelled = abray.read(subset[:12], _some_labelled(""), rows_per_block=12)
+    batch = next(iter(labelled.iter_torch_batches(batch_size=12, collate_fn=abray.PadCollate())))
+    assert not batch["label"].is_floating_point() and "extra" not in batch
+    assert batch["label"].tolist() == batch["index"].tolist()
+
+
+@pytest.mark.timeout(120)
+def test_batch_collate_refuses_a_batch_with_missing_values(subset):
+    """A batch's labels [None, 1, 2, None, ...] came as floats, NaN for None."""
+    dataset = abray.read(subset[:12], _some_labelled("none"), max_batch_seconds=100.0, buckets=1)
+    with pytest.raises(ValueError, match=r"BatchCollate: 'label' has no value in 4 of 12 samples"):
+        next(iter(dataset.iter_torch_batches(batch_size=1, collate_fn=abray.BatchCollate())))
+
+
+@pytest.mark.timeout(120)
+def test_without_rank_a_torch_distributed_process_reads_its_share(subset, monkeypatch):
+    """As BufferedDataset: in a process group (a Ray Train worker's), each rank took the whole
+    epoch, every item once per rank."""
+    import torch.distributed as dist
+
+    decoder = AudioDecoder(sample_rate=8000)
+    monkeypatch.setattr(dist, "is_available", lambda: True)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 3)
+    shares = []
+    for rank in range(3):
+        monkeypatch.setattr(dist, "get_rank", lambda group=None, rank=rank: rank)
+        local = BufferedDataset(subset, decoder, shuffle=True, ordered=True)
+        local.set_epoch(2)
+        expected = [s["index"] for s in local]
+        share = [r["index"] for r in abray.read(subset, decoder, shuffle=True, ordered=True,
+                                                epoch=2).take_all()]
+        assert share == expected and len(share) == SUBSET // 3
+        shares.append(share)
+    assert sorted(i for share in shares for i in share) == list(range(SUBSET))
+    # rank and world_size given: they win, as in BufferedDataset
+    whole = abray.read(subset, decoder, rank=0, world_size=1).take_all()
+    assert sorted(r["index"] for r in whole) == list(range(SUBSET))
+
+
+def test_pad_collate_errors_name_the_option_and_the_column():
+    for value in ("x", None, True):
+        with pytest.raises(TypeError, match=rf"pad_value must be a number, got {value!r}"):
+            abray.PadCollate(pad_value=value)
+    assert abray.PadCollate(pad_value=np.float32(-1.5)).pad_value == -1.5
+    with pytest.raises(TypeError, match=r"PadCollate: 'audio' must hold arrays of numbers, got a "
+                                        r"column of <U5"):
+        abray.PadCollate()({"audio": np.array(["a.wav", "b.wav"]), "index": np.arange(2)})
+
+
+def _scaled():
+    """A transform written for BufferedDataset's tensors (torch's ``std`` is the sample's, numpy's
+    the population's), made here: Ray's workers get it by value, not by import."""
+
+    def scale(sample):
+        return {**sample, "audio": sample["audio"] / sample["audio"].std()}
+
+    return scale
+
+
+@pytest.mark.timeout(120)
+def test_a_transform_gets_the_decoder_output_of_buffered_dataset(subset):
+    """The decoder's tensors, as in BufferedDataset; the workers gave it numpy arrays instead."""
+    decoder = AudioDecoder(sample_rate=8000)
+    rows = abray.read(subset[:6], decoder, transform=_scaled()).take_all()
+    local = {s["index"]: s["audio"].numpy() for s in BufferedDataset(subset[:6], decoder,
+                                                                     transform=_scaled())}
+    assert len(rows) == 6
+    assert all(np.array_equal(row["audio"], local[row["index"]]) for row in rows)
+
+
+def _slow_for(indices, seconds):
+    """A transform that sleeps ``seconds`` on the items ``indices``, made here: Ray's workers get
+    it by value."""
+    import time
+
+    slow = frozenset(indices)
+
+    def transform(sample):
+        if sample["index"] in slow:
+            time.sleep(seconds)
+        return sample
+
+    return transform
+
+
+@pytest.mark.timeout(120)
+def test_ranks_in_step_keep_the_plan_order_of_their_batches(subset):
+    """sync_buckets (the default with ranks): each step's batches from one bucket on every rank,
+    as BufferedDataset hands them on; the blocks came as decoded, the first batch last."""
+    decoder = AudioDecoder(sample_rate=8000)
+    options = dict(max_batch_seconds=3.0, rank=1, world_size=2, shuffle=True)
+    local = BufferedDataset(subset[:120], decoder, **options)
+    local.set_epoch(1)
+    planned = [[s["index"] for s in batch] for batch in local]
+    dataset = abray.read(subset[:120], decoder, epoch=1, rows_per_block=1,
+                         transform=_slow_for(planned[0], 1.0), **options)
+    batches = [b["index"].tolist()
+               for b in dataset.iter_torch_batches(batch_size=1, collate_fn=abray.BatchCollate())]
+    assert batches == planned
+
+
+def test_default_rows_per_block_checks_its_arguments():
+    with pytest.raises(ValueError, match=r"units must be an integer >= 0, got -5"):
+        abray.default_rows_per_block(-5)
+    with pytest.raises(TypeError, match=r"units must be an integer >= 0, got 2.5"):
+        abray.default_rows_per_block(2.5)
+    for bad in (0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=r"samples_per_unit must be a finite number > 0"):
+            abray.default_rows_per_block(10, bad)
+    with pytest.raises(TypeError, match=r"samples_per_unit must be a finite number > 0"):
+        abray.default_rows_per_block(10, "3")
+    assert abray.default_rows_per_block(0) == 1
+
+
+def test_map_options_keys_are_keyword_names(tmp_path):
+    with pytest.raises(TypeError, match=r"map_options' keys must be map_batches keyword names, "
+                                        r"got 1"):
+        abray.read(tmp_path, AudioDecoder(), map_options={1: 2})
