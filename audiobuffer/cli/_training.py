@@ -324,8 +324,11 @@ class _Fit:
         ranks.log(f"{about}, {ranks.world_size} rank(s), {steps} steps per epoch, "
                   f"device {ranks.device}")
         if resume is not None:
-            ranks.log(f"resuming {args.resume} at epoch {self.start_epoch + 1}, "
-                      f"step {self.start_step}")
+            where = f"step {self.start_step}"
+            if resume["world_size"] != ranks.world_size:  # the steps are of the old ranks' epoch
+                where = (f"after step {self.start_step} of its {resume['world_size']} rank(s): "
+                         f"what they had not trained on is dealt over {ranks.world_size}")
+            ranks.log(f"resuming {args.resume} at epoch {self.start_epoch + 1}, {where}")
 
     def save(self, epoch: int, step: int, data_state: dict | None, loss_sum: torch.Tensor) -> None:
         """Checkpoint: the next run starts ``epoch`` at ``step``, with this rank's dataset at

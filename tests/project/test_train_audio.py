@@ -253,6 +253,8 @@ def test_torchrun_resumes_a_checkpoint_of_another_rank_count(tiny, script, tmp_p
                 cwd=tmp_path)
     assert three.returncode == 0, three.stdout + three.stderr
     assert "3 rank(s), 3 steps per epoch" in three.stdout
+    assert "at epoch 1, after step 2 of its 2 rank(s): what they had not trained on is dealt " \
+           "over 3" in three.stdout, three.stdout
     _train(script, *_stopped_options(config, one_rank)[1:], "--resume", one_rank / "ck", cwd=tmp_path)
     for seen, ranks, repeats in ((three_ranks / "seen", 3, 1), (one_rank / "seen", 2, 0)):
         lines = [line for r in range(ranks) for line in _seen(seen / f"rank{r}.jsonl")]
