@@ -57,8 +57,8 @@ try:
     from ray.data.block import BlockAccessor
     from ray.data.collate_fn import ArrowBatchCollateFn
 except ImportError as exc:  # pragma: no cover - where the extra is installed
-    raise ImportError(f"audiobuffer.ray needs Ray Data 2.47 or later: pip install "
-                      f"'audiobuffer[ray]'; {exc}") from exc
+    raise ImportError(f"audiobuffer.ray cannot import Ray Data ({exc}); it needs ray[data] 2.47 "
+                      f"or later: pip install 'audiobuffer[ray]'") from exc
 
 from ._checks import check_int, short_repr
 from ._numpy_collate import collate_numpy
