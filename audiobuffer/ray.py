@@ -445,8 +445,8 @@ class PadCollate(ArrowBatchCollateFn):
         columns = {name: found for name, column in batch.items()
                    if (found := _numbers(column)) is not None}
         if self.key not in columns:
-            raise TypeError(f"PadCollate: {self.key!r} must hold arrays of numbers, got a column of "
-                            f"{np.asarray(batch[self.key]).dtype}; set key= to the audio's")
+            raise TypeError(f"PadCollate: {self.key!r} must hold arrays of numbers, got a column "
+                            f"of {np.asarray(batch[self.key]).dtype}; set key= to the audio's")
         _refuse_missing("PadCollate", list(columns), missing, "rows")
         rows = len(columns[self.key])
         samples = [{name: column[i] for name, column in columns.items()} for i in range(rows)]
