@@ -322,8 +322,9 @@ def test_a_mixture_resumes_on_another_world_size(tmp_path):
     assert following == fresh_epoch(make, 3, 3)
 
 
-def test_streamed_shards_resume_on_another_world_size_at_shard_boundaries(tmp_path):
-    """A tar shard every sample of which was handed on is done; the others stream again whole."""
+def _streamed_shards(tmp_path):
+    """30 short recordings packed into tar shards of about 20 kB: the files, the index, and
+    ``make(rank, world)``, a ``BufferedDataset`` streaming them for ``rank`` of ``world`` ranks."""
     from helpers import make_corpus
 
     from audiobuffer import AudioDecoder
@@ -339,6 +340,12 @@ def test_streamed_shards_resume_on_another_world_size_at_shard_boundaries(tmp_pa
                                num_producers=1, buffer_size=1, rank=rank, world_size=world,
                                even_shards=None)
 
+    return files, index, make
+
+
+def test_streamed_shards_resume_on_another_world_size_at_shard_boundaries(tmp_path):
+    """A tar shard every sample of which was handed on is done; the others stream again whole."""
+    files, index, make = _streamed_shards(tmp_path)
     def shard_of(sample):
         return sample["path"].split(".tar/")[0] + ".tar"
 
@@ -449,21 +456,7 @@ def test_a_malformed_merged_state_or_rank_state_is_a_resume_error_naming_it():
 def test_len_of_streamed_shards_after_a_merged_state_is_the_dealt_share(tmp_path):
     """``len()`` of a loader that loaded a merged state counts its share of the rest, in samples,
     for streamed tar shards too (not the samples of a fresh epoch's shard)."""
-    from helpers import make_corpus
-
-    from audiobuffer import AudioDecoder
-    from audiobuffer.sources import pack
-
-    make_corpus(tmp_path / "src", 30, seconds=0.05)
-    index = pack(tmp_path / "src", tmp_path / "out", shard_size=20_000, labels="parent",
-                 progress=False)
-    pattern = str(tmp_path / "out" / f"shard-{{000000..{len(index.shards) - 1:06d}}}.tar")
-
-    def make(rank, world):
-        return BufferedDataset(pattern, AudioDecoder(sample_rate=8000), shuffle=True, seed=2,
-                               num_producers=1, buffer_size=1, rank=rank, world_size=world,
-                               even_shards=None)
-
+    _, _, make = _streamed_shards(tmp_path)
     states = []
     for rank in range(2):
         with make(rank, 2) as ds:
