@@ -420,7 +420,8 @@ class PadCollate(ArrowBatchCollateFn):
         KeyError: the rows have no ``key``.
         TypeError: ``key`` holds no numbers (strings, objects).
         ValueError: a column of numbers has no value in a row (a sample held ``None`` there, or
-            lacked the key others have), which Ray's numpy batch would make NaN.
+            lacked the key others have), which Ray's numpy batch would make NaN; or a column other
+            than ``key`` holds arrays of unequal shapes (only ``key`` is padded).
     """
 
     key: str
@@ -451,6 +452,12 @@ class PadCollate(ArrowBatchCollateFn):
         rows = len(columns[self.key])
         samples = [{name: column[i] for name, column in columns.items()} for i in range(rows)]
         collated = collate_numpy(samples, key=self.key, pad_value=self.pad_value)
+        for name in columns:
+            if not isinstance(collated[name], np.ndarray):  # arrays collate_numpy cannot stack
+                shapes = tuple(dict.fromkeys(np.shape(v) for v in collated[name]))
+                raise ValueError(f"PadCollate: {name!r} holds arrays of unequal shapes "
+                                 f"{short_repr(shapes)} and only {self.key!r} is padded: make "
+                                 f"them one shape in the decoder or a transform, or leave it out")
         # collate_numpy's arrays are new: no copy
         return {name: _tensor(value, copy=False) for name, value in collated.items()
                 if isinstance(value, np.ndarray)}

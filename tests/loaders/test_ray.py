@@ -278,6 +278,22 @@ def test_pad_collate_errors_name_the_option_and_the_column():
         abray.PadCollate()({"audio": np.array(["a.wav", "b.wav"]), "index": np.arange(2)})
 
 
+
+def test_pad_collate_refuses_a_column_of_arrays_it_cannot_stack():
+    """Only ``key`` is padded: another column of arrays of unequal shapes was left out of the batch,
+    where one of equal shapes was stacked, so the column came in some batches and not in others."""
+    def ragged(*shapes):
+        column = np.empty(len(shapes), dtype=object)
+        column[:] = [np.ones(shape, np.float32) for shape in shapes]
+        return column
+
+    collate = abray.PadCollate()
+    equal = collate({"audio": ragged(3, 5), "mel": ragged((2, 4), (2, 4)), "index": np.arange(2)})
+    assert tuple(equal["mel"].shape) == (2, 2, 4)
+    with pytest.raises(ValueError, match=r"PadCollate: 'mel' holds arrays of unequal shapes "
+                                         r"\(\(2, 3\), \(2, 4\)\)"):
+        collate({"audio": ragged(3, 5), "mel": ragged((2, 3), (2, 4)), "index": np.arange(2)})
+
 def _scaled():
     """A transform written for BufferedDataset's tensors (torch's ``std`` is the sample's, numpy's
     the population's), made here: Ray's workers get it by value, not by import."""
