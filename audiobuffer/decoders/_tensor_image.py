@@ -35,7 +35,6 @@ and flips are the same draws.
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -77,7 +76,6 @@ class JpegHeader(NamedTuple):
     orientation: int
 
 
-@functools.lru_cache(maxsize=1)
 def _import_simplejpeg() -> Any:
     try:
         import simplejpeg
@@ -91,16 +89,11 @@ def _import_simplejpeg() -> Any:
 _TURBO = _import_simplejpeg()
 
 
-def _simplejpeg() -> Any:
-    """simplejpeg, or ``None`` where it is not installed."""
-    return _TURBO
-
-
 def decode_jpeg(raw: bytes, height: int, width: int, reduction: int) -> np.ndarray | None:
     """The ``(h, w, 3)`` uint8 RGB pixels of a JPEG of ``height`` x ``width`` (as stored) decoded at
     ``1 / reduction`` of its sides; ``None`` where simplejpeg is missing or refuses the file (Pillow
     then reads it)."""
-    turbo = _simplejpeg()
+    turbo = _TURBO
     if turbo is None:
         return None
     try:
@@ -118,7 +111,7 @@ def decode_jpeg(raw: bytes, height: int, width: int, reduction: int) -> np.ndarr
 def jpeg_header(raw: bytes) -> JpegHeader | None:
     """The header of a JPEG that simplejpeg decodes to RGB, read without Pillow; ``None`` for
     anything else, which Pillow then reads (NOTE [ The torch backend ], Header)."""
-    turbo = _simplejpeg()
+    turbo = _TURBO
     if turbo is None or raw[:3] != b"\xff\xd8\xff":
         return None
     orientation = _exif_orientation(raw)

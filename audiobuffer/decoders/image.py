@@ -176,14 +176,14 @@ class ImageDecoder:
 
     ``backend="torch"`` is the faster path for training (BENCHMARKS.md, "Images"): a JPEG is
     decoded by libjpeg-turbo through simplejpeg (``pip install 'audiobuffer[image]'``; the same
-    pixels Pillow decodes, checked by the tests), and cropped, resized and flipped as a torch
-    tensor, resized by torch's antialiased ``interpolate`` as ``torchvision.transforms.v2`` resizes
-    tensors. The boxes and flips are the
-    same draws as ``"pillow"``'s; the resize differs from Pillow's by a few levels where the two
-    round differently (under 0.1 of 255 on average on photos), and boxes are rounded to whole
-    pixels. Other files, CMYK JPEGs and JPEGs libjpeg warns about are read by Pillow as under
-    ``"pillow"``, so a file fails or succeeds alike under both (NOTE [ The torch backend ] in
-    ``_tensor_image.py``). It needs torch in the process (the isolated loader's helper imports it).
+    pixels Pillow decodes, checked by the tests), cropped and flipped as numpy views, and resized
+    by torch's antialiased ``interpolate`` as ``torchvision.transforms.v2`` resizes tensors. The
+    boxes and flips are the same draws as ``"pillow"``'s; the resize differs from Pillow's by a few
+    levels where the two round differently (under 0.1 of 255 on average on photos), and boxes are
+    rounded to whole pixels. Other files, CMYK JPEGs and JPEGs libjpeg warns about are read by
+    Pillow as under ``"pillow"``, so a file fails or succeeds alike under both (NOTE [ The torch
+    backend ] in ``_tensor_image.py``). It needs torch in the process (the isolated loader's
+    helper imports it).
 
     Thread safety: an instance holds no mutable state; one decoder serves all producer threads.
 

@@ -30,6 +30,7 @@ one rank would plan them (the batches themselves do not depend on the world, onl
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from numbers import Integral
@@ -137,12 +138,8 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     if stray:
         raise ResumeError(f"rank(s) {stray} outside 0..{world - 1} of world_size {world}")
     if len(ranks) < world:  # the ranks are distinct and in range: name the first few missing
-        present, absent = set(ranks), []
-        for r in range(world):  # stops after a few: a forged world_size costs nothing
-            if r not in present:
-                absent.append(r)
-                if len(absent) == _NAMED:
-                    break
+        present = set(ranks)  # found among the first len(ranks) + _NAMED: a forged size costs none
+        absent = list(itertools.islice((r for r in range(world) if r not in present), _NAMED))
         count = world - len(ranks)
         named = ", ".join(map(str, absent)) + (", ..." if count > len(absent) else "")
         more = f" ({count} ranks)" if count > len(absent) else ""

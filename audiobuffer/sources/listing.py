@@ -206,8 +206,8 @@ def _list_dir(root: Path, patterns: Sequence[str]) -> list[str]:
 def _files_under(folder: str) -> Iterator[tuple[str, str]]:
     """Each file under ``folder`` (a link to a file too), as ``(name, path)``: the files
     ``Path(folder).glob("**/*")`` finds that ``is_file()``, read from ``os.scandir``'s entries (no
-    ``stat`` and no ``Path`` per file). Like the glob, it
-    does not descend into linked folders and skips the folders it may not read."""
+    ``stat`` and no ``Path`` per file). Like the glob, it does not descend into linked folders and
+    skips the folders it may not read."""
     try:
         with os.scandir(folder) as entries:
             found = list(entries)

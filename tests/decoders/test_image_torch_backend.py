@@ -56,7 +56,7 @@ def test_without_simplejpeg_pillow_decodes_the_same_pixels(tmp_path, calls, monk
                 for size, crop in ((None, None), (32, "random_resized"), (32, "center"))]
     with_simplejpeg = [decode(item(tmp_path / "rgb.jpg"))["image"] for decode in decoders]
     assert calls == [1, 1, 1]
-    monkeypatch.setattr(_tensor_image, "_simplejpeg", lambda: None)
+    monkeypatch.setattr(_tensor_image, "_TURBO", None)
     for decode, expected in zip(decoders, with_simplejpeg):
         assert torch.equal(decode(item(tmp_path / "rgb.jpg"))["image"], expected)
     assert calls == [1, 1, 1]
