@@ -227,6 +227,8 @@ class ImageDecoder:
     #: torch's): ``num_producers="auto"`` starts at the most producers (NOTE [ Producer tuning ]).
     #: ``False`` with ``jpeg="device"``, whose producers read a JPEG's header in Python.
     releases_gil = True
+    #: It runs no matrix product: its producers hold no BLAS limit (NOTE [ BLAS threads ]).
+    calls_blas = False
 
     def __init__(self, size: int | tuple[int, int] | None = None, *, crop: ImageCrop | None = None,
                  scale: tuple[float, float] = (0.08, 1.0),

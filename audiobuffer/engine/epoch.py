@@ -270,9 +270,12 @@ def set_up_epoch(pipeline: Pipeline, shard: EpochShard, *, resume: bytes | None 
     # a decode outside the GIL, with nothing after it that may hold it: no climb from inline
     gil_free = getattr(pipeline.decoder, "releases_gil", False) is True
     parallel = gil_free and options.transform is None
+    # a decode that runs no matrix product, with nothing after it that may: no BLAS limit to hold
+    blas_free = getattr(pipeline.decoder, "calls_blas", True) is False and options.transform is None
     pool = ProducerPool(make_item, len(layout), decode, buffer, num_producers=producers, memory=pipeline.memory,
                         ordered=options.ordered, warn_after=options.warn_after, timeout=options.timeout,
-                        weights=weights, port=port, blas_threads=options.blas_threads,
+                        weights=weights, port=port,
+                        blas_threads=None if blas_free else options.blas_threads,
                         start_at_cores=parallel)
     return EpochSetup(shard, layout, buffer, pool, make_item, clock, seed, mixture_counts(pipeline, shard, layout),
                       augment_seconds(pipeline.decoder))
