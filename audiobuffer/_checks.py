@@ -14,8 +14,8 @@ import reprlib
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
-__all__ = ["MAX_SECONDS", "MAX_SEED", "check_budgets", "check_choice", "check_decoder", "check_int",
-           "check_seconds", "choices", "short_repr"]
+__all__ = ["MAX_SECONDS", "MAX_SEED", "batch_key", "check_budgets", "check_choice", "check_decoder",
+           "check_int", "check_seconds", "choices", "short_repr"]
 
 #: The longest wait or duration accepted, in seconds (a day): ``threading`` waits overflow past
 #: ``threading.TIMEOUT_MAX``, and no sensible timeout or crop is longer.
@@ -65,6 +65,18 @@ def check_decoder(decoder: Any) -> None:
                         f"pass an instance, {decoder.__qualname__}(...)")
     if not callable(decoder):
         raise TypeError(f"decoder must be callable (WorkItem -> sample), got {decoder!r}")
+
+
+def batch_key(decoder: Any, key: Any) -> str:
+    """The sample key a loader that batches samples itself pads into each batch (``pad_collate``'s
+    ``key``): ``key``, else the decoder's ``sample_key`` (``"image"`` for ``ImageDecoder``), else
+    ``"audio"``."""
+    if key is None:
+        key = getattr(decoder, "sample_key", None)
+        key = key if isinstance(key, str) else "audio"
+    if not isinstance(key, str):
+        raise TypeError(f"key must be a string or None, got {key!r}")
+    return key
 
 
 def check_int(name: str, value: Any, minimum: int | None = None, maximum: int | None = None, *,

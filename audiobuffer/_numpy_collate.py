@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Allocate", "SlotArena", "collate_numpy"]
+__all__ = ["Allocate", "RowStack", "SlotArena", "collate_numpy"]
 
 #: ``(shape, dtype) -> array`` where a batch array is written.
 Allocate = Callable[[tuple[int, ...], np.dtype], np.ndarray]
@@ -46,13 +46,14 @@ def _empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 
 
 def collate_numpy(samples: Sequence[Mapping[str, Any]], *, key: str = "audio", pad_value: float = 0.0,
-                  allocate: Allocate = _empty) -> dict[str, Any]:
+                  allocate: Allocate = _empty, rows: np.ndarray | None = None) -> dict[str, Any]:
     """Collate sample dicts into a dict of numpy arrays and lists (see :func:`~audiobuffer.pad_collate`).
 
     ``key`` is padded along its last axis to the longest in the batch; ``lengths`` holds each sample's
     ``num_frames`` (else its length); numbers and equal-shape arrays of numbers are stacked; anything
     else stays a list. Arrays are written into what ``allocate`` returns, each byte once (with the default
     allocator and a zero pad, the padded array starts as zeroed memory and only the samples are copied).
+    ``rows``: ``key``'s batch array, already written (:meth:`RowStack.rows`), taken as it is.
 
     Raises:
         TypeError: ``samples`` is empty, holds something other than mappings, or ``key`` holds a
@@ -75,7 +76,10 @@ def collate_numpy(samples: Sequence[Mapping[str, Any]], *, key: str = "audio", p
             missing = [k for k in first if k not in sample]
             raise KeyError(f"pad_collate: sample {sample.get('path', '?')!r} lacks {missing}")
     batch: dict[str, Any] = {}
-    batch[key], lengths = _pad([s[key] for s in samples], key, pad_value, allocate)
+    if rows is None:
+        batch[key], lengths = _pad([s[key] for s in samples], key, pad_value, allocate)
+    else:  # every sample's array of one shape: nothing to pad
+        batch[key], lengths = rows, [rows.shape[-1]] * len(samples)
     if "num_frames" in first:
         lengths = [s["num_frames"] for s in samples]
     # each one int(): a 1-element tensor too
@@ -151,6 +155,51 @@ def _collate_field(values: list[Any], allocate: Allocate) -> Any:
                 row[...] = a
             return out
     return values
+
+
+class RowStack:
+    """The ``key`` arrays of one batch of ``size`` samples, each written into the batch array as
+    its sample arrives: the copy of a batch spread over the time its samples take to come, instead
+    of all of it after the last (NOTE [ Batches stacked on arrival ] in ``collate.py``).
+
+    It takes an array only while every one so far has the first's shape and dtype (as
+    :func:`collate_numpy` would stack them, with nothing to pad); anything else (a longer array
+    to pad to, another dtype, something that is not an array of numbers, a sample that is not a
+    mapping) stops it, and :func:`collate_numpy` collates the batch as it would any other,
+    errors included.
+    """
+
+    __slots__ = ("_array", "_filled", "_size", "key", "stopped")
+
+    def __init__(self, size: int, key: str) -> None:
+        self._size = size
+        self.key = key
+        self._array: np.ndarray | None = None
+        self._filled = 0
+        self.stopped = False
+
+    def add(self, sample: Any) -> None:
+        """Write ``sample``'s array into the next row, or stop (nothing raised here)."""
+        if self.stopped:
+            return
+        value = sample.get(self.key) if isinstance(sample, Mapping) else None
+        a = value if value.__class__ is np.ndarray else _as_array(value)
+        array = self._array
+        if array is None and a is not None and a.ndim > 0 and a.dtype.kind in _NUMBER_KINDS:
+            array = self._array = np.empty((self._size, *a.shape), dtype=a.dtype)
+        if a is None or array is None or a.shape != array.shape[1:] or a.dtype != array.dtype \
+                or self._filled == self._size:
+            self.stopped = True
+            self._array = None  # its memory goes now
+            return
+        array[self._filled] = a
+        self._filled += 1
+
+    def rows(self, count: int) -> np.ndarray | None:
+        """The array of the ``count`` samples added; ``None`` where it stopped (or took fewer)."""
+        if self.stopped or self._array is None or self._filled != count:
+            return None
+        return self._array if count == self._size else self._array[:count]
 
 
 class SlotArena:

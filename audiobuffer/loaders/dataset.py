@@ -8,18 +8,22 @@ engine (``engine/epoch.py``).
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.sharedctypes  # noqa: F401 - RawValue's: with this module, not at a dataset
 import warnings
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from multiprocessing.context import get_spawning_popen
 from typing import Any, Generic, TypeVar, overload
 
 from torch.utils.data import IterableDataset
 
+from .._checks import batch_key, check_int
+from ..collate import stacked_batches
 from ..engine.epoch import RunningEpochs, run_epoch
 from ..engine.pipeline import DurationBatching, Pipeline
 from ..engine.stats import MAX_LISTED_FAILURES, DatasetStats
 from ..options import (
     DEFAULT_WARN_AFTER,
+    MAX_BATCH_SIZE,
     BatchSeconds,
     ErrorPolicy,
     EvenShards,
@@ -30,7 +34,8 @@ from ..options import (
 from ..sources.source import LabelSpec, Source, SourceSpec, WorkItem
 from ._state import EpochCursor, PipelineViews, StateKeys, dataloader_worker
 
-__all__ = ["MAX_LISTED_FAILURES", "BufferedDataset", "DatasetStats", "ErrorPolicy", "EvenShards"]
+__all__ = ["MAX_LISTED_FAILURES", "BufferedDataset", "DatasetStats", "ErrorPolicy", "EvenShards",
+           "StackedBatches"]
 
 T = TypeVar("T")
 
@@ -214,7 +219,9 @@ class BufferedDataset(PipelineViews, StateKeys, IterableDataset):
             starts threads of its own that fight the producers for the cores. The count is
             process-wide: set while any loader's producers run and restored when the last one
             stops (NOTE [ BLAS threads ] in ``engine/blas.py``); in an ``IsolatedLoader``'s helper
-            process, for its whole life. ``None``: leave BLAS as it is.
+            process, for its whole life. Not held where the producers run no matrix product (a
+            decoder with ``calls_blas = False``, ``ImageDecoder``, and no ``transform``). ``None``:
+            leave BLAS as it is.
     """
 
     #: The options, read-only (one copy of each: ``pipeline.options``).
@@ -299,6 +306,31 @@ class BufferedDataset(PipelineViews, StateKeys, IterableDataset):
         layout = self._cursor.lay_out(shard, resume)
         yield from self._epochs.run(run_epoch(self.pipeline, shard, layout=layout), self.pipeline.options.on_error)
 
+    def batches(self, batch_size: int, *, drop_last: bool = False,
+                key: str | None = None) -> StackedBatches:
+        """This dataset's epochs in batches of ``batch_size`` samples, each sample's array written
+        into its batch as the sample arrives rather than after the batch's last one (NOTE [ Batches
+        stacked on arrival ] in ``collate.py``): the first batch of fixed-size images comes sooner
+        than through ``DataLoader(batch_size=..., collate_fn=...)``. For
+        ``DataLoader(ds.batches(64), batch_size=None)`` or a loop of its own; ``set_epoch``,
+        ``state_dict`` and ``stats`` stay this dataset's (a state taken between batches holds every
+        sample of those yielded).
+
+        Args:
+            batch_size: samples per batch.
+            drop_last: drop an epoch's last, short batch.
+            key: the sample key padded into each batch (the batches are
+                :func:`~audiobuffer.pad_collate`'s, as :class:`~audiobuffer.IsolatedLoader`'s);
+                ``None``: the decoder's ``sample_key`` (``"image"`` for
+                :class:`~audiobuffer.ImageDecoder`), else ``"audio"``.
+
+        Raises:
+            TypeError, ValueError: an argument of the wrong type or value; batches by duration
+                (``max_batch_seconds``, already batches); ``ImageDecoder(jpeg="device")`` (JPEGs,
+                not arrays: ``DataLoader`` with ``image_collate``).
+        """
+        return StackedBatches(self, batch_size, drop_last=drop_last, key=key)
+
     # -- inspection and shutdown ---------------------------------------------------------------
 
     def stats(self) -> DatasetStats | None:
@@ -373,3 +405,40 @@ class BufferedDataset(PipelineViews, StateKeys, IterableDataset):
         return (f"BufferedDataset({self.source.description}, {self.decoder!r}, items={items}, "
                 f"num_producers={self.num_producers!r}, buffer_size={self.buffer_size}, "
                 f"shuffle={self.shuffle}, ordered={self.ordered}, on_error={self.on_error!r})")
+
+
+class StackedBatches(IterableDataset):
+    """:meth:`BufferedDataset.batches`: the dataset's epochs as :func:`~audiobuffer.pad_collate`'s
+    batches, stacked as their samples arrive (NOTE [ Batches stacked on arrival ] in
+    ``collate.py``)."""
+
+    def __init__(self, dataset: BufferedDataset, batch_size: int, *, drop_last: bool = False,
+                 key: str | None = None) -> None:
+        check_int("batch_size", batch_size, 1, MAX_BATCH_SIZE)
+        if not isinstance(drop_last, bool):
+            raise TypeError(f"drop_last must be True or False, got {drop_last!r}")
+        if dataset.batching is not None or dataset.options.max_batch_seconds is not None:
+            raise ValueError("this dataset batches by duration (max_batch_seconds): its elements "
+                             "are batches already (cap their size with max_batch_size)")
+        if getattr(dataset.decoder, "jpeg", "host") == "device":
+            raise ValueError("batches() stacks arrays, not the JPEGs ImageDecoder(jpeg='device') "
+                             "leaves to the device: batch them with DataLoader(dataset, "
+                             "batch_size=..., collate_fn=image_collate)")
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.key = batch_key(dataset.decoder, key)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({self.dataset!r}, batch_size={self.batch_size}, "
+                f"drop_last={self.drop_last}, key={self.key!r})")
+
+    def __len__(self) -> int:
+        """Batches per epoch of ``len(dataset)`` items (in one process: each DataLoader worker
+        batches its own)."""
+        items = len(self.dataset)
+        return items // self.batch_size if self.drop_last else -(-items // self.batch_size)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return stacked_batches(iter(self.dataset), self.batch_size, key=self.key,
+                               drop_last=self.drop_last)

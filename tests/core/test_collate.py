@@ -123,3 +123,78 @@ def test_samples_of_one_length_stack_as_padded_ones_would(dtypes):
     batch = collate_numpy([{"audio": a} for a in arrays], allocate=allocate)
     assert batch["audio"] is written[0]
     np.testing.assert_array_equal(written[0][1], arrays[1].astype(arrays[0].dtype))
+
+
+def _equal_batches(got: dict, expected: dict) -> None:
+    assert list(got) == list(expected)
+    for name, value in expected.items():
+        if isinstance(value, torch.Tensor):
+            assert isinstance(got[name], torch.Tensor) and got[name].dtype == value.dtype, name
+            assert torch.equal(got[name], value), name
+        else:
+            assert got[name] == value, name
+
+
+def _random_samples(rng: np.random.Generator, count: int) -> list:
+    """Samples as decoders make them: mostly of one shape, some of another length, dtype, kind."""
+    samples = []
+    for i in range(count):
+        length = 6 if rng.random() < 0.85 else int(rng.integers(1, 9))
+        dtype = "float32" if rng.random() < 0.9 else "float64"
+        audio = (rng.standard_normal((2, length)) * 100).astype(dtype)
+        value = torch.from_numpy(audio) if rng.random() < 0.5 else audio
+        sample = {"audio": value, "index": i, "path": f"{i}.wav", "emb": np.full(3, i, np.int16)}
+        if rng.random() < 0.1:
+            sample["audio"] = value[:, ::2]  # a strided view
+        samples.append(sample)
+    return samples
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_batches_stacked_on_arrival_are_pad_collates(seed):
+    """NOTE [ Batches stacked on arrival ]: whatever the samples (one shape, a longer one to pad,
+    another dtype, views), each batch is the one pad_collate makes of its samples."""
+    from audiobuffer.collate import stacked_batches
+
+    rng = np.random.default_rng(seed)
+    samples = _random_samples(rng, int(rng.integers(1, 30)))
+    size, drop_last = int(rng.integers(1, 9)), bool(rng.random() < 0.5)
+    got = list(stacked_batches(iter(samples), size, key="audio", drop_last=drop_last))
+    groups = [samples[k:k + size] for k in range(0, len(samples), size)]
+    if drop_last and len(groups[-1]) < size:
+        groups.pop()
+    assert len(got) == len(groups)
+    for batch, group in zip(got, groups):
+        _equal_batches(batch, pad_collate(group))
+        audio = batch["audio"].numpy()
+        assert not any(np.shares_memory(audio, np.asarray(s["audio"])) for s in group)
+
+
+def test_batches_stacked_on_arrival_raise_what_pad_collate_raises():
+    from audiobuffer.collate import stacked_batches
+
+    one = {"audio": torch.ones(2)}
+    for samples in ([one, {"audio": "x"}], [one, {"wave": torch.ones(2)}], [one, 3],
+                    [{"audio": np.array(["a", "b"])}]):
+        with pytest.raises((TypeError, KeyError)) as expected:
+            pad_collate(samples)
+        with pytest.raises(type(expected.value), match=str(expected.value)[:20]):
+            list(stacked_batches(iter(samples), 4, key="audio"))
+
+
+def test_closing_the_batches_closes_the_samples():
+    from audiobuffer.collate import stacked_batches
+
+    closed = []
+
+    def samples():
+        try:
+            while True:
+                yield {"audio": torch.ones(2)}
+        finally:
+            closed.append(True)
+
+    batches = stacked_batches(samples(), 3, key="audio")
+    assert next(batches)["audio"].shape == (3, 2)
+    batches.close()
+    assert closed == [True]

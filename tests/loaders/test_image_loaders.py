@@ -116,3 +116,61 @@ def test_the_isolated_loader_refuses_jpegs_left_for_the_device(tmp_path):
     with pytest.raises(ValueError, match=r"cannot take ImageDecoder\(jpeg='device'\).*jpeg='host'"):
         IsolatedLoader([str(tmp_path / "a.jpg")], ImageDecoder(32, jpeg="device"), batch_size=2)
     assert wait_no_threads() == []
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_buffered_dataset_stacks_batches_as_samples_arrive(packed, drop_last):
+    """BufferedDataset.batches: pad_collate's batches of the epoch's samples, in their order, each
+    item once; len() counts them; the last, short one dropped with drop_last."""
+    from audiobuffer import pad_collate
+
+    spec = str(packed / INDEX_NAME)
+    ds = BufferedDataset(spec, decoder(), labels="label", seed=3, shuffle=True, ordered=True,
+                         num_producers=2)
+    batches = ds.batches(3, drop_last=drop_last)
+    assert batches.key == "image" and len(batches) == (N // 3 if drop_last else -(-N // 3))
+    got = list(DataLoader(batches, batch_size=None))
+    samples = list(ds)  # the same epoch (epoch 0), one sample at a time
+    ds.close()
+    assert len(got) == len(batches)
+    for k, batch in enumerate(got):
+        expected = pad_collate(samples[3 * k:3 * k + 3], key="image")
+        assert list(batch) == list(expected)
+        for name, value in expected.items():
+            same = torch.equal(batch[name], value) if isinstance(value, torch.Tensor) else None
+            assert same if same is not None else batch[name] == value, name
+    kept = {int(i) for batch in got for i in batch["index"]}
+    assert len(kept) == (N // 3 * 3 if drop_last else N)
+    check_batches(got, {i: s for i, s in reference(spec).items() if i in kept})
+    assert wait_no_threads() == []
+
+
+def test_stacked_batches_resume_where_the_state_was_taken(packed):
+    spec = str(packed / INDEX_NAME)
+    ds = BufferedDataset(spec, decoder(), labels="label", seed=3, shuffle=True, num_producers=2)
+    seen = []
+    for batch in ds.batches(3):
+        seen += batch["index"].tolist()
+        state = ds.state_dict()
+        break
+    ds.close()
+    resumed = BufferedDataset(spec, decoder(), labels="label", seed=3, shuffle=True,
+                              num_producers=2)
+    resumed.load_state_dict(state)
+    rest = [i for batch in resumed.batches(3) for i in batch["index"].tolist()]
+    resumed.close()
+    assert len(seen) == 3 and sorted(seen + rest) == list(range(N))
+    assert wait_no_threads() == []
+
+
+def test_stacked_batches_refuse_what_they_cannot_batch(packed, tmp_path):
+    ds = BufferedDataset(str(packed / INDEX_NAME), decoder(), labels="label")
+    for kwargs, error, match in (({"batch_size": 0}, ValueError, "batch_size"),
+                                 ({"batch_size": 2, "drop_last": 1}, TypeError, "drop_last"),
+                                 ({"batch_size": 2, "key": 5}, TypeError, "key")):
+        with pytest.raises(error, match=match):
+            ds.batches(**kwargs)
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "a.jpg")
+    device = BufferedDataset(str(tmp_path), ImageDecoder(SIZE, jpeg="device"))
+    with pytest.raises(ValueError, match="image_collate"):
+        device.batches(2)

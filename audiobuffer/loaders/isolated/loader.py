@@ -48,6 +48,7 @@ from typing import Any, NamedTuple, cast
 import numpy as np
 import torch
 
+from ..._checks import batch_key
 from ...buffer import Buffer, BufferStats
 from ...collate import pad_collate
 from ...engine.cancel import on_cancel
@@ -346,11 +347,7 @@ class IsolatedLoader(PipelineViews, StateKeys):
                              "batches cross from the helper process in shared memory, arrays "
                              "only, not encoded JPEGs; give jpeg='host', or use BufferedDataset "
                              "with image_collate and DevicePrefetcher(transform=DecodeJpeg(...))")
-        if key is None:
-            key = getattr(decoder, "sample_key", None)
-            key = key if isinstance(key, str) else "audio"
-        if not isinstance(key, str):
-            raise TypeError(f"key must be a string or None, got {key!r}")
+        key = batch_key(decoder, key)
         for name, flag in (("background", background), ("start_in_trainer", start_in_trainer)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be True or False, got {flag!r}")
