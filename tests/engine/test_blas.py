@@ -41,6 +41,25 @@ def test_the_default_is_one_thread_while_producers_run():
     assert blas_threads() == 3
 
 
+class BlasFreeProbe(BlasProbe):
+    """A decoder that says it runs no matrix product (as ``ImageDecoder`` does)."""
+
+    calls_blas = False
+
+
+def test_producers_that_run_no_matrix_product_hold_no_limit_but_a_transform_does():
+    with BufferedDataset(fake_paths(4), BlasFreeProbe(length=2), num_producers=2) as dataset:
+        assert {s["blas_threads"] for s in dataset} == {3}  # nothing applied: no library scan
+
+    def transform(sample):  # what a transform does is unknown: the limit holds again
+        return {**sample, "blas_threads": blas_threads()}
+
+    with BufferedDataset(fake_paths(4), BlasFreeProbe(length=2), num_producers=2,
+                         transform=transform) as dataset:
+        assert {s["blas_threads"] for s in dataset} == {1}
+    assert blas_threads() == 3
+
+
 def test_an_epoch_left_early_gives_the_count_back():
     with BufferedDataset(fake_paths(200), BlasProbe(length=2, delay=0.001),
                          num_producers=2) as dataset:
