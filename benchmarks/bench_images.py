@@ -13,6 +13,8 @@ clock):
 - ``audiobuffer``: ``BufferedDataset(root, ImageDecoder(224, crop="random_resized", flip=True),
   labels="parent")`` and ``DataLoader(batch_size=64, collate_fn=image_collate)``, threads;
   ``audiobuffer-torch``: the same with ``backend="torch"`` (simplejpeg decodes, torch resizes);
+  ``audiobuffer-torch-batches``: that dataset's ``batches(64)`` (each image written into its batch
+  as it arrives) through ``DataLoader(batch_size=None)``;
   ``audiobuffer-nodraft``: with ``draft=False`` (every JPEG decoded at full size);
   ``audiobuffer-pin``: with ``pin_memory=True``;
 - ``isolated``: ``IsolatedLoader`` with the same decoder, ``batch_size=64, key="image"``;
@@ -27,6 +29,9 @@ clock):
 - ``spdl``: SPDL's pipeline: a source of batches of paths, a thread stage (concurrency 2) that
   decodes each file with ``spdl.io.load_image`` and an FFmpeg filter that crops (the same rule),
   scales and flips, then stacks the batch;
+- ``threads-torch``: the floor of any threaded loader with ``ImageDecoder(backend="torch")``:
+  the decoder in two plain threads that feed a queue, 64 samples stacked at a time as they come
+  (``thread_batches``);
 - ``one-thread``: no epoch: each pipeline's work on one image, alone, in one thread (torch's
   intra-op threads set to 1): ``ImageDecoder``'s decode (as ``audiobuffer``'s), with
   ``backend="torch"`` (as ``audiobuffer-torch``'s) and the Pillow ``Dataset``'s ``__getitem__``,
@@ -74,7 +79,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import harness
-from sections.images import OURS  # the approach the goals are read on, as the page reads them
+from sections.images import FLOOR, OURS  # the rows the goals are read on, as the page reads them
 
 from audiobuffer.cli._photos import make_photo_corpus, shipped_photos
 
@@ -84,6 +89,7 @@ CLASSES = 10
 APPROACHES = (
     "audiobuffer",
     "audiobuffer-torch",
+    "audiobuffer-torch-batches",
     "audiobuffer-nodraft",
     "isolated",
     "isolated-torch",
@@ -97,6 +103,7 @@ APPROACHES = (
     "torchvision-w2-spawn",
     "torchvision-w4-fork",
     "spdl",
+    "threads-torch",
     "audiobuffer-pin",
     "pillow-w2-fork-pin",
     "one-thread",
@@ -224,6 +231,7 @@ class Approach(NamedTuple):
     pin: bool
     draft: bool
     backend: str
+    batches: bool
 
 
 def parse(approach: str) -> Approach:
@@ -231,7 +239,7 @@ def parse(approach: str) -> Approach:
     workers = next((int(p[1:]) for p in parts if p[:1] == "w" and p[1:].isdigit()), 0)
     method = next((p for p in parts if p in ("fork", "spawn")), None)
     return Approach(parts[0], workers, method, "pin" in parts, "nodraft" not in parts,
-                    "torch" if "torch" in parts else "pillow")
+                    "torch" if "torch" in parts else "pillow", "batches" in parts)
 
 
 def label(approach: str) -> str:
@@ -240,11 +248,14 @@ def label(approach: str) -> str:
     pin = ", `pin_memory=True`" if a.pin else ""
     backend = ', `backend="torch"`' if a.backend == "torch" else ""
     if a.family == "audiobuffer":
-        return "`BufferedDataset`" + backend + (", `draft=False`" if not a.draft else "") + pin
+        name = f"`BufferedDataset.batches({BATCH})`" if a.batches else "`BufferedDataset`"
+        return name + backend + (", `draft=False`" if not a.draft else "") + pin
     if a.family == "isolated":
         return "`IsolatedLoader`" + backend
     if a.family == "spdl":
         return "SPDL pipeline, 2 threads"
+    if a.family == "threads":
+        return '2 plain threads, `ImageDecoder(backend="torch")`, no library (the floor)'
     name = "Pillow `Dataset`" if a.family == "pillow" else "torchvision `ImageFolder`"
     return f"{name}, {a.workers} workers" + (f", {a.method}" if a.method else "") + pin
 
@@ -276,6 +287,46 @@ def why_not(approaches: Sequence[str], root: Path) -> dict[str, str]:
     if not torch.cuda.is_available():
         out.update({a: "no GPU" for a in approaches if parse(a).pin})
     return out
+
+
+def thread_batches(root: str) -> Iterator[dict[str, Any]]:
+    """The plain loop a threaded loader can at best be: the files listed as the Pillow ``Dataset``
+    lists them, shuffled, and decoded by ``ImageDecoder(backend="torch")`` in two threads of no
+    library (each takes the next file, puts its sample in a queue), stacked 64 at a time as they
+    come; no buffer bound, order, state or error handling. Its first batch and images/s are what
+    the decoder allows a fresh process on these cores."""
+    import queue
+    import threading
+
+    import torch
+
+    from audiobuffer import ImageDecoder, WorkItem
+
+    decoder = ImageDecoder(SIZE, crop="random_resized", flip=True, backend="torch")
+    samples = PillowFolder(root).samples
+    order = torch.randperm(len(samples)).tolist()
+    taken = iter(range(len(order)))
+    lock = threading.Lock()
+    done: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+    def produce() -> None:
+        while True:
+            with lock:
+                n = next(taken, None)
+            if n is None:
+                return
+            path, label = samples[order[n]]
+            done.put((decoder(WorkItem(index=order[n], path=path, seed=0)), label))
+
+    threads = [threading.Thread(target=produce, daemon=True) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for first in range(0, len(order), BATCH):
+        rows = [done.get(timeout=60) for _ in range(min(BATCH, len(order) - first))]
+        yield {"image": torch.stack([sample["image"] for sample, _ in rows]),
+               "label": torch.tensor([label for _, label in rows])}
+    for thread in threads:
+        thread.join(timeout=60)
 
 
 def spdl_batches(root: str) -> Iterator[dict[str, Any]]:
@@ -333,10 +384,15 @@ def loader_of(approach: str, root: str) -> tuple[Any, Any]:
                                       shuffle=True, seed=0)
             return isolated, isolated
         dataset = BufferedDataset(root, decoder, labels="parent", shuffle=True, seed=0)
+        if a.batches:  # stacked as the samples arrive: whole batches, no DataLoader needed
+            batches = dataset.batches(BATCH)
+            return (DataLoader(batches, batch_size=None, pin_memory=True) if a.pin else batches), dataset
         loader = DataLoader(dataset, batch_size=BATCH, collate_fn=image_collate, pin_memory=a.pin)
         return loader, dataset
     if a.family == "spdl":
         return spdl_batches(root), None
+    if a.family == "threads":
+        return thread_batches(root), None
     if a.family == "torchvision":
         from torchvision.datasets import ImageFolder
         from torchvision.transforms import v2
@@ -679,13 +735,13 @@ def ceiling_rows(measured: Sequence[dict[str, float]], by: dict[str, dict[str, A
 
 def goals(rows: Sequence[dict[str, Any]]) -> list[list[object]]:
     """The image pipeline's goals, checked against this run's medians (where both sides ran), each
-    beside what the machine allows its ``ImageDecoder`` (its one-thread ceiling, where measured):
-    on :data:`OURS`' first approach that ran."""
+    beside what the machine allows its ``ImageDecoder`` (its one-thread ceiling, and the plain
+    loop of :data:`FLOOR`, where measured): on :data:`OURS`' first approach that ran."""
     ran = {r["approach"]: r for r in rows if "skipped" not in r}
     found = next(((a, alone) for a, alone in OURS if a in ran), None)
     if found is None:
         return []
-    ours, alone = ran[found[0]], ran.get(found[1], {})
+    ours, alone, plain = ran[found[0]], ran.get(found[1], {}), ran.get(FLOOR, {})
     checked: list[list[object]] = []
     for key, goal, target, met, bound in (
         ("vs_fork", f"images/s / {BASE}", ">= 1.30x", lambda v: v >= 1.3, "ceiling_vs_fork"),
@@ -695,9 +751,12 @@ def goals(rows: Sequence[dict[str, Any]]) -> list[list[object]]:
     ):
         if key in ours:
             verdict = "yes" if met(ours[key]) else "**no**"
-            allows = f"{'<=' if key == 'vs_fork' else '>='} {alone[bound]:.3f}x" if (
-                bound in alone) else "-"
-            checked.append([f"{found[0]}: {goal}", f"{ours[key]:.3f}x", target, allows, verdict])
+            allows = [f"one thread: {'<=' if key == 'vs_fork' else '>='} {alone[bound]:.3f}x"] if (
+                bound in alone) else []
+            if bound and key in plain:
+                allows.append(f"plain loop: {plain[key]:.3f}x")
+            checked.append([f"{found[0]}: {goal}", f"{ours[key]:.3f}x", target,
+                            "; ".join(allows) or "-", verdict])
     return checked
 
 
