@@ -385,8 +385,10 @@ def loader_of(approach: str, root: str) -> tuple[Any, Any]:
             return isolated, isolated
         dataset = BufferedDataset(root, decoder, labels="parent", shuffle=True, seed=0)
         if a.batches:  # stacked as the samples arrive: whole batches, no DataLoader needed
-            batches = dataset.batches(BATCH)
-            return (DataLoader(batches, batch_size=None, pin_memory=True) if a.pin else batches), dataset
+            batches: Any = dataset.batches(BATCH)
+            if a.pin:
+                batches = DataLoader(batches, batch_size=None, pin_memory=True)
+            return batches, dataset
         loader = DataLoader(dataset, batch_size=BATCH, collate_fn=image_collate, pin_memory=a.pin)
         return loader, dataset
     if a.family == "spdl":

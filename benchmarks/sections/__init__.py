@@ -30,12 +30,10 @@ __all__ = ["INTRO", "SECTIONS", "Section", "anchor"]
 INTRO = """\
 # Benchmarks
 
-What audiobuffer's loaders gain and cost, one section per question: a table, where and how it was measured
-(machine, versions, date, commit, the command to measure it again) and a plot. Ratios compare approaches in
-one run; compare figures across sections only where machine and date match. **CPU**: a virtual machine with 2
-cores and no GPU, shared with other work (differences under about 15% are noise). **H100**: 16 cores and one
-NVIDIA H100 80GB HBM3 (up to 25% from run to run). `--write` saves a benchmark's results
-(`benchmarks/results/NAME.json`) and renders its section; `python benchmarks/render.py` renders them all."""
+What audiobuffer's loaders gain and cost, a section a question: a table, how it was measured (machine, versions,
+date, commit, the command again) and a plot. Ratios compare approaches in one run. **CPU**: a shared virtual
+machine, 2 cores, no GPU (differences under about 15% are noise). **H100**: 16 cores, an NVIDIA H100 80GB HBM3
+(up to 25% run to run). `--write` saves `benchmarks/results/NAME.json`; `benchmarks/render.py` renders the page."""
 
 #: The page's sections, in order.
 SECTIONS = [DECODE, EPOCHS, OVERLAP, CONTENTION, TRAIN, DEVICE, STORAGE, SCALE, FORMATS, DURATIONS, AUGMENT,

@@ -33,8 +33,8 @@ def transform_table(results: Results) -> str:
 def transform_reading(results: Results) -> str:
     settings = results["transform"]["settings"]
     between = settings.get("between_s", 0.0)
-    return (f"{settings['files']} FLAC files of 1-4 s, each decoded and turned into its "
-            f"log-mel spectrogram by librosa in the decoding thread, batches of 16; each run a "
+    return (f"{settings['files']} FLAC files of 1-4 s, each decoded to its log-mel spectrogram "
+            f"by librosa in the decoding thread, batches of 16; each run a "
             f"fresh process with librosa loaded before the clock; {between:g} s between the "
             f"loader's construction and its first `iter()`. The first epoch counts from the "
             f"construction (an `IsolatedLoader`'s helper starts there).")
