@@ -186,7 +186,10 @@ class RowStack:
         a = value if value.__class__ is np.ndarray else _as_array(value)
         array = self._array
         if array is None and a is not None and a.ndim > 0 and a.dtype.kind in _NUMBER_KINDS:
-            array = self._array = np.empty((self._size, *a.shape), dtype=a.dtype)
+            try:  # a batch_size far above the samples there are: pad_collate's own allocation
+                array = self._array = np.empty((self._size, *a.shape), dtype=a.dtype)
+            except MemoryError:
+                array = None
         if a is None or array is None or a.shape != array.shape[1:] or a.dtype != array.dtype \
                 or self._filled == self._size:
             self.stopped = True

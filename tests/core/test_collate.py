@@ -198,3 +198,13 @@ def test_closing_the_batches_closes_the_samples():
     assert next(batches)["audio"].shape == (3, 2)
     batches.close()
     assert closed == [True]
+
+
+def test_a_batch_size_beyond_memory_gives_the_short_batch_pad_collate_gives():
+    """A batch_size far above the samples there are (the last, short batch of an epoch): the batch
+    is pad_collate's, not a MemoryError for rows that never come."""
+    from audiobuffer.collate import stacked_batches
+
+    samples = [{"audio": np.full(1 << 20, k, np.float64), "index": k} for k in range(2)]
+    (batch,) = stacked_batches(iter(samples), 1 << 20, key="audio")
+    _equal_batches(batch, pad_collate(samples))
