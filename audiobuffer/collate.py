@@ -8,8 +8,8 @@ NOTE [ Batches stacked on arrival ]
 ===================================
 A ``DataLoader`` collates a batch after its last sample has come: the copy of the whole batch (64
 images of 224 x 224: 9.6 MB, its pages touched for the first time in the first batch) then runs on
-a core the producers are decoding the next batch on, and the batch waits for it. With
-``BufferedDataset(batch_size=)`` the dataset yields :func:`pad_collate`'s batches itself
+a core the producers are decoding the next batch on, and the batch waits for it.
+``BufferedDataset.batches(batch_size)`` yields :func:`pad_collate`'s batches itself
 (:func:`stacked_batches`): each sample's ``key`` array is written into its row of the batch
 array as the sample arrives (a :class:`~audiobuffer._numpy_collate.RowStack`), in the consumer's
 waits for the next one, so only the last row is left when the last sample comes. The batches are

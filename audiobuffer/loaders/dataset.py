@@ -417,7 +417,7 @@ class StackedBatches(IterableDataset):
         check_int("batch_size", batch_size, 1, MAX_BATCH_SIZE)
         if not isinstance(drop_last, bool):
             raise TypeError(f"drop_last must be True or False, got {drop_last!r}")
-        if dataset.batching is not None or dataset.options.max_batch_seconds is not None:
+        if dataset.options.max_batch_seconds is not None:
             raise ValueError("this dataset batches by duration (max_batch_seconds): its elements "
                              "are batches already (cap their size with max_batch_size)")
         if getattr(dataset.decoder, "jpeg", "host") == "device":

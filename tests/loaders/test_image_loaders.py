@@ -174,3 +174,12 @@ def test_stacked_batches_refuse_what_they_cannot_batch(packed, tmp_path):
     device = BufferedDataset(str(tmp_path), ImageDecoder(SIZE, jpeg="device"))
     with pytest.raises(ValueError, match="image_collate"):
         device.batches(2)
+
+
+def test_batches_by_duration_are_not_batched_again(tmp_path):
+    from helpers import IndexDecoder, duration_manifest
+
+    ds = BufferedDataset(duration_manifest(tmp_path, [1.0] * 4), IndexDecoder(),
+                         max_batch_seconds=2.0, duration_column="seconds")
+    with pytest.raises(ValueError, match="max_batch_seconds"):
+        ds.batches(2)
