@@ -9,8 +9,8 @@ NOTE [ Batches stacked on arrival ]
 A ``DataLoader`` collates a batch after its last sample has come: the copy of the whole batch (64
 images of 224 x 224: 9.6 MB, its pages touched for the first time in the first batch) then runs on
 a core the producers are decoding the next batch on, and the batch waits for it.
-``BufferedDataset.batches(batch_size)`` yields :func:`pad_collate`'s batches itself
-(:func:`stacked_batches`): each sample's ``key`` array is written into its row of the batch
+``BufferedDataset.stacked_batches(batch_size)`` yields :func:`pad_collate`'s batches itself
+(:func:`stack_on_arrival`): each sample's ``key`` array is written into its row of the batch
 array as the sample arrives (a :class:`~audiobuffer._numpy_collate.RowStack`), in the consumer's
 waits for the next one, so only the last row is left when the last sample comes. The batches are
 those ``pad_collate`` makes of the same samples: a batch whose arrays differ in shape or dtype is
@@ -28,7 +28,7 @@ import torch
 from ._numpy_collate import RowStack, collate_numpy
 from .decoders.image import EncodedImage
 
-__all__ = ["image_collate", "pad_collate", "stacked_batches"]
+__all__ = ["image_collate", "pad_collate", "stack_on_arrival"]
 
 
 def pad_collate(samples: Sequence[Mapping[str, Any]], *, key: str = "audio",
@@ -69,7 +69,7 @@ def _tensors(batch: dict[str, Any]) -> dict[str, Any]:
     return batch
 
 
-def stacked_batches(samples: Iterator[Any], batch_size: int, *, key: str,
+def stack_on_arrival(samples: Iterator[Any], batch_size: int, *, key: str,
                     drop_last: bool = False) -> Iterator[dict[str, Any]]:
     """:func:`pad_collate`'s batches of ``batch_size`` of ``samples`` (the last one shorter, or
     dropped with ``drop_last``), each ``key`` array written into its batch as it arrives (NOTE [

@@ -248,7 +248,7 @@ def label(approach: str) -> str:
     pin = ", `pin_memory=True`" if a.pin else ""
     backend = ', `backend="torch"`' if a.backend == "torch" else ""
     if a.family == "audiobuffer":
-        name = f"`BufferedDataset.batches({BATCH})`" if a.batches else "`BufferedDataset`"
+        name = f"`BufferedDataset.stacked_batches({BATCH})`" if a.batches else "`BufferedDataset`"
         return name + backend + (", `draft=False`" if not a.draft else "") + pin
     if a.family == "isolated":
         return "`IsolatedLoader`" + backend
@@ -385,7 +385,7 @@ def loader_of(approach: str, root: str) -> tuple[Any, Any]:
             return isolated, isolated
         dataset = BufferedDataset(root, decoder, labels="parent", shuffle=True, seed=0)
         if a.batches:  # stacked as the samples arrive: whole batches, no DataLoader needed
-            batches: Any = dataset.batches(BATCH)
+            batches: Any = dataset.stacked_batches(BATCH)
             if a.pin:
                 batches = DataLoader(batches, batch_size=None, pin_memory=True)
             return batches, dataset

@@ -17,7 +17,7 @@ from typing import Any, Generic, TypeVar, overload
 from torch.utils.data import IterableDataset
 
 from .._checks import batch_key, check_int
-from ..collate import stacked_batches
+from ..collate import stack_on_arrival
 from ..engine.epoch import RunningEpochs, run_epoch
 from ..engine.pipeline import DurationBatching, Pipeline
 from ..engine.stats import MAX_LISTED_FAILURES, DatasetStats
@@ -306,15 +306,15 @@ class BufferedDataset(PipelineViews, StateKeys, IterableDataset):
         layout = self._cursor.lay_out(shard, resume)
         yield from self._epochs.run(run_epoch(self.pipeline, shard, layout=layout), self.pipeline.options.on_error)
 
-    def batches(self, batch_size: int, *, drop_last: bool = False,
+    def stacked_batches(self, batch_size: int, *, drop_last: bool = False,
                 key: str | None = None) -> StackedBatches:
         """This dataset's epochs in batches of ``batch_size`` samples, each sample's array written
         into its batch as the sample arrives rather than after the batch's last one (NOTE [ Batches
         stacked on arrival ] in ``collate.py``): the first batch of fixed-size images comes sooner
         than through ``DataLoader(batch_size=..., collate_fn=...)``. For
-        ``DataLoader(ds.batches(64), batch_size=None)`` or a loop of its own; ``set_epoch``,
-        ``state_dict`` and ``stats`` stay this dataset's (a state taken between batches holds every
-        sample of those yielded).
+        ``DataLoader(ds.stacked_batches(64), batch_size=None)`` or a loop of its own;
+        ``set_epoch``, ``state_dict`` and ``stats`` stay this dataset's (a state taken between
+        batches holds every sample of those yielded).
 
         Args:
             batch_size: samples per batch.
@@ -408,9 +408,9 @@ class BufferedDataset(PipelineViews, StateKeys, IterableDataset):
 
 
 class StackedBatches(IterableDataset):
-    """:meth:`BufferedDataset.batches`: the dataset's epochs as :func:`~audiobuffer.pad_collate`'s
-    batches, stacked as their samples arrive (NOTE [ Batches stacked on arrival ] in
-    ``collate.py``)."""
+    """:meth:`BufferedDataset.stacked_batches`: the dataset's epochs as
+    :func:`~audiobuffer.pad_collate`'s batches, stacked as their samples arrive (NOTE [ Batches
+    stacked on arrival ] in ``collate.py``)."""
 
     def __init__(self, dataset: BufferedDataset, batch_size: int, *, drop_last: bool = False,
                  key: str | None = None) -> None:
@@ -421,9 +421,9 @@ class StackedBatches(IterableDataset):
             raise ValueError("this dataset batches by duration (max_batch_seconds): its elements "
                              "are batches already (cap their size with max_batch_size)")
         if getattr(dataset.decoder, "jpeg", "host") == "device":
-            raise ValueError("batches() stacks arrays, not the JPEGs ImageDecoder(jpeg='device') "
-                             "leaves to the device: batch them with DataLoader(dataset, "
-                             "batch_size=..., collate_fn=image_collate)")
+            raise ValueError("stacked_batches() stacks arrays, not the JPEGs "
+                             "ImageDecoder(jpeg='device') leaves to the device: batch them with "
+                             "DataLoader(dataset, batch_size=..., collate_fn=image_collate)")
         self.dataset = dataset
         self.batch_size = batch_size
         self.drop_last = drop_last
@@ -440,5 +440,5 @@ class StackedBatches(IterableDataset):
         return items // self.batch_size if self.drop_last else -(-items // self.batch_size)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        return stacked_batches(iter(self.dataset), self.batch_size, key=self.key,
+        return stack_on_arrival(iter(self.dataset), self.batch_size, key=self.key,
                                drop_last=self.drop_last)

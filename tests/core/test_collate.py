@@ -154,12 +154,12 @@ def _random_samples(rng: np.random.Generator, count: int) -> list:
 def test_batches_stacked_on_arrival_are_pad_collates(seed):
     """NOTE [ Batches stacked on arrival ]: whatever the samples (one shape, a longer one to pad,
     another dtype, views), each batch is the one pad_collate makes of its samples."""
-    from audiobuffer.collate import stacked_batches
+    from audiobuffer.collate import stack_on_arrival
 
     rng = np.random.default_rng(seed)
     samples = _random_samples(rng, int(rng.integers(1, 30)))
     size, drop_last = int(rng.integers(1, 9)), bool(rng.random() < 0.5)
-    got = list(stacked_batches(iter(samples), size, key="audio", drop_last=drop_last))
+    got = list(stack_on_arrival(iter(samples), size, key="audio", drop_last=drop_last))
     groups = [samples[k:k + size] for k in range(0, len(samples), size)]
     if drop_last and len(groups[-1]) < size:
         groups.pop()
@@ -171,7 +171,7 @@ def test_batches_stacked_on_arrival_are_pad_collates(seed):
 
 
 def test_batches_stacked_on_arrival_raise_what_pad_collate_raises():
-    from audiobuffer.collate import stacked_batches
+    from audiobuffer.collate import stack_on_arrival
 
     one = {"audio": torch.ones(2)}
     for samples in ([one, {"audio": "x"}], [one, {"wave": torch.ones(2)}], [one, 3],
@@ -179,11 +179,11 @@ def test_batches_stacked_on_arrival_raise_what_pad_collate_raises():
         with pytest.raises((TypeError, KeyError)) as expected:
             pad_collate(samples)
         with pytest.raises(type(expected.value), match=str(expected.value)[:20]):
-            list(stacked_batches(iter(samples), 4, key="audio"))
+            list(stack_on_arrival(iter(samples), 4, key="audio"))
 
 
 def test_closing_the_batches_closes_the_samples():
-    from audiobuffer.collate import stacked_batches
+    from audiobuffer.collate import stack_on_arrival
 
     closed = []
 
@@ -194,7 +194,7 @@ def test_closing_the_batches_closes_the_samples():
         finally:
             closed.append(True)
 
-    batches = stacked_batches(samples(), 3, key="audio")
+    batches = stack_on_arrival(samples(), 3, key="audio")
     assert next(batches)["audio"].shape == (3, 2)
     batches.close()
     assert closed == [True]
@@ -203,8 +203,8 @@ def test_closing_the_batches_closes_the_samples():
 def test_a_batch_size_beyond_memory_gives_the_short_batch_pad_collate_gives():
     """A batch_size far above the samples there are (the last, short batch of an epoch): the batch
     is pad_collate's, not a MemoryError for rows that never come."""
-    from audiobuffer.collate import stacked_batches
+    from audiobuffer.collate import stack_on_arrival
 
     samples = [{"audio": np.full(1 << 20, k, np.float64), "index": k} for k in range(2)]
-    (batch,) = stacked_batches(iter(samples), 1 << 20, key="audio")
+    (batch,) = stack_on_arrival(iter(samples), 1 << 20, key="audio")
     _equal_batches(batch, pad_collate(samples))

@@ -127,7 +127,7 @@ def test_buffered_dataset_stacks_batches_as_samples_arrive(packed, drop_last):
     spec = str(packed / INDEX_NAME)
     ds = BufferedDataset(spec, decoder(), labels="label", seed=3, shuffle=True, ordered=True,
                          num_producers=2)
-    batches = ds.batches(3, drop_last=drop_last)
+    batches = ds.stacked_batches(3, drop_last=drop_last)
     assert batches.key == "image" and len(batches) == (N // 3 if drop_last else -(-N // 3))
     got = list(DataLoader(batches, batch_size=None))
     samples = list(ds)  # the same epoch (epoch 0), one sample at a time
@@ -149,7 +149,7 @@ def test_stacked_batches_resume_where_the_state_was_taken(packed):
     spec = str(packed / INDEX_NAME)
     ds = BufferedDataset(spec, decoder(), labels="label", seed=3, shuffle=True, num_producers=2)
     seen = []
-    for batch in ds.batches(3):
+    for batch in ds.stacked_batches(3):
         seen += batch["index"].tolist()
         state = ds.state_dict()
         break
@@ -157,7 +157,7 @@ def test_stacked_batches_resume_where_the_state_was_taken(packed):
     resumed = BufferedDataset(spec, decoder(), labels="label", seed=3, shuffle=True,
                               num_producers=2)
     resumed.load_state_dict(state)
-    rest = [i for batch in resumed.batches(3) for i in batch["index"].tolist()]
+    rest = [i for batch in resumed.stacked_batches(3) for i in batch["index"].tolist()]
     resumed.close()
     assert len(seen) == 3 and sorted(seen + rest) == list(range(N))
     assert wait_no_threads() == []
@@ -169,11 +169,11 @@ def test_stacked_batches_refuse_what_they_cannot_batch(packed, tmp_path):
                                  ({"batch_size": 2, "drop_last": 1}, TypeError, "drop_last"),
                                  ({"batch_size": 2, "key": 5}, TypeError, "key")):
         with pytest.raises(error, match=match):
-            ds.batches(**kwargs)
+            ds.stacked_batches(**kwargs)
     Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "a.jpg")
     device = BufferedDataset(str(tmp_path), ImageDecoder(SIZE, jpeg="device"))
     with pytest.raises(ValueError, match="image_collate"):
-        device.batches(2)
+        device.stacked_batches(2)
 
 
 def test_batches_by_duration_are_not_batched_again(tmp_path):
@@ -182,4 +182,4 @@ def test_batches_by_duration_are_not_batched_again(tmp_path):
     ds = BufferedDataset(duration_manifest(tmp_path, [1.0] * 4), IndexDecoder(),
                          max_batch_seconds=2.0, duration_column="seconds")
     with pytest.raises(ValueError, match="max_batch_seconds"):
-        ds.batches(2)
+        ds.stacked_batches(2)

@@ -955,7 +955,7 @@ def test_images_rows_ratios_and_the_approaches_that_did_not_run(load_benchmark, 
     assert checked[-1][1:4] == ["0.018x", "<= 0.05x", "one thread: >= 0.064x; plain loop: 0.100x"]
     results = {"images": small_results("images", rows, runs=1, load_before="1", load_after="2")}
     reading = section.reading(results)
-    assert reading.startswith('`BufferedDataset.batches(64)`, `backend="torch"`: 1.60x the')
+    assert reading.startswith('`BufferedDataset.stacked_batches(64)`, `backend="torch"`: 1.60x the')
     assert "its first batch in 0.0180x spawn's" in reading
     assert ("The plain loop (2 threads, that decoder, no library): 1.20x, first batch "
             "0.1000x.") in reading
