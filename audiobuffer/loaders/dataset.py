@@ -417,9 +417,11 @@ class StackedBatches(IterableDataset):
         check_int("batch_size", batch_size, 1, MAX_BATCH_SIZE)
         if not isinstance(drop_last, bool):
             raise TypeError(f"drop_last must be True or False, got {drop_last!r}")
-        if dataset.options.max_batch_seconds is not None:
-            raise ValueError("this dataset batches by duration (max_batch_seconds): its elements "
-                             "are batches already (cap their size with max_batch_size)")
+        seconds = dataset.options.max_batch_seconds
+        if seconds is not None:
+            raise ValueError(f"stacked_batches() cannot batch a dataset that batches by duration "
+                             f"(max_batch_seconds={seconds!r}): its elements are batches already "
+                             f"(cap their size with max_batch_size)")
         if getattr(dataset.decoder, "jpeg", "host") == "device":
             raise ValueError("stacked_batches() stacks arrays, not the JPEGs "
                              "ImageDecoder(jpeg='device') leaves to the device: batch them with "
