@@ -13,8 +13,8 @@ clock):
 - ``audiobuffer``: ``BufferedDataset(root, ImageDecoder(224, crop="random_resized", flip=True),
   labels="parent")`` and ``DataLoader(batch_size=64, collate_fn=image_collate)``, threads;
   ``audiobuffer-torch``: the same with ``backend="torch"`` (simplejpeg decodes, torch resizes);
-  ``audiobuffer-torch-batches``: that dataset's ``batches(64)`` (each image written into its batch
-  as it arrives) through ``DataLoader(batch_size=None)``;
+  ``audiobuffer-torch-batches``: that dataset's ``stacked_batches(64)`` (each image written into
+  its batch as it arrives), looped over as it is (through ``DataLoader(batch_size=None)`` to pin);
   ``audiobuffer-nodraft``: with ``draft=False`` (every JPEG decoded at full size);
   ``audiobuffer-pin``: with ``pin_memory=True``;
 - ``isolated``: ``IsolatedLoader`` with the same decoder, ``batch_size=64, key="image"``;

@@ -120,8 +120,8 @@ def test_the_isolated_loader_refuses_jpegs_left_for_the_device(tmp_path):
 
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_buffered_dataset_stacks_batches_as_samples_arrive(packed, drop_last):
-    """BufferedDataset.batches: pad_collate's batches of the epoch's samples, in their order, each
-    item once; len() counts them; the last, short one dropped with drop_last."""
+    """BufferedDataset.stacked_batches: pad_collate's batches of the epoch's samples, in their
+    order, each item once; len() counts them; the last, short one dropped with drop_last."""
     from audiobuffer import pad_collate
 
     spec = str(packed / INDEX_NAME)
