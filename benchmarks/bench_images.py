@@ -29,8 +29,8 @@ clock):
 - ``spdl``: SPDL's pipeline: a source of batches of paths, a thread stage (concurrency 2) that
   decodes each file with ``spdl.io.load_image`` and an FFmpeg filter that crops (the same rule),
   scales and flips, then stacks the batch;
-- ``threads-torch``: the floor of any threaded loader with ``ImageDecoder(backend="torch")``:
-  the decoder in two plain threads that feed a queue, 64 samples stacked at a time as they come
+- ``threads-torch``: the plain loop, ``ImageDecoder(backend="torch")`` in two plain threads that
+  feed a queue, each 64 samples stacked by ``torch.stack`` once they have all come
   (``thread_batches``);
 - ``one-thread``: no epoch: each pipeline's work on one image, alone, in one thread (torch's
   intra-op threads set to 1): ``ImageDecoder``'s decode (as ``audiobuffer``'s), with
@@ -290,11 +290,13 @@ def why_not(approaches: Sequence[str], root: Path) -> dict[str, str]:
 
 
 def thread_batches(root: str) -> Iterator[dict[str, Any]]:
-    """The plain loop a threaded loader can at best be: the files listed as the Pillow ``Dataset``
-    lists them, shuffled, and decoded by ``ImageDecoder(backend="torch")`` in two threads of no
-    library (each takes the next file, puts its sample in a queue), stacked 64 at a time as they
-    come; no buffer bound, order, state or error handling. Its first batch and images/s are what
-    the decoder allows a fresh process on these cores."""
+    """The plain loop: the files listed as the Pillow ``Dataset`` lists them, shuffled, and decoded
+    by ``ImageDecoder(backend="torch")`` in two threads of no library (each takes the next file,
+    puts its sample in a queue); each 64 samples stacked by ``torch.stack`` once the 64th has come;
+    no buffer bound, order, state or error handling (a producer that raises leaves the consumer to
+    its 60 s ``get`` timeout). What the decoder does in a fresh process on these cores with no
+    loader around it; not a bound: a loader that stacks as samples arrive may beat its first
+    batch."""
     import queue
     import threading
 
