@@ -13,7 +13,7 @@ release of the last hold sets each library back to the count it had before the f
 loaded while a limit holds (scipy's own OpenBLAS, loaded by a transform's first import) is limited
 at the next :func:`hold` or :func:`refresh`. A pool whose producers run no matrix product (a
 decoder that says ``calls_blas = False``, as ``ImageDecoder`` does, and no transform) holds no
-limit: the library scan of its first hold (2-3 ms) would only delay its first batch. In process,
+limit: the library scan of a first hold would only delay its first batch. In process,
 pools limit BLAS only: torch's intra-op threads (OpenMP) are the trainer's; the trainer's own numpy
 products run under the limit while producers run. The helper process of ``IsolatedLoader`` holds
 its limit for its whole life, on OpenMP too: nothing else runs there. A library threadpoolctl
