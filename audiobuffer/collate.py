@@ -25,8 +25,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._checks import check_int
 from ._numpy_collate import RowStack, collate_numpy
 from .decoders.image import EncodedImage
+from .options import MAX_BATCH_SIZE
 
 __all__ = ["image_collate", "pad_collate", "stack_on_arrival"]
 
@@ -69,11 +71,34 @@ def _tensors(batch: dict[str, Any]) -> dict[str, Any]:
     return batch
 
 
+def check_batching(batch_size: Any, drop_last: Any) -> int:
+    """``batch_size`` if it is an ``int`` in [1, ``MAX_BATCH_SIZE``] and ``drop_last`` a bool.
+
+    Raises:
+        TypeError, ValueError: either one of another type or value.
+    """
+    check_int("batch_size", batch_size, 1, MAX_BATCH_SIZE)
+    if not isinstance(drop_last, bool):
+        raise TypeError(f"drop_last must be True or False, got {drop_last!r}")
+    return batch_size
+
+
 def stack_on_arrival(samples: Iterator[Any], batch_size: int, *, key: str,
-                    drop_last: bool = False) -> Iterator[dict[str, Any]]:
+                     drop_last: bool = False) -> Iterator[dict[str, Any]]:
     """:func:`pad_collate`'s batches of ``batch_size`` of ``samples`` (the last one shorter, or
     dropped with ``drop_last``), each ``key`` array written into its batch as it arrives (NOTE [
-    Batches stacked on arrival ]). A generator: closing it closes ``samples``."""
+    Batches stacked on arrival ]). Closing the iterator closes ``samples``.
+
+    Raises:
+        TypeError, ValueError: ``batch_size`` or ``drop_last`` of the wrong type or value, by the
+            call, before a sample is taken (:func:`check_batching`).
+    """
+    check_batching(batch_size, drop_last)
+    return _stack_on_arrival(samples, batch_size, key, drop_last)
+
+
+def _stack_on_arrival(samples: Iterator[Any], batch_size: int, key: str,
+                      drop_last: bool) -> Iterator[dict[str, Any]]:
     try:
         while True:
             stack = RowStack(batch_size, key)

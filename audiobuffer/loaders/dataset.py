@@ -16,14 +16,13 @@ from typing import Any, Generic, TypeVar, overload
 
 from torch.utils.data import IterableDataset
 
-from .._checks import batch_key, check_int
-from ..collate import stack_on_arrival
+from .._checks import batch_key
+from ..collate import check_batching, stack_on_arrival
 from ..engine.epoch import RunningEpochs, run_epoch
 from ..engine.pipeline import DurationBatching, Pipeline
 from ..engine.stats import MAX_LISTED_FAILURES, DatasetStats
 from ..options import (
     DEFAULT_WARN_AFTER,
-    MAX_BATCH_SIZE,
     BatchSeconds,
     ErrorPolicy,
     EvenShards,
@@ -414,9 +413,7 @@ class StackedBatches(IterableDataset):
 
     def __init__(self, dataset: BufferedDataset, batch_size: int, *, drop_last: bool = False,
                  key: str | None = None) -> None:
-        check_int("batch_size", batch_size, 1, MAX_BATCH_SIZE)
-        if not isinstance(drop_last, bool):
-            raise TypeError(f"drop_last must be True or False, got {drop_last!r}")
+        check_batching(batch_size, drop_last)
         seconds = dataset.options.max_batch_seconds
         if seconds is not None:
             raise ValueError(f"stacked_batches() cannot batch a dataset that batches by duration "

@@ -235,3 +235,26 @@ def test_rows_of_one_shape_are_written_as_they_arrive_and_taken_as_they_are(monk
     batches = list(stack_on_arrival(iter(samples), 2, key="audio"))
     assert [b["audio"].shape[0] for b in batches] == [2, 2, 1]
     assert batches[2]["audio"].tolist() == [[[4.0] * 4] * 2]
+
+
+@pytest.mark.parametrize("batch_size, drop_last, error", [(0, False, ValueError),
+                                                           (-2, False, ValueError),
+                                                           (2.0, False, TypeError),
+                                                           (2, 1, TypeError)])
+def test_stack_on_arrival_refuses_a_batch_size_or_drop_last_when_called(batch_size, drop_last,
+                                                                        error):
+    """Not one batch of every sample for batch_size=0: an error that names the argument, raised
+    by the call, before a sample is taken."""
+    from audiobuffer.collate import stack_on_arrival
+
+    taken = []
+
+    def samples():
+        while True:
+            taken.append(1)
+            yield {"audio": torch.ones(2)}
+
+    name, value = ("drop_last", 1) if drop_last == 1 else ("batch_size", batch_size)
+    with pytest.raises(error, match=f"{name} must .*got {value}"):
+        stack_on_arrival(samples(), batch_size, key="audio", drop_last=drop_last)
+    assert taken == []
