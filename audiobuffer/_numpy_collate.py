@@ -53,7 +53,8 @@ def collate_numpy(samples: Sequence[Mapping[str, Any]], *, key: str = "audio", p
     ``num_frames`` (else its length); numbers and equal-shape arrays of numbers are stacked; anything
     else stays a list. Arrays are written into what ``allocate`` returns, each byte once (with the default
     allocator and a zero pad, the padded array starts as zeroed memory and only the samples are copied).
-    ``rows``: ``key``'s batch array, already written (:meth:`RowStack.rows`), taken as it is.
+    ``rows``: ``key``'s batch array, a row a sample, already written (:meth:`RowStack.rows`):
+    taken as it is, neither checked against the samples nor copied into what ``allocate`` returns.
 
     Raises:
         TypeError: ``samples`` is empty, holds something other than mappings, or ``key`` holds a
