@@ -79,7 +79,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import harness
-from sections.images import FLOOR, OURS  # the rows the goals are read on, as the page reads them
+from sections.images import OURS, PLAIN_LOOP  # the rows the goals are read on, as on the page
 
 from audiobuffer.cli._photos import make_photo_corpus, shipped_photos
 
@@ -740,12 +740,12 @@ def ceiling_rows(measured: Sequence[dict[str, float]], by: dict[str, dict[str, A
 def goals(rows: Sequence[dict[str, Any]]) -> list[list[object]]:
     """The image pipeline's goals, checked against this run's medians (where both sides ran), each
     beside what the machine allows its ``ImageDecoder`` (its one-thread ceiling, and the plain
-    loop of :data:`FLOOR`, where measured): on :data:`OURS`' first approach that ran."""
+    loop of :data:`PLAIN_LOOP`, where measured): on :data:`OURS`' first approach that ran."""
     ran = {r["approach"]: r for r in rows if "skipped" not in r}
     found = next(((a, alone) for a, alone in OURS if a in ran), None)
     if found is None:
         return []
-    ours, alone, plain = ran[found[0]], ran.get(found[1], {}), ran.get(FLOOR, {})
+    ours, alone, plain = ran[found[0]], ran.get(found[1], {}), ran.get(PLAIN_LOOP, {})
     checked: list[list[object]] = []
     for key, goal, target, met, bound in (
         ("vs_fork", f"images/s / {BASE}", ">= 1.30x", lambda v: v >= 1.3, "ceiling_vs_fork"),

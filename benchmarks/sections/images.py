@@ -59,7 +59,7 @@ def _skipped(results: Results) -> str:
 
 
 #: The plain loop of two threads and no library (``bench_images.thread_batches``).
-FLOOR = "threads-torch"
+PLAIN_LOOP = "threads-torch"
 #: The ``BufferedDataset`` row the goals are read on (here and by ``bench_images.goals``), first
 #: found first, with its decoder's one-thread row: batches stacked on arrival and the faster
 #: backend, where they ran.
@@ -85,7 +85,7 @@ def _ceiling(results: Results) -> str:
     above = [goal for goal, out in (("1.3x", most < 1.3), ("0.05x", soonest > 0.05)) if out]
     verdict = f"the goals {listing(above)} are above" if len(above) == 2 else (
         f"the goal {above[0]} is above" if above else "both goals are within")
-    plain = {r["approach"]: r for r in _ran(results)}.get(FLOOR)
+    plain = {r["approach"]: r for r in _ran(results)}.get(PLAIN_LOOP)
     measured = "" if plain is None or "first_vs_spawn" not in plain else (
         f"The plain loop (2 threads, that decoder, no library): {ratio(plain.get('vs_fork'))}, "
         f"first batch {plain['first_vs_spawn']:.4f}x. ")
