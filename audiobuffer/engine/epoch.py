@@ -267,11 +267,12 @@ def set_up_epoch(pipeline: Pipeline, shard: EpochShard, *, resume: bytes | None 
     # Batches by duration: the tuner weighs each item by its seconds (NOTE [ Producer tuning ]).
     tuned = producers == "auto" and len(layout) > 0
     weights = pipeline.item_seconds(number, indices) if tuned else None
-    # a decode outside the GIL, with nothing after it that may hold it: no climb from inline
-    gil_free = getattr(pipeline.decoder, "releases_gil", False) is True
-    parallel = gil_free and options.transform is None
-    # a decode that runs no matrix product, with nothing after it that may: no BLAS limit to hold
-    blas_free = getattr(pipeline.decoder, "calls_blas", True) is False and options.transform is None
+    # the decoder says what its producers do only where no transform runs after it
+    decode_only = options.transform is None
+    # a decode outside the GIL: no climb from inline
+    parallel = decode_only and getattr(pipeline.decoder, "releases_gil", False) is True
+    # a decode that runs no matrix product: no BLAS limit to hold (NOTE [ BLAS threads ])
+    blas_free = decode_only and getattr(pipeline.decoder, "calls_blas", True) is False
     pool = ProducerPool(make_item, len(layout), decode, buffer, num_producers=producers, memory=pipeline.memory,
                         ordered=options.ordered, warn_after=options.warn_after, timeout=options.timeout,
                         weights=weights, port=port,
