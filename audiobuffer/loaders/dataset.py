@@ -8,7 +8,7 @@ engine (``engine/epoch.py``).
 from __future__ import annotations
 
 import multiprocessing
-import multiprocessing.sharedctypes  # noqa: F401 - RawValue's: with this module, not at a dataset
+import multiprocessing.sharedctypes  # noqa: F401 - RawValue's module: now, not in a constructor
 import warnings
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from multiprocessing.context import get_spawning_popen
@@ -306,7 +306,7 @@ class BufferedDataset(PipelineViews, StateKeys, IterableDataset):
         yield from self._epochs.run(run_epoch(self.pipeline, shard, layout=layout), self.pipeline.options.on_error)
 
     def stacked_batches(self, batch_size: int, *, drop_last: bool = False,
-                key: str | None = None) -> StackedBatches:
+                        key: str | None = None) -> StackedBatches:
         """This dataset's epochs in batches of ``batch_size`` samples, each sample's array written
         into its batch as the sample arrives rather than after the batch's last one (NOTE [ Batches
         stacked on arrival ] in ``collate.py``): the first batch of fixed-size images comes sooner
