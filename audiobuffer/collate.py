@@ -19,7 +19,7 @@ collated from its samples at its end, as ``pad_collate`` does it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -84,7 +84,7 @@ def check_batching(batch_size: Any, drop_last: Any) -> int:
 
 
 def stack_on_arrival(samples: Iterator[Any], batch_size: int, *, key: str,
-                     drop_last: bool = False) -> Iterator[dict[str, Any]]:
+                     drop_last: bool = False) -> Generator[dict[str, Any], None, None]:
     """:func:`pad_collate`'s batches of ``batch_size`` of ``samples`` (the last one shorter, or
     dropped with ``drop_last``), each ``key`` array written into its batch as it arrives (NOTE [
     Batches stacked on arrival ]). Closing the iterator closes ``samples``.
@@ -98,7 +98,7 @@ def stack_on_arrival(samples: Iterator[Any], batch_size: int, *, key: str,
 
 
 def _stack_on_arrival(samples: Iterator[Any], batch_size: int, key: str,
-                      drop_last: bool) -> Iterator[dict[str, Any]]:
+                      drop_last: bool) -> Generator[dict[str, Any], None, None]:
     try:
         while True:
             stack = RowStack(batch_size, key)
