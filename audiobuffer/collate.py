@@ -71,7 +71,7 @@ def _tensors(batch: dict[str, Any]) -> dict[str, Any]:
     return batch
 
 
-def check_batching(batch_size: Any, drop_last: Any) -> int:
+def check_batch_size(batch_size: Any, drop_last: Any) -> int:
     """``batch_size`` if it is an ``int`` in [1, ``MAX_BATCH_SIZE``] and ``drop_last`` a bool.
 
     Raises:
@@ -91,9 +91,9 @@ def stack_on_arrival(samples: Iterator[Any], batch_size: int, *, key: str,
 
     Raises:
         TypeError, ValueError: ``batch_size`` or ``drop_last`` of the wrong type or value, by the
-            call, before a sample is taken (:func:`check_batching`).
+            call, before a sample is taken (:func:`check_batch_size`).
     """
-    check_batching(batch_size, drop_last)
+    check_batch_size(batch_size, drop_last)
     return _stack_on_arrival(samples, batch_size, key, drop_last)
 
 

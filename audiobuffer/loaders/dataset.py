@@ -17,7 +17,7 @@ from typing import Any, Generic, TypeVar, overload
 from torch.utils.data import IterableDataset
 
 from .._checks import batch_key
-from ..collate import check_batching, stack_on_arrival
+from ..collate import check_batch_size, stack_on_arrival
 from ..engine.epoch import RunningEpochs, run_epoch
 from ..engine.pipeline import DurationBatching, Pipeline
 from ..engine.stats import MAX_LISTED_FAILURES, DatasetStats
@@ -413,7 +413,7 @@ class StackedBatches(IterableDataset):
 
     def __init__(self, dataset: BufferedDataset, batch_size: int, *, drop_last: bool = False,
                  key: str | None = None) -> None:
-        check_batching(batch_size, drop_last)
+        check_batch_size(batch_size, drop_last)
         seconds = dataset.options.max_batch_seconds
         if seconds is not None:
             raise ValueError(f"stacked_batches() cannot batch a dataset that batches by duration "
