@@ -14,7 +14,10 @@ a core the producers are decoding the next batch on, and the batch waits for it.
 array as the sample arrives (a :class:`~audiobuffer._numpy_collate.RowStack`), in the consumer's
 waits for the next one, so only the last row is left when the last sample comes. The batches are
 those ``pad_collate`` makes of the same samples: a batch whose arrays differ in shape or dtype is
-collated from its samples at its end, as ``pad_collate`` does it.
+collated from its samples at its end, as ``pad_collate`` does it. ``BatchSlotLoader`` goes further
+for fixed shapes (NOTE [ Slot rows ] in ``loaders/slots.py``): its producers write each sample
+into a recycled slot, so no copy is left to the consumer at all; here the consumer copies, into a
+fresh array a batch, and any sample (ragged, any keys) keeps ``pad_collate``'s batch.
 """
 
 from __future__ import annotations

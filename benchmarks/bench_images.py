@@ -255,7 +255,7 @@ def label(approach: str) -> str:
     if a.family == "spdl":
         return "SPDL pipeline, 2 threads"
     if a.family == "threads":
-        return '2 plain threads, `ImageDecoder(backend="torch")`, no library (the floor)'
+        return 'the plain loop: 2 threads, `ImageDecoder(backend="torch")`, no library'
     name = "Pillow `Dataset`" if a.family == "pillow" else "torchvision `ImageFolder`"
     return f"{name}, {a.workers} workers" + (f", {a.method}" if a.method else "") + pin
 
