@@ -118,10 +118,9 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if missing:
             raise ResumeError(f"states[{i}] lacks {missing}: not a state_dict()")
         version = state[_format.STATE_VERSION]
-        if version not in (1, 2, _format.STATE_FORMAT, _format.DEALT_FORMAT):
-            raise ResumeError(f"states[{i}]'s format {version!r:.40} is not 1, 2, "
-                              f"{_format.STATE_FORMAT} or {_format.DEALT_FORMAT}: not a "
-                              f"state_dict() of this version")
+        if version not in _format.FORMATS:
+            raise ResumeError(f"states[{i}]'s format {version!r:.40} is not one of "
+                              f"{list(_format.FORMATS)}: not a state_dict() of this version")
         for key, least in ((_format.STATE_RANK, None), (_format.STATE_EPOCH, 0)):
             if not _is_int(state[key], least):
                 raise ResumeError(f"states[{i}]'s {key} must be an integer"

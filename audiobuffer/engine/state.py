@@ -16,11 +16,11 @@ import numpy as np
 
 from ..errors import ResumeError
 
-__all__ = ["DEALT_FORMAT", "SETUP_KEYS", "STATE_BATCHING", "STATE_CONSUMED", "STATE_DEALT",
-           "STATE_EPOCH", "STATE_EVEN_SHARDS", "STATE_FORMAT", "STATE_ITEMS", "STATE_RANK",
-           "STATE_READ_BLOCK", "STATE_SEED", "STATE_SHUFFLE", "STATE_SOURCE", "STATE_VERSION",
-           "STATE_WORLD_SIZE", "decode_dealt", "decode_state", "encode_state", "pack_consumed",
-           "unpack_consumed"]
+__all__ = ["DEALT_FORMAT", "FORMATS", "SETUP_KEYS", "STATE_BATCHING", "STATE_CONSUMED",
+           "STATE_DEALT", "STATE_EPOCH", "STATE_EVEN_SHARDS", "STATE_FORMAT", "STATE_ITEMS",
+           "STATE_RANK", "STATE_READ_BLOCK", "STATE_SEED", "STATE_SHUFFLE", "STATE_SOURCE",
+           "STATE_VERSION", "STATE_WORLD_SIZE", "decode_dealt", "decode_state", "encode_state",
+           "pack_consumed", "unpack_consumed"]
 
 #: Keys of a state dict (``BufferedDataset.STATE_*`` name the same strings).
 STATE_VERSION = "version"
@@ -54,6 +54,8 @@ SETUP_KEYS = (STATE_SEED, STATE_SHUFFLE, STATE_RANK, STATE_WORLD_SIZE, STATE_EVE
 STATE_FORMAT = 3
 #: A state with :data:`STATE_DEALT` (format 3 otherwise, so that older readers load the rest).
 DEALT_FORMAT = 4
+#: Every format a state may have: the older item counts (1, 2) read as ever.
+FORMATS = (1, 2, STATE_FORMAT, DEALT_FORMAT)
 
 
 def pack_consumed(consumed: bytes | bytearray) -> str:
@@ -134,9 +136,8 @@ def decode_state(setup: Mapping[str, Any], state: Any) -> tuple[int, bytes | Non
     missing = [k for k in required if k not in state]
     if missing:
         raise ResumeError(f"the state dict lacks {missing}")
-    if state[STATE_VERSION] not in (1, 2, STATE_FORMAT, DEALT_FORMAT):
-        raise ResumeError(f"state format {state[STATE_VERSION]!r} is not 1, 2, {STATE_FORMAT} or "
-                          f"{DEALT_FORMAT}")
+    if state[STATE_VERSION] not in FORMATS:
+        raise ResumeError(f"state format {state[STATE_VERSION]!r} is not one of {list(FORMATS)}")
     if state[STATE_VERSION] >= STATE_FORMAT and STATE_BATCHING not in state:
         raise ResumeError(f"the state dict lacks {[STATE_BATCHING]}")
     saved = {**state, STATE_BATCHING: state.get(STATE_BATCHING),  # formats 1 and 2 count items
